@@ -1,0 +1,176 @@
+//! A bucket buffers one table's rows for one hour until they are published.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    ArrayRef, DictionaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray, UInt64Array,
+};
+use arrow_schema::Schema;
+
+use crate::batch::{Batch, FieldColumn, Values};
+use crate::schema::TableDef;
+
+/// A tag column with a dictionary shared by every row of the bucket.
+#[derive(Default)]
+struct BucketTag {
+    dict: Vec<Arc<str>>,
+    index: HashMap<Arc<str>, u32>,
+    codes: Vec<u32>,
+}
+
+pub(crate) struct Bucket {
+    pub table: &'static TableDef,
+    pub hour: i64,
+    time_us: Vec<i64>,
+    tags: Vec<BucketTag>,
+    fields: Vec<FieldColumn>,
+    /// Lowest and highest WAL sequence numbers absorbed.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    dict_bytes: usize,
+}
+
+impl Bucket {
+    pub fn new(table: &'static TableDef, hour: i64) -> Self {
+        Bucket {
+            table,
+            hour,
+            time_us: Vec::new(),
+            tags: table.tags.iter().map(|_| BucketTag::default()).collect(),
+            fields: table
+                .fields
+                .iter()
+                .map(|f| FieldColumn::new(f.ty))
+                .collect(),
+            first_seq: u64::MAX,
+            last_seq: 0,
+            dict_bytes: 0,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.time_us.len()
+    }
+
+    /// Approximate heap bytes held, for the memory budget.
+    pub fn bytes(&self) -> usize {
+        let per_row = 8 + 4 * self.tags.len() + 9 * self.fields.len();
+        self.rows() * per_row + self.dict_bytes
+    }
+
+    /// Takes every row of `batch` (all in this bucket's hour), from frame `seq`.
+    pub fn absorb(&mut self, seq: u64, batch: &Batch) {
+        debug_assert!(seq > self.last_seq || self.rows() == 0);
+        self.first_seq = self.first_seq.min(seq);
+        self.last_seq = self.last_seq.max(seq);
+        self.time_us.extend_from_slice(&batch.time_us);
+        for (mine, theirs) in self.tags.iter_mut().zip(&batch.tags) {
+            let remap: Vec<u32> = theirs
+                .dict
+                .iter()
+                .map(|value| {
+                    if let Some(&code) = mine.index.get(value.as_str()) {
+                        return code;
+                    }
+                    let code = mine.dict.len() as u32;
+                    let value: Arc<str> = Arc::from(value.as_str());
+                    self.dict_bytes += value.len() + 48;
+                    mine.dict.push(value.clone());
+                    mine.index.insert(value, code);
+                    code
+                })
+                .collect();
+            mine.codes
+                .extend(theirs.codes.iter().map(|&c| remap[c as usize]));
+        }
+        for (mine, theirs) in self.fields.iter_mut().zip(&batch.fields) {
+            mine.extend_from(theirs, 0..batch.len());
+        }
+    }
+
+    /// The rows as one Arrow batch sorted by tags, then time.
+    pub fn to_record_batch(&self, schema: &Arc<Schema>) -> RecordBatch {
+        // Rank each tag's dictionary so codes compare like the strings they stand for.
+        let ranks: Vec<(Vec<u32>, Vec<Arc<str>>)> = self
+            .tags
+            .iter()
+            .map(|tag| {
+                let mut order: Vec<u32> = (0..tag.dict.len() as u32).collect();
+                order.sort_unstable_by(|&a, &b| tag.dict[a as usize].cmp(&tag.dict[b as usize]));
+                let mut rank = vec![0u32; tag.dict.len()];
+                for (r, &code) in order.iter().enumerate() {
+                    rank[code as usize] = r as u32;
+                }
+                let sorted = order
+                    .iter()
+                    .map(|&c| tag.dict[c as usize].clone())
+                    .collect();
+                (rank, sorted)
+            })
+            .collect();
+        let ranked: Vec<Vec<u32>> = self
+            .tags
+            .iter()
+            .zip(&ranks)
+            .map(|(tag, (rank, _))| tag.codes.iter().map(|&c| rank[c as usize]).collect())
+            .collect();
+        let mut order: Vec<u32> = (0..self.rows() as u32).collect();
+        order.sort_by(|&a, &b| {
+            for column in &ranked {
+                let ord = column[a as usize].cmp(&column[b as usize]);
+                if ord.is_ne() {
+                    return ord;
+                }
+            }
+            self.time_us[a as usize].cmp(&self.time_us[b as usize])
+        });
+
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        let time: TimestampMicrosecondArray = order
+            .iter()
+            .map(|&i| self.time_us[i as usize])
+            .collect::<Vec<_>>()
+            .into();
+        columns.push(Arc::new(time.with_timezone("UTC")));
+        for (column, (_, sorted)) in ranked.iter().zip(&ranks) {
+            let keys =
+                Int32Array::from_iter_values(order.iter().map(|&i| column[i as usize] as i32));
+            let values = StringArray::from_iter_values(sorted.iter().map(|s| &**s));
+            let dict = DictionaryArray::<Int32Type>::try_new(keys, Arc::new(values))
+                .expect("keys index the dictionary they were ranked from");
+            columns.push(Arc::new(dict));
+        }
+        for field in &self.fields {
+            columns.push(permuted(field, &order));
+        }
+        RecordBatch::try_new(schema.clone(), columns)
+            .expect("bucket columns follow the table schema")
+    }
+}
+
+fn permuted(field: &FieldColumn, order: &[u32]) -> ArrayRef {
+    let valid = |i: u32| field.is_valid(i as usize);
+    match &field.values {
+        Values::F64(v) => Arc::new(
+            order
+                .iter()
+                .map(|&i| valid(i).then(|| v[i as usize]))
+                .collect::<Float64Array>(),
+        ),
+        Values::I64(v) => Arc::new(
+            order
+                .iter()
+                .map(|&i| valid(i).then(|| v[i as usize]))
+                .collect::<Int64Array>(),
+        ),
+        Values::U64(v) => Arc::new(
+            order
+                .iter()
+                .map(|&i| valid(i).then(|| v[i as usize]))
+                .collect::<UInt64Array>(),
+        ),
+    }
+}

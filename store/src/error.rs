@@ -1,0 +1,80 @@
+//! Errors of the store.
+
+use std::path::PathBuf;
+
+/// What can go wrong in the store. Every variant names what it was working on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error on a named path.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What the store was doing.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A batch does not match its table's declaration, or a table is unknown.
+    #[error("schema: {0}")]
+    Schema(String),
+    /// A file in the store is not what the store wrote.
+    #[error("corrupt {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Parquet or Arrow failed while encoding or decoding.
+    #[error("parquet {path}: {source}")]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// The library's error.
+        source: parquet::errors::ParquetError,
+    },
+    /// Arrow compute failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    /// The WAL cannot take more rows until a write succeeds (disk full).
+    #[error("the WAL holds {pending_bytes} unwritten bytes after a failed write; rejecting rows until the disk takes them: {last_error}")]
+    Backlogged {
+        /// Bytes waiting to be written.
+        pending_bytes: usize,
+        /// The write error that started the backlog.
+        last_error: String,
+    },
+    /// Another process holds the store open for writing.
+    #[error("the store at {path} is open for writing by another process ({holder})")]
+    Locked {
+        /// The data directory.
+        path: PathBuf,
+        /// Who holds it, as written in the lock file.
+        holder: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { op, path, source }
+    }
+
+    /// Whether the error is the disk being full.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            Error::Parquet { source, .. } => source.to_string().contains("No space left"),
+            Error::Backlogged { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Result with the store's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

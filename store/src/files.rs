@@ -1,0 +1,400 @@
+//! Parquet files of the store: how they are encoded, published and described.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use arrow_array::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::{KeyValue, SortingColumn};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::schema::types::ColumnPath;
+
+use crate::error::{Error, Result};
+use crate::schema::{FieldType, TableDef, SCHEMA_VERSION, TIME_COLUMN};
+use crate::wal::sync_dir;
+use crate::{date_string, parse_date, HOUR_US};
+
+/// Metadata keys written into every file.
+pub mod keys {
+    /// Layout version ([`crate::schema::SCHEMA_VERSION`]).
+    pub const SCHEMA_VERSION: &str = "vtax.schema_version";
+    /// Table name.
+    pub const TABLE: &str = "vtax.table";
+    /// Node that wrote the file.
+    pub const NODE: &str = "vtax.node";
+    /// `hour:seq` pairs: per bucket, the highest WAL frame the file holds.
+    pub const WATERMARKS: &str = "vtax.watermarks";
+    /// Names of the files a compacted file replaces.
+    pub const COMPACTED_FROM: &str = "vtax.compacted_from";
+    /// `column=unit` pairs.
+    pub const UNITS: &str = "vtax.units";
+}
+
+/// How files are encoded. The defaults are what `docs/benchmarks.md` measured best.
+#[derive(Clone, Debug)]
+pub struct WriteOptions {
+    /// ZSTD level for every column.
+    pub zstd_level: i32,
+    /// Encoding of the time column.
+    pub time_encoding: Encoding,
+    /// Whether f64 fields try a dictionary first (good for values that repeat).
+    pub float_dictionary: bool,
+    /// Encoding of f64 fields when no dictionary is used or it overflows.
+    pub float_encoding: Encoding,
+    /// Encoding of integer fields.
+    pub integer_encoding: Encoding,
+    /// Rows per row group.
+    pub row_group_rows: usize,
+    /// Target bytes per data page (before compression).
+    pub data_page_bytes: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            zstd_level: 3,
+            time_encoding: Encoding::DELTA_BINARY_PACKED,
+            float_dictionary: true,
+            float_encoding: Encoding::BYTE_STREAM_SPLIT,
+            integer_encoding: Encoding::DELTA_BINARY_PACKED,
+            row_group_rows: 1 << 20,
+            data_page_bytes: 1 << 20,
+        }
+    }
+}
+
+impl WriteOptions {
+    fn properties(&self, table: &TableDef, metadata: Vec<KeyValue>) -> Result<WriterProperties> {
+        let level = ZstdLevel::try_new(self.zstd_level)
+            .map_err(|e| Error::Schema(format!("zstd level {}: {e}", self.zstd_level)))?;
+        let mut props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(level))
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .set_max_row_group_row_count(Some(self.row_group_rows))
+            .set_data_page_size_limit(self.data_page_bytes)
+            .set_created_by(format!("vtax {}", env!("CARGO_PKG_VERSION")))
+            .set_key_value_metadata(Some(metadata));
+        let time = ColumnPath::from(TIME_COLUMN);
+        props = props.set_column_dictionary_enabled(time.clone(), false);
+        if self.time_encoding != Encoding::PLAIN {
+            props = props.set_column_encoding(time, self.time_encoding);
+        }
+        let mut sorting = Vec::new();
+        for (i, tag) in table.tags.iter().enumerate() {
+            props = props.set_column_dictionary_enabled(ColumnPath::from(tag.name), true);
+            sorting.push(SortingColumn {
+                column_idx: (i + 1) as i32,
+                descending: false,
+                nulls_first: false,
+            });
+        }
+        sorting.push(SortingColumn {
+            column_idx: 0,
+            descending: false,
+            nulls_first: false,
+        });
+        props = props.set_sorting_columns(Some(sorting));
+        for field in table.fields {
+            let path = ColumnPath::from(field.name);
+            let (dictionary, encoding) = match field.ty {
+                FieldType::F64 => (self.float_dictionary, self.float_encoding),
+                FieldType::I64 | FieldType::U64 => (false, self.integer_encoding),
+            };
+            props = props.set_column_dictionary_enabled(path.clone(), dictionary);
+            if encoding != Encoding::PLAIN {
+                props = props.set_column_encoding(path, encoding);
+            }
+        }
+        Ok(props.build())
+    }
+}
+
+/// What the store knows about one published file, from its name and footer.
+#[derive(Clone, Debug)]
+pub struct FileInfo {
+    /// Full path.
+    pub path: PathBuf,
+    /// Table.
+    pub table: String,
+    /// Day number of its partition.
+    pub day: i64,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// Rows.
+    pub rows: u64,
+    /// Per bucket hour: highest WAL frame held.
+    pub watermarks: BTreeMap<i64, u64>,
+    /// File names this file replaces (compaction).
+    pub compacted_from: Vec<String>,
+    /// Smallest and largest time in the file, from its statistics.
+    pub time_range_us: Option<(i64, i64)>,
+}
+
+/// Directory of a table's partition for `day`.
+pub fn partition_dir(data_dir: &Path, table: &str, day: i64) -> PathBuf {
+    data_dir
+        .join("tables")
+        .join(table)
+        .join(format!("date={}", date_string(day)))
+}
+
+/// Writes `batch` as a new file in its partition, atomically: temp file, fsync,
+/// rename, fsync the directory. On any error the temp file is removed and nothing
+/// is published.
+#[allow(clippy::too_many_arguments)]
+pub fn publish(
+    data_dir: &Path,
+    node: &str,
+    table: &TableDef,
+    batches: &[RecordBatch],
+    watermarks: &BTreeMap<i64, u64>,
+    compacted_from: &[String],
+    options: &WriteOptions,
+) -> Result<FileInfo> {
+    let first_time = batches
+        .iter()
+        .filter_map(|b| min_time(b))
+        .min()
+        .ok_or_else(|| Error::Schema("publishing an empty file".into()))?;
+    let day = first_time.div_euclid(crate::DAY_US);
+    let dir = partition_dir(data_dir, table.name, day);
+    fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
+    let max_seq = watermarks.values().copied().max().unwrap_or(0);
+    let name = format!("{node}-{first_time}-{max_seq}.parquet");
+    let path = dir.join(&name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+
+    let mut metadata = vec![
+        KeyValue::new(keys::SCHEMA_VERSION.into(), SCHEMA_VERSION.to_string()),
+        KeyValue::new(keys::TABLE.into(), table.name.to_string()),
+        KeyValue::new(keys::NODE.into(), node.to_string()),
+        KeyValue::new(keys::WATERMARKS.into(), format_watermarks(watermarks)),
+        KeyValue::new(
+            keys::UNITS.into(),
+            table
+                .fields
+                .iter()
+                .filter_map(|f| f.unit.suffix().map(|u| format!("{}={u}", f.name)))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+    ];
+    if !compacted_from.is_empty() {
+        metadata.push(KeyValue::new(
+            keys::COMPACTED_FROM.into(),
+            compacted_from.join(","),
+        ));
+    }
+    let props = options.properties(table, metadata)?;
+    let write = || -> Result<u64> {
+        let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
+        let parquet_err = |source| Error::Parquet {
+            path: tmp.clone(),
+            source,
+        };
+        let schema = batches[0].schema();
+        let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(parquet_err)?;
+        for batch in batches {
+            writer.write(batch).map_err(parquet_err)?;
+        }
+        let file = writer.into_inner().map_err(parquet_err)?;
+        file.sync_all().map_err(Error::io("fsync", &tmp))?;
+        Ok(file.metadata().map_err(Error::io("stat", &tmp))?.len())
+    };
+    let bytes = match write() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    if let Err(e) = fs::rename(&tmp, &path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io("rename", &path)(e));
+    }
+    sync_dir(&dir)?;
+    Ok(FileInfo {
+        path,
+        table: table.name.to_string(),
+        day,
+        bytes,
+        rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
+        watermarks: watermarks.clone(),
+        compacted_from: compacted_from.to_vec(),
+        time_range_us: Some((
+            first_time,
+            batches
+                .iter()
+                .filter_map(max_time)
+                .max()
+                .unwrap_or(first_time),
+        )),
+    })
+}
+
+fn time_values(batch: &RecordBatch) -> Option<&[i64]> {
+    batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow_array::TimestampMicrosecondArray>()
+        .map(|a| a.values().as_ref())
+}
+
+fn min_time(batch: &RecordBatch) -> Option<i64> {
+    time_values(batch)?.iter().copied().min()
+}
+
+fn max_time(batch: &RecordBatch) -> Option<i64> {
+    time_values(batch)?.iter().copied().max()
+}
+
+fn format_watermarks(watermarks: &BTreeMap<i64, u64>) -> String {
+    watermarks
+        .iter()
+        .map(|(hour, seq)| format!("{hour}:{seq}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_watermarks(text: &str) -> Option<BTreeMap<i64, u64>> {
+    let mut out = BTreeMap::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (hour, seq) = pair.split_once(':')?;
+        out.insert(hour.parse().ok()?, seq.parse().ok()?);
+    }
+    Some(out)
+}
+
+/// Reads a file's footer and checks that it is a file of `table` in partition `day`.
+pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
+    let corrupt = |reason: String| Error::Corrupt {
+        path: path.to_owned(),
+        reason,
+    };
+    let file = File::open(path).map_err(Error::io("open", path))?;
+    let bytes = file.metadata().map_err(Error::io("stat", path))?.len();
+    let reader = SerializedFileReader::new(file).map_err(|e| corrupt(e.to_string()))?;
+    let meta = reader.metadata();
+    let kv: BTreeMap<&str, &str> = meta
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kvs| {
+            kvs.iter()
+                .filter_map(|kv| Some((kv.key.as_str(), kv.value.as_deref()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if kv.get(keys::TABLE).copied() != Some(table) {
+        return Err(corrupt(format!("not a file of table {table}")));
+    }
+    let watermarks = kv
+        .get(keys::WATERMARKS)
+        .and_then(|w| parse_watermarks(w))
+        .ok_or_else(|| corrupt("missing or bad watermarks".into()))?;
+    if watermarks
+        .keys()
+        .any(|hour| (hour * HOUR_US).div_euclid(crate::DAY_US) != day)
+    {
+        return Err(corrupt("holds hours outside its date partition".into()));
+    }
+    let compacted_from = kv
+        .get(keys::COMPACTED_FROM)
+        .map(|s| s.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut time_range_us: Option<(i64, i64)> = None;
+    for rg in meta.row_groups() {
+        if let Some(parquet::file::statistics::Statistics::Int64(s)) = rg.column(0).statistics() {
+            if let (Some(&lo), Some(&hi)) = (s.min_opt(), s.max_opt()) {
+                time_range_us = Some(match time_range_us {
+                    None => (lo, hi),
+                    Some((a, b)) => (a.min(lo), b.max(hi)),
+                });
+            }
+        }
+    }
+    Ok(FileInfo {
+        path: path.to_owned(),
+        table: table.to_owned(),
+        day,
+        bytes,
+        rows: meta.file_metadata().num_rows() as u64,
+        watermarks,
+        compacted_from,
+        time_range_us,
+    })
+}
+
+/// A file in the tables tree, before its footer is read.
+pub(crate) struct Listed {
+    pub path: PathBuf,
+    pub table: String,
+    pub day: i64,
+}
+
+/// Lists published files (and stray temp files, returned separately).
+pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)> {
+    let mut files = Vec::new();
+    let mut temps = Vec::new();
+    let tables = data_dir.join("tables");
+    let read = |dir: &Path| -> Result<Vec<fs::DirEntry>> {
+        match fs::read_dir(dir) {
+            Ok(entries) => entries
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(Error::io("list", dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Error::io("list", dir)(e)),
+        }
+    };
+    for table in read(&tables)? {
+        let Some(table_name) = table.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        for part in read(&table.path())? {
+            let name = part.file_name();
+            let Some(day) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("date="))
+                .and_then(parse_date)
+            else {
+                continue;
+            };
+            for file in read(&part.path())? {
+                let name = file.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.ends_with(".tmp") {
+                    temps.push(file.path());
+                } else if name.ends_with(".parquet") {
+                    files.push(Listed {
+                        path: file.path(),
+                        table: table_name.clone(),
+                        day,
+                    });
+                }
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((files, temps))
+}
+
+/// Drops files that a compacted file in the same partition replaces.
+pub(crate) fn superseded(files: &[FileInfo]) -> Vec<usize> {
+    let mut replaced = std::collections::HashSet::new();
+    for f in files {
+        for name in &f.compacted_from {
+            replaced.insert((f.table.as_str(), f.day, name.as_str()));
+        }
+    }
+    files
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| {
+            let name = f.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            replaced.contains(&(f.table.as_str(), f.day, name))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}

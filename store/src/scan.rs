@@ -1,0 +1,581 @@
+//! Reads: a table, a time range, tag equality filters and a projection, over
+//! published files (pruned by partition, row-group statistics and page index) and
+//! rows not yet published (buffered in the writer, or in the WAL for a reader
+//! beside a running writer).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int32Type;
+use arrow_array::{new_null_array, Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
+use parquet::file::statistics::Statistics;
+
+use crate::bucket::Bucket;
+use crate::error::{Error, Result};
+use crate::files::{self, FileInfo};
+use crate::schema::{tag_type, TableDef, TIME_COLUMN};
+use crate::store::{is_published, watermarks_by_bucket, Store};
+use crate::{wal, Catalog, DAY_US};
+
+/// What to read.
+#[derive(Clone, Debug, Default)]
+pub struct ScanRequest {
+    /// Table name.
+    pub table: String,
+    /// Inclusive lower time bound, microseconds since the epoch.
+    pub from_us: Option<i64>,
+    /// Exclusive upper time bound.
+    pub until_us: Option<i64>,
+    /// Tag equality filters, all of which must hold.
+    pub tag_equals: Vec<(String, String)>,
+    /// Fields to return (all when `None`); time and tags always come back.
+    pub fields: Option<Vec<String>>,
+}
+
+/// What a scan returned and how much it could skip.
+#[derive(Debug, Default)]
+pub struct ScanResult {
+    /// Rows, in batches of the output schema: time, tags, requested fields.
+    pub batches: Vec<RecordBatch>,
+    /// The output schema.
+    pub schema: Option<Arc<Schema>>,
+    /// Files opened.
+    pub files_read: usize,
+    /// Files skipped by partition or file statistics.
+    pub files_skipped: usize,
+    /// Row groups skipped by statistics.
+    pub row_groups_skipped: usize,
+    /// Rows skipped by the page index without decoding.
+    pub rows_skipped_by_page_index: usize,
+}
+
+impl ScanResult {
+    /// Total rows returned.
+    pub fn rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+}
+
+struct Plan<'a> {
+    table: &'static TableDef,
+    request: &'a ScanRequest,
+    /// Indices into `table.fields` to return.
+    fields: Vec<usize>,
+    schema: Arc<Schema>,
+    /// (tag index, value).
+    tag_filters: Vec<(usize, &'a str)>,
+}
+
+impl<'a> Plan<'a> {
+    fn new(catalog: &Catalog, request: &'a ScanRequest) -> Result<Self> {
+        let table = catalog
+            .get(&request.table)
+            .ok_or_else(|| Error::Schema(format!("no table {:?}", request.table)))?;
+        let fields: Vec<usize> = match &request.fields {
+            None => (0..table.fields.len()).collect(),
+            Some(names) => names
+                .iter()
+                .map(|n| {
+                    table.field_index(n).ok_or_else(|| {
+                        let known: Vec<_> = table.fields.iter().map(|f| f.name).collect();
+                        Error::Schema(format!(
+                            "table {} has no field {n:?} (fields: {})",
+                            table.name,
+                            known.join(", ")
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?,
+        };
+        let tag_filters = request
+            .tag_equals
+            .iter()
+            .map(|(name, value)| {
+                table
+                    .tag_index(name)
+                    .map(|i| (i, value.as_str()))
+                    .ok_or_else(|| {
+                        Error::Schema(format!("table {} has no tag {name:?}", table.name))
+                    })
+            })
+            .collect::<Result<_>>()?;
+        let full = table.arrow_schema();
+        let mut columns: Vec<Field> = vec![full.field(0).clone()];
+        columns.extend((0..table.tags.len()).map(|i| full.field(1 + i).clone()));
+        columns.extend(
+            fields
+                .iter()
+                .map(|&f| full.field(1 + table.tags.len() + f).clone()),
+        );
+        Ok(Plan {
+            table,
+            request,
+            fields,
+            schema: Arc::new(Schema::new(columns)),
+            tag_filters,
+        })
+    }
+
+    fn day_may_match(&self, day: i64) -> bool {
+        let start = day * DAY_US;
+        self.request.from_us.is_none_or(|f| start + DAY_US > f)
+            && self.request.until_us.is_none_or(|u| start < u)
+    }
+
+    fn range_may_match(&self, lo: i64, hi: i64) -> bool {
+        self.request.from_us.is_none_or(|f| hi >= f) && self.request.until_us.is_none_or(|u| lo < u)
+    }
+
+    /// Keeps the rows of a batch in the output schema that pass every filter.
+    fn filter(&self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
+        let n = batch.num_rows();
+        let mut keep = vec![true; n];
+        let time = batch
+            .column(0)
+            .as_primitive::<arrow_array::types::TimestampMicrosecondType>();
+        if self.request.from_us.is_some() || self.request.until_us.is_some() {
+            let (from, until) = (
+                self.request.from_us.unwrap_or(i64::MIN),
+                self.request.until_us.unwrap_or(i64::MAX),
+            );
+            for (k, &t) in keep.iter_mut().zip(time.values().iter()) {
+                *k &= t >= from && t < until;
+            }
+        }
+        for &(tag, value) in &self.tag_filters {
+            let column = batch.column(1 + tag).as_dictionary::<Int32Type>();
+            let values = column.values().as_string::<i32>();
+            let wanted: Vec<bool> = values.iter().map(|v| v == Some(value)).collect();
+            for (k, key) in keep.iter_mut().zip(column.keys().values().iter()) {
+                *k &= wanted[*key as usize];
+            }
+        }
+        let selected = keep.iter().filter(|&&k| k).count();
+        if selected == 0 {
+            return Ok(None);
+        }
+        if selected == n {
+            return Ok(Some(batch));
+        }
+        Ok(Some(arrow_select::filter::filter_record_batch(
+            &batch,
+            &BooleanArray::from(keep),
+        )?))
+    }
+}
+
+/// Scans a store open for writing: its files and its buffered rows.
+pub fn scan(store: &Store, request: &ScanRequest) -> Result<ScanResult> {
+    let plan = Plan::new(store.catalog(), request)?;
+    let files: Vec<&FileInfo> = store.file_infos(plan.table.name).collect();
+    let mut result = scan_files(&plan, &files)?;
+    for bucket in store.buffered(plan.table.name) {
+        scan_bucket(&plan, bucket, &mut result)?;
+    }
+    Ok(result)
+}
+
+/// Scans a data directory without opening it for writing: published files plus
+/// the rows still in the WAL, so a reader beside the running agent sees them all.
+pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Result<ScanResult> {
+    let plan = Plan::new(catalog, request)?;
+    let (listed, _) = files::list_files(data_dir)?;
+    let mut infos = Vec::new();
+    let mut skipped = 0;
+    let mut all_infos: BTreeMap<(String, i64), Vec<FileInfo>> = BTreeMap::new();
+    for file in listed.into_iter().filter(|f| f.table == plan.table.name) {
+        match files::read_info(&file.path, &file.table, file.day) {
+            Ok(info) => all_infos
+                .entry((info.table.clone(), info.day))
+                .or_default()
+                .push(info),
+            Err(e) => {
+                skipped += 1;
+                tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
+            }
+        }
+    }
+    let flat: Vec<FileInfo> = all_infos.values().flatten().cloned().collect();
+    let superseded = files::superseded(&flat);
+    for (i, info) in flat.iter().enumerate() {
+        if !superseded.contains(&i) {
+            infos.push(info);
+        }
+    }
+    let mut result = scan_files(&plan, &infos)?;
+    result.files_skipped += skipped;
+
+    let watermarks = watermarks_by_bucket(&all_infos);
+    let mut buckets: BTreeMap<i64, Bucket> = BTreeMap::new();
+    wal::replay(&data_dir.join("wal"), catalog, false, |frame| {
+        let table = frame.batch.table;
+        if table.name != plan.table.name
+            || is_published(&watermarks, table.name, frame.hour, frame.seq)
+        {
+            return Ok(());
+        }
+        buckets
+            .entry(frame.hour)
+            .or_insert_with(|| Bucket::new(table, frame.hour))
+            .absorb(frame.seq, &frame.batch);
+        Ok(())
+    })?;
+    for bucket in buckets.values() {
+        scan_bucket(&plan, bucket, &mut result)?;
+    }
+    Ok(result)
+}
+
+fn scan_bucket(plan: &Plan, bucket: &Bucket, result: &mut ScanResult) -> Result<()> {
+    let hour_start = bucket.hour * crate::HOUR_US;
+    if !plan.range_may_match(hour_start, hour_start + crate::HOUR_US - 1) {
+        return Ok(());
+    }
+    let full = bucket.to_record_batch(&plan.table.arrow_schema());
+    let mut columns: Vec<ArrayRef> = full.columns()[..1 + plan.table.tags.len()].to_vec();
+    for &f in &plan.fields {
+        columns.push(full.column(1 + plan.table.tags.len() + f).clone());
+    }
+    let batch = RecordBatch::try_new(plan.schema.clone(), columns)?;
+    if let Some(batch) = plan.filter(batch)? {
+        result.batches.push(batch);
+    }
+    Ok(())
+}
+
+fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
+    let mut result = ScanResult {
+        schema: Some(plan.schema.clone()),
+        ..Default::default()
+    };
+    for info in files {
+        let may_match = plan.day_may_match(info.day)
+            && info
+                .time_range_us
+                .is_none_or(|(lo, hi)| plan.range_may_match(lo, hi));
+        if !may_match {
+            result.files_skipped += 1;
+            continue;
+        }
+        result.files_read += 1;
+        scan_file(plan, &info.path, &mut result)?;
+    }
+    Ok(result)
+}
+
+fn scan_file(plan: &Plan, path: &Path, result: &mut ScanResult) -> Result<()> {
+    let parquet_err = |source| Error::Parquet {
+        path: path.to_owned(),
+        source,
+    };
+    let file = File::open(path).map_err(Error::io("open", path))?;
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)
+        .map_err(parquet_err)?;
+    let metadata = builder.metadata().clone();
+    let file_schema = builder.schema().clone();
+
+    // Which output columns this file has (a field added later reads as null).
+    let mut roots = Vec::new();
+    let mut wanted: Vec<Option<usize>> = Vec::new();
+    for field in plan.schema.fields() {
+        let index = file_schema.index_of(field.name()).ok();
+        if let Some(i) = index {
+            roots.push(i);
+        }
+        wanted.push(index);
+    }
+    roots.sort_unstable();
+    let columns = column_positions(&metadata, plan);
+
+    let mut row_groups = Vec::new();
+    let mut selectors: Vec<RowSelector> = Vec::new();
+    for (rg_index, rg) in metadata.row_groups().iter().enumerate() {
+        if !row_group_may_match(plan, rg, &columns) {
+            result.row_groups_skipped += 1;
+            continue;
+        }
+        let rows = rg.num_rows() as usize;
+        let ranges = page_ranges(plan, &metadata, rg_index, rows, &columns);
+        let selected: usize = ranges.iter().map(|r| r.len()).sum();
+        if selected == 0 {
+            result.row_groups_skipped += 1;
+            continue;
+        }
+        result.rows_skipped_by_page_index += rows - selected;
+        row_groups.push(rg_index);
+        selectors.extend(
+            RowSelection::from_consecutive_ranges(ranges.into_iter(), rows)
+                .iter()
+                .copied(),
+        );
+    }
+    if row_groups.is_empty() {
+        return Ok(());
+    }
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+    let reader = builder
+        .with_row_groups(row_groups)
+        .with_row_selection(RowSelection::from(selectors))
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()
+        .map_err(parquet_err)?;
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::Parquet {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
+        let batch = conform(plan, &batch, &wanted, &roots)?;
+        if let Some(batch) = plan.filter(batch)? {
+            result.batches.push(batch);
+        }
+    }
+    Ok(())
+}
+
+/// Leaf column positions in the file of the time column and each filtered tag.
+struct FilterColumns {
+    time: Option<usize>,
+    tags: Vec<(Option<usize>, Vec<u8>)>,
+}
+
+fn column_positions(metadata: &ParquetMetaData, plan: &Plan) -> FilterColumns {
+    let schema = metadata.file_metadata().schema_descr();
+    let position =
+        |name: &str| (0..schema.num_columns()).find(|&i| schema.column(i).name() == name);
+    FilterColumns {
+        time: position(TIME_COLUMN),
+        tags: plan
+            .tag_filters
+            .iter()
+            .map(|&(tag, value)| {
+                (
+                    position(plan.table.tags[tag].name),
+                    value.as_bytes().to_vec(),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn row_group_may_match(
+    plan: &Plan,
+    rg: &parquet::file::metadata::RowGroupMetaData,
+    columns: &FilterColumns,
+) -> bool {
+    if let Some(Some(Statistics::Int64(s))) = columns.time.map(|c| rg.column(c).statistics()) {
+        if let (Some(&lo), Some(&hi)) = (s.min_opt(), s.max_opt()) {
+            if !plan.range_may_match(lo, hi) {
+                return false;
+            }
+        }
+    }
+    for (column, value) in &columns.tags {
+        match column {
+            // A tag the file lacks is empty for every row.
+            None => {
+                if !value.is_empty() {
+                    return false;
+                }
+            }
+            Some(c) => {
+                if let Some(Statistics::ByteArray(s)) = rg.column(*c).statistics() {
+                    if let (Some(lo), Some(hi)) = (s.min_bytes_opt(), s.max_bytes_opt()) {
+                        if value.as_slice() < lo || value.as_slice() > hi {
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Row ranges of a row group that the page index says may match every filter.
+fn page_ranges(
+    plan: &Plan,
+    metadata: &ParquetMetaData,
+    rg_index: usize,
+    rows: usize,
+    columns: &FilterColumns,
+) -> Vec<Range<usize>> {
+    let mut ranges = vec![0..rows];
+    let page_index = metadata.page_index_for_row_group(rg_index);
+    let mut narrow =
+        |column: usize, page_may_match: &dyn Fn(&ColumnIndexMetaData, usize) -> bool| {
+            let (Some(index), Some(offsets)) = (
+                page_index.column_index(column),
+                page_index.offset_index(column),
+            ) else {
+                return;
+            };
+            let pages = offsets.page_locations();
+            let mut keep = Vec::new();
+            for (p, page) in pages.iter().enumerate() {
+                let start = page.first_row_index as usize;
+                let end = pages
+                    .get(p + 1)
+                    .map_or(rows, |next| next.first_row_index as usize);
+                if page_may_match(index, p) {
+                    keep.push(start..end);
+                }
+            }
+            ranges = intersect(&ranges, &keep);
+        };
+    if let Some(time) = columns.time {
+        if plan.request.from_us.is_some() || plan.request.until_us.is_some() {
+            narrow(time, &|index, p| match index {
+                ColumnIndexMetaData::INT64(ix) => match (ix.min_value(p), ix.max_value(p)) {
+                    (Some(&lo), Some(&hi)) => plan.range_may_match(lo, hi),
+                    _ => true,
+                },
+                _ => true,
+            });
+        }
+    }
+    for (column, value) in &columns.tags {
+        if let Some(c) = column {
+            narrow(*c, &|index, p| match index {
+                ColumnIndexMetaData::BYTE_ARRAY(ix) => match (ix.min_value(p), ix.max_value(p)) {
+                    (Some(lo), Some(hi)) => lo <= value.as_slice() && value.as_slice() <= hi,
+                    _ => true,
+                },
+                _ => true,
+            });
+        }
+    }
+    ranges
+}
+
+fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Vec<Range<usize>> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let start = a[i].start.max(b[j].start);
+        let end = a[i].end.min(b[j].end);
+        if start < end {
+            out.push(start..end);
+        }
+        if a[i].end < b[j].end {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// Puts a file's batch into the output schema: columns in order, missing ones null.
+fn conform(
+    plan: &Plan,
+    batch: &RecordBatch,
+    wanted: &[Option<usize>],
+    roots: &[usize],
+) -> Result<RecordBatch> {
+    let n = batch.num_rows();
+    let columns = plan
+        .schema
+        .fields()
+        .iter()
+        .zip(wanted)
+        .map(|(field, index)| match index {
+            Some(root) => {
+                let position = roots.binary_search(root).expect("projected");
+                let column = batch.column(position).clone();
+                if column.data_type() == field.data_type() {
+                    Ok(column)
+                } else {
+                    Ok(arrow_cast::cast(&column, field.data_type())?)
+                }
+            }
+            None if field.data_type() == &tag_type() => {
+                let empty = arrow_array::StringArray::from(vec![""; n]);
+                Ok(arrow_cast::cast(&empty, &tag_type())?)
+            }
+            None => Ok(new_null_array(field.data_type(), n)),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(plan.schema.clone(), columns)?)
+}
+
+/// Reads whole files and returns their rows merged and sorted by tags then time,
+/// in the table's full schema (for compaction).
+pub(crate) fn read_files_sorted(
+    table: &'static TableDef,
+    inputs: &[FileInfo],
+) -> Result<Vec<RecordBatch>> {
+    let catalog = Catalog::new(&[table])?;
+    let request = ScanRequest {
+        table: table.name.to_string(),
+        ..Default::default()
+    };
+    let plan = Plan::new(&catalog, &request)?;
+    let refs: Vec<&FileInfo> = inputs.iter().collect();
+    let result = scan_files(&plan, &refs)?;
+    if result.batches.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Sort on plain strings, then restore the dictionary encoding.
+    let plain_schema = Arc::new(Schema::new(
+        plan.schema
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Dictionary(_, v) => Field::new(f.name(), (**v).clone(), f.is_nullable()),
+                _ => f.as_ref().clone(),
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let plain: Vec<RecordBatch> = result
+        .batches
+        .iter()
+        .map(|b| {
+            let columns = b
+                .columns()
+                .iter()
+                .zip(plain_schema.fields())
+                .map(|(c, f)| arrow_cast::cast(c, f.data_type()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(RecordBatch::try_new(plain_schema.clone(), columns)?)
+        })
+        .collect::<Result<_>>()?;
+    let all = arrow_select::concat::concat_batches(&plain_schema, &plain)?;
+    let mut keys: Vec<arrow_ord::sort::SortColumn> = (1..=table.tags.len())
+        .map(|i| arrow_ord::sort::SortColumn {
+            values: all.column(i).clone(),
+            options: None,
+        })
+        .collect();
+    keys.push(arrow_ord::sort::SortColumn {
+        values: all.column(0).clone(),
+        options: None,
+    });
+    let order = arrow_ord::sort::lexsort_to_indices(&keys, None)?;
+    let sorted = arrow_select::take::take_record_batch(&all, &order)?;
+    let columns = sorted
+        .columns()
+        .iter()
+        .zip(plan.schema.fields())
+        .map(|(c, f)| arrow_cast::cast(c, f.data_type()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![RecordBatch::try_new(plan.schema.clone(), columns)?])
+}
+
+impl Store {
+    /// Scans this store (files and buffered rows).
+    pub fn scan(&self, request: &ScanRequest) -> Result<ScanResult> {
+        scan(self, request)
+    }
+}

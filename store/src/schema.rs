@@ -1,0 +1,386 @@
+//! The table model: one declaration per table is the single source of truth for
+//! the Arrow/Parquet schema, the Prometheus metric names and help, and the metric
+//! catalogue in `docs/metrics.md`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
+
+/// Name of the time column every table has: microseconds since the Unix epoch, UTC.
+pub const TIME_COLUMN: &str = "time";
+
+/// Version of the on-disk table layout, written into every Parquet file.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Prefix of every exported metric name.
+pub const METRIC_PREFIX: &str = "vtax";
+
+/// Physical type of a field column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldType {
+    /// IEEE 754 double, stored bit for bit.
+    F64,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned 64-bit integer.
+    U64,
+}
+
+impl FieldType {
+    /// The Arrow type the field is stored as.
+    pub fn arrow_type(self) -> DataType {
+        match self {
+            FieldType::F64 => DataType::Float64,
+            FieldType::I64 => DataType::Int64,
+            FieldType::U64 => DataType::UInt64,
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            FieldType::F64 => 1,
+            FieldType::I64 => 2,
+            FieldType::U64 => 3,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(FieldType::F64),
+            2 => Some(FieldType::I64),
+            3 => Some(FieldType::U64),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            FieldType::F64 => "f64",
+            FieldType::I64 => "i64",
+            FieldType::U64 => "u64",
+        }
+    }
+}
+
+/// How a field's value evolves, which decides the Prometheus type and name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A value that goes up and down; stored as read.
+    Gauge,
+    /// A monotonic count since some start; stored raw, rates are derived downstream.
+    Counter,
+}
+
+impl MetricKind {
+    /// The Prometheus `# TYPE` word.
+    pub fn prometheus_type(self) -> &'static str {
+        match self {
+            MetricKind::Gauge => "gauge",
+            MetricKind::Counter => "counter",
+        }
+    }
+}
+
+/// Base unit of a field. The unit's suffix must end the field's name, so that
+/// units live in column names and metric names alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A count or an identifier: no suffix.
+    None,
+    /// Bytes.
+    Bytes,
+    /// Seconds.
+    Seconds,
+    /// A fraction between 0 and 1.
+    Ratio,
+    /// Degrees Celsius.
+    Celsius,
+    /// Watts.
+    Watts,
+    /// Joules.
+    Joules,
+    /// Hertz.
+    Hertz,
+    /// Bytes per second.
+    BytesPerSecond,
+}
+
+impl Unit {
+    /// The suffix that names carry, without the leading underscore.
+    pub fn suffix(self) -> Option<&'static str> {
+        match self {
+            Unit::None => None,
+            Unit::Bytes => Some("bytes"),
+            Unit::Seconds => Some("seconds"),
+            Unit::Ratio => Some("ratio"),
+            Unit::Celsius => Some("celsius"),
+            Unit::Watts => Some("watts"),
+            Unit::Joules => Some("joules"),
+            Unit::Hertz => Some("hertz"),
+            Unit::BytesPerSecond => Some("bytes_per_second"),
+        }
+    }
+}
+
+/// A tag column: a dictionary-encoded string that identifies a series.
+#[derive(Debug)]
+pub struct TagDef {
+    /// Column and label name, e.g. `gpu`, `cpu`, `port`.
+    pub name: &'static str,
+    /// One sentence for the catalogue.
+    pub help: &'static str,
+}
+
+/// A field column: one measured value per row. Fields are nullable, so a source
+/// that lacks a value leaves a null and a field added later reads as null in
+/// files written before it existed.
+#[derive(Debug)]
+pub struct FieldDef {
+    /// Column name, ending with the unit's suffix (`power_watts`), never `_total`.
+    pub name: &'static str,
+    /// Physical type.
+    pub ty: FieldType,
+    /// Gauge or counter.
+    pub kind: MetricKind,
+    /// Base unit.
+    pub unit: Unit,
+    /// Help text: one or more sentences.
+    pub help: &'static str,
+}
+
+/// A table: its name, tags and fields, declared once.
+#[derive(Debug)]
+pub struct TableDef {
+    /// Table name: a directory under `tables/` and the middle of metric names.
+    pub name: &'static str,
+    /// What one row is.
+    pub help: &'static str,
+    /// Tag columns, in sort order: rows in a file are sorted by these, then time.
+    pub tags: &'static [TagDef],
+    /// Field columns.
+    pub fields: &'static [FieldDef],
+    /// Whether the fields are exported to Prometheus as `vtax_<table>_<field>`.
+    /// Tables that hold other systems' samples (`scraped`) are not.
+    pub exported: bool,
+}
+
+impl TableDef {
+    /// Index of a tag column by name.
+    pub fn tag_index(&self, name: &str) -> Option<usize> {
+        self.tags.iter().position(|t| t.name == name)
+    }
+
+    /// Index of a field column by name.
+    pub fn field_index(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+
+    /// The Arrow schema of the table as stored: time, tags (dictionary-encoded), fields.
+    pub fn arrow_schema(&self) -> Arc<Schema> {
+        let mut columns = Vec::with_capacity(1 + self.tags.len() + self.fields.len());
+        columns.push(Field::new(TIME_COLUMN, time_type(), false));
+        for tag in self.tags {
+            columns.push(Field::new(tag.name, tag_type(), false));
+        }
+        for field in self.fields {
+            columns.push(Field::new(field.name, field.ty.arrow_type(), true));
+        }
+        Arc::new(Schema::new(columns))
+    }
+
+    /// Prometheus name of a field: `vtax_<table>_<field>`, with `_total` on counters.
+    pub fn metric_name(&self, field: &FieldDef) -> String {
+        let mut name = format!("{METRIC_PREFIX}_{}_{}", self.name, field.name);
+        if field.kind == MetricKind::Counter {
+            name.push_str("_total");
+        }
+        name
+    }
+
+    /// Checks the naming rules that the rest of the system relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let valid_ident = |s: &str| {
+            !s.is_empty()
+                && s.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !valid_ident(self.name) {
+            return Err(format!("table name {:?} is not snake_case", self.name));
+        }
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(TIME_COLUMN);
+        for tag in self.tags {
+            if !valid_ident(tag.name) || !seen.insert(tag.name) {
+                return Err(format!(
+                    "table {}: bad or duplicate tag {:?}",
+                    self.name, tag.name
+                ));
+            }
+        }
+        for field in self.fields {
+            if !valid_ident(field.name) || !seen.insert(field.name) {
+                return Err(format!(
+                    "table {}: bad or duplicate field {:?}",
+                    self.name, field.name
+                ));
+            }
+            if field.name.ends_with("_total") {
+                return Err(format!(
+                    "table {}: field {} must not end in _total: counters get it in the metric name",
+                    self.name, field.name
+                ));
+            }
+            if let Some(suffix) = field.unit.suffix() {
+                if !field.name.ends_with(&format!("_{suffix}")) {
+                    return Err(format!(
+                        "table {}: field {} must end with its unit _{suffix}",
+                        self.name, field.name
+                    ));
+                }
+            }
+            if field.help.trim().is_empty() {
+                return Err(format!(
+                    "table {}: field {} has no help",
+                    self.name, field.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Arrow type of the time column.
+pub fn time_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// Arrow type of a tag column.
+pub fn tag_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+/// Renders the metric catalogue (`docs/metrics.md`) for a set of tables.
+pub fn render_catalogue(tables: &[&TableDef]) -> String {
+    let mut out = String::new();
+    out.push_str("# Metric catalogue\n\n");
+    out.push_str(
+        "Generated from the table declarations in the code; do not edit by hand.\n\
+         Regenerate with `VTAX_UPDATE_GOLDEN=1 cargo test -p vtax catalogue`.\n\n\
+         Every table is a directory of Parquet files under `tables/<table>/` with a `time`\n\
+         column (TIMESTAMP(MICROS, UTC)), the tag columns (dictionary-encoded strings) and the\n\
+         field columns below. Counters are stored raw; gauges as read.\n",
+    );
+    for table in tables {
+        let _ = write!(out, "\n## `{}`\n\n{}\n\n", table.name, table.help);
+        if !table.tags.is_empty() {
+            out.push_str("| tag | meaning |\n|---|---|\n");
+            for tag in table.tags {
+                let _ = writeln!(out, "| `{}` | {} |", tag.name, tag.help);
+            }
+            out.push('\n');
+        }
+        if table.exported {
+            out.push_str(
+                "| column | type | kind | Prometheus metric | help |\n|---|---|---|---|---|\n",
+            );
+        } else {
+            out.push_str("| column | type | kind | help |\n|---|---|---|---|\n");
+        }
+        for field in table.fields {
+            if table.exported {
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {} | {} | `{}` | {} |",
+                    field.name,
+                    field.ty.as_str(),
+                    field.kind.prometheus_type(),
+                    table.metric_name(field),
+                    field.help
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {} | {} | {} |",
+                    field.name,
+                    field.ty.as_str(),
+                    field.kind.prometheus_type(),
+                    field.help
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static BAD_UNIT: TableDef = TableDef {
+        name: "gpu",
+        help: "x",
+        tags: &[],
+        fields: &[FieldDef {
+            name: "power",
+            ty: FieldType::F64,
+            kind: MetricKind::Gauge,
+            unit: Unit::Watts,
+            help: "Power draw.",
+        }],
+        exported: true,
+    };
+
+    static GOOD: TableDef = TableDef {
+        name: "gpu",
+        help: "One row per GPU per tick.",
+        tags: &[TagDef {
+            name: "gpu",
+            help: "GPU index.",
+        }],
+        fields: &[
+            FieldDef {
+                name: "power_watts",
+                ty: FieldType::F64,
+                kind: MetricKind::Gauge,
+                unit: Unit::Watts,
+                help: "Power draw.",
+            },
+            FieldDef {
+                name: "energy_joules",
+                ty: FieldType::U64,
+                kind: MetricKind::Counter,
+                unit: Unit::Joules,
+                help: "Energy since the driver loaded.",
+            },
+        ],
+        exported: true,
+    };
+
+    #[test]
+    fn a_field_without_its_unit_suffix_is_rejected() {
+        let err = BAD_UNIT.validate().unwrap_err();
+        assert!(err.contains("_watts"), "{err}");
+        GOOD.validate().unwrap();
+    }
+
+    #[test]
+    fn counters_get_total_and_gauges_do_not() {
+        assert_eq!(GOOD.metric_name(&GOOD.fields[0]), "vtax_gpu_power_watts");
+        assert_eq!(
+            GOOD.metric_name(&GOOD.fields[1]),
+            "vtax_gpu_energy_joules_total"
+        );
+    }
+
+    #[test]
+    fn arrow_schema_is_time_tags_fields() {
+        let schema = GOOD.arrow_schema();
+        let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["time", "gpu", "power_watts", "energy_joules"]);
+        assert_eq!(schema.field(0).data_type(), &time_type());
+        assert!(!schema.field(1).is_nullable());
+        assert!(schema.field(3).is_nullable());
+    }
+}

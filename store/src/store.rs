@@ -1,0 +1,629 @@
+//! The writable store: WAL, buckets, publishing, compaction, retention.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::batch::Batch;
+use crate::bucket::Bucket;
+use crate::error::{Error, Result};
+use crate::files::{self, FileInfo, WriteOptions};
+use crate::wal::{self, WalWriter};
+use crate::{Catalog, DAY_US, HOUR_US};
+
+/// Default interval between WAL fsyncs (group commit).
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// Default bound on rows buffered in memory before the largest bucket is published early.
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 32 << 20;
+/// Default wait after an hour ends before its buckets are published, for late rows.
+pub const DEFAULT_PUBLISH_GRACE: Duration = Duration::from_secs(60);
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// Node name written into file names and metadata.
+    pub node: String,
+    /// Interval between WAL fsyncs.
+    pub sync_interval: Duration,
+    /// Memory bound on buffered rows.
+    pub max_buffered_bytes: usize,
+    /// Wait after an hour ends before publishing it.
+    pub publish_grace: Duration,
+    /// Delete files whose whole day is older than this.
+    pub retention_max_age: Option<Duration>,
+    /// Delete the oldest files while the tables hold more bytes than this.
+    pub retention_max_bytes: Option<u64>,
+    /// Parquet encoding choices.
+    pub write: WriteOptions,
+    /// WAL segment size.
+    pub wal_segment_bytes: u64,
+    /// Bytes the WAL buffers in memory after writes fail before rejecting rows.
+    pub wal_max_backlog_bytes: usize,
+}
+
+impl StoreOptions {
+    /// Defaults for a data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        StoreOptions {
+            data_dir: data_dir.into(),
+            node: node_name(),
+            sync_interval: DEFAULT_SYNC_INTERVAL,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            publish_grace: DEFAULT_PUBLISH_GRACE,
+            retention_max_age: None,
+            retention_max_bytes: None,
+            write: WriteOptions::default(),
+            wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
+            wal_max_backlog_bytes: wal::DEFAULT_MAX_BACKLOG_BYTES,
+        }
+    }
+}
+
+/// The host name, made safe for a file name.
+pub fn node_name() -> String {
+    let raw = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "node".into());
+    let clean: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.is_empty() {
+        "node".into()
+    } else {
+        clean
+    }
+}
+
+/// Counters the store keeps; the agent exports them.
+#[derive(Clone, Debug, Default)]
+pub struct StoreStats {
+    /// Rows accepted by `append`.
+    pub rows_appended: u64,
+    /// Rows restored from the WAL on open.
+    pub rows_replayed: u64,
+    /// Files published (including compactions).
+    pub files_published: u64,
+    /// Files moved to quarantine.
+    pub files_quarantined: u64,
+    /// Failed writes (WAL or Parquet), e.g. disk full.
+    pub write_errors: u64,
+    /// Failed writes that were the disk being full.
+    pub disk_full_errors: u64,
+    /// Files deleted by retention.
+    pub files_retained_away: u64,
+    /// Bytes cut off a torn WAL tail on open.
+    pub wal_torn_bytes: u64,
+    /// Completed WAL fsyncs.
+    pub wal_syncs: u64,
+}
+
+/// A store open for writing. One per data directory (a lock file enforces it).
+pub struct Store {
+    options: StoreOptions,
+    catalog: Catalog,
+    wal: WalWriter,
+    buckets: BTreeMap<(&'static str, i64), Bucket>,
+    /// Published files, by table then day.
+    files: BTreeMap<(String, i64), Vec<FileInfo>>,
+    stats: StoreStats,
+    last_sync: Instant,
+    _lock: File,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store: takes the lock, removes stray temp
+    /// files, verifies every file's footer (quarantining failures), finishes any
+    /// interrupted compaction, and replays the WAL.
+    pub fn open(options: StoreOptions, catalog: Catalog) -> Result<Self> {
+        let dir = options.data_dir.clone();
+        fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
+        let lock = lock(&dir)?;
+        let mut stats = StoreStats::default();
+        let (listed, temps) = files::list_files(&dir)?;
+        for tmp in temps {
+            fs::remove_file(&tmp).map_err(Error::io("remove stray temp file", &tmp))?;
+        }
+        let mut infos = Vec::new();
+        for file in listed {
+            match files::read_info(&file.path, &file.table, file.day) {
+                Ok(info) => infos.push(info),
+                Err(e) => {
+                    quarantine(&dir, &file.path)?;
+                    stats.files_quarantined += 1;
+                    tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
+                }
+            }
+        }
+        // Roll an interrupted compaction forward: its inputs go.
+        let mut superseded = files::superseded(&infos);
+        superseded.sort_unstable_by(|a, b| b.cmp(a));
+        for i in superseded {
+            let info = infos.remove(i);
+            fs::remove_file(&info.path).map_err(Error::io("remove compacted input", &info.path))?;
+        }
+        let mut by_partition: BTreeMap<(String, i64), Vec<FileInfo>> = BTreeMap::new();
+        for info in infos {
+            by_partition
+                .entry((info.table.clone(), info.day))
+                .or_default()
+                .push(info);
+        }
+
+        let wal_dir = dir.join("wal");
+        let watermarks = watermarks_by_bucket(&by_partition);
+        let mut buckets: BTreeMap<(&'static str, i64), Bucket> = BTreeMap::new();
+        let report = wal::replay(&wal_dir, &catalog, true, |frame| {
+            let table = frame.batch.table;
+            if is_published(&watermarks, table.name, frame.hour, frame.seq) {
+                return Ok(());
+            }
+            stats.rows_replayed += frame.batch.len() as u64;
+            buckets
+                .entry((table.name, frame.hour))
+                .or_insert_with(|| Bucket::new(table, frame.hour))
+                .absorb(frame.seq, &frame.batch);
+            Ok(())
+        })?;
+        stats.wal_torn_bytes = report.torn_bytes;
+        for path in &report.corrupt_segments {
+            tracing::error!(path = %path.display(), "A WAL segment is corrupt before its end; rows after the damage are lost. Moved to quarantine.");
+            quarantine(&dir, path)?;
+        }
+        let next_seq = report.next_seq.max(1);
+        let wal = WalWriter::create(
+            &wal_dir,
+            next_seq,
+            options.wal_segment_bytes,
+            options.wal_max_backlog_bytes,
+        )?;
+        if stats.rows_replayed > 0 {
+            tracing::info!(
+                rows = stats.rows_replayed,
+                frames = report.frames,
+                "Replayed rows from the WAL."
+            );
+        }
+        Ok(Store {
+            options,
+            catalog,
+            wal,
+            buckets,
+            files: by_partition,
+            stats,
+            last_sync: Instant::now(),
+            _lock: lock,
+        })
+    }
+
+    /// The tables this store knows.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// Rows buffered in memory, not yet in a file.
+    pub fn buffered_rows(&self) -> usize {
+        self.buckets.values().map(Bucket::rows).sum()
+    }
+
+    /// Appends rows. They are visible to scans at once and durable after the next
+    /// completed [`Self::sync`]. Returns the highest WAL sequence number used.
+    pub fn append(&mut self, batch: &Batch) -> Result<u64> {
+        if self.catalog.get(batch.table.name).is_none() {
+            return Err(Error::Schema(format!(
+                "table {} is not in this store's catalog",
+                batch.table.name
+            )));
+        }
+        if batch.is_empty() {
+            return Ok(self.wal.next_seq().saturating_sub(1));
+        }
+        let mut last = 0;
+        for (hour, part) in split_by_hour(batch) {
+            let part = part.as_ref().unwrap_or(batch);
+            let seq = match self.wal.append(hour, part) {
+                Ok(seq) => seq,
+                Err(e) => {
+                    self.count_error(&e);
+                    return Err(e);
+                }
+            };
+            self.buckets
+                .entry((batch.table.name, hour))
+                .or_insert_with(|| Bucket::new(batch.table, hour))
+                .absorb(seq, part);
+            last = seq;
+        }
+        self.stats.rows_appended += batch.len() as u64;
+        Ok(last)
+    }
+
+    /// Writes and fsyncs the WAL. Returns the sequence number below which every
+    /// frame is durable.
+    pub fn sync(&mut self) -> Result<u64> {
+        self.last_sync = Instant::now();
+        match self.wal.sync() {
+            Ok(durable) => {
+                self.stats.wal_syncs += 1;
+                Ok(durable)
+            }
+            Err(e) => {
+                self.count_error(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Every WAL frame below this sequence number is durable.
+    pub fn durable_below(&self) -> u64 {
+        self.wal.durable_below()
+    }
+
+    /// Periodic work: fsync when the interval is due, publish buckets whose hour
+    /// is over (after the grace) or that push memory over its bound, and drop
+    /// WAL segments that are fully published. `now_us` is wall-clock time.
+    pub fn tick(&mut self, now_us: i64) -> Result<()> {
+        if self.last_sync.elapsed() >= self.options.sync_interval {
+            self.sync()?;
+        }
+        let grace_us = self.options.publish_grace.as_micros() as i64;
+        let due: Vec<_> = self
+            .buckets
+            .iter()
+            .filter(|(_, b)| (b.hour + 1) * HOUR_US + grace_us <= now_us)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            self.publish_bucket(key)?;
+        }
+        self.enforce_memory_bound()?;
+        Ok(())
+    }
+
+    fn enforce_memory_bound(&mut self) -> Result<()> {
+        while self.buckets.values().map(Bucket::bytes).sum::<usize>()
+            > self.options.max_buffered_bytes
+        {
+            let Some(key) = self
+                .buckets
+                .iter()
+                .max_by_key(|(_, b)| b.bytes())
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            self.publish_bucket(key)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes every buffered row (a partial hour becomes a file of its own),
+    /// so that the files are complete for other readers, then fsyncs the WAL.
+    pub fn flush(&mut self) -> Result<()> {
+        let keys: Vec<_> = self.buckets.keys().copied().collect();
+        for key in keys {
+            self.publish_bucket(key)?;
+        }
+        self.sync()?;
+        Ok(())
+    }
+
+    /// Flushes and releases the store.
+    pub fn close(mut self) -> Result<()> {
+        self.flush()
+    }
+
+    fn publish_bucket(&mut self, key: (&'static str, i64)) -> Result<()> {
+        let Some(bucket) = self.buckets.get(&key) else {
+            return Ok(());
+        };
+        if bucket.rows() == 0 {
+            self.buckets.remove(&key);
+            return Ok(());
+        }
+        let schema = bucket.table.arrow_schema();
+        let batch = bucket.to_record_batch(&schema);
+        let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
+        let published = files::publish(
+            &self.options.data_dir,
+            &self.options.node,
+            bucket.table,
+            &[batch],
+            &watermarks,
+            &[],
+            &self.options.write,
+        );
+        let info = match published {
+            Ok(info) => info,
+            Err(e) => {
+                self.count_error(&e);
+                return Err(e);
+            }
+        };
+        self.stats.files_published += 1;
+        self.files
+            .entry((info.table.clone(), info.day))
+            .or_default()
+            .push(info);
+        self.buckets.remove(&key);
+        self.drop_published_wal()
+    }
+
+    fn drop_published_wal(&mut self) -> Result<()> {
+        let lowest_buffered = self
+            .buckets
+            .values()
+            .map(|b| b.first_seq)
+            .min()
+            .unwrap_or(u64::MAX)
+            .min(self.wal.durable_below());
+        self.wal.remove_segments_below(lowest_buffered)?;
+        Ok(())
+    }
+
+    fn count_error(&mut self, e: &Error) {
+        self.stats.write_errors += 1;
+        if e.is_disk_full() {
+            self.stats.disk_full_errors += 1;
+        }
+    }
+
+    /// Published files of every table, oldest partition first.
+    pub fn files(&self) -> impl Iterator<Item = &FileInfo> {
+        self.files.values().flatten()
+    }
+
+    /// Merges each finished day's files of a table into one file. A day is
+    /// finished when it ended more than the publish grace ago and nothing of it is
+    /// still buffered. Safe to kill at any instant (see the crate docs).
+    pub fn compact(&mut self, now_us: i64) -> Result<usize> {
+        let grace_us = self.options.publish_grace.as_micros() as i64;
+        let candidates: Vec<(String, i64)> =
+            self.files
+                .iter()
+                .filter(|((table, day), files)| {
+                    files.len() > 1
+                        && (day + 1) * DAY_US + grace_us <= now_us
+                        && !self.buckets.keys().any(|(t, hour)| {
+                            t == table && (hour * HOUR_US).div_euclid(DAY_US) == *day
+                        })
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+        let mut compacted = 0;
+        for key in candidates {
+            self.compact_partition(&key)?;
+            compacted += 1;
+        }
+        Ok(compacted)
+    }
+
+    fn compact_partition(&mut self, key: &(String, i64)) -> Result<()> {
+        let table = self
+            .catalog
+            .get(&key.0)
+            .ok_or_else(|| Error::Schema(format!("no declaration for table {}", key.0)))?;
+        let inputs = self.files.get(key).cloned().unwrap_or_default();
+        let mut watermarks = BTreeMap::new();
+        let mut names = Vec::new();
+        for info in &inputs {
+            for (&hour, &seq) in &info.watermarks {
+                let w = watermarks.entry(hour).or_insert(0);
+                *w = seq.max(*w);
+            }
+            names.push(
+                info.path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        let merged = crate::scan::read_files_sorted(table, &inputs)?;
+        let published = files::publish(
+            &self.options.data_dir,
+            &self.options.node,
+            table,
+            &merged,
+            &watermarks,
+            &names,
+            &self.options.write,
+        );
+        let info = match published {
+            Ok(info) => info,
+            Err(e) => {
+                self.count_error(&e);
+                return Err(e);
+            }
+        };
+        // The compacted file is durable and names its inputs; removing them now is
+        // only tidying, and a crash before it is finished at the next open.
+        for input in &inputs {
+            fs::remove_file(&input.path)
+                .map_err(Error::io("remove compacted input", &input.path))?;
+        }
+        if let Some(parent) = info.path.parent() {
+            wal::sync_dir(parent)?;
+        }
+        self.stats.files_published += 1;
+        self.files.insert(key.clone(), vec![info]);
+        Ok(())
+    }
+
+    /// Deletes whole files, oldest day first, while they are older than the age
+    /// limit or the tables exceed the byte budget. Returns the files deleted.
+    pub fn apply_retention(&mut self, now_us: i64) -> Result<usize> {
+        let mut removed = 0;
+        let mut total: u64 = self.files().map(|f| f.bytes).sum();
+        let mut days: Vec<(i64, String)> =
+            self.files.keys().map(|(t, d)| (*d, t.clone())).collect();
+        days.sort();
+        for (day, table) in days {
+            let too_old = self
+                .options
+                .retention_max_age
+                .is_some_and(|age| (day + 1) * DAY_US <= now_us - age.as_micros() as i64);
+            let mut partition = self.files.remove(&(table.clone(), day)).unwrap_or_default();
+            partition.sort_by_key(|f| f.time_range_us.map(|r| r.0));
+            let mut kept = Vec::new();
+            for info in partition {
+                let over_budget = self
+                    .options
+                    .retention_max_bytes
+                    .is_some_and(|max| total > max);
+                if too_old || over_budget {
+                    fs::remove_file(&info.path)
+                        .map_err(Error::io("remove expired file", &info.path))?;
+                    total -= info.bytes;
+                    removed += 1;
+                } else {
+                    kept.push(info);
+                }
+            }
+            let dir = files::partition_dir(&self.options.data_dir, &table, day);
+            if kept.is_empty() {
+                let _ = fs::remove_dir(&dir);
+            } else {
+                self.files.insert((table, day), kept);
+            }
+            if dir.exists() {
+                wal::sync_dir(&dir)?;
+            }
+        }
+        self.stats.files_retained_away += removed as u64;
+        Ok(removed)
+    }
+
+    /// Buffered rows of `table`, for scans.
+    pub(crate) fn buffered<'a>(&'a self, table: &'a str) -> impl Iterator<Item = &'a Bucket> {
+        self.buckets
+            .iter()
+            .filter(move |((t, _), _)| *t == table)
+            .map(|(_, b)| b)
+    }
+
+    pub(crate) fn file_infos<'a>(&'a self, table: &'a str) -> impl Iterator<Item = &'a FileInfo> {
+        self.files
+            .iter()
+            .filter(move |((t, _), _)| t == table)
+            .flat_map(|(_, f)| f)
+    }
+}
+
+/// Per table, per bucket hour, the highest watermark among the files: frames at or
+/// below it are published.
+pub(crate) type Watermarks = HashMap<String, HashMap<i64, u64>>;
+
+pub(crate) fn watermarks_by_bucket(files: &BTreeMap<(String, i64), Vec<FileInfo>>) -> Watermarks {
+    let mut out: Watermarks = HashMap::new();
+    for info in files.values().flatten() {
+        let table = out.entry(info.table.clone()).or_default();
+        for (&hour, &seq) in &info.watermarks {
+            let w = table.entry(hour).or_insert(0);
+            *w = seq.max(*w);
+        }
+    }
+    out
+}
+
+/// Whether a WAL frame is already in a published file.
+pub(crate) fn is_published(watermarks: &Watermarks, table: &str, hour: i64, seq: u64) -> bool {
+    watermarks
+        .get(table)
+        .and_then(|hours| hours.get(&hour))
+        .is_some_and(|&w| seq <= w)
+}
+
+/// Splits a batch into one part per UTC hour; `None` when it already lies in one.
+fn split_by_hour(batch: &Batch) -> Vec<(i64, Option<Batch>)> {
+    let hour_of = |t: i64| t.div_euclid(HOUR_US);
+    let first = hour_of(batch.time_us[0]);
+    if batch.time_us.iter().all(|&t| hour_of(t) == first) {
+        return vec![(first, None)];
+    }
+    let mut by_hour: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (i, &t) in batch.time_us.iter().enumerate() {
+        by_hour.entry(hour_of(t)).or_default().push(i);
+    }
+    by_hour
+        .into_iter()
+        .map(|(hour, rows)| (hour, Some(select_rows(batch, &rows))))
+        .collect()
+}
+
+fn select_rows(batch: &Batch, rows: &[usize]) -> Batch {
+    let mut out = Batch::new(batch.table);
+    out.time_us = rows.iter().map(|&i| batch.time_us[i]).collect();
+    for (mine, theirs) in out.tags.iter_mut().zip(&batch.tags) {
+        mine.dict = theirs.dict.clone();
+        mine.codes = rows.iter().map(|&i| theirs.codes[i]).collect();
+    }
+    for (mine, theirs) in out.fields.iter_mut().zip(&batch.fields) {
+        for &i in rows {
+            mine.extend_from(theirs, i..i + 1);
+        }
+    }
+    out
+}
+
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join("LOCK");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(Error::io("open lock file", &path))?;
+    // SAFETY: flock on an fd we own; no memory is touched.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    if rc != 0 {
+        let holder = fs::read_to_string(&path).unwrap_or_default();
+        return Err(Error::Locked {
+            path: dir.to_owned(),
+            holder: format!("pid {}", holder.trim()),
+        });
+    }
+    file.set_len(0)
+        .map_err(Error::io("write lock file", &path))?;
+    write!(file, "{}", std::process::id()).map_err(Error::io("write lock file", &path))?;
+    Ok(file)
+}
+
+fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
+    let relative = path.strip_prefix(data_dir).unwrap_or(path);
+    let relative = relative.strip_prefix("tables").unwrap_or(relative);
+    let target = data_dir.join("quarantine").join(relative);
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+    }
+    fs::rename(path, &target).map_err(Error::io("move to quarantine", path))?;
+    if let Some(parent) = path.parent() {
+        wal::sync_dir(parent)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! Tables the store itself defines. Collector tables are declared beside their
+//! collectors in the agent and passed to the store with these.
+
+use crate::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+
+/// Samples read from other Prometheus endpoints or imported from OpenMetrics and
+/// Prometheus text files: one row per sample, stored losslessly.
+pub static SCRAPED: TableDef = TableDef {
+    name: "scraped",
+    help: "One row per sample read from another local Prometheus endpoint or imported \
+           with `vtax import`; the value is kept bit for bit.",
+    tags: &[
+        TagDef {
+            name: "metric",
+            help: "Metric name as exposed, e.g. `node_cpu_seconds_total`.",
+        },
+        TagDef {
+            name: "labels",
+            help: "Label set in canonical form: sorted by name, `name=\"value\"` joined by commas.",
+        },
+    ],
+    fields: &[FieldDef {
+        name: "value",
+        ty: FieldType::F64,
+        kind: MetricKind::Gauge,
+        unit: Unit::None,
+        help: "Sample value as exposed (gauge, counter or histogram part alike).",
+    }],
+    exported: false,
+};
+
+/// Every table the store crate declares.
+pub static BUILTIN: &[&TableDef] = &[&SCRAPED];

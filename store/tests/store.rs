@@ -1,0 +1,496 @@
+//! Behaviour of the store through its public API.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
+use arrow_array::Array;
+use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::{
+    scan, tables, BatchBuilder, Catalog, ScanRequest, Store, StoreOptions, Value, DAY_US, HOUR_US,
+};
+
+/// 2025-11-21T00:00:00Z.
+const T0: i64 = 1_763_683_200_000_000;
+
+static GPU_V1: TableDef = TableDef {
+    name: "gpu",
+    help: "Test table.",
+    tags: &[TagDef {
+        name: "gpu",
+        help: "Index.",
+    }],
+    fields: &[FieldDef {
+        name: "power_watts",
+        ty: FieldType::F64,
+        kind: MetricKind::Gauge,
+        unit: Unit::Watts,
+        help: "Power.",
+    }],
+    exported: true,
+};
+
+static GPU_V2: TableDef = TableDef {
+    name: "gpu",
+    help: "Test table with a field added.",
+    tags: &[TagDef {
+        name: "gpu",
+        help: "Index.",
+    }],
+    fields: &[
+        FieldDef {
+            name: "power_watts",
+            ty: FieldType::F64,
+            kind: MetricKind::Gauge,
+            unit: Unit::Watts,
+            help: "Power.",
+        },
+        FieldDef {
+            name: "energy_joules",
+            ty: FieldType::U64,
+            kind: MetricKind::Counter,
+            unit: Unit::Joules,
+            help: "Energy.",
+        },
+    ],
+    exported: true,
+};
+
+fn options(dir: &Path) -> StoreOptions {
+    let mut o = StoreOptions::new(dir);
+    o.node = "test".into();
+    o
+}
+
+fn open(dir: &Path) -> Store {
+    Store::open(
+        options(dir),
+        Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap(),
+    )
+    .unwrap()
+}
+
+/// Appends `n` rows of `scraped` from `start`, one per second, over 4 series,
+/// with values whose bits are awkward (negative zero, subnormal, NaN payload).
+fn append_scraped(store: &mut Store, start: i64, n: usize) -> Vec<(i64, String, u64)> {
+    let mut b = BatchBuilder::new(&tables::SCRAPED);
+    let mut rows = Vec::new();
+    for i in 0..n {
+        let t = start + (i as i64 / 4) * 1_000_000;
+        let labels = format!("cpu=\"{}\"", i % 4);
+        let v = match i % 5 {
+            0 => -0.0,
+            1 => f64::from_bits(1),
+            2 => f64::from_bits(0x7ff8_0000_0000_0abc),
+            _ => i as f64 * 1.1,
+        };
+        b.push(t, &["node_cpu_seconds_total", &labels], &[Value::F64(v)])
+            .unwrap();
+        rows.push((t, labels, v.to_bits()));
+    }
+    store.append(&b.finish()).unwrap();
+    rows
+}
+
+fn scraped_rows(result: &vtax_store::ScanResult) -> Vec<(i64, String, u64)> {
+    let mut out = Vec::new();
+    for batch in &result.batches {
+        let time = batch.column(0).as_primitive::<TimestampMicrosecondType>();
+        let labels = batch.column(2).as_dictionary::<Int32Type>();
+        let label_values = labels.values().as_string::<i32>();
+        let value = batch.column(3).as_primitive::<Float64Type>();
+        for i in 0..batch.num_rows() {
+            let l = label_values
+                .value(labels.keys().value(i) as usize)
+                .to_string();
+            out.push((time.value(i), l, value.value(i).to_bits()));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn all_scraped(store: &Store) -> Vec<(i64, String, u64)> {
+    scraped_rows(
+        &store
+            .scan(&ScanRequest {
+                table: "scraped".into(),
+                ..Default::default()
+            })
+            .unwrap(),
+    )
+}
+
+fn parquet_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.join("tables")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.path().extension().is_some_and(|x| x == "parquet") {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn rows_come_back_bit_for_bit_from_memory_and_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = append_scraped(&mut store, T0, 1000);
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected, "buffered rows are visible");
+    store.flush().unwrap();
+    assert_eq!(store.buffered_rows(), 0);
+    assert_eq!(
+        all_scraped(&store),
+        expected,
+        "published rows read back exactly"
+    );
+    let files = parquet_files(dir.path());
+    assert_eq!(files.len(), 1);
+    assert!(files[0]
+        .to_string_lossy()
+        .contains("tables/scraped/date=2025-11-21/test-"));
+}
+
+#[test]
+fn rows_spanning_hours_become_one_file_per_hour() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    // 3 hours of 1 s samples across 4 series, in one batch.
+    append_scraped(&mut store, T0, 4 * 3 * 3600);
+    store.flush().unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 3);
+    let one_hour = store
+        .scan(&ScanRequest {
+            table: "scraped".into(),
+            from_us: Some(T0 + HOUR_US),
+            until_us: Some(T0 + 2 * HOUR_US),
+            tag_equals: vec![("labels".into(), "cpu=\"2\"".into())],
+            fields: None,
+        })
+        .unwrap();
+    assert_eq!(one_hour.rows(), 3600);
+    assert_eq!(
+        one_hour.files_skipped, 2,
+        "the other hours' files are pruned by statistics"
+    );
+    assert!(one_hour.rows_skipped_by_page_index == 0 || one_hour.rows() < 14_400);
+}
+
+#[test]
+fn a_crash_after_sync_loses_nothing_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected;
+    {
+        let mut store = open(dir.path());
+        expected = append_scraped(&mut store, T0, 400);
+        store.sync().unwrap();
+        // Dropped without flush: as if killed after the fsync.
+    }
+    {
+        let mut store = open(dir.path());
+        assert_eq!(store.stats().rows_replayed, 400);
+        expected.extend(append_scraped(&mut store, T0 + 500_000_000, 400));
+        // Publish this hour, then "crash" before the WAL is truncated: replay must
+        // not put the published rows back.
+        store.flush().unwrap();
+    }
+    expected.sort();
+    let store = open(dir.path());
+    assert_eq!(store.stats().rows_replayed, 0);
+    assert_eq!(all_scraped(&store), expected);
+}
+
+#[test]
+fn replay_skips_frames_already_in_files_even_when_the_wal_was_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected;
+    {
+        let mut store = open(dir.path());
+        expected = append_scraped(&mut store, T0, 100);
+        store.sync().unwrap();
+        let wal_copy: Vec<_> = fs::read_dir(dir.path().join("wal"))
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                (p.clone(), fs::read(&p).unwrap())
+            })
+            .collect();
+        store.flush().unwrap();
+        // Put the WAL back as it was before publishing: a crash between rename and truncation.
+        for (p, bytes) in wal_copy {
+            fs::write(p, bytes).unwrap();
+        }
+    }
+    let store = open(dir.path());
+    let mut expected = expected;
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+}
+
+#[test]
+fn a_field_added_later_reads_as_null_in_old_files() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path());
+        let mut b = BatchBuilder::new(&GPU_V1);
+        for g in 0..3 {
+            b.push(T0, &[&g.to_string()], &[Value::F64(100.0 + g as f64)])
+                .unwrap();
+        }
+        store.append(&b.finish()).unwrap();
+        store.close().unwrap();
+    }
+    let mut store = Store::open(
+        options(dir.path()),
+        Catalog::new(&[&tables::SCRAPED, &GPU_V2]).unwrap(),
+    )
+    .unwrap();
+    let mut b = BatchBuilder::new(&GPU_V2);
+    b.push(T0 + 1_000_000, &["0"], &[Value::F64(1.5), Value::U64(42)])
+        .unwrap();
+    store.append(&b.finish()).unwrap();
+    let result = store
+        .scan(&ScanRequest {
+            table: "gpu".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(result.rows(), 4);
+    let mut energies = Vec::new();
+    for batch in &result.batches {
+        let e = batch
+            .column(3)
+            .as_primitive::<arrow_array::types::UInt64Type>();
+        for i in 0..batch.num_rows() {
+            energies.push(e.is_valid(i).then(|| e.value(i)));
+        }
+    }
+    energies.sort();
+    assert_eq!(energies, vec![None, None, None, Some(42)]);
+}
+
+#[test]
+fn a_corrupt_file_is_quarantined_and_the_rest_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path());
+        append_scraped(&mut store, T0, 40);
+        store.flush().unwrap();
+        append_scraped(&mut store, T0 + HOUR_US, 40);
+        store.close().unwrap();
+    }
+    let files = parquet_files(dir.path());
+    assert_eq!(files.len(), 2);
+    let bad = &files[0];
+    let mut bytes = fs::read(bad).unwrap();
+    let n = bytes.len();
+    bytes[n - 12..n - 4].fill(0xff); // smash the footer
+    fs::write(bad, bytes).unwrap();
+    // With the WAL gone (long since truncated), the other file is still read.
+    let wal = dir.path().join("wal");
+    let saved_wal = dir.path().join("wal.saved");
+    fs::rename(&wal, &saved_wal).unwrap();
+    {
+        let store = open(dir.path());
+        assert_eq!(store.stats().files_quarantined, 1);
+        assert_eq!(all_scraped(&store).len(), 40);
+    }
+    let quarantined = dir
+        .path()
+        .join("quarantine/scraped/date=2025-11-21")
+        .join(bad.file_name().unwrap());
+    assert!(quarantined.exists(), "kept, not deleted");
+    // While the WAL still holds the rows of a quarantined file, replay restores them.
+    let other = parquet_files(dir.path());
+    fs::remove_dir_all(&wal).unwrap();
+    fs::rename(&saved_wal, &wal).unwrap();
+    let store = open(dir.path());
+    assert_eq!(all_scraped(&store).len(), 80);
+    assert_eq!(parquet_files(dir.path()), other);
+}
+
+#[test]
+fn compaction_merges_a_day_and_an_interrupted_one_finishes_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected = Vec::new();
+    let inputs: Vec<(std::path::PathBuf, Vec<u8>)>;
+    {
+        let mut store = open(dir.path());
+        for h in 0..5 {
+            expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 80));
+            store.flush().unwrap();
+        }
+        inputs = parquet_files(dir.path())
+            .into_iter()
+            .map(|p| (p.clone(), fs::read(&p).unwrap()))
+            .collect();
+        assert_eq!(inputs.len(), 5);
+        assert_eq!(
+            store.compact(T0 + DAY_US / 2).unwrap(),
+            0,
+            "a day still running is left alone"
+        );
+        assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+        assert_eq!(parquet_files(dir.path()).len(), 1);
+        expected.sort();
+        assert_eq!(all_scraped(&store), expected);
+        store.close().unwrap();
+    }
+    // A kill after the compacted file was published but before its inputs were
+    // removed leaves both on disk.
+    for (path, bytes) in &inputs {
+        fs::write(path, bytes).unwrap();
+    }
+    assert_eq!(parquet_files(dir.path()).len(), 6);
+    let catalog = Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap();
+    let request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let rows = scraped_rows(&scan::scan_dir(dir.path(), &catalog, &request).unwrap());
+    assert_eq!(rows, expected, "a reader ignores the replaced files");
+    let store = open(dir.path());
+    assert_eq!(
+        parquet_files(dir.path()).len(),
+        1,
+        "open removes the replaced files"
+    );
+    assert_eq!(all_scraped(&store), expected);
+}
+
+#[test]
+fn retention_deletes_oldest_days_by_age_and_by_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    let mut store = Store::open(o.clone(), Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    for d in 0..4 {
+        append_scraped(&mut store, T0 + d * DAY_US, 400);
+        store.flush().unwrap();
+    }
+    store.close().unwrap();
+    o.retention_max_age = Some(std::time::Duration::from_secs(2 * 86_400));
+    let mut store = Store::open(o.clone(), Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    // Now is the start of day 4: days 0 and 1 ended 2 or more days ago.
+    assert_eq!(store.apply_retention(T0 + 4 * DAY_US).unwrap(), 2);
+    let days: BTreeMap<String, usize> = parquet_files(dir.path())
+        .iter()
+        .map(|p| {
+            (
+                p.parent()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned(),
+                1,
+            )
+        })
+        .collect();
+    assert_eq!(
+        days.keys().cloned().collect::<Vec<_>>(),
+        ["date=2025-11-23", "date=2025-11-24"]
+    );
+    let newest = fs::metadata(&parquet_files(dir.path())[1]).unwrap().len();
+    store.close().unwrap();
+    o.retention_max_age = None;
+    o.retention_max_bytes = Some(newest);
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    assert_eq!(store.apply_retention(T0 + 4 * DAY_US).unwrap(), 1);
+    assert_eq!(store.stats().files_retained_away, 1);
+    let left = parquet_files(dir.path());
+    assert_eq!(left.len(), 1);
+    assert!(
+        left[0].to_string_lossy().contains("2025-11-24"),
+        "the newest day stays"
+    );
+}
+
+#[test]
+fn a_second_writer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _store = open(dir.path());
+    let err = Store::open(
+        options(dir.path()),
+        Catalog::new(&[&tables::SCRAPED]).unwrap(),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string()
+            .contains("open for writing by another process"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reader_beside_the_writer_sees_rows_still_in_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut first = append_scraped(&mut store, T0, 100);
+    store.flush().unwrap();
+    first.extend(append_scraped(&mut store, T0 + 1_000_000_000, 100));
+    store.sync().unwrap();
+    first.sort();
+    let catalog = Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap();
+    let result = scan::scan_dir(
+        dir.path(),
+        &catalog,
+        &ScanRequest {
+            table: "scraped".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(scraped_rows(&result), first);
+}
+
+#[test]
+fn files_carry_the_metadata_readers_rely_on() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    append_scraped(&mut store, T0, 100);
+    store.close().unwrap();
+    let file = fs::File::open(&parquet_files(dir.path())[0]).unwrap();
+    let reader = SerializedFileReader::new(file).unwrap();
+    let meta = reader.metadata();
+    let kv: BTreeMap<_, _> = meta
+        .file_metadata()
+        .key_value_metadata()
+        .unwrap()
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(kv["vtax.schema_version"], "1");
+    assert_eq!(kv["vtax.table"], "scraped");
+    let rg = meta.row_group(0);
+    let sorting: Vec<i32> = rg
+        .sorting_columns()
+        .unwrap()
+        .iter()
+        .map(|c| c.column_idx)
+        .collect();
+    assert_eq!(sorting, vec![1, 2, 0], "tags then time");
+    let time = meta.file_metadata().schema_descr().column(0);
+    let logical = format!("{:?}", time.logical_type_ref());
+    assert!(
+        logical.contains("is_adjusted_to_u_t_c: true") && logical.contains("MICROS"),
+        "{logical}"
+    );
+    assert!(
+        rg.column(0).column_index_range().is_some(),
+        "page index written"
+    );
+    let encodings = format!("{:?}", rg.column(0).encodings().collect::<Vec<_>>());
+    assert!(encodings.contains("DELTA_BINARY_PACKED"), "{encodings}");
+    assert!(format!("{:?}", rg.column(0).compression()).contains("ZSTD"));
+}
