@@ -134,7 +134,7 @@ impl Bucket {
             .map(|&i| self.time_us[i as usize])
             .collect::<Vec<_>>()
             .into();
-        columns.push(Arc::new(time.with_timezone("UTC")));
+        columns.push(Arc::new(time.with_timezone(crate::schema::UTC)));
         for (column, (_, sorted)) in ranked.iter().zip(&ranks) {
             let keys =
                 Int32Array::from_iter_values(order.iter().map(|&i| column[i as usize] as i32));

@@ -10,6 +10,9 @@ use arrow_schema::{DataType, Field, Schema, TimeUnit};
 /// Name of the time column every table has: microseconds since the Unix epoch, UTC.
 pub const TIME_COLUMN: &str = "time";
 
+/// Time zone of the time column, as an offset: readers need no time zone database.
+pub const UTC: &str = "+00:00";
+
 /// Version of the on-disk table layout, written into every Parquet file.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -253,7 +256,7 @@ impl TableDef {
 
 /// Arrow type of the time column.
 pub fn time_type() -> DataType {
-    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+    DataType::Timestamp(TimeUnit::Microsecond, Some(UTC.into()))
 }
 
 /// Arrow type of a tag column.

@@ -295,11 +295,13 @@ impl Store {
         for key in due {
             self.publish_bucket(key)?;
         }
-        self.enforce_memory_bound()?;
-        Ok(())
+        self.publish_over_budget()
     }
 
-    fn enforce_memory_bound(&mut self) -> Result<()> {
+    /// Publishes the largest buckets until buffered rows fit the memory bound.
+    /// Importers call this instead of [`Self::tick`], which would publish every
+    /// past hour at once and leave many small files.
+    pub fn publish_over_budget(&mut self) -> Result<()> {
         while self.buckets.values().map(Bucket::bytes).sum::<usize>()
             > self.options.max_buffered_bytes
         {

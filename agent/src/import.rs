@@ -1,0 +1,179 @@
+//! `vtax import`: OpenMetrics / Prometheus text files into the `scraped` table.
+//!
+//! Every file is parsed once in full before anything is written, so a malformed
+//! line is reported with its file and line number and leaves the store untouched.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use vtax_store::openmetrics::{Format, Parser};
+use vtax_store::{tables, BatchBuilder, Store, StoreOptions, Value};
+
+/// Rows handed to the store per batch.
+const IMPORT_BATCH_ROWS: usize = 1 << 16;
+
+/// Arguments of `vtax import`.
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// Data directory of the store.
+    #[arg(long, env = "VTAX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Do not draw a progress bar even on a terminal.
+    #[arg(long)]
+    no_progress: bool,
+    /// OpenMetrics (`# EOF`-terminated, timestamps in seconds) or Prometheus text
+    /// (timestamps in milliseconds) files. Samples without a timestamp get the
+    /// time the import started.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+}
+
+/// Calls `on_sample(metric, labels, value, time_us)` for each sample of `path`.
+fn for_each_sample(
+    path: &Path,
+    default_time_us: i64,
+    progress: &ProgressBar,
+    mut on_sample: impl FnMut(&str, &str, f64, i64) -> Result<()>,
+) -> Result<u64> {
+    let mut file = File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut head = vec![0u8; 64 * 1024];
+    let n = read_up_to(&mut file, &mut head).with_context(|| format!("read {}", path.display()))?;
+    head.truncate(n);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let format: Format = Parser::detect(&String::from_utf8_lossy(&head), name);
+    let mut parser = Parser::new(format);
+    let mut reader = BufReader::with_capacity(1 << 20, head.chain(file));
+    let mut line = Vec::with_capacity(4096);
+    let mut samples = 0u64;
+    let mut since_progress = 0usize;
+    loop {
+        line.clear();
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("read {}", path.display()))?;
+        if read == 0 {
+            break;
+        }
+        since_progress += read;
+        if since_progress > (1 << 20) {
+            progress.inc(since_progress as u64);
+            since_progress = 0;
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        let text = std::str::from_utf8(&line).map_err(|_| {
+            anyhow::anyhow!("{}:{}: not UTF-8", path.display(), parser.line_number() + 1)
+        })?;
+        match parser.parse_line(text) {
+            Ok(Some(sample)) => {
+                on_sample(
+                    sample.metric,
+                    &sample.labels,
+                    sample.value,
+                    sample.timestamp_us.unwrap_or(default_time_us),
+                )?;
+                samples += 1;
+            }
+            Ok(None) => {}
+            Err(e) => bail!("{}:{e}", path.display()),
+        }
+    }
+    progress.inc(since_progress as u64);
+    parser
+        .finish()
+        .map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))?;
+    Ok(samples)
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+fn progress_bar(total_bytes: u64, hidden: bool, what: &str) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    // indicatif draws nothing when stderr is not a terminal.
+    let bar = ProgressBar::new(total_bytes);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:>9} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Runs `vtax import`.
+pub fn import(args: ImportArgs) -> Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    let start_us = crate::timespec::now_us();
+    let total_bytes: u64 = args
+        .files
+        .iter()
+        .map(|f| {
+            std::fs::metadata(f)
+                .map(|m| m.len())
+                .with_context(|| format!("stat {}", f.display()))
+        })
+        .sum::<Result<u64>>()?;
+
+    // Pass 1: parse everything, write nothing.
+    let bar = progress_bar(total_bytes, args.no_progress, "checking");
+    let mut expected = 0;
+    for path in &args.files {
+        expected += for_each_sample(path, start_us, &bar, |_, _, _, _| Ok(()))?;
+    }
+    bar.finish_and_clear();
+
+    // Pass 2: write.
+    let mut store = Store::open(StoreOptions::new(&data_dir), crate::catalog())
+        .with_context(|| format!("open store {}", data_dir.display()))?;
+    let bar = progress_bar(total_bytes, args.no_progress, "importing");
+    let mut builder = BatchBuilder::new(&tables::SCRAPED);
+    let mut last_sync = Instant::now();
+    let started = Instant::now();
+    let mut imported = 0;
+    for path in &args.files {
+        imported += for_each_sample(path, start_us, &bar, |metric, labels, value, time_us| {
+            builder.push(time_us, &[metric, labels], &[Value::F64(value)])?;
+            if builder.len() >= IMPORT_BATCH_ROWS {
+                store.append(&builder.finish())?;
+                store.publish_over_budget()?;
+                if last_sync.elapsed() >= Duration::from_secs(1) {
+                    store.sync()?;
+                    last_sync = Instant::now();
+                }
+            }
+            Ok(())
+        })?;
+    }
+    if !builder.is_empty() {
+        store.append(&builder.finish())?;
+    }
+    store.close().context("publish imported rows")?;
+    bar.finish_and_clear();
+    debug_assert_eq!(imported, expected);
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "Imported {imported} samples from {} file(s) into {} in {seconds:.2} s ({:.0} samples/s).",
+        args.files.len(),
+        data_dir.display(),
+        imported as f64 / seconds.max(1e-9)
+    );
+    Ok(())
+}

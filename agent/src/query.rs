@@ -1,0 +1,149 @@
+//! `vtax query`: rows of one table, filtered, as a table, CSV or JSON lines.
+//! Reads without taking the writer's lock, so it works beside a running agent,
+//! and sees rows still in the WAL.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Field, Schema};
+use vtax_store::scan::scan_dir;
+use vtax_store::ScanRequest;
+
+use crate::timespec::{now_us, parse_time};
+
+/// Output formats.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// An aligned text table.
+    Table,
+    /// CSV with a header row.
+    Csv,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Arguments of `vtax query`.
+#[derive(clap::Args)]
+pub struct QueryArgs {
+    /// Data directory of the store.
+    #[arg(long, env = "VTAX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Table to read (see `vtax catalogue`).
+    table: String,
+    /// Earliest time, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
+    #[arg(long)]
+    since: Option<String>,
+    /// Latest time, exclusive, in the same forms.
+    #[arg(long)]
+    until: Option<String>,
+    /// Keep rows whose tag equals a value: `--where gpu=0`. Repeatable; all must hold.
+    #[arg(long = "where", value_name = "TAG=VALUE")]
+    filters: Vec<String>,
+    /// Fields to print, comma-separated (default: all). Time and tags always print.
+    #[arg(long, value_delimiter = ',')]
+    fields: Option<Vec<String>>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: OutputFormat,
+}
+
+/// Runs `vtax query`.
+pub fn query(args: QueryArgs) -> Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    if !data_dir.is_dir() {
+        bail!("no store at {} (set --data-dir)", data_dir.display());
+    }
+    let now = now_us();
+    let mut tag_equals = Vec::new();
+    for filter in &args.filters {
+        let Some((tag, value)) = filter.split_once('=') else {
+            bail!("--where {filter:?}: expected TAG=VALUE");
+        };
+        tag_equals.push((tag.to_string(), value.to_string()));
+    }
+    let request = ScanRequest {
+        table: args.table.clone(),
+        from_us: args
+            .since
+            .as_deref()
+            .map(|s| parse_time(s, now))
+            .transpose()?,
+        until_us: args
+            .until
+            .as_deref()
+            .map(|s| parse_time(s, now))
+            .transpose()?,
+        tag_equals,
+        fields: args.fields,
+    };
+    let result = scan_dir(&data_dir, &crate::catalog(), &request)
+        .with_context(|| format!("scan {} in {}", args.table, data_dir.display()))?;
+    let batches = plain_batches(&result.batches)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match args.format {
+        OutputFormat::Table => {
+            writeln!(
+                out,
+                "{}",
+                arrow_cast::pretty::pretty_format_batches(&batches)?
+            )?;
+        }
+        OutputFormat::Csv => {
+            let mut writer = arrow_csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut out);
+            if batches.is_empty() {
+                if let Some(schema) = &result.schema {
+                    let names: Vec<&str> =
+                        schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    drop(writer);
+                    writeln!(out, "{}", names.join(","))?;
+                    return Ok(());
+                }
+            }
+            for batch in &batches {
+                writer.write(batch)?;
+            }
+        }
+        OutputFormat::Json => {
+            let mut writer = arrow_json::LineDelimitedWriter::new(&mut out);
+            for batch in &batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+    }
+    Ok(())
+}
+
+/// Tags as plain strings: every output format prints those the same way.
+fn plain_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    batches
+        .iter()
+        .map(|batch| {
+            let schema = batch.schema();
+            let fields: Vec<Field> = schema
+                .fields()
+                .iter()
+                .map(|f| match f.data_type() {
+                    DataType::Dictionary(_, value) => {
+                        Field::new(f.name(), (**value).clone(), f.is_nullable())
+                    }
+                    _ => f.as_ref().clone(),
+                })
+                .collect();
+            let plain = Arc::new(Schema::new(fields));
+            let columns = batch
+                .columns()
+                .iter()
+                .zip(plain.fields())
+                .map(|(c, f)| arrow_cast::cast(c, f.data_type()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(RecordBatch::try_new(plain, columns)?)
+        })
+        .collect()
+}

@@ -1,0 +1,287 @@
+//! The `vtax` binary end to end: import, query, run, and third-party readers.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
+use vtax_store::scan::scan_dir;
+use vtax_store::{tables, Catalog, ScanRequest};
+
+const VTAX: &str = env!("CARGO_BIN_EXE_vtax");
+/// 2025-11-21T23:00:00Z: the samples straddle midnight, so two date partitions.
+const START_MS: i64 = 1_763_766_000_000;
+
+/// Values whose bits are easy to lose: signed zero, subnormals, extremes, integers
+/// beyond 2^53, and decimals that have no exact binary form.
+fn awkward(i: u64) -> f64 {
+    match i % 9 {
+        0 => -0.0,
+        1 => f64::from_bits(1),
+        2 => f64::MAX,
+        3 => f64::MIN_POSITIVE,
+        4 => 9_007_199_254_740_993.0,
+        5 => 0.1 + i as f64 * 1e-7,
+        6 => -1.0e-300 * i as f64,
+        7 => f64::INFINITY,
+        _ => i as f64 * 1234.5678,
+    }
+}
+
+/// Writes an OpenMetrics file and the expected rows (time_us, metric, labels, bits).
+fn write_input(path: &Path, samples_per_series: i64) -> BTreeSet<(i64, String, String, u64)> {
+    let mut text = String::new();
+    let mut expected = BTreeSet::new();
+    text.push_str("# TYPE gpu_power_watts gauge\n");
+    for gpu in 0..4u64 {
+        for k in 0..samples_per_series {
+            let ms = START_MS + k * 15_000;
+            let v = awkward(gpu * 1000 + k as u64);
+            // Labels out of order on purpose: stored canonically.
+            let _ = writeln!(
+                text,
+                "gpu_power_watts{{uuid=\"GPU-{gpu}\",gpu=\"{gpu}\"}} {v:?} {}.{:03}",
+                ms / 1000,
+                ms % 1000
+            );
+            expected.insert((
+                ms * 1000,
+                "gpu_power_watts".to_string(),
+                format!("gpu=\"{gpu}\",uuid=\"GPU-{gpu}\""),
+                v.to_bits(),
+            ));
+        }
+    }
+    text.push_str("# TYPE stale gauge\n");
+    let _ = writeln!(text, "stale NaN {}", START_MS / 1000);
+    text.push_str("# EOF\n");
+    std::fs::write(path, text).unwrap();
+    expected
+}
+
+fn stored_rows(data_dir: &Path) -> BTreeSet<(i64, String, String, u64)> {
+    let catalog = Catalog::new(tables::BUILTIN).unwrap();
+    let request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let result = scan_dir(data_dir, &catalog, &request).unwrap();
+    let mut rows = BTreeSet::new();
+    for batch in &result.batches {
+        let time = batch.column(0).as_primitive::<TimestampMicrosecondType>();
+        let metric = batch.column(1).as_dictionary::<Int32Type>();
+        let labels = batch.column(2).as_dictionary::<Int32Type>();
+        let value = batch.column(3).as_primitive::<Float64Type>();
+        let metric_values = metric.values().as_string::<i32>();
+        let label_values = labels.values().as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            rows.insert((
+                time.value(i),
+                metric_values
+                    .value(metric.keys().value(i) as usize)
+                    .to_string(),
+                label_values
+                    .value(labels.keys().value(i) as usize)
+                    .to_string(),
+                value.value(i).to_bits(),
+            ));
+        }
+    }
+    rows
+}
+
+#[test]
+fn import_is_lossless_and_duckdb_pyarrow_polars_read_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.om");
+    let data = dir.path().join("data");
+    let mut expected = write_input(&input, 500);
+    let status = Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(&data)
+        .arg(&input)
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let stored = stored_rows(&data);
+    // Prometheus's NaN has one bit pattern; it must survive too.
+    let nan = (
+        START_MS / 1000 * 1_000_000,
+        "stale".to_string(),
+        String::new(),
+        0x7ff8_0000_0000_0001,
+    );
+    assert!(stored.contains(&nan), "the stale marker NaN keeps its bits");
+    expected.insert(nan.clone());
+    assert_eq!(stored, expected);
+
+    let partitions: Vec<_> = std::fs::read_dir(data.join("tables/scraped"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(partitions, ["date=2025-11-21", "date=2025-11-22"]);
+
+    // The Python readers compare everything but the NaN row: their NaN handling is
+    // theirs, not ours.
+    expected.remove(&nan);
+    let mut tsv = String::new();
+    for (t, metric, labels, bits) in &expected {
+        let _ = writeln!(tsv, "{t}\t{metric}\t{labels}\t{}", hex_le(*bits));
+    }
+    let expected_path = dir.path().join("expected.tsv");
+    std::fs::write(&expected_path, tsv).unwrap();
+    // The readers get their own store, imported without the NaN sample.
+    let readers_data = dir.path().join("readers");
+    let input_no_nan = dir.path().join("input-no-nan.om");
+    let text = std::fs::read_to_string(&input).unwrap();
+    let without: String = text
+        .lines()
+        .filter(|l| !l.starts_with("stale") && !l.contains("TYPE stale"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&input_no_nan, without).unwrap();
+    assert!(Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(&readers_data)
+        .arg(&input_no_nan)
+        .status()
+        .unwrap()
+        .success());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/python/check_readers.py"
+    );
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(&readers_data)
+        .arg(&expected_path)
+        .output()
+        .expect("python3 runs (the README's test command installs duckdb, pyarrow and polars)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "readers failed:\n{stdout}\n{stderr}");
+    for reader in ["duckdb", "pyarrow", "polars"] {
+        assert!(
+            stdout.contains(&format!("{reader}: 2000 rows match bit for bit")),
+            "{stdout}"
+        );
+    }
+}
+
+fn hex_le(bits: u64) -> String {
+    bits.to_le_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn malformed_input_names_the_line_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.prom");
+    let bad = dir.path().join("bad.prom");
+    std::fs::write(&good, "up 1 1763766000000\n").unwrap();
+    std::fs::write(&bad, "up 1 1763766000000\nup{job=\"a\" 2 1763766001000\n").unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(&data)
+        .arg(&good)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.prom:line 2"), "{stderr}");
+    assert!(
+        !data.join("tables").exists(),
+        "nothing written, not even the good file"
+    );
+}
+
+#[test]
+fn query_filters_by_tag_and_time_and_prints_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.om");
+    let data = dir.path().join("data");
+    write_input(&input, 20);
+    assert!(Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(&data)
+        .arg(&input)
+        .status()
+        .unwrap()
+        .success());
+    let out = Command::new(VTAX)
+        .args(["query", "--data-dir"])
+        .arg(&data)
+        .args([
+            "scraped",
+            "--where",
+            "labels=gpu=\"2\",uuid=\"GPU-2\"",
+            "--since",
+            "2025-11-21T23:01:00Z",
+            "--until",
+            "2025-11-21T23:02:00Z",
+            "--format",
+            "csv",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "time,metric,labels,value");
+    // One sample every 15 s within [23:01, 23:02): 4 rows.
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(
+        lines[1].starts_with("2025-11-21T23:01:00Z,gpu_power_watts,"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn run_samples_cpus_and_publishes_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let child = Command::new(VTAX)
+        .args(["run", "--data-dir"])
+        .arg(&data)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(VTAX)
+        .args(["query", "--data-dir"])
+        .arg(&data)
+        .args(["cpu", "--fields", "steal_seconds", "--format", "csv"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        stdout.lines().count() > 2 * cpus,
+        "at least two ticks per CPU:\n{stdout}"
+    );
+    let partitions =
+        std::fs::read_dir(data.join("tables/cpu")).expect("published to Parquet on SIGTERM");
+    assert!(partitions.count() >= 1);
+}
