@@ -170,10 +170,19 @@ pub fn import(args: ImportArgs) -> Result<()> {
     debug_assert_eq!(imported, expected);
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
-        "Imported {imported} samples from {} file(s) into {} in {seconds:.2} s ({:.0} samples/s).",
+        "Imported {imported} samples from {} file(s) into {} in {seconds:.2} s ({:.0} samples/s, peak resident {} MiB).",
         args.files.len(),
         data_dir.display(),
-        imported as f64 / seconds.max(1e-9)
+        imported as f64 / seconds.max(1e-9),
+        peak_resident_bytes().map_or("?".into(), |b| (b >> 20).to_string()),
     );
     Ok(())
+}
+
+/// Peak resident set size of this process (`VmHWM`).
+fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -78,6 +78,7 @@ pub fn query(args: QueryArgs) -> Result<()> {
             .transpose()?,
         tag_equals,
         fields: args.fields,
+        fields_only: false,
     };
     let result = scan_dir(&data_dir, &crate::catalog(), &request)
         .with_context(|| format!("scan {} in {}", args.table, data_dir.display()))?;

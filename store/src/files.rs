@@ -156,7 +156,7 @@ pub fn publish(
 ) -> Result<FileInfo> {
     let first_time = batches
         .iter()
-        .filter_map(|b| min_time(b))
+        .filter_map(min_time)
         .min()
         .ok_or_else(|| Error::Schema("publishing an empty file".into()))?;
     let day = first_time.div_euclid(crate::DAY_US);

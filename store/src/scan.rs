@@ -39,14 +39,18 @@ pub struct ScanRequest {
     pub until_us: Option<i64>,
     /// Tag equality filters, all of which must hold.
     pub tag_equals: Vec<(String, String)>,
-    /// Fields to return (all when `None`); time and tags always come back.
+    /// Fields to return (all when `None`).
     pub fields: Option<Vec<String>>,
+    /// Return only the fields, not time and tags. When no filter needs them
+    /// either, they are not even decoded: a single-column scan reads one column.
+    pub fields_only: bool,
 }
 
 /// What a scan returned and how much it could skip.
 #[derive(Debug, Default)]
 pub struct ScanResult {
-    /// Rows, in batches of the output schema: time, tags, requested fields.
+    /// Rows, in batches of the output schema: time, tags, requested fields
+    /// (only the fields with [`ScanRequest::fields_only`]).
     pub batches: Vec<RecordBatch>,
     /// The output schema.
     pub schema: Option<Arc<Schema>>,
@@ -72,7 +76,10 @@ struct Plan<'a> {
     request: &'a ScanRequest,
     /// Indices into `table.fields` to return.
     fields: Vec<usize>,
+    /// Time, tags and the requested fields: what filters work on.
     schema: Arc<Schema>,
+    /// What the scan returns.
+    out_schema: Arc<Schema>,
     /// (tag index, value).
     tag_filters: Vec<(usize, &'a str)>,
 }
@@ -118,11 +125,21 @@ impl<'a> Plan<'a> {
                 .iter()
                 .map(|&f| full.field(1 + table.tags.len() + f).clone()),
         );
+        let schema = Arc::new(Schema::new(columns));
+        let out_schema = if request.fields_only {
+            Arc::new(
+                schema
+                    .project(&(1 + table.tags.len()..schema.fields().len()).collect::<Vec<_>>())?,
+            )
+        } else {
+            schema.clone()
+        };
         Ok(Plan {
             table,
             request,
             fields,
-            schema: Arc::new(Schema::new(columns)),
+            schema,
+            out_schema,
             tag_filters,
         })
     }
@@ -137,7 +154,29 @@ impl<'a> Plan<'a> {
         self.request.from_us.is_none_or(|f| hi >= f) && self.request.until_us.is_none_or(|u| lo < u)
     }
 
-    /// Keeps the rows of a batch in the output schema that pass every filter.
+    /// Whether rows from `lo..=hi` need their time and tags read to be filtered.
+    fn needs_filter_columns(&self, time_range_us: Option<(i64, i64)>) -> bool {
+        let time_inside = time_range_us.is_some_and(|(lo, hi)| {
+            self.request.from_us.is_none_or(|f| lo >= f)
+                && self.request.until_us.is_none_or(|u| hi < u)
+        });
+        let time_filtered = self.request.from_us.is_some() || self.request.until_us.is_some();
+        !self.request.fields_only || !self.tag_filters.is_empty() || (time_filtered && !time_inside)
+    }
+
+    /// Filters a batch in the full schema, then keeps the output columns.
+    fn filter_project(&self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
+        let Some(batch) = self.filter(batch)? else {
+            return Ok(None);
+        };
+        if !self.request.fields_only {
+            return Ok(Some(batch));
+        }
+        let fields: Vec<usize> = (1 + self.table.tags.len()..batch.num_columns()).collect();
+        Ok(Some(batch.project(&fields)?))
+    }
+
+    /// Keeps the rows of a batch in the full schema that pass every filter.
     fn filter(&self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let n = batch.num_rows();
         let mut keep = vec![true; n];
@@ -248,7 +287,7 @@ fn scan_bucket(plan: &Plan, bucket: &Bucket, result: &mut ScanResult) -> Result<
         columns.push(full.column(1 + plan.table.tags.len() + f).clone());
     }
     let batch = RecordBatch::try_new(plan.schema.clone(), columns)?;
-    if let Some(batch) = plan.filter(batch)? {
+    if let Some(batch) = plan.filter_project(batch)? {
         result.batches.push(batch);
     }
     Ok(())
@@ -256,7 +295,7 @@ fn scan_bucket(plan: &Plan, bucket: &Bucket, result: &mut ScanResult) -> Result<
 
 fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
     let mut result = ScanResult {
-        schema: Some(plan.schema.clone()),
+        schema: Some(plan.out_schema.clone()),
         ..Default::default()
     };
     for info in files {
@@ -269,12 +308,17 @@ fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
             continue;
         }
         result.files_read += 1;
-        scan_file(plan, &info.path, &mut result)?;
+        scan_file(
+            plan,
+            &info.path,
+            plan.needs_filter_columns(info.time_range_us),
+            &mut result,
+        )?;
     }
     Ok(result)
 }
 
-fn scan_file(plan: &Plan, path: &Path, result: &mut ScanResult) -> Result<()> {
+fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) -> Result<()> {
     let parquet_err = |source| Error::Parquet {
         path: path.to_owned(),
         source,
@@ -286,10 +330,15 @@ fn scan_file(plan: &Plan, path: &Path, result: &mut ScanResult) -> Result<()> {
     let metadata = builder.metadata().clone();
     let file_schema = builder.schema().clone();
 
-    // Which output columns this file has (a field added later reads as null).
+    // Which columns this file has (a field added later reads as null).
+    let target = if filtered {
+        &plan.schema
+    } else {
+        &plan.out_schema
+    };
     let mut roots = Vec::new();
     let mut wanted: Vec<Option<usize>> = Vec::new();
-    for field in plan.schema.fields() {
+    for field in target.fields() {
         let index = file_schema.index_of(field.name()).ok();
         if let Some(i) = index {
             roots.push(i);
@@ -337,8 +386,10 @@ fn scan_file(plan: &Plan, path: &Path, result: &mut ScanResult) -> Result<()> {
             path: path.to_owned(),
             source: e.into(),
         })?;
-        let batch = conform(plan, &batch, &wanted, &roots)?;
-        if let Some(batch) = plan.filter(batch)? {
+        let batch = conform(target, &batch, &wanted, &roots)?;
+        if !filtered {
+            result.batches.push(batch);
+        } else if let Some(batch) = plan.filter_project(batch)? {
             result.batches.push(batch);
         }
     }
@@ -412,7 +463,7 @@ fn page_ranges(
     rows: usize,
     columns: &FilterColumns,
 ) -> Vec<Range<usize>> {
-    let mut ranges = vec![0..rows];
+    let mut ranges: Vec<Range<usize>> = std::iter::once(0..rows).collect();
     let page_index = metadata.page_index_for_row_group(rg_index);
     let mut narrow =
         |column: usize, page_may_match: &dyn Fn(&ColumnIndexMetaData, usize) -> bool| {
@@ -477,16 +528,15 @@ fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Vec<Range<usize>> {
     out
 }
 
-/// Puts a file's batch into the output schema: columns in order, missing ones null.
+/// Puts a file's batch into `target`: columns in order, missing ones null.
 fn conform(
-    plan: &Plan,
+    target: &Arc<Schema>,
     batch: &RecordBatch,
     wanted: &[Option<usize>],
     roots: &[usize],
 ) -> Result<RecordBatch> {
     let n = batch.num_rows();
-    let columns = plan
-        .schema
+    let columns = target
         .fields()
         .iter()
         .zip(wanted)
@@ -507,7 +557,7 @@ fn conform(
             None => Ok(new_null_array(field.data_type(), n)),
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new(plan.schema.clone(), columns)?)
+    Ok(RecordBatch::try_new(target.clone(), columns)?)
 }
 
 /// Reads whole files and returns their rows merged and sorted by tags then time,

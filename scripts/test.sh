@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh Debian machine with Rust: installs what
+# the tests need (Python readers DuckDB, pyarrow and Polars), then runs every
+# test, lints included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need_apt[*]} with apt-get"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! python3 -c 'import duckdb, pyarrow, polars' 2>/dev/null; then
+  echo "test.sh: installing duckdb, pyarrow and polars with pip"
+  python3 -m pip install --quiet duckdb pyarrow polars \
+    || python3 -m pip install --quiet --break-system-packages duckdb pyarrow polars
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo test --workspace
