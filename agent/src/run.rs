@@ -15,6 +15,8 @@ use crate::timespec::now_us;
 pub const DEFAULT_INTERVAL_SECS: u64 = 1;
 /// How often the store's periodic work (fsync, publishing) runs.
 const STORE_TICK: Duration = Duration::from_millis(100);
+/// How often finished hours and days are merged and retention applied.
+const COMPACT_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Arguments of `vtax run`.
 #[derive(clap::Args)]
@@ -47,6 +49,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let mut next_sample = Instant::now();
     let mut cpu_failing = false;
+    let mut last_compaction = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if args
             .duration_secs
@@ -72,6 +75,15 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         if let Err(e) = store.tick(now_us()) {
             tracing::error!(error = %e, "Store maintenance failed; rows stay buffered and are retried.");
+        }
+        if last_compaction.elapsed() >= COMPACT_INTERVAL {
+            last_compaction = Instant::now();
+            let result = store
+                .compact(now_us())
+                .and_then(|_| store.apply_retention(now_us()));
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "Compaction or retention failed; the inputs stay as they were.");
+            }
         }
         std::thread::sleep(STORE_TICK.min(next_sample.saturating_duration_since(Instant::now())));
     }

@@ -141,7 +141,11 @@ pub fn partition_dir(data_dir: &Path, table: &str, day: i64) -> PathBuf {
         .join(format!("date={}", date_string(day)))
 }
 
-/// Writes `batch` as a new file in its partition, atomically: temp file, fsync,
+/// A source of sorted batches for [`publish`]; `Ok(None)` ends it.
+pub type BatchSource<'a> = &'a mut dyn FnMut() -> Result<Option<RecordBatch>>;
+
+/// Writes the batches from `source` (sorted by tags then time, `first_time` the
+/// smallest time) as a new file in its partition, atomically: temp file, fsync,
 /// rename, fsync the directory. On any error the temp file is removed and nothing
 /// is published.
 #[allow(clippy::too_many_arguments)]
@@ -149,21 +153,23 @@ pub fn publish(
     data_dir: &Path,
     node: &str,
     table: &TableDef,
-    batches: &[RecordBatch],
+    first_time: i64,
+    source: BatchSource,
     watermarks: &BTreeMap<i64, u64>,
     compacted_from: &[String],
     options: &WriteOptions,
 ) -> Result<FileInfo> {
-    let first_time = batches
-        .iter()
-        .filter_map(min_time)
-        .min()
-        .ok_or_else(|| Error::Schema("publishing an empty file".into()))?;
     let day = first_time.div_euclid(crate::DAY_US);
     let dir = partition_dir(data_dir, table.name, day);
     fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
     let max_seq = watermarks.values().copied().max().unwrap_or(0);
-    let name = format!("{node}-{first_time}-{max_seq}.parquet");
+    // A merge can start and end where one of its inputs does: never reuse a name.
+    let mut name = format!("{node}-{first_time}-{max_seq}.parquet");
+    let mut n = 1;
+    while dir.join(&name).exists() {
+        name = format!("{node}-{first_time}-{max_seq}-{n}.parquet");
+        n += 1;
+    }
     let path = dir.join(&name);
     let tmp = dir.join(format!(".{name}.tmp"));
 
@@ -189,16 +195,23 @@ pub fn publish(
         ));
     }
     let props = options.properties(table, metadata)?;
+    let mut rows = 0u64;
+    let mut last_time = first_time;
     let write = || -> Result<u64> {
         let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
         let parquet_err = |source| Error::Parquet {
             path: tmp.clone(),
             source,
         };
-        let schema = batches[0].schema();
-        let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(parquet_err)?;
-        for batch in batches {
-            writer.write(batch).map_err(parquet_err)?;
+        let mut writer =
+            ArrowWriter::try_new(file, table.arrow_schema(), Some(props)).map_err(parquet_err)?;
+        while let Some(batch) = source()? {
+            rows += batch.num_rows() as u64;
+            last_time = last_time.max(max_time(&batch).unwrap_or(last_time));
+            writer.write(&batch).map_err(parquet_err)?;
+        }
+        if rows == 0 {
+            return Err(Error::Schema("publishing an empty file".into()));
         }
         let file = writer.into_inner().map_err(parquet_err)?;
         file.sync_all().map_err(Error::io("fsync", &tmp))?;
@@ -221,17 +234,10 @@ pub fn publish(
         table: table.name.to_string(),
         day,
         bytes,
-        rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
+        rows,
         watermarks: watermarks.clone(),
         compacted_from: compacted_from.to_vec(),
-        time_range_us: Some((
-            first_time,
-            batches
-                .iter()
-                .filter_map(max_time)
-                .max()
-                .unwrap_or(first_time),
-        )),
+        time_range_us: Some((first_time, last_time)),
     })
 }
 
@@ -243,7 +249,8 @@ fn time_values(batch: &RecordBatch) -> Option<&[i64]> {
         .map(|a| a.values().as_ref())
 }
 
-fn min_time(batch: &RecordBatch) -> Option<i64> {
+/// Smallest time in a batch of a table's schema.
+pub(crate) fn min_time(batch: &RecordBatch) -> Option<i64> {
     time_values(batch)?.iter().copied().min()
 }
 

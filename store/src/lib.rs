@@ -26,8 +26,9 @@
 //!    by a completed fsync appears exactly once after any crash.
 //! 4. **WAL truncation.** A segment is deleted only when every frame in it is below
 //!    the lowest sequence number still buffered, i.e. published.
-//! 5. **Compaction** writes a day's files as one, recording the names of the files
-//!    it replaces in its metadata. Whoever finds a compacted file beside any of its
+//! 5. **Compaction** merges files (a finished hour's parts into one file, a
+//!    finished day's files into one) by a streaming merge, recording the names of
+//!    the files it replaces in the new file's metadata. Whoever finds a compacted file beside any of its
 //!    inputs ignores the inputs (and a writer deletes them), so a kill at any instant
 //!    leaves every row visible exactly once.
 //! 6. **Retention** deletes whole files, oldest day first; a deletion is atomic.
@@ -43,6 +44,7 @@ pub mod batch;
 mod bucket;
 pub mod error;
 pub mod files;
+mod merge;
 pub mod openmetrics;
 pub mod scan;
 pub mod schema;

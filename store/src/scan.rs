@@ -12,7 +12,7 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
 use arrow_array::{new_null_array, Array, ArrayRef, BooleanArray, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{Field, Schema};
 use parquet::arrow::arrow_reader::{
     ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
@@ -529,7 +529,7 @@ fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Vec<Range<usize>> {
 }
 
 /// Puts a file's batch into `target`: columns in order, missing ones null.
-fn conform(
+pub(crate) fn conform(
     target: &Arc<Schema>,
     batch: &RecordBatch,
     wanted: &[Option<usize>],
@@ -558,69 +558,6 @@ fn conform(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(target.clone(), columns)?)
-}
-
-/// Reads whole files and returns their rows merged and sorted by tags then time,
-/// in the table's full schema (for compaction).
-pub(crate) fn read_files_sorted(
-    table: &'static TableDef,
-    inputs: &[FileInfo],
-) -> Result<Vec<RecordBatch>> {
-    let catalog = Catalog::new(&[table])?;
-    let request = ScanRequest {
-        table: table.name.to_string(),
-        ..Default::default()
-    };
-    let plan = Plan::new(&catalog, &request)?;
-    let refs: Vec<&FileInfo> = inputs.iter().collect();
-    let result = scan_files(&plan, &refs)?;
-    if result.batches.is_empty() {
-        return Ok(Vec::new());
-    }
-    // Sort on plain strings, then restore the dictionary encoding.
-    let plain_schema = Arc::new(Schema::new(
-        plan.schema
-            .fields()
-            .iter()
-            .map(|f| match f.data_type() {
-                DataType::Dictionary(_, v) => Field::new(f.name(), (**v).clone(), f.is_nullable()),
-                _ => f.as_ref().clone(),
-            })
-            .collect::<Vec<_>>(),
-    ));
-    let plain: Vec<RecordBatch> = result
-        .batches
-        .iter()
-        .map(|b| {
-            let columns = b
-                .columns()
-                .iter()
-                .zip(plain_schema.fields())
-                .map(|(c, f)| arrow_cast::cast(c, f.data_type()))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(RecordBatch::try_new(plain_schema.clone(), columns)?)
-        })
-        .collect::<Result<_>>()?;
-    let all = arrow_select::concat::concat_batches(&plain_schema, &plain)?;
-    let mut keys: Vec<arrow_ord::sort::SortColumn> = (1..=table.tags.len())
-        .map(|i| arrow_ord::sort::SortColumn {
-            values: all.column(i).clone(),
-            options: None,
-        })
-        .collect();
-    keys.push(arrow_ord::sort::SortColumn {
-        values: all.column(0).clone(),
-        options: None,
-    });
-    let order = arrow_ord::sort::lexsort_to_indices(&keys, None)?;
-    let sorted = arrow_select::take::take_record_batch(&all, &order)?;
-    let columns = sorted
-        .columns()
-        .iter()
-        .zip(plan.schema.fields())
-        .map(|(c, f)| arrow_cast::cast(c, f.data_type()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(vec![RecordBatch::try_new(plan.schema.clone(), columns)?])
 }
 
 impl Store {

@@ -342,14 +342,16 @@ impl Store {
             self.buckets.remove(&key);
             return Ok(());
         }
-        let schema = bucket.table.arrow_schema();
-        let batch = bucket.to_record_batch(&schema);
+        let batch = bucket.to_record_batch(&bucket.table.arrow_schema());
+        let first_time = files::min_time(&batch).expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
+        let mut once = Some(batch);
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             bucket.table,
-            &[batch],
+            first_time,
+            &mut || Ok(once.take()),
             &watermarks,
             &[],
             &self.options.write,
@@ -394,40 +396,57 @@ impl Store {
         self.files.values().flatten()
     }
 
-    /// Merges each finished day's files of a table into one file. A day is
-    /// finished when it ended more than the publish grace ago and nothing of it is
-    /// still buffered. Safe to kill at any instant (see the crate docs).
+    /// Merges files: the parts of each finished hour into one file (so a read of
+    /// a past hour opens one file), and each finished day's files into one. Finished
+    /// means over for longer than the publish grace with nothing of it still
+    /// buffered. Safe to kill at any instant (see the crate docs). Returns the
+    /// number of merges.
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
         let grace_us = self.options.publish_grace.as_micros() as i64;
-        let candidates: Vec<(String, i64)> =
-            self.files
-                .iter()
-                .filter(|((table, day), files)| {
-                    files.len() > 1
-                        && (day + 1) * DAY_US + grace_us <= now_us
-                        && !self.buckets.keys().any(|(t, hour)| {
-                            t == table && (hour * HOUR_US).div_euclid(DAY_US) == *day
-                        })
-                })
-                .map(|(k, _)| k.clone())
-                .collect();
-        let mut compacted = 0;
-        for key in candidates {
-            self.compact_partition(&key)?;
-            compacted += 1;
+        let buffered = |table: &str, hours: std::ops::Range<i64>| {
+            self.buckets
+                .keys()
+                .any(|(t, h)| *t == table && hours.contains(h))
+        };
+        let mut merges: Vec<((String, i64), Vec<FileInfo>)> = Vec::new();
+        for ((table, day), files) in &self.files {
+            if files.len() < 2 {
+                continue;
+            }
+            let day_hours = day * 24..(day + 1) * 24;
+            if (day + 1) * DAY_US + grace_us <= now_us && !buffered(table, day_hours) {
+                merges.push(((table.clone(), *day), files.clone()));
+                continue;
+            }
+            let mut by_hour: BTreeMap<i64, Vec<FileInfo>> = BTreeMap::new();
+            for f in files.iter().filter(|f| f.watermarks.len() == 1) {
+                let hour = *f.watermarks.keys().next().expect("one hour");
+                by_hour.entry(hour).or_default().push(f.clone());
+            }
+            for (hour, parts) in by_hour {
+                if parts.len() > 1
+                    && (hour + 1) * HOUR_US + grace_us <= now_us
+                    && !buffered(table, hour..hour + 1)
+                {
+                    merges.push(((table.clone(), *day), parts));
+                }
+            }
         }
-        Ok(compacted)
+        let count = merges.len();
+        for (key, inputs) in merges {
+            self.merge_files(&key, &inputs)?;
+        }
+        Ok(count)
     }
 
-    fn compact_partition(&mut self, key: &(String, i64)) -> Result<()> {
+    fn merge_files(&mut self, key: &(String, i64), inputs: &[FileInfo]) -> Result<()> {
         let table = self
             .catalog
             .get(&key.0)
             .ok_or_else(|| Error::Schema(format!("no declaration for table {}", key.0)))?;
-        let inputs = self.files.get(key).cloned().unwrap_or_default();
         let mut watermarks = BTreeMap::new();
         let mut names = Vec::new();
-        for info in &inputs {
+        for info in inputs {
             for (&hour, &seq) in &info.watermarks {
                 let w = watermarks.entry(hour).or_insert(0);
                 *w = seq.max(*w);
@@ -440,12 +459,18 @@ impl Store {
                     .into_owned(),
             );
         }
-        let merged = crate::scan::read_files_sorted(table, &inputs)?;
+        let first_time = inputs
+            .iter()
+            .filter_map(|f| f.time_range_us.map(|r| r.0))
+            .min()
+            .unwrap_or(key.1 * DAY_US);
+        let mut merge = crate::merge::Merge::open(table, inputs)?;
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             table,
-            &merged,
+            first_time,
+            &mut || merge.next_chunk(),
             &watermarks,
             &names,
             &self.options.write,
@@ -457,9 +482,9 @@ impl Store {
                 return Err(e);
             }
         };
-        // The compacted file is durable and names its inputs; removing them now is
-        // only tidying, and a crash before it is finished at the next open.
-        for input in &inputs {
+        // The merged file is durable and names its inputs; removing them now is
+        // only tidying, and a kill before it is finished at the next open.
+        for input in inputs {
             fs::remove_file(&input.path)
                 .map_err(Error::io("remove compacted input", &input.path))?;
         }
@@ -467,7 +492,9 @@ impl Store {
             wal::sync_dir(parent)?;
         }
         self.stats.files_published += 1;
-        self.files.insert(key.clone(), vec![info]);
+        let partition = self.files.entry(key.clone()).or_default();
+        partition.retain(|f| !inputs.iter().any(|i| i.path == f.path));
+        partition.push(info);
         Ok(())
     }
 

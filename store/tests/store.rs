@@ -537,3 +537,94 @@ fn a_fields_only_scan_returns_just_the_values() {
     assert_eq!(filtered.rows(), 4 * 1800);
     assert_eq!(filtered.batches[0].num_columns(), 1);
 }
+
+#[test]
+fn a_finished_hours_parts_are_sealed_into_one_file_while_the_day_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = Vec::new();
+    // Three parts of hour 0 (as a memory-bound publish or restarts would leave),
+    // and one part of hour 1, still running.
+    for part in 0..3 {
+        expected.extend(append_scraped(&mut store, T0 + part * 600_000_000, 400));
+        store.flush().unwrap();
+    }
+    expected.extend(append_scraped(&mut store, T0 + HOUR_US, 40));
+    store.flush().unwrap();
+    expected.extend(append_scraped(&mut store, T0 + HOUR_US + 1_000_000_000, 40));
+    store.flush().unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 5);
+    // Just after hour 1 started: hour 0 is finished, hour 1 is not.
+    assert_eq!(store.compact(T0 + HOUR_US + 120_000_000).unwrap(), 1);
+    assert_eq!(
+        parquet_files(dir.path()).len(),
+        3,
+        "hour 0 sealed, hour 1's two parts kept"
+    );
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+    let hour0 = store
+        .scan(&ScanRequest {
+            table: "scraped".into(),
+            until_us: Some(T0 + HOUR_US),
+            tag_equals: vec![("labels".into(), "cpu=\"1\"".into())],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(hour0.files_read, 1, "a past hour is one file");
+    assert_eq!(hour0.rows(), 300);
+}
+
+#[test]
+fn a_merge_of_many_interleaved_files_keeps_every_row_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    // A tiny memory bound: many small files whose series interleave.
+    o.max_buffered_bytes = 20_000;
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    let mut expected = Vec::new();
+    for k in 0..40 {
+        expected.extend(append_scraped(&mut store, T0 + k * 30_000_000, 200));
+        store.publish_over_budget().unwrap();
+    }
+    store.flush().unwrap();
+    let before = parquet_files(dir.path()).len();
+    assert!(before > 5, "{before} files");
+    store.compact(T0 + 2 * DAY_US).unwrap();
+    let after = parquet_files(dir.path());
+    assert_eq!(after.len(), 1);
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+    // The merged file is sorted by tags then time, as its metadata claims.
+    let file = fs::File::open(&after[0]).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut last: Option<(String, String, i64)> = None;
+    for batch in reader {
+        let batch = batch.unwrap();
+        let time = batch.column(0).as_primitive::<TimestampMicrosecondType>();
+        let metric = batch.column(1).as_dictionary::<Int32Type>();
+        let labels = batch.column(2).as_dictionary::<Int32Type>();
+        for i in 0..batch.num_rows() {
+            let key = (
+                metric
+                    .values()
+                    .as_string::<i32>()
+                    .value(metric.keys().value(i) as usize)
+                    .to_string(),
+                labels
+                    .values()
+                    .as_string::<i32>()
+                    .value(labels.keys().value(i) as usize)
+                    .to_string(),
+                time.value(i),
+            );
+            if let Some(prev) = &last {
+                assert!(prev <= &key, "{prev:?} then {key:?}");
+            }
+            last = Some(key);
+        }
+    }
+}
