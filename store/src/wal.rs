@@ -26,6 +26,9 @@ const MAX_FRAME_BYTES: usize = 1 << 30;
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 /// Default bound on rows held in memory after writes fail (disk full).
 pub const DEFAULT_MAX_BACKLOG_BYTES: usize = 256 << 20;
+/// Pending bytes past which frames are handed to the OS before the next fsync,
+/// so a fast writer does not hold a whole sync interval of frames in memory.
+const WRITE_THROUGH_BYTES: usize = 4 << 20;
 
 /// One decoded frame.
 #[derive(Debug)]
@@ -49,6 +52,8 @@ pub struct WalWriter {
     next_seq: u64,
     /// Every frame with a smaller sequence number is on disk and fsynced.
     durable_below: u64,
+    /// Every frame with a smaller sequence number is written (maybe not fsynced).
+    written_below: u64,
     segment_bytes: u64,
     max_backlog_bytes: usize,
     last_write_error: Option<String>,
@@ -72,6 +77,7 @@ impl WalWriter {
             pending: Vec::with_capacity(1 << 20),
             next_seq,
             durable_below: next_seq,
+            written_below: next_seq,
             segment_bytes,
             max_backlog_bytes,
             last_write_error: None,
@@ -99,33 +105,51 @@ impl WalWriter {
         self.pending[start..start + 4].copy_from_slice(&len.to_le_bytes());
         self.pending[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
         self.next_seq += 1;
+        if self.pending.len() >= WRITE_THROUGH_BYTES && self.last_write_error.is_none() {
+            // A failure here is kept for `sync` to report; the frames stay pending.
+            let _ = self.write_pending();
+        }
         Ok(seq)
+    }
+
+    /// Writes pending frames to the file without fsync. On failure the partial
+    /// write is cut off so the segment ends at a frame boundary, and the frames
+    /// stay pending for a retry.
+    fn write_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if let Err(source) = self.file.write_all(&self.pending) {
+            let _ = self.file.set_len(self.file_len);
+            self.last_write_error = Some(source.to_string());
+            return Err(Error::Io {
+                op: "write WAL segment",
+                path: self.path.clone(),
+                source,
+            });
+        }
+        self.file_len += self.pending.len() as u64;
+        self.pending.clear();
+        self.written_below = self.next_seq;
+        Ok(())
     }
 
     /// Writes pending frames and fsyncs. Returns the sequence number below which
     /// every frame is durable. On a failed write nothing partial stays in the file,
     /// the frames stay pending, and a later call retries them.
     pub fn sync(&mut self) -> Result<u64> {
-        if !self.pending.is_empty() {
-            let result = self
-                .file
-                .write_all(&self.pending)
-                .and_then(|()| self.file.sync_data());
-            if let Err(source) = result {
-                // Cut whatever part of the write landed, so the segment stays a
-                // sequence of whole frames and the retry appends at a frame boundary.
-                let _ = self.file.set_len(self.file_len);
+        if self.durable_below < self.next_seq {
+            self.write_pending()?;
+            if let Err(source) = self.file.sync_data() {
                 self.last_write_error = Some(source.to_string());
                 return Err(Error::Io {
-                    op: "write WAL segment",
+                    op: "fsync WAL segment",
                     path: self.path.clone(),
                     source,
                 });
             }
-            self.file_len += self.pending.len() as u64;
-            self.pending.clear();
             self.last_write_error = None;
-            self.durable_below = self.next_seq;
+            self.durable_below = self.written_below;
         }
         if self.file_len >= self.segment_bytes {
             let (file, path) = new_segment(&self.dir, self.next_seq)?;
