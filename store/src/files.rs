@@ -159,6 +159,33 @@ pub fn publish(
     compacted_from: &[String],
     options: &WriteOptions,
 ) -> Result<FileInfo> {
+    publish_named(
+        data_dir,
+        node,
+        table,
+        first_time,
+        source,
+        watermarks,
+        compacted_from,
+        options,
+        &|_| false,
+    )
+}
+
+/// [`publish`], avoiding any name for which `taken` says yes as well as names
+/// that exist.
+#[allow(clippy::too_many_arguments)]
+pub fn publish_named(
+    data_dir: &Path,
+    node: &str,
+    table: &TableDef,
+    first_time: i64,
+    source: BatchSource,
+    watermarks: &BTreeMap<i64, u64>,
+    compacted_from: &[String],
+    options: &WriteOptions,
+    taken: &dyn Fn(&str) -> bool,
+) -> Result<FileInfo> {
     let day = first_time.div_euclid(crate::DAY_US);
     let dir = partition_dir(data_dir, table.name, day);
     fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
@@ -166,7 +193,7 @@ pub fn publish(
     // A merge can start and end where one of its inputs does: never reuse a name.
     let mut name = format!("{node}-{first_time}-{max_seq}.parquet");
     let mut n = 1;
-    while dir.join(&name).exists() {
+    while dir.join(&name).exists() || taken(&name) {
         name = format!("{node}-{first_time}-{max_seq}-{n}.parquet");
         n += 1;
     }

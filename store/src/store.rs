@@ -179,7 +179,16 @@ impl Store {
             tracing::error!(path = %path.display(), "A WAL segment is corrupt before its end; rows after the damage are lost. Moved to quarantine.");
             quarantine(&dir, path)?;
         }
-        let next_seq = report.next_seq.max(1);
+        // A publish can run ahead of the WAL (rows appended, published, never
+        // written to the log before a crash), so sequence numbers resume above
+        // every watermark too: a new frame must never look already published.
+        let highest_published = watermarks
+            .values()
+            .flat_map(|h| h.values())
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let next_seq = report.next_seq.max(highest_published + 1);
         let wal = WalWriter::create(
             &wal_dir,
             next_seq,
@@ -464,8 +473,17 @@ impl Store {
             .filter_map(|f| f.time_range_us.map(|r| r.0))
             .min()
             .unwrap_or(key.1 * DAY_US);
+        // Names that files of this partition list as replaced are never reused:
+        // a reader would take the new file for a replaced one.
+        let replaced: std::collections::HashSet<String> = self
+            .files
+            .get(key)
+            .into_iter()
+            .flatten()
+            .flat_map(|f| f.compacted_from.iter().cloned())
+            .collect();
         let mut merge = crate::merge::Merge::open(table, inputs)?;
-        let published = files::publish(
+        let published = files::publish_named(
             &self.options.data_dir,
             &self.options.node,
             table,
@@ -474,6 +492,7 @@ impl Store {
             &watermarks,
             &names,
             &self.options.write,
+            &|name| replaced.contains(name),
         );
         let info = match published {
             Ok(info) => info,

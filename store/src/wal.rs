@@ -207,10 +207,17 @@ fn new_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf)> {
         .write(true)
         .open(&path)
         .map_err(Error::io("create WAL segment", &path))?;
-    file.write_all(MAGIC)
+    let started = file
+        .write_all(MAGIC)
         .and_then(|()| file.sync_data())
-        .map_err(Error::io("write WAL segment", &path))?;
-    sync_dir(dir)?;
+        .map_err(Error::io("write WAL segment", &path))
+        .and_then(|()| sync_dir(dir));
+    if let Err(e) = started {
+        // A segment left behind would tell truncation that the previous one
+        // ends here while that one goes on taking frames.
+        let _ = fs::remove_file(&path);
+        return Err(e);
+    }
     Ok((file, path))
 }
 
