@@ -65,11 +65,24 @@ impl Error {
         move |source| Error::Io { op, path, source }
     }
 
-    /// Whether the error is the disk being full.
+    /// Whether the error is the disk being full (ENOSPC, or EDQUOT for a quota).
     pub fn is_disk_full(&self) -> bool {
+        let full =
+            |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
         match self {
-            Error::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
-            Error::Parquet { source, .. } => source.to_string().contains("No space left"),
+            Error::Io { source, .. } => full(source),
+            Error::Parquet { source, .. } => {
+                // The writer wraps the OS error; walk the chain to find it.
+                let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+                while let Some(e) = cause {
+                    if e.downcast_ref::<std::io::Error>().is_some_and(full) {
+                        return true;
+                    }
+                    cause = e.source();
+                }
+                // Some paths keep only the message.
+                source.to_string().contains("No space left on device")
+            }
             Error::Backlogged { .. } => true,
             _ => false,
         }

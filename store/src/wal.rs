@@ -9,7 +9,7 @@
 //! which replay cuts at the last good frame.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::batch::{Batch, FieldColumn, TagColumn, Values};
@@ -120,7 +120,10 @@ impl WalWriter {
             return Ok(());
         }
         if let Err(source) = self.file.write_all(&self.pending) {
+            // Cut the part that landed and move the write position back with it,
+            // or the retry would leave a gap of zeros before its frames.
             let _ = self.file.set_len(self.file_len);
+            let _ = self.file.seek(SeekFrom::Start(self.file_len));
             self.last_write_error = Some(source.to_string());
             return Err(Error::Io {
                 op: "write WAL segment",
@@ -301,7 +304,9 @@ pub fn replay(
             let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
             let crc = u32::from_le_bytes(frame[4..8].try_into().unwrap());
             let start = offset + FRAME_HEADER_BYTES;
-            if len > MAX_FRAME_BYTES {
+            // A zero length is not a frame (every payload has a header): it is a
+            // tail of zeros, as a file extended before its data landed leaves.
+            if len == 0 || len > MAX_FRAME_BYTES {
                 break;
             }
             let Some(payload) = bytes.get(start..start + len) else {
