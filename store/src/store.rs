@@ -277,6 +277,17 @@ impl Store {
             }
             Err(e) => {
                 self.count_error(&e);
+                if self.wal.fsync_failed() {
+                    tracing::error!(error = %e, "A WAL fsync failed; publishing every buffered row to Parquet and starting a new WAL segment.");
+                    // Each published file is fsynced on its own, so once every bucket
+                    // is out, no row depends on the suspect segment any more.
+                    let keys: Vec<_> = self.buckets.keys().copied().collect();
+                    for key in keys {
+                        self.publish_bucket(key)?;
+                    }
+                    self.wal.abandon_segment()?;
+                    return Ok(self.wal.durable_below());
+                }
                 Err(e)
             }
         }

@@ -57,6 +57,7 @@ pub struct WalWriter {
     segment_bytes: u64,
     max_backlog_bytes: usize,
     last_write_error: Option<String>,
+    fsync_failed: bool,
 }
 
 impl WalWriter {
@@ -81,6 +82,7 @@ impl WalWriter {
             segment_bytes,
             max_backlog_bytes,
             last_write_error: None,
+            fsync_failed: false,
         })
     }
 
@@ -141,9 +143,19 @@ impl WalWriter {
     /// every frame is durable. On a failed write nothing partial stays in the file,
     /// the frames stay pending, and a later call retries them.
     pub fn sync(&mut self) -> Result<u64> {
+        if self.fsync_failed {
+            return Err(Error::Io {
+                op: "fsync WAL segment (failed before; waiting for the rows to be published)",
+                path: self.path.clone(),
+                source: std::io::Error::other(self.last_write_error.clone().unwrap_or_default()),
+            });
+        }
         if self.durable_below < self.next_seq {
             self.write_pending()?;
             if let Err(source) = self.file.sync_data() {
+                // The kernel may have dropped the dirty pages: a later fsync of this
+                // file that succeeds would prove nothing. See `abandon_segment`.
+                self.fsync_failed = true;
                 self.last_write_error = Some(source.to_string());
                 return Err(Error::Io {
                     op: "fsync WAL segment",
@@ -161,6 +173,29 @@ impl WalWriter {
             self.file_len = MAGIC.len() as u64;
         }
         Ok(self.durable_below)
+    }
+
+    /// Whether an fsync failed: frames since the last good one may be lost and
+    /// this segment can no longer be trusted.
+    pub fn fsync_failed(&self) -> bool {
+        self.fsync_failed
+    }
+
+    /// Leaves the current segment behind after a failed fsync, once the caller has
+    /// made every frame so far durable another way (published them): drops what is
+    /// pending and starts a fresh segment. Everything below `next_seq` then counts
+    /// as durable.
+    pub fn abandon_segment(&mut self) -> Result<()> {
+        let (file, path) = new_segment(&self.dir, self.next_seq)?;
+        self.file = file;
+        self.path = path;
+        self.file_len = MAGIC.len() as u64;
+        self.pending.clear();
+        self.fsync_failed = false;
+        self.last_write_error = None;
+        self.written_below = self.next_seq;
+        self.durable_below = self.next_seq;
+        Ok(())
     }
 
     /// Every frame below this sequence number is durable.
