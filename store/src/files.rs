@@ -50,24 +50,39 @@ pub struct WriteOptions {
     pub row_group_rows: usize,
     /// Target bytes per data page (before compression).
     pub data_page_bytes: usize,
+    /// Most rows per data page. ZSTD compresses each page on its own, so longer
+    /// pages let it find the timestamp sequence every series of a scrape shares.
+    pub data_page_rows: usize,
 }
 
 impl Default for WriteOptions {
+    /// Measured with `examples/encoding_study.rs` on GPU-node-shaped data and a
+    /// real node_exporter recording (figures in `docs/benchmarks.md`).
     fn default() -> Self {
         WriteOptions {
             zstd_level: 3,
-            time_encoding: Encoding::DELTA_BINARY_PACKED,
-            float_dictionary: true,
+            // Every series of a scrape shares its timestamps: PLAIN lets ZSTD match
+            // the repeated sequence, which DELTA's bit packing hides.
+            time_encoding: Encoding::PLAIN,
+            // Counters and fine-grained gauges overflow a dictionary; its page also
+            // has to be decoded whole by every point read.
+            float_dictionary: false,
             float_encoding: Encoding::BYTE_STREAM_SPLIT,
             integer_encoding: Encoding::DELTA_BINARY_PACKED,
             row_group_rows: 1 << 20,
-            data_page_bytes: 1 << 20,
+            data_page_bytes: 8 << 20,
+            data_page_rows: 100_000,
         }
     }
 }
 
 impl WriteOptions {
-    fn properties(&self, table: &TableDef, metadata: Vec<KeyValue>) -> Result<WriterProperties> {
+    /// The Parquet writer properties for `table`.
+    pub fn properties(
+        &self,
+        table: &TableDef,
+        metadata: Vec<KeyValue>,
+    ) -> Result<WriterProperties> {
         let level = ZstdLevel::try_new(self.zstd_level)
             .map_err(|e| Error::Schema(format!("zstd level {}: {e}", self.zstd_level)))?;
         let mut props = WriterProperties::builder()
@@ -75,6 +90,7 @@ impl WriteOptions {
             .set_statistics_enabled(EnabledStatistics::Page)
             .set_max_row_group_row_count(Some(self.row_group_rows))
             .set_data_page_size_limit(self.data_page_bytes)
+            .set_data_page_row_count_limit(self.data_page_rows)
             .set_created_by(format!("vtax {}", env!("CARGO_PKG_VERSION")))
             .set_key_value_metadata(Some(metadata));
         let time = ColumnPath::from(TIME_COLUMN);

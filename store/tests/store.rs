@@ -491,9 +491,17 @@ fn files_carry_the_metadata_readers_rely_on() {
         rg.column(0).column_index_range().is_some(),
         "page index written"
     );
-    let encodings = format!("{:?}", rg.column(0).encodings().collect::<Vec<_>>());
-    assert!(encodings.contains("DELTA_BINARY_PACKED"), "{encodings}");
-    assert!(format!("{:?}", rg.column(0).compression()).contains("ZSTD"));
+    let encodings = |c: usize| format!("{:?}", rg.column(c).encodings().collect::<Vec<_>>());
+    assert_eq!(encodings(0), "[PLAIN, RLE]", "time: PLAIN, no dictionary");
+    assert!(encodings(1).contains("RLE_DICTIONARY"), "tags: dictionary");
+    assert!(
+        encodings(3).contains("BYTE_STREAM_SPLIT") && !encodings(3).contains("DICTIONARY"),
+        "{}",
+        encodings(3)
+    );
+    for c in 0..4 {
+        assert!(format!("{:?}", rg.column(c).compression()).contains("ZSTD"));
+    }
 }
 
 #[test]
