@@ -444,11 +444,15 @@ impl Store {
                 by_hour.entry(hour).or_default().push(f.clone());
             }
             for (hour, parts) in by_hour {
-                if parts.len() > 1
-                    && (hour + 1) * HOUR_US + grace_us <= now_us
-                    && !buffered(table, hour..hour + 1)
-                {
+                if parts.len() < 2 {
+                    continue;
+                }
+                if (hour + 1) * HOUR_US + grace_us <= now_us && !buffered(table, hour..hour + 1) {
                     merges.push(((table.clone(), *day), parts));
+                } else if let Some(tier) = similar_sized(&parts) {
+                    // The running hour: merge parts of like size, so an hour holds a
+                    // handful of files at any time, each row rewritten a few times.
+                    merges.push(((table.clone(), *day), tier));
                 }
             }
         }
@@ -586,6 +590,19 @@ impl Store {
             .filter(move |((t, _), _)| t == table)
             .flat_map(|(_, f)| f)
     }
+}
+
+/// Files merged together in one tier of the running hour.
+const TIER_FILES: usize = 4;
+
+/// `TIER_FILES` files whose row counts lie within a factor of two, smallest first.
+fn similar_sized(parts: &[FileInfo]) -> Option<Vec<FileInfo>> {
+    let mut by_rows: Vec<&FileInfo> = parts.iter().collect();
+    by_rows.sort_by_key(|f| f.rows);
+    by_rows
+        .windows(TIER_FILES)
+        .find(|w| w[TIER_FILES - 1].rows <= 2 * w[0].rows.max(1))
+        .map(|w| w.iter().map(|f| (*f).clone()).collect())
 }
 
 /// Per table, per bucket hour, the highest watermark among the files: frames at or

@@ -636,3 +636,26 @@ fn a_merge_of_many_interleaved_files_keeps_every_row_in_order() {
         }
     }
 }
+
+#[test]
+fn the_running_hours_parts_merge_in_tiers_of_like_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = Vec::new();
+    // Five like-sized parts of an hour that is still running.
+    for part in 0..5 {
+        expected.extend(append_scraped(&mut store, T0 + part * 60_000_000, 400));
+        store.flush().unwrap();
+    }
+    assert_eq!(parquet_files(dir.path()).len(), 5);
+    assert_eq!(store.compact(T0 + 10 * 60_000_000).unwrap(), 1);
+    assert_eq!(
+        parquet_files(dir.path()).len(),
+        2,
+        "four parts merged, one left"
+    );
+    // The merged file is four times bigger: not like-sized with the last part.
+    assert_eq!(store.compact(T0 + 11 * 60_000_000).unwrap(), 0);
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+}
