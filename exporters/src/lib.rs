@@ -1,14 +1,8 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+//! Ways out of the node for vtax's samples: Prometheus exposition (`/metrics`),
+//! Prometheus remote write, and sealed Parquet files to object storage.
+//!
+//! Nothing lives here yet: the metric names and help these will use are already
+//! generated from the table declarations (`vtax_store::TableDef::metric_name`),
+//! and the exporters themselves arrive with the agent runtime (issue 3) and the
+//! fleet work (issue 8).
+#![deny(missing_docs)]
