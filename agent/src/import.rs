@@ -165,7 +165,14 @@ pub fn import(args: ImportArgs) -> Result<()> {
     if !builder.is_empty() {
         store.append(&builder.finish())?;
     }
-    store.close().context("publish imported rows")?;
+    // Imported history is mostly finished hours and days: publish what is
+    // buffered, then merge them as the running agent would, so the store is in its
+    // steady shape at once.
+    store.flush().context("publish imported rows")?;
+    store
+        .compact(crate::timespec::now_us())
+        .context("merge imported hours")?;
+    store.close().context("close the store")?;
     bar.finish_and_clear();
     debug_assert_eq!(imported, expected);
     let seconds = started.elapsed().as_secs_f64();

@@ -21,89 +21,39 @@ fn main() {
         .unwrap();
     let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let table = &tables::SCRAPED;
-    let base = WriteOptions::default();
-    let variants: Vec<(&str, WriteOptions)> = vec![
-        ("default", base.clone()),
-        (
-            "value: dictionary off, BSS",
-            WriteOptions {
-                float_dictionary: false,
-                ..base.clone()
-            },
-        ),
-        (
-            "value: dictionary off, PLAIN",
-            WriteOptions {
-                float_dictionary: false,
-                float_encoding: Encoding::PLAIN,
-                ..base.clone()
-            },
-        ),
-        (
-            "+ time PLAIN",
-            WriteOptions {
-                float_dictionary: false,
-                time_encoding: Encoding::PLAIN,
-                ..base.clone()
-            },
-        ),
-        (
-            "+ 100k rows/page",
-            WriteOptions {
-                float_dictionary: false,
-                time_encoding: Encoding::PLAIN,
-                data_page_rows: 100_000,
-                data_page_bytes: 8 << 20,
-                ..base.clone()
-            },
-        ),
-        (
-            "+ 1M rows/page",
-            WriteOptions {
-                float_dictionary: false,
-                time_encoding: Encoding::PLAIN,
-                data_page_rows: 1 << 20,
-                data_page_bytes: 16 << 20,
-                ..base.clone()
-            },
-        ),
-        (
-            "+ 100k rows/page, zstd 9",
-            WriteOptions {
-                float_dictionary: false,
-                time_encoding: Encoding::PLAIN,
-                data_page_rows: 100_000,
-                data_page_bytes: 8 << 20,
-                zstd_level: 9,
-                ..base.clone()
-            },
-        ),
-        (
-            "+ 100k rows/page, zstd 15",
-            WriteOptions {
-                float_dictionary: false,
-                time_encoding: Encoding::PLAIN,
-                data_page_rows: 100_000,
-                data_page_bytes: 8 << 20,
-                zstd_level: 15,
-                ..base.clone()
-            },
-        ),
-        (
-            "+ 100k rows/page, zstd 19",
-            WriteOptions {
-                float_dictionary: false,
-                time_encoding: Encoding::PLAIN,
-                data_page_rows: 100_000,
-                data_page_bytes: 8 << 20,
-                zstd_level: 19,
-                ..base.clone()
-            },
-        ),
+    use Encoding::{BYTE_STREAM_SPLIT as BSS, DELTA_BINARY_PACKED as DELTA, PLAIN};
+    // (value dictionary, value encoding, time encoding, rows per page, zstd level)
+    let grid = [
+        (true, BSS, DELTA, 20_000, 3),
+        (false, BSS, DELTA, 20_000, 3),
+        (false, PLAIN, DELTA, 20_000, 3),
+        (false, PLAIN, PLAIN, 20_000, 3),
+        (false, BSS, PLAIN, 100_000, 3),
+        (false, PLAIN, PLAIN, 100_000, 3),
+        (false, PLAIN, DELTA, 100_000, 3),
+        (false, BSS, PLAIN, 250_000, 3),
+        (false, PLAIN, PLAIN, 250_000, 3),
+        (false, PLAIN, DELTA, 250_000, 3),
+        (false, BSS, PLAIN, 500_000, 3),
+        (false, PLAIN, PLAIN, 500_000, 3),
+        (false, BSS, PLAIN, 1 << 20, 3),
+        (false, PLAIN, PLAIN, 1 << 20, 3),
+        (false, PLAIN, DELTA, 1 << 20, 3),
+        (false, PLAIN, PLAIN, 250_000, 9),
+        (false, BSS, PLAIN, 250_000, 9),
     ];
-    for (name, options) in variants {
-        let props = options.properties(table, Vec::new()).unwrap();
+    println!("value dict  value enc  time enc  rows/page  zstd  bytes/sample  M rows/s");
+    for (dictionary, value, time, page_rows, level) in grid {
+        let options = WriteOptions {
+            float_dictionary: dictionary,
+            float_encoding: value,
+            time_encoding: time,
+            data_page_rows: page_rows,
+            data_page_bytes: 64 << 20,
+            zstd_level: level,
+            ..WriteOptions::default()
+        };
+        let props = options.properties(&tables::SCRAPED, Vec::new()).unwrap();
         let start = std::time::Instant::now();
         let mut out = Vec::new();
         let mut writer = ArrowWriter::try_new(&mut out, batches[0].schema(), Some(props)).unwrap();
@@ -112,7 +62,9 @@ fn main() {
         }
         writer.close().unwrap();
         println!(
-            "{name:32} {:.3} bytes/sample  ({:.1} M rows/s)",
+            "{dictionary:10}  {:9}  {:8}  {page_rows:9}  {level:4}  {:12.3}  {:8.1}",
+            format!("{value}"),
+            format!("{time}"),
             out.len() as f64 / rows as f64,
             rows as f64 / start.elapsed().as_secs_f64() / 1e6
         );

@@ -53,27 +53,116 @@ pub struct WriteOptions {
     /// Most rows per data page. ZSTD compresses each page on its own, so longer
     /// pages let it find the timestamp sequence every series of a scrape shares.
     pub data_page_rows: usize,
+    /// Per column name, an encoding that overrides the ones above (chosen by
+    /// [`choose_encodings`] for the data at hand).
+    pub column_encodings: BTreeMap<String, Encoding>,
+    /// Whether a publish tries the candidate encodings on a sample of its rows
+    /// and keeps the smaller per column.
+    pub adaptive: bool,
 }
 
 impl Default for WriteOptions {
-    /// Measured with `examples/encoding_study.rs` on GPU-node-shaped data and a
-    /// real node_exporter recording (figures in `docs/benchmarks.md`).
+    /// Measured with `examples/encoding_study.rs` on a real node_exporter recording
+    /// and GPU-node-shaped data (figures in `docs/benchmarks.md`).
     fn default() -> Self {
         WriteOptions {
             zstd_level: 3,
-            // Every series of a scrape shares its timestamps: PLAIN lets ZSTD match
-            // the repeated sequence, which DELTA's bit packing hides.
-            time_encoding: Encoding::PLAIN,
+            // The better of PLAIN and DELTA depends on the data: a publish tries
+            // both (`adaptive`); this is the fallback.
+            time_encoding: Encoding::DELTA_BINARY_PACKED,
             // Counters and fine-grained gauges overflow a dictionary; its page also
             // has to be decoded whole by every point read.
             float_dictionary: false,
-            float_encoding: Encoding::BYTE_STREAM_SPLIT,
+            float_encoding: Encoding::PLAIN,
             integer_encoding: Encoding::DELTA_BINARY_PACKED,
             row_group_rows: 1 << 20,
-            data_page_bytes: 8 << 20,
-            data_page_rows: 100_000,
+            data_page_bytes: 16 << 20,
+            // Long pages give ZSTD the context to find what series of one scrape
+            // share (timestamps, values of identical series).
+            data_page_rows: 250_000,
+            column_encodings: BTreeMap::new(),
+            adaptive: true,
         }
     }
+}
+
+/// The candidate encoding sets a publish tries: for every f64 field and time.
+fn candidates() -> [(Encoding, Encoding); 2] {
+    // (f64 fields, time)
+    [
+        (Encoding::PLAIN, Encoding::PLAIN),
+        (Encoding::BYTE_STREAM_SPLIT, Encoding::DELTA_BINARY_PACKED),
+    ]
+}
+
+/// Rows sampled to choose encodings: slices spread over the sorted batch, so
+/// every kind of series (they sort by name) is represented.
+const SAMPLE_SLICES: usize = 16;
+const SAMPLE_SLICE_ROWS: usize = 16_384;
+
+/// Per column, the smaller of the candidate encodings on a sample of `batch`.
+/// PLAIN suits series that repeat or move by scrape-shaped steps, BYTE_STREAM_SPLIT
+/// fine-grained floats; which wins depends on the data (see `docs/benchmarks.md`).
+pub fn choose_encodings(
+    table: &TableDef,
+    batch: &RecordBatch,
+    options: &WriteOptions,
+) -> Result<BTreeMap<String, Encoding>> {
+    let rows = batch.num_rows();
+    let slice_rows = SAMPLE_SLICE_ROWS.min(rows.div_ceil(SAMPLE_SLICES).max(1));
+    let stride = (rows / SAMPLE_SLICES).max(slice_rows);
+    let slices: Vec<RecordBatch> = (0..rows)
+        .step_by(stride)
+        .map(|start| batch.slice(start, slice_rows.min(rows - start)))
+        .collect();
+    let mut best: BTreeMap<String, (u64, Encoding)> = BTreeMap::new();
+    for (float_encoding, time_encoding) in candidates() {
+        let mut trial = options.clone();
+        trial.adaptive = false;
+        trial.column_encodings.clear();
+        trial.float_encoding = float_encoding;
+        trial.time_encoding = time_encoding;
+        let props = trial.properties(table, Vec::new())?;
+        let mut bytes = Vec::new();
+        let parquet_err = |source| Error::Parquet {
+            path: PathBuf::from("<encoding trial>"),
+            source,
+        };
+        let mut writer =
+            ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props)).map_err(parquet_err)?;
+        for slice in &slices {
+            writer.write(slice).map_err(parquet_err)?;
+        }
+        let meta = writer.close().map_err(parquet_err)?;
+        for rg in meta.row_groups() {
+            for column in rg.columns() {
+                let name = column.column_path().string();
+                let is_candidate = name == TIME_COLUMN
+                    || table
+                        .fields
+                        .iter()
+                        .any(|f| f.name == name && f.ty == FieldType::F64);
+                if !is_candidate {
+                    continue;
+                }
+                let encoding = if name == TIME_COLUMN {
+                    time_encoding
+                } else {
+                    float_encoding
+                };
+                let size = column.compressed_size() as u64;
+                best.entry(name)
+                    .and_modify(|(s, e)| {
+                        if size < *s {
+                            *s = size;
+                            *e = encoding;
+                        }
+                    })
+                    .or_insert((size, encoding));
+            }
+        }
+    }
+    Ok(best.into_iter().map(|(k, (_, e))| (k, e)).collect())
 }
 
 impl WriteOptions {
@@ -93,10 +182,14 @@ impl WriteOptions {
             .set_data_page_row_count_limit(self.data_page_rows)
             .set_created_by(format!("vtax {}", env!("CARGO_PKG_VERSION")))
             .set_key_value_metadata(Some(metadata));
+        let chosen = |name: &str, default: Encoding| {
+            self.column_encodings.get(name).copied().unwrap_or(default)
+        };
         let time = ColumnPath::from(TIME_COLUMN);
         props = props.set_column_dictionary_enabled(time.clone(), false);
-        if self.time_encoding != Encoding::PLAIN {
-            props = props.set_column_encoding(time, self.time_encoding);
+        let time_encoding = chosen(TIME_COLUMN, self.time_encoding);
+        if time_encoding != Encoding::PLAIN {
+            props = props.set_column_encoding(time, time_encoding);
         }
         let mut sorting = Vec::new();
         for (i, tag) in table.tags.iter().enumerate() {
@@ -116,6 +209,9 @@ impl WriteOptions {
         for field in table.fields {
             let path = ColumnPath::from(field.name);
             let (dictionary, encoding) = match field.ty {
+                FieldType::F64 if self.column_encodings.contains_key(field.name) => {
+                    (false, chosen(field.name, self.float_encoding))
+                }
                 FieldType::F64 => (self.float_dictionary, self.float_encoding),
                 FieldType::I64 | FieldType::U64 => (false, self.integer_encoding),
             };
@@ -147,6 +243,8 @@ pub struct FileInfo {
     pub compacted_from: Vec<String>,
     /// Smallest and largest time in the file, from its statistics.
     pub time_range_us: Option<(i64, i64)>,
+    /// Data encoding of each time and f64 column as written.
+    pub column_encodings: BTreeMap<String, Encoding>,
 }
 
 /// Directory of a table's partition for `day`.
@@ -281,6 +379,7 @@ pub fn publish_named(
         watermarks: watermarks.clone(),
         compacted_from: compacted_from.to_vec(),
         time_range_us: Some((first_time, last_time)),
+        column_encodings: options.column_encodings.clone(),
     })
 }
 
@@ -374,7 +473,39 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
         watermarks,
         compacted_from,
         time_range_us,
+        column_encodings: written_encodings(meta),
     })
+}
+
+/// The data encoding of the time and f64 columns, from the first row group.
+fn written_encodings(
+    meta: &parquet::file::metadata::ParquetMetaData,
+) -> BTreeMap<String, Encoding> {
+    let mut out = BTreeMap::new();
+    let Some(rg) = meta.row_groups().first() else {
+        return out;
+    };
+    for column in rg.columns() {
+        if column.column_descr().physical_type() == parquet::basic::Type::INT64
+            && column.column_path().string() != TIME_COLUMN
+        {
+            continue;
+        }
+        let encodings: Vec<Encoding> = column.encodings().collect();
+        let data = [Encoding::BYTE_STREAM_SPLIT, Encoding::DELTA_BINARY_PACKED]
+            .into_iter()
+            .find(|e| encodings.contains(e))
+            .or_else(|| {
+                let dictionary = encodings.contains(&Encoding::RLE_DICTIONARY);
+                (!dictionary
+                    && column.column_descr().physical_type() != parquet::basic::Type::BYTE_ARRAY)
+                    .then_some(Encoding::PLAIN)
+            });
+        if let Some(encoding) = data {
+            out.insert(column.column_path().string(), encoding);
+        }
+    }
+    out
 }
 
 /// A file in the tables tree, before its footer is read.

@@ -349,9 +349,12 @@ impl Store {
         Ok(())
     }
 
-    /// Flushes and releases the store.
+    /// Flushes and releases the store. Every row is then in a published file, so
+    /// the WAL is retired too: a stopped store is its Parquet files.
     pub fn close(mut self) -> Result<()> {
-        self.flush()
+        self.flush()?;
+        self.wal.rotate()?;
+        self.drop_published_wal()
     }
 
     fn publish_bucket(&mut self, key: (&'static str, i64)) -> Result<()> {
@@ -365,6 +368,10 @@ impl Store {
         let batch = bucket.to_record_batch(&bucket.table.arrow_schema());
         let first_time = files::min_time(&batch).expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
+        let mut write = self.options.write.clone();
+        if write.adaptive {
+            write.column_encodings = files::choose_encodings(bucket.table, &batch, &write)?;
+        }
         let mut once = Some(batch);
         let published = files::publish(
             &self.options.data_dir,
@@ -374,7 +381,7 @@ impl Store {
             &mut || Ok(once.take()),
             &watermarks,
             &[],
-            &self.options.write,
+            &write,
         );
         let info = match published {
             Ok(info) => info,
@@ -497,6 +504,11 @@ impl Store {
             .flatten()
             .flat_map(|f| f.compacted_from.iter().cloned())
             .collect();
+        // Keep the encodings the largest input chose from its own sample.
+        let mut write = self.options.write.clone();
+        if let Some(largest) = inputs.iter().max_by_key(|f| f.rows) {
+            write.column_encodings = largest.column_encodings.clone();
+        }
         let mut merge = crate::merge::Merge::open(table, inputs)?;
         let published = files::publish_named(
             &self.options.data_dir,
@@ -506,7 +518,7 @@ impl Store {
             &mut || merge.next_chunk(),
             &watermarks,
             &names,
-            &self.options.write,
+            &write,
             &|name| replaced.contains(name),
         );
         let info = match published {

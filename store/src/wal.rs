@@ -175,6 +175,19 @@ impl WalWriter {
         Ok(self.durable_below)
     }
 
+    /// Closes the current segment and starts a new one (after a successful sync),
+    /// so that every earlier segment can be removed once its frames are published.
+    pub fn rotate(&mut self) -> Result<()> {
+        self.sync()?;
+        if self.file_len > MAGIC.len() as u64 {
+            let (file, path) = new_segment(&self.dir, self.next_seq)?;
+            self.file = file;
+            self.path = path;
+            self.file_len = MAGIC.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Whether an fsync failed: frames since the last good one may be lost and
     /// this segment can no longer be trusted.
     pub fn fsync_failed(&self) -> bool {
