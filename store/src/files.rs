@@ -95,6 +95,9 @@ fn candidates() -> [(Encoding, Encoding); 2] {
     ]
 }
 
+/// Most bytes of rows a publish buffers to choose its encodings on.
+const ENCODING_SAMPLE_BUFFER_BYTES: usize = 64 << 20;
+
 /// Rows sampled to choose encodings: slices spread over the sorted batch, so
 /// every kind of series (they sort by name) is represented.
 const SAMPLE_SLICES: usize = 16;
@@ -243,8 +246,6 @@ pub struct FileInfo {
     pub compacted_from: Vec<String>,
     /// Smallest and largest time in the file, from its statistics.
     pub time_range_us: Option<(i64, i64)>,
-    /// Data encoding of each time and f64 column as written.
-    pub column_encodings: BTreeMap<String, Encoding>,
 }
 
 /// Directory of a table's partition for `day`.
@@ -335,7 +336,26 @@ pub fn publish_named(
             compacted_from.join(","),
         ));
     }
+    // Encodings are chosen on the rows being written: up to a row group of them,
+    // buffered, since a merge's long per-series runs compress differently from
+    // the parts it reads.
+    let mut head: Vec<RecordBatch> = Vec::new();
+    let mut options = options.clone();
+    if options.adaptive {
+        let (mut rows, mut bytes) = (0, 0);
+        while rows < options.row_group_rows && bytes < ENCODING_SAMPLE_BUFFER_BYTES {
+            let Some(batch) = source()? else { break };
+            rows += batch.num_rows();
+            bytes += batch.get_array_memory_size();
+            head.push(batch);
+        }
+        if !head.is_empty() {
+            let buffered = arrow_select::concat::concat_batches(&head[0].schema(), &head)?;
+            options.column_encodings = choose_encodings(table, &buffered, &options)?;
+        }
+    }
     let props = options.properties(table, metadata)?;
+    let mut head = head.into_iter();
     let mut rows = 0u64;
     let mut last_time = first_time;
     let write = || -> Result<u64> {
@@ -346,7 +366,12 @@ pub fn publish_named(
         };
         let mut writer =
             ArrowWriter::try_new(file, table.arrow_schema(), Some(props)).map_err(parquet_err)?;
-        while let Some(batch) = source()? {
+        while let Some(batch) = head
+            .next()
+            .map(Ok)
+            .or_else(|| source().transpose())
+            .transpose()?
+        {
             rows += batch.num_rows() as u64;
             last_time = last_time.max(max_time(&batch).unwrap_or(last_time));
             writer.write(&batch).map_err(parquet_err)?;
@@ -379,7 +404,6 @@ pub fn publish_named(
         watermarks: watermarks.clone(),
         compacted_from: compacted_from.to_vec(),
         time_range_us: Some((first_time, last_time)),
-        column_encodings: options.column_encodings.clone(),
     })
 }
 
@@ -473,39 +497,7 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
         watermarks,
         compacted_from,
         time_range_us,
-        column_encodings: written_encodings(meta),
     })
-}
-
-/// The data encoding of the time and f64 columns, from the first row group.
-fn written_encodings(
-    meta: &parquet::file::metadata::ParquetMetaData,
-) -> BTreeMap<String, Encoding> {
-    let mut out = BTreeMap::new();
-    let Some(rg) = meta.row_groups().first() else {
-        return out;
-    };
-    for column in rg.columns() {
-        if column.column_descr().physical_type() == parquet::basic::Type::INT64
-            && column.column_path().string() != TIME_COLUMN
-        {
-            continue;
-        }
-        let encodings: Vec<Encoding> = column.encodings().collect();
-        let data = [Encoding::BYTE_STREAM_SPLIT, Encoding::DELTA_BINARY_PACKED]
-            .into_iter()
-            .find(|e| encodings.contains(e))
-            .or_else(|| {
-                let dictionary = encodings.contains(&Encoding::RLE_DICTIONARY);
-                (!dictionary
-                    && column.column_descr().physical_type() != parquet::basic::Type::BYTE_ARRAY)
-                    .then_some(Encoding::PLAIN)
-            });
-        if let Some(encoding) = data {
-            out.insert(column.column_path().string(), encoding);
-        }
-    }
-    out
 }
 
 /// A file in the tables tree, before its footer is read.

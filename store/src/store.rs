@@ -368,10 +368,6 @@ impl Store {
         let batch = bucket.to_record_batch(&bucket.table.arrow_schema());
         let first_time = files::min_time(&batch).expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
-        let mut write = self.options.write.clone();
-        if write.adaptive {
-            write.column_encodings = files::choose_encodings(bucket.table, &batch, &write)?;
-        }
         let mut once = Some(batch);
         let published = files::publish(
             &self.options.data_dir,
@@ -381,7 +377,7 @@ impl Store {
             &mut || Ok(once.take()),
             &watermarks,
             &[],
-            &write,
+            &self.options.write,
         );
         let info = match published {
             Ok(info) => info,
@@ -504,11 +500,6 @@ impl Store {
             .flatten()
             .flat_map(|f| f.compacted_from.iter().cloned())
             .collect();
-        // Keep the encodings the largest input chose from its own sample.
-        let mut write = self.options.write.clone();
-        if let Some(largest) = inputs.iter().max_by_key(|f| f.rows) {
-            write.column_encodings = largest.column_encodings.clone();
-        }
         let mut merge = crate::merge::Merge::open(table, inputs)?;
         let published = files::publish_named(
             &self.options.data_dir,
@@ -518,7 +509,7 @@ impl Store {
             &mut || merge.next_chunk(),
             &watermarks,
             &names,
-            &write,
+            &self.options.write,
             &|name| replaced.contains(name),
         );
         let info = match published {
