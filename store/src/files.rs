@@ -78,8 +78,9 @@ impl Default for WriteOptions {
             row_group_rows: 1 << 20,
             data_page_bytes: 16 << 20,
             // Long pages give ZSTD the context to find what series of one scrape
-            // share (timestamps, values of identical series).
-            data_page_rows: 250_000,
+            // share (timestamps, values of identical series); a point read
+            // decompresses a whole page, so 100k rows (250k: p99 21 ms).
+            data_page_rows: 100_000,
             column_encodings: BTreeMap::new(),
             adaptive: true,
         }
@@ -96,7 +97,7 @@ fn candidates() -> [(Encoding, Encoding); 2] {
 }
 
 /// Most bytes of rows a publish buffers to choose its encodings on.
-const ENCODING_SAMPLE_BUFFER_BYTES: usize = 64 << 20;
+const ENCODING_SAMPLE_BUFFER_BYTES: usize = 16 << 20;
 
 /// Rows sampled to choose encodings: slices spread over the sorted batch, so
 /// every kind of series (they sort by name) is represented.
@@ -349,9 +350,13 @@ pub fn publish_named(
             bytes += batch.get_array_memory_size();
             head.push(batch);
         }
-        if !head.is_empty() {
-            let buffered = arrow_select::concat::concat_batches(&head[0].schema(), &head)?;
-            options.column_encodings = choose_encodings(table, &buffered, &options)?;
+        match head.as_slice() {
+            [] => {}
+            [only] => options.column_encodings = choose_encodings(table, only, &options)?,
+            many => {
+                let buffered = arrow_select::concat::concat_batches(&many[0].schema(), many)?;
+                options.column_encodings = choose_encodings(table, &buffered, &options)?;
+            }
         }
     }
     let props = options.properties(table, metadata)?;
