@@ -9,6 +9,7 @@
   benchlib.py vm-settle URL [MAXSEC]       -> wait until no merges / force merges / pending rows
   benchlib.py vm-count URL START_MS END_MS -> JSON: samples, series counted from /api/v1/export
   benchlib.py vm-count-query URL START_MS END_MS -> JSON: samples and series via count_over_time queries
+  benchlib.py vm-compare URL IN.om START_MS END_MS -> JSON: input values VictoriaMetrics returns changed
   benchlib.py prom-meta DIR                -> JSON: samples, series, chunks, blocks from meta.json
   benchlib.py months START_MS END_MS       -> VictoriaMetrics partition names (YYYY_MM), one a line
   benchlib.py report RESULTS.jsonl         -> markdown table
@@ -21,6 +22,7 @@ import decimal
 import glob
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -220,6 +222,52 @@ def cmd_vm_count_query(url, start_ms, end_ms):
     print(json.dumps({"samples": samples, "series": series, "method": "count_over_time queries"}))
 
 
+def _unescape(v):
+    return re.sub(r'\\(.)', lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), v)
+
+
+def cmd_vm_compare(url, path, start_ms, end_ms):
+    """Compare every input value with what /api/v1/export returns (float64 equality)."""
+    lr = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    q = urllib.parse.urlencode({"match[]": '{__name__!=""}', "start": "%.3f" % (int(start_ms) / 1000.0),
+                                "end": "%.3f" % (int(end_ms) / 1000.0)})
+    vm = {}
+    with urllib.request.urlopen(url.rstrip("/") + "/api/v1/export?" + q, timeout=3600) as r:
+        for line in r:
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            m = d["metric"]
+            name = m.pop("__name__")
+            vm[(name, tuple(sorted(m.items())))] = dict(zip(d["timestamps"], d["values"]))
+    keys = {}
+    total = changed = missing = 0
+    by_name = {}
+    with open(path, "r", encoding="utf-8", newline="\n") as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            series, value, ts = split_om_sample(line.rstrip("\n"))
+            key = keys.get(series)
+            if key is None:
+                name = series.split("{", 1)[0]
+                labels = tuple(sorted((k, _unescape(v)) for k, v in lr.findall(series[len(name):]) if v != ""))
+                key = keys[series] = (name, labels)
+            total += 1
+            got = vm.get(key, {}).get(om_ts_to_ms(ts))
+            if got is None:
+                missing += 1
+            elif float(got) == float(value):
+                continue
+            else:
+                changed += 1
+            e = by_name.setdefault(key[0], [0, value, got])
+            e[0] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:3]
+    print(json.dumps({"samples": total, "changed": changed, "missing": missing,
+                      "examples": ["%s %s -> %s" % (n, e[1], e[2]) for n, e in top]}))
+
+
 def cmd_prom_meta(d):
     out = {"samples": 0, "series": 0, "chunks": 0, "blocks": 0}
     for p in sorted(glob.glob(os.path.join(d, "*", "meta.json"))):
@@ -332,7 +380,7 @@ def main():
           "wait-http": cmd_wait_http, "vm-metric": cmd_vm_metric, "vm-settle": cmd_vm_settle,
           "vm-count": cmd_vm_count, "vm-count-query": cmd_vm_count_query, "prom-meta": cmd_prom_meta,
           "months": cmd_months, "report": cmd_report,
-          "record": cmd_record, "get": cmd_get}[cmd]
+          "record": cmd_record, "get": cmd_get, "vm-compare": cmd_vm_compare}[cmd]
     rc = fn(*args)
     sys.exit(rc or 0)
 

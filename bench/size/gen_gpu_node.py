@@ -7,7 +7,7 @@ Usage: gen_gpu_node.py OUT.om [--series 10000] [--seconds 900] [--step 1]
 What one 8-GPU (HGX H100-like) node would expose through dcgm-exporter and
 prometheus-node-exporter, scraped every --step seconds for --seconds seconds:
 
-  * per GPU (8): ~37 DCGM fields (utilisation, clocks, temperatures, power,
+  * per GPU (8): 40 DCGM fields (utilisation, clocks, temperatures, power,
     energy counter, framebuffer, ECC / row-remap, PCIe, profiling ratios);
   * per NVLink link (8 GPUs x 18 links): tx/rx byte counters and four error
     counters (`link` label);
@@ -771,7 +771,9 @@ def main():
         for name, mtype, help_, series in b.families:
             if n >= a.series:
                 break
-            f.write("# HELP %s %s\n# TYPE %s %s\n" % (name, help_, name, mtype))
+            # OpenMetrics: a counter family is named without the _total its samples carry
+            fam = name[:-len("_total")] if mtype == "counter" and name.endswith("_total") else name
+            f.write("# HELP %s %s\n# TYPE %s %s\n" % (fam, help_, fam, mtype))
             for labels, fn in series:
                 if n >= a.series:
                     break

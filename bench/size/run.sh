@@ -3,7 +3,8 @@
 # VictoriaMetrics (/api/v1/import/prometheus) and vtax (`vtax import`).
 #
 #   bench/size/run.sh [--vtax BIN] [--quick] [--keep] [--scratch DIR]
-#                     [--results FILE] INPUT.om...
+#                     [--results FILE] [--prom-max-block-duration DUR]
+#                     [--check-values] INPUT.om...
 #
 # See bench/size/README.md.  Only 127.0.0.1 is used.
 set -uo pipefail
@@ -12,11 +13,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LIB=(python3 "$HERE/benchlib.py")
 PROMTOOL=${PROMTOOL:-promtool}
 VMBIN=${VICTORIA_METRICS:-victoria-metrics}
+VTAX_TABLE=${VTAX_TABLE:-scraped}   # the table `vtax import` writes to
 VTAX=""
 QUICK=0
+CHECK_VALUES=0
 KEEP=0
 SCRATCH=""
 RESULTS="$HERE/results.md"
+PROM_MBD=()
 INPUTS=()
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -26,9 +30,11 @@ while [ $# -gt 0 ]; do
         --vtax) VTAX=${2:?--vtax needs a path}; shift 2 ;;
         --vtax=*) VTAX=${1#--vtax=}; shift ;;
         --quick) QUICK=1; shift ;;
+        --check-values) CHECK_VALUES=1; shift ;;
         --keep) KEEP=1; shift ;;
         --scratch) SCRATCH=${2:?}; shift 2 ;;
         --results) RESULTS=${2:?}; shift 2 ;;
+        --prom-max-block-duration) PROM_MBD=(--max-block-duration="${2:?}"); shift 2 ;;
         -h|--help) usage 0 ;;
         --) shift; INPUTS+=("$@"); break ;;
         -*) echo "unknown option $1" >&2; usage 2 ;;
@@ -123,7 +129,7 @@ for IN in "${INPUTS[@]}"; do
     log "== $name: promtool tsdb create-blocks-from openmetrics"
     P="$W/prometheus"
     t0=$(now)
-    if "$PROMTOOL" tsdb create-blocks-from openmetrics "$IN" "$P" >"$W/promtool.log" 2>&1; then
+    if "$PROMTOOL" tsdb create-blocks-from openmetrics ${PROM_MBD[@]+"${PROM_MBD[@]}"} "$IN" "$P" >"$W/promtool.log" 2>&1; then
         t1=$(now)
         PB=$(dub "$P")
         META=$("${LIB[@]}" prom-meta "$P")
@@ -180,6 +186,12 @@ for IN in "${INPUTS[@]}"; do
             else
                 CNT=$("${LIB[@]}" vm-count-query "$VM_URL" "$TMIN" "$TMAX")
             fi
+            VCMP=""
+            if [ "$CHECK_VALUES" = 1 ]; then
+                log "   comparing every value with /api/v1/export"
+                CMPJ=$("${LIB[@]}" vm-compare "$VM_URL" "$IN" "$TMIN" "$TMAX")
+                VCMP="; values not bit-exact: $(jget changed <<<"$CMPJ") changed, $(jget missing <<<"$CMPJ") missing (e.g. $(python3 -c 'import json,sys; print("; ".join(json.load(sys.stdin)["examples"][:2]))' <<<"$CMPJ"))"
+            fi
             vm_stop
         else
             CNT='{"samples": null, "series": null, "method": "restart failed"}'
@@ -194,7 +206,7 @@ for IN in "${INPUTS[@]}"; do
             notes="whole -storageDataPath: data/ $VD + indexdb/ $VI + cache/ $VC + rest; $base"
         record input="$name" system="VictoriaMetrics net" expected_samples="$NS" stored_samples="$STORED" \
             series="$VSER" bytes="$VNET" wall_s="$(elapsed "$t0" "$t1")" \
-            notes="data/ + indexdb/ minus the same of an empty database ($VM_EMPTY_DI B); cache/ excluded"
+            notes="data/ + indexdb/ minus the same of an empty database ($VM_EMPTY_DI B); cache/ excluded${VCMP:-}"
         log "   raw $VT bytes (data $VD, indexdb $VI, cache $VC), net $VNET, ${STORED:-?} samples stored"
     else
         record input="$name" system="VictoriaMetrics raw" expected_samples="$NS" notes="FAILED to start"
@@ -218,18 +230,28 @@ for IN in "${INPUTS[@]}"; do
             else
                 XB=$(dub "$X"); what="no DATA/tables: du -sb DATA"
             fi
-            # vtax has no count interface known to this script: use the count vtax prints, if any.
-            said=$(grep -oiE '[0-9][0-9,_]* samples' "$W/vtax.log" | tail -1 | grep -oE '^[0-9,_]+' | tr -d ',_')
-            STORED=""
-            if [ -n "$said" ]; then
+            XT=$(dub "$X")
+            # the count vtax import prints ("Imported N samples ..."), if any
+            said=$(grep -oiE '[0-9][0-9,_]* samples([^/]|$)' "$W/vtax.log" | head -1 | grep -oE '^[0-9,_]+' | tr -d ',_')
+            STORED=""; XSER=""
+            # independent count: read every row back with `vtax query TABLE --format json`
+            # (one object per line; series = distinct metric+labels). Size was taken above.
+            if [ "$QUICK" = 0 ] && read -r QN QS < <(set -o pipefail;
+                    "$VTAX" query "$VTAX_TABLE" --data-dir "$X" --since 0 --format json 2>"$W/vtax-query.err" |
+                    awk '{ i = index($0, "\"metric\""); j = index($0, ",\"value\""); k = substr($0, i, j - i)
+                           if (!(k in s)) { s[k] = 1; ns++ } n++ } END { print n + 0, ns + 0 }') && [ "$QN" != 0 ]; then
+                STORED=$QN; XSER=$QS
+                notes="$what; counted with vtax query $VTAX_TABLE"
+                [ -z "$said" ] || [ "$said" = "$QN" ] || notes="$notes; **vtax import said $said**"
+            elif [ -n "$said" ]; then
                 notes="$what; count as printed by vtax import (not independently verified)"
                 STORED=$said
-                [ "$said" = "$NS" ] || log "!!! MISMATCH vtax says it imported $said samples, input has $NS"
             else
-                notes="$what; sample count not verified (vtax printed none)"
+                notes="$what; sample count not verified (vtax printed none, query unavailable)"
             fi
-            record input="$name" system="vtax" expected_samples="$NS" stored_samples="$STORED" \
-                bytes="$XB" wall_s="$(elapsed "$t0" "$t1")" notes="$notes; total data dir $(dub "$X") B"
+            [ -z "$STORED" ] || [ "$STORED" = "$NS" ] || log "!!! MISMATCH vtax holds $STORED samples, input has $NS"
+            record input="$name" system="vtax" expected_samples="$NS" stored_samples="$STORED" series="$XSER" \
+                bytes="$XB" wall_s="$(elapsed "$t0" "$t1")" notes="$notes; whole data dir $XT B"
             log "   $XB bytes"
         else
             rc=$?
@@ -244,7 +266,7 @@ done
 {
     echo "# Size benchmark results"
     echo
-    echo "Generated $(date -u +%Y-%m-%dT%H:%M:%SZ) by \`bench/size/run.sh$( [ "$QUICK" = 1 ] && echo ' --quick')$( [ -n "$VTAX" ] && echo " --vtax $VTAX") ${INPUTS[*]}\`"
+    echo "Generated $(date -u +%Y-%m-%dT%H:%M:%SZ) by \`bench/size/run.sh$( [ "$QUICK" = 1 ] && echo ' --quick')$( [ "$CHECK_VALUES" = 1 ] && echo ' --check-values')$( [ -n "$VTAX" ] && echo " --vtax $VTAX") ${INPUTS[*]}\`"
     echo
     echo "- promtool: $("$PROMTOOL" --version 2>&1 | head -1)"
     echo "- VictoriaMetrics: $(dpkg-query -W -f='${Package} ${Version}' victoria-metrics 2>/dev/null || echo "$VMBIN")"
