@@ -263,35 +263,9 @@ pub type BatchSource<'a> = &'a mut dyn FnMut() -> Result<Option<RecordBatch>>;
 /// Writes the batches from `source` (sorted by tags then time, `first_time` the
 /// smallest time) as a new file in its partition, atomically: temp file, fsync,
 /// rename, fsync the directory. On any error the temp file is removed and nothing
-/// is published.
+/// is published. The name avoids existing files and any for which `taken` says yes.
 #[allow(clippy::too_many_arguments)]
 pub fn publish(
-    data_dir: &Path,
-    node: &str,
-    table: &TableDef,
-    first_time: i64,
-    source: BatchSource,
-    watermarks: &BTreeMap<i64, u64>,
-    compacted_from: &[String],
-    options: &WriteOptions,
-) -> Result<FileInfo> {
-    publish_named(
-        data_dir,
-        node,
-        table,
-        first_time,
-        source,
-        watermarks,
-        compacted_from,
-        options,
-        &|_| false,
-    )
-}
-
-/// [`publish`], avoiding any name for which `taken` says yes as well as names
-/// that exist.
-#[allow(clippy::too_many_arguments)]
-pub fn publish_named(
     data_dir: &Path,
     node: &str,
     table: &TableDef,

@@ -233,7 +233,14 @@ pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Re
     let mut infos = Vec::new();
     let mut skipped = 0;
     let mut all_infos: BTreeMap<(String, i64), Vec<FileInfo>> = BTreeMap::new();
-    for file in listed.into_iter().filter(|f| f.table == plan.table.name) {
+    // Prune by partition before reading any footer: replaced files are found
+    // within their partition, and WAL rows outside the range are filtered by time.
+    let (listed, pruned): (Vec<_>, Vec<_>) = listed
+        .into_iter()
+        .filter(|f| f.table == plan.table.name)
+        .partition(|f| plan.day_may_match(f.day));
+    skipped += pruned.len();
+    for file in listed {
         match files::read_info(&file.path, &file.table, file.day) {
             Ok(info) => all_infos
                 .entry((info.table.clone(), info.day))

@@ -378,6 +378,7 @@ impl Store {
             &watermarks,
             &[],
             &self.options.write,
+            &|_| false,
         );
         let info = match published {
             Ok(info) => info,
@@ -501,7 +502,7 @@ impl Store {
             .flat_map(|f| f.compacted_from.iter().cloned())
             .collect();
         let mut merge = crate::merge::Merge::open(table, inputs)?;
-        let published = files::publish_named(
+        let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             table,

@@ -747,3 +747,32 @@ fn a_closed_store_is_its_parquet_files() {
     expected.sort();
     assert_eq!(all_scraped(&store), expected);
 }
+
+#[test]
+fn a_reader_prunes_other_days_before_opening_their_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    append_scraped(&mut store, T0, 400);
+    let second_day = append_scraped(&mut store, T0 + DAY_US, 400);
+    store.close().unwrap();
+    // Make the first day's file unreadable: a reader that opened it would say so.
+    let first = parquet_files(dir.path())
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("2025-11-21"))
+        .unwrap();
+    fs::write(&first, b"not parquet").unwrap();
+    let catalog = Catalog::new(&[&tables::SCRAPED]).unwrap();
+    let request = ScanRequest {
+        table: "scraped".into(),
+        from_us: Some(T0 + DAY_US),
+        ..Default::default()
+    };
+    let result = scan::scan_dir(dir.path(), &catalog, &request).unwrap();
+    assert_eq!(
+        result.files_skipped, 1,
+        "pruned by its partition, never opened"
+    );
+    let mut expected = second_day;
+    expected.sort();
+    assert_eq!(scraped_rows(&result), expected);
+}
