@@ -215,7 +215,7 @@ impl<'a> Plan<'a> {
 }
 
 /// Scans a store open for writing: its files and its buffered rows.
-pub fn scan(store: &Store, request: &ScanRequest) -> Result<ScanResult> {
+fn scan(store: &Store, request: &ScanRequest) -> Result<ScanResult> {
     let plan = Plan::new(store.catalog(), request)?;
     let files: Vec<&FileInfo> = store.file_infos(plan.table.name).collect();
     let mut result = scan_files(&plan, &files)?;

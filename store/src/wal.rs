@@ -523,12 +523,11 @@ fn decode_frame(payload: &[u8], catalog: &Catalog) -> Result<Frame, String> {
         }
         batch.tags[index] = column;
     }
-    for (def, column) in table.tags.iter().zip(&mut batch.tags) {
+    for column in &mut batch.tags {
         if column.codes.len() != rows {
             // A tag added since the frame was written: the empty string.
             column.dict = vec![String::new()];
             column.codes = vec![0; rows];
-            let _ = def;
         }
     }
     let nfields = r.u16()? as usize;
