@@ -426,6 +426,19 @@ impl Store {
     /// buffered. Safe to kill at any instant (see the crate docs). Returns the
     /// number of merges.
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
+        // A merge's output can complete a tier with others: repeat while merging.
+        let mut total = 0;
+        for _ in 0..MAX_MERGE_ROUNDS {
+            let merged = self.merge_once(now_us)?;
+            total += merged;
+            if merged == 0 {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    fn merge_once(&mut self, now_us: i64) -> Result<usize> {
         let grace_us = self.options.publish_grace.as_micros() as i64;
         let buffered = |table: &str, hours: std::ops::Range<i64>| {
             self.buckets
@@ -595,6 +608,9 @@ impl Store {
             .flat_map(|(_, f)| f)
     }
 }
+
+/// Bound on merge passes in one `compact` call.
+const MAX_MERGE_ROUNDS: usize = 8;
 
 /// Files merged together in one tier of the running hour.
 const TIER_FILES: usize = 4;
