@@ -99,13 +99,7 @@ fn import_is_lossless_and_duckdb_pyarrow_polars_read_the_store() {
     let input = dir.path().join("input.om");
     let data = dir.path().join("data");
     let mut expected = write_input(&input, 500);
-    let status = Command::new(VTAX)
-        .args(["import", "--data-dir"])
-        .arg(&data)
-        .arg(&input)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    assert!(import(&data, &[&input]).status.success());
 
     let stored = stored_rows(&data);
     // Prometheus's NaN has one bit pattern; it must survive too.
@@ -146,13 +140,7 @@ fn import_is_lossless_and_duckdb_pyarrow_polars_read_the_store() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&input_no_nan, without).unwrap();
-    assert!(Command::new(VTAX)
-        .args(["import", "--data-dir"])
-        .arg(&readers_data)
-        .arg(&input_no_nan)
-        .status()
-        .unwrap()
-        .success());
+    assert!(import(&readers_data, &[&input_no_nan]).status.success());
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/python/check_readers.py"
@@ -174,6 +162,16 @@ fn import_is_lossless_and_duckdb_pyarrow_polars_read_the_store() {
     }
 }
 
+/// Runs `vtax import --data-dir DATA FILES...`.
+fn import(data: &Path, files: &[&Path]) -> std::process::Output {
+    Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(data)
+        .args(files)
+        .output()
+        .unwrap()
+}
+
 fn hex_le(bits: u64) -> String {
     bits.to_le_bytes()
         .iter()
@@ -189,13 +187,7 @@ fn malformed_input_names_the_line_and_writes_nothing() {
     std::fs::write(&good, "up 1 1763766000000\n").unwrap();
     std::fs::write(&bad, "up 1 1763766000000\nup{job=\"a\" 2 1763766001000\n").unwrap();
     let data = dir.path().join("data");
-    let out = Command::new(VTAX)
-        .args(["import", "--data-dir"])
-        .arg(&data)
-        .arg(&good)
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = import(&data, &[&good, &bad]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad.prom:line 2"), "{stderr}");
@@ -211,13 +203,7 @@ fn query_filters_by_tag_and_time_and_prints_csv() {
     let input = dir.path().join("input.om");
     let data = dir.path().join("data");
     write_input(&input, 20);
-    assert!(Command::new(VTAX)
-        .args(["import", "--data-dir"])
-        .arg(&data)
-        .arg(&input)
-        .status()
-        .unwrap()
-        .success());
+    assert!(import(&data, &[&input]).status.success());
     let out = Command::new(VTAX)
         .args(["query", "--data-dir"])
         .arg(&data)

@@ -532,21 +532,50 @@ pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)>
     Ok((files, temps))
 }
 
-/// Drops files that a compacted file in the same partition replaces.
-pub(crate) fn superseded(files: &[FileInfo]) -> Vec<usize> {
-    let mut replaced = std::collections::HashSet::new();
-    for f in files {
-        for name in &f.compacted_from {
-            replaced.insert((f.table.as_str(), f.day, name.as_str()));
+/// Published files by partition (table, day), and the files that a merged file
+/// in the same partition replaces, set aside: those are an interrupted merge's
+/// inputs, which a writer deletes and a reader ignores.
+pub(crate) struct FileIndex {
+    pub live: BTreeMap<(String, i64), Vec<FileInfo>>,
+    pub replaced: Vec<FileInfo>,
+}
+
+/// Reads the footer of every listed file into a [`FileIndex`]. A file whose
+/// footer fails goes to `on_unreadable`, which decides what becomes of it.
+pub(crate) fn index_files(
+    listed: Vec<Listed>,
+    mut on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
+) -> Result<FileIndex> {
+    let mut infos = Vec::new();
+    for file in listed {
+        match read_info(&file.path, &file.table, file.day) {
+            Ok(info) => infos.push(info),
+            Err(e) => on_unreadable(&file, e)?,
         }
     }
-    files
+    let replaced_names: std::collections::HashSet<(String, i64, String)> = infos
         .iter()
-        .enumerate()
-        .filter(|(_, f)| {
-            let name = f.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            replaced.contains(&(f.table.as_str(), f.day, name))
+        .flat_map(|f| {
+            f.compacted_from
+                .iter()
+                .map(|name| (f.table.clone(), f.day, name.clone()))
         })
-        .map(|(i, _)| i)
-        .collect()
+        .collect();
+    let mut index = FileIndex {
+        live: BTreeMap::new(),
+        replaced: Vec::new(),
+    };
+    for info in infos {
+        let name = info.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if replaced_names.contains(&(info.table.clone(), info.day, name.to_owned())) {
+            index.replaced.push(info);
+        } else {
+            index
+                .live
+                .entry((info.table.clone(), info.day))
+                .or_default()
+                .push(info);
+        }
+    }
+    Ok(index)
 }

@@ -12,7 +12,7 @@ use parquet::arrow::ProjectionMask;
 
 use crate::error::{Error, Result};
 use crate::files::FileInfo;
-use crate::scan::conform;
+use crate::scan::{conform, Projection};
 use crate::schema::TableDef;
 
 /// Rows per input batch and per output chunk.
@@ -65,15 +65,7 @@ impl Merge {
             };
             let file = File::open(path).map_err(Error::io("open", path))?;
             let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(parquet_err)?;
-            let file_schema = builder.schema().clone();
-            let mut roots = Vec::new();
-            let mut wanted = Vec::new();
-            for field in merge.schema.fields() {
-                let index = file_schema.index_of(field.name()).ok();
-                roots.extend(index);
-                wanted.push(index);
-            }
-            roots.sort_unstable();
+            let Projection { wanted, roots } = Projection::of(&merge.schema, builder.schema());
             let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
             let reader = builder
                 .with_projection(mask)

@@ -214,55 +214,28 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// Scans a store open for writing: its files and its buffered rows.
-fn scan(store: &Store, request: &ScanRequest) -> Result<ScanResult> {
-    let plan = Plan::new(store.catalog(), request)?;
-    let files: Vec<&FileInfo> = store.file_infos(plan.table.name).collect();
-    let mut result = scan_files(&plan, &files)?;
-    for bucket in store.buffered(plan.table.name) {
-        scan_bucket(&plan, bucket, &mut result)?;
-    }
-    Ok(result)
-}
-
 /// Scans a data directory without opening it for writing: published files plus
 /// the rows still in the WAL, so a reader beside the running agent sees them all.
 pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
     let (listed, _) = files::list_files(data_dir)?;
-    let mut infos = Vec::new();
-    let mut skipped = 0;
-    let mut all_infos: BTreeMap<(String, i64), Vec<FileInfo>> = BTreeMap::new();
     // Prune by partition before reading any footer: replaced files are found
     // within their partition, and WAL rows outside the range are filtered by time.
     let (listed, pruned): (Vec<_>, Vec<_>) = listed
         .into_iter()
         .filter(|f| f.table == plan.table.name)
         .partition(|f| plan.day_may_match(f.day));
-    skipped += pruned.len();
-    for file in listed {
-        match files::read_info(&file.path, &file.table, file.day) {
-            Ok(info) => all_infos
-                .entry((info.table.clone(), info.day))
-                .or_default()
-                .push(info),
-            Err(e) => {
-                skipped += 1;
-                tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
-            }
-        }
-    }
-    let flat: Vec<FileInfo> = all_infos.values().flatten().cloned().collect();
-    let superseded = files::superseded(&flat);
-    for (i, info) in flat.iter().enumerate() {
-        if !superseded.contains(&i) {
-            infos.push(info);
-        }
-    }
-    let mut result = scan_files(&plan, &infos)?;
+    let mut skipped = pruned.len();
+    let index = files::index_files(listed, |file, e| {
+        skipped += 1;
+        tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
+        Ok(())
+    })?;
+    let live: Vec<&FileInfo> = index.live.values().flatten().collect();
+    let mut result = scan_files(&plan, &live)?;
     result.files_skipped += skipped;
 
-    let watermarks = watermarks_by_bucket(&all_infos);
+    let watermarks = watermarks_by_bucket(&index.live);
     let mut buckets: BTreeMap<i64, Bucket> = BTreeMap::new();
     wal::replay(&data_dir.join("wal"), catalog, false, |frame| {
         let table = frame.batch.table;
@@ -343,16 +316,7 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
     } else {
         &plan.out_schema
     };
-    let mut roots = Vec::new();
-    let mut wanted: Vec<Option<usize>> = Vec::new();
-    for field in target.fields() {
-        let index = file_schema.index_of(field.name()).ok();
-        if let Some(i) = index {
-            roots.push(i);
-        }
-        wanted.push(index);
-    }
-    roots.sort_unstable();
+    let Projection { wanted, roots } = Projection::of(target, &file_schema);
     let columns = column_positions(&metadata, plan);
 
     let mut row_groups = Vec::new();
@@ -535,6 +499,28 @@ fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Vec<Range<usize>> {
     out
 }
 
+/// Which of a target schema's columns a file has: a field added after the file
+/// was written is missing from it and reads as null.
+pub(crate) struct Projection {
+    /// Per target column, its root index in the file, if the file has it.
+    pub wanted: Vec<Option<usize>>,
+    /// The file's root columns to read, ascending.
+    pub roots: Vec<usize>,
+}
+
+impl Projection {
+    pub fn of(target: &Schema, file_schema: &Schema) -> Self {
+        let wanted: Vec<Option<usize>> = target
+            .fields()
+            .iter()
+            .map(|f| file_schema.index_of(f.name()).ok())
+            .collect();
+        let mut roots: Vec<usize> = wanted.iter().flatten().copied().collect();
+        roots.sort_unstable();
+        Projection { wanted, roots }
+    }
+}
+
 /// Puts a file's batch into `target`: columns in order, missing ones null.
 pub(crate) fn conform(
     target: &Arc<Schema>,
@@ -568,8 +554,14 @@ pub(crate) fn conform(
 }
 
 impl Store {
-    /// Scans this store (files and buffered rows).
+    /// Scans this store: its files and its buffered rows.
     pub fn scan(&self, request: &ScanRequest) -> Result<ScanResult> {
-        scan(self, request)
+        let plan = Plan::new(self.catalog(), request)?;
+        let files: Vec<&FileInfo> = self.file_infos(plan.table.name).collect();
+        let mut result = scan_files(&plan, &files)?;
+        for bucket in self.buffered(plan.table.name) {
+            scan_bucket(&plan, bucket, &mut result)?;
+        }
+        Ok(result)
     }
 }

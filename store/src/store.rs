@@ -133,31 +133,17 @@ impl Store {
         for tmp in temps {
             fs::remove_file(&tmp).map_err(Error::io("remove stray temp file", &tmp))?;
         }
-        let mut infos = Vec::new();
-        for file in listed {
-            match files::read_info(&file.path, &file.table, file.day) {
-                Ok(info) => infos.push(info),
-                Err(e) => {
-                    quarantine(&dir, &file.path)?;
-                    stats.files_quarantined += 1;
-                    tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
-                }
-            }
-        }
-        // Roll an interrupted compaction forward: its inputs go.
-        let mut superseded = files::superseded(&infos);
-        superseded.sort_unstable_by(|a, b| b.cmp(a));
-        for i in superseded {
-            let info = infos.remove(i);
+        let index = files::index_files(listed, |file, e| {
+            quarantine(&dir, &file.path)?;
+            stats.files_quarantined += 1;
+            tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
+            Ok(())
+        })?;
+        // Roll an interrupted merge forward: its inputs go.
+        for info in &index.replaced {
             fs::remove_file(&info.path).map_err(Error::io("remove compacted input", &info.path))?;
         }
-        let mut by_partition: BTreeMap<(String, i64), Vec<FileInfo>> = BTreeMap::new();
-        for info in infos {
-            by_partition
-                .entry((info.table.clone(), info.day))
-                .or_default()
-                .push(info);
-        }
+        let by_partition = index.live;
 
         let wal_dir = dir.join("wal");
         let watermarks = watermarks_by_bucket(&by_partition);
@@ -281,10 +267,7 @@ impl Store {
                     tracing::error!(error = %e, "A WAL fsync failed; publishing every buffered row to Parquet and starting a new WAL segment.");
                     // Each published file is fsynced on its own, so once every bucket
                     // is out, no row depends on the suspect segment any more.
-                    let keys: Vec<_> = self.buckets.keys().copied().collect();
-                    for key in keys {
-                        self.publish_bucket(key)?;
-                    }
+                    self.publish_all()?;
                     self.wal.abandon_segment()?;
                     return Ok(self.wal.durable_below());
                 }
@@ -341,11 +324,16 @@ impl Store {
     /// Publishes every buffered row (a partial hour becomes a file of its own),
     /// so that the files are complete for other readers, then fsyncs the WAL.
     pub fn flush(&mut self) -> Result<()> {
+        self.publish_all()?;
+        self.sync()?;
+        Ok(())
+    }
+
+    fn publish_all(&mut self) -> Result<()> {
         let keys: Vec<_> = self.buckets.keys().copied().collect();
         for key in keys {
             self.publish_bucket(key)?;
         }
-        self.sync()?;
         Ok(())
     }
 
