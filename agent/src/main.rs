@@ -1,15 +1,20 @@
 //! `vtax`: the node agent and the commands that work on its store.
 
+mod args;
 mod collectors;
+mod config;
+mod doctor;
 mod import;
 mod query;
 mod run;
+mod runtime;
 mod timespec;
+mod web;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Where the store lives when installed as a package.
 pub const INSTALLED_DATA_DIR: &str = "/var/lib/vtax";
@@ -38,8 +43,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the agent: sample this node and write every sample to the store.
+    /// Run the agent: sample this node, write every sample to the store, serve /metrics.
     Run(run::RunArgs),
+    /// Validate the config file and flags without starting.
+    CheckConfig(doctor::CheckConfigArgs),
+    /// Report on this node: each collector on or off and why, what it found, problems.
+    Doctor(doctor::DoctorArgs),
     /// Import OpenMetrics or Prometheus text files into the `scraped` table.
     Import(import::ImportArgs),
     /// Read rows of a table.
@@ -53,8 +62,31 @@ enum Command {
 /// Every table the agent writes: the store's own and the collectors'.
 pub fn catalog() -> vtax_store::Catalog {
     let mut tables: Vec<&'static vtax_store::TableDef> = vtax_store::tables::BUILTIN.to_vec();
-    tables.extend(collectors::TABLES);
+    tables.extend(collectors::tables());
     vtax_store::Catalog::new(&tables).expect("the built-in table declarations are valid")
+}
+
+/// Subcommands that take the agent's flags, `--collector.<name>` included.
+const AGENT_SUBCOMMANDS: &[&str] = &["run", "check-config", "doctor"];
+
+/// Parses the command line; the per-collector flags are added at run time
+/// from the collector registry, so a new collector brings its own flags.
+fn parse_cli() -> Result<Cli, clap::Error> {
+    let mut command = Cli::command();
+    for name in AGENT_SUBCOMMANDS {
+        command = command.mut_subcommand(*name, args::add_collector_flags);
+    }
+    let matches = command.get_matches();
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let Some((_, sub)) = matches.subcommand() {
+        match &mut cli.command {
+            Command::Run(a) => a.agent.take_collector_flags(sub),
+            Command::CheckConfig(a) => a.agent.take_collector_flags(sub),
+            Command::Doctor(a) => a.agent.take_collector_flags(sub),
+            _ => {}
+        }
+    }
+    Ok(cli)
 }
 
 fn main() -> ExitCode {
@@ -64,10 +96,16 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::CheckConfig(args) => doctor::check_config(args),
+        Command::Doctor(args) => doctor::doctor(args),
         Command::Import(args) => import::import(args),
         Command::Query(args) => query::query(args),
         Command::Compact(args) => run::compact(args),

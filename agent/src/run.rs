@@ -1,4 +1,5 @@
-//! `vtax run`: sample this node on an interval and keep every sample in the store.
+//! `vtax run`: sample this node with every enabled collector, keep every sample
+//! in the store, and serve the latest values on `/metrics`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,50 +7,79 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use vtax_exporters::Exposition;
 use vtax_store::{Store, StoreOptions};
 
-use crate::collectors;
+use crate::args::AgentArgs;
+use crate::config::Config;
+use crate::runtime::{drain_rows, CollectorSet, Rows};
 use crate::timespec::now_us;
 
-/// Default interval between samples.
-pub const DEFAULT_INTERVAL_SECS: u64 = 1;
 /// How often the store's periodic work (fsync, publishing) runs.
 const STORE_TICK: Duration = Duration::from_millis(100);
-/// How often finished hours and days are merged and retention applied.
-const COMPACT_INTERVAL: Duration = Duration::from_secs(300);
+/// How long the renderer waits after a change for collectors ticking together.
+const RENDER_COALESCE: Duration = Duration::from_millis(20);
 
 /// Arguments of `vtax run`.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Data directory of the store (default: /var/lib/vtax when it exists, else ./vtax-data).
-    #[arg(long, env = "VTAX_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// procfs mount point.
-    #[arg(long = "path.procfs", default_value = "/proc")]
-    procfs: PathBuf,
-    /// Seconds between samples.
-    #[arg(long, default_value_t = DEFAULT_INTERVAL_SECS)]
-    interval_secs: u64,
+    #[command(flatten)]
+    pub agent: AgentArgs,
     /// Stop after this many seconds (demos and tests); run until SIGTERM otherwise.
     #[arg(long)]
     duration_secs: Option<u64>,
 }
 
+fn store_options(config: &Config) -> StoreOptions {
+    let mut options = StoreOptions::new(config.data_dir());
+    options.sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
+    options.max_buffered_bytes = config.store.max_buffered_bytes as usize;
+    options.retention_max_age = (config.store.retention_max_age_days > 0)
+        .then(|| Duration::from_secs(config.store.retention_max_age_days * 86_400));
+    options.retention_max_bytes =
+        (config.store.retention_max_bytes > 0).then_some(config.store.retention_max_bytes);
+    options
+}
+
 /// Runs the agent until SIGTERM or SIGINT, then publishes what it holds.
+/// SIGHUP reloads the config file; a config that does not validate is
+/// refused with its error and the running one is kept.
 pub fn run(args: RunArgs) -> Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    let mut config = args.agent.resolve()?;
     let stop = Arc::new(AtomicBool::new(false));
+    let reload = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("install signal handler")?;
     }
-    let mut store = Store::open(StoreOptions::new(&data_dir), crate::catalog())
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())
+        .context("install signal handler")?;
+
+    let data_dir = config.data_dir();
+    let mut store = Store::open(store_options(&config), crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;
-    tracing::info!(data_dir = %data_dir.display(), interval_secs = args.interval_secs, "Agent started.");
-    let interval = Duration::from_secs(args.interval_secs.max(1));
+    let exposition = Exposition::new(crate::catalog().tables());
+    let renderer = {
+        let exposition = exposition.clone();
+        std::thread::Builder::new()
+            .name("renderer".into())
+            .spawn(move || exposition.run_renderer(RENDER_COALESCE))
+            .context("spawn the renderer")?
+    };
+    let web = crate::web::start(&config.web, exposition.clone())?;
+    let (sender, receiver) = std::sync::mpsc::channel::<Rows>();
+    let mut collectors =
+        CollectorSet::start(&config.collectors, &config.roots(), &exposition, &sender);
+    tracing::info!(
+        data_dir = %data_dir.display(),
+        listen_address = %web.local_addr(),
+        collectors = ?collectors.running,
+        "Agent started."
+    );
+
     let started = Instant::now();
-    let mut next_sample = Instant::now();
-    let mut cpu_failing = false;
+    let compact_interval = Duration::from_secs(config.store.compact_interval_secs);
     let mut last_compaction = Instant::now();
+    let mut refused = 0u64;
     while !stop.load(Ordering::Relaxed) {
         if args
             .duration_secs
@@ -57,26 +87,35 @@ pub fn run(args: RunArgs) -> Result<()> {
         {
             break;
         }
-        if Instant::now() >= next_sample {
-            next_sample += interval;
-            match collectors::cpu::collect(&args.procfs, now_us()) {
-                Ok(batch) => {
-                    cpu_failing = false;
-                    if let Err(e) = store.append(&batch) {
-                        tracing::error!(error = %e, "Dropped a sample: the store refused it.");
+        if reload.swap(false, Ordering::Relaxed) {
+            match args.agent.resolve() {
+                Ok(new) => {
+                    if new.web != config.web || new.store != config.store {
+                        tracing::warn!(
+                            "Reloaded: [web] and [store] changes take effect at the next restart."
+                        );
                     }
+                    collectors.stop(&exposition);
+                    collectors =
+                        CollectorSet::start(&new.collectors, &new.roots(), &exposition, &sender);
+                    tracing::info!(collectors = ?collectors.running, "Configuration reloaded.");
+                    config = new;
                 }
-                Err(e) if !cpu_failing => {
-                    cpu_failing = true;
-                    tracing::warn!(collector = "cpu", error = %e, "Collector failed; retrying every interval.");
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "Reload refused: the running configuration stays.");
                 }
-                Err(_) => {}
             }
         }
+        drain_rows(&receiver, STORE_TICK, |batch| {
+            if let Err(e) = store.append(batch) {
+                refused += 1;
+                tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
+            }
+        });
         if let Err(e) = store.tick(now_us()) {
             tracing::error!(error = %e, "Store maintenance failed; rows stay buffered and are retried.");
         }
-        if last_compaction.elapsed() >= COMPACT_INTERVAL {
+        if last_compaction.elapsed() >= compact_interval {
             last_compaction = Instant::now();
             let result = store
                 .compact(now_us())
@@ -85,9 +124,21 @@ pub fn run(args: RunArgs) -> Result<()> {
                 tracing::warn!(error = %e, "Compaction or retention failed; the inputs stay as they were.");
             }
         }
-        std::thread::sleep(STORE_TICK.min(next_sample.saturating_duration_since(Instant::now())));
     }
     tracing::info!("Stopping: publishing buffered rows.");
+    collectors.stop(&exposition);
+    drop(sender);
+    // Every collector thread has joined, so everything they sent is queued.
+    for batches in receiver.try_iter() {
+        for batch in &batches {
+            if let Err(e) = store.append(batch) {
+                tracing::error!(error = %e, "Dropped rows at shutdown: the store refused them.");
+            }
+        }
+    }
+    web.stop();
+    exposition.close();
+    let _ = renderer.join();
     store.close().context("publish buffered rows on shutdown")?;
     Ok(())
 }

@@ -1,8 +1,11 @@
-//! Ways out of the node for vtax's samples: Prometheus exposition (`/metrics`),
-//! Prometheus remote write, and sealed Parquet files to object storage.
-//!
-//! Nothing lives here yet: the metric names and help these will use are already
-//! generated from the table declarations (`vtax_store::TableDef::metric_name`),
-//! and the exporters themselves arrive with the agent runtime (issue 3) and the
-//! fleet work (issue 8).
+//! Ways out of the node for vtax's samples: Prometheus exposition (`/metrics`)
+//! now; Prometheus remote write and sealed Parquet files to object storage
+//! arrive with the fleet work (issue 8).
 #![deny(missing_docs)]
+
+pub mod exposition;
+
+pub use exposition::{Bodies, Exposition, Format};
+pub mod web;
+
+pub use web::{serve, WebServer};

@@ -1,9 +1,189 @@
-//! Collectors: one per source, each reading through a root path that tests point
-//! at a fixture tree.
+//! Collectors: one per source, each in its own file, each reading through root
+//! paths (`--path.procfs`, `--path.sysfs`) that tests point at fixture trees
+//! under `tests/fixtures/`.
+//!
+//! The contract every collector keeps:
+//! - `probe` says whether its source exists on this node and what it found; an
+//!   absent source disables the collector with one log line, never the agent;
+//! - `collect` reads the source once and returns rows (possibly none this tick)
+//!   or an error that names the file and what was wrong; it never panics on
+//!   what it reads, and one bad file fails only this collector's tick;
+//! - every table it may write is listed in `tables`, so the catalogue, the store
+//!   and `/metrics` know them before the first row.
 
-pub mod cpu;
+pub mod cgroups;
+pub mod host;
+pub mod infiniband;
+pub mod platform;
+pub mod runtime_tables;
 
-use vtax_store::TableDef;
+use std::path::{Path, PathBuf};
 
-/// Tables the collectors write.
-pub static TABLES: &[&TableDef] = &[&cpu::CPU];
+use serde::{Deserialize, Serialize};
+use vtax_store::{Batch, TableDef};
+
+/// Where the kernel's pseudo-filesystems are mounted; tests point these at fixtures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Roots {
+    /// procfs mount point (`/proc`).
+    pub procfs: PathBuf,
+    /// sysfs mount point (`/sys`); cgroups are read under `<sysfs>/fs/cgroup`.
+    pub sysfs: PathBuf,
+}
+
+impl Roots {
+    /// A path under procfs.
+    pub fn proc(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.procfs.join(rel)
+    }
+
+    /// A path under sysfs.
+    pub fn sys(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.sysfs.join(rel)
+    }
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Roots {
+            procfs: PathBuf::from(crate::config::DEFAULT_PROCFS),
+            sysfs: PathBuf::from(crate::config::DEFAULT_SYSFS),
+        }
+    }
+}
+
+/// What `probe` learned: the source is there (and what it holds), or why not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// The source exists; a one-line summary of what it holds for `vtax doctor`
+    /// (e.g. "2 CPUs, pressure: cpu memory io").
+    Available(String),
+    /// The source is absent on this node; the reason, for the log and the doctor.
+    Absent(String),
+}
+
+/// One source of rows.
+pub trait Collector: Send {
+    /// The collector's name: its config section, its flags and its label.
+    fn name(&self) -> &'static str;
+    /// Checks the source; called once at start and on every config reload.
+    fn probe(&mut self) -> Availability;
+    /// Reads the source once, stamping every row with `time_us`.
+    fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>>;
+    /// What an operator should know about this source (a port down, IOMMU
+    /// off), for `vtax doctor`; asked after a `collect`.
+    fn problems(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Settings every collector has, under `[collectors.<name>]`.
+pub trait CollectorConfig {
+    /// Whether the collector runs.
+    fn enabled(&self) -> bool;
+    /// Seconds between two reads.
+    fn interval_secs(&self) -> f64;
+}
+
+/// Default seconds between two reads of a collector.
+pub const DEFAULT_INTERVAL_SECS: f64 = 1.0;
+
+/// Every collector's settings: the `[collectors]` table of the config file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CollectorsConfig {
+    /// Host CPU, pressure, load, memory, scheduler.
+    pub host: host::HostConfig,
+    /// Per-workload cgroups.
+    pub cgroups: cgroups::CgroupsConfig,
+    /// InfiniBand and RoCE HCAs and ports.
+    pub infiniband: infiniband::InfinibandConfig,
+    /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
+    pub platform: platform::PlatformConfig,
+}
+
+/// Names of every collector, in the order they are built.
+pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform"];
+
+impl CollectorsConfig {
+    /// The common settings of the named collector.
+    pub fn common(&self, name: &str) -> Option<&dyn CollectorConfig> {
+        Some(match name {
+            "host" => &self.host,
+            "cgroups" => &self.cgroups,
+            "infiniband" => &self.infiniband,
+            "platform" => &self.platform,
+            _ => return None,
+        })
+    }
+
+    /// Turns the named collector on or off (the `--collector.<name>` flags).
+    pub fn set_enabled(&mut self, name: &str, enabled: bool) -> bool {
+        match name {
+            "host" => self.host.enabled = enabled,
+            "cgroups" => self.cgroups.enabled = enabled,
+            "infiniband" => self.infiniband.enabled = enabled,
+            "platform" => self.platform.enabled = enabled,
+            _ => return false,
+        }
+        true
+    }
+
+    /// Builds the named collector from its settings.
+    pub fn build(&self, name: &str, roots: &Roots) -> Option<Box<dyn Collector>> {
+        Some(match name {
+            "host" => Box::new(host::Host::new(&self.host, roots)),
+            "cgroups" => Box::new(cgroups::Cgroups::new(&self.cgroups, roots)),
+            "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
+            "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
+            _ => return None,
+        })
+    }
+
+    /// Checks values serde cannot: intervals and collector-specific rules.
+    pub fn validate(&self) -> Result<(), String> {
+        for name in NAMES {
+            let common = self.common(name).expect("every name has settings");
+            let interval = common.interval_secs();
+            if !(interval.is_finite() && interval >= 0.01 && interval <= 86_400.0) {
+                return Err(format!(
+                    "collectors.{name}.interval_secs = {interval}: must be between 0.01 and 86400"
+                ));
+            }
+        }
+        self.cgroups.validate()?;
+        Ok(())
+    }
+}
+
+/// Tables the collectors write: each collector module lists its own.
+pub fn tables() -> Vec<&'static TableDef> {
+    [
+        host::TABLES,
+        cgroups::TABLES,
+        infiniband::TABLES,
+        platform::TABLES,
+        runtime_tables::TABLES,
+    ]
+    .concat()
+}
+
+/// The comment of a collector-specific key (`collectors.<name>.<key>`) for
+/// the example config; each collector module lists its own in `KEY_DOCS`.
+pub fn key_doc(path: &str) -> Option<&'static str> {
+    let rest = path.strip_prefix("collectors.")?;
+    let (name, key) = rest.split_once('.')?;
+    let docs: &[(&str, &str)] = match name {
+        "host" => host::KEY_DOCS,
+        "cgroups" => cgroups::KEY_DOCS,
+        "infiniband" => infiniband::KEY_DOCS,
+        "platform" => platform::KEY_DOCS,
+        _ => return None,
+    };
+    docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
+}
+
+/// Reads a whole file to a string, naming the file in the error.
+pub fn read_file(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}

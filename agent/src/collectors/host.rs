@@ -1,10 +1,78 @@
-//! `cpu`: per-CPU time from `/proc/stat`, steal included: the first sign that a
+//! `host`: per-CPU time from `/proc/stat`, steal included: the first sign that a
 //! hypervisor is taking time from this guest.
 
 use std::path::Path;
 
+use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
+
+use super::{Availability, Collector, CollectorConfig, Roots};
+
+/// `[collectors.host]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// Whether the collector runs.
+    pub enabled: bool,
+    /// Seconds between two reads.
+    pub interval_secs: f64,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            enabled: true,
+            interval_secs: super::DEFAULT_INTERVAL_SECS,
+        }
+    }
+}
+
+impl CollectorConfig for HostConfig {
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+    fn interval_secs(&self) -> f64 {
+        self.interval_secs
+    }
+}
+
+/// The host collector.
+pub struct Host {
+    procfs: std::path::PathBuf,
+}
+
+impl Host {
+    /// A host collector reading under `roots`.
+    pub fn new(_config: &HostConfig, roots: &Roots) -> Self {
+        Host {
+            procfs: roots.procfs.clone(),
+        }
+    }
+}
+
+impl Collector for Host {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn probe(&mut self) -> Availability {
+        match collect(&self.procfs, 0) {
+            Ok(batch) => Availability::Available(format!("{} CPUs", batch.len())),
+            Err(e) => Availability::Absent(e.to_string()),
+        }
+    }
+
+    fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        Ok(vec![collect(&self.procfs, time_us)?])
+    }
+}
+
+/// Comments for this collector's own keys in the example config.
+pub static KEY_DOCS: &[(&str, &str)] = &[];
+
+/// Tables of this collector.
+pub static TABLES: &[&TableDef] = &[&CPU];
 
 const fn seconds_counter(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef {

@@ -1,0 +1,115 @@
+//! Flags shared by `vtax run`, `vtax check-config` and `vtax doctor`: they name
+//! the config file and override it, after the Prometheus exporters' conventions.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use clap::{Arg, ArgAction, ArgMatches};
+
+use crate::collectors::NAMES;
+use crate::config::{Config, INSTALLED_CONFIG_PATH};
+
+/// The agent's flags. Each one, when given, overrides the config file.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AgentArgs {
+    /// Config file (default: /etc/vtax/vtax.toml when it exists; none is needed).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Data directory of the store (default: /var/lib/vtax when it exists, else ./vtax-data).
+    #[arg(long, env = "VTAX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address to serve /metrics on (default :9433).
+    #[arg(long = "web.listen-address")]
+    pub listen_address: Option<String>,
+    /// Web config file for TLS and basic auth (the Prometheus exporters' format).
+    #[arg(long = "web.config.file")]
+    pub web_config_file: Option<PathBuf>,
+    /// procfs mount point (default /proc).
+    #[arg(long = "path.procfs")]
+    pub procfs: Option<PathBuf>,
+    /// sysfs mount point (default /sys).
+    #[arg(long = "path.sysfs")]
+    pub sysfs: Option<PathBuf>,
+    /// `--collector.<name>` (true) and `--no-collector.<name>` (false), from the
+    /// flags added by `add_collector_flags`.
+    #[arg(skip)]
+    pub collector_flags: Vec<(String, bool)>,
+}
+
+/// Adds `--collector.<name>` and `--no-collector.<name>` for every collector.
+pub fn add_collector_flags(command: clap::Command) -> clap::Command {
+    let mut command = command;
+    for name in NAMES {
+        let on = format!("collector.{name}");
+        let off = format!("no-collector.{name}");
+        command = command
+            .arg(
+                Arg::new(on.clone())
+                    .long(on.clone())
+                    .action(ArgAction::SetTrue)
+                    .overrides_with(off.clone())
+                    .help(format!("Enable the {name} collector")),
+            )
+            .arg(
+                Arg::new(off.clone())
+                    .long(off)
+                    .action(ArgAction::SetTrue)
+                    .overrides_with(on)
+                    .help(format!("Disable the {name} collector")),
+            );
+    }
+    command
+}
+
+impl AgentArgs {
+    /// Picks the collector flags out of parsed matches.
+    pub fn take_collector_flags(&mut self, matches: &ArgMatches) {
+        for name in NAMES {
+            if matches.get_flag(&format!("collector.{name}")) {
+                self.collector_flags.push((name.to_string(), true));
+            }
+            if matches.get_flag(&format!("no-collector.{name}")) {
+                self.collector_flags.push((name.to_string(), false));
+            }
+        }
+    }
+
+    /// The config file in force: the flag's, else the installed one if present.
+    pub fn config_path(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(|| {
+            Path::new(INSTALLED_CONFIG_PATH)
+                .is_file()
+                .then(|| PathBuf::from(INSTALLED_CONFIG_PATH))
+        })
+    }
+
+    /// Loads the config file (if any), applies the flags, and validates the result.
+    pub fn resolve(&self) -> Result<Config> {
+        let mut config = match self.config_path() {
+            Some(path) => Config::load(&path)?,
+            None => Config::default(),
+        };
+        if let Some(dir) = &self.data_dir {
+            config.store.data_dir = Some(dir.clone());
+        }
+        if let Some(address) = &self.listen_address {
+            config.web.listen_address = address.clone();
+        }
+        if let Some(file) = &self.web_config_file {
+            config.web.config_file = Some(file.clone());
+        }
+        if let Some(procfs) = &self.procfs {
+            config.paths.procfs = procfs.clone();
+        }
+        if let Some(sysfs) = &self.sysfs {
+            config.paths.sysfs = sysfs.clone();
+        }
+        for (name, enabled) in &self.collector_flags {
+            config.collectors.set_enabled(name, *enabled);
+        }
+        if let Err((_, message)) = config.validate() {
+            bail!("{message}");
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,449 @@
+//! The agent's configuration: one TOML file, every key optional, unknown keys
+//! rejected. Defaults are the constants below; `packaging/vtax.example.toml` is
+//! generated from them (`vtax check-config --print-defaults`) and a test keeps it
+//! in step.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::collectors::{CollectorsConfig, Roots};
+
+/// Where the installed agent looks for its config file.
+pub const INSTALLED_CONFIG_PATH: &str = "/etc/vtax/vtax.toml";
+/// Address `/metrics` listens on: all interfaces, port 9433.
+pub const DEFAULT_LISTEN_ADDRESS: &str = ":9433";
+/// Where procfs is mounted.
+pub const DEFAULT_PROCFS: &str = "/proc";
+/// Where sysfs is mounted.
+pub const DEFAULT_SYSFS: &str = "/sys";
+/// Seconds between two fsyncs of the write-ahead log.
+pub const DEFAULT_SYNC_INTERVAL_SECS: f64 = 1.0;
+/// Rows held in memory before they are published early as a part file. The
+/// agent keeps this small (the store's own default suits imports) so that it
+/// stays a small resident on the node.
+pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 4 << 20;
+/// Seconds between two compaction and retention passes.
+pub const DEFAULT_COMPACT_INTERVAL_SECS: u64 = 300;
+
+/// The whole config file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `/metrics`.
+    pub web: WebConfig,
+    /// Where the kernel's pseudo-filesystems are.
+    pub paths: PathsConfig,
+    /// The Parquet store.
+    pub store: StoreConfig,
+    /// The collectors, one table each.
+    pub collectors: CollectorsConfig,
+}
+
+/// `[web]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebConfig {
+    /// `host:port` or `:port` to serve `/metrics` on.
+    pub listen_address: String,
+    /// A Prometheus exporter web config file (TLS, basic auth), as
+    /// `--web.config.file` takes; none serves plain HTTP without auth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_file: Option<PathBuf>,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            listen_address: DEFAULT_LISTEN_ADDRESS.into(),
+            config_file: None,
+        }
+    }
+}
+
+/// `[paths]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PathsConfig {
+    /// procfs mount point.
+    pub procfs: PathBuf,
+    /// sysfs mount point.
+    pub sysfs: PathBuf,
+}
+
+impl Default for PathsConfig {
+    fn default() -> Self {
+        PathsConfig {
+            procfs: DEFAULT_PROCFS.into(),
+            sysfs: DEFAULT_SYSFS.into(),
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Data directory; none picks /var/lib/vtax when it exists, else ./vtax-data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Seconds between two fsyncs of the write-ahead log.
+    pub sync_interval_secs: f64,
+    /// Bytes of rows held in memory before they are published early.
+    pub max_buffered_bytes: u64,
+    /// Seconds between two compaction and retention passes.
+    pub compact_interval_secs: u64,
+    /// Delete days older than this many days; 0 keeps them.
+    pub retention_max_age_days: u64,
+    /// Delete the oldest files while the tables hold more bytes; 0 for no bound.
+    pub retention_max_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            data_dir: None,
+            sync_interval_secs: DEFAULT_SYNC_INTERVAL_SECS,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            compact_interval_secs: DEFAULT_COMPACT_INTERVAL_SECS,
+            retention_max_age_days: 0,
+            retention_max_bytes: 0,
+        }
+    }
+}
+
+/// Comments for the example file, one per key (a test checks none is missing),
+/// and the keys that have no default, shown commented out with an example.
+const KEY_DOCS: &[(&str, &str)] = &[
+    ("web.listen_address", "Address /metrics listens on: \"host:port\" or \":port\" for every interface."),
+    ("web.config_file", "Prometheus exporter web config (TLS, basic auth with bcrypt hashes), the file --web.config.file takes. Unset: plain HTTP, no auth."),
+    ("paths.procfs", "procfs mount point; tests point it at a fixture tree."),
+    ("paths.sysfs", "sysfs mount point; cgroups are read under <sysfs>/fs/cgroup."),
+    ("store.data_dir", "Where the store lives. Unset: /var/lib/vtax when it exists, else ./vtax-data."),
+    ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose."),
+    ("store.max_buffered_bytes", "Bytes of rows held in memory before they are published early as a part file."),
+    ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
+    ("store.retention_max_age_days", "Delete days older than this; 0 keeps everything."),
+    ("store.retention_max_bytes", "Delete the oldest files while the tables hold more bytes than this; 0 for no bound."),
+    ("enabled", "Whether this collector runs (flags: --collector.<name>, --no-collector.<name>)."),
+    ("interval_secs", "Seconds between two reads of this collector's source."),
+];
+
+/// Keys without a default value, shown commented out in the example.
+const UNSET_EXAMPLES: &[(&str, &str, &str)] = &[
+    ("web", "config_file", "\"/etc/vtax/web-config.yml\""),
+    ("store", "data_dir", "\"/var/lib/vtax\""),
+];
+
+fn key_doc(path: &str) -> Option<&'static str> {
+    let leaf = path.rsplit('.').next().unwrap_or(path);
+    KEY_DOCS
+        .iter()
+        .find(|(k, _)| *k == path)
+        .or_else(|| {
+            // Collector keys: documented by their full path, else by their leaf
+            // when every collector shares the key.
+            KEY_DOCS.iter().find(|(k, _)| *k == leaf)
+        })
+        .map(|(_, doc)| *doc)
+}
+
+/// Collector keys that document themselves: the collector modules give their
+/// own comments through `KEY_DOCS`-like tables.
+fn collector_key_doc(path: &str) -> Option<&'static str> {
+    key_doc(path).or_else(|| crate::collectors::key_doc(path))
+}
+
+/// A config error: what is wrong, where.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or a key is unknown or of the wrong type.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message, which names the line, column and key.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("{path}{line}: {message}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// `:<line>` when the key was found in the file.
+        line: String,
+        /// Which key, and what is wrong.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Parses a config file's text; `path` only names the file in errors.
+    pub fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config
+            .validate()
+            .map_err(|(key, message)| ConfigError::Invalid {
+                path: path.to_string(),
+                line: line_of_key(text, &key)
+                    .map(|l| format!(":{l}"))
+                    .unwrap_or_default(),
+                message,
+            })?;
+        Ok(config)
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Checks values the types cannot; on failure returns the key and the message.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        parse_listen_address(&self.web.listen_address)
+            .map_err(|e| ("web.listen_address".to_string(), e))?;
+        let sync = self.store.sync_interval_secs;
+        if !(sync.is_finite() && sync > 0.0 && sync <= 3600.0) {
+            return Err((
+                "store.sync_interval_secs".into(),
+                format!("store.sync_interval_secs = {sync}: must be above 0 and at most 3600"),
+            ));
+        }
+        if self.store.compact_interval_secs == 0 {
+            return Err((
+                "store.compact_interval_secs".into(),
+                "store.compact_interval_secs must be at least 1".into(),
+            ));
+        }
+        self.collectors.validate().map_err(|message| {
+            let key = message
+                .split_whitespace()
+                .next()
+                .unwrap_or("collectors")
+                .to_string();
+            (key, message)
+        })
+    }
+
+    /// The pseudo-filesystem roots.
+    pub fn roots(&self) -> Roots {
+        Roots {
+            procfs: self.paths.procfs.clone(),
+            sysfs: self.paths.sysfs.clone(),
+        }
+    }
+
+    /// The data directory: the configured one, else the default.
+    pub fn data_dir(&self) -> PathBuf {
+        self.store
+            .data_dir
+            .clone()
+            .unwrap_or_else(crate::default_data_dir)
+    }
+}
+
+/// Parses `host:port` or `:port` into a socket address (`:port` is every interface).
+pub fn parse_listen_address(address: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let full = if address.starts_with(':') {
+        format!("[::]{address}")
+    } else {
+        address.to_string()
+    };
+    full.to_socket_addrs()
+        .map_err(|e| format!("listen address {address:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("listen address {address:?} resolves to nothing"))
+}
+
+/// The 1-based line where `key` (dotted: `collectors.host.interval_secs`) is set.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    let (table, leaf) = key.rsplit_once('.').unwrap_or(("", key));
+    let mut current = String::new();
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if let Some(header) = trimmed.strip_prefix('[') {
+            current = header
+                .trim_end_matches(']')
+                .split('.')
+                .map(|s| s.trim().trim_matches('"'))
+                .collect::<Vec<_>>()
+                .join(".");
+            continue;
+        }
+        let Some((k, _)) = trimmed.split_once('=') else {
+            continue;
+        };
+        let k = k.trim().trim_matches('"');
+        let full = if current.is_empty() {
+            k.to_string()
+        } else {
+            format!("{current}.{k}")
+        };
+        if full == key || (current == table && k == leaf) {
+            return Some(n + 1);
+        }
+    }
+    None
+}
+
+/// Renders the example config file: every default, each key with its comment.
+pub fn render_example() -> String {
+    let table = toml::Table::try_from(Config::default()).expect("defaults serialise");
+    let mut out = String::from(
+        "# vtax agent configuration: every key is optional and shows its default.\n\
+         # Installed as /etc/vtax/vtax.toml; flags override it; SIGHUP reloads it.\n\
+         # Generated by `vtax check-config --print-defaults`; do not edit by hand.\n",
+    );
+    render_table(&mut out, "", &table);
+    out
+}
+
+fn render_table(out: &mut String, prefix: &str, table: &toml::Table) {
+    let (leaves, subtables): (Vec<_>, Vec<_>) = table.iter().partition(|(_, v)| !v.is_table());
+    if !prefix.is_empty() && (!leaves.is_empty() || subtables.is_empty()) {
+        out.push_str(&format!("\n[{prefix}]\n"));
+    }
+    for (key, value) in &leaves {
+        let path = join(prefix, key);
+        let doc = collector_key_doc(&path).unwrap_or_else(|| panic!("{path} has no comment"));
+        out.push_str(&format!("# {doc}\n{key} = {value}\n"));
+    }
+    for (section, key, example) in UNSET_EXAMPLES {
+        if *section == prefix {
+            let path = join(prefix, key);
+            let doc = key_doc(&path).unwrap_or_else(|| panic!("{path} has no comment"));
+            out.push_str(&format!("# {doc}\n# {key} = {example}\n"));
+        }
+    }
+    for (key, value) in subtables {
+        let toml::Value::Table(sub) = value else {
+            continue;
+        };
+        render_table(out, &join(prefix, key), sub);
+    }
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        assert_eq!(Config::parse("", "x.toml").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_names_the_key_and_line() {
+        let err = Config::parse(
+            "[web]\nlisten_address = \":1\"\nlisten_adress = \":2\"\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("v.toml: "), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("listen_adress"), "{err}");
+        let err = Config::parse("[collectors.host]\nintervall_secs = 2\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("intervall_secs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_the_key_and_line() {
+        let err = Config::parse("\n[collectors.host]\nenabled = \"yes\"\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_key_and_line() {
+        let err = Config::parse("[collectors.cgroups]\n\ninterval_secs = 0\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "v.toml:3: collectors.cgroups.interval_secs = 0: must be between 0.01 and 86400"
+        );
+        let err = Config::parse("[web]\nlisten_address = \"nonsense\"\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("v.toml:2: listen address \"nonsense\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen_address(":9433").unwrap().port(), 9433);
+        assert!(parse_listen_address(":9433").unwrap().ip().is_unspecified());
+        assert_eq!(
+            parse_listen_address("127.0.0.1:80").unwrap().to_string(),
+            "127.0.0.1:80"
+        );
+    }
+
+    /// The shipped example is exactly what the defaults render to, and parses back to them.
+    #[test]
+    fn example_file_matches_defaults() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../packaging/vtax.example.toml"
+        );
+        let rendered = render_example();
+        if std::env::var_os("VTAX_UPDATE_GOLDEN").is_some() {
+            std::fs::write(path, &rendered).unwrap();
+        }
+        assert_eq!(
+            Config::parse(&rendered, "example").unwrap(),
+            Config::default()
+        );
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == rendered,
+            "packaging/vtax.example.toml is stale: run `VTAX_UPDATE_GOLDEN=1 cargo test -p vtax example_file`"
+        );
+    }
+
+    /// Uncommenting the unset examples gives a valid file too.
+    #[test]
+    fn unset_examples_parse() {
+        let uncommented = render_example()
+            .replace("\n# config_file", "\nconfig_file")
+            .replace("\n# data_dir", "\ndata_dir");
+        let config = Config::parse(&uncommented, "example").unwrap();
+        assert_eq!(
+            config.store.data_dir.as_deref(),
+            Some(Path::new("/var/lib/vtax"))
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! `vtax doctor` and `vtax check-config`: what the agent would do on this node,
+//! for a person, without starting it.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+
+use crate::args::AgentArgs;
+use crate::collectors::{Availability, NAMES};
+use crate::config::Config;
+use crate::timespec::now_us;
+
+/// Arguments of `vtax check-config`.
+#[derive(clap::Args)]
+pub struct CheckConfigArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// Print the default config file (what `packaging/vtax.example.toml` holds) and exit.
+    #[arg(long)]
+    print_defaults: bool,
+}
+
+/// Validates the config file and flags, and the web config file they name.
+pub fn check_config(args: CheckConfigArgs) -> Result<()> {
+    if args.print_defaults {
+        print!("{}", crate::config::render_example());
+        return Ok(());
+    }
+    let config = args.agent.resolve()?;
+    if let Some(web) = &config.web.config_file {
+        vtax_exporters::web::check_web_config(web)?;
+    }
+    match args.agent.config_path() {
+        Some(path) => println!("{}: valid", path.display()),
+        None => println!("no config file: the defaults are valid"),
+    }
+    Ok(())
+}
+
+/// Arguments of `vtax doctor`.
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+/// Prints the doctor's report.
+pub fn doctor(args: DoctorArgs) -> Result<()> {
+    let config = args.agent.resolve()?;
+    let source = match args.agent.config_path() {
+        Some(path) => path.display().to_string(),
+        None => "none (defaults and flags)".into(),
+    };
+    print!("{}", report(&config, &source));
+    Ok(())
+}
+
+/// The report: each collector on or off and why, what it found, and problems.
+pub fn report(config: &Config, config_source: &str) -> String {
+    let mut out = String::new();
+    let roots = config.roots();
+    let _ = writeln!(
+        out,
+        "vtax {} on {}",
+        env!("CARGO_PKG_VERSION"),
+        vtax_store::node_name()
+    );
+    let _ = writeln!(out, "config: {config_source}");
+    let _ = writeln!(
+        out,
+        "procfs: {}  sysfs: {}  data: {}  listen: {}\n",
+        roots.procfs.display(),
+        roots.sysfs.display(),
+        config.data_dir().display(),
+        config.web.listen_address
+    );
+    let mut problems = Vec::new();
+    let _ = writeln!(out, "collectors:");
+    for &name in NAMES {
+        let common = config
+            .collectors
+            .common(name)
+            .expect("every name has settings");
+        if !common.enabled() {
+            let _ = writeln!(out, "  {name:<11} off  disabled by configuration");
+            continue;
+        }
+        let mut collector = config
+            .collectors
+            .build(name, &roots)
+            .expect("every name builds");
+        match collector.probe() {
+            Availability::Absent(reason) => {
+                let _ = writeln!(out, "  {name:<11} off  {reason}");
+            }
+            Availability::Available(found) => {
+                let _ = writeln!(
+                    out,
+                    "  {name:<11} on   every {}s: {found}",
+                    common.interval_secs()
+                );
+                match collector.collect(now_us()) {
+                    Ok(batches) => {
+                        let rows: usize = batches.iter().map(|b| b.len()).sum();
+                        let samples: usize = batches.iter().map(|b| b.sample_count()).sum();
+                        let _ = writeln!(
+                            out,
+                            "  {:<11}      one read: {rows} rows, {samples} samples",
+                            ""
+                        );
+                    }
+                    Err(e) => problems.push(format!("{name}: {e:#}")),
+                }
+                for problem in collector.problems() {
+                    problems.push(format!("{name}: {problem}"));
+                }
+            }
+        }
+    }
+    let _ = writeln!(out, "\nproblems:");
+    if problems.is_empty() {
+        let _ = writeln!(out, "  none found");
+    }
+    for problem in problems {
+        let _ = writeln!(out, "  - {problem}");
+    }
+    out
+}
