@@ -241,7 +241,7 @@ fn run_samples_cpus_and_publishes_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let child = Command::new(VTAX)
-        .args(["run", "--data-dir"])
+        .args(["run", "--web.listen-address", "127.0.0.1:0", "--data-dir"])
         .arg(&data)
         .stderr(Stdio::piped())
         .spawn()
