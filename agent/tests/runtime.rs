@@ -1,0 +1,192 @@
+//! The agent's runtime end to end: config errors, reload on SIGHUP, the
+//! collector flags, `vtax doctor`, and shutdown.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Agent, VTAX};
+
+fn vtax(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(VTAX).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn check_config_names_the_file_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vtax.toml");
+    let p = path.to_str().unwrap();
+
+    std::fs::write(&path, "[collectors.host]\ninterval_secs = 2\n").unwrap();
+    let (ok, stdout, stderr) = vtax(&["check-config", "--config", p]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, format!("{p}: valid\n"));
+
+    std::fs::write(
+        &path,
+        "[web]\nlisten_address = \":1\"\n\n[collectors.hots]\nenabled = false\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = vtax(&["check-config", "--config", p]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(p) && stderr.contains("line 4") && stderr.contains("hots"),
+        "{stderr}"
+    );
+
+    std::fs::write(&path, "[store]\nsync_interval_secs = -1\n").unwrap();
+    let (ok, _, stderr) = vtax(&["check-config", "--config", p]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(&format!("{p}:2: store.sync_interval_secs")),
+        "{stderr}"
+    );
+
+    let (ok, _, stderr) = vtax(&["check-config", "--config", "/nonexistent/vtax.toml"]);
+    assert!(!ok);
+    assert!(stderr.contains("/nonexistent/vtax.toml"), "{stderr}");
+
+    // A flag's bad value is an error too, naming the value.
+    let (ok, _, stderr) = vtax(&["check-config", "--web.listen-address", "nowhere"]);
+    assert!(!ok);
+    assert!(stderr.contains("\"nowhere\""), "{stderr}");
+
+    // A web config file that does not load fails the check.
+    let web = dir.path().join("web.yml");
+    std::fs::write(&web, "basic_auth_users:\n  prom: not-a-hash\n").unwrap();
+    let (ok, _, stderr) = vtax(&["check-config", "--web.config.file", web.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("not a bcrypt hash"), "{stderr}");
+}
+
+#[test]
+fn print_defaults_is_the_shipped_example() {
+    let (ok, stdout, _) = vtax(&["check-config", "--print-defaults"]);
+    assert!(ok);
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../packaging/vtax.example.toml"
+    ))
+    .unwrap();
+    assert_eq!(stdout, shipped);
+}
+
+#[test]
+fn doctor_lists_every_collector_with_a_reason() {
+    let (ok, stdout, stderr) = vtax(&["doctor", "--no-collector.cgroups"]);
+    assert!(ok, "{stderr}");
+    for name in ["host", "cgroups", "infiniband", "platform"] {
+        assert!(
+            stdout.lines().any(|l| l.trim_start().starts_with(name)),
+            "{name} missing:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("cgroups     off  disabled by configuration"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("host        on"), "{stdout}");
+}
+
+fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sighup_reloads_the_config_and_refuses_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(&config, "[collectors.host]\ninterval_secs = 0.2\n").unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    agent.wait_for_metric("vtax_cpu_idle_seconds_total", Duration::from_secs(20));
+
+    std::fs::write(&config, "[collectors.host]\nenabled = false\n").unwrap();
+    agent.signal(libc::SIGHUP);
+    wait_until("host to leave /metrics", Duration::from_secs(20), || {
+        !agent
+            .get("/metrics", &[])
+            .text()
+            .contains("vtax_cpu_idle_seconds_total")
+    });
+    assert!(
+        agent.log().contains("Configuration reloaded."),
+        "{}",
+        agent.log()
+    );
+
+    std::fs::write(&config, "[collectors.host]\nenabled = maybe\n").unwrap();
+    agent.signal(libc::SIGHUP);
+    wait_until("the refusal in the log", Duration::from_secs(20), || {
+        agent.log().contains("Reload refused")
+    });
+    assert!(agent.log().contains("line 2"), "{}", agent.log());
+    // Still serving, with the last good configuration.
+    assert_eq!(agent.get("/metrics", &[]).status, 200);
+    assert!(agent.stop());
+}
+
+#[test]
+fn no_collector_flag_overrides_the_file_and_shutdown_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        "[collectors.host]\nenabled = true\ninterval_secs = 0.1\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.host",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let body = agent.get("/metrics", &[]).text();
+    assert!(!body.contains("vtax_cpu_"), "{body}");
+    assert!(
+        agent.log().contains("collector=\"host\""),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop());
+
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    agent.wait_for_metric(
+        "vtax_collector_success{collector=\"host\"} 1",
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(agent.stop());
+    // The collector's own rows were published on SIGTERM, beside the host's.
+    for table in ["cpu", "collector"] {
+        let dir = data.join("tables").join(table);
+        assert!(
+            std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0) > 0,
+            "{} has no partitions",
+            dir.display()
+        );
+    }
+}
