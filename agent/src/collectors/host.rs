@@ -1,6 +1,15 @@
-//! `host`: per-CPU time from `/proc/stat`, steal included: the first sign that a
-//! hypervisor is taking time from this guest.
+//! `host`: the node as a whole, from procfs. Per-CPU time from `/proc/stat`,
+//! steal included: the first sign that a hypervisor is taking time from this
+//! guest; pressure stall information from `/proc/pressure/*`; load from
+//! `/proc/loadavg`; memory from `/proc/meminfo`; kernel activity counters from
+//! `/proc/stat`; per-CPU run delay from `/proc/schedstat`.
+//!
+//! Counters are stored raw (seconds or counts since boot); rates are taken
+//! downstream. Pressure and schedstat are optional: a kernel without them just
+//! has no rows in those tables, and `problems` says why.
 
+use std::fmt;
+use std::num::IntErrorKind;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -39,14 +48,18 @@ impl CollectorConfig for HostConfig {
 
 /// The host collector.
 pub struct Host {
-    procfs: std::path::PathBuf,
+    roots: Roots,
+    hz: f64,
+    problems: Vec<String>,
 }
 
 impl Host {
     /// A host collector reading under `roots`.
     pub fn new(_config: &HostConfig, roots: &Roots) -> Self {
         Host {
-            procfs: roots.procfs.clone(),
+            roots: roots.clone(),
+            hz: ticks_per_second(),
+            problems: Vec::new(),
         }
     }
 }
@@ -57,14 +70,29 @@ impl Collector for Host {
     }
 
     fn probe(&mut self) -> Availability {
-        match collect(&self.procfs, 0) {
-            Ok(batch) => Availability::Available(format!("{} CPUs", batch.len())),
-            Err(e) => Availability::Absent(e.to_string()),
+        let stat = self.roots.proc("stat");
+        if let Err(e) = std::fs::read_to_string(&stat) {
+            return Availability::Absent(format!("{}: {e}", stat.display()));
+        }
+        match sample(&self.roots, 0, self.hz) {
+            Ok(sample) => {
+                self.problems = sample.problems.clone();
+                Availability::Available(sample.summary())
+            }
+            // The source is there but reads badly: the collector runs and its
+            // ticks fail with this error until the source mends.
+            Err(e) => Availability::Available(format!("first read failed: {e}")),
         }
     }
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
-        Ok(vec![collect(&self.procfs, time_us)?])
+        let sample = sample(&self.roots, time_us, self.hz)?;
+        self.problems = sample.problems;
+        Ok(sample.batches)
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.problems.clone()
     }
 }
 
@@ -72,26 +100,56 @@ impl Collector for Host {
 pub static KEY_DOCS: &[(&str, &str)] = &[];
 
 /// Tables of this collector.
-pub static TABLES: &[&TableDef] = &[&CPU];
+pub static TABLES: &[&TableDef] = &[&CPU, &CPU_SCHED, &PRESSURE, &LOAD, &MEMORY, &KERNEL];
 
-const fn seconds_counter(name: &'static str, help: &'static str) -> FieldDef {
+const fn field(
+    name: &'static str,
+    ty: FieldType,
+    kind: MetricKind,
+    unit: Unit,
+    help: &'static str,
+) -> FieldDef {
     FieldDef {
         name,
-        ty: FieldType::F64,
-        kind: MetricKind::Counter,
-        unit: Unit::Seconds,
+        ty,
+        kind,
+        unit,
         help,
     }
 }
+
+const fn seconds_counter(name: &'static str, help: &'static str) -> FieldDef {
+    field(
+        name,
+        FieldType::F64,
+        MetricKind::Counter,
+        Unit::Seconds,
+        help,
+    )
+}
+
+const fn count_counter(name: &'static str, help: &'static str) -> FieldDef {
+    field(name, FieldType::U64, MetricKind::Counter, Unit::None, help)
+}
+
+const fn count_gauge(name: &'static str, help: &'static str) -> FieldDef {
+    field(name, FieldType::U64, MetricKind::Gauge, Unit::None, help)
+}
+
+const fn bytes_gauge(name: &'static str, help: &'static str) -> FieldDef {
+    field(name, FieldType::U64, MetricKind::Gauge, Unit::Bytes, help)
+}
+
+const CPU_TAG: TagDef = TagDef {
+    name: "cpu",
+    help: "Logical CPU number.",
+};
 
 /// Columns of `/proc/stat` cpu lines, in the kernel's order.
 pub static CPU: TableDef = TableDef {
     name: "cpu",
     help: "One row per logical CPU per tick: time spent in each mode since boot, from /proc/stat.",
-    tags: &[TagDef {
-        name: "cpu",
-        help: "Logical CPU number.",
-    }],
+    tags: &[CPU_TAG],
     fields: &[
         seconds_counter("user_seconds", "Time in user mode, guest time included."),
         seconds_counter("nice_seconds", "Time in user mode at low priority."),
@@ -108,13 +166,316 @@ pub static CPU: TableDef = TableDef {
     exported: true,
 };
 
-/// Why a read failed: the file, the line and what was wrong.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}:{line}: {reason}")]
+/// Per-CPU scheduler statistics from `/proc/schedstat` (version 15 and later).
+pub static CPU_SCHED: TableDef = TableDef {
+    name: "cpu_sched",
+    help: "One row per logical CPU per tick: scheduler run queue time since boot, from \
+           /proc/schedstat (kernels with CONFIG_SCHEDSTATS, schedstat version 15 and later).",
+    tags: &[CPU_TAG],
+    fields: &[
+        seconds_counter(
+            "running_seconds",
+            "Time tasks spent running on this CPU (rq_cpu_time, field 7).",
+        ),
+        seconds_counter(
+            "run_delay_seconds",
+            "Time tasks spent runnable but waiting for this CPU (run_delay, field 8): \
+             contention for the CPU, inside the guest or from the hypervisor.",
+        ),
+        count_counter(
+            "timeslices",
+            "Timeslices run on this CPU (pcount, field 9).",
+        ),
+    ],
+    exported: true,
+};
+
+/// Pressure stall information from `/proc/pressure/<resource>`.
+pub static PRESSURE: TableDef = TableDef {
+    name: "pressure",
+    help: "One row per resource per tick: pressure stall information from /proc/pressure \
+           (kernels with PSI enabled). `some`: at least one task stalled on the resource; \
+           `full`: all non-idle tasks stalled at once.",
+    tags: &[TagDef {
+        name: "resource",
+        help: "Resource: cpu, memory, io, or irq (kernels with IRQ time accounting).",
+    }],
+    fields: &[
+        seconds_counter(
+            "some_stalled_seconds",
+            "Time at least one task was stalled on the resource (`some` total).",
+        ),
+        seconds_counter(
+            "full_stalled_seconds",
+            "Time all non-idle tasks were stalled on the resource at once (`full` total); \
+             null where the kernel has no `full` line.",
+        ),
+        field(
+            "some_avg10_ratio",
+            FieldType::F64,
+            MetricKind::Gauge,
+            Unit::Ratio,
+            "Share of the last 10 seconds with at least one task stalled (`some` avg10).",
+        ),
+        field(
+            "full_avg10_ratio",
+            FieldType::F64,
+            MetricKind::Gauge,
+            Unit::Ratio,
+            "Share of the last 10 seconds with all non-idle tasks stalled (`full` avg10).",
+        ),
+    ],
+    exported: true,
+};
+
+/// `/proc/loadavg`.
+pub static LOAD: TableDef = TableDef {
+    name: "load",
+    help: "One row per tick: load averages and task counts, from /proc/loadavg.",
+    tags: &[],
+    fields: &[
+        field(
+            "load1",
+            FieldType::F64,
+            MetricKind::Gauge,
+            Unit::None,
+            "Load average over 1 minute: runnable plus uninterruptible tasks.",
+        ),
+        field(
+            "load5",
+            FieldType::F64,
+            MetricKind::Gauge,
+            Unit::None,
+            "Load average over 5 minutes.",
+        ),
+        field(
+            "load15",
+            FieldType::F64,
+            MetricKind::Gauge,
+            Unit::None,
+            "Load average over 15 minutes.",
+        ),
+        count_gauge(
+            "runnable_tasks",
+            "Tasks (threads) runnable right now, the reader included.",
+        ),
+        count_gauge("tasks", "Tasks (threads) that exist right now."),
+    ],
+    exported: true,
+};
+
+/// How a `/proc/meminfo` value is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MemUnit {
+    /// `<n> kB`: stored as bytes.
+    KiB,
+    /// A bare count (`HugePages_*`).
+    Count,
+}
+
+/// Number of `/proc/meminfo` keys read; [`MEMINFO_KEYS`] and [`MEMORY_FIELDS`]
+/// line up one to one.
+const MEMINFO_LEN: usize = 30;
+
+/// The `/proc/meminfo` key of each [`MEMORY`] field, in field order.
+static MEMINFO_KEYS: [(&str, MemUnit); MEMINFO_LEN] = [
+    ("MemTotal", MemUnit::KiB),
+    ("MemFree", MemUnit::KiB),
+    ("MemAvailable", MemUnit::KiB),
+    ("Buffers", MemUnit::KiB),
+    ("Cached", MemUnit::KiB),
+    ("SwapCached", MemUnit::KiB),
+    ("Active", MemUnit::KiB),
+    ("Inactive", MemUnit::KiB),
+    ("Unevictable", MemUnit::KiB),
+    ("Mlocked", MemUnit::KiB),
+    ("SwapTotal", MemUnit::KiB),
+    ("SwapFree", MemUnit::KiB),
+    ("Dirty", MemUnit::KiB),
+    ("Writeback", MemUnit::KiB),
+    ("AnonPages", MemUnit::KiB),
+    ("Mapped", MemUnit::KiB),
+    ("Shmem", MemUnit::KiB),
+    ("SReclaimable", MemUnit::KiB),
+    ("SUnreclaim", MemUnit::KiB),
+    ("KernelStack", MemUnit::KiB),
+    ("PageTables", MemUnit::KiB),
+    ("CommitLimit", MemUnit::KiB),
+    ("Committed_AS", MemUnit::KiB),
+    ("AnonHugePages", MemUnit::KiB),
+    ("HugePages_Total", MemUnit::Count),
+    ("HugePages_Free", MemUnit::Count),
+    ("HugePages_Rsvd", MemUnit::Count),
+    ("HugePages_Surp", MemUnit::Count),
+    ("Hugepagesize", MemUnit::KiB),
+    ("Hugetlb", MemUnit::KiB),
+];
+
+/// Keys every `/proc/meminfo` has; the others are null where a kernel lacks them.
+const MEMINFO_REQUIRED: &[&str] = &["MemTotal", "MemFree"];
+
+static MEMORY_FIELDS: [FieldDef; MEMINFO_LEN] = [
+    bytes_gauge("total_bytes", "Usable RAM (MemTotal)."),
+    bytes_gauge("free_bytes", "RAM unused (MemFree)."),
+    bytes_gauge(
+        "available_bytes",
+        "Estimate of RAM available to start new workloads without swapping (MemAvailable).",
+    ),
+    bytes_gauge("buffers_bytes", "Block device buffers (Buffers)."),
+    bytes_gauge("cached_bytes", "Page cache, shmem included (Cached)."),
+    bytes_gauge(
+        "swap_cached_bytes",
+        "Memory swapped out and back in, still in swap (SwapCached).",
+    ),
+    bytes_gauge("active_bytes", "Memory used recently (Active)."),
+    bytes_gauge("inactive_bytes", "Memory not used recently (Inactive)."),
+    bytes_gauge(
+        "unevictable_bytes",
+        "Memory that cannot be paged out (Unevictable).",
+    ),
+    bytes_gauge(
+        "mlocked_bytes",
+        "Memory locked with mlock, e.g. pinned for RDMA or GPU transfers (Mlocked).",
+    ),
+    bytes_gauge("swap_total_bytes", "Swap space (SwapTotal)."),
+    bytes_gauge("swap_free_bytes", "Swap space unused (SwapFree)."),
+    bytes_gauge("dirty_bytes", "Memory waiting to be written back (Dirty)."),
+    bytes_gauge("writeback_bytes", "Memory being written back (Writeback)."),
+    bytes_gauge(
+        "anon_bytes",
+        "Anonymous pages mapped into user space (AnonPages).",
+    ),
+    bytes_gauge("mapped_bytes", "Files mapped into memory (Mapped)."),
+    bytes_gauge("shmem_bytes", "Shared memory and tmpfs (Shmem)."),
+    bytes_gauge(
+        "slab_reclaimable_bytes",
+        "Kernel slab memory that can be reclaimed (SReclaimable).",
+    ),
+    bytes_gauge(
+        "slab_unreclaimable_bytes",
+        "Kernel slab memory that cannot be reclaimed (SUnreclaim).",
+    ),
+    bytes_gauge("kernel_stack_bytes", "Kernel stacks (KernelStack)."),
+    bytes_gauge("page_tables_bytes", "Page tables (PageTables)."),
+    bytes_gauge(
+        "commit_limit_bytes",
+        "Memory that can be committed under strict overcommit (CommitLimit).",
+    ),
+    bytes_gauge(
+        "committed_bytes",
+        "Memory committed by all processes (Committed_AS).",
+    ),
+    bytes_gauge(
+        "anon_huge_pages_bytes",
+        "Anonymous transparent huge pages (AnonHugePages).",
+    ),
+    count_gauge(
+        "huge_pages",
+        "Huge pages of the default size in the pool (HugePages_Total).",
+    ),
+    count_gauge(
+        "huge_pages_free",
+        "Huge pages of the default size not yet allocated (HugePages_Free).",
+    ),
+    count_gauge(
+        "huge_pages_reserved",
+        "Huge pages promised to mappings but not yet faulted in (HugePages_Rsvd).",
+    ),
+    count_gauge(
+        "huge_pages_surplus",
+        "Huge pages above the configured pool size (HugePages_Surp).",
+    ),
+    bytes_gauge(
+        "huge_page_size_bytes",
+        "Default huge page size (Hugepagesize).",
+    ),
+    bytes_gauge(
+        "hugetlb_bytes",
+        "Memory in huge pages of all sizes (Hugetlb).",
+    ),
+];
+
+/// `/proc/meminfo`.
+pub static MEMORY: TableDef = TableDef {
+    name: "memory",
+    help: "One row per tick: system memory, from /proc/meminfo (kB there, bytes here).",
+    tags: &[],
+    fields: &MEMORY_FIELDS,
+    exported: true,
+};
+
+/// Kernel activity lines of `/proc/stat`, in [`KERNEL`] field order, and
+/// whether the table needs them.
+const STAT_KEYS: [(&str, bool); 7] = [
+    ("ctxt", true),
+    ("intr", true),
+    ("softirq", false),
+    ("processes", true),
+    ("procs_running", true),
+    ("procs_blocked", true),
+    ("btime", true),
+];
+
+/// Kernel activity from `/proc/stat`.
+pub static KERNEL: TableDef = TableDef {
+    name: "kernel",
+    help: "One row per tick: kernel activity since boot, from /proc/stat.",
+    tags: &[],
+    fields: &[
+        count_counter("context_switches", "Context switches (ctxt)."),
+        count_counter("interrupts", "Hardware interrupts serviced (intr)."),
+        count_counter("softirqs", "Softirqs serviced (softirq)."),
+        count_counter("forks", "Processes and threads created (processes)."),
+        count_gauge("procs_running", "Tasks runnable right now (procs_running)."),
+        count_gauge(
+            "procs_blocked",
+            "Tasks blocked waiting for I/O right now (procs_blocked).",
+        ),
+        field(
+            "boot_time_seconds",
+            FieldType::U64,
+            MetricKind::Gauge,
+            Unit::Seconds,
+            "When the node booted, in seconds since the Unix epoch (btime).",
+        ),
+    ],
+    exported: true,
+};
+
+/// PSI resources, in the order their rows are written.
+const PRESSURE_RESOURCES: [&str; 4] = ["cpu", "memory", "io", "irq"];
+
+/// The oldest `/proc/schedstat` version whose cpu lines are read (15: Linux
+/// 4.x; 16 and 17 changed only the domain lines).
+const SCHEDSTAT_MIN_VERSION: u32 = 15;
+
+/// Why a read failed: the file, the line (1-based; 0 for the file as a whole)
+/// and what was wrong.
+#[derive(Debug)]
 pub struct ParseError {
     path: String,
     line: usize,
     reason: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.path, self.reason)
+        } else {
+            write!(f, "{}:{}: {}", self.path, self.line, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+fn fail(path: &str, line: usize, reason: impl Into<String>) -> ParseError {
+    ParseError {
+        path: path.to_string(),
+        line,
+        reason: reason.into(),
+    }
 }
 
 /// Kernel clock ticks per second (`USER_HZ`).
@@ -128,29 +489,168 @@ fn ticks_per_second() -> f64 {
     }
 }
 
-/// Reads `<procfs>/stat` into one row per CPU at `time_us`.
-pub fn collect(procfs: &Path, time_us: i64) -> Result<Batch, ParseError> {
-    let path = procfs.join("stat");
-    let text = std::fs::read_to_string(&path).map_err(|e| ParseError {
-        path: path.display().to_string(),
-        line: 0,
-        reason: e.to_string(),
-    })?;
-    parse(
-        &text,
-        &path.display().to_string(),
-        time_us,
-        ticks_per_second(),
-    )
+/// Parses an unsigned decimal, saying what it should have been.
+fn parse_u64(word: &str, what: &str) -> Result<u64, String> {
+    word.parse::<u64>().map_err(|e| match e.kind() {
+        IntErrorKind::PosOverflow => format!("{word:?} overflows a 64-bit {what}"),
+        _ => format!("{word:?} is not a {what}"),
+    })
 }
 
+/// Parses a finite, non-negative decimal (load averages, PSI averages).
+fn parse_f64(word: &str, what: &str) -> Result<f64, String> {
+    match word.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("{word:?} is not a {what}")),
+    }
+}
+
+/// One read of every host source.
+#[derive(Debug)]
+pub struct Sample {
+    /// Rows, one batch per table that has any.
+    pub batches: Vec<Batch>,
+    /// What an operator should know (optional sources missing).
+    pub problems: Vec<String>,
+    cpus: usize,
+    pressure: Vec<&'static str>,
+    schedstat: Schedstat,
+}
+
+/// What `/proc/schedstat` held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Schedstat {
+    Absent,
+    Unsupported(u32),
+    Read(u32),
+}
+
+impl Sample {
+    /// One line for `vtax doctor`, e.g. "2 CPUs; pressure: cpu memory io; schedstat v15".
+    pub fn summary(&self) -> String {
+        let pressure = if self.pressure.is_empty() {
+            "none".to_string()
+        } else {
+            self.pressure.join(" ")
+        };
+        let schedstat = match self.schedstat {
+            Schedstat::Absent => "schedstat: none".to_string(),
+            Schedstat::Unsupported(v) => format!("schedstat: v{v} unsupported"),
+            Schedstat::Read(v) => format!("schedstat v{v}"),
+        };
+        format!("{} CPUs; pressure: {pressure}; {schedstat}", self.cpus)
+    }
+}
+
+/// Reads a required file.
+fn read(path: &Path) -> Result<String, ParseError> {
+    std::fs::read_to_string(path).map_err(|e| fail(&path.display().to_string(), 0, e.to_string()))
+}
+
+/// Reads an optional file: `None` where the kernel lacks it (or refuses it as
+/// unsupported); a file we may not read is also `None`, with a problem noted.
+fn read_optional(path: &Path, problems: &mut Vec<String>) -> Result<Option<String>, ParseError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            problems.push(format!("{}: {e}", path.display()));
+            Ok(None)
+        }
+        Err(e) => Err(fail(&path.display().to_string(), 0, e.to_string())),
+    }
+}
+
+/// Reads every host source under `roots` once, stamping rows with `time_us`;
+/// `hz` is the kernel's `USER_HZ`.
+pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError> {
+    let mut batches = Vec::new();
+    let mut problems = Vec::new();
+
+    let path = roots.proc("stat");
+    let text = read(&path)?;
+    let shown = path.display().to_string();
+    let cpu = parse(&text, &shown, time_us, hz)?;
+    let cpus = cpu.len();
+    batches.push(cpu);
+    batches.push(parse_kernel(&text, &shown, time_us)?);
+
+    let path = roots.proc("loadavg");
+    batches.push(parse_loadavg(
+        &read(&path)?,
+        &path.display().to_string(),
+        time_us,
+    )?);
+
+    let path = roots.proc("meminfo");
+    batches.push(parse_meminfo(
+        &read(&path)?,
+        &path.display().to_string(),
+        time_us,
+    )?);
+
+    // A file we may not read is noted as such, not as a kernel without it.
+    let denied_before = problems.len();
+    let mut pressure = Vec::new();
+    let mut builder = BatchBuilder::new(&PRESSURE);
+    for resource in PRESSURE_RESOURCES {
+        let path = roots.proc("pressure").join(resource);
+        let Some(text) = read_optional(&path, &mut problems)? else {
+            continue;
+        };
+        let shown = path.display().to_string();
+        let values = parse_pressure(&text, &shown)?;
+        builder
+            .push(time_us, &[resource], &values)
+            .map_err(|e| fail(&shown, 0, e.to_string()))?;
+        pressure.push(resource);
+    }
+    if pressure.is_empty() && problems.len() == denied_before {
+        problems.push(format!(
+            "no {}: kernel built without PSI (CONFIG_PSI) or booted with psi=0; no pressure rows",
+            roots.proc("pressure").display()
+        ));
+    } else {
+        batches.push(builder.finish());
+    }
+
+    let path = roots.proc("schedstat");
+    let shown = path.display().to_string();
+    let denied_before = problems.len();
+    let schedstat = match read_optional(&path, &mut problems)? {
+        None => {
+            if problems.len() == denied_before {
+                problems.push(format!(
+                    "no {shown}: kernel built without CONFIG_SCHEDSTATS; no per-CPU run delay (cpu_sched rows)"
+                ));
+            }
+            Schedstat::Absent
+        }
+        Some(text) => {
+            let (schedstat, batch) = parse_schedstat(&text, &shown, time_us)?;
+            if let Schedstat::Unsupported(v) = schedstat {
+                problems.push(format!(
+                    "{shown} is version {v}; only {SCHEDSTAT_MIN_VERSION} and later are read: no cpu_sched rows"
+                ));
+            }
+            batches.extend(batch);
+            schedstat
+        }
+    };
+
+    Ok(Sample {
+        batches,
+        problems,
+        cpus,
+        pressure,
+        schedstat,
+    })
+}
+
+/// Parses the per-CPU lines of `/proc/stat` into one row per CPU.
 fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<Batch, ParseError> {
     let mut builder = BatchBuilder::new(&CPU);
-    let fail = |line: usize, reason: String| ParseError {
-        path: path.to_string(),
-        line,
-        reason,
-    };
     for (n, line) in text.lines().enumerate() {
         let mut words = line.split_ascii_whitespace();
         let Some(cpu) = words.next().and_then(|w| w.strip_prefix("cpu")) else {
@@ -160,31 +660,270 @@ fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<Batch, ParseEr
             continue; // the all-CPU total line
         }
         if cpu.parse::<u32>().is_err() {
-            return Err(fail(n + 1, format!("bad CPU number {cpu:?}")));
+            return Err(fail(path, n + 1, format!("bad CPU number {cpu:?}")));
         }
         let mut values = [Value::Null; 8];
         for (slot, word) in values.iter_mut().zip(words.by_ref()) {
-            let ticks: u64 = word
-                .parse()
-                .map_err(|_| fail(n + 1, format!("{word:?} is not a tick count")))?;
+            let ticks = parse_u64(word, "tick count").map_err(|e| fail(path, n + 1, e))?;
             *slot = Value::F64(ticks as f64 / hz);
         }
         if values[3] == Value::Null {
-            return Err(fail(n + 1, "fewer than 4 columns".into()));
+            return Err(fail(path, n + 1, "fewer than 4 columns"));
         }
         builder
             .push(time_us, &[cpu], &values)
-            .map_err(|e| fail(n + 1, e.to_string()))?;
+            .map_err(|e| fail(path, n + 1, e.to_string()))?;
     }
     if builder.is_empty() {
-        return Err(fail(0, "no per-CPU lines".into()));
+        return Err(fail(path, 0, "no per-CPU lines"));
     }
     Ok(builder.finish())
+}
+
+/// Parses the kernel activity lines of `/proc/stat` into one row.
+fn parse_kernel(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseError> {
+    let mut values = [Value::Null; STAT_KEYS.len()];
+    for (n, line) in text.lines().enumerate() {
+        let mut words = line.split_ascii_whitespace();
+        let Some(key) = words.next() else {
+            continue;
+        };
+        let Some(slot) = STAT_KEYS.iter().position(|(k, _)| *k == key) else {
+            continue;
+        };
+        // `intr` and `softirq` lead with the total, then one count per source.
+        let word = words
+            .next()
+            .ok_or_else(|| fail(path, n + 1, format!("{key} has no value")))?;
+        let value = parse_u64(word, "count").map_err(|e| fail(path, n + 1, e))?;
+        if let Some(v) = values.get_mut(slot) {
+            *v = Value::U64(value);
+        }
+    }
+    for ((key, required), value) in STAT_KEYS.iter().zip(&values) {
+        if *required && *value == Value::Null {
+            return Err(fail(path, 0, format!("no {key} line")));
+        }
+    }
+    let mut builder = BatchBuilder::new(&KERNEL);
+    builder
+        .push(time_us, &[], &values)
+        .map_err(|e| fail(path, 0, e.to_string()))?;
+    Ok(builder.finish())
+}
+
+/// Parses `/proc/loadavg`: `load1 load5 load15 runnable/total last_pid`.
+fn parse_loadavg(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseError> {
+    let line = text.lines().next().unwrap_or("");
+    let fail = |reason: String| fail(path, 1, reason);
+    let mut words = line.split_ascii_whitespace();
+    let mut next = |what: &str| {
+        words
+            .next()
+            .ok_or_else(|| fail(format!("truncated: no {what}")))
+    };
+    let mut values = [Value::Null; 5];
+    for (slot, what) in values.iter_mut().zip(["load1", "load5", "load15"]) {
+        let word = next(what)?;
+        *slot = Value::F64(parse_f64(word, "load average").map_err(fail)?);
+    }
+    let tasks = next("runnable/total tasks")?;
+    let (runnable, total) = tasks
+        .split_once('/')
+        .ok_or_else(|| fail(format!("{tasks:?} is not runnable/total")))?;
+    values[3] = Value::U64(parse_u64(runnable, "task count").map_err(fail)?);
+    values[4] = Value::U64(parse_u64(total, "task count").map_err(fail)?);
+    let mut builder = BatchBuilder::new(&LOAD);
+    builder
+        .push(time_us, &[], &values)
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(builder.finish())
+}
+
+/// Parses `/proc/meminfo`: `Key:   <n> kB` lines, or a bare count for huge pages.
+fn parse_meminfo(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseError> {
+    let mut values = [Value::Null; MEMINFO_LEN];
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fail = |reason: String| fail(path, n + 1, reason);
+        let (key, rest) = line
+            .split_once(':')
+            .ok_or_else(|| fail(format!("{line:?} is not 'Key: value'")))?;
+        let mut words = rest.split_ascii_whitespace();
+        let word = words
+            .next()
+            .ok_or_else(|| fail(format!("{key} has no value")))?;
+        let number = parse_u64(word, "number").map_err(fail)?;
+        let (value, unit) = match words.next() {
+            None => (number, MemUnit::Count),
+            Some("kB") => (
+                number.checked_mul(1024).ok_or_else(|| {
+                    fail(format!("{key}: {number} kB overflows 64 bits in bytes"))
+                })?,
+                MemUnit::KiB,
+            ),
+            Some(other) => return Err(fail(format!("{key}: unknown unit {other:?}"))),
+        };
+        if let Some(extra) = words.next() {
+            return Err(fail(format!("{key}: unexpected {extra:?} after the value")));
+        }
+        let Some((slot, (_, want))) = MEMINFO_KEYS
+            .iter()
+            .enumerate()
+            .find(|(_, (k, _))| *k == key)
+        else {
+            continue;
+        };
+        match (want, unit) {
+            (MemUnit::KiB, MemUnit::Count) => {
+                return Err(fail(format!("{key}: no kB unit after the value")))
+            }
+            (MemUnit::Count, MemUnit::KiB) => return Err(fail(format!("{key}: a count, not kB"))),
+            _ => {}
+        }
+        if let Some(v) = values.get_mut(slot) {
+            *v = Value::U64(value);
+        }
+    }
+    for ((key, _), value) in MEMINFO_KEYS.iter().zip(&values) {
+        if MEMINFO_REQUIRED.contains(key) && *value == Value::Null {
+            return Err(fail(path, 0, format!("no {key} line")));
+        }
+    }
+    let mut builder = BatchBuilder::new(&MEMORY);
+    builder
+        .push(time_us, &[], &values)
+        .map_err(|e| fail(path, 0, e.to_string()))?;
+    Ok(builder.finish())
+}
+
+/// Parses one `/proc/pressure/<resource>` file into [`PRESSURE`]'s fields:
+/// `some avg10=0.00 avg60=0.00 avg300=0.00 total=0` (total in microseconds),
+/// then the same for `full` (irq has only `full`; cpu before Linux 5.13 only `some`).
+fn parse_pressure(text: &str, path: &str) -> Result<[Value; 4], ParseError> {
+    let mut values = [Value::Null; 4];
+    let mut lines = 0;
+    for (n, line) in text.lines().enumerate() {
+        let fail = |reason: String| fail(path, n + 1, reason);
+        let mut words = line.split_ascii_whitespace();
+        let Some(kind) = words.next() else {
+            continue;
+        };
+        let (total_slot, avg_slot) = match kind {
+            "some" => (0, 2),
+            "full" => (1, 3),
+            _ => return Err(fail(format!("{kind:?} is neither some nor full"))),
+        };
+        let (mut avg10, mut total) = (None, None);
+        for word in words {
+            let (key, value) = word
+                .split_once('=')
+                .ok_or_else(|| fail(format!("{word:?} is not key=value")))?;
+            match key {
+                "total" => {
+                    let us = parse_u64(value, "microsecond count").map_err(fail)?;
+                    total = Some(us as f64 / 1e6);
+                }
+                "avg10" => avg10 = Some(parse_f64(value, "percentage").map_err(fail)? / 100.0),
+                _ => {
+                    parse_f64(value, "percentage").map_err(fail)?;
+                }
+            }
+        }
+        let total = total.ok_or_else(|| fail(format!("{kind} line has no total=")))?;
+        let avg10 = avg10.ok_or_else(|| fail(format!("{kind} line has no avg10=")))?;
+        if let Some(v) = values.get_mut(total_slot) {
+            *v = Value::F64(total);
+        }
+        if let Some(v) = values.get_mut(avg_slot) {
+            *v = Value::F64(avg10);
+        }
+        lines += 1;
+    }
+    if lines == 0 {
+        return Err(fail(path, 0, "no some or full line"));
+    }
+    Ok(values)
+}
+
+/// Parses `/proc/schedstat`: a `version N` line, a `timestamp` line, then per
+/// CPU a `cpuN` line of 9 counters followed by its `domainN` lines. Versions
+/// before 15 are reported, not read.
+fn parse_schedstat(
+    text: &str,
+    path: &str,
+    time_us: i64,
+) -> Result<(Schedstat, Option<Batch>), ParseError> {
+    let mut lines = text.lines().enumerate();
+    let version = loop {
+        let Some((n, line)) = lines.next() else {
+            return Err(fail(path, 0, "no version line"));
+        };
+        let mut words = line.split_ascii_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (None, _, _) => continue,
+            (Some("version"), Some(v), None) => {
+                break parse_u64(v, "version")
+                    .ok()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(|| fail(path, n + 1, format!("{v:?} is not a version")))?;
+            }
+            _ => return Err(fail(path, n + 1, format!("{line:?} is not 'version N'"))),
+        }
+    };
+    if version < SCHEDSTAT_MIN_VERSION {
+        return Ok((Schedstat::Unsupported(version), None));
+    }
+    let mut builder = BatchBuilder::new(&CPU_SCHED);
+    for (n, line) in lines {
+        let fail = |reason: String| fail(path, n + 1, reason);
+        let mut words = line.split_ascii_whitespace();
+        let Some(cpu) = words.next().and_then(|w| w.strip_prefix("cpu")) else {
+            continue; // timestamp and domain lines
+        };
+        if cpu.parse::<u32>().is_err() {
+            return Err(fail(format!("bad CPU number {cpu:?}")));
+        }
+        let mut counters = [0u64; 9];
+        let mut count = 0;
+        for (slot, word) in counters.iter_mut().zip(words.by_ref()) {
+            *slot = parse_u64(word, "counter").map_err(fail)?;
+            count += 1;
+        }
+        if count < counters.len() {
+            return Err(fail(format!(
+                "{count} counters, version {version} has {}",
+                counters.len()
+            )));
+        }
+        for word in words {
+            parse_u64(word, "counter").map_err(fail)?;
+        }
+        let [_, _, _, _, _, _, running_ns, delay_ns, slices] = counters;
+        builder
+            .push(
+                time_us,
+                &[cpu],
+                &[
+                    Value::F64(running_ns as f64 / 1e9),
+                    Value::F64(delay_ns as f64 / 1e9),
+                    Value::U64(slices),
+                ],
+            )
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    if builder.is_empty() {
+        return Err(fail(path, 0, "no cpu lines"));
+    }
+    Ok((Schedstat::Read(version), Some(builder.finish())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
     use vtax_store::batch::Values;
 
     const STAT: &str = "cpu  100 0 50 1000 5 1 2 30 0 0\n\
@@ -215,5 +954,554 @@ mod tests {
             .to_string();
         assert_eq!(err, "/proc/stat:1: \"x\" is not a tick count");
         assert!(parse("intr 1\n", "/proc/stat", 7, 100.0).is_err());
+    }
+
+    // ---- helpers ----
+
+    fn fixture(node: &str) -> Roots {
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        Roots {
+            procfs: base.join(node).join("proc"),
+            sysfs: base.join(node).join("sys"),
+        }
+    }
+
+    fn table<'a>(sample: &'a Sample, table: &TableDef) -> Option<&'a Batch> {
+        sample.batches.iter().find(|b| b.table.name == table.name)
+    }
+
+    /// The value of `field` in the row whose first tag is `tag` (or row 0 for
+    /// untagged tables); `None` when null.
+    fn value(batch: &Batch, tag: Option<&str>, field: &str) -> Option<Value> {
+        let row = match tag {
+            None => 0,
+            Some(tag) => {
+                let column = &batch.tags[0];
+                let code = column.dict.iter().position(|d| d == tag)? as u32;
+                column.codes.iter().position(|&c| c == code)?
+            }
+        };
+        let f = batch.table.field_index(field).expect("known field");
+        let column = &batch.fields[f];
+        if !column.is_valid(row) {
+            return None;
+        }
+        Some(match &column.values {
+            Values::F64(v) => Value::F64(v[row]),
+            Values::I64(v) => Value::I64(v[row]),
+            Values::U64(v) => Value::U64(v[row]),
+        })
+    }
+
+    fn f64_of(batch: &Batch, tag: Option<&str>, field: &str) -> f64 {
+        match value(batch, tag, field) {
+            Some(Value::F64(x)) => x,
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+
+    fn u64_of(batch: &Batch, tag: Option<&str>, field: &str) -> u64 {
+        match value(batch, tag, field) {
+            Some(Value::U64(x)) => x,
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+
+    /// A procfs tree in a tempdir holding copies of `node`'s host files.
+    fn copy_of(node: &str, files: &[&str]) -> (tempfile::TempDir, Roots) {
+        let dir = tempfile::tempdir().unwrap();
+        let from = fixture(node).procfs;
+        for file in files {
+            let to = dir.path().join("proc").join(file);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(from.join(file), &to).unwrap();
+        }
+        let roots = Roots {
+            procfs: dir.path().join("proc"),
+            sysfs: dir.path().join("sys"),
+        };
+        (dir, roots)
+    }
+
+    const VM_FILES: &[&str] = &[
+        "stat",
+        "loadavg",
+        "meminfo",
+        "pressure/cpu",
+        "pressure/memory",
+        "pressure/io",
+    ];
+
+    // ---- declarations ----
+
+    #[test]
+    fn tables_are_valid_and_unique() {
+        vtax_store::Catalog::new(TABLES).unwrap();
+        for ((key, unit), def) in MEMINFO_KEYS.iter().zip(&MEMORY_FIELDS) {
+            let bytes = def.unit == Unit::Bytes;
+            assert_eq!(bytes, *unit == MemUnit::KiB, "{key} -> {}", def.name);
+        }
+        for key in MEMINFO_REQUIRED {
+            assert!(MEMINFO_KEYS.iter().any(|(k, _)| k == key));
+        }
+        assert_eq!(STAT_KEYS.len(), KERNEL.fields.len());
+    }
+
+    // ---- fixtures ----
+
+    #[test]
+    fn vm_node_fixture() {
+        let sample = sample(&fixture("vm-node"), 7, 100.0).unwrap();
+
+        let cpu = table(&sample, &CPU).unwrap();
+        assert_eq!(cpu.len(), 2);
+        assert!(cpu.time_us.iter().all(|&t| t == 7));
+        assert_eq!(f64_of(cpu, Some("0"), "user_seconds"), 286839.0 / 100.0);
+        assert_eq!(f64_of(cpu, Some("1"), "steal_seconds"), 554.0 / 100.0);
+        assert_eq!(f64_of(cpu, Some("1"), "iowait_seconds"), 5121.0 / 100.0);
+
+        let kernel = table(&sample, &KERNEL).unwrap();
+        assert_eq!(u64_of(kernel, None, "context_switches"), 39801158);
+        assert_eq!(u64_of(kernel, None, "interrupts"), 10114051);
+        assert_eq!(u64_of(kernel, None, "softirqs"), 2926486);
+        assert_eq!(u64_of(kernel, None, "forks"), 132112);
+        assert_eq!(u64_of(kernel, None, "procs_running"), 3);
+        assert_eq!(u64_of(kernel, None, "procs_blocked"), 0);
+        assert_eq!(u64_of(kernel, None, "boot_time_seconds"), 1795257729);
+
+        let pressure = table(&sample, &PRESSURE).unwrap();
+        assert_eq!(pressure.tags[0].dict, ["cpu", "memory", "io"]);
+        assert_eq!(
+            f64_of(pressure, Some("cpu"), "some_stalled_seconds"),
+            538397385.0 / 1e6
+        );
+        assert_eq!(
+            f64_of(pressure, Some("cpu"), "some_avg10_ratio"),
+            2.85 / 100.0
+        );
+        assert_eq!(
+            f64_of(pressure, Some("io"), "full_stalled_seconds"),
+            46094966.0 / 1e6
+        );
+        assert_eq!(
+            f64_of(pressure, Some("io"), "full_avg10_ratio"),
+            0.02 / 100.0
+        );
+        assert_eq!(
+            f64_of(pressure, Some("memory"), "full_stalled_seconds"),
+            0.0
+        );
+
+        let load = table(&sample, &LOAD).unwrap();
+        assert_eq!(f64_of(load, None, "load1"), 0.55);
+        assert_eq!(f64_of(load, None, "load5"), 1.04);
+        assert_eq!(f64_of(load, None, "load15"), 1.27);
+        assert_eq!(u64_of(load, None, "runnable_tasks"), 3);
+        assert_eq!(u64_of(load, None, "tasks"), 105);
+
+        let memory = table(&sample, &MEMORY).unwrap();
+        assert_eq!(u64_of(memory, None, "total_bytes"), 24682416 * 1024);
+        assert_eq!(u64_of(memory, None, "available_bytes"), 23811616 * 1024);
+        assert_eq!(u64_of(memory, None, "dirty_bytes"), 43740 * 1024);
+        assert_eq!(u64_of(memory, None, "swap_total_bytes"), 0);
+        assert_eq!(u64_of(memory, None, "huge_pages"), 0);
+        assert_eq!(u64_of(memory, None, "huge_page_size_bytes"), 2048 * 1024);
+
+        // This VM's kernel has no CONFIG_SCHEDSTATS.
+        assert!(table(&sample, &CPU_SCHED).is_none());
+        assert_eq!(
+            sample.summary(),
+            "2 CPUs; pressure: cpu memory io; schedstat: none"
+        );
+        assert_eq!(sample.problems.len(), 1, "{:?}", sample.problems);
+        assert!(sample.problems[0].contains("CONFIG_SCHEDSTATS"));
+    }
+
+    #[test]
+    fn baremetal_node_fixture() {
+        let sample = sample(&fixture("baremetal-node"), 7, 100.0).unwrap();
+        assert!(sample.problems.is_empty(), "{:?}", sample.problems);
+        assert_eq!(
+            sample.summary(),
+            "8 CPUs; pressure: cpu memory io; schedstat v15"
+        );
+
+        let cpu = table(&sample, &CPU).unwrap();
+        assert_eq!(cpu.len(), 8);
+        for n in 0..8 {
+            assert_eq!(f64_of(cpu, Some(&n.to_string()), "steal_seconds"), 0.0);
+        }
+        assert_eq!(f64_of(cpu, Some("7"), "user_seconds"), 44641969.0 / 100.0);
+        assert_eq!(f64_of(cpu, Some("0"), "softirq_seconds"), 910000.0 / 100.0);
+
+        let kernel = table(&sample, &KERNEL).unwrap();
+        assert_eq!(u64_of(kernel, None, "context_switches"), 48213377104);
+        assert_eq!(u64_of(kernel, None, "interrupts"), 9876543210);
+        assert_eq!(u64_of(kernel, None, "softirqs"), 3456789012);
+        assert_eq!(u64_of(kernel, None, "forks"), 61234567);
+        assert_eq!(u64_of(kernel, None, "procs_running"), 9);
+        assert_eq!(u64_of(kernel, None, "procs_blocked"), 2);
+        assert_eq!(u64_of(kernel, None, "boot_time_seconds"), 1794048000);
+
+        // Linux 5.15: no irq pressure (Linux 6.1 and later).
+        let pressure = table(&sample, &PRESSURE).unwrap();
+        assert_eq!(pressure.tags[0].dict, ["cpu", "memory", "io"]);
+        assert_eq!(
+            f64_of(pressure, Some("cpu"), "some_stalled_seconds"),
+            98765432109.0 / 1e6
+        );
+        assert_eq!(
+            f64_of(pressure, Some("cpu"), "some_avg10_ratio"),
+            12.34 / 100.0
+        );
+        assert_eq!(f64_of(pressure, Some("cpu"), "full_stalled_seconds"), 0.0);
+        assert_eq!(
+            f64_of(pressure, Some("memory"), "full_avg10_ratio"),
+            0.25 / 100.0
+        );
+
+        let load = table(&sample, &LOAD).unwrap();
+        assert_eq!(f64_of(load, None, "load1"), 7.42);
+        assert_eq!(u64_of(load, None, "runnable_tasks"), 9);
+        assert_eq!(u64_of(load, None, "tasks"), 1843);
+
+        let memory = table(&sample, &MEMORY).unwrap();
+        assert_eq!(u64_of(memory, None, "total_bytes"), 65842688 * 1024);
+        assert_eq!(u64_of(memory, None, "swap_free_bytes"), 8126460 * 1024);
+        assert_eq!(u64_of(memory, None, "mlocked_bytes"), 4190208 * 1024);
+        assert_eq!(u64_of(memory, None, "huge_pages"), 4096);
+        assert_eq!(u64_of(memory, None, "huge_pages_free"), 1024);
+        assert_eq!(u64_of(memory, None, "huge_pages_reserved"), 512);
+        assert_eq!(u64_of(memory, None, "huge_pages_surplus"), 0);
+        assert_eq!(u64_of(memory, None, "hugetlb_bytes"), 8388608 * 1024);
+
+        let sched = table(&sample, &CPU_SCHED).unwrap();
+        assert_eq!(sched.len(), 8);
+        assert_eq!(
+            f64_of(sched, Some("3"), "run_delay_seconds"),
+            (9_876_543_210_987u64 + 3 * 1_000_000_007) as f64 / 1e9
+        );
+        assert_eq!(
+            f64_of(sched, Some("0"), "running_seconds"),
+            362_345_678_901_234.0 / 1e9
+        );
+        assert_eq!(
+            u64_of(sched, Some("7"), "timeslices"),
+            2_345_678_901 + 7 * 12_345
+        );
+    }
+
+    #[test]
+    fn collector_probes_and_collects_through_roots() {
+        let mut host = Host::new(&HostConfig::default(), &fixture("baremetal-node"));
+        host.hz = 100.0;
+        assert_eq!(
+            host.probe(),
+            Availability::Available("8 CPUs; pressure: cpu memory io; schedstat v15".into())
+        );
+        let batches = host.collect(42).unwrap();
+        assert_eq!(batches.len(), TABLES.len());
+        assert!(batches.iter().all(|b| b.time_us.iter().all(|&t| t == 42)));
+        assert!(host.problems().is_empty());
+
+        let mut nowhere = Host::new(
+            &HostConfig::default(),
+            &Roots {
+                procfs: "/nonexistent/proc".into(),
+                sysfs: "/nonexistent/sys".into(),
+            },
+        );
+        match nowhere.probe() {
+            Availability::Absent(reason) => assert!(reason.contains("/nonexistent/proc/stat")),
+            other => panic!("{other:?}"),
+        }
+        assert!(nowhere.collect(1).is_err());
+    }
+
+    #[test]
+    fn a_kernel_without_pressure_or_schedstat_is_not_a_failure() {
+        let (_dir, roots) = copy_of("vm-node", &["stat", "loadavg", "meminfo"]);
+        let sample = sample(&roots, 7, 100.0).unwrap();
+        assert!(table(&sample, &PRESSURE).is_none());
+        assert!(table(&sample, &CPU_SCHED).is_none());
+        assert_eq!(sample.summary(), "2 CPUs; pressure: none; schedstat: none");
+        assert_eq!(sample.problems.len(), 2, "{:?}", sample.problems);
+        assert!(sample.problems[0].contains("psi=0"));
+        assert!(sample.problems[1].contains("CONFIG_SCHEDSTATS"));
+    }
+
+    #[test]
+    fn schedstat_versions() {
+        // Version 17 names the domain in its domain lines; cpu lines are unchanged.
+        let v17 = "version 17\ntimestamp 4295\n\
+            cpu0 0 0 5 1 9 3 2000000000 500000000 77\n\
+            domain0 MC 03 1 2 3\n\
+            cpu1 0 0 5 1 9 3 1000000000 250000000 66\n";
+        let (version, batch) = parse_schedstat(v17, "schedstat", 7).unwrap();
+        assert_eq!(version, Schedstat::Read(17));
+        let batch = batch.unwrap();
+        assert_eq!(f64_of(&batch, Some("0"), "running_seconds"), 2.0);
+        assert_eq!(f64_of(&batch, Some("1"), "run_delay_seconds"), 0.25);
+        assert_eq!(u64_of(&batch, Some("1"), "timeslices"), 66);
+
+        // Version 14 had three more yield counters in front: not read, reported.
+        let v14 = "version 14\ntimestamp 1\ncpu0 0 0 0 0 0 0 0 0 0 1 2 3\n";
+        assert_eq!(
+            parse_schedstat(v14, "schedstat", 7).unwrap(),
+            (Schedstat::Unsupported(14), None)
+        );
+        let (dir, roots) = copy_of("vm-node", VM_FILES);
+        std::fs::write(dir.path().join("proc/schedstat"), v14).unwrap();
+        let sample = sample(&roots, 7, 100.0).unwrap();
+        assert!(table(&sample, &CPU_SCHED).is_none());
+        assert!(sample.summary().ends_with("schedstat: v14 unsupported"));
+        assert!(
+            sample.problems[0].contains("version 14"),
+            "{:?}",
+            sample.problems
+        );
+
+        for bad in [
+            "",
+            "timestamp 1\ncpu0 1\n",
+            "version x\n",
+            "version 15\ntimestamp 1\n",
+        ] {
+            assert!(parse_schedstat(bad, "schedstat", 7).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pressure_lines() {
+        // cpu before Linux 5.13: only `some`.
+        let values = parse_pressure(
+            "some avg10=1.00 avg60=0.50 avg300=0.25 total=1500000\n",
+            "cpu",
+        )
+        .unwrap();
+        assert_eq!(
+            values,
+            [Value::F64(1.5), Value::Null, Value::F64(0.01), Value::Null]
+        );
+    }
+
+    #[test]
+    fn irq_pressure_where_the_kernel_has_it() {
+        // Linux 6.1+ with CONFIG_IRQ_TIME_ACCOUNTING: irq has only a `full` line.
+        let (dir, roots) = copy_of(
+            "baremetal-node",
+            &[
+                "stat",
+                "loadavg",
+                "meminfo",
+                "schedstat",
+                "pressure/cpu",
+                "pressure/memory",
+                "pressure/io",
+            ],
+        );
+        std::fs::write(
+            dir.path().join("proc/pressure/irq"),
+            "full avg10=0.07 avg60=0.05 avg300=0.04 total=456789012\n",
+        )
+        .unwrap();
+        let sample = sample(&roots, 7, 100.0).unwrap();
+        assert_eq!(
+            sample.summary(),
+            "8 CPUs; pressure: cpu memory io irq; schedstat v15"
+        );
+        let pressure = table(&sample, &PRESSURE).unwrap();
+        assert_eq!(pressure.tags[0].dict, ["cpu", "memory", "io", "irq"]);
+        assert_eq!(
+            f64_of(pressure, Some("irq"), "full_stalled_seconds"),
+            456789012.0 / 1e6
+        );
+        assert_eq!(
+            f64_of(pressure, Some("irq"), "full_avg10_ratio"),
+            0.07 / 100.0
+        );
+        assert_eq!(value(pressure, Some("irq"), "some_stalled_seconds"), None);
+        assert_eq!(value(pressure, Some("irq"), "some_avg10_ratio"), None);
+    }
+
+    // ---- garbage ----
+
+    /// Writes `content` over `file` in a copy of the vm-node tree and checks
+    /// that the read fails with an error naming the file (and the line).
+    fn assert_garbage(file: &str, content: &str, want: &str) {
+        let (dir, roots) = copy_of("vm-node", VM_FILES);
+        let path = dir.path().join("proc").join(file);
+        std::fs::write(&path, content).unwrap();
+        let err = match sample(&roots, 7, 100.0) {
+            Ok(_) => panic!("{file} {content:?}: no error"),
+            Err(e) => e.to_string(),
+        };
+        let expected = format!("{}{want}", path.display());
+        assert!(
+            err.starts_with(&expected),
+            "{file} {content:?}: {err:?} does not start with {expected:?}"
+        );
+    }
+
+    #[test]
+    fn truncated_lines_fail_naming_file_and_line() {
+        assert_garbage(
+            "stat",
+            "cpu  1 2 3 4\ncpu0 1 2\n",
+            ":2: fewer than 4 columns",
+        );
+        assert_garbage("stat", "cpu0 1 2 3 4\nctxt\n", ":2: ctxt has no value");
+        assert_garbage("loadavg", "0.55 1.04\n", ":1: truncated: no load15");
+        assert_garbage(
+            "loadavg",
+            "0.55 1.04 1.27 3\n",
+            ":1: \"3\" is not runnable/total",
+        );
+        assert_garbage("meminfo", "MemTotal:       24682416 kB\nMemFr", ":2: ");
+        assert_garbage("meminfo", "MemTotal:\n", ":1: MemTotal has no value");
+        assert_garbage(
+            "pressure/cpu",
+            "some avg10=4.50 avg60=3.74 avg300=3.71 total=537802659\nfull avg10=0.00 avg6",
+            ":2: \"avg6\" is not key=value",
+        );
+        assert_garbage(
+            "pressure/io",
+            "some avg10=4.50 avg60=3.74\n",
+            ":1: some line has no total=",
+        );
+        assert_garbage(
+            "schedstat",
+            "version 15\ntimestamp 1\ncpu0 0 0 1 2 3 4 5\n",
+            ":3: 7 counters",
+        );
+    }
+
+    #[test]
+    fn non_numbers_fail_naming_file_and_line() {
+        assert_garbage("stat", "cpu0 1 2 3 4\ncpuX 1 2 3 4\n", ":2: bad CPU number");
+        let stat = std::fs::read_to_string(fixture("vm-node").proc("stat")).unwrap();
+        assert_garbage(
+            "stat",
+            &stat.replace("procs_running 3", "procs_running three"),
+            ":8: \"three\" is not a count",
+        );
+        assert_garbage(
+            "loadavg",
+            "0.55 NaN 1.27 3/105 2265\n",
+            ":1: \"NaN\" is not a load average",
+        );
+        assert_garbage(
+            "loadavg",
+            "0.55 1.04 1.27 3/-1 2265\n",
+            ":1: \"-1\" is not a task count",
+        );
+        assert_garbage(
+            "meminfo",
+            "MemTotal:       2468x416 kB\n",
+            ":1: \"2468x416\" is not a number",
+        );
+        assert_garbage(
+            "meminfo",
+            "MemTotal:       1 MB\n",
+            ":1: MemTotal: unknown unit",
+        );
+        assert_garbage("meminfo", "MemTotal:       1\n", ":1: MemTotal: no kB unit");
+        assert_garbage(
+            "pressure/memory",
+            "some avg10=inf avg60=0.00 avg300=0.00 total=0\n",
+            ":1: \"inf\" is not a percentage",
+        );
+        assert_garbage(
+            "pressure/memory",
+            "partial avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+            ":1: \"partial\" is neither some nor full",
+        );
+        assert_garbage(
+            "schedstat",
+            "version 16\ntimestamp 1\ncpu0 0 0 0 0 0 0 1 x 1\n",
+            ":3: \"x\" is not a counter",
+        );
+        assert_garbage(
+            "schedstat",
+            "version sixteen\n",
+            ":1: \"sixteen\" is not a version",
+        );
+        assert_garbage(
+            "schedstat",
+            "timestamp 1\n",
+            ":1: \"timestamp 1\" is not 'version N'",
+        );
+    }
+
+    #[test]
+    fn overflows_fail_naming_file_and_line() {
+        let huge = "18446744073709551616"; // u64::MAX + 1
+        assert_garbage(
+            "stat",
+            &format!("cpu0 1 2 3 {huge}\n"),
+            &format!(":1: \"{huge}\" overflows a 64-bit tick count"),
+        );
+        assert_garbage(
+            "loadavg",
+            &format!("0.1 0.2 0.3 1/{huge} 5\n"),
+            ":1: \"18446744073709551616\" overflows",
+        );
+        // Fits in kB, not in bytes.
+        assert_garbage(
+            "meminfo",
+            "MemTotal:       18446744073709551615 kB\n",
+            ":1: MemTotal: 18446744073709551615 kB overflows",
+        );
+        assert_garbage(
+            "pressure/cpu",
+            &format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={huge}\n"),
+            ":1: \"18446744073709551616\" overflows a 64-bit microsecond count",
+        );
+        assert_garbage(
+            "schedstat",
+            &format!("version 15\ncpu0 0 0 0 0 0 0 {huge} 1 1\n"),
+            ":2: \"18446744073709551616\" overflows",
+        );
+        assert_garbage("schedstat", "version 99999999999\n", ":1: ");
+    }
+
+    #[test]
+    fn empty_files_fail_naming_the_file() {
+        assert_garbage("stat", "", ": no per-CPU lines");
+        assert_garbage("loadavg", "", ":1: truncated: no load1");
+        assert_garbage("meminfo", "", ": no MemTotal line");
+        assert_garbage("pressure/io", "", ": no some or full line");
+        assert_garbage("schedstat", "", ": no version line");
+        // /proc/stat with CPUs but none of the kernel lines.
+        assert_garbage("stat", "cpu0 1 2 3 4\n", ": no ctxt line");
+    }
+
+    /// Every prefix of every fixture file parses or fails, never panics.
+    #[test]
+    fn truncation_at_every_byte_never_panics() {
+        for node in ["vm-node", "baremetal-node"] {
+            let procfs = fixture(node).procfs;
+            let read = |f: &str| std::fs::read_to_string(procfs.join(f)).ok();
+            type Parses = dyn Fn(&str) -> bool;
+            let parsers: [(&str, &Parses); 8] = [
+                ("stat", &|t| parse(t, "p", 0, 100.0).is_ok()),
+                ("stat", &|t| parse_kernel(t, "p", 0).is_ok()),
+                ("loadavg", &|t| parse_loadavg(t, "p", 0).is_ok()),
+                ("meminfo", &|t| parse_meminfo(t, "p", 0).is_ok()),
+                ("pressure/cpu", &|t| parse_pressure(t, "p").is_ok()),
+                ("pressure/io", &|t| parse_pressure(t, "p").is_ok()),
+                ("pressure/memory", &|t| parse_pressure(t, "p").is_ok()),
+                ("schedstat", &|t| parse_schedstat(t, "p", 0).is_ok()),
+            ];
+            for (file, parser) in parsers {
+                let Some(text) = read(file) else {
+                    continue;
+                };
+                assert!(parser(&text), "{node}/{file} as a whole");
+                for end in (0..text.len()).filter(|&i| text.is_char_boundary(i)) {
+                    let _ = parser(&text[..end]);
+                }
+            }
+        }
     }
 }
