@@ -117,6 +117,12 @@ pub fn report(config: &Config, config_source: &str) -> String {
             }
         }
     }
+    if config.collectors.platform.enabled {
+        let _ = writeln!(out, "\nplatform:");
+        for line in crate::collectors::platform::doctor_lines(&roots) {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
     let _ = writeln!(out, "\nproblems:");
     if problems.is_empty() {
         let _ = writeln!(out, "  none found");
