@@ -18,7 +18,7 @@
 //! not load is logged and the previous one stays in force.
 
 use std::collections::{BTreeMap, HashSet};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -216,9 +216,7 @@ impl Loaded {
         let Some(value) = authorization.and_then(|v| v.to_str().ok()) else {
             return false;
         };
-        let mut hasher = self.hasher.build_hasher();
-        value.hash(&mut hasher);
-        let key = hasher.finish();
+        let key = self.hasher.hash_one(value);
         if self.verified.lock().expect("not poisoned").contains(&key) {
             return true;
         }

@@ -145,7 +145,7 @@ impl CollectorsConfig {
         for name in NAMES {
             let common = self.common(name).expect("every name has settings");
             let interval = common.interval_secs();
-            if !(interval.is_finite() && interval >= 0.01 && interval <= 86_400.0) {
+            if !(0.01..=86_400.0).contains(&interval) {
                 return Err(format!(
                     "collectors.{name}.interval_secs = {interval}: must be between 0.01 and 86400"
                 ));
@@ -181,9 +181,4 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
-}
-
-/// Reads a whole file to a string, naming the file in the error.
-pub fn read_file(path: &Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
