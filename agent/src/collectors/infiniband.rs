@@ -1,7 +1,29 @@
-//! `infiniband`: InfiniBand and RoCE ports. Being written: the skeleton keeps the registry whole.
+//! `infiniband`: InfiniBand and RoCE HCAs and ports, from
+//! `<sysfs>/class/infiniband/<device>/ports/<n>/`: link state and rate, the
+//! PMA port counters (`counters/`, or the legacy `counters_ext/` 64-bit ones)
+//! and the driver-specific `hw_counters/` (mlx5: congestion and retransmission
+//! counts that RoCE tuning lives on).
+//!
+//! The directory walk is cached: every tick lists `class/infiniband` (one
+//! directory read) and redoes the walk only when that list changes, when a file
+//! of the cached walk went missing (hot-unplug, driver reload) or once a
+//! minute of ticks. Each file is read once per tick into one reused buffer.
+//!
+//! A port that vanishes mid-read leaves no row this tick; a file a driver lacks
+//! leaves a null; a file that reads but holds what the kernel never writes
+//! (truncated, non-number, overflow, unknown state) fails the tick with an
+//! error naming it. A read the driver refuses (`EINVAL`, `EIO`: a port query
+//! that failed) leaves a null and a problem for `vtax doctor`.
 
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, Read as _};
+use std::path::{Path, PathBuf};
+
+use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
-use vtax_store::{Batch, TableDef};
+use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::{Availability, Collector, CollectorConfig, Roots};
 
@@ -13,6 +35,10 @@ pub struct InfinibandConfig {
     pub enabled: bool,
     /// Seconds between two reads.
     pub interval_secs: f64,
+    /// Whether to read the driver-specific `hw_counters/` too.
+    pub hw_counters: bool,
+    /// Devices to read (names under `class/infiniband`); empty reads all.
+    pub devices: Vec<String>,
 }
 
 impl Default for InfinibandConfig {
@@ -20,6 +46,8 @@ impl Default for InfinibandConfig {
         InfinibandConfig {
             enabled: true,
             interval_secs: super::DEFAULT_INTERVAL_SECS,
+            hw_counters: true,
+            devices: Vec::new(),
         }
     }
 }
@@ -33,17 +61,617 @@ impl CollectorConfig for InfinibandConfig {
     }
 }
 
+/// Comments for this collector's own keys in the example config.
+pub static KEY_DOCS: &[(&str, &str)] = &[
+    (
+        "hw_counters",
+        "Also read the driver-specific hw_counters of every port and device (mlx5: out_of_buffer, np_cnp_sent, rp_cnp_handled, ...) into the infiniband_hw_counter table.",
+    ),
+    (
+        "devices",
+        "Read only these RDMA devices, by their name under /sys/class/infiniband (e.g. [\"mlx5_0\", \"mlx5_1\"]); empty reads every device.",
+    ),
+];
+
+/// Tables of this collector.
+pub static TABLES: &[&TableDef] = &[&PORT, &LINK, &DEVICE, &HW_COUNTER];
+
+const fn gauge(name: &'static str, ty: FieldType, unit: Unit, help: &'static str) -> FieldDef {
+    FieldDef {
+        name,
+        ty,
+        kind: MetricKind::Gauge,
+        unit,
+        help,
+    }
+}
+
+const fn counter(name: &'static str, unit: Unit, help: &'static str) -> FieldDef {
+    FieldDef {
+        name,
+        ty: FieldType::U64,
+        kind: MetricKind::Counter,
+        unit,
+        help,
+    }
+}
+
+const DEVICE_TAG: TagDef = TagDef {
+    name: "device",
+    help: "RDMA device name under /sys/class/infiniband (e.g. mlx5_0).",
+};
+
+const PORT_TAG: TagDef = TagDef {
+    name: "port",
+    help: "Port number on the device, from 1.",
+};
+
+/// Numbers and counters of one port.
+pub static PORT: TableDef = TableDef {
+    name: "infiniband_port",
+    help: "One row per InfiniBand or RoCE port per tick: link state, rate and the PMA port counters from /sys/class/infiniband/<device>/ports/<port>/. Counters the driver lacks are null. The 16-bit and smaller error counters stop at their maximum instead of wrapping.",
+    tags: &[DEVICE_TAG, PORT_TAG],
+    fields: &[
+        gauge(
+            "state",
+            FieldType::U64,
+            Unit::None,
+            "Logical port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER (the text is in infiniband_link).",
+        ),
+        gauge(
+            "phys_state",
+            FieldType::U64,
+            Unit::None,
+            "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test.",
+        ),
+        gauge(
+            "rate_bytes_per_second",
+            FieldType::F64,
+            Unit::BytesPerSecond,
+            "Signalling rate of the link as the kernel reports it (e.g. 400 Gb/sec is 5e10 bytes per second).",
+        ),
+        counter(
+            "xmit_data_bytes",
+            Unit::Bytes,
+            "Data bytes sent on all VLs: port_xmit_data (kernel counts 4-byte words) times 4, from the 64-bit counter where there is one.",
+        ),
+        counter(
+            "rcv_data_bytes",
+            Unit::Bytes,
+            "Data bytes received on all VLs: port_rcv_data (kernel counts 4-byte words) times 4, from the 64-bit counter where there is one.",
+        ),
+        counter("xmit_packets", Unit::None, "Packets sent on all VLs."),
+        counter("rcv_packets", Unit::None, "Packets received on all VLs."),
+        counter("unicast_xmit_packets", Unit::None, "Unicast packets sent."),
+        counter("unicast_rcv_packets", Unit::None, "Unicast packets received."),
+        counter("multicast_xmit_packets", Unit::None, "Multicast packets sent."),
+        counter("multicast_rcv_packets", Unit::None, "Multicast packets received."),
+        counter(
+            "xmit_wait",
+            Unit::None,
+            "Ticks during which the port had data to send but no flow-control credits (port_xmit_wait): congestion towards the peer. 32 bits; the tick length is the device's sampling period.",
+        ),
+        counter(
+            "symbol_error",
+            Unit::None,
+            "Minor link errors detected on a physical lane (cable, transceiver).",
+        ),
+        counter(
+            "rcv_errors",
+            Unit::None,
+            "Received packets with errors (port_rcv_errors).",
+        ),
+        counter(
+            "rcv_remote_physical_errors",
+            Unit::None,
+            "Received packets marked with the EBP delimiter: damaged upstream.",
+        ),
+        counter(
+            "rcv_switch_relay_errors",
+            Unit::None,
+            "Received packets discarded because they could not be forwarded.",
+        ),
+        counter(
+            "xmit_discards",
+            Unit::None,
+            "Outbound packets discarded because the port was down or congested.",
+        ),
+        counter(
+            "xmit_constraint_errors",
+            Unit::None,
+            "Outbound packets not sent because of partition or rate-limit constraints.",
+        ),
+        counter(
+            "rcv_constraint_errors",
+            Unit::None,
+            "Inbound packets discarded because of partition or rate-limit constraints.",
+        ),
+        counter(
+            "local_link_integrity_errors",
+            Unit::None,
+            "Times the local physical errors exceeded the link's threshold.",
+        ),
+        counter(
+            "excessive_buffer_overrun_errors",
+            Unit::None,
+            "Times consecutive receive buffer overruns exceeded the threshold.",
+        ),
+        counter(
+            "vl15_dropped",
+            Unit::None,
+            "Subnet management packets (VL15) dropped for lack of buffers.",
+        ),
+        counter(
+            "link_error_recovery",
+            Unit::None,
+            "Times the link error recovery process completed successfully.",
+        ),
+        counter(
+            "link_downed",
+            Unit::None,
+            "Times the link failed to recover from errors and went down.",
+        ),
+    ],
+    exported: true,
+};
+
+/// Index of `field` in [`PORT`]; checked by a test.
+mod col {
+    pub const STATE: usize = 0;
+    pub const PHYS_STATE: usize = 1;
+    pub const RATE: usize = 2;
+    pub const XMIT_DATA: usize = 3;
+    pub const RCV_DATA: usize = 4;
+    pub const SYMBOL_ERROR: usize = 12;
+    pub const LINK_ERROR_RECOVERY: usize = 22;
+    pub const LINK_DOWNED: usize = 23;
+    pub const COUNT: usize = 24;
+}
+
+/// Where each counter of [`PORT`] comes from: candidate files under the port
+/// directory in order of preference, and the factor to bytes or packets.
+static COUNTER_SOURCES: &[(usize, &[&str], u64)] = &[
+    (
+        col::XMIT_DATA,
+        &["counters_ext/port_xmit_data_64", "counters/port_xmit_data"],
+        4,
+    ),
+    (
+        col::RCV_DATA,
+        &["counters_ext/port_rcv_data_64", "counters/port_rcv_data"],
+        4,
+    ),
+    (
+        5,
+        &[
+            "counters_ext/port_xmit_packets_64",
+            "counters/port_xmit_packets",
+        ],
+        1,
+    ),
+    (
+        6,
+        &[
+            "counters_ext/port_rcv_packets_64",
+            "counters/port_rcv_packets",
+        ],
+        1,
+    ),
+    (
+        7,
+        &[
+            "counters/unicast_xmit_packets",
+            "counters_ext/port_unicast_xmit_packets",
+        ],
+        1,
+    ),
+    (
+        8,
+        &[
+            "counters/unicast_rcv_packets",
+            "counters_ext/port_unicast_rcv_packets",
+        ],
+        1,
+    ),
+    (
+        9,
+        &[
+            "counters/multicast_xmit_packets",
+            "counters_ext/port_multicast_xmit_packets",
+        ],
+        1,
+    ),
+    (
+        10,
+        &[
+            "counters/multicast_rcv_packets",
+            "counters_ext/port_multicast_rcv_packets",
+        ],
+        1,
+    ),
+    (11, &["counters/port_xmit_wait"], 1),
+    (col::SYMBOL_ERROR, &["counters/symbol_error"], 1),
+    (13, &["counters/port_rcv_errors"], 1),
+    (14, &["counters/port_rcv_remote_physical_errors"], 1),
+    (15, &["counters/port_rcv_switch_relay_errors"], 1),
+    (16, &["counters/port_xmit_discards"], 1),
+    (17, &["counters/port_xmit_constraint_errors"], 1),
+    (18, &["counters/port_rcv_constraint_errors"], 1),
+    (19, &["counters/local_link_integrity_errors"], 1),
+    (20, &["counters/excessive_buffer_overrun_errors"], 1),
+    (21, &["counters/VL15_dropped"], 1),
+    (
+        col::LINK_ERROR_RECOVERY,
+        &["counters/link_error_recovery"],
+        1,
+    ),
+    (col::LINK_DOWNED, &["counters/link_downed"], 1),
+];
+
+const INFO_HELP: &str = "Always 1; the row's tags carry the information.";
+
+/// The text attributes of a port, as tags of an info row.
+pub static LINK: TableDef = TableDef {
+    name: "infiniband_link",
+    help: "One row per port per tick whose tags hold the port's text attributes (state, physical state, rate, link layer, LID); join on device and port.",
+    tags: &[
+        DEVICE_TAG,
+        PORT_TAG,
+        TagDef {
+            name: "link_layer",
+            help: "InfiniBand, or Ethernet for RoCE.",
+        },
+        TagDef {
+            name: "state",
+            help: "Logical port state text: DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER.",
+        },
+        TagDef {
+            name: "phys_state",
+            help: "Physical port state text: Sleep, Polling, Disabled, PortConfigurationTraining, LinkUp, LinkErrorRecovery, Phy Test.",
+        },
+        TagDef {
+            name: "rate",
+            help: "Rate as the kernel writes it, e.g. \"400 Gb/sec (4X NDR)\"; empty when unreadable.",
+        },
+        TagDef {
+            name: "lid",
+            help: "Local identifier the subnet manager assigned (hex, 0x0 for RoCE or before assignment); empty when unreadable.",
+        },
+    ],
+    fields: &[gauge("info", FieldType::U64, Unit::None, INFO_HELP)],
+    exported: true,
+};
+
+/// The identity of a device, as tags of an info row.
+pub static DEVICE: TableDef = TableDef {
+    name: "infiniband_device",
+    help: "One row per RDMA device per tick whose tags identify the HCA; empty where the driver lacks the file.",
+    tags: &[
+        DEVICE_TAG,
+        TagDef {
+            name: "hca_type",
+            help: "HCA type (e.g. MT4129 for ConnectX-7).",
+        },
+        TagDef {
+            name: "board_id",
+            help: "Board identifier (PSID, e.g. MT_0000000838).",
+        },
+        TagDef {
+            name: "fw_ver",
+            help: "Firmware version.",
+        },
+        TagDef {
+            name: "node_guid",
+            help: "Node GUID.",
+        },
+    ],
+    fields: &[gauge("info", FieldType::U64, Unit::None, INFO_HELP)],
+    exported: true,
+};
+
+/// Driver-specific counters, one row per counter.
+pub static HW_COUNTER: TableDef = TableDef {
+    name: "infiniband_hw_counter",
+    help: "One row per driver-specific counter per tick, from hw_counters/ of a port (or of the device, port empty); names vary by driver (mlx5: out_of_buffer, out_of_sequence, np_cnp_sent, rp_cnp_handled, roce_adp_retrans, ...). The lifespan setting is not a counter and is left out.",
+    tags: &[
+        DEVICE_TAG,
+        TagDef {
+            name: "port",
+            help: "Port number on the device; empty for device-wide counters.",
+        },
+        TagDef {
+            name: "counter",
+            help: "Counter name: the file name under hw_counters/.",
+        },
+    ],
+    fields: &[counter(
+        "value",
+        Unit::None,
+        "The counter's value as the driver reports it.",
+    )],
+    exported: true,
+};
+
+/// Bytes read from one file at most: a sysfs attribute holds at most a page
+/// (64 KiB on some arm64 kernels).
+const READ_LIMIT: usize = 1 << 16;
+
+/// The first buffer size, more than any attribute this collector reads.
+const READ_CHUNK: usize = 512;
+
+/// Ticks between two walks of the tree when nothing asked for one sooner.
+const RESCAN_TICKS: u64 = 60;
+
+/// What the kernel writes in a counter file when the device has no
+/// performance management agent to ask.
+const NO_PMA: &str = "N/A (no PMA)";
+
+/// The logical port states the kernel names (`enum ib_port_state`).
+const STATES: &[&str] = &["NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"];
+
+/// The physical port states the kernel names, from 1.
+const PHYS_STATES: &[&str] = &[
+    "Sleep",
+    "Polling",
+    "Disabled",
+    "PortConfigurationTraining",
+    "LinkUp",
+    "LinkErrorRecovery",
+    "Phy Test",
+];
+
+const ACTIVE: u64 = 4;
+const LINK_UP: u64 = 5;
+
+/// A driver-specific counter file.
+#[derive(Debug)]
+struct HwCounter {
+    name: String,
+    path: PathBuf,
+}
+
+/// A port as the last walk found it.
+#[derive(Debug)]
+struct Port {
+    num: String,
+    dir: PathBuf,
+    state: PathBuf,
+    phys_state: PathBuf,
+    rate: PathBuf,
+    lid: PathBuf,
+    link_layer: String,
+    /// Field index in [`PORT`], the file chosen for it, the factor.
+    counters: Vec<(usize, PathBuf, u64)>,
+    hw: Vec<HwCounter>,
+}
+
+/// A device as the last walk found it.
+#[derive(Debug)]
+struct Device {
+    name: String,
+    dir: PathBuf,
+    hca_type: String,
+    board_id: String,
+    fw_ver: String,
+    node_guid: String,
+    hw: Vec<HwCounter>,
+    ports: Vec<Port>,
+}
+
+/// What a port looked like at the last tick, for `probe` and `problems`.
+#[derive(Debug)]
+struct PortSeen {
+    name: String,
+    state: String,
+    rate: Option<u64>,
+    link_layer: String,
+}
+
+/// How a read went.
+enum ReadOutcome {
+    /// The text is in the buffer.
+    Read,
+    /// The file is not there (`ENOENT`, or `ENODEV` for a removed device).
+    Missing,
+    /// The driver refused the read (`EINVAL`, `EIO`, ...).
+    Refused(io::Error),
+}
+
 /// The infiniband collector.
 pub struct Infiniband {
-    _roots: Roots,
+    class_dir: PathBuf,
+    hw_counters: bool,
+    devices_wanted: Vec<String>,
+    /// Sorted entries of `class_dir` at the last walk; `None` when it was absent.
+    listed: Option<Vec<OsString>>,
+    devices: Vec<Device>,
+    stale: bool,
+    ticks: u64,
+    buf: String,
+    listing: Vec<OsString>,
+    port_rows: BatchBuilder,
+    link_rows: BatchBuilder,
+    device_rows: BatchBuilder,
+    hw_rows: BatchBuilder,
+    hw_values: Vec<Value>,
+    seen: Vec<PortSeen>,
+    problems: Vec<String>,
 }
 
 impl Infiniband {
-    /// A infiniband collector reading under `roots`.
-    pub fn new(_config: &InfinibandConfig, roots: &Roots) -> Self {
+    /// An infiniband collector reading under `roots`.
+    pub fn new(config: &InfinibandConfig, roots: &Roots) -> Self {
         Infiniband {
-            _roots: roots.clone(),
+            class_dir: roots.sys("class/infiniband"),
+            hw_counters: config.hw_counters,
+            devices_wanted: config.devices.clone(),
+            listed: None,
+            devices: Vec::new(),
+            stale: true,
+            ticks: 0,
+            buf: String::with_capacity(READ_CHUNK),
+            listing: Vec::new(),
+            port_rows: BatchBuilder::new(&PORT),
+            link_rows: BatchBuilder::new(&LINK),
+            device_rows: BatchBuilder::new(&DEVICE),
+            hw_rows: BatchBuilder::new(&HW_COUNTER),
+            hw_values: Vec::new(),
+            seen: Vec::new(),
+            problems: Vec::new(),
         }
+    }
+
+    /// Lists `class_dir` into `self.listing`, sorted; `false` when it is absent.
+    fn list_class_dir(&mut self) -> anyhow::Result<bool> {
+        self.listing.clear();
+        let entries = match std::fs::read_dir(&self.class_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(anyhow!("{}: {e}", self.class_dir.display())),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| anyhow!("{}: {e}", self.class_dir.display()))?;
+            self.listing.push(entry.file_name());
+        }
+        self.listing.sort();
+        Ok(true)
+    }
+
+    /// Walks the tree again if the device list changed, a cached file went
+    /// missing, or the walk is old.
+    fn refresh(&mut self) -> anyhow::Result<()> {
+        let present = self.list_class_dir()?;
+        let same_list = match &self.listed {
+            Some(listed) => present && *listed == self.listing,
+            None => !present,
+        };
+        if same_list && !self.stale && !self.ticks.is_multiple_of(RESCAN_TICKS) {
+            return Ok(());
+        }
+        self.listed = present.then(|| self.listing.clone());
+        self.devices.clear();
+        // Until this walk completes, the next tick walks again.
+        self.stale = true;
+        if !present {
+            self.stale = false;
+            return Ok(());
+        }
+        let mut names: Vec<String> = self
+            .listing
+            .iter()
+            .filter_map(|n| n.to_str().map(str::to_owned))
+            .filter(|n| self.devices_wanted.is_empty() || self.devices_wanted.contains(n))
+            .collect();
+        names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+        for name in names {
+            // Real sysfs holds symlinks to the device under /sys/devices: join
+            // and read through them (metadata and read_dir follow links).
+            let dir = self.class_dir.join(&name);
+            if let Some(device) = walk_device(name, dir, self.hw_counters, &mut self.buf)? {
+                self.devices.push(device);
+            }
+        }
+        self.stale = false;
+        Ok(())
+    }
+
+    /// Reads every cached port once and fills the builders.
+    fn read_all(&mut self, time_us: i64) -> anyhow::Result<()> {
+        let Infiniband {
+            devices,
+            buf,
+            port_rows,
+            link_rows,
+            device_rows,
+            hw_rows,
+            hw_values,
+            seen,
+            problems,
+            stale,
+            ..
+        } = self;
+        for device in devices.iter() {
+            let mut any_port = false;
+            for port in &device.ports {
+                let mut values = [Value::Null; col::COUNT];
+                let Some(link) = read_port(port, buf, &mut values, problems, stale)? else {
+                    continue;
+                };
+                hw_values.clear();
+                if !read_hw(&port.hw, &port.dir, buf, hw_values, problems, stale)? {
+                    continue; // the port went away between its counters and hw_counters
+                }
+                any_port = true;
+                let label = format!("{}/{}", device.name, port.num);
+                port_rows.push(time_us, &[&device.name, &port.num], &values)?;
+                link_rows.push(
+                    time_us,
+                    &[
+                        &device.name,
+                        &port.num,
+                        &port.link_layer,
+                        link.state,
+                        link.phys_state,
+                        &link.rate_text,
+                        &link.lid,
+                    ],
+                    &[Value::U64(1)],
+                )?;
+                for (hw, value) in port.hw.iter().zip(hw_values.iter()) {
+                    hw_rows.push(time_us, &[&device.name, &port.num, &hw.name], &[*value])?;
+                }
+                port_problems(&label, &link, &values, port, problems);
+                seen.push(PortSeen {
+                    name: label,
+                    state: link.state.to_owned(),
+                    rate: link.rate,
+                    link_layer: port.link_layer.clone(),
+                });
+            }
+            if !any_port && !device.dir.exists() {
+                *stale = true;
+                continue; // the device went away
+            }
+            hw_values.clear();
+            if read_hw(&device.hw, &device.dir, buf, hw_values, problems, stale)? {
+                for (hw, value) in device.hw.iter().zip(hw_values.iter()) {
+                    hw_rows.push(time_us, &[&device.name, "", &hw.name], &[*value])?;
+                }
+            }
+            device_rows.push(
+                time_us,
+                &[
+                    &device.name,
+                    &device.hca_type,
+                    &device.board_id,
+                    &device.fw_ver,
+                    &device.node_guid,
+                ],
+                &[Value::U64(1)],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Why there is nothing to read, when there is nothing.
+    fn absent_reason(&self) -> Option<String> {
+        let dir = self.class_dir.display();
+        if self.listed.is_none() {
+            return Some(format!("no {dir}: no RDMA devices or driver not loaded"));
+        }
+        if self.devices.is_empty() {
+            if self.listing.is_empty() {
+                return Some(format!("{dir} is empty: no RDMA devices"));
+            }
+            if !self.devices_wanted.is_empty() {
+                return Some(format!(
+                    "none of collectors.infiniband.devices ({}) is under {dir}",
+                    self.devices_wanted.join(", ")
+                ));
+            }
+            return Some(format!("no device under {dir} could be read"));
+        }
+        None
     }
 }
 
@@ -53,16 +681,1147 @@ impl Collector for Infiniband {
     }
 
     fn probe(&mut self) -> Availability {
-        Availability::Absent("not built yet".into())
+        self.stale = true;
+        if let Err(e) = self.collect(0) {
+            return Availability::Absent(format!("{e:#}"));
+        }
+        if let Some(reason) = self.absent_reason() {
+            return Availability::Absent(reason);
+        }
+        let ports: Vec<String> = self
+            .seen
+            .iter()
+            .map(|p| {
+                let rate = p
+                    .rate
+                    .map(|bits| format!(" {} Gb/s", format_gbits(bits)))
+                    .unwrap_or_default();
+                let layer = match p.link_layer.as_str() {
+                    "InfiniBand" => " IB",
+                    "Ethernet" => " RoCE",
+                    _ => "",
+                };
+                format!("{} {}{rate}{layer}", p.name, p.state)
+            })
+            .collect();
+        Availability::Available(format!(
+            "{} HCA{}, {} port{}: {}",
+            self.devices.len(),
+            plural(self.devices.len()),
+            ports.len(),
+            plural(ports.len()),
+            ports.join(", ")
+        ))
     }
 
-    fn collect(&mut self, _time_us: i64) -> anyhow::Result<Vec<Batch>> {
-        Ok(Vec::new())
+    fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        self.problems.clear();
+        self.seen.clear();
+        self.refresh()?;
+        self.ticks = self.ticks.wrapping_add(1);
+        let result = self.read_all(time_us);
+        // Finish every builder even on error so no half-tick leaks into the next.
+        let batches = [
+            self.port_rows.finish(),
+            self.link_rows.finish(),
+            self.device_rows.finish(),
+            self.hw_rows.finish(),
+        ];
+        result?;
+        for wanted in &self.devices_wanted {
+            if !self.devices.iter().any(|d| &d.name == wanted) {
+                self.problems.push(format!(
+                    "collectors.infiniband.devices names {wanted}, which is not under {}",
+                    self.class_dir.display()
+                ));
+            }
+        }
+        Ok(batches.into_iter().filter(|b| !b.is_empty()).collect())
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.problems.clone()
     }
 }
 
-/// Comments for this collector's own keys in the example config.
-pub static KEY_DOCS: &[(&str, &str)] = &[];
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
 
-/// Tables of this collector.
-pub static TABLES: &[&TableDef] = &[];
+/// Sorts `mlx5_2` before `mlx5_10`.
+fn natural_key(name: &str) -> (&str, u64, &str) {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (stem, number) = name.split_at(name.len() - digits);
+    (stem, number.parse().unwrap_or(0), name)
+}
+
+/// Gb/s with at most the decimals needed ("400", "2.5", "14.0625").
+fn format_gbits(bits: u64) -> String {
+    let whole = bits / 1_000_000_000;
+    let frac = bits % 1_000_000_000;
+    if frac == 0 {
+        whole.to_string()
+    } else {
+        let frac = format!("{frac:09}");
+        format!("{whole}.{}", frac.trim_end_matches('0'))
+    }
+}
+
+/// Reads `path` into `buf`, reusing its allocation.
+///
+/// One `read` where it can: a read shorter than the buffer has reached the
+/// end of a sysfs attribute, whose text the kernel renders whole on the first
+/// read, and of a regular file. That is three system calls per file where
+/// `read_to_string` makes five (size, position, read, read to end).
+fn read_into(path: &Path, buf: &mut String) -> anyhow::Result<ReadOutcome> {
+    let mut bytes = std::mem::take(buf).into_bytes();
+    bytes.clear();
+    let read = File::open(path).and_then(|mut f| {
+        let mut filled = 0;
+        loop {
+            if filled == bytes.len() {
+                if bytes.len() >= READ_LIMIT {
+                    return Err(io::Error::new(io::ErrorKind::FileTooLarge, "too long"));
+                }
+                bytes.resize((bytes.len() * 2).clamp(READ_CHUNK, READ_LIMIT), 0);
+            }
+            match f.read(&mut bytes[filled..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    filled += n;
+                    if filled < bytes.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        bytes.truncate(filled);
+        Ok(())
+    });
+    let outcome = match read {
+        Ok(()) => match String::from_utf8(bytes) {
+            Ok(text) => {
+                *buf = text;
+                return Ok(ReadOutcome::Read);
+            }
+            Err(_) => return Err(anyhow!("{}: not UTF-8 text", path.display())),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => ReadOutcome::Missing,
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => ReadOutcome::Missing,
+        Err(e) if e.kind() == io::ErrorKind::FileTooLarge => {
+            return Err(anyhow!(
+                "{}: longer than {READ_LIMIT} bytes: not a sysfs attribute",
+                path.display()
+            ))
+        }
+        Err(e) => ReadOutcome::Refused(e),
+    };
+    bytes.clear();
+    // Empty bytes are valid UTF-8: the allocation goes back to `buf`.
+    *buf = String::from_utf8(bytes).unwrap_or_default();
+    Ok(outcome)
+}
+
+/// A device-level text attribute read at walk time; empty when absent.
+fn read_text(path: &Path, buf: &mut String) -> anyhow::Result<String> {
+    Ok(match read_into(path, buf)? {
+        ReadOutcome::Read => buf.trim().to_owned(),
+        ReadOutcome::Missing | ReadOutcome::Refused(_) => String::new(),
+    })
+}
+
+/// Names of the regular files in `dir`, sorted; empty if there is no `dir`.
+fn list_files(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(anyhow!("{}: {e}", dir.display())),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn walk_hw(dir: &Path, enabled: bool) -> anyhow::Result<Vec<HwCounter>> {
+    if !enabled {
+        return Ok(Vec::new());
+    }
+    let dir = dir.join("hw_counters");
+    Ok(list_files(&dir)?
+        .into_iter()
+        .filter(|name| name != "lifespan")
+        .map(|name| HwCounter {
+            path: dir.join(&name),
+            name,
+        })
+        .collect())
+}
+
+/// Walks one device; `None` if it vanished meanwhile.
+fn walk_device(
+    name: String,
+    dir: PathBuf,
+    hw_counters: bool,
+    buf: &mut String,
+) -> anyhow::Result<Option<Device>> {
+    let ports_dir = dir.join("ports");
+    let entries = match std::fs::read_dir(&ports_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // A device without ports/ is not an RDMA device we can read, or
+            // it is going away.
+            return Ok(None);
+        }
+        Err(e) => return Err(anyhow!("{}: {e}", ports_dir.display())),
+    };
+    let mut numbers = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| anyhow!("{}: {e}", ports_dir.display()))?;
+        if let Some(n) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            numbers.push(n);
+        }
+    }
+    numbers.sort_unstable();
+    let mut ports = Vec::with_capacity(numbers.len());
+    for n in numbers {
+        let num = n.to_string();
+        let pdir = ports_dir.join(&num);
+        let link_layer_path = pdir.join("link_layer");
+        let link_layer = match read_into(&link_layer_path, buf)? {
+            ReadOutcome::Read => {
+                let text = buf.trim_end_matches('\n');
+                if !matches!(text, "InfiniBand" | "Ethernet" | "Unknown") {
+                    return Err(anyhow!(
+                        "{}: unknown link layer {text:?}",
+                        link_layer_path.display()
+                    ));
+                }
+                text.to_owned()
+            }
+            ReadOutcome::Missing if !pdir.exists() => continue,
+            ReadOutcome::Missing | ReadOutcome::Refused(_) => String::new(),
+        };
+        let mut counters = Vec::with_capacity(COUNTER_SOURCES.len());
+        for (field, candidates, factor) in COUNTER_SOURCES {
+            if let Some(path) = candidates
+                .iter()
+                .map(|rel| pdir.join(rel))
+                .find(|path| path.is_file())
+            {
+                counters.push((*field, path, *factor));
+            }
+        }
+        ports.push(Port {
+            state: pdir.join("state"),
+            phys_state: pdir.join("phys_state"),
+            rate: pdir.join("rate"),
+            lid: pdir.join("lid"),
+            hw: walk_hw(&pdir, hw_counters)?,
+            link_layer,
+            counters,
+            num,
+            dir: pdir,
+        });
+    }
+    Ok(Some(Device {
+        hca_type: read_text(&dir.join("hca_type"), buf)?,
+        board_id: read_text(&dir.join("board_id"), buf)?,
+        fw_ver: read_text(&dir.join("fw_ver"), buf)?,
+        node_guid: read_text(&dir.join("node_guid"), buf)?,
+        hw: walk_hw(&dir, hw_counters)?,
+        name,
+        dir,
+        ports,
+    }))
+}
+
+/// The text attributes of a port read this tick.
+struct Link {
+    state: &'static str,
+    phys_state: &'static str,
+    rate: Option<u64>,
+    rate_text: String,
+    lid: String,
+}
+
+/// Reads one file of a port: `Some(true)` with the text in `buf`,
+/// `Some(false)` when absent or refused (null), `None` when the port is gone.
+fn read_port_file(
+    path: &Path,
+    port_dir: &Path,
+    buf: &mut String,
+    problems: &mut Vec<String>,
+    stale: &mut bool,
+) -> anyhow::Result<Option<bool>> {
+    Ok(match read_into(path, buf)? {
+        ReadOutcome::Read => Some(true),
+        ReadOutcome::Missing => {
+            *stale = true;
+            if port_dir.exists() {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        ReadOutcome::Refused(e) => {
+            problems.push(format!("{}: {e}", path.display()));
+            Some(false)
+        }
+    })
+}
+
+/// Reads a port's attributes and counters into `values`; `None` if it vanished.
+fn read_port(
+    port: &Port,
+    buf: &mut String,
+    values: &mut [Value; col::COUNT],
+    problems: &mut Vec<String>,
+    stale: &mut bool,
+) -> anyhow::Result<Option<Link>> {
+    let named = |path: &Path, reason: String| anyhow!("{}: {reason}", path.display());
+    let mut link = Link {
+        state: "",
+        phys_state: "",
+        rate: None,
+        rate_text: String::new(),
+        lid: String::new(),
+    };
+    macro_rules! read {
+        ($path:expr) => {
+            match read_port_file($path, &port.dir, buf, problems, stale)? {
+                None => return Ok(None),
+                Some(present) => present,
+            }
+        };
+    }
+    if read!(&port.state) {
+        let (n, text) = parse_state(buf, STATES, 0).map_err(|e| named(&port.state, e))?;
+        values[col::STATE] = Value::U64(n);
+        link.state = text;
+    }
+    if read!(&port.phys_state) {
+        let (n, text) = parse_state(buf, PHYS_STATES, 1).map_err(|e| named(&port.phys_state, e))?;
+        values[col::PHYS_STATE] = Value::U64(n);
+        link.phys_state = text;
+    }
+    if read!(&port.rate) {
+        let bits = parse_rate(buf).map_err(|e| named(&port.rate, e))?;
+        values[col::RATE] = Value::F64(bits as f64 / 8.0);
+        link.rate = Some(bits);
+        link.rate_text = buf.trim_end().to_owned();
+    }
+    if read!(&port.lid) {
+        let text = buf.trim_end();
+        let ok = text
+            .strip_prefix("0x")
+            .is_some_and(|hex| u32::from_str_radix(hex, 16).is_ok() && !hex.starts_with('+'));
+        if !ok {
+            return Err(named(&port.lid, format!("{text:?} is not a hex LID")));
+        }
+        link.lid = text.to_owned();
+    }
+    for (field, path, factor) in &port.counters {
+        if !read!(path) {
+            continue;
+        }
+        let Some(n) = parse_counter(buf).map_err(|e| named(path, e))? else {
+            continue;
+        };
+        let scaled = n
+            .checked_mul(*factor)
+            .ok_or_else(|| named(path, format!("{n} times {factor} overflows 64 bits")))?;
+        values[*field] = Value::U64(scaled);
+        let from_32_bits = path
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|d| d == "counters");
+        if *factor == 4 && from_32_bits && n == u64::from(u32::MAX) {
+            problems.push(format!(
+                "{}: stuck at 2^32-1 (a 32-bit counter that saturated; this kernel or driver lacks the 64-bit extended counters)",
+                path.display()
+            ));
+        }
+    }
+    Ok(Some(link))
+}
+
+/// Reads hw_counters into `values`; `false` if their owner vanished.
+fn read_hw(
+    counters: &[HwCounter],
+    owner: &Path,
+    buf: &mut String,
+    values: &mut Vec<Value>,
+    problems: &mut Vec<String>,
+    stale: &mut bool,
+) -> anyhow::Result<bool> {
+    for hw in counters {
+        let value = match read_port_file(&hw.path, owner, buf, problems, stale)? {
+            None => return Ok(false),
+            Some(false) => Value::Null,
+            Some(true) => {
+                match parse_counter(buf).map_err(|e| anyhow!("{}: {e}", hw.path.display()))? {
+                    Some(n) => Value::U64(n),
+                    None => Value::Null,
+                }
+            }
+        };
+        values.push(value);
+    }
+    Ok(true)
+}
+
+/// Parses a counter file: a decimal `u64` and a newline; `None` for the
+/// kernel's "N/A (no PMA)".
+fn parse_counter(text: &str) -> Result<Option<u64>, String> {
+    let t = text.strip_suffix('\n').unwrap_or(text);
+    if t == NO_PMA {
+        return Ok(None);
+    }
+    if t.is_empty() {
+        return Err("empty".into());
+    }
+    if !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{t:?} is not a counter"));
+    }
+    t.parse::<u64>()
+        .map(Some)
+        .map_err(|_| format!("{t:?} overflows 64 bits"))
+}
+
+/// Parses `"4: ACTIVE"`: the number and the kernel's name for it, which must
+/// agree (`first` is the number of `names[0]`). The kernel writes UNKNOWN or
+/// `<unknown>` for numbers it has no name for.
+fn parse_state(
+    text: &str,
+    names: &[&'static str],
+    first: u64,
+) -> Result<(u64, &'static str), String> {
+    let t = text.strip_suffix('\n').unwrap_or(text);
+    let bad = || format!("{t:?} is not a port state");
+    let (number, name) = t.split_once(": ").ok_or_else(bad)?;
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let known = n
+        .checked_sub(first)
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| names.get(i));
+    match known {
+        Some(&expected) if expected == name => Ok((n, expected)),
+        None if name == "UNKNOWN" => Ok((n, "UNKNOWN")),
+        None if name == "<unknown>" => Ok((n, "<unknown>")),
+        _ => Err(bad()),
+    }
+}
+
+/// Parses the kernel's `rate` text ("400 Gb/sec (4X NDR)", "2.5 Gb/sec (1X SDR)")
+/// into bits per second.
+pub fn parse_rate(text: &str) -> Result<u64, String> {
+    let t = text.strip_suffix('\n').unwrap_or(text);
+    let bad = || format!("{t:?} is not a rate in Gb/sec");
+    let (number, rest) = t.split_once(' ').ok_or_else(bad)?;
+    let rest = rest.strip_prefix("Gb/sec").ok_or_else(bad)?;
+    if !(rest.is_empty() || (rest.starts_with(" (") && rest.ends_with(')'))) {
+        return Err(bad());
+    }
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(frac) || frac.len() > 9 {
+        return Err(bad());
+    }
+    if number.ends_with('.') {
+        return Err(bad());
+    }
+    let whole: u64 = whole.parse().map_err(|_| bad())?;
+    let frac_bits: u64 = if frac.is_empty() {
+        0
+    } else {
+        let scale = 10u64.pow(9 - frac.len() as u32);
+        frac.parse::<u64>().map_err(|_| bad())? * scale
+    };
+    whole
+        .checked_mul(1_000_000_000)
+        .and_then(|b| b.checked_add(frac_bits))
+        .ok_or_else(bad)
+}
+
+/// What `vtax doctor` should hear about a port.
+fn port_problems(
+    label: &str,
+    link: &Link,
+    values: &[Value; col::COUNT],
+    port: &Port,
+    problems: &mut Vec<String>,
+) {
+    let get = |i: usize| match values[i] {
+        Value::U64(n) => Some(n),
+        _ => None,
+    };
+    let state = get(col::STATE);
+    let phys = get(col::PHYS_STATE);
+    if state.is_some_and(|s| s != ACTIVE) || phys.is_some_and(|p| p != LINK_UP) {
+        let why = match (phys, port.link_layer.as_str()) {
+            (Some(2), _) => "no link: check the cable, transceiver and the peer's port",
+            (Some(3), _) => "the port is disabled",
+            (Some(LINK_UP), "InfiniBand") => {
+                "the link is up but the subnet manager has not activated the port"
+            }
+            _ => "the port cannot carry traffic",
+        };
+        problems.push(format!(
+            "{label} is {}/{}: {why}",
+            link.state, link.phys_state
+        ));
+    }
+    if let Some(n) = get(col::LINK_DOWNED).filter(|&n| n > 0) {
+        problems.push(format!(
+            "{label}: link_downed = {n}: the link went down since its counters were last cleared"
+        ));
+    }
+    let errors: Vec<String> = [
+        (col::SYMBOL_ERROR, "symbol_error"),
+        (col::LINK_ERROR_RECOVERY, "link_error_recovery"),
+    ]
+    .iter()
+    .filter_map(|&(i, name)| get(i).filter(|&n| n > 0).map(|n| format!("{name} = {n}")))
+    .collect();
+    if !errors.is_empty() {
+        problems.push(format!(
+            "{label}: physical errors since the counters were last cleared ({}): check the cable and transceiver",
+            errors.join(", ")
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vtax_store::batch::Values;
+
+    fn fixture() -> PathBuf {
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/baremetal-node"
+        ))
+    }
+
+    fn roots(node: &Path) -> Roots {
+        Roots {
+            procfs: node.join("proc"),
+            sysfs: node.join("sys"),
+        }
+    }
+
+    fn collector(node: &Path) -> Infiniband {
+        Infiniband::new(&InfinibandConfig::default(), &roots(node))
+    }
+
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_tree(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+
+    /// A copy of the fixture's infiniband tree in a temporary directory.
+    fn fixture_copy() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(
+            &fixture().join("sys/class/infiniband"),
+            &dir.path().join("sys/class/infiniband"),
+        );
+        dir
+    }
+
+    fn batch<'a>(batches: &'a [Batch], table: &TableDef) -> &'a Batch {
+        batches
+            .iter()
+            .find(|b| b.table.name == table.name)
+            .unwrap_or_else(|| panic!("no {} batch", table.name))
+    }
+
+    fn tag(b: &Batch, name: &str, row: usize) -> String {
+        let column = &b.tags[b.table.tag_index(name).unwrap()];
+        column.dict[column.codes[row] as usize].clone()
+    }
+
+    /// The row of `device`/`port` in a batch tagged with both.
+    fn row(b: &Batch, device: &str, port: &str) -> usize {
+        (0..b.len())
+            .find(|&r| tag(b, "device", r) == device && tag(b, "port", r) == port)
+            .unwrap_or_else(|| panic!("no row for {device}/{port}"))
+    }
+
+    fn u64_at(b: &Batch, field: &str, row: usize) -> Option<u64> {
+        let column = &b.fields[b.table.field_index(field).unwrap()];
+        if !column.is_valid(row) {
+            return None;
+        }
+        match &column.values {
+            Values::U64(v) => Some(v[row]),
+            other => panic!("{field} is {other:?}"),
+        }
+    }
+
+    fn f64_at(b: &Batch, field: &str, row: usize) -> Option<f64> {
+        let column = &b.fields[b.table.field_index(field).unwrap()];
+        if !column.is_valid(row) {
+            return None;
+        }
+        match &column.values {
+            Values::F64(v) => Some(v[row]),
+            other => panic!("{field} is {other:?}"),
+        }
+    }
+
+    fn hw_value(b: &Batch, device: &str, port: &str, counter: &str) -> Option<u64> {
+        let r = (0..b.len()).find(|&r| {
+            tag(b, "device", r) == device
+                && tag(b, "port", r) == port
+                && tag(b, "counter", r) == counter
+        })?;
+        u64_at(b, "value", r)
+    }
+
+    #[test]
+    fn tables_are_valid_and_columns_line_up() {
+        for table in TABLES {
+            table.validate().unwrap();
+            assert!(table.name.starts_with("infiniband"));
+        }
+        assert_eq!(PORT.fields.len(), col::COUNT);
+        assert_eq!(PORT.field_index("state"), Some(col::STATE));
+        assert_eq!(PORT.field_index("phys_state"), Some(col::PHYS_STATE));
+        assert_eq!(PORT.field_index("rate_bytes_per_second"), Some(col::RATE));
+        assert_eq!(PORT.field_index("xmit_data_bytes"), Some(col::XMIT_DATA));
+        assert_eq!(PORT.field_index("rcv_data_bytes"), Some(col::RCV_DATA));
+        assert_eq!(PORT.field_index("symbol_error"), Some(col::SYMBOL_ERROR));
+        assert_eq!(
+            PORT.field_index("link_error_recovery"),
+            Some(col::LINK_ERROR_RECOVERY)
+        );
+        assert_eq!(PORT.field_index("link_downed"), Some(col::LINK_DOWNED));
+        // Every counter field has a source, once; the sources name the
+        // kernel file the field is named after.
+        let mut fields: Vec<usize> = COUNTER_SOURCES.iter().map(|s| s.0).collect();
+        fields.sort_unstable();
+        assert_eq!(fields, (col::XMIT_DATA..col::COUNT).collect::<Vec<_>>());
+        for (field, sources, _) in COUNTER_SOURCES {
+            let name = PORT.fields[*field].name.trim_end_matches("_bytes");
+            let last = sources.last().unwrap().rsplit('/').next().unwrap();
+            assert_eq!(
+                last.trim_start_matches("port_").to_ascii_lowercase(),
+                name,
+                "{sources:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn fixture_values() {
+        let mut c = collector(&fixture());
+        let batches = c.collect(42).unwrap();
+        let ports = batch(&batches, &PORT);
+        assert_eq!(ports.len(), 9);
+        assert!(ports.time_us.iter().all(|&t| t == 42));
+
+        // port_xmit_data counts 4-byte words.
+        let r = row(ports, "mlx5_0", "1");
+        assert_eq!(
+            u64_at(ports, "xmit_data_bytes", r),
+            Some(1_029_384_756_102 * 4)
+        );
+        assert_eq!(
+            u64_at(ports, "rcv_data_bytes", r),
+            Some(918_273_645_123 * 4)
+        );
+        assert_eq!(u64_at(ports, "xmit_packets", r), Some(3_019_283_746));
+        assert_eq!(u64_at(ports, "unicast_rcv_packets", r), Some(2_810_376_590));
+        assert_eq!(u64_at(ports, "xmit_wait", r), Some(1204));
+        assert_eq!(u64_at(ports, "state", r), Some(4));
+        assert_eq!(u64_at(ports, "phys_state", r), Some(5));
+        assert_eq!(f64_at(ports, "rate_bytes_per_second", r), Some(50e9));
+
+        // The congested port.
+        let r = row(ports, "mlx5_2", "1");
+        assert_eq!(u64_at(ports, "xmit_wait", r), Some(3_718_293_871));
+        assert_eq!(f64_at(ports, "rate_bytes_per_second", r), Some(50e9));
+        let r = row(ports, "mlx5_4", "1");
+        assert_eq!(f64_at(ports, "rate_bytes_per_second", r), Some(25e9));
+
+        // An older kernel's layout: the 64-bit counters_ext win over the
+        // saturated 32-bit ones; what it lacks is null.
+        let r = row(ports, "mlx5_3", "1");
+        assert_eq!(
+            u64_at(ports, "xmit_data_bytes", r),
+            Some(73_839_029_384 * 4)
+        );
+        assert_eq!(u64_at(ports, "rcv_data_bytes", r), Some(69_120_394_857 * 4));
+        assert_eq!(u64_at(ports, "xmit_packets", r), Some(9_028_371_625));
+        assert_eq!(u64_at(ports, "rcv_packets", r), Some(8_812_734_410));
+        assert_eq!(
+            u64_at(ports, "unicast_xmit_packets", r),
+            Some(9_028_360_001)
+        );
+        assert_eq!(u64_at(ports, "multicast_rcv_packets", r), Some(14_408));
+        assert_eq!(u64_at(ports, "xmit_wait", r), None);
+
+        // The port that is down.
+        let r = row(ports, "mlx5_5", "1");
+        assert_eq!(u64_at(ports, "state", r), Some(1));
+        assert_eq!(u64_at(ports, "phys_state", r), Some(2));
+        assert_eq!(u64_at(ports, "link_downed", r), Some(3));
+
+        // The RoCE port and its mlx5 hw_counters; lifespan is a setting, not a counter.
+        let r = row(ports, "mlx5_8", "1");
+        assert_eq!(f64_at(ports, "rate_bytes_per_second", r), Some(12.5e9));
+        let hw = batch(&batches, &HW_COUNTER);
+        assert_eq!(hw_value(hw, "mlx5_8", "1", "np_cnp_sent"), Some(120_410));
+        assert_eq!(hw_value(hw, "mlx5_8", "1", "out_of_sequence"), Some(10));
+        assert_eq!(
+            hw_value(hw, "mlx5_0", "1", "rx_write_requests"),
+            Some(48_232)
+        );
+        assert_eq!(hw_value(hw, "mlx5_8", "1", "lifespan"), None);
+        assert_eq!(hw.len(), 8 * 19 + 29);
+
+        let link = batch(&batches, &LINK);
+        let r = row(link, "mlx5_8", "1");
+        assert_eq!(tag(link, "link_layer", r), "Ethernet");
+        assert_eq!(tag(link, "state", r), "ACTIVE");
+        assert_eq!(tag(link, "phys_state", r), "LinkUp");
+        assert_eq!(tag(link, "rate", r), "100 Gb/sec (4X EDR)");
+        let r = row(link, "mlx5_1", "1");
+        assert_eq!(tag(link, "link_layer", r), "InfiniBand");
+        assert_eq!(tag(link, "lid", r), "0x1e");
+        let r = row(link, "mlx5_5", "1");
+        assert_eq!(tag(link, "state", r), "DOWN");
+        assert_eq!(tag(link, "phys_state", r), "Polling");
+
+        let devices = batch(&batches, &DEVICE);
+        assert_eq!(devices.len(), 9);
+        assert_eq!(tag(devices, "device", 0), "mlx5_0");
+        assert_eq!(tag(devices, "hca_type", 0), "MT4129");
+        assert_eq!(tag(devices, "fw_ver", 0), "28.39.2048");
+        assert_eq!(tag(devices, "board_id", 0), "MT_0000000838");
+        assert_eq!(tag(devices, "node_guid", 0), "946d:ae03:00f4:1a2c");
+
+        let problems = c.problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("mlx5_5/1 is DOWN/Polling: no link")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("mlx5_5/1: link_downed = 3")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("mlx5_6/1: physical errors")
+                    && p.contains("symbol_error = 12")),
+            "{problems:?}"
+        );
+        // The saturated 32-bit counters of mlx5_3 are not read: no complaint.
+        assert!(!problems.iter().any(|p| p.contains("2^32")), "{problems:?}");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("mlx5_5/1: physical errors")
+                    && p.contains("link_error_recovery = 3")),
+            "{problems:?}"
+        );
+        assert_eq!(problems.len(), 4, "{problems:?}");
+    }
+
+    #[test]
+    fn probe_summarises_the_ports() {
+        let mut c = collector(&fixture());
+        let Availability::Available(summary) = c.probe() else {
+            panic!("absent");
+        };
+        assert!(
+            summary.starts_with(
+                "9 HCAs, 9 ports: mlx5_0/1 ACTIVE 400 Gb/s IB, mlx5_1/1 ACTIVE 400 Gb/s IB, "
+            ),
+            "{summary}"
+        );
+        assert!(summary.contains("mlx5_5/1 DOWN 10 Gb/s IB"), "{summary}");
+        assert!(
+            summary.ends_with("mlx5_8/1 ACTIVE 100 Gb/s RoCE"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn absent_without_rdma_devices() {
+        let vm = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/vm-node"
+        ));
+        let mut c = collector(&vm);
+        let Availability::Absent(reason) = c.probe() else {
+            panic!("present");
+        };
+        assert!(
+            reason.starts_with("no ")
+                && reason.ends_with("sys/class/infiniband: no RDMA devices or driver not loaded"),
+            "{reason}"
+        );
+        assert!(c.collect(1).unwrap().is_empty());
+
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(empty.path().join("sys/class/infiniband")).unwrap();
+        let Availability::Absent(reason) = collector(empty.path()).probe() else {
+            panic!("present");
+        };
+        assert!(reason.ends_with("is empty: no RDMA devices"), "{reason}");
+    }
+
+    #[test]
+    fn devices_and_hw_counters_settings() {
+        let config = InfinibandConfig {
+            devices: vec!["mlx5_8".into(), "mlx5_9".into()],
+            hw_counters: false,
+            ..InfinibandConfig::default()
+        };
+        let mut c = Infiniband::new(&config, &roots(&fixture()));
+        let batches = c.collect(1).unwrap();
+        assert_eq!(batch(&batches, &PORT).len(), 1);
+        assert!(!batches.iter().any(|b| b.table.name == HW_COUNTER.name));
+        assert_eq!(
+            c.problems(),
+            [format!(
+                "collectors.infiniband.devices names mlx5_9, which is not under {}",
+                fixture().join("sys/class/infiniband").display()
+            )]
+        );
+
+        let config = InfinibandConfig {
+            devices: vec!["mlx4_0".into()],
+            ..InfinibandConfig::default()
+        };
+        let Availability::Absent(reason) = Infiniband::new(&config, &roots(&fixture())).probe()
+        else {
+            panic!("present");
+        };
+        assert!(
+            reason.starts_with("none of collectors.infiniband.devices (mlx4_0)"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn config_keys() {
+        let config: InfinibandConfig =
+            toml::from_str("hw_counters = false\ndevices = [\"mlx5_0\"]\n").unwrap();
+        assert!(!config.hw_counters);
+        assert_eq!(config.devices, ["mlx5_0"]);
+        assert!(toml::from_str::<InfinibandConfig>("hw_counter = true\n").is_err());
+        for key in ["hw_counters", "devices"] {
+            assert!(KEY_DOCS.iter().any(|(k, _)| *k == key), "{key}");
+        }
+    }
+
+    #[test]
+    fn rates() {
+        let gbit = 1_000_000_000;
+        for (text, bits) in [
+            ("100 Gb/sec (4X EDR)\n", 100 * gbit),
+            ("400 Gb/sec (4X NDR)\n", 400 * gbit),
+            ("200 Gb/sec (4X HDR)\n", 200 * gbit),
+            ("25 Gb/sec (1X EDR)\n", 25 * gbit),
+            ("10 Gb/sec (4X SDR)\n", 10 * gbit),
+            ("2.5 Gb/sec (1X SDR)\n", 2_500_000_000),
+            ("56 Gb/sec (4X FDR)\n", 56 * gbit),
+            ("40 Gb/sec (4X FDR10)\n", 40 * gbit),
+            ("800 Gb/sec (8X NDR)\n", 800 * gbit),
+            ("14.0625 Gb/sec (1X FDR)\n", 14_062_500_000),
+            ("10 Gb/sec\n", 10 * gbit),
+            ("10 Gb/sec (4X)", 10 * gbit),
+        ] {
+            assert_eq!(parse_rate(text), Ok(bits), "{text:?}");
+        }
+        for bad in [
+            "",
+            "\n",
+            "fast\n",
+            "100 Mb/sec (4X EDR)\n",
+            "100Gb/sec\n",
+            "-1 Gb/sec (4X)\n",
+            "1. Gb/sec\n",
+            ".5 Gb/sec\n",
+            "100 Gb/sec (4X EDR\n",
+            "99999999999999999999 Gb/sec\n",
+            "20000000000 Gb/sec\n",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(format_gbits(2_500_000_000), "2.5");
+        assert_eq!(format_gbits(400 * gbit), "400");
+    }
+
+    #[test]
+    fn states_and_counters() {
+        assert_eq!(parse_state("4: ACTIVE\n", STATES, 0), Ok((4, "ACTIVE")));
+        assert_eq!(
+            parse_state("5: ACTIVE_DEFER\n", STATES, 0),
+            Ok((5, "ACTIVE_DEFER"))
+        );
+        assert_eq!(parse_state("7: UNKNOWN\n", STATES, 0), Ok((7, "UNKNOWN")));
+        assert_eq!(
+            parse_state("5: LinkUp\n", PHYS_STATES, 1),
+            Ok((5, "LinkUp"))
+        );
+        assert_eq!(
+            parse_state("7: Phy Test\n", PHYS_STATES, 1),
+            Ok((7, "Phy Test"))
+        );
+        assert_eq!(
+            parse_state("9: <unknown>\n", PHYS_STATES, 1),
+            Ok((9, "<unknown>"))
+        );
+        assert_eq!(
+            parse_state("0: <unknown>\n", PHYS_STATES, 1),
+            Ok((0, "<unknown>"))
+        );
+        for bad in [
+            "4: ACTIV\n",
+            "4: DOWN\n",
+            "4:ACTIVE\n",
+            ": ACTIVE\n",
+            "x: ACTIVE\n",
+            "",
+            "4",
+        ] {
+            assert!(parse_state(bad, STATES, 0).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_counter("123\n"), Ok(Some(123)));
+        assert_eq!(parse_counter("18446744073709551615\n"), Ok(Some(u64::MAX)));
+        assert_eq!(parse_counter("N/A (no PMA)\n"), Ok(None));
+        for bad in [
+            "",
+            "\n",
+            "12x\n",
+            "-1\n",
+            "18446744073709551616\n",
+            " 1\n",
+            "1 2\n",
+        ] {
+            assert!(parse_counter(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_port_removed_between_ticks_stops_its_rows() {
+        let dir = fixture_copy();
+        let mut c = collector(dir.path());
+        let first = c.collect(1).unwrap();
+        assert_eq!(batch(&first, &PORT).len(), 9);
+        let class = dir.path().join("sys/class/infiniband");
+        std::fs::remove_dir_all(class.join("mlx5_7/ports/1")).unwrap();
+        std::fs::remove_dir_all(class.join("mlx5_8")).unwrap();
+        let second = c.collect(2).unwrap();
+        let ports = batch(&second, &PORT);
+        assert_eq!(ports.len(), 7);
+        assert!((0..ports.len())
+            .all(|r| !["mlx5_7", "mlx5_8"].contains(&tag(ports, "device", r).as_str())));
+        let hw = batch(&second, &HW_COUNTER);
+        assert!((0..hw.len()).all(|r| tag(hw, "device", r) != "mlx5_8"));
+        // mlx5_7 still exists, without ports.
+        assert_eq!(batch(&second, &DEVICE).len(), 8);
+        // And it comes back.
+        copy_tree(
+            &fixture().join("sys/class/infiniband/mlx5_8"),
+            &class.join("mlx5_8"),
+        );
+        assert_eq!(batch(&c.collect(3).unwrap(), &PORT).len(), 8);
+    }
+
+    #[test]
+    fn a_port_vanishing_mid_walk_is_skipped() {
+        // The walk is cached: remove a port without changing the device list,
+        // so the next tick finds the cached files missing mid-read.
+        let dir = fixture_copy();
+        let mut c = collector(dir.path());
+        c.collect(1).unwrap();
+        let port = dir.path().join("sys/class/infiniband/mlx5_2/ports/1");
+        std::fs::remove_dir_all(port.join("counters")).unwrap();
+        std::fs::remove_dir_all(port.join("hw_counters")).unwrap();
+        // The counters went but the port stayed: nulls.
+        let batches = c.collect(2).unwrap();
+        let ports = batch(&batches, &PORT);
+        assert_eq!(ports.len(), 9);
+        let r = row(ports, "mlx5_2", "1");
+        assert_eq!(u64_at(ports, "xmit_data_bytes", r), None);
+        assert_eq!(u64_at(ports, "state", r), Some(4));
+        // Now the whole port goes, between a walk and a read.
+        std::fs::remove_dir_all(&port).unwrap();
+        c.stale = false;
+        c.ticks = 1;
+        let batches = c.collect(3).unwrap();
+        assert_eq!(batch(&batches, &PORT).len(), 8);
+        assert!(c.stale, "a vanished port asks for a new walk");
+    }
+
+    #[test]
+    fn a_missing_optional_file_is_null() {
+        let dir = fixture_copy();
+        let port = dir.path().join("sys/class/infiniband/mlx5_0/ports/1");
+        std::fs::remove_file(port.join("counters/port_xmit_wait")).unwrap();
+        std::fs::remove_file(port.join("rate")).unwrap();
+        std::fs::write(port.join("counters/VL15_dropped"), "N/A (no PMA)\n").unwrap();
+        let batches = collector(dir.path()).collect(1).unwrap();
+        let ports = batch(&batches, &PORT);
+        let r = row(ports, "mlx5_0", "1");
+        assert_eq!(u64_at(ports, "xmit_wait", r), None);
+        assert_eq!(u64_at(ports, "vl15_dropped", r), None);
+        assert_eq!(f64_at(ports, "rate_bytes_per_second", r), None);
+        assert_eq!(u64_at(ports, "symbol_error", r), Some(0));
+        let link = batch(&batches, &LINK);
+        assert_eq!(tag(link, "rate", row(link, "mlx5_0", "1")), "");
+    }
+
+    #[test]
+    fn garbage_names_the_file() {
+        for (rel, content) in [
+            ("mlx5_1/ports/1/counters/symbol_error", "12x\n"),
+            ("mlx5_1/ports/1/counters/port_rcv_data", ""),
+            (
+                "mlx5_1/ports/1/counters/port_xmit_data",
+                "18446744073709551616\n",
+            ),
+            // Fits in 64 bits, but not once scaled to bytes.
+            (
+                "mlx5_1/ports/1/counters/port_rcv_data",
+                "18446744073709551615\n",
+            ),
+            ("mlx5_1/ports/1/state", "4: ACTIV\n"),
+            ("mlx5_1/ports/1/phys_state", "5\n"),
+            ("mlx5_1/ports/1/rate", "fast\n"),
+            ("mlx5_1/ports/1/lid", "12\n"),
+            ("mlx5_1/ports/1/link_layer", "Token Ring\n"),
+            ("mlx5_8/ports/1/hw_counters/np_cnp_sent", "lots\n"),
+            ("mlx5_8/ports/1/hw_counters/out_of_buffer", "\u{0}\u{0}\n"),
+        ] {
+            let dir = fixture_copy();
+            let path = dir.path().join("sys/class/infiniband").join(rel);
+            std::fs::write(&path, content).unwrap();
+            let mut c = collector(dir.path());
+            let err = c.collect(1).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{}: ", path.display())),
+                "{rel}: {err}"
+            );
+            // The next tick is not poisoned by the half-built one.
+            std::fs::copy(fixture().join("sys/class/infiniband").join(rel), &path).unwrap();
+            assert_eq!(batch(&c.collect(2).unwrap(), &PORT).len(), 9, "{rel}");
+        }
+        let dir = fixture_copy();
+        let path = dir.path().join("sys/class/infiniband/mlx5_0/fw_ver");
+        std::fs::write(&path, b"\xff\xfe\n").unwrap();
+        let err = collector(dir.path()).collect(1).unwrap_err().to_string();
+        assert_eq!(err, format!("{}: not UTF-8 text", path.display()));
+    }
+
+    #[test]
+    fn follows_device_symlinks() {
+        // Real sysfs: class/infiniband/mlx5_0 -> ../../devices/pci.../infiniband/mlx5_0
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir
+            .path()
+            .join("sys/devices/pci0000:00/0000:00:01.0/infiniband");
+        copy_tree(
+            &fixture().join("sys/class/infiniband/mlx5_8"),
+            &real.join("mlx5_8"),
+        );
+        let class = dir.path().join("sys/class/infiniband");
+        std::fs::create_dir_all(&class).unwrap();
+        std::os::unix::fs::symlink(
+            "../../devices/pci0000:00/0000:00:01.0/infiniband/mlx5_8",
+            class.join("mlx5_8"),
+        )
+        .unwrap();
+        let batches = collector(dir.path()).collect(1).unwrap();
+        let ports = batch(&batches, &PORT);
+        assert_eq!(ports.len(), 1);
+        assert_eq!(
+            u64_at(ports, "rcv_packets", 0),
+            Some(2_810_394_821 + 8 * 7919)
+        );
+        assert_eq!(batch(&batches, &HW_COUNTER).len(), 29);
+    }
+
+    #[test]
+    fn the_walk_is_redone_only_when_needed() {
+        let dir = fixture_copy();
+        let mut c = collector(dir.path());
+        c.collect(1).unwrap();
+        // A new counter file appears: not seen until a walk.
+        let port = dir.path().join("sys/class/infiniband/mlx5_3/ports/1");
+        std::fs::write(port.join("counters/port_xmit_wait"), "77\n").unwrap();
+        let batches = c.collect(2).unwrap();
+        let ports = batch(&batches, &PORT);
+        assert_eq!(u64_at(ports, "xmit_wait", row(ports, "mlx5_3", "1")), None);
+        // A device appearing is noticed at once, and rewalks the rest.
+        copy_tree(
+            &fixture().join("sys/class/infiniband/mlx5_8"),
+            &dir.path().join("sys/class/infiniband/mlx5_9"),
+        );
+        let batches = c.collect(3).unwrap();
+        let ports = batch(&batches, &PORT);
+        assert_eq!(ports.len(), 10);
+        assert_eq!(
+            u64_at(ports, "xmit_wait", row(ports, "mlx5_3", "1")),
+            Some(77)
+        );
+    }
+
+    /// Timing of one collect over the fixture tree:
+    /// `cargo test -p vtax collectors::infiniband::tests::timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn timing() {
+        let mut c = collector(&fixture());
+        c.collect(0).unwrap();
+        let n = 2000;
+        let start = std::time::Instant::now();
+        for i in 0..n {
+            std::hint::black_box(c.collect(i).unwrap());
+        }
+        let per = start.elapsed() / n as u32;
+        eprintln!(
+            "one collect over 9 ports (fixture, {} files): {per:?}",
+            9 * 24 + 8 * 19 + 29
+        );
+    }
+}
