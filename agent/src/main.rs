@@ -4,6 +4,8 @@ mod args;
 mod collectors;
 mod config;
 mod doctor;
+#[cfg(test)]
+mod golden;
 mod import;
 mod query;
 mod run;

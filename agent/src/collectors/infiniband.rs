@@ -65,7 +65,7 @@ impl CollectorConfig for InfinibandConfig {
 pub static KEY_DOCS: &[(&str, &str)] = &[
     (
         "hw_counters",
-        "Also read the driver-specific hw_counters of every port and device (mlx5: out_of_buffer, np_cnp_sent, rp_cnp_handled, ...) into the infiniband_hw_counter table.",
+        "Also read the driver-specific hw_counters of every port and device (mlx5: out_of_buffer, np_cnp_sent, rp_cnp_handled, ...) into the infiniband_hw table.",
     ),
     (
         "devices",
@@ -371,7 +371,7 @@ pub static DEVICE: TableDef = TableDef {
 
 /// Driver-specific counters, one row per counter.
 pub static HW_COUNTER: TableDef = TableDef {
-    name: "infiniband_hw_counter",
+    name: "infiniband_hw",
     help: "One row per driver-specific counter per tick, from hw_counters/ of a port (or of the device, port empty); names vary by driver (mlx5: out_of_buffer, out_of_sequence, np_cnp_sent, rp_cnp_handled, roce_adp_retrans, ...). The lifespan setting is not a counter and is left out.",
     tags: &[
         DEVICE_TAG,

@@ -1,0 +1,112 @@
+//! Golden `/metrics`: every collector read once over each fixture tree under
+//! `tests/fixtures/`, rendered as the agent serves it, compared with
+//! `tests/golden/<fixture>.prom` (rewritten with `VTAX_UPDATE_GOLDEN=1`), and
+//! linted by `promtool check metrics`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use vtax_exporters::Exposition;
+
+use crate::collectors::platform::{CpuidRegs, CpuidSource, Platform};
+use crate::collectors::{Availability, Collector, CollectorsConfig, Roots, NAMES};
+
+/// CPUID cannot come from a fixture: the golden files are made as on a CPU
+/// without it, so they hold only what the fixture's files say.
+struct NoCpuid;
+
+impl CpuidSource for NoCpuid {
+    fn cpuid(&self, _leaf: u32) -> Option<CpuidRegs> {
+        None
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Reads every collector once over a fixture and renders the text format.
+fn render_fixture(fixture: &str) -> String {
+    let root = repo().join("tests/fixtures").join(fixture);
+    let roots = Roots {
+        procfs: root.join("proc"),
+        sysfs: root.join("sys"),
+    };
+    let config = CollectorsConfig::default();
+    let exposition = Exposition::new(crate::catalog().tables());
+    for &name in NAMES {
+        let mut collector: Box<dyn Collector> = if name == "platform" {
+            Box::new(Platform::with_cpuid(&config.platform, &roots, Box::new(NoCpuid)))
+        } else {
+            config.build(name, &roots).expect("every name builds")
+        };
+        if let Availability::Absent(_) = collector.probe() {
+            continue;
+        }
+        let batches = collector
+            .collect(1_763_766_000_000_000)
+            .unwrap_or_else(|e| panic!("{fixture}: {name}: {e:#}"));
+        exposition.update(name, batches.into_iter().map(Arc::new).collect());
+    }
+    exposition.render_pending();
+    String::from_utf8(exposition.bodies().text.to_vec()).expect("UTF-8")
+}
+
+fn promtool_complaints(body: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/test.sh installs Debian's prometheus)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn check_golden(fixture: &str) {
+    let rendered = render_fixture(fixture);
+    let path = repo().join("tests/golden").join(format!("{fixture}.prom"));
+    if std::env::var_os("VTAX_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &rendered).unwrap();
+    }
+    assert_eq!(promtool_complaints(&rendered), "", "promtool lints {fixture}");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    if on_disk != rendered {
+        let first = on_disk
+            .lines()
+            .zip(rendered.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(on_disk.lines().count().min(rendered.lines().count()));
+        panic!(
+            "{} differs from what the collectors render (first at line {}: {:?} vs {:?}); \
+             if intended, run `VTAX_UPDATE_GOLDEN=1 cargo test -p vtax golden`",
+            path.display(),
+            first + 1,
+            on_disk.lines().nth(first),
+            rendered.lines().nth(first)
+        );
+    }
+}
+
+#[test]
+fn golden_vm_node() {
+    check_golden("vm-node");
+}
+
+#[test]
+fn golden_baremetal_node() {
+    check_golden("baremetal-node");
+}
