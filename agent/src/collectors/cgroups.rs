@@ -1,9 +1,36 @@
-//! `cgroups`: per-workload cgroups. Being written: the skeleton keeps the registry whole.
+//! `cgroups`: per-workload cgroups (systemd slices and services, containers,
+//! Slurm jobs, Kubernetes pods): CPU time and throttling, memory, pressure.
+//!
+//! Both layouts are read. cgroup v2 (the unified hierarchy, `cgroup.controllers`
+//! at `<sysfs>/fs/cgroup`) gives everything from one directory per cgroup. cgroup
+//! v1 has one hierarchy per controller (`cpu,cpuacct`, `memory`, …); a cgroup is
+//! the union of the directories with the same path in each, and on hybrid
+//! systems its pressure comes from the same path under `unified/`.
+//!
+//! The walk (directory listings, depth, include/exclude patterns, the
+//! cardinality bound, the workload kind) runs on the first tick, after a
+//! cgroup vanished, and every `rescan_interval_secs`; a tick in between reads
+//! only the files of the cgroups it found, each once, into one reused buffer.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::path::{Path, PathBuf};
+
+use regex::RegexSet;
 use serde::{Deserialize, Serialize};
-use vtax_store::{Batch, TableDef};
+use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::{Availability, Collector, CollectorConfig, Roots};
+
+/// Default depth below the root that the walk descends to.
+pub const DEFAULT_MAX_DEPTH: u32 = 4;
+/// Default bound on the number of cgroups sampled.
+pub const DEFAULT_MAX_CGROUPS: u32 = 500;
+/// Default seconds between two walks of the hierarchy.
+pub const DEFAULT_RESCAN_INTERVAL_SECS: f64 = 10.0;
 
 /// `[collectors.cgroups]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -13,6 +40,17 @@ pub struct CgroupsConfig {
     pub enabled: bool,
     /// Seconds between two reads.
     pub interval_secs: f64,
+    /// How deep below the root to walk: 1 is the root's children.
+    pub max_depth: u32,
+    /// Regular expressions on the cgroup path: when any is given, only
+    /// matching cgroups are sampled.
+    pub include: Vec<String>,
+    /// Regular expressions on the cgroup path: matching cgroups are skipped.
+    pub exclude: Vec<String>,
+    /// At most this many cgroups are sampled; the rest are skipped and reported.
+    pub max_cgroups: u32,
+    /// Seconds between two walks of the hierarchy to find new cgroups.
+    pub rescan_interval_secs: f64,
 }
 
 impl Default for CgroupsConfig {
@@ -20,6 +58,11 @@ impl Default for CgroupsConfig {
         CgroupsConfig {
             enabled: true,
             interval_secs: super::DEFAULT_INTERVAL_SECS,
+            max_depth: DEFAULT_MAX_DEPTH,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            max_cgroups: DEFAULT_MAX_CGROUPS,
+            rescan_interval_secs: DEFAULT_RESCAN_INTERVAL_SECS,
         }
     }
 }
@@ -33,17 +76,1088 @@ impl CollectorConfig for CgroupsConfig {
     }
 }
 
+/// Comments for this collector's own keys in the example config.
+pub static KEY_DOCS: &[(&str, &str)] = &[
+    (
+        "max_depth",
+        "How deep below the cgroup root to walk: 1 is the root's children (system.slice), 4 reaches kubepods pods' containers and Slurm job steps.",
+    ),
+    (
+        "include",
+        "Regular expressions on the cgroup path (\"/system.slice/docker-abc.scope\"), matched anywhere unless anchored: when any is given, only matching cgroups are sampled.",
+    ),
+    (
+        "exclude",
+        "Regular expressions on the cgroup path: matching cgroups are skipped (their children are still walked and matched on their own).",
+    ),
+    (
+        "max_cgroups",
+        "At most this many cgroups are sampled, shallowest first then by path; the rest are skipped and reported by `vtax doctor`.",
+    ),
+    (
+        "rescan_interval_secs",
+        "Seconds between two walks of the hierarchy that find new cgroups (a vanished one triggers a walk at once); 0 walks on every read.",
+    ),
+];
+
+impl CgroupsConfig {
+    /// Checks what serde cannot: ranges and that the patterns compile.
+    /// Messages start with the full key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=32).contains(&self.max_depth) {
+            return Err(format!(
+                "collectors.cgroups.max_depth = {}: must be between 1 and 32",
+                self.max_depth
+            ));
+        }
+        if !(1..=100_000).contains(&self.max_cgroups) {
+            return Err(format!(
+                "collectors.cgroups.max_cgroups = {}: must be between 1 and 100000",
+                self.max_cgroups
+            ));
+        }
+        let rescan = self.rescan_interval_secs;
+        if !(rescan.is_finite() && (0.0..=86_400.0).contains(&rescan)) {
+            return Err(format!(
+                "collectors.cgroups.rescan_interval_secs = {rescan}: must be between 0 and 86400"
+            ));
+        }
+        compile("collectors.cgroups.include", &self.include)?;
+        compile("collectors.cgroups.exclude", &self.exclude)?;
+        Ok(())
+    }
+}
+
+/// Compiles a list of patterns; the error names the key and the bad pattern.
+fn compile(key: &str, patterns: &[String]) -> Result<RegexSet, String> {
+    for pattern in patterns {
+        if let Err(e) = regex::Regex::new(pattern) {
+            // The parser's message spans lines with a caret; its last line says what.
+            let text = e.to_string();
+            let what = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid")
+                .trim()
+                .trim_start_matches("error: ");
+            return Err(format!(
+                "{key} = {pattern:?}: not a regular expression: {what}"
+            ));
+        }
+    }
+    RegexSet::new(patterns).map_err(|e| format!("{key}: {e}"))
+}
+
+/// Tables of this collector.
+pub static TABLES: &[&TableDef] = &[&CGROUP];
+
+const fn field(
+    name: &'static str,
+    ty: FieldType,
+    kind: MetricKind,
+    unit: Unit,
+    help: &'static str,
+) -> FieldDef {
+    FieldDef {
+        name,
+        ty,
+        kind,
+        unit,
+        help,
+    }
+}
+
+const fn seconds(name: &'static str, help: &'static str) -> FieldDef {
+    field(
+        name,
+        FieldType::F64,
+        MetricKind::Counter,
+        Unit::Seconds,
+        help,
+    )
+}
+
+const fn bytes(name: &'static str, help: &'static str) -> FieldDef {
+    field(name, FieldType::U64, MetricKind::Gauge, Unit::Bytes, help)
+}
+
+const fn count(name: &'static str, help: &'static str) -> FieldDef {
+    field(name, FieldType::U64, MetricKind::Counter, Unit::None, help)
+}
+
+/// Field positions in [`CGROUP`], in declaration order.
+mod f {
+    pub const CPU_USAGE: usize = 0;
+    pub const CPU_USER: usize = 1;
+    pub const CPU_SYSTEM: usize = 2;
+    pub const CPU_PERIODS: usize = 3;
+    pub const CPU_THROTTLED_PERIODS: usize = 4;
+    pub const CPU_THROTTLED: usize = 5;
+    pub const CPU_QUOTA: usize = 6;
+    pub const MEM_USAGE: usize = 7;
+    pub const MEM_LIMIT: usize = 8;
+    pub const MEM_ANON: usize = 9;
+    pub const MEM_FILE: usize = 10;
+    pub const MEM_KERNEL: usize = 11;
+    pub const MEM_SLAB: usize = 12;
+    pub const MEM_SWAP: usize = 13;
+    pub const PGFAULT: usize = 14;
+    pub const PGMAJFAULT: usize = 15;
+    pub const MEM_MAX_EVENTS: usize = 16;
+    pub const OOM: usize = 17;
+    pub const OOM_KILL: usize = 18;
+    pub const CPU_SOME: usize = 19;
+    pub const CPU_FULL: usize = 20;
+    pub const MEM_SOME: usize = 21;
+    pub const MEM_FULL: usize = 22;
+    pub const IO_SOME: usize = 23;
+    pub const IO_FULL: usize = 24;
+    pub const COUNT: usize = 25;
+}
+
+/// One row per cgroup per tick.
+pub static CGROUP: TableDef = TableDef {
+    name: "cgroup",
+    help: "One row per workload cgroup per tick (the root excluded), from cgroup v2 or the v1 cpu, cpuacct and memory hierarchies. A value the kernel does not report for this layout or cgroup is null.",
+    tags: &[
+        TagDef {
+            name: "path",
+            help: "The cgroup's path below the cgroup root, e.g. `/system.slice/docker-abc.scope` or `/slurm/uid_1000/job_42` (v1).",
+        },
+        TagDef {
+            name: "workload",
+            help: "What the cgroup holds, from its path: `slice`, `service`, `container`, `pod`, `slurm_job`, `slurm_step` (a job's steps and tasks) or `other`.",
+        },
+    ],
+    fields: &[
+        seconds(
+            "cpu_usage_seconds",
+            "CPU time of the cgroup's tasks, descendants included (v2 cpu.stat usage_usec, v1 cpuacct.usage).",
+        ),
+        seconds(
+            "cpu_user_seconds",
+            "CPU time in user mode (v2 user_usec, v1 cpuacct.stat user in clock ticks).",
+        ),
+        seconds(
+            "cpu_system_seconds",
+            "CPU time in kernel mode (v2 system_usec, v1 cpuacct.stat system in clock ticks).",
+        ),
+        count(
+            "cpu_periods",
+            "CFS bandwidth periods that elapsed with runnable tasks (cpu.stat nr_periods); null without the cpu controller.",
+        ),
+        count(
+            "cpu_throttled_periods",
+            "Periods in which the cgroup was throttled for exhausting its quota (cpu.stat nr_throttled).",
+        ),
+        seconds(
+            "cpu_throttled_seconds",
+            "Time the cgroup's tasks were throttled (v2 throttled_usec, v1 throttled_time).",
+        ),
+        field(
+            "cpu_quota_cpus",
+            FieldType::F64,
+            MetricKind::Gauge,
+            Unit::None,
+            "CPU bandwidth limit in CPUs: quota / period (v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us); null when unlimited.",
+        ),
+        bytes(
+            "memory_usage_bytes",
+            "Memory charged to the cgroup, page cache included (v2 memory.current, v1 memory.usage_in_bytes).",
+        ),
+        bytes(
+            "memory_limit_bytes",
+            "Memory limit (v2 memory.max, v1 memory.limit_in_bytes); null when unlimited.",
+        ),
+        bytes(
+            "memory_anon_bytes",
+            "Anonymous memory (v2 memory.stat anon; v1 total_rss, which counts swap cache too).",
+        ),
+        bytes(
+            "memory_file_bytes",
+            "Page cache, shared memory included (v2 memory.stat file, v1 total_cache).",
+        ),
+        bytes(
+            "memory_kernel_bytes",
+            "Kernel memory charged to the cgroup (v2 memory.stat kernel on Linux 5.18 and later, v1 memory.kmem.usage_in_bytes).",
+        ),
+        bytes(
+            "memory_slab_bytes",
+            "Slab allocations, part of the kernel memory (v2 memory.stat slab; null on v1).",
+        ),
+        bytes(
+            "memory_swap_bytes",
+            "Swap used (v2 memory.swap.current, v1 memory.stat total_swap); null without swap accounting.",
+        ),
+        count(
+            "memory_page_faults",
+            "Page faults, minor and major (memory.stat pgfault; v1 total_pgfault).",
+        ),
+        count(
+            "memory_major_page_faults",
+            "Major page faults: the ones that read from disk (memory.stat pgmajfault; v1 total_pgmajfault).",
+        ),
+        count(
+            "memory_max_events",
+            "Times usage was about to go over the limit and reclaim ran (v2 memory.events max; null on v1).",
+        ),
+        count(
+            "memory_oom_events",
+            "Times the cgroup ran out of memory at its limit (v2 memory.events oom; null on v1).",
+        ),
+        count(
+            "memory_oom_kills",
+            "Processes killed by the OOM killer in the cgroup (v2 memory.events oom_kill, v1 memory.oom_control oom_kill).",
+        ),
+        seconds(
+            "cpu_pressure_some_seconds",
+            "Time some runnable task waited for a CPU (cpu.pressure some total; v2, or unified/ on hybrid v1).",
+        ),
+        seconds(
+            "cpu_pressure_full_seconds",
+            "Time all non-idle tasks waited for a CPU at once (cpu.pressure full total; Linux 5.13 and later).",
+        ),
+        seconds(
+            "memory_pressure_some_seconds",
+            "Time some task stalled on memory: reclaim, refaults, swap-in (memory.pressure some total).",
+        ),
+        seconds(
+            "memory_pressure_full_seconds",
+            "Time all non-idle tasks stalled on memory at once (memory.pressure full total).",
+        ),
+        seconds(
+            "io_pressure_some_seconds",
+            "Time some task stalled on block I/O (io.pressure some total).",
+        ),
+        seconds(
+            "io_pressure_full_seconds",
+            "Time all non-idle tasks stalled on block I/O at once (io.pressure full total).",
+        ),
+    ],
+    exported: true,
+};
+
+/// Why a read failed: the file, the line (0: the whole file) and what was wrong.
+#[derive(Debug)]
+pub struct ParseError {
+    path: String,
+    line: usize,
+    reason: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(out, "{}: {}", self.path, self.reason)
+        } else {
+            write!(out, "{}:{}: {}", self.path, self.line, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+fn error(path: &Path, line: usize, reason: impl Into<String>) -> ParseError {
+    ParseError {
+        path: path.display().to_string(),
+        line,
+        reason: reason.into(),
+    }
+}
+
+/// One file a cgroup's row is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    // cgroup v2
+    CpuStatV2,
+    CpuMax,
+    MemoryCurrent,
+    MemoryMax,
+    MemoryStatV2,
+    MemoryEvents,
+    SwapCurrent,
+    // v2, and v1's `unified/` on hybrid systems
+    CpuPressure,
+    MemoryPressure,
+    IoPressure,
+    // cgroup v1 cpu
+    CpuStatV1,
+    CfsQuota,
+    CfsPeriod,
+    // cgroup v1 cpuacct
+    CpuacctUsage,
+    CpuacctStat,
+    // cgroup v1 memory
+    MemoryUsage,
+    MemoryLimit,
+    MemoryStatV1,
+    OomControl,
+    KmemUsage,
+}
+
+const V2_SOURCES: &[Source] = &[
+    Source::CpuStatV2,
+    Source::CpuMax,
+    Source::MemoryCurrent,
+    Source::MemoryMax,
+    Source::MemoryStatV2,
+    Source::MemoryEvents,
+    Source::SwapCurrent,
+    Source::CpuPressure,
+    Source::MemoryPressure,
+    Source::IoPressure,
+];
+const PRESSURE_SOURCES: &[Source] = &[
+    Source::CpuPressure,
+    Source::MemoryPressure,
+    Source::IoPressure,
+];
+const CPU_SOURCES: &[Source] = &[Source::CpuStatV1, Source::CfsQuota, Source::CfsPeriod];
+const CPUACCT_SOURCES: &[Source] = &[Source::CpuacctUsage, Source::CpuacctStat];
+const MEMORY_SOURCES: &[Source] = &[
+    Source::MemoryUsage,
+    Source::MemoryLimit,
+    Source::MemoryStatV1,
+    Source::OomControl,
+    Source::KmemUsage,
+];
+
+impl Source {
+    fn file_name(self) -> &'static str {
+        match self {
+            Source::CpuStatV2 | Source::CpuStatV1 => "cpu.stat",
+            Source::CpuMax => "cpu.max",
+            Source::MemoryCurrent => "memory.current",
+            Source::MemoryMax => "memory.max",
+            Source::MemoryStatV2 | Source::MemoryStatV1 => "memory.stat",
+            Source::MemoryEvents => "memory.events",
+            Source::SwapCurrent => "memory.swap.current",
+            Source::CpuPressure => "cpu.pressure",
+            Source::MemoryPressure => "memory.pressure",
+            Source::IoPressure => "io.pressure",
+            Source::CfsQuota => "cpu.cfs_quota_us",
+            Source::CfsPeriod => "cpu.cfs_period_us",
+            Source::CpuacctUsage => "cpuacct.usage",
+            Source::CpuacctStat => "cpuacct.stat",
+            Source::MemoryUsage => "memory.usage_in_bytes",
+            Source::MemoryLimit => "memory.limit_in_bytes",
+            Source::OomControl => "memory.oom_control",
+            Source::KmemUsage => "memory.kmem.usage_in_bytes",
+        }
+    }
+}
+
+/// A hierarchy to walk: v2's root, or one v1 controller mount.
+#[derive(Clone, Debug)]
+struct Hierarchy {
+    /// Its directory under `<sysfs>/fs/cgroup`.
+    dir: PathBuf,
+    /// Its name for the doctor (`cpu,cpuacct`, `memory`, `unified`).
+    name: String,
+    /// The files each of its cgroups is read from.
+    sources: Vec<Source>,
+}
+
+/// What is mounted under `<sysfs>/fs/cgroup`.
+#[derive(Clone, Debug)]
+struct Layout {
+    /// Whether it is the unified hierarchy (v2).
+    unified: bool,
+    /// v2: the controllers the root offers.
+    controllers: String,
+    /// The hierarchies to walk; v2 has one.
+    hierarchies: Vec<Hierarchy>,
+}
+
+fn detect(root: &Path) -> Result<Layout, String> {
+    let controllers = root.join("cgroup.controllers");
+    if let Ok(text) = std::fs::read_to_string(&controllers) {
+        return Ok(Layout {
+            unified: true,
+            controllers: text.split_ascii_whitespace().collect::<Vec<_>>().join(" "),
+            hierarchies: vec![Hierarchy {
+                dir: root.to_path_buf(),
+                name: "unified".into(),
+                sources: V2_SOURCES.to_vec(),
+            }],
+        });
+    }
+    let entries = std::fs::read_dir(root)
+        .map_err(|e| format!("no cgroup filesystem at {}: {e}", root.display()))?;
+    // (is a link, name): real mounts before the links to them.
+    let mut names: Vec<(bool, String)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let link = e.file_type().is_ok_and(|t| t.is_symlink());
+            e.file_name().into_string().ok().map(|n| (link, n))
+        })
+        .collect();
+    names.sort();
+    // `cpu` and `cpuacct` are usually links to `cpu,cpuacct`: walk each mount
+    // once, with the controllers of every name it goes by.
+    let mut mounts: Vec<PathBuf> = Vec::new();
+    let mut hierarchies: Vec<Hierarchy> = Vec::new();
+    let mut pressure = None;
+    for (_, name) in names {
+        let dir = root.join(&name);
+        if !dir.is_dir() {
+            continue;
+        }
+        if name == "unified" {
+            if dir.join("cgroup.controllers").is_file() {
+                pressure = Some(Hierarchy {
+                    dir,
+                    name,
+                    sources: PRESSURE_SOURCES.to_vec(),
+                });
+            }
+            continue;
+        }
+        let mut sources = Vec::new();
+        for controller in name.split(',') {
+            match controller {
+                "cpu" => sources.extend_from_slice(CPU_SOURCES),
+                "cpuacct" => sources.extend_from_slice(CPUACCT_SOURCES),
+                "memory" => sources.extend_from_slice(MEMORY_SOURCES),
+                _ => {}
+            }
+        }
+        if sources.is_empty() {
+            continue;
+        }
+        let canonical = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+        if let Some(i) = mounts.iter().position(|m| *m == canonical) {
+            let known = &mut hierarchies[i].sources;
+            for source in sources {
+                if !known.contains(&source) {
+                    known.push(source);
+                }
+            }
+            continue;
+        }
+        mounts.push(canonical);
+        hierarchies.push(Hierarchy { dir, name, sources });
+    }
+    if hierarchies.is_empty() {
+        return Err(format!(
+            "no cgroup filesystem at {}: neither cgroup.controllers (v2) nor a cpu, cpuacct or memory hierarchy (v1)",
+            root.display()
+        ));
+    }
+    hierarchies.extend(pressure);
+    Ok(Layout {
+        unified: false,
+        controllers: String::new(),
+        hierarchies,
+    })
+}
+
+/// A file of a cgroup, and whether it turned out to be absent since the last walk.
+#[derive(Debug)]
+struct Slot {
+    source: Source,
+    path: PathBuf,
+    absent: bool,
+}
+
+/// A cgroup to sample.
+#[derive(Debug)]
+struct Target {
+    path: String,
+    workload: &'static str,
+    slots: Vec<Slot>,
+}
+
+/// What a walk found.
+#[derive(Debug, Default)]
+struct Discovery {
+    targets: Vec<Target>,
+    /// Cgroups within depth that passed the patterns but were over `max_cgroups`.
+    skipped: usize,
+}
+
+/// Adds every cgroup below the root of `hierarchy` (number `idx` of the
+/// layout), down to `max_depth`, to `out`: path relative to the root (`/a/b`)
+/// to the hierarchies that have it.
+fn list(hierarchy: &Hierarchy, max_depth: u32, out: &mut BTreeMap<String, Vec<usize>>, idx: usize) {
+    let mut stack: Vec<(String, PathBuf, u32)> = vec![(String::new(), hierarchy.dir.clone(), 0)];
+    while let Some((rel, dir, depth)) = stack.pop() {
+        if depth > 0 {
+            out.entry(rel.clone()).or_default().push(idx);
+        }
+        if depth >= max_depth {
+            continue;
+        }
+        // A directory gone since its parent was listed is churn; one we may not
+        // read is left out.
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Ok(name) = entry.file_name().into_string() else {
+                continue; // not UTF-8: cannot be a tag
+            };
+            stack.push((format!("{rel}/{name}"), entry.path(), depth + 1));
+        }
+    }
+}
+
+fn depth_of(path: &str) -> usize {
+    path.bytes().filter(|&b| b == b'/').count()
+}
+
+fn walk(layout: &Layout, filter: &Filter, max_depth: u32, max_cgroups: usize) -> Discovery {
+    let mut found: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (idx, hierarchy) in layout.hierarchies.iter().enumerate() {
+        list(hierarchy, max_depth, &mut found, idx);
+    }
+    // Pressure-only paths (hybrid `unified/`) are not workloads of their own.
+    let pressure_only = |idxs: &[usize]| {
+        idxs.iter()
+            .all(|&i| layout.hierarchies[i].sources.as_slice() == PRESSURE_SOURCES)
+    };
+    let mut paths: Vec<(String, Vec<usize>)> = found
+        .into_iter()
+        .filter(|(path, idxs)| (layout.unified || !pressure_only(idxs)) && filter.accepts(path))
+        .collect();
+    // Shallowest first, then by path: the cardinality bound keeps slices over
+    // the leaves under them, and the same ones from walk to walk.
+    paths.sort_by(|a, b| (depth_of(&a.0), &a.0).cmp(&(depth_of(&b.0), &b.0)));
+    let skipped = paths.len().saturating_sub(max_cgroups);
+    paths.truncate(max_cgroups);
+    let mut targets: Vec<Target> = paths
+        .into_iter()
+        .map(|(path, idxs)| {
+            let mut slots = Vec::new();
+            for i in idxs {
+                let hierarchy = &layout.hierarchies[i];
+                let dir = hierarchy.dir.join(path.trim_start_matches('/'));
+                for &source in &hierarchy.sources {
+                    slots.push(Slot {
+                        source,
+                        path: dir.join(source.file_name()),
+                        absent: false,
+                    });
+                }
+            }
+            Target {
+                workload: classify(&path),
+                path,
+                slots,
+            }
+        })
+        .collect();
+    // Rows in path order: stable from tick to tick, easy to read.
+    targets.sort_by(|a, b| a.path.cmp(&b.path));
+    Discovery { targets, skipped }
+}
+
+/// Include and exclude patterns, compiled once.
+struct Filter {
+    include: RegexSet,
+    exclude: RegexSet,
+    /// Set when the patterns did not compile: nothing is sampled.
+    broken: Option<String>,
+}
+
+impl Filter {
+    fn new(config: &CgroupsConfig) -> Filter {
+        let include = compile("collectors.cgroups.include", &config.include);
+        let exclude = compile("collectors.cgroups.exclude", &config.exclude);
+        match (include, exclude) {
+            (Ok(include), Ok(exclude)) => Filter {
+                include,
+                exclude,
+                broken: None,
+            },
+            (Err(e), _) | (_, Err(e)) => Filter {
+                include: RegexSet::empty(),
+                exclude: RegexSet::empty(),
+                broken: Some(e),
+            },
+        }
+    }
+
+    fn accepts(&self, path: &str) -> bool {
+        self.broken.is_none()
+            && (self.include.is_empty() || self.include.is_match(path))
+            && !self.exclude.is_match(path)
+    }
+}
+
+/// The kind of workload a cgroup holds, from its path alone.
+pub fn classify(path: &str) -> &'static str {
+    let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let Some((&last, ancestors)) = parts.split_last() else {
+        return "other";
+    };
+    let parent = ancestors.last().copied();
+    let is_job = |c: &str| {
+        c.strip_prefix("job_")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if ancestors
+        .iter()
+        .any(|c| *c == "slurm" || c.starts_with("slurmstepd"))
+    {
+        if is_job(last) {
+            return "slurm_job";
+        }
+        if ancestors.iter().any(|c| is_job(c)) {
+            return "slurm_step";
+        }
+    }
+    let is_pod = |c: &str| {
+        (c.starts_with("pod") && c.len() > 3) || (c.contains("-pod") && c.ends_with(".slice"))
+    };
+    if ancestors.iter().any(|c| c.starts_with("kubepods")) {
+        if is_pod(last) {
+            return "pod";
+        }
+        if parent.is_some_and(is_pod) {
+            return "container";
+        }
+    }
+    if let Some(scope) = last.strip_suffix(".scope") {
+        let runtime = [
+            "docker-",
+            "cri-containerd-",
+            "crio-",
+            "libpod-",
+            "containerd-",
+        ]
+        .iter()
+        .any(|p| scope.starts_with(p));
+        if runtime && !scope.contains("conmon") {
+            return "container";
+        }
+    }
+    let is_hex_id = last.len() >= 12 && last.bytes().all(|b| b.is_ascii_hexdigit());
+    if is_hex_id
+        && matches!(
+            parent,
+            Some("docker" | "containerd" | "lxc" | "libpod_parent")
+        )
+    {
+        return "container";
+    }
+    if last.ends_with(".slice") {
+        "slice"
+    } else if last.ends_with(".service") {
+        "service"
+    } else {
+        "other"
+    }
+}
+
+/// Values of one row while its files are read.
+struct Row {
+    values: [Value; f::COUNT],
+    /// v1: cpu.cfs_quota_us and cpu.cfs_period_us, combined once both are read.
+    quota_us: Option<i64>,
+    period_us: Option<u64>,
+}
+
+impl Row {
+    fn new() -> Row {
+        Row {
+            values: [Value::Null; f::COUNT],
+            quota_us: None,
+            period_us: None,
+        }
+    }
+
+    fn u64(&mut self, field: usize, value: u64) {
+        self.values[field] = Value::U64(value);
+    }
+
+    fn f64(&mut self, field: usize, value: f64) {
+        self.values[field] = Value::F64(value);
+    }
+}
+
+/// Parses a decimal `u64`, naming the word in the error.
+fn number(path: &Path, line: usize, word: &str) -> Result<u64, ParseError> {
+    word.parse()
+        .map_err(|_| error(path, line, format!("{word:?} is not a number")))
+}
+
+/// Parses a file of `key value` lines, handing each used key's value to `set`.
+fn keyed(
+    text: &str,
+    path: &Path,
+    mut set: impl FnMut(&str) -> Option<usize>,
+    row: &mut Row,
+    scale: impl Fn(usize, u64) -> Value,
+) -> Result<(), ParseError> {
+    for (n, line) in text.lines().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let mut words = line.split_ascii_whitespace();
+        let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
+            return Err(error(path, n + 1, format!("{line:?} is not \"key value\"")));
+        };
+        if let Some(field) = set(key) {
+            let value = number(path, n + 1, value)?;
+            row.values[field] = scale(field, value);
+        }
+    }
+    Ok(())
+}
+
+/// The single word of a one-value file.
+fn single<'a>(text: &'a str, path: &Path) -> Result<&'a str, ParseError> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let (Some(line), None) = (lines.next(), lines.next()) else {
+        return Err(error(path, 1, "expected one line"));
+    };
+    let mut words = line.split_ascii_whitespace();
+    match (words.next(), words.next()) {
+        (Some(word), None) => Ok(word),
+        _ => Err(error(path, 1, format!("{line:?} is not one value"))),
+    }
+}
+
+/// Reads `total=` of the `some` and `full` lines of a pressure file, in seconds.
+fn pressure(
+    text: &str,
+    path: &Path,
+    some: usize,
+    full: usize,
+    row: &mut Row,
+) -> Result<(), ParseError> {
+    for (n, line) in text.lines().enumerate() {
+        let mut words = line.split_ascii_whitespace();
+        let field = match words.next() {
+            Some("some") => some,
+            Some("full") => full,
+            None => continue,
+            Some(other) => {
+                return Err(error(path, n + 1, format!("unknown line kind {other:?}")));
+            }
+        };
+        let Some(total) = words.find_map(|w| w.strip_prefix("total=")) else {
+            return Err(error(path, n + 1, "no total="));
+        };
+        let micros = number(path, n + 1, total)?;
+        row.f64(field, micros as f64 / 1e6);
+    }
+    Ok(())
+}
+
+const MICROS: f64 = 1e6;
+const NANOS: f64 = 1e9;
+
+/// Memory limits at or above this are the kernel's "unlimited" (v1 writes
+/// `PAGE_COUNTER_MAX` pages: 9223372036854771712 with 4 KiB pages).
+const UNLIMITED_BYTES: u64 = 1 << 62;
+
+/// Parses one file's text into `row`.
+fn parse(
+    source: Source,
+    text: &str,
+    path: &Path,
+    row: &mut Row,
+    hz: f64,
+) -> Result<(), ParseError> {
+    match source {
+        Source::CpuStatV2 => keyed(
+            text,
+            path,
+            |key| match key {
+                "usage_usec" => Some(f::CPU_USAGE),
+                "user_usec" => Some(f::CPU_USER),
+                "system_usec" => Some(f::CPU_SYSTEM),
+                "nr_periods" => Some(f::CPU_PERIODS),
+                "nr_throttled" => Some(f::CPU_THROTTLED_PERIODS),
+                "throttled_usec" => Some(f::CPU_THROTTLED),
+                _ => None,
+            },
+            row,
+            |field, v| match field {
+                f::CPU_PERIODS | f::CPU_THROTTLED_PERIODS => Value::U64(v),
+                _ => Value::F64(v as f64 / MICROS),
+            },
+        ),
+        Source::CpuStatV1 => keyed(
+            text,
+            path,
+            |key| match key {
+                "nr_periods" => Some(f::CPU_PERIODS),
+                "nr_throttled" => Some(f::CPU_THROTTLED_PERIODS),
+                "throttled_time" => Some(f::CPU_THROTTLED),
+                _ => None,
+            },
+            row,
+            |field, v| match field {
+                f::CPU_THROTTLED => Value::F64(v as f64 / NANOS),
+                _ => Value::U64(v),
+            },
+        ),
+        Source::CpuacctStat => keyed(
+            text,
+            path,
+            |key| match key {
+                "user" => Some(f::CPU_USER),
+                "system" => Some(f::CPU_SYSTEM),
+                _ => None,
+            },
+            row,
+            |_, ticks| Value::F64(ticks as f64 / hz),
+        ),
+        Source::CpuacctUsage => {
+            let ns = number(path, 1, single(text, path)?)?;
+            row.f64(f::CPU_USAGE, ns as f64 / NANOS);
+            Ok(())
+        }
+        Source::CpuMax => {
+            let mut lines = text.lines();
+            let line = lines.next().unwrap_or("");
+            let mut words = line.split_ascii_whitespace();
+            let (Some(quota), Some(period), None) = (words.next(), words.next(), words.next())
+            else {
+                return Err(error(path, 1, format!("{line:?} is not \"quota period\"")));
+            };
+            let period = number(path, 1, period)?;
+            if quota != "max" {
+                let quota = number(path, 1, quota)?;
+                if period == 0 {
+                    return Err(error(path, 1, "period 0"));
+                }
+                row.f64(f::CPU_QUOTA, quota as f64 / period as f64);
+            }
+            Ok(())
+        }
+        Source::CfsQuota => {
+            let word = single(text, path)?;
+            let quota: i64 = word
+                .parse()
+                .map_err(|_| error(path, 1, format!("{word:?} is not a number")))?;
+            row.quota_us = Some(quota);
+            Ok(())
+        }
+        Source::CfsPeriod => {
+            row.period_us = Some(number(path, 1, single(text, path)?)?);
+            Ok(())
+        }
+        Source::MemoryCurrent | Source::MemoryUsage => {
+            let v = number(path, 1, single(text, path)?)?;
+            row.u64(f::MEM_USAGE, v);
+            Ok(())
+        }
+        Source::SwapCurrent => {
+            let v = number(path, 1, single(text, path)?)?;
+            row.u64(f::MEM_SWAP, v);
+            Ok(())
+        }
+        Source::KmemUsage => {
+            let v = number(path, 1, single(text, path)?)?;
+            row.u64(f::MEM_KERNEL, v);
+            Ok(())
+        }
+        Source::MemoryMax => {
+            let word = single(text, path)?;
+            if word != "max" {
+                let v = number(path, 1, word)?;
+                row.u64(f::MEM_LIMIT, v);
+            }
+            Ok(())
+        }
+        Source::MemoryLimit => {
+            let v = number(path, 1, single(text, path)?)?;
+            if v < UNLIMITED_BYTES {
+                row.u64(f::MEM_LIMIT, v);
+            }
+            Ok(())
+        }
+        Source::MemoryStatV2 => keyed(
+            text,
+            path,
+            |key| match key {
+                "anon" => Some(f::MEM_ANON),
+                "file" => Some(f::MEM_FILE),
+                "kernel" => Some(f::MEM_KERNEL),
+                "slab" => Some(f::MEM_SLAB),
+                "pgfault" => Some(f::PGFAULT),
+                "pgmajfault" => Some(f::PGMAJFAULT),
+                _ => None,
+            },
+            row,
+            |_, v| Value::U64(v),
+        ),
+        Source::MemoryStatV1 => keyed(
+            text,
+            path,
+            |key| match key {
+                "total_rss" => Some(f::MEM_ANON),
+                "total_cache" => Some(f::MEM_FILE),
+                "total_swap" => Some(f::MEM_SWAP),
+                "total_pgfault" => Some(f::PGFAULT),
+                "total_pgmajfault" => Some(f::PGMAJFAULT),
+                _ => None,
+            },
+            row,
+            |_, v| Value::U64(v),
+        ),
+        Source::MemoryEvents => keyed(
+            text,
+            path,
+            |key| match key {
+                "max" => Some(f::MEM_MAX_EVENTS),
+                "oom" => Some(f::OOM),
+                "oom_kill" => Some(f::OOM_KILL),
+                _ => None,
+            },
+            row,
+            |_, v| Value::U64(v),
+        ),
+        Source::OomControl => keyed(
+            text,
+            path,
+            |key| (key == "oom_kill").then_some(f::OOM_KILL),
+            row,
+            |_, v| Value::U64(v),
+        ),
+        Source::CpuPressure => pressure(text, path, f::CPU_SOME, f::CPU_FULL, row),
+        Source::MemoryPressure => pressure(text, path, f::MEM_SOME, f::MEM_FULL, row),
+        Source::IoPressure => pressure(text, path, f::IO_SOME, f::IO_FULL, row),
+    }
+}
+
+/// Kernel clock ticks per second (`USER_HZ`), the unit of cpuacct.stat.
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
+/// Reads a whole file into `buf` (grown as needed, never shrunk), returning
+/// its length: open, read until end of file, close, and nothing else (no
+/// `fstat` for a size that sysfs makes up anyway).
+fn read_into(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    let mut file = File::open(path)?;
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len().max(4096) * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => return Ok(len),
+            Ok(n) => len += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether a read error means the cgroup (or this file of it) is not there:
+/// ENOENT, or ENODEV from a cgroup removed while its file was open.
+fn is_gone(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
+}
+
 /// The cgroups collector.
 pub struct Cgroups {
-    _roots: Roots,
+    root: PathBuf,
+    max_depth: u32,
+    max_cgroups: usize,
+    rescan_us: i64,
+    filter: Filter,
+    hz: f64,
+    layout: Option<Layout>,
+    discovery: Discovery,
+    /// When the last walk ran; `None` forces one.
+    walked_at: Option<i64>,
+    /// One buffer for every file of a tick.
+    buf: Vec<u8>,
 }
 
 impl Cgroups {
-    /// A cgroups collector reading under `roots`.
-    pub fn new(_config: &CgroupsConfig, roots: &Roots) -> Self {
+    /// A cgroups collector reading under `<sysfs>/fs/cgroup`.
+    pub fn new(config: &CgroupsConfig, roots: &Roots) -> Self {
         Cgroups {
-            _roots: roots.clone(),
+            root: roots.sys("fs/cgroup"),
+            max_depth: config.max_depth.max(1),
+            max_cgroups: config.max_cgroups.max(1) as usize,
+            rescan_us: (config.rescan_interval_secs.max(0.0) * 1e6) as i64,
+            filter: Filter::new(config),
+            hz: ticks_per_second(),
+            layout: None,
+            discovery: Discovery::default(),
+            walked_at: None,
+            buf: vec![0; 8192],
         }
+    }
+
+    fn rewalk(&mut self, time_us: i64) -> anyhow::Result<()> {
+        if self.layout.is_none() {
+            self.layout = Some(detect(&self.root).map_err(anyhow::Error::msg)?);
+        }
+        let layout = self.layout.as_ref().expect("set above");
+        self.discovery = walk(layout, &self.filter, self.max_depth, self.max_cgroups);
+        self.walked_at = Some(time_us);
+        Ok(())
+    }
+
+    /// Reads every target into a batch; a vanished cgroup forces a walk next tick.
+    fn read_all(&mut self, time_us: i64) -> Result<Batch, ParseError> {
+        let mut builder = BatchBuilder::new(&CGROUP);
+        let mut vanished = false;
+        for target in &mut self.discovery.targets {
+            let mut row = Row::new();
+            let mut gone = false;
+            for slot in &mut target.slots {
+                if slot.absent {
+                    continue;
+                }
+                match read_into(&slot.path, &mut self.buf) {
+                    Ok(n) => {
+                        let text = std::str::from_utf8(&self.buf[..n])
+                            .map_err(|_| error(&slot.path, 0, "not UTF-8 text"))?;
+                        parse(slot.source, text, &slot.path, &mut row, self.hz)?;
+                    }
+                    Err(e) if is_gone(&e) => {
+                        if slot.path.parent().is_some_and(|d| d.is_dir()) {
+                            // The cgroup is there, this file is not (controller
+                            // off, no swap accounting): skip it until the next walk.
+                            slot.absent = true;
+                        } else {
+                            gone = true;
+                            break;
+                        }
+                    }
+                    Err(e) => return Err(error(&slot.path, 0, e.to_string())),
+                }
+            }
+            if gone {
+                vanished = true;
+                continue;
+            }
+            if row.values.iter().all(|v| *v == Value::Null) && row.quota_us.is_none() {
+                continue; // nothing readable: no row rather than a row of nulls
+            }
+            if let (Some(quota), Some(period)) = (row.quota_us, row.period_us) {
+                if quota > 0 && period > 0 {
+                    row.f64(f::CPU_QUOTA, quota as f64 / period as f64);
+                }
+            }
+            builder
+                .push(time_us, &[&target.path, target.workload], &row.values)
+                .map_err(|e| error(Path::new(&target.path), 0, e.to_string()))?;
+        }
+        if vanished {
+            self.walked_at = None;
+        }
+        Ok(builder.finish())
     }
 }
 
@@ -53,23 +1167,772 @@ impl Collector for Cgroups {
     }
 
     fn probe(&mut self) -> Availability {
-        Availability::Absent("not built yet".into())
+        self.layout = None;
+        if let Err(e) = self.rewalk(0) {
+            return Availability::Absent(e.to_string());
+        }
+        self.walked_at = None; // the first collect walks again, at its own time
+        let layout = self.layout.as_ref().expect("rewalk detected it");
+        let found = format!(
+            "{} cgroups within depth {}{}",
+            self.discovery.targets.len(),
+            self.max_depth,
+            if self.discovery.skipped > 0 {
+                format!(" ({} over max_cgroups skipped)", self.discovery.skipped)
+            } else {
+                String::new()
+            }
+        );
+        Availability::Available(if layout.unified {
+            format!("cgroup v2 (controllers: {}), {found}", layout.controllers)
+        } else {
+            let names: Vec<&str> = layout.hierarchies.iter().map(|h| h.name.as_str()).collect();
+            format!("cgroup v1 ({}), {found}", names.join(" "))
+        })
     }
 
-    fn collect(&mut self, _time_us: i64) -> anyhow::Result<Vec<Batch>> {
-        Ok(Vec::new())
+    fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        let due = match self.walked_at {
+            None => true,
+            Some(at) => time_us < at || time_us - at >= self.rescan_us,
+        };
+        if due {
+            self.rewalk(time_us)?;
+        }
+        let batch = self.read_all(time_us)?;
+        Ok(if batch.is_empty() {
+            Vec::new()
+        } else {
+            vec![batch]
+        })
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(broken) = &self.filter.broken {
+            problems.push(format!("{broken}: no cgroup is sampled"));
+        }
+        if self.discovery.skipped > 0 {
+            problems.push(format!(
+                "{} cgroups over collectors.cgroups.max_cgroups = {} are not sampled: raise it, or narrow include/exclude or max_depth",
+                self.discovery.skipped, self.max_cgroups
+            ));
+        }
+        problems
     }
 }
 
-/// Comments for this collector's own keys in the example config.
-pub static KEY_DOCS: &[(&str, &str)] = &[];
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vtax_store::batch::Values;
 
-/// Tables of this collector.
-pub static TABLES: &[&TableDef] = &[];
+    fn fixture(node: &str) -> Roots {
+        let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(node);
+        Roots {
+            procfs: base.join("proc"),
+            sysfs: base.join("sys"),
+        }
+    }
 
-impl CgroupsConfig {
-    /// Checks what serde cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        Ok(())
+    fn collector(config: &CgroupsConfig, roots: &Roots) -> Cgroups {
+        let mut c = Cgroups::new(config, roots);
+        c.hz = 100.0; // USER_HZ on every Linux; fixed so the test does not ask the host
+        c
+    }
+
+    fn collect_one(c: &mut Cgroups, time_us: i64) -> Batch {
+        let mut batches = c.collect(time_us).unwrap();
+        assert_eq!(batches.len(), 1);
+        batches.pop().unwrap()
+    }
+
+    fn paths(batch: &Batch) -> Vec<&str> {
+        batch.tags[0]
+            .codes
+            .iter()
+            .map(|&c| batch.tags[0].dict[c as usize].as_str())
+            .collect()
+    }
+
+    fn row(batch: &Batch, path: &str) -> usize {
+        paths(batch)
+            .iter()
+            .position(|p| *p == path)
+            .unwrap_or_else(|| panic!("no row for {path}: {:?}", paths(batch)))
+    }
+
+    fn workload<'a>(batch: &'a Batch, path: &str) -> &'a str {
+        let code = batch.tags[1].codes[row(batch, path)];
+        &batch.tags[1].dict[code as usize]
+    }
+
+    fn value(batch: &Batch, path: &str, name: &str) -> Value {
+        let i = row(batch, path);
+        let column = &batch.fields[CGROUP.field_index(name).expect(name)];
+        if !column.is_valid(i) {
+            return Value::Null;
+        }
+        match &column.values {
+            Values::F64(v) => Value::F64(v[i]),
+            Values::I64(v) => Value::I64(v[i]),
+            Values::U64(v) => Value::U64(v[i]),
+        }
+    }
+
+    fn close(v: Value, want: f64) -> bool {
+        matches!(v, Value::F64(x) if (x - want).abs() < 1e-9)
+    }
+
+    const POD: &str = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7c9a3d2e_5b1f_4c8e_9a6d_2f1e0b3c4d5a.slice";
+    const CRI: &str =
+        "cri-containerd-8cf99c0bd8a71b2f1b068d6d096278cf4162dbf52d4986c27018e794a8d7befa.scope";
+    const DOCKER: &str = "/docker/3df9abf61f01116639c75d725819956b13a05e6b04e94e47886de71811ab243a";
+    const JOB_V2: &str = "/system.slice/slurmstepd.scope/job_77";
+    const JOB_V1: &str = "/slurm/uid_1000/job_4242";
+
+    #[test]
+    fn field_positions_match_the_declaration() {
+        let named = [
+            (f::CPU_USAGE, "cpu_usage_seconds"),
+            (f::CPU_USER, "cpu_user_seconds"),
+            (f::CPU_SYSTEM, "cpu_system_seconds"),
+            (f::CPU_PERIODS, "cpu_periods"),
+            (f::CPU_THROTTLED_PERIODS, "cpu_throttled_periods"),
+            (f::CPU_THROTTLED, "cpu_throttled_seconds"),
+            (f::CPU_QUOTA, "cpu_quota_cpus"),
+            (f::MEM_USAGE, "memory_usage_bytes"),
+            (f::MEM_LIMIT, "memory_limit_bytes"),
+            (f::MEM_ANON, "memory_anon_bytes"),
+            (f::MEM_FILE, "memory_file_bytes"),
+            (f::MEM_KERNEL, "memory_kernel_bytes"),
+            (f::MEM_SLAB, "memory_slab_bytes"),
+            (f::MEM_SWAP, "memory_swap_bytes"),
+            (f::PGFAULT, "memory_page_faults"),
+            (f::PGMAJFAULT, "memory_major_page_faults"),
+            (f::MEM_MAX_EVENTS, "memory_max_events"),
+            (f::OOM, "memory_oom_events"),
+            (f::OOM_KILL, "memory_oom_kills"),
+            (f::CPU_SOME, "cpu_pressure_some_seconds"),
+            (f::CPU_FULL, "cpu_pressure_full_seconds"),
+            (f::MEM_SOME, "memory_pressure_some_seconds"),
+            (f::MEM_FULL, "memory_pressure_full_seconds"),
+            (f::IO_SOME, "io_pressure_some_seconds"),
+            (f::IO_FULL, "io_pressure_full_seconds"),
+        ];
+        assert_eq!(named.len(), f::COUNT);
+        assert_eq!(CGROUP.fields.len(), f::COUNT);
+        for (i, name) in named {
+            assert_eq!(CGROUP.fields[i].name, name);
+        }
+        CGROUP.validate().unwrap();
+        assert!(CGROUP.name.starts_with("cgroup"));
+    }
+
+    #[test]
+    fn v2_tree_with_a_pod_and_a_slurm_job() {
+        let roots = fixture("k8s-node");
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        let Availability::Available(summary) = c.probe() else {
+            panic!("v2 fixture is absent");
+        };
+        assert_eq!(
+            summary,
+            "cgroup v2 (controllers: cpuset cpu io memory hugetlb pids rdma misc), 15 cgroups within depth 4"
+        );
+        let batch = collect_one(&mut c, 7);
+        assert_eq!(batch.len(), 15, "{:?}", paths(&batch));
+        assert!(batch.time_us.iter().all(|&t| t == 7));
+        let ctr = format!("{POD}/{CRI}");
+        assert_eq!(workload(&batch, &ctr), "container");
+        assert_eq!(workload(&batch, POD), "pod");
+        assert_eq!(workload(&batch, "/kubepods.slice"), "slice");
+        assert_eq!(workload(&batch, "/system.slice/kubelet.service"), "service");
+        assert_eq!(workload(&batch, JOB_V2), "slurm_job");
+        assert_eq!(workload(&batch, &format!("{JOB_V2}/step_0")), "slurm_step");
+        assert_eq!(workload(&batch, "/init.scope"), "other");
+
+        let v = |name| value(&batch, &ctr, name);
+        assert!(close(v("cpu_usage_seconds"), 98.765432));
+        assert!(close(v("cpu_user_seconds"), 80.0));
+        assert!(close(v("cpu_system_seconds"), 18.765432));
+        assert_eq!(v("cpu_periods"), Value::U64(40_000));
+        assert_eq!(v("cpu_throttled_periods"), Value::U64(1_500));
+        assert!(close(v("cpu_throttled_seconds"), 61.5));
+        assert!(close(v("cpu_quota_cpus"), 1.5));
+        assert_eq!(v("memory_usage_bytes"), Value::U64(402_653_184));
+        assert_eq!(v("memory_limit_bytes"), Value::U64(536_870_912));
+        assert_eq!(v("memory_anon_bytes"), Value::U64(314_572_800));
+        assert_eq!(v("memory_file_bytes"), Value::U64(62_914_560));
+        assert_eq!(v("memory_kernel_bytes"), Value::U64(20_971_520));
+        assert_eq!(v("memory_slab_bytes"), Value::U64(12_582_912));
+        assert_eq!(v("memory_swap_bytes"), Value::U64(0));
+        assert_eq!(v("memory_page_faults"), Value::U64(2_500_000));
+        assert_eq!(v("memory_major_page_faults"), Value::U64(310));
+        assert_eq!(v("memory_max_events"), Value::U64(57));
+        assert_eq!(v("memory_oom_events"), Value::U64(2));
+        assert_eq!(v("memory_oom_kills"), Value::U64(1));
+        assert!(close(v("cpu_pressure_some_seconds"), 45.0));
+        assert!(close(v("cpu_pressure_full_seconds"), 30.0));
+        assert!(close(v("memory_pressure_some_seconds"), 1.2));
+        assert!(close(v("memory_pressure_full_seconds"), 0.8));
+        assert!(close(v("io_pressure_some_seconds"), 0.25));
+        assert!(close(v("io_pressure_full_seconds"), 0.1));
+
+        // Unlimited: cpu.max "max 100000" and memory.max "max" are null.
+        assert_eq!(value(&batch, POD, "cpu_quota_cpus"), Value::Null);
+        assert_eq!(value(&batch, POD, "memory_limit_bytes"), Value::Null);
+        assert_eq!(
+            value(&batch, JOB_V2, "memory_limit_bytes"),
+            Value::U64(34_359_738_368)
+        );
+        // No cpu controller in user.slice: no throttling, no quota; usage still there.
+        assert_eq!(value(&batch, "/user.slice", "cpu_periods"), Value::Null);
+        assert!(close(
+            value(&batch, "/user.slice", "cpu_usage_seconds"),
+            55.0
+        ));
+        // No memory.swap.current in init.scope.
+        assert_eq!(
+            value(&batch, "/init.scope", "memory_swap_bytes"),
+            Value::Null
+        );
+        // Rows are in path order, and the same on the next tick.
+        let order = paths(&batch)
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>();
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted);
+        let again = collect_one(&mut c, 8);
+        assert_eq!(paths(&again), order);
+        assert!(c.problems().is_empty());
+    }
+
+    #[test]
+    fn v1_tree_with_slurm_docker_and_a_service() {
+        let roots = fixture("baremetal-node");
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        let Availability::Available(summary) = c.probe() else {
+            panic!("v1 fixture is absent");
+        };
+        // `cpu` and `cpuacct` link to `cpu,cpuacct`: walked once.
+        assert_eq!(
+            summary,
+            "cgroup v1 (cpu,cpuacct memory unified), 10 cgroups within depth 4"
+        );
+        let batch = collect_one(&mut c, 1);
+        assert_eq!(
+            paths(&batch),
+            [
+                "/docker",
+                DOCKER,
+                "/slurm",
+                "/slurm/uid_1000",
+                JOB_V1,
+                "/slurm/uid_1000/job_4242/step_0",
+                "/slurm/uid_1000/job_4242/step_batch",
+                "/system.slice",
+                "/system.slice/docker.service",
+                "/system.slice/slurmd.service",
+            ]
+        );
+        assert_eq!(workload(&batch, DOCKER), "container");
+        assert_eq!(workload(&batch, "/docker"), "other");
+        assert_eq!(workload(&batch, JOB_V1), "slurm_job");
+        assert_eq!(
+            workload(&batch, "/slurm/uid_1000/job_4242/step_batch"),
+            "slurm_step"
+        );
+        assert_eq!(workload(&batch, "/system.slice/slurmd.service"), "service");
+
+        let v = |name| value(&batch, DOCKER, name);
+        assert!(close(v("cpu_usage_seconds"), 123.456789012));
+        assert!(close(v("cpu_user_seconds"), 100.0));
+        assert!(close(v("cpu_system_seconds"), 23.45));
+        assert_eq!(v("cpu_periods"), Value::U64(5_000));
+        assert_eq!(v("cpu_throttled_periods"), Value::U64(120));
+        assert!(close(v("cpu_throttled_seconds"), 3.5));
+        assert!(close(v("cpu_quota_cpus"), 2.0));
+        assert_eq!(v("memory_usage_bytes"), Value::U64(1_073_741_824));
+        assert_eq!(v("memory_limit_bytes"), Value::U64(2_147_483_648));
+        assert_eq!(v("memory_anon_bytes"), Value::U64(805_306_368));
+        assert_eq!(v("memory_file_bytes"), Value::U64(201_326_592));
+        assert_eq!(v("memory_kernel_bytes"), Value::U64(52_428_800));
+        assert_eq!(v("memory_slab_bytes"), Value::Null);
+        assert_eq!(v("memory_swap_bytes"), Value::U64(0));
+        assert_eq!(v("memory_page_faults"), Value::U64(1_000_000));
+        assert_eq!(v("memory_major_page_faults"), Value::U64(42));
+        assert_eq!(v("memory_oom_events"), Value::Null);
+        assert_eq!(v("memory_oom_kills"), Value::U64(0));
+        assert_eq!(v("cpu_pressure_some_seconds"), Value::Null);
+
+        // The job: unlimited CPU (-1), a 64 GiB limit, one OOM kill.
+        assert_eq!(value(&batch, JOB_V1, "cpu_quota_cpus"), Value::Null);
+        assert_eq!(
+            value(&batch, JOB_V1, "memory_limit_bytes"),
+            Value::U64(68_719_476_736)
+        );
+        assert_eq!(value(&batch, JOB_V1, "memory_oom_kills"), Value::U64(1));
+        assert!(close(value(&batch, JOB_V1, "cpu_usage_seconds"), 7200.0));
+        // slurmd: the v1 "unlimited" 9223372036854771712 is null; pressure from unified/.
+        let slurmd = "/system.slice/slurmd.service";
+        assert_eq!(value(&batch, slurmd, "memory_limit_bytes"), Value::Null);
+        assert!(close(
+            value(&batch, slurmd, "cpu_pressure_some_seconds"),
+            1.234567
+        ));
+        assert!(close(
+            value(&batch, slurmd, "io_pressure_full_seconds"),
+            0.345678
+        ));
+    }
+
+    #[test]
+    fn vm_node_capture_is_hybrid_v1_with_memory_cgroups() {
+        let roots = fixture("vm-node");
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        let Availability::Available(summary) = c.probe() else {
+            panic!("vm fixture is absent");
+        };
+        assert!(
+            summary.starts_with("cgroup v1 (cpu cpuacct memory unified), "),
+            "{summary}"
+        );
+        let batch = collect_one(&mut c, 1);
+        let p = "/process_api/509751c12dfd1497b902bf88fa589d7f";
+        assert_eq!(workload(&batch, p), "other");
+        assert_eq!(
+            value(&batch, p, "memory_usage_bytes"),
+            Value::U64(12_464_128)
+        );
+        assert_eq!(value(&batch, p, "memory_limit_bytes"), Value::Null);
+        assert_eq!(value(&batch, p, "memory_anon_bytes"), Value::U64(1_855_488));
+        assert_eq!(
+            value(&batch, p, "memory_kernel_bytes"),
+            Value::U64(1_822_720)
+        );
+        assert_eq!(value(&batch, p, "cpu_usage_seconds"), Value::Null);
+    }
+
+    #[test]
+    fn depth_bounds_the_walk() {
+        let roots = fixture("k8s-node");
+        let shallow = CgroupsConfig {
+            max_depth: 1,
+            ..CgroupsConfig::default()
+        };
+        let batch = collect_one(&mut collector(&shallow, &roots), 1);
+        assert_eq!(
+            paths(&batch),
+            [
+                "/init.scope",
+                "/kubepods.slice",
+                "/system.slice",
+                "/user.slice"
+            ]
+        );
+        let deep = CgroupsConfig {
+            max_depth: 8,
+            ..CgroupsConfig::default()
+        };
+        let batch = collect_one(&mut collector(&deep, &roots), 1);
+        assert_eq!(batch.len(), 17);
+        assert_eq!(
+            workload(&batch, &format!("{JOB_V2}/step_0/user/task_0")),
+            "slurm_step"
+        );
+    }
+
+    #[test]
+    fn include_and_exclude_patterns() {
+        let roots = fixture("k8s-node");
+        let config = CgroupsConfig {
+            include: vec!["/job_[0-9]+".into(), r"\.service$".into()],
+            exclude: vec!["step_batch$".into(), "^/system.slice/kubelet".into()],
+            ..CgroupsConfig::default()
+        };
+        let batch = collect_one(&mut collector(&config, &roots), 1);
+        assert_eq!(
+            paths(&batch),
+            [
+                "/system.slice/containerd.service",
+                JOB_V2,
+                "/system.slice/slurmstepd.scope/job_77/step_0",
+            ]
+        );
+        // Patterns that match nothing: no rows, no batch, no error.
+        let none = CgroupsConfig {
+            include: vec!["^/nothing$".into()],
+            ..CgroupsConfig::default()
+        };
+        assert!(collector(&none, &roots).collect(1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn max_cgroups_keeps_the_shallowest_and_reports_the_rest() {
+        let roots = fixture("k8s-node");
+        let config = CgroupsConfig {
+            max_cgroups: 5,
+            ..CgroupsConfig::default()
+        };
+        let mut c = collector(&config, &roots);
+        let batch = collect_one(&mut c, 1);
+        assert_eq!(
+            paths(&batch),
+            [
+                "/init.scope",
+                "/kubepods.slice",
+                "/kubepods.slice/kubepods-besteffort.slice",
+                "/system.slice",
+                "/user.slice",
+            ]
+        );
+        assert_eq!(
+            c.problems(),
+            ["10 cgroups over collectors.cgroups.max_cgroups = 5 are not sampled: raise it, or narrow include/exclude or max_depth"]
+        );
+        let Availability::Available(summary) = c.probe() else {
+            panic!()
+        };
+        assert!(
+            summary.ends_with("5 cgroups within depth 4 (10 over max_cgroups skipped)"),
+            "{summary}"
+        );
+    }
+
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            let kind = entry.file_type().unwrap();
+            if kind.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(entry.path()).unwrap(), target)
+                    .unwrap();
+            } else if kind.is_dir() {
+                copy_tree(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    /// A copy of a fixture's cgroup tree that a test may change.
+    fn scratch(node: &str) -> (tempfile::TempDir, Roots) {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(
+            &fixture(node).sysfs.join("fs/cgroup"),
+            &dir.path().join("sys/fs/cgroup"),
+        );
+        let roots = Roots {
+            procfs: dir.path().join("proc"),
+            sysfs: dir.path().join("sys"),
+        };
+        (dir, roots)
+    }
+
+    #[test]
+    fn a_cgroup_removed_between_ticks_is_dropped_silently() {
+        for (node, gone) in [("k8s-node", JOB_V2), ("baremetal-node", JOB_V1)] {
+            let (_dir, roots) = scratch(node);
+            let config = CgroupsConfig {
+                rescan_interval_secs: 3600.0,
+                ..CgroupsConfig::default()
+            };
+            let mut c = collector(&config, &roots);
+            let before = collect_one(&mut c, 1_000_000);
+            assert!(paths(&before).contains(&gone));
+            // The job ends: its whole subtree goes, in every hierarchy.
+            let cgroup = roots.sys("fs/cgroup");
+            for hierarchy in ["", "cpu,cpuacct", "memory"] {
+                let dir = cgroup.join(hierarchy).join(gone.trim_start_matches('/'));
+                if dir.exists() {
+                    std::fs::remove_dir_all(dir).unwrap();
+                }
+            }
+            let after = collect_one(&mut c, 2_000_000);
+            assert!(!paths(&after).iter().any(|p| p.starts_with(gone)), "{node}");
+            assert_eq!(after.len(), before.len() - 3, "{node}");
+            // The vanished job forced a walk: a new cgroup is found on the next tick
+            // although the rescan interval is an hour.
+            let new = cgroup.join("system.slice/late.service");
+            std::fs::create_dir_all(cgroup.join("memory/system.slice/late.service")).unwrap();
+            std::fs::create_dir_all(&new).unwrap();
+            std::fs::write(new.join("memory.current"), "4096\n").unwrap();
+            std::fs::write(
+                cgroup.join("memory/system.slice/late.service/memory.usage_in_bytes"),
+                "4096\n",
+            )
+            .unwrap();
+            let later = collect_one(&mut c, 3_000_000);
+            assert_eq!(
+                value(&later, "/system.slice/late.service", "memory_usage_bytes"),
+                Value::U64(4096),
+                "{node}"
+            );
+        }
+    }
+
+    #[test]
+    fn new_cgroups_are_found_at_the_rescan_interval() {
+        let (_dir, roots) = scratch("k8s-node");
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        assert_eq!(collect_one(&mut c, 0).len(), 15);
+        let new = roots.sys("fs/cgroup/system.slice/late.service");
+        std::fs::create_dir_all(&new).unwrap();
+        std::fs::write(new.join("memory.current"), "4096\n").unwrap();
+        assert_eq!(collect_one(&mut c, 9_000_000).len(), 15);
+        assert_eq!(collect_one(&mut c, 10_000_000).len(), 16);
+    }
+
+    fn garbage(node: &str, file: &str, text: &str) -> String {
+        let (_dir, roots) = scratch(node);
+        let path = roots.sys("fs/cgroup").join(file);
+        std::fs::write(&path, text).unwrap();
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        let err = c.collect(1).unwrap_err().to_string();
+        let shown = path.display().to_string();
+        assert!(err.starts_with(&shown), "{err} does not name {shown}");
+        err[shown.len()..].to_string()
+    }
+
+    #[test]
+    fn garbage_names_the_file_and_line() {
+        let stat = "system.slice/kubelet.service/memory.stat";
+        assert_eq!(
+            garbage("k8s-node", stat, "anon 1\nfile x\n"),
+            ":2: \"x\" is not a number"
+        );
+        assert_eq!(
+            garbage("k8s-node", stat, "anon 1\nfile 99999999999999999999999\n"),
+            ":2: \"99999999999999999999999\" is not a number"
+        );
+        assert_eq!(
+            garbage("k8s-node", stat, "anon 1\nfil"),
+            ":2: \"fil\" is not \"key value\""
+        );
+        assert_eq!(
+            garbage("k8s-node", "init.scope/cpu.max", "150000\n"),
+            ":1: \"150000\" is not \"quota period\""
+        );
+        assert_eq!(
+            garbage("k8s-node", "init.scope/memory.max", "lots\n"),
+            ":1: \"lots\" is not a number"
+        );
+        assert_eq!(
+            garbage(
+                "k8s-node",
+                "init.scope/io.pressure",
+                "some avg10=0.00 total=12\nfull avg10=0.00\n"
+            ),
+            ":2: no total="
+        );
+        assert_eq!(
+            garbage("k8s-node", "init.scope/memory.current", ""),
+            ":1: expected one line"
+        );
+        assert_eq!(
+            garbage("baremetal-node", "cpu,cpuacct/docker/cpuacct.usage", "-5\n"),
+            ":1: \"-5\" is not a number"
+        );
+        assert_eq!(
+            garbage(
+                "baremetal-node",
+                "memory/slurm/memory.oom_control",
+                "oom_kill_disable 0\nunder_oom 0\noom_kill one\n"
+            ),
+            ":3: \"one\" is not a number"
+        );
+        assert_eq!(
+            garbage(
+                "baremetal-node",
+                "memory/slurm/memory.stat",
+                "total_rss 1 2\n"
+            ),
+            ":1: \"total_rss 1 2\" is not \"key value\""
+        );
+        // Not text at all.
+        assert!(garbage("k8s-node", "init.scope/cpu.stat", "\u{0}\u{ff}").starts_with(':'));
+    }
+
+    #[test]
+    fn binary_junk_is_an_error_not_a_panic() {
+        let (_dir, roots) = scratch("k8s-node");
+        let path = roots.sys("fs/cgroup/init.scope/cpu.stat");
+        std::fs::write(&path, [0xffu8, 0xfe, 0x00, 0x41]).unwrap();
+        let err = collector(&CgroupsConfig::default(), &roots)
+            .collect(1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with(&path.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn no_cgroup_filesystem_is_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = Roots {
+            procfs: dir.path().join("proc"),
+            sysfs: dir.path().join("sys"),
+        };
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        let Availability::Absent(why) = c.probe() else {
+            panic!("no /sys/fs/cgroup yet available");
+        };
+        assert!(why.starts_with("no cgroup filesystem at "), "{why}");
+        assert!(c.collect(1).is_err());
+        // An empty tmpfs at /sys/fs/cgroup (no hierarchy mounted) is absent too.
+        std::fs::create_dir_all(roots.sys("fs/cgroup/systemd")).unwrap();
+        assert!(matches!(c.probe(), Availability::Absent(_)));
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let ok = CgroupsConfig::default();
+        ok.validate().unwrap();
+        let bad = CgroupsConfig {
+            include: vec!["(".into()],
+            ..ok.clone()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err(),
+            "collectors.cgroups.include = \"(\": not a regular expression: unclosed group"
+        );
+        let bad = CgroupsConfig {
+            exclude: vec!["a".into(), "[z-a]".into()],
+            ..ok.clone()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("collectors.cgroups.exclude = \"[z-a]\": not a regular expression: "));
+        let bad = CgroupsConfig {
+            max_depth: 0,
+            ..ok.clone()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("collectors.cgroups.max_depth = 0"));
+        let bad = CgroupsConfig {
+            max_cgroups: 0,
+            ..ok.clone()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("collectors.cgroups.max_cgroups = 0"));
+        let bad = CgroupsConfig {
+            rescan_interval_secs: f64::NAN,
+            ..ok
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("collectors.cgroups.rescan_interval_secs = NaN"));
+    }
+
+    #[test]
+    fn config_file_errors_point_at_the_line() {
+        let err = crate::config::Config::parse(
+            "[collectors.cgroups]\nmax_depth = 3\ninclude = [\"ok\", \"(\"]\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("v.toml:3: collectors.cgroups.include = \"(\""),
+            "{err}"
+        );
+        let config = crate::config::Config::parse(
+            "[collectors.cgroups]\nmax_depth = 6\nexclude = [\"^/user\\\\.slice\"]\nmax_cgroups = 50\n",
+            "v.toml",
+        )
+        .unwrap();
+        assert_eq!(config.collectors.cgroups.max_depth, 6);
+        assert_eq!(config.collectors.cgroups.exclude, [r"^/user\.slice"]);
+        assert!(
+            crate::config::Config::parse("[collectors.cgroups]\nmaxdepth = 3\n", "v.toml").is_err()
+        );
+    }
+
+    #[test]
+    fn broken_patterns_sample_nothing_and_say_so() {
+        let config = CgroupsConfig {
+            include: vec!["(".into()],
+            ..CgroupsConfig::default()
+        };
+        let mut c = collector(&config, &fixture("k8s-node"));
+        assert!(c.collect(1).unwrap().is_empty());
+        assert!(c.problems()[0].starts_with("collectors.cgroups.include"));
+    }
+
+    #[test]
+    fn workload_kinds() {
+        for (path, kind) in [
+            ("/system.slice", "slice"),
+            ("/system.slice/sshd.service", "service"),
+            ("/system.slice/docker-0123456789ab.scope", "container"),
+            ("/machine.slice/libpod-0123456789ab.scope", "container"),
+            ("/machine.slice/libpod-conmon-0123456789ab.scope", "other"),
+            ("/system.slice/crio-0123456789ab.scope", "container"),
+            ("/docker/0123456789abcdef", "container"),
+            ("/docker", "other"),
+            ("/kubepods/burstable/pod1234-5678", "pod"),
+            (
+                "/kubepods/burstable/pod1234-5678/0123456789abcdef",
+                "container",
+            ),
+            ("/kubepods/pod1234", "pod"),
+            ("/kubepods.slice/kubepods-pod12_34.slice", "pod"),
+            ("/kubepods.slice/kubepods-burstable.slice", "slice"),
+            ("/slurm/uid_1000/job_12", "slurm_job"),
+            ("/slurm/uid_1000/job_12/step_extern", "slurm_step"),
+            ("/slurm/uid_1000", "other"),
+            (
+                "/system.slice/slurmstepd.scope/job_9/step_0/user/task_0",
+                "slurm_step",
+            ),
+            ("/system.slice/slurmstepd.scope", "other"),
+            ("/job_12", "other"),
+            ("/user.slice/user-1000.slice/session-3.scope", "other"),
+            ("/", "other"),
+        ] {
+            assert_eq!(classify(path), kind, "{path}");
+        }
+    }
+
+    /// Cost of one tick over each fixture tree and, when there is one, this
+    /// machine's own cgroups: `cargo test -p vtax cgroups::tests::timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn timing() {
+        let mut cases: Vec<(String, Roots)> = ["vm-node", "baremetal-node", "k8s-node"]
+            .iter()
+            .map(|n| (n.to_string(), fixture(n)))
+            .collect();
+        cases.push(("this machine".into(), Roots::default()));
+        for (name, roots) in cases {
+            let mut c = Cgroups::new(&CgroupsConfig::default(), &roots);
+            if !matches!(c.probe(), Availability::Available(_)) {
+                continue;
+            }
+            let n = 2000;
+            let start = std::time::Instant::now();
+            let mut rows = 0;
+            for i in 0..n {
+                rows = c.collect(i).unwrap().first().map_or(0, |b| b.len());
+            }
+            let tick = start.elapsed() / n as u32;
+            let start = std::time::Instant::now();
+            for _ in 0..200 {
+                c.rewalk(0).unwrap();
+            }
+            let walk = start.elapsed() / 200;
+            eprintln!("{name}: {rows} cgroups, one tick {tick:?}, one walk {walk:?}");
+        }
     }
 }
