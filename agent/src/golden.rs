@@ -110,3 +110,8 @@ fn golden_vm_node() {
 fn golden_baremetal_node() {
     check_golden("baremetal-node");
 }
+
+#[test]
+fn golden_k8s_node() {
+    check_golden("k8s-node");
+}

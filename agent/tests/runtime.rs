@@ -190,3 +190,88 @@ fn no_collector_flag_overrides_the_file_and_shutdown_publishes() {
         );
     }
 }
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        let kind = entry.file_type().unwrap();
+        if kind.is_symlink() {
+            let link = std::fs::read_link(entry.path()).unwrap();
+            std::os::unix::fs::symlink(link, target).unwrap();
+        } else if kind.is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn success(body: &str, collector: &str) -> Option<String> {
+    let prefix = format!("vtax_collector_success{{collector=\"{collector}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(str::to_string)
+}
+
+/// Garbage in one source fails that collector's ticks only; a port that
+/// disappears just loses its series; the agent never panics, and recovers
+/// when the source is sane again.
+#[test]
+fn garbage_and_vanishing_sources_fail_only_their_collector() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    copy_tree(&common::fixtures().join("baremetal-node"), &root);
+    let config = dir.path().join("vtax.toml");
+    let fast = ["host", "cgroups", "infiniband", "platform"]
+        .iter()
+        .map(|c| format!("[collectors.{c}]\ninterval_secs = 0.2\n"))
+        .collect::<String>();
+    std::fs::write(&config, fast).unwrap();
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--path.procfs",
+        root.join("proc").to_str().unwrap(),
+        "--path.sysfs",
+        root.join("sys").to_str().unwrap(),
+    ]);
+    let all_up = |body: &str| {
+        ["host", "cgroups", "infiniband", "platform"]
+            .iter()
+            .all(|c| success(body, c).as_deref() == Some("1"))
+    };
+    wait_until("every collector to succeed", Duration::from_secs(20), || {
+        all_up(&agent.get("/metrics", &[]).text())
+    });
+    let port_series = "vtax_infiniband_port_xmit_wait_total{device=\"mlx5_2\"";
+    assert!(agent.get("/metrics", &[]).text().contains(port_series));
+
+    let stat = root.join("proc/stat");
+    let good_stat = std::fs::read(&stat).unwrap();
+    std::fs::write(&stat, "cpu0 12 zz 4\n").unwrap();
+    std::fs::remove_dir_all(root.join("sys/class/infiniband/mlx5_2")).unwrap();
+    wait_until("host to fail and mlx5_2 to go", Duration::from_secs(20), || {
+        let body = agent.get("/metrics", &[]).text();
+        success(&body, "host").as_deref() == Some("0")
+            && success(&body, "infiniband").as_deref() == Some("1")
+            && success(&body, "cgroups").as_deref() == Some("1")
+            && !body.contains(port_series)
+    });
+    let body = agent.get("/metrics", &[]).text();
+    assert!(!body.contains("vtax_cpu_user_seconds_total"), "a failed collector's series leave");
+    assert!(body.contains("vtax_infiniband_port_xmit_wait_total{device=\"mlx5_0\""));
+
+    std::fs::write(&stat, good_stat).unwrap();
+    wait_until("host to recover", Duration::from_secs(20), || {
+        all_up(&agent.get("/metrics", &[]).text())
+    });
+    let log = agent.log();
+    assert!(log.contains("Collector failed") && log.contains("proc/stat:1"), "{log}");
+    assert!(log.contains("Collector recovered"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(agent.stop());
+}

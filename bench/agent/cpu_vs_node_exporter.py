@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""CPU time per sample and resident memory: vtax beside prometheus-node-exporter.
+
+Both run at the same time on this machine and are scraped once a second by the
+same scraper (gzip, text format, as Prometheus does). vtax runs the host,
+cgroups and infiniband collectors at 1 s with 50 real cgroups (created under
+the cgroup v1 or v2 hierarchy for the run) and 8 InfiniBand ports (the
+baremetal-node fixture: this machine has no HCA). node_exporter runs with its
+defaults. After a warm-up, each process's CPU time (utime + stime from
+/proc/<pid>/stat) over the window is divided by the samples it exposed:
+node_exporter's per scraped sample, vtax's per exported sample.
+
+Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--vtax target/release/vtax]
+Needs root (to create cgroups) and prometheus-node-exporter installed.
+"""
+import argparse
+import gzip
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HZ = os.sysconf("SC_CLK_TCK")
+CGROUP_COUNT = 50
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ
+
+
+def memory_kib(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+def scrape(port):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Accept-Encoding": "gzip", "Accept": "text/plain;version=0.0.4"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
+
+
+def make_cgroups(root):
+    """Creates CGROUP_COUNT cgroups under vtax-bench in every writable hierarchy."""
+    made = []
+    unified = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    hierarchies = ["/sys/fs/cgroup"] if unified else [
+        f"/sys/fs/cgroup/{c}" for c in ("cpu", "cpuacct", "memory", "unified")
+        if os.path.isdir(f"/sys/fs/cgroup/{c}")]
+    for h in hierarchies:
+        base = os.path.join(h, root)
+        os.makedirs(base, exist_ok=True)
+        made.append(base)
+        for i in range(CGROUP_COUNT):
+            path = os.path.join(base, f"job{i:02d}")
+            os.makedirs(path, exist_ok=True)
+            made.append(path)
+    return made
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or shutil.which("node_exporter"))
+    args = parser.parse_args()
+    if not args.node_exporter:
+        sys.exit("prometheus-node-exporter is not installed (apt-get install prometheus-node-exporter)")
+
+    work = tempfile.mkdtemp(prefix="vtax-bench-")
+    # A sysfs root for vtax: the real cgroup filesystem, the fixture's 8 HCA ports.
+    sysfs = os.path.join(work, "sys")
+    os.makedirs(os.path.join(sysfs, "fs"))
+    os.makedirs(os.path.join(sysfs, "class"))
+    os.symlink("/sys/fs/cgroup", os.path.join(sysfs, "fs", "cgroup"))
+    shutil.copytree(os.path.join(REPO, "tests/fixtures/baremetal-node/sys/class/infiniband"),
+                    os.path.join(sysfs, "class", "infiniband"), symlinks=True)
+    cgroups = make_cgroups("vtax-bench")
+    config = os.path.join(work, "vtax.toml")
+    with open(config, "w") as f:
+        f.write(
+            "[collectors.host]\ninterval_secs = 1\n"
+            "[collectors.cgroups]\ninterval_secs = 1\ninclude = ['^/vtax-bench/job']\n"
+            "[collectors.infiniband]\ninterval_secs = 1\n"
+            "[collectors.platform]\nenabled = false\n"
+        )
+    vtax_port, ne_port = free_port(), free_port()
+    vtax = subprocess.Popen(
+        [args.vtax, "run", "--config", config, "--data-dir", os.path.join(work, "data"),
+         "--web.listen-address", f"127.0.0.1:{vtax_port}", "--path.sysfs", sysfs],
+        stderr=open(os.path.join(work, "vtax.log"), "w"))
+    ne = subprocess.Popen(
+        [args.node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}"],
+        stderr=open(os.path.join(work, "node_exporter.log"), "w"))
+    try:
+        time.sleep(2)
+        for _ in range(args.warmup):
+            scrape(vtax_port), scrape(ne_port)
+            time.sleep(1)
+        start = {p.pid: cpu_seconds(p.pid) for p in (vtax, ne)}
+        samples = {vtax.pid: 0, ne.pid: 0}
+        scrapes = 0
+        t0 = time.monotonic()
+        next_tick = t0
+        while time.monotonic() - t0 < args.seconds:
+            samples[vtax.pid] += scrape(vtax_port)
+            samples[ne.pid] += scrape(ne_port)
+            scrapes += 1
+            next_tick += 1
+            time.sleep(max(0.0, next_tick - time.monotonic()))
+        wall = time.monotonic() - t0
+        used = {pid: cpu_seconds(pid) - start[pid] for pid in start}
+        mem = memory_kib(vtax.pid)
+        ne_mem = memory_kib(ne.pid)
+    finally:
+        for p in (vtax, ne):
+            p.send_signal(signal.SIGTERM)
+        for p in (vtax, ne):
+            p.wait(timeout=30)
+        for path in reversed(cgroups):
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+    v_per = used[vtax.pid] / samples[vtax.pid]
+    n_per = used[ne.pid] / samples[ne.pid]
+    print(f"window_s={wall:.0f} scrapes={scrapes}")
+    print(f"vtax:          cpu_s={used[vtax.pid]:.3f} samples_exported={samples[vtax.pid]} "
+          f"({samples[vtax.pid] / scrapes:.0f}/scrape) cpu_us_per_sample={v_per * 1e6:.3f} "
+          f"rss_mib={mem['VmRSS'] / 1024:.1f} peak_rss_mib={mem['VmHWM'] / 1024:.1f}")
+    print(f"node_exporter: cpu_s={used[ne.pid]:.3f} samples_scraped={samples[ne.pid]} "
+          f"({samples[ne.pid] / scrapes:.0f}/scrape) cpu_us_per_sample={n_per * 1e6:.3f} "
+          f"rss_mib={ne_mem['VmRSS'] / 1024:.1f}")
+    print(f"ratio vtax/node_exporter per sample: {v_per / n_per:.3f} (bar: <= 0.100)")
+    print(f"work dir (logs, store): {work}")
+
+
+if __name__ == "__main__":
+    main()
