@@ -14,6 +14,7 @@
 pub mod cgroups;
 pub mod host;
 pub mod infiniband;
+pub mod kept;
 pub mod platform;
 pub mod runtime_tables;
 

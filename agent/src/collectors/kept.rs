@@ -1,0 +1,177 @@
+//! Files kept open between ticks and re-read from offset 0.
+//!
+//! Opening a /proc, /sys or cgroup file costs a path walk, a permission check
+//! and a file allocation in the kernel; on a VM those syscalls are most of a
+//! collector's cost. procfs, sysfs and cgroupfs files are seq_files whose text
+//! the kernel regenerates on every read from offset 0, so a descriptor opened
+//! once and read with `pread(fd, buf, 0)` gives fresh values for one syscall.
+//! A removed cgroup or device answers ENODEV (the caller treats it as gone);
+//! on a regular filesystem (fixture trees) a deleted file keeps its old text,
+//! so `is_deleted` lets callers notice it as the kernel would report it.
+
+use std::fs::File;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// A file read again and again through one descriptor.
+#[derive(Debug)]
+pub struct KeptFile {
+    path: PathBuf,
+    file: Option<File>,
+}
+
+impl KeptFile {
+    /// A file to be opened on its first read.
+    pub fn new(path: PathBuf) -> Self {
+        KeptFile { path, file: None }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the whole file into `buf` (grown as needed, never shrunk) and
+    /// returns its length. One `pread` when the text fits, which it does after
+    /// the first tick. Errors are the kernel's (NotFound, ENODEV, EINVAL...);
+    /// after one, the descriptor is dropped and the next read opens afresh.
+    pub fn read(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        if buf.len() < 4096 {
+            buf.resize(4096, 0);
+        }
+        let file = match &self.file {
+            Some(f) => f,
+            None => match File::open(&self.path) {
+                Ok(f) => self.file.insert(f),
+                // Out of descriptors: read once the classic way instead.
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                    return read_unkept(&self.path, buf);
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let mut len = 0;
+        loop {
+            match file.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => return Ok(len),
+                Ok(n) => {
+                    len += n;
+                    // A seq_file returns everything that fits in one read; a
+                    // short read is the end of the text.
+                    if len < buf.len() {
+                        return Ok(len);
+                    }
+                    let grown = buf.len() * 2;
+                    buf.resize(grown, 0);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.file = None;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Whether the file was deleted while held open (a regular filesystem's
+    /// way of saying what sysfs says with ENODEV).
+    pub fn is_deleted(&self) -> bool {
+        self.file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .is_some_and(|m| m.nlink() == 0)
+    }
+
+    /// Closes the descriptor; the next read opens the path again.
+    pub fn close(&mut self) {
+        self.file = None;
+    }
+}
+
+fn read_unkept(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    let file = File::open(path)?;
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            let grown = buf.len() * 2;
+            buf.resize(grown, 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => return Ok(len),
+            Ok(n) => len += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, as the
+/// Go runtime does for node_exporter: kept-open files need one descriptor
+/// each, and 1024 (the usual soft limit) is a few hundred cgroups.
+pub fn raise_open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit.rlim_cur = limit.rlim_max;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// procfs regenerates a seq_file's text on each read from offset 0.
+    #[test]
+    fn rereading_a_proc_file_gives_fresh_text() {
+        let mut uptime = KeptFile::new("/proc/uptime".into());
+        let mut buf = Vec::new();
+        let n = uptime.read(&mut buf).unwrap();
+        let first = String::from_utf8_lossy(&buf[..n]).to_string();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let n = uptime.read(&mut buf).unwrap();
+        let second = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert_ne!(first, second, "uptime moves in 50 ms");
+        assert!(second.ends_with('\n'));
+    }
+
+    #[test]
+    fn long_files_rewritten_files_and_deleted_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let long: String = (0..3000).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, &long).unwrap();
+        let mut file = KeptFile::new(path.clone());
+        let mut buf = Vec::new();
+        let n = file.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], long.as_bytes(), "grows past the first buffer");
+        std::fs::write(&path, "short\n").unwrap();
+        let n = file.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"short\n", "same inode, new text");
+        assert!(!file.is_deleted());
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.is_deleted());
+        file.close();
+        assert_eq!(file.read(&mut buf).unwrap_err().kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn the_soft_limit_is_raised_to_the_hard_one() {
+        assert!(raise_open_file_limit() >= 1024);
+    }
+}
