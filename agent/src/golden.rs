@@ -36,7 +36,11 @@ fn render_fixture(fixture: &str) -> String {
     let exposition = Exposition::new(crate::catalog().tables());
     for &name in NAMES {
         let mut collector: Box<dyn Collector> = if name == "platform" {
-            Box::new(Platform::with_cpuid(&config.platform, &roots, Box::new(NoCpuid)))
+            Box::new(Platform::with_cpuid(
+                &config.platform,
+                &roots,
+                Box::new(NoCpuid),
+            ))
         } else {
             config.build(name, &roots).expect("every name builds")
         };
@@ -48,8 +52,8 @@ fn render_fixture(fixture: &str) -> String {
             .unwrap_or_else(|e| panic!("{fixture}: {name}: {e:#}"));
         exposition.update(name, batches.into_iter().map(Arc::new).collect());
     }
-    exposition.render_pending();
-    String::from_utf8(exposition.bodies().text.to_vec()).expect("UTF-8")
+    let text = exposition.body(vtax_exporters::Format::Text, false);
+    String::from_utf8(text.to_vec()).expect("UTF-8")
 }
 
 fn promtool_complaints(body: &str) -> String {
@@ -82,7 +86,11 @@ fn check_golden(fixture: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &rendered).unwrap();
     }
-    assert_eq!(promtool_complaints(&rendered), "", "promtool lints {fixture}");
+    assert_eq!(
+        promtool_complaints(&rendered),
+        "",
+        "promtool lints {fixture}"
+    );
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     if on_disk != rendered {
         let first = on_disk

@@ -54,6 +54,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())
         .context("install signal handler")?;
 
+    let open_files = crate::collectors::kept::raise_open_file_limit();
+    tracing::debug!(open_files, "Open-file limit.");
     let data_dir = config.data_dir();
     let mut store = Store::open(store_options(&config), crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;

@@ -154,13 +154,13 @@ fn main() {
         (None, Some(series)) => {
             let exposition = Exposition::new(&[&SERIES]);
             exposition.update("synthetic", vec![Arc::new(synthetic_batch(series, 0))]);
-            exposition.render_pending();
-            let bodies = exposition.bodies();
+            let text = exposition.body(vtax_exporters::Format::Text, false);
+            let text_gzip = exposition.body(vtax_exporters::Format::Text, true);
             eprintln!(
                 "serving {} samples: text {} bytes, gzip {} bytes",
-                bodies.samples,
-                bodies.text.len(),
-                bodies.text_gzip.len()
+                exposition.bodies().samples,
+                text.len(),
+                text_gzip.len()
             );
             {
                 let exposition = exposition.clone();

@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vtax_store::batch::Values;
 use vtax_store::schema::{MetricKind, TableDef};
@@ -19,17 +20,18 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// One rendered exposition: both formats, plain and gzipped.
+/// One rendered exposition: the formats and encodings scrapers asked for
+/// lately (the others are `None` until someone asks).
 #[derive(Debug, Default)]
 pub struct Bodies {
     /// Prometheus text format.
-    pub text: bytes::Bytes,
+    pub text: Option<bytes::Bytes>,
     /// Prometheus text format, gzipped.
-    pub text_gzip: bytes::Bytes,
+    pub text_gzip: Option<bytes::Bytes>,
     /// OpenMetrics.
-    pub openmetrics: bytes::Bytes,
+    pub openmetrics: Option<bytes::Bytes>,
     /// OpenMetrics, gzipped.
-    pub openmetrics_gzip: bytes::Bytes,
+    pub openmetrics_gzip: Option<bytes::Bytes>,
     /// Number of samples in each body.
     pub samples: usize,
 }
@@ -63,14 +65,27 @@ impl Format {
 }
 
 impl Bodies {
-    /// The body for a format, gzipped or not.
-    pub fn body(&self, format: Format, gzip: bool) -> &bytes::Bytes {
+    /// The body for a format, gzipped or not, if rendered.
+    pub fn body(&self, format: Format, gzip: bool) -> Option<&bytes::Bytes> {
         match (format, gzip) {
-            (Format::Text, false) => &self.text,
-            (Format::Text, true) => &self.text_gzip,
-            (Format::OpenMetrics, false) => &self.openmetrics,
-            (Format::OpenMetrics, true) => &self.openmetrics_gzip,
+            (Format::Text, false) => self.text.as_ref(),
+            (Format::Text, true) => self.text_gzip.as_ref(),
+            (Format::OpenMetrics, false) => self.openmetrics.as_ref(),
+            (Format::OpenMetrics, true) => self.openmetrics_gzip.as_ref(),
         }
+    }
+}
+
+/// How long a format and encoding stay rendered ahead after the last scrape
+/// that asked for it: longer than any sane scrape interval.
+const WANTED_FOR: Duration = Duration::from_secs(600);
+
+fn slot(format: Format, gzip: bool) -> usize {
+    match (format, gzip) {
+        (Format::Text, false) => 0,
+        (Format::Text, true) => 1,
+        (Format::OpenMetrics, false) => 2,
+        (Format::OpenMetrics, true) => 3,
     }
 }
 
@@ -91,6 +106,14 @@ pub struct Exposition {
     bodies: RwLock<Arc<Bodies>>,
     rendered_generation: Mutex<u64>,
     rendered: Condvar,
+    /// Serialises renders, so a newer snapshot is never overwritten by an older one.
+    render_lock: Mutex<()>,
+    /// Per format and encoding: when a scrape last asked for it (milliseconds
+    /// since `epoch`, plus one; 0 never). Only those asked for lately are
+    /// rendered ahead: a render and a gzip nobody reads is most of the
+    /// agent's own CPU time per sample.
+    wanted: [AtomicU64; 4],
+    epoch: Instant,
 }
 
 impl Exposition {
@@ -104,10 +127,29 @@ impl Exposition {
             bodies: RwLock::new(Arc::new(Bodies::default())),
             rendered_generation: Mutex::new(0),
             rendered: Condvar::new(),
+            render_lock: Mutex::new(()),
+            wanted: Default::default(),
+            epoch: Instant::now(),
         });
-        let rendered = exposition.render_now(&BTreeMap::new());
-        *exposition.bodies.write().expect("not poisoned") = Arc::new(rendered);
         exposition
+    }
+
+    /// The latest body for a scrape: rendered ahead when this format and
+    /// encoding were asked for lately, else rendered now (the first scrape,
+    /// or the first after a long pause, pays for one render).
+    pub fn body(&self, format: Format, gzip: bool) -> bytes::Bytes {
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let before = self.wanted[slot(format, gzip)].swap(now, Ordering::Relaxed);
+        if let Some(body) = self.bodies().body(format, gzip) {
+            if before != 0 {
+                return body.clone();
+            }
+        }
+        self.render_pending();
+        self.bodies()
+            .body(format, gzip)
+            .cloned()
+            .expect("a render includes every wanted body")
     }
 
     /// Replaces a source's latest rows.
@@ -138,7 +180,7 @@ impl Exposition {
     pub fn run_renderer(&self, coalesce: Duration) {
         let mut seen = 0;
         loop {
-            let sources = {
+            {
                 let mut state = self.state.lock().expect("not poisoned");
                 while state.generation == seen && !state.closed {
                     state = self.changed.wait(state).expect("not poisoned");
@@ -146,28 +188,24 @@ impl Exposition {
                 if state.closed {
                     return;
                 }
-                drop(state);
-                std::thread::sleep(coalesce);
-                let state = self.state.lock().expect("not poisoned");
-                seen = state.generation;
-                state.sources.clone()
-            };
-            let bodies = Arc::new(self.render_now(&sources));
-            *self.bodies.write().expect("not poisoned") = bodies;
-            *self.rendered_generation.lock().expect("not poisoned") = seen;
-            self.rendered.notify_all();
+            }
+            std::thread::sleep(coalesce);
+            seen = self.state.lock().expect("not poisoned").generation;
+            self.render_pending();
         }
     }
 
     /// Renders synchronously now (tests, and callers without a renderer thread).
     pub fn render_pending(&self) {
+        let _serial = self.render_lock.lock().expect("not poisoned");
         let (generation, sources) = {
             let state = self.state.lock().expect("not poisoned");
             (state.generation, state.sources.clone())
         };
         let bodies = Arc::new(self.render_now(&sources));
         *self.bodies.write().expect("not poisoned") = bodies;
-        *self.rendered_generation.lock().expect("not poisoned") = generation;
+        let mut rendered = self.rendered_generation.lock().expect("not poisoned");
+        *rendered = (*rendered).max(generation);
         self.rendered.notify_all();
     }
 
@@ -190,8 +228,22 @@ impl Exposition {
     }
 
     fn render_now(&self, sources: &BTreeMap<String, Vec<Arc<Batch>>>) -> Bodies {
-        let mut text = String::with_capacity(64 << 10);
-        let mut openmetrics = String::with_capacity(64 << 10);
+        let now = self.epoch.elapsed();
+        let wanted: Vec<bool> = self
+            .wanted
+            .iter()
+            .map(|w| match w.load(Ordering::Relaxed) {
+                0 => false,
+                at => now.saturating_sub(Duration::from_millis(at - 1)) < WANTED_FOR,
+            })
+            .collect();
+        let want_text = wanted[0] || wanted[1];
+        let want_openmetrics = wanted[2] || wanted[3];
+        if !want_text && !want_openmetrics {
+            return Bodies::default(); // nobody scrapes: nothing to render
+        }
+        let mut text = String::new();
+        let mut openmetrics = String::new();
         let mut samples = 0;
         for table in &self.tables {
             let batches: Vec<&Batch> = sources
@@ -200,14 +252,19 @@ impl Exposition {
                 .filter(|b| std::ptr::eq(b.table, *table))
                 .map(|b| b.as_ref())
                 .collect();
-            samples += render_table(table, &batches, &mut text, &mut openmetrics);
+            samples += render_table(
+                table,
+                &batches,
+                want_text.then_some(&mut text),
+                want_openmetrics.then_some(&mut openmetrics),
+            );
         }
         openmetrics.push_str("# EOF\n");
         Bodies {
-            text_gzip: gzip(text.as_bytes()),
-            openmetrics_gzip: gzip(openmetrics.as_bytes()),
-            text: text.into(),
-            openmetrics: openmetrics.into(),
+            text_gzip: wanted[1].then(|| gzip(text.as_bytes())),
+            openmetrics_gzip: wanted[3].then(|| gzip(openmetrics.as_bytes())),
+            text: wanted[0].then(|| text.into()),
+            openmetrics: wanted[2].then(|| openmetrics.into()),
             samples,
         }
     }
@@ -229,8 +286,8 @@ fn gzip(data: &[u8]) -> bytes::Bytes {
 fn render_table(
     table: &TableDef,
     batches: &[&Batch],
-    text: &mut String,
-    openmetrics: &mut String,
+    mut text: Option<&mut String>,
+    mut openmetrics: Option<&mut String>,
 ) -> usize {
     let mut samples = 0;
     if batches.iter().all(|b| b.is_empty()) {
@@ -247,13 +304,17 @@ fn render_table(
         let family = name.strip_suffix("_total").unwrap_or(&name);
         let kind = field.kind.prometheus_type();
         let help = escape_help(field.help);
-        let _ = writeln!(text, "# HELP {name} {help}");
-        let _ = writeln!(text, "# TYPE {name} {kind}");
-        let _ = writeln!(openmetrics, "# TYPE {family} {kind}");
-        if let Some(unit) = field.unit.suffix() {
-            let _ = writeln!(openmetrics, "# UNIT {family} {unit}");
+        if let Some(text) = text.as_deref_mut() {
+            let _ = writeln!(text, "# HELP {name} {help}");
+            let _ = writeln!(text, "# TYPE {name} {kind}");
         }
-        let _ = writeln!(openmetrics, "# HELP {family} {help}");
+        if let Some(openmetrics) = openmetrics.as_deref_mut() {
+            let _ = writeln!(openmetrics, "# TYPE {family} {kind}");
+            if let Some(unit) = field.unit.suffix() {
+                let _ = writeln!(openmetrics, "# UNIT {family} {unit}");
+            }
+            let _ = writeln!(openmetrics, "# HELP {family} {help}");
+        }
         let mut line = String::new();
         for batch in batches {
             let column = &batch.fields[f];
@@ -289,8 +350,12 @@ fn render_table(
                     }
                 }
                 line.push('\n');
-                text.push_str(&line);
-                openmetrics.push_str(&line);
+                if let Some(text) = text.as_deref_mut() {
+                    text.push_str(&line);
+                }
+                if let Some(openmetrics) = openmetrics.as_deref_mut() {
+                    openmetrics.push_str(&line);
+                }
                 samples += 1;
             }
         }
@@ -375,10 +440,11 @@ mod tests {
             "b",
             vec![batch(&[("1\"x", Value::F64(f64::NAN), Value::U64(7))])],
         );
-        e.render_pending();
-        let bodies = e.bodies();
+        let text = e.body(Format::Text, false);
+        let openmetrics = e.body(Format::OpenMetrics, false);
+        let text_gzip = e.body(Format::Text, true);
         assert_eq!(
-            std::str::from_utf8(&bodies.text).unwrap(),
+            std::str::from_utf8(&text).unwrap(),
             "# HELP vtax_gpu_energy_joules_total Energy \\\\ since boot.\n\
              # TYPE vtax_gpu_energy_joules_total counter\n\
              vtax_gpu_energy_joules_total{gpu=\"0\"} 1.5\n\
@@ -388,7 +454,7 @@ mod tests {
              vtax_gpu_memory_used_bytes{gpu=\"1\\\"x\"} 7\n"
         );
         assert_eq!(
-            std::str::from_utf8(&bodies.openmetrics).unwrap(),
+            std::str::from_utf8(&openmetrics).unwrap(),
             "# TYPE vtax_gpu_energy_joules counter\n\
              # UNIT vtax_gpu_energy_joules joules\n\
              # HELP vtax_gpu_energy_joules Energy \\\\ since boot.\n\
@@ -400,20 +466,19 @@ mod tests {
              vtax_gpu_memory_used_bytes{gpu=\"1\\\"x\"} 7\n\
              # EOF\n"
         );
-        assert_eq!(bodies.samples, 3);
+        assert_eq!(e.bodies().samples, 3);
         let mut unzipped = String::new();
         std::io::Read::read_to_string(
-            &mut flate2::read::GzDecoder::new(&bodies.text_gzip[..]),
+            &mut flate2::read::GzDecoder::new(&text_gzip[..]),
             &mut unzipped,
         )
         .unwrap();
-        assert_eq!(unzipped.as_bytes(), &bodies.text[..]);
+        assert_eq!(unzipped.as_bytes(), &text[..]);
 
         e.remove("b");
         e.render_pending();
-        assert!(!std::str::from_utf8(&e.bodies().text)
-            .unwrap()
-            .contains("gpu=\"1"));
+        let text = e.body(Format::Text, false);
+        assert!(!std::str::from_utf8(&text).unwrap().contains("gpu=\"1"));
     }
 
     #[test]
@@ -435,9 +500,19 @@ mod tests {
             let e = e.clone();
             std::thread::spawn(move || e.run_renderer(Duration::from_millis(1)))
         };
+        assert!(
+            e.body(Format::Text, true).len() > 10,
+            "rendered on first ask"
+        );
         e.update("a", vec![batch(&[("0", Value::F64(2.0), Value::U64(1))])]);
         assert!(e.wait_rendered(Duration::from_secs(10)));
-        assert_eq!(e.bodies().samples, 2);
+        let bodies = e.bodies();
+        assert_eq!(bodies.samples, 2);
+        assert!(bodies.text_gzip.is_some(), "asked for: rendered ahead");
+        assert!(
+            bodies.openmetrics.is_none(),
+            "never asked for: not rendered"
+        );
         e.close();
         renderer.join().unwrap();
     }

@@ -428,11 +428,10 @@ fn respond(
                 .get(header::ACCEPT_ENCODING)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(accepts_gzip);
-            let bodies = exposition.bodies();
             let body = if request.method() == Method::HEAD {
                 Bytes::new()
             } else {
-                bodies.body(format, gzip).clone()
+                exposition.body(format, gzip)
             };
             let mut r = Response::new(Full::new(body));
             let h = r.headers_mut();
