@@ -14,6 +14,19 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+/// Larger than any /proc, /sys or cgroup file a collector reads (a big
+/// memory.stat is a few KiB): a file that grows past it is not what we think
+/// it is (a link to a device, a runaway fixture), and reading on would only
+/// grow the buffer.
+pub const MAX_FILE_BYTES: usize = 4 << 20;
+
+fn too_large(path: &Path) -> std::io::Error {
+    std::io::Error::new(
+        ErrorKind::InvalidData,
+        format!("{}: larger than {MAX_FILE_BYTES} bytes", path.display()),
+    )
+}
+
 /// A file read again and again through one descriptor.
 #[derive(Debug)]
 pub struct KeptFile {
@@ -62,6 +75,9 @@ impl KeptFile {
                     if len < buf.len() {
                         return Ok(len);
                     }
+                    if len >= MAX_FILE_BYTES {
+                        return Err(too_large(&self.path));
+                    }
                     let grown = buf.len() * 2;
                     buf.resize(grown, 0);
                 }
@@ -94,6 +110,9 @@ fn read_unkept(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<usize> {
     let mut len = 0;
     loop {
         if len == buf.len() {
+            if len >= MAX_FILE_BYTES {
+                return Err(too_large(path));
+            }
             let grown = buf.len() * 2;
             buf.resize(grown, 0);
         }
@@ -168,6 +187,16 @@ mod tests {
         assert!(file.is_deleted());
         file.close();
         assert_eq!(file.read(&mut buf).unwrap_err().kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn an_endless_file_is_an_error_not_a_runaway_buffer() {
+        let mut zero = KeptFile::new("/dev/zero".into());
+        let mut buf = Vec::new();
+        let err = zero.read(&mut buf).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidData);
+        assert!(err.to_string().contains("/dev/zero"), "{err}");
+        assert!(buf.len() <= 2 * MAX_FILE_BYTES);
     }
 
     #[test]
