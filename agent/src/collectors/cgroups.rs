@@ -11,11 +11,23 @@
 //! cardinality bound, the workload kind) runs on the first tick, after a
 //! cgroup vanished, and every `rescan_interval_secs`; a tick in between reads
 //! only the files of the cgroups it found, each once, into one reused buffer.
+//!
+//! Measurement files are kept open from tick to tick ([`KeptFile`]) and
+//! re-read with one `pread` at offset 0, which makes the kernel regenerate
+//! their text: no path walk, open or close per tick. Descriptors outlive a
+//! walk for the cgroups it finds again. A cgroup removed under an open file
+//! answers ENODEV, read as the cgroup being gone (or, when its directory is
+//! there again, as a new cgroup at the same path, opened afresh). Limits are
+//! settings rather than measurements: `cpu.max`, `cpu.cfs_quota_us`,
+//! `cpu.cfs_period_us`, `memory.max` and `memory.limit_in_bytes` are read at
+//! each rescan (on the tick of each walk) and their values repeated in the
+//! rows in between, so `cpu_quota_cpus` and `memory_limit_bytes` follow a
+//! changed limit within `rescan_interval_secs`.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use regex::RegexSet;
@@ -23,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
+use super::kept::KeptFile;
 use super::{Availability, Collector, CollectorConfig, Roots};
 
 /// Default depth below the root that the walk descends to.
@@ -424,6 +437,19 @@ const MEMORY_SOURCES: &[Source] = &[
 ];
 
 impl Source {
+    /// Whether the file is a setting (a limit) rather than a measurement: read
+    /// at each rescan only, not on every tick.
+    fn is_setting(self) -> bool {
+        matches!(
+            self,
+            Source::CpuMax
+                | Source::MemoryMax
+                | Source::CfsQuota
+                | Source::CfsPeriod
+                | Source::MemoryLimit
+        )
+    }
+
     fn file_name(self) -> &'static str {
         match self {
             Source::CpuStatV2 | Source::CpuStatV1 => "cpu.stat",
@@ -457,6 +483,26 @@ struct Hierarchy {
     name: String,
     /// The files each of its cgroups is read from.
     sources: Vec<Source>,
+    /// Whether it is a cgroup filesystem, where a file of a removed cgroup
+    /// answers ENODEV; in a plain directory tree (a fixture) a deleted file
+    /// stays readable through its descriptor and has to be noticed by `fstat`.
+    cgroupfs: bool,
+}
+
+/// Whether `dir` is on a cgroup filesystem (v1 or v2).
+fn on_cgroupfs(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs reads a NUL-terminated path and fills the struct we pass.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut stat) } != 0 {
+        return false;
+    }
+    matches!(
+        stat.f_type,
+        libc::CGROUP_SUPER_MAGIC | libc::CGROUP2_SUPER_MAGIC
+    )
 }
 
 /// What is mounted under `<sysfs>/fs/cgroup`.
@@ -480,6 +526,7 @@ fn detect(root: &Path) -> Result<Layout, String> {
                 dir: root.to_path_buf(),
                 name: "unified".into(),
                 sources: V2_SOURCES.to_vec(),
+                cgroupfs: on_cgroupfs(root),
             }],
         });
     }
@@ -507,6 +554,7 @@ fn detect(root: &Path) -> Result<Layout, String> {
         if name == "unified" {
             if dir.join("cgroup.controllers").is_file() {
                 pressure = Some(Hierarchy {
+                    cgroupfs: on_cgroupfs(&dir),
                     dir,
                     name,
                     sources: PRESSURE_SOURCES.to_vec(),
@@ -537,7 +585,12 @@ fn detect(root: &Path) -> Result<Layout, String> {
             continue;
         }
         mounts.push(canonical);
-        hierarchies.push(Hierarchy { dir, name, sources });
+        hierarchies.push(Hierarchy {
+            cgroupfs: on_cgroupfs(&dir),
+            dir,
+            name,
+            sources,
+        });
     }
     if hierarchies.is_empty() {
         return Err(format!(
@@ -557,8 +610,13 @@ fn detect(root: &Path) -> Result<Layout, String> {
 #[derive(Debug)]
 struct Slot {
     source: Source,
-    path: PathBuf,
+    /// Held open between ticks (measurements) or opened, read and closed at
+    /// each rescan (settings).
+    file: KeptFile,
     absent: bool,
+    /// Whether a read through the held descriptor succeeded: an error after
+    /// that may be a cgroup made again at the same path, worth one fresh open.
+    kept: bool,
 }
 
 /// A cgroup to sample.
@@ -567,6 +625,14 @@ struct Target {
     path: String,
     workload: &'static str,
     slots: Vec<Slot>,
+    /// Whether a deleted file must be noticed with `fstat` (not on cgroupfs).
+    check_deleted: bool,
+    /// `cpu_quota_cpus` and `memory_limit_bytes` as read at the last rescan.
+    quota: Value,
+    limit: Value,
+    /// Whether v1 `cpu.cfs_quota_us` was readable at the last rescan (then
+    /// the cgroup has a row even when nothing else is readable).
+    quota_read: bool,
 }
 
 /// What a walk found.
@@ -633,14 +699,17 @@ fn walk(layout: &Layout, filter: &Filter, max_depth: u32, max_cgroups: usize) ->
         .into_iter()
         .map(|(path, idxs)| {
             let mut slots = Vec::new();
+            let mut check_deleted = false;
             for i in idxs {
                 let hierarchy = &layout.hierarchies[i];
                 let dir = hierarchy.dir.join(path.trim_start_matches('/'));
+                check_deleted |= !hierarchy.cgroupfs;
                 for &source in &hierarchy.sources {
                     slots.push(Slot {
                         source,
-                        path: dir.join(source.file_name()),
+                        file: KeptFile::new(dir.join(source.file_name())),
                         absent: false,
+                        kept: false,
                     });
                 }
             }
@@ -648,12 +717,42 @@ fn walk(layout: &Layout, filter: &Filter, max_depth: u32, max_cgroups: usize) ->
                 workload: classify(&path),
                 path,
                 slots,
+                check_deleted,
+                quota: Value::Null,
+                limit: Value::Null,
+                quota_read: false,
             }
         })
         .collect();
     // Rows in path order: stable from tick to tick, easy to read.
     targets.sort_by(|a, b| a.path.cmp(&b.path));
     Discovery { targets, skipped }
+}
+
+/// Moves the descriptors held for `old`'s cgroups into the same files of
+/// `new`'s (both in path order), so that a walk opens only what it newly found.
+fn keep_open(new: &mut [Target], old: Vec<Target>) {
+    let mut old = old.into_iter().peekable();
+    for target in new {
+        while old.next_if(|o| o.path < target.path).is_some() {}
+        let Some(mut prev) = old.next_if(|o| o.path == target.path) else {
+            continue;
+        };
+        for (i, slot) in target.slots.iter_mut().enumerate() {
+            if slot.source.is_setting() {
+                continue;
+            }
+            let same = |p: &Slot| p.file.path() == slot.file.path();
+            let found = match prev.slots.get(i) {
+                Some(p) if same(p) => Some(i),
+                _ => prev.slots.iter().position(same),
+            };
+            if let Some(j) = found {
+                std::mem::swap(&mut slot.file, &mut prev.slots[j].file);
+                slot.kept = prev.slots[j].kept;
+            }
+        }
+    }
 }
 
 /// Include and exclude patterns, compiled once.
@@ -1040,25 +1139,6 @@ fn ticks_per_second() -> f64 {
     }
 }
 
-/// Reads a whole file into `buf` (grown as needed, never shrunk), returning
-/// its length: open, read until end of file, close, and nothing else (no
-/// `fstat` for a size that sysfs makes up anyway).
-fn read_into(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-    let mut file = File::open(path)?;
-    let mut len = 0;
-    loop {
-        if len == buf.len() {
-            buf.resize(buf.len().max(4096) * 2, 0);
-        }
-        match file.read(&mut buf[len..]) {
-            Ok(0) => return Ok(len),
-            Ok(n) => len += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Whether a read error means the cgroup (or this file of it) is not there:
 /// ENOENT, or ENODEV from a cgroup removed while its file was open.
 fn is_gone(e: &std::io::Error) -> bool {
@@ -1077,6 +1157,8 @@ pub struct Cgroups {
     discovery: Discovery,
     /// When the last walk ran; `None` forces one.
     walked_at: Option<i64>,
+    /// Whether the next tick reads the settings (limits): set by each walk.
+    settings_due: bool,
     /// One buffer for every file of a tick.
     buf: Vec<u8>,
 }
@@ -1094,6 +1176,7 @@ impl Cgroups {
             layout: None,
             discovery: Discovery::default(),
             walked_at: None,
+            settings_due: true,
             buf: vec![0; 8192],
         }
     }
@@ -1103,30 +1186,59 @@ impl Cgroups {
             self.layout = Some(detect(&self.root).map_err(anyhow::Error::msg)?);
         }
         let layout = self.layout.as_ref().expect("set above");
+        let old = std::mem::take(&mut self.discovery);
         self.discovery = walk(layout, &self.filter, self.max_depth, self.max_cgroups);
+        keep_open(&mut self.discovery.targets, old.targets);
         self.walked_at = Some(time_us);
+        self.settings_due = true;
         Ok(())
     }
 
-    /// Reads every target into a batch; a vanished cgroup forces a walk next tick.
+    /// Reads every target into a batch; a vanished cgroup forces a walk next
+    /// tick. Measurements are read through descriptors kept open; settings only
+    /// on the tick after a walk, their values repeated in between.
     fn read_all(&mut self, time_us: i64) -> Result<Batch, ParseError> {
         let mut builder = BatchBuilder::new(&CGROUP);
         let mut vanished = false;
+        let settings = self.settings_due;
         for target in &mut self.discovery.targets {
             let mut row = Row::new();
             let mut gone = false;
+            // Outside cgroupfs a deleted file stays readable: one fstat per
+            // cgroup per tick, on its first file read through a kept descriptor.
+            let mut check = target.check_deleted;
             for slot in &mut target.slots {
-                if slot.absent {
+                let setting = slot.source.is_setting();
+                if slot.absent || (setting && !settings) {
                     continue;
                 }
-                match read_into(&slot.path, &mut self.buf) {
+                let was_kept = slot.kept;
+                let mut read = slot.file.read(&mut self.buf);
+                if was_kept && matches!(&read, Err(e) if is_gone(e)) {
+                    // The descriptor was of a cgroup removed since; one made
+                    // again at the same path (a restarted service) is opened afresh.
+                    read = slot.file.read(&mut self.buf);
+                }
+                if setting {
+                    slot.file.close(); // read again at the next rescan only
+                }
+                slot.kept = !setting && read.is_ok();
+                match read {
                     Ok(n) => {
+                        if check && was_kept && slot.kept {
+                            check = false;
+                            if slot.file.is_deleted() {
+                                gone = true;
+                                break;
+                            }
+                        }
+                        let path = slot.file.path();
                         let text = std::str::from_utf8(&self.buf[..n])
-                            .map_err(|_| error(&slot.path, 0, "not UTF-8 text"))?;
-                        parse(slot.source, text, &slot.path, &mut row, self.hz)?;
+                            .map_err(|_| error(path, 0, "not UTF-8 text"))?;
+                        parse(slot.source, text, path, &mut row, self.hz)?;
                     }
                     Err(e) if is_gone(&e) => {
-                        if slot.path.parent().is_some_and(|d| d.is_dir()) {
+                        if slot.file.path().parent().is_some_and(|d| d.is_dir()) {
                             // The cgroup is there, this file is not (controller
                             // off, no swap accounting): skip it until the next walk.
                             slot.absent = true;
@@ -1135,20 +1247,33 @@ impl Cgroups {
                             break;
                         }
                     }
-                    Err(e) => return Err(error(&slot.path, 0, e.to_string())),
+                    Err(e) => return Err(error(slot.file.path(), 0, e.to_string())),
                 }
             }
             if gone {
+                // Let go of its files: a walk that finds the path again opens them afresh.
+                for slot in &mut target.slots {
+                    slot.file.close();
+                    slot.kept = false;
+                }
                 vanished = true;
                 continue;
             }
-            if row.values.iter().all(|v| *v == Value::Null) && row.quota_us.is_none() {
-                continue; // nothing readable: no row rather than a row of nulls
-            }
-            if let (Some(quota), Some(period)) = (row.quota_us, row.period_us) {
-                if quota > 0 && period > 0 {
-                    row.f64(f::CPU_QUOTA, quota as f64 / period as f64);
+            if settings {
+                if let (Some(quota), Some(period)) = (row.quota_us, row.period_us) {
+                    if quota > 0 && period > 0 {
+                        row.f64(f::CPU_QUOTA, quota as f64 / period as f64);
+                    }
                 }
+                target.quota = row.values[f::CPU_QUOTA];
+                target.limit = row.values[f::MEM_LIMIT];
+                target.quota_read = row.quota_us.is_some();
+            } else {
+                row.values[f::CPU_QUOTA] = target.quota;
+                row.values[f::MEM_LIMIT] = target.limit;
+            }
+            if row.values.iter().all(|v| *v == Value::Null) && !target.quota_read {
+                continue; // nothing readable: no row rather than a row of nulls
             }
             builder
                 .push(time_us, &[&target.path, target.workload], &row.values)
@@ -1157,6 +1282,7 @@ impl Cgroups {
         if vanished {
             self.walked_at = None;
         }
+        self.settings_due = false;
         Ok(builder.finish())
     }
 }
@@ -1689,6 +1815,94 @@ mod tests {
         assert_eq!(collect_one(&mut c, 10_000_000).len(), 16);
     }
 
+    #[test]
+    fn limits_are_read_at_each_rescan_and_measurements_on_every_tick() {
+        for (node, usage, limit, quota) in [
+            (
+                "k8s-node",
+                "init.scope/memory.current",
+                "init.scope/memory.max",
+                vec![("init.scope/cpu.max", "50000 100000\n")],
+            ),
+            (
+                "baremetal-node",
+                "memory/docker/memory.usage_in_bytes",
+                "memory/docker/memory.limit_in_bytes",
+                vec![
+                    ("cpu,cpuacct/docker/cpu.cfs_quota_us", "50000\n"),
+                    ("cpu,cpuacct/docker/cpu.cfs_period_us", "100000\n"),
+                ],
+            ),
+        ] {
+            let (_dir, roots) = scratch(node);
+            let cgroup = roots.sys("fs/cgroup");
+            let path = if node == "k8s-node" {
+                "/init.scope"
+            } else {
+                "/docker"
+            };
+            let mut c = collector(&CgroupsConfig::default(), &roots);
+            let first = collect_one(&mut c, 0);
+            let limit_before = value(&first, path, "memory_limit_bytes");
+            let quota_before = value(&first, path, "cpu_quota_cpus");
+            // Rewritten in place, as the kernel's files are: a measurement is
+            // new on the next tick, a limit at the next rescan.
+            std::fs::write(cgroup.join(usage), "12345\n").unwrap();
+            std::fs::write(cgroup.join(limit), "1048576\n").unwrap();
+            for (file, text) in &quota {
+                std::fs::write(cgroup.join(file), text).unwrap();
+            }
+            let tick = collect_one(&mut c, 1_000_000);
+            let v = |name| value(&tick, path, name);
+            assert_eq!(v("memory_usage_bytes"), Value::U64(12345), "{node}");
+            assert_eq!(v("memory_limit_bytes"), limit_before, "{node}");
+            assert_eq!(v("cpu_quota_cpus"), quota_before, "{node}");
+            let rescan = collect_one(&mut c, 10_000_000);
+            let v = |name| value(&rescan, path, name);
+            assert_eq!(v("memory_usage_bytes"), Value::U64(12345), "{node}");
+            assert_eq!(v("memory_limit_bytes"), Value::U64(1_048_576), "{node}");
+            assert!(close(v("cpu_quota_cpus"), 0.5), "{node}");
+            // The walk kept the descriptors: still fresh values through them.
+            std::fs::write(cgroup.join(usage), "23456\n").unwrap();
+            let after = collect_one(&mut c, 11_000_000);
+            assert_eq!(
+                value(&after, path, "memory_usage_bytes"),
+                Value::U64(23456),
+                "{node}"
+            );
+            assert_eq!(
+                value(&after, path, "memory_limit_bytes"),
+                Value::U64(1_048_576),
+                "{node}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cgroup_made_again_at_the_same_path_is_read_afresh() {
+        let (_dir, roots) = scratch("k8s-node");
+        let config = CgroupsConfig {
+            rescan_interval_secs: 3600.0,
+            ..CgroupsConfig::default()
+        };
+        let mut c = collector(&config, &roots);
+        let path = "/system.slice/kubelet.service";
+        let before = collect_one(&mut c, 1_000_000);
+        assert!(paths(&before).contains(&path));
+        // A restarted service: its directory removed and made again.
+        let dir = roots.sys("fs/cgroup").join(path.trim_start_matches('/'));
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.current"), "8192\n").unwrap();
+        // Noticed as gone (what ENODEV says on cgroupfs), then found again.
+        let gap = collect_one(&mut c, 2_000_000);
+        assert!(!paths(&gap).contains(&path));
+        let again = collect_one(&mut c, 3_000_000);
+        assert_eq!(value(&again, path, "memory_usage_bytes"), Value::U64(8192));
+        assert_eq!(value(&again, path, "cpu_usage_seconds"), Value::Null);
+        assert_eq!(again.len(), before.len());
+    }
+
     fn garbage(node: &str, file: &str, text: &str) -> String {
         let (_dir, roots) = scratch(node);
         let path = roots.sys("fs/cgroup").join(file);
@@ -1934,5 +2148,36 @@ mod tests {
             let walk = start.elapsed() / 200;
             eprintln!("{name}: {rows} cgroups, one tick {tick:?}, one walk {walk:?}");
         }
+    }
+
+    /// Cost of one tick over real cgroupfs cgroups made for the purpose
+    /// (`/sys/fs/cgroup/<h>/vtax-bench/jobNN`): `VTAX_BENCH_TICKS=20000 cargo
+    /// test --release -p vtax cgroups::tests::timing_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn timing_bench() {
+        let roots = Roots {
+            sysfs: "/sys".into(),
+            ..Roots::default()
+        };
+        let config = CgroupsConfig {
+            include: vec!["^/vtax-bench/job".into()],
+            ..CgroupsConfig::default()
+        };
+        let mut c = Cgroups::new(&config, &roots);
+        if !matches!(c.probe(), Availability::Available(_)) {
+            return;
+        }
+        let n: i64 = std::env::var("VTAX_BENCH_TICKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000);
+        let mut rows = c.collect(0).unwrap().first().map_or(0, |b| b.len());
+        let start = std::time::Instant::now();
+        for i in 1..=n {
+            rows = c.collect(i).unwrap().first().map_or(0, |b| b.len());
+        }
+        let tick = start.elapsed() / n as u32;
+        eprintln!("vtax-bench: {rows} cgroups, {n} ticks, one tick {tick:?}");
     }
 }
