@@ -3,7 +3,7 @@
 //! HTTP server. Collectors hand rows to the store over a channel and to the
 //! exposition directly; a collector that fails loses only its own tick.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -193,22 +193,4 @@ fn status_row(name: &str, time_us: i64, duration: Duration, success: bool) -> Ba
         )
         .expect("the row matches the declaration");
     builder.finish()
-}
-
-/// Receives rows until `timeout`, passing each batch to `sink`; returns false
-/// once every sender is gone.
-pub fn drain_rows(
-    receiver: &Receiver<Rows>,
-    timeout: Duration,
-    mut sink: impl FnMut(&Batch),
-) -> bool {
-    match receiver.recv_timeout(timeout) {
-        Ok(batches) => batches.iter().for_each(|b| sink(b)),
-        Err(RecvTimeoutError::Timeout) => return true,
-        Err(RecvTimeoutError::Disconnected) => return false,
-    }
-    while let Ok(batches) = receiver.try_recv() {
-        batches.iter().for_each(|b| sink(b));
-    }
-    true
 }

@@ -124,6 +124,7 @@ fn scrape(
 ) -> std::io::Result<usize> {
     stream.write_all(request)?;
     let mut length = None;
+    let mut chunked = false;
     let mut line = String::new();
     loop {
         line.clear();
@@ -136,6 +137,26 @@ fn scrape(
         if let Some((k, v)) = line.split_once(':') {
             if k.eq_ignore_ascii_case("content-length") {
                 length = v.trim().parse::<usize>().ok();
+            }
+            if k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked") {
+                chunked = true;
+            }
+        }
+    }
+    if chunked {
+        // Exporters that stream (node_exporter's gzip writer) send chunks.
+        body.clear();
+        loop {
+            line.clear();
+            reader.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(std::io::Error::other)?;
+            let start = body.len();
+            body.resize(start + size + 2, 0);
+            reader.read_exact(&mut body[start..])?;
+            body.truncate(start + size);
+            if size == 0 {
+                return Ok(body.len());
             }
         }
     }

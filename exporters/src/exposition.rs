@@ -114,6 +114,7 @@ pub struct Exposition {
     /// agent's own CPU time per sample.
     wanted: [AtomicU64; 4],
     epoch: Instant,
+    renders: AtomicU64,
 }
 
 impl Exposition {
@@ -130,6 +131,7 @@ impl Exposition {
             render_lock: Mutex::new(()),
             wanted: Default::default(),
             epoch: Instant::now(),
+            renders: AtomicU64::new(0),
         });
         exposition
     }
@@ -170,6 +172,11 @@ impl Exposition {
         }
     }
 
+    /// How many renders ran (each renders every wanted body once).
+    pub fn renders(&self) -> u64 {
+        self.renders.load(Ordering::Relaxed)
+    }
+
     /// The latest rendered bodies.
     pub fn bodies(&self) -> Arc<Bodies> {
         self.bodies.read().expect("not poisoned").clone()
@@ -190,13 +197,13 @@ impl Exposition {
                 }
             }
             std::thread::sleep(coalesce);
-            seen = self.state.lock().expect("not poisoned").generation;
-            self.render_pending();
+            seen = self.render_pending();
         }
     }
 
-    /// Renders synchronously now (tests, and callers without a renderer thread).
-    pub fn render_pending(&self) {
+    /// Renders synchronously now (tests, and callers without a renderer
+    /// thread); returns the generation of the changes it rendered.
+    pub fn render_pending(&self) -> u64 {
         let _serial = self.render_lock.lock().expect("not poisoned");
         let (generation, sources) = {
             let state = self.state.lock().expect("not poisoned");
@@ -207,6 +214,7 @@ impl Exposition {
         let mut rendered = self.rendered_generation.lock().expect("not poisoned");
         *rendered = (*rendered).max(generation);
         self.rendered.notify_all();
+        generation
     }
 
     /// Waits until every change so far is rendered, up to `timeout`.
@@ -242,6 +250,7 @@ impl Exposition {
         if !want_text && !want_openmetrics {
             return Bodies::default(); // nobody scrapes: nothing to render
         }
+        self.renders.fetch_add(1, Ordering::Relaxed);
         let mut text = String::new();
         let mut openmetrics = String::new();
         let mut samples = 0;
