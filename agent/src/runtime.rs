@@ -67,6 +67,7 @@ impl CollectorSet {
         rows: &Sender<Rows>,
     ) -> CollectorSet {
         let stopper = Arc::new(Stopper::default());
+        let first_tick = next_whole_second();
         let mut threads = Vec::new();
         let mut running = Vec::new();
         for &name in NAMES {
@@ -89,7 +90,16 @@ impl CollectorSet {
             let (stopper, exposition, rows) = (stopper.clone(), exposition.clone(), rows.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("collector-{name}"))
-                .spawn(move || collector_loop(collector, interval, &stopper, &exposition, &rows))
+                .spawn(move || {
+                    collector_loop(
+                        collector,
+                        first_tick,
+                        interval,
+                        &stopper,
+                        &exposition,
+                        &rows,
+                    )
+                })
                 .expect("spawn a collector thread");
             threads.push(thread);
             running.push(name);
@@ -118,8 +128,21 @@ fn status_source(name: &str) -> String {
     format!("collector/{name}")
 }
 
+/// The instant of the next whole second of wall-clock time. Every collector
+/// ticks on that grid: rows of different tables share timestamps near whole
+/// seconds (on every node with a synchronised clock), and the updates of one
+/// second land together, so `/metrics` is rendered once for all of them.
+fn next_whole_second() -> Instant {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into_second = Duration::from_nanos(u64::from(since_epoch.subsec_nanos()));
+    Instant::now() + (Duration::from_secs(1) - into_second)
+}
+
 fn collector_loop(
     mut collector: Box<dyn Collector>,
+    first_tick: Instant,
     interval: Duration,
     stopper: &Stopper,
     exposition: &Exposition,
@@ -127,7 +150,10 @@ fn collector_loop(
 ) {
     let name = collector.name();
     let mut failing = false;
-    let mut next = Instant::now();
+    let mut next = first_tick;
+    if stopper.sleep_until(next) {
+        return;
+    }
     loop {
         let time_us = now_us();
         let started = Instant::now();

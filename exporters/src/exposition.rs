@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -115,6 +115,15 @@ pub struct Exposition {
     wanted: [AtomicU64; 4],
     epoch: Instant,
     renders: AtomicU64,
+    last_len: std::sync::atomic::AtomicUsize,
+    /// Whether a scrape was served since the last render. When the renderer
+    /// finds a render went unread (scrapes every 15 s, collectors every
+    /// second) it stops rendering ahead and the next scrape renders.
+    served: AtomicBool,
+    /// Set while rendering waits for a scrape instead of running ahead.
+    lazy: AtomicBool,
+    /// The generation the renderer thread last handled (rendered or left lazy).
+    handled: AtomicU64,
 }
 
 impl Exposition {
@@ -132,6 +141,10 @@ impl Exposition {
             wanted: Default::default(),
             epoch: Instant::now(),
             renders: AtomicU64::new(0),
+            last_len: Default::default(),
+            served: AtomicBool::new(false),
+            lazy: AtomicBool::new(false),
+            handled: AtomicU64::new(0),
         });
         exposition
     }
@@ -142,6 +155,13 @@ impl Exposition {
     pub fn body(&self, format: Format, gzip: bool) -> bytes::Bytes {
         let now = self.epoch.elapsed().as_millis() as u64 + 1;
         let before = self.wanted[slot(format, gzip)].swap(now, Ordering::Relaxed);
+        if self.lazy.swap(false, Ordering::AcqRel) {
+            let current = self.state.lock().expect("not poisoned").generation;
+            if *self.rendered_generation.lock().expect("not poisoned") < current {
+                self.render_pending();
+            }
+        }
+        self.served.store(true, Ordering::Release);
         if let Some(body) = self.bodies().body(format, gzip) {
             if before != 0 {
                 return body.clone();
@@ -197,7 +217,15 @@ impl Exposition {
                 }
             }
             std::thread::sleep(coalesce);
+            if self.renders() > 0 && !self.served.swap(false, Ordering::AcqRel) {
+                // Nobody read the last render: wait for a scrape to ask.
+                seen = self.state.lock().expect("not poisoned").generation;
+                self.lazy.store(true, Ordering::Release);
+                self.handled.store(seen, Ordering::Release);
+                continue;
+            }
             seen = self.render_pending();
+            self.handled.store(seen, Ordering::Release);
         }
     }
 
@@ -209,6 +237,7 @@ impl Exposition {
             let state = self.state.lock().expect("not poisoned");
             (state.generation, state.sources.clone())
         };
+        tracing::trace!(generation, thread = ?std::thread::current().name(), "render");
         let bodies = Arc::new(self.render_now(&sources));
         *self.bodies.write().expect("not poisoned") = bodies;
         let mut rendered = self.rendered_generation.lock().expect("not poisoned");
@@ -251,8 +280,11 @@ impl Exposition {
             return Bodies::default(); // nobody scrapes: nothing to render
         }
         self.renders.fetch_add(1, Ordering::Relaxed);
-        let mut text = String::new();
-        let mut openmetrics = String::new();
+        // Sized from the last render: growing a 100 KiB string by doubling
+        // copied it a dozen times per render.
+        let capacity = self.last_len.load(Ordering::Relaxed) + 4096;
+        let mut text = String::with_capacity(if want_text { capacity } else { 0 });
+        let mut openmetrics = String::with_capacity(if want_openmetrics { capacity } else { 0 });
         let mut samples = 0;
         for table in &self.tables {
             let batches: Vec<&Batch> = sources
@@ -269,6 +301,8 @@ impl Exposition {
             );
         }
         openmetrics.push_str("# EOF\n");
+        self.last_len
+            .store(text.len().max(openmetrics.len()), Ordering::Relaxed);
         Bodies {
             text_gzip: wanted[1].then(|| gzip(text.as_bytes())),
             openmetrics_gzip: wanted[3].then(|| gzip(openmetrics.as_bytes())),
@@ -302,6 +336,9 @@ fn render_table(
     if batches.iter().all(|b| b.is_empty()) {
         return 0;
     }
+    // Each row's label set, rendered once: a table's fields share them.
+    let labels: Vec<Vec<String>> = batches.iter().map(|b| label_sets(table, b)).collect();
+    let mut value = String::with_capacity(32);
     for (f, field) in table.fields.iter().enumerate() {
         let has_value = batches
             .iter()
@@ -324,46 +361,31 @@ fn render_table(
             }
             let _ = writeln!(openmetrics, "# HELP {family} {help}");
         }
-        let mut line = String::new();
-        for batch in batches {
+        for (batch, labels) in batches.iter().zip(&labels) {
             let column = &batch.fields[f];
-            for row in 0..batch.len() {
+            for (row, labels) in labels.iter().enumerate() {
                 if !column.is_valid(row) {
                     continue;
                 }
-                line.clear();
-                line.push_str(&name);
-                if !table.tags.is_empty() {
-                    line.push('{');
-                    for (t, tag) in table.tags.iter().enumerate() {
-                        if t > 0 {
-                            line.push(',');
-                        }
-                        let tags = &batch.tags[t];
-                        let value = &tags.dict[tags.codes[row] as usize];
-                        line.push_str(tag.name);
-                        line.push_str("=\"");
-                        escape_label_value(value, &mut line);
-                        line.push('"');
-                    }
-                    line.push('}');
-                }
-                line.push(' ');
+                value.clear();
                 match &column.values {
-                    Values::F64(v) => format_f64(v[row], &mut line),
+                    Values::F64(v) => format_f64(v[row], &mut value),
                     Values::I64(v) => {
-                        let _ = write!(line, "{}", v[row]);
+                        let _ = write!(value, "{}", v[row]);
                     }
                     Values::U64(v) => {
-                        let _ = write!(line, "{}", v[row]);
+                        let _ = write!(value, "{}", v[row]);
                     }
                 }
-                line.push('\n');
-                if let Some(text) = text.as_deref_mut() {
-                    text.push_str(&line);
-                }
-                if let Some(openmetrics) = openmetrics.as_deref_mut() {
-                    openmetrics.push_str(&line);
+                for out in [text.as_deref_mut(), openmetrics.as_deref_mut()]
+                    .into_iter()
+                    .flatten()
+                {
+                    out.push_str(&name);
+                    out.push_str(labels);
+                    out.push(' ');
+                    out.push_str(&value);
+                    out.push('\n');
                 }
                 samples += 1;
             }
@@ -371,6 +393,46 @@ fn render_table(
         debug_assert!(field.kind == MetricKind::Gauge || name.ends_with("_total"));
     }
     samples
+}
+
+/// `{tag="value",...}` for every row of a batch (empty for a table without tags).
+fn label_sets(table: &TableDef, batch: &Batch) -> Vec<String> {
+    if table.tags.is_empty() {
+        return vec![String::new(); batch.len()];
+    }
+    // Escape each distinct tag value once, then assemble rows from codes.
+    let escaped: Vec<Vec<String>> = batch
+        .tags
+        .iter()
+        .map(|column| {
+            column
+                .dict
+                .iter()
+                .map(|v| {
+                    let mut out = String::with_capacity(v.len());
+                    escape_label_value(v, &mut out);
+                    out
+                })
+                .collect()
+        })
+        .collect();
+    (0..batch.len())
+        .map(|row| {
+            let mut set = String::with_capacity(64);
+            set.push('{');
+            for (t, tag) in table.tags.iter().enumerate() {
+                if t > 0 {
+                    set.push(',');
+                }
+                set.push_str(tag.name);
+                set.push_str("=\"");
+                set.push_str(&escaped[t][batch.tags[t].codes[row] as usize]);
+                set.push('"');
+            }
+            set.push('}');
+            set
+        })
+        .collect()
 }
 
 fn format_f64(value: f64, out: &mut String) {
@@ -488,6 +550,44 @@ mod tests {
         e.render_pending();
         let text = e.body(Format::Text, false);
         assert!(!std::str::from_utf8(&text).unwrap().contains("gpu=\"1"));
+    }
+
+    #[test]
+    fn renders_nobody_reads_stop_until_a_scrape_asks() {
+        let e = Exposition::new(&[&T]);
+        let renderer = {
+            let e = e.clone();
+            std::thread::spawn(move || e.run_renderer(Duration::from_millis(1)))
+        };
+        // Each change, then wait until the renderer thread has dealt with it.
+        let tick = |v: f64| {
+            e.update("a", vec![batch(&[("0", Value::F64(v), Value::U64(1))])]);
+            let target = e.state.lock().unwrap().generation;
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while e.handled.load(Ordering::Acquire) < target {
+                assert!(std::time::Instant::now() < deadline, "renderer stuck");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let scrape = || String::from_utf8(e.body(Format::Text, false).to_vec()).unwrap();
+        tick(1.0);
+        assert!(scrape().contains("} 1\n"));
+        let before = e.renders();
+        tick(2.0); // read by no one yet, but the last render was: rendered ahead
+        tick(3.0); // the render of 2 went unread: not rendered
+        tick(4.0);
+        assert_eq!(e.renders(), before + 1, "one render ahead, then lazy");
+        assert!(
+            scrape().contains("} 4\n"),
+            "a scrape renders what is pending"
+        );
+        assert_eq!(e.renders(), before + 2);
+        tick(5.0); // the last render was read: ahead again
+        assert_eq!(e.renders(), before + 3);
+        assert!(scrape().contains("} 5\n"));
+        assert_eq!(e.renders(), before + 3, "served from the render ahead");
+        e.close();
+        renderer.join().unwrap();
     }
 
     #[test]
