@@ -204,11 +204,16 @@ fn prometheus_scrapes_the_agent_over_tls_with_basic_auth() {
     )
     .unwrap();
     let data = dir.path().join("data");
+    // Host from this machine's /proc (its counters move); cgroups and
+    // InfiniBand from the bare-metal fixture's /sys (exact known values).
+    let sysfs = common::fixtures().join("baremetal-node/sys");
     let agent = Agent::start(&[
         "--data-dir",
         data.to_str().unwrap(),
         "--web.config.file",
         web_config.to_str().unwrap(),
+        "--path.sysfs",
+        sysfs.to_str().unwrap(),
     ]);
     let target = agent.addr;
     let ca = dir.path().join("agent.crt");
@@ -244,6 +249,16 @@ fn prometheus_scrapes_the_agent_over_tls_with_basic_auth() {
         "count(vtax_cpu_steal_seconds_total{job=\"vtax\"})",
         cpus as f64,
     );
+    // Values from the fixture arrive exactly, with their labels.
+    prometheus.wait_for(
+        "vtax_infiniband_port_xmit_wait_total{job=\"vtax\",device=\"mlx5_2\",port=\"1\"}",
+        3718293871.0,
+    );
+    prometheus.wait_for(
+        "vtax_cgroup_cpu_usage_seconds_total{job=\"vtax\",path=\"/docker\"}",
+        123.456789012,
+    );
+    prometheus.wait_for("count(vtax_infiniband_port_state{job=\"vtax\"} == 4)", 8.0);
     // Counters move: a rate over a few scrapes is positive for total CPU time.
     std::thread::sleep(Duration::from_secs(3));
     let rate = prometheus.query(
