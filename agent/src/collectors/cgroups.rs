@@ -25,7 +25,6 @@
 //! changed limit within `rescan_interval_secs`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -36,7 +35,7 @@ use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::kept::KeptFile;
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// Default depth below the root that the walk descends to.
 pub const DEFAULT_MAX_DEPTH: u32 = 4;
@@ -350,26 +349,6 @@ pub static CGROUP: TableDef = TableDef {
     ],
     exported: true,
 };
-
-/// Why a read failed: the file, the line (0: the whole file) and what was wrong.
-#[derive(Debug)]
-pub struct ParseError {
-    path: String,
-    line: usize,
-    reason: String,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(out, "{}: {}", self.path, self.reason)
-        } else {
-            write!(out, "{}:{}: {}", self.path, self.line, self.reason)
-        }
-    }
-}
-
-impl std::error::Error for ParseError {}
 
 fn error(path: &Path, line: usize, reason: impl Into<String>) -> ParseError {
     ParseError {

@@ -8,7 +8,6 @@
 //! downstream. Pressure and schedstat are optional: a kernel without them just
 //! has no rows in those tables, and `problems` says why.
 
-use std::fmt;
 use std::num::IntErrorKind;
 use std::path::Path;
 
@@ -16,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// `[collectors.host]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -448,27 +447,6 @@ const PRESSURE_RESOURCES: [&str; 4] = ["cpu", "memory", "io", "irq"];
 /// The oldest `/proc/schedstat` version whose cpu lines are read (15: Linux
 /// 4.x; 16 and 17 changed only the domain lines).
 const SCHEDSTAT_MIN_VERSION: u32 = 15;
-
-/// Why a read failed: the file, the line (1-based; 0 for the file as a whole)
-/// and what was wrong.
-#[derive(Debug)]
-pub struct ParseError {
-    path: String,
-    line: usize,
-    reason: String,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}: {}", self.path, self.reason)
-        } else {
-            write!(f, "{}:{}: {}", self.path, self.line, self.reason)
-        }
-    }
-}
-
-impl std::error::Error for ParseError {}
 
 fn fail(path: &str, line: usize, reason: impl Into<String>) -> ParseError {
     ParseError {

@@ -183,3 +183,27 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
 }
+
+/// Why a read failed: the file, the line (1-based; 0 for the file as a whole)
+/// and what was wrong. Collectors return it so every error names its source.
+#[derive(Debug)]
+pub struct ParseError {
+    /// The file.
+    pub path: String,
+    /// The line, 1-based; 0 when the file as a whole is wrong.
+    pub line: usize,
+    /// What was wrong.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.path, self.reason)
+        } else {
+            write!(f, "{}:{}: {}", self.path, self.line, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
