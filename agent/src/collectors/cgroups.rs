@@ -2101,7 +2101,7 @@ mod tests {
     /// Cost of one tick over each fixture tree and, when there is one, this
     /// machine's own cgroups: `cargo test -p vtax cgroups::tests::timing -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "a timing measurement, not a test: cargo test --release -p vtax cgroups::tests::timing -- --ignored --nocapture"]
     fn timing() {
         let mut cases: Vec<(String, Roots)> = ["vm-node", "baremetal-node", "k8s-node"]
             .iter()
@@ -2133,7 +2133,7 @@ mod tests {
     /// (`/sys/fs/cgroup/<h>/vtax-bench/jobNN`): `VTAX_BENCH_TICKS=20000 cargo
     /// test --release -p vtax cgroups::tests::timing_bench -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "a timing measurement over real cgroups under /sys (needs root and the bench cgroups): run with --ignored"]
     fn timing_bench() {
         let roots = Roots {
             sysfs: "/sys".into(),

@@ -1953,7 +1953,7 @@ mod tests {
     /// Timing of one collect over the fixture tree:
     /// `cargo test -p vtax collectors::infiniband::tests::timing -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "a timing measurement, not a test: cargo test --release -p vtax infiniband::tests::timing -- --ignored --nocapture"]
     fn timing() {
         let mut c = collector(&fixture());
         c.collect(0).unwrap();
