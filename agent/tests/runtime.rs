@@ -244,9 +244,11 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
             .iter()
             .all(|c| success(body, c).as_deref() == Some("1"))
     };
-    wait_until("every collector to succeed", Duration::from_secs(20), || {
-        all_up(&agent.get("/metrics", &[]).text())
-    });
+    wait_until(
+        "every collector to succeed",
+        Duration::from_secs(20),
+        || all_up(&agent.get("/metrics", &[]).text()),
+    );
     let port_series = "vtax_infiniband_port_xmit_wait_total{device=\"mlx5_2\"";
     assert!(agent.get("/metrics", &[]).text().contains(port_series));
 
@@ -254,15 +256,22 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     let good_stat = std::fs::read(&stat).unwrap();
     std::fs::write(&stat, "cpu0 12 zz 4\n").unwrap();
     std::fs::remove_dir_all(root.join("sys/class/infiniband/mlx5_2")).unwrap();
-    wait_until("host to fail and mlx5_2 to go", Duration::from_secs(20), || {
-        let body = agent.get("/metrics", &[]).text();
-        success(&body, "host").as_deref() == Some("0")
-            && success(&body, "infiniband").as_deref() == Some("1")
-            && success(&body, "cgroups").as_deref() == Some("1")
-            && !body.contains(port_series)
-    });
+    wait_until(
+        "host to fail and mlx5_2 to go",
+        Duration::from_secs(20),
+        || {
+            let body = agent.get("/metrics", &[]).text();
+            success(&body, "host").as_deref() == Some("0")
+                && success(&body, "infiniband").as_deref() == Some("1")
+                && success(&body, "cgroups").as_deref() == Some("1")
+                && !body.contains(port_series)
+        },
+    );
     let body = agent.get("/metrics", &[]).text();
-    assert!(!body.contains("vtax_cpu_user_seconds_total"), "a failed collector's series leave");
+    assert!(
+        !body.contains("vtax_cpu_user_seconds_total"),
+        "a failed collector's series leave"
+    );
     assert!(body.contains("vtax_infiniband_port_xmit_wait_total{device=\"mlx5_0\""));
 
     std::fs::write(&stat, good_stat).unwrap();
@@ -270,7 +279,10 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
         all_up(&agent.get("/metrics", &[]).text())
     });
     let log = agent.log();
-    assert!(log.contains("Collector failed") && log.contains("proc/stat:1"), "{log}");
+    assert!(
+        log.contains("Collector failed") && log.contains("proc/stat:1"),
+        "{log}"
+    );
     assert!(log.contains("Collector recovered"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
     assert!(agent.stop());
