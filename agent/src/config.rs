@@ -22,7 +22,7 @@ pub const DEFAULT_SYNC_INTERVAL_SECS: f64 = 1.0;
 /// Rows held in memory before they are published early as a part file. The
 /// agent keeps this small (the store's own default suits imports) so that it
 /// stays a small resident on the node.
-pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 4 << 20;
+pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 2 << 20;
 /// Seconds between two compaction and retention passes.
 pub const DEFAULT_COMPACT_INTERVAL_SECS: u64 = 300;
 

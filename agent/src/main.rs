@@ -7,6 +7,7 @@ mod doctor;
 #[cfg(test)]
 mod golden;
 mod import;
+mod memory;
 mod query;
 mod run;
 mod runtime;

@@ -56,6 +56,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())
         .context("install signal handler")?;
 
+    crate::memory::limit_arenas();
     let open_files = crate::collectors::kept::raise_open_file_limit();
     tracing::debug!(open_files, "Open-file limit.");
     let data_dir = config.data_dir();
@@ -119,8 +120,12 @@ pub fn run(args: RunArgs) -> Result<()> {
                 }
             }
         }
+        let published = store.stats().files_published;
         if let Err(e) = store.tick(now_us()) {
             tracing::error!(error = %e, "Store maintenance failed; rows stay buffered and are retried.");
+        }
+        if store.stats().files_published != published {
+            crate::memory::release_free_memory();
         }
         if last_compaction.elapsed() >= compact_interval {
             last_compaction = Instant::now();
@@ -130,6 +135,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             if let Err(e) = result {
                 tracing::warn!(error = %e, "Compaction or retention failed; the inputs stay as they were.");
             }
+            crate::memory::release_free_memory();
         }
     }
     tracing::info!(
