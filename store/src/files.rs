@@ -59,6 +59,10 @@ pub struct WriteOptions {
     /// Whether a publish tries the candidate encodings on a sample of its rows
     /// and keeps the smaller per column.
     pub adaptive: bool,
+    /// Most bytes of rows a write buffers to choose its encodings on (and
+    /// copies once more to sample them): a memory bound for small residents
+    /// such as the agent, which sets it far below the default.
+    pub encoding_sample_bytes: usize,
 }
 
 impl Default for WriteOptions {
@@ -83,6 +87,7 @@ impl Default for WriteOptions {
             data_page_rows: 100_000,
             column_encodings: BTreeMap::new(),
             adaptive: true,
+            encoding_sample_bytes: ENCODING_SAMPLE_BUFFER_BYTES,
         }
     }
 }
@@ -96,8 +101,8 @@ fn candidates() -> [(Encoding, Encoding); 2] {
     ]
 }
 
-/// Most bytes of rows a publish buffers to choose its encodings on.
-const ENCODING_SAMPLE_BUFFER_BYTES: usize = 16 << 20;
+/// Most bytes of rows a publish buffers to choose its encodings on, by default.
+pub const ENCODING_SAMPLE_BUFFER_BYTES: usize = 16 << 20;
 
 /// Rows sampled to choose encodings: slices spread over the sorted batch, so
 /// every kind of series (they sort by name) is represented.
@@ -318,7 +323,7 @@ pub fn publish(
     let mut options = options.clone();
     if options.adaptive {
         let (mut rows, mut bytes) = (0, 0);
-        while rows < options.row_group_rows && bytes < ENCODING_SAMPLE_BUFFER_BYTES {
+        while rows < options.row_group_rows && bytes < options.encoding_sample_bytes {
             let Some(batch) = source()? else { break };
             rows += batch.num_rows();
             bytes += batch.get_array_memory_size();
