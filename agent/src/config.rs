@@ -230,14 +230,7 @@ impl Config {
                 "store.compact_interval_secs must be at least 1".into(),
             ));
         }
-        self.collectors.validate().map_err(|message| {
-            let key = message
-                .split_whitespace()
-                .next()
-                .unwrap_or("collectors")
-                .to_string();
-            (key, message)
-        })
+        self.collectors.validate()
     }
 
     /// The pseudo-filesystem roots.

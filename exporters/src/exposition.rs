@@ -154,7 +154,7 @@ impl Exposition {
     /// or the first after a long pause, pays for one render).
     pub fn body(&self, format: Format, gzip: bool) -> bytes::Bytes {
         let now = self.epoch.elapsed().as_millis() as u64 + 1;
-        let before = self.wanted[slot(format, gzip)].swap(now, Ordering::Relaxed);
+        self.wanted[slot(format, gzip)].store(now, Ordering::Relaxed);
         if self.lazy.swap(false, Ordering::AcqRel) {
             let current = self.state.lock().expect("not poisoned").generation;
             if *self.rendered_generation.lock().expect("not poisoned") < current {
@@ -162,10 +162,9 @@ impl Exposition {
             }
         }
         self.served.store(true, Ordering::Release);
+        // A body is in the latest render only if it was asked for before.
         if let Some(body) = self.bodies().body(format, gzip) {
-            if before != 0 {
-                return body.clone();
-            }
+            return body.clone();
         }
         self.render_pending();
         self.bodies()

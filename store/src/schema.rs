@@ -152,6 +152,35 @@ pub struct FieldDef {
     pub help: &'static str,
 }
 
+impl FieldDef {
+    /// A gauge field.
+    pub const fn gauge(name: &'static str, ty: FieldType, unit: Unit, help: &'static str) -> Self {
+        FieldDef {
+            name,
+            ty,
+            kind: MetricKind::Gauge,
+            unit,
+            help,
+        }
+    }
+
+    /// A counter field.
+    pub const fn counter(
+        name: &'static str,
+        ty: FieldType,
+        unit: Unit,
+        help: &'static str,
+    ) -> Self {
+        FieldDef {
+            name,
+            ty,
+            kind: MetricKind::Counter,
+            unit,
+            help,
+        }
+    }
+}
+
 /// A table: its name, tags and fields, declared once.
 #[derive(Debug)]
 pub struct TableDef {

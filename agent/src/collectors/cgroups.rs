@@ -25,13 +25,12 @@
 //! changed limit within `rescan_interval_secs`.
 
 use std::collections::BTreeMap;
-use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use regex::RegexSet;
 use serde::{Deserialize, Serialize};
-use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::kept::KeptFile;
@@ -115,27 +114,41 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
 impl CgroupsConfig {
     /// Checks what serde cannot: ranges and that the patterns compile.
     /// Messages start with the full key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let invalid =
+            |key: &str, message: String| Err((format!("collectors.cgroups.{key}"), message));
         if !(1..=32).contains(&self.max_depth) {
-            return Err(format!(
-                "collectors.cgroups.max_depth = {}: must be between 1 and 32",
-                self.max_depth
-            ));
+            return invalid(
+                "max_depth",
+                format!(
+                    "collectors.cgroups.max_depth = {}: must be between 1 and 32",
+                    self.max_depth
+                ),
+            );
         }
         if !(1..=100_000).contains(&self.max_cgroups) {
-            return Err(format!(
-                "collectors.cgroups.max_cgroups = {}: must be between 1 and 100000",
-                self.max_cgroups
-            ));
+            return invalid(
+                "max_cgroups",
+                format!(
+                    "collectors.cgroups.max_cgroups = {}: must be between 1 and 100000",
+                    self.max_cgroups
+                ),
+            );
         }
         let rescan = self.rescan_interval_secs;
         if !(rescan.is_finite() && (0.0..=86_400.0).contains(&rescan)) {
-            return Err(format!(
-                "collectors.cgroups.rescan_interval_secs = {rescan}: must be between 0 and 86400"
-            ));
+            return invalid(
+                "rescan_interval_secs",
+                format!(
+                    "collectors.cgroups.rescan_interval_secs = {rescan}: must be between 0 and 86400"
+                ),
+            );
         }
-        compile("collectors.cgroups.include", &self.include)?;
-        compile("collectors.cgroups.exclude", &self.exclude)?;
+        for (key, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
+            if let Err(message) = compile(&format!("collectors.cgroups.{key}"), patterns) {
+                return invalid(key, message);
+            }
+        }
         Ok(())
     }
 }
@@ -164,38 +177,16 @@ fn compile(key: &str, patterns: &[String]) -> Result<RegexSet, String> {
 /// Tables of this collector.
 pub static TABLES: &[&TableDef] = &[&CGROUP];
 
-const fn field(
-    name: &'static str,
-    ty: FieldType,
-    kind: MetricKind,
-    unit: Unit,
-    help: &'static str,
-) -> FieldDef {
-    FieldDef {
-        name,
-        ty,
-        kind,
-        unit,
-        help,
-    }
-}
-
 const fn seconds(name: &'static str, help: &'static str) -> FieldDef {
-    field(
-        name,
-        FieldType::F64,
-        MetricKind::Counter,
-        Unit::Seconds,
-        help,
-    )
+    FieldDef::counter(name, FieldType::F64, Unit::Seconds, help)
 }
 
 const fn bytes(name: &'static str, help: &'static str) -> FieldDef {
-    field(name, FieldType::U64, MetricKind::Gauge, Unit::Bytes, help)
+    FieldDef::gauge(name, FieldType::U64, Unit::Bytes, help)
 }
 
 const fn count(name: &'static str, help: &'static str) -> FieldDef {
-    field(name, FieldType::U64, MetricKind::Counter, Unit::None, help)
+    FieldDef::counter(name, FieldType::U64, Unit::None, help)
 }
 
 /// Field positions in [`CGROUP`], in declaration order.
@@ -267,11 +258,7 @@ pub static CGROUP: TableDef = TableDef {
             "cpu_throttled_seconds",
             "Time the cgroup's tasks were throttled (v2 throttled_usec, v1 throttled_time).",
         ),
-        field(
-            "cpu_quota_cpus",
-            FieldType::F64,
-            MetricKind::Gauge,
-            Unit::None,
+        FieldDef::gauge("cpu_quota_cpus", FieldType::F64, Unit::None,
             "CPU bandwidth limit in CPUs: quota / period (v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us); null when unlimited.",
         ),
         bytes(
@@ -1107,23 +1094,6 @@ fn parse(
     }
 }
 
-/// Kernel clock ticks per second (`USER_HZ`), the unit of cpuacct.stat.
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 {
-        hz as f64
-    } else {
-        100.0
-    }
-}
-
-/// Whether a read error means the cgroup (or this file of it) is not there:
-/// ENOENT, or ENODEV from a cgroup removed while its file was open.
-fn is_gone(e: &std::io::Error) -> bool {
-    e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
-}
-
 /// The cgroups collector.
 pub struct Cgroups {
     root: PathBuf,
@@ -1151,7 +1121,7 @@ impl Cgroups {
             max_cgroups: config.max_cgroups.max(1) as usize,
             rescan_us: (config.rescan_interval_secs.max(0.0) * 1e6) as i64,
             filter: Filter::new(config),
-            hz: ticks_per_second(),
+            hz: super::user_hz(),
             layout: None,
             discovery: Discovery::default(),
             walked_at: None,
@@ -1193,7 +1163,7 @@ impl Cgroups {
                 }
                 let was_kept = slot.kept;
                 let mut read = slot.file.read(&mut self.buf);
-                if was_kept && matches!(&read, Err(e) if is_gone(e)) {
+                if was_kept && matches!(&read, Err(e) if super::kept::is_gone(e)) {
                     // The descriptor was of a cgroup removed since; one made
                     // again at the same path (a restarted service) is opened afresh.
                     read = slot.file.read(&mut self.buf);
@@ -1216,7 +1186,7 @@ impl Cgroups {
                             .map_err(|_| error(path, 0, "not UTF-8 text"))?;
                         parse(slot.source, text, path, &mut row, self.hz)?;
                     }
-                    Err(e) if is_gone(&e) => {
+                    Err(e) if super::kept::is_gone(&e) => {
                         if slot.file.path().parent().is_some_and(|d| d.is_dir()) {
                             // The cgroup is there, this file is not (controller
                             // off, no swap accounting): skip it until the next walk.
@@ -1991,7 +1961,7 @@ mod tests {
             ..ok.clone()
         };
         assert_eq!(
-            bad.validate().unwrap_err(),
+            bad.validate().unwrap_err().1,
             "collectors.cgroups.include = \"(\": not a regular expression: unclosed group"
         );
         let bad = CgroupsConfig {
@@ -2001,6 +1971,7 @@ mod tests {
         assert!(bad
             .validate()
             .unwrap_err()
+            .1
             .starts_with("collectors.cgroups.exclude = \"[z-a]\": not a regular expression: "));
         let bad = CgroupsConfig {
             max_depth: 0,
@@ -2009,6 +1980,7 @@ mod tests {
         assert!(bad
             .validate()
             .unwrap_err()
+            .1
             .starts_with("collectors.cgroups.max_depth = 0"));
         let bad = CgroupsConfig {
             max_cgroups: 0,
@@ -2017,6 +1989,7 @@ mod tests {
         assert!(bad
             .validate()
             .unwrap_err()
+            .1
             .starts_with("collectors.cgroups.max_cgroups = 0"));
         let bad = CgroupsConfig {
             rescan_interval_secs: f64::NAN,
@@ -2025,6 +1998,7 @@ mod tests {
         assert!(bad
             .validate()
             .unwrap_err()
+            .1
             .starts_with("collectors.cgroups.rescan_interval_secs = NaN"));
     }
 

@@ -12,7 +12,7 @@ use std::num::IntErrorKind;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
@@ -57,7 +57,7 @@ impl Host {
     pub fn new(_config: &HostConfig, roots: &Roots) -> Self {
         Host {
             roots: roots.clone(),
-            hz: ticks_per_second(),
+            hz: super::user_hz(),
             problems: Vec::new(),
         }
     }
@@ -101,42 +101,20 @@ pub static KEY_DOCS: &[(&str, &str)] = &[];
 /// Tables of this collector.
 pub static TABLES: &[&TableDef] = &[&CPU, &CPU_SCHED, &PRESSURE, &LOAD, &MEMORY, &KERNEL];
 
-const fn field(
-    name: &'static str,
-    ty: FieldType,
-    kind: MetricKind,
-    unit: Unit,
-    help: &'static str,
-) -> FieldDef {
-    FieldDef {
-        name,
-        ty,
-        kind,
-        unit,
-        help,
-    }
-}
-
 const fn seconds_counter(name: &'static str, help: &'static str) -> FieldDef {
-    field(
-        name,
-        FieldType::F64,
-        MetricKind::Counter,
-        Unit::Seconds,
-        help,
-    )
+    FieldDef::counter(name, FieldType::F64, Unit::Seconds, help)
 }
 
 const fn count_counter(name: &'static str, help: &'static str) -> FieldDef {
-    field(name, FieldType::U64, MetricKind::Counter, Unit::None, help)
+    FieldDef::counter(name, FieldType::U64, Unit::None, help)
 }
 
 const fn count_gauge(name: &'static str, help: &'static str) -> FieldDef {
-    field(name, FieldType::U64, MetricKind::Gauge, Unit::None, help)
+    FieldDef::gauge(name, FieldType::U64, Unit::None, help)
 }
 
 const fn bytes_gauge(name: &'static str, help: &'static str) -> FieldDef {
-    field(name, FieldType::U64, MetricKind::Gauge, Unit::Bytes, help)
+    FieldDef::gauge(name, FieldType::U64, Unit::Bytes, help)
 }
 
 const CPU_TAG: TagDef = TagDef {
@@ -209,17 +187,15 @@ pub static PRESSURE: TableDef = TableDef {
             "Time all non-idle tasks were stalled on the resource at once (`full` total); \
              null where the kernel has no `full` line.",
         ),
-        field(
+        FieldDef::gauge(
             "some_avg10_ratio",
             FieldType::F64,
-            MetricKind::Gauge,
             Unit::Ratio,
             "Share of the last 10 seconds with at least one task stalled (`some` avg10).",
         ),
-        field(
+        FieldDef::gauge(
             "full_avg10_ratio",
             FieldType::F64,
-            MetricKind::Gauge,
             Unit::Ratio,
             "Share of the last 10 seconds with all non-idle tasks stalled (`full` avg10).",
         ),
@@ -233,24 +209,21 @@ pub static LOAD: TableDef = TableDef {
     help: "One row per tick: load averages and task counts, from /proc/loadavg.",
     tags: &[],
     fields: &[
-        field(
+        FieldDef::gauge(
             "load1",
             FieldType::F64,
-            MetricKind::Gauge,
             Unit::None,
             "Load average over 1 minute: runnable plus uninterruptible tasks.",
         ),
-        field(
+        FieldDef::gauge(
             "load5",
             FieldType::F64,
-            MetricKind::Gauge,
             Unit::None,
             "Load average over 5 minutes.",
         ),
-        field(
+        FieldDef::gauge(
             "load15",
             FieldType::F64,
-            MetricKind::Gauge,
             Unit::None,
             "Load average over 15 minutes.",
         ),
@@ -430,10 +403,9 @@ pub static KERNEL: TableDef = TableDef {
             "procs_blocked",
             "Tasks blocked waiting for I/O right now (procs_blocked).",
         ),
-        field(
+        FieldDef::gauge(
             "boot_time_seconds",
             FieldType::U64,
-            MetricKind::Gauge,
             Unit::Seconds,
             "When the node booted, in seconds since the Unix epoch (btime).",
         ),
@@ -453,17 +425,6 @@ fn fail(path: &str, line: usize, reason: impl Into<String>) -> ParseError {
         path: path.to_string(),
         line,
         reason: reason.into(),
-    }
-}
-
-/// Kernel clock ticks per second (`USER_HZ`).
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 {
-        hz as f64
-    } else {
-        100.0
     }
 }
 

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
-use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::kept::KeptFile;
@@ -82,23 +82,11 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
 pub static TABLES: &[&TableDef] = &[&PORT, &LINK, &DEVICE, &HW_COUNTER];
 
 const fn gauge(name: &'static str, ty: FieldType, unit: Unit, help: &'static str) -> FieldDef {
-    FieldDef {
-        name,
-        ty,
-        kind: MetricKind::Gauge,
-        unit,
-        help,
-    }
+    FieldDef::gauge(name, ty, unit, help)
 }
 
 const fn counter(name: &'static str, unit: Unit, help: &'static str) -> FieldDef {
-    FieldDef {
-        name,
-        ty: FieldType::U64,
-        kind: MetricKind::Counter,
-        unit,
-        help,
-    }
+    FieldDef::counter(name, FieldType::U64, unit, help)
 }
 
 const DEVICE_TAG: TagDef = TagDef {
@@ -869,8 +857,7 @@ fn read_kept<'b>(file: &mut KeptFile, buf: &'b mut Vec<u8>) -> anyhow::Result<Re
             Ok(text) => Ok(ReadOutcome::Read(text)),
             Err(_) => Err(anyhow!("{}: not UTF-8 text", file.path().display())),
         },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ReadOutcome::Missing),
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(ReadOutcome::Missing),
+        Err(e) if super::kept::is_gone(&e) => Ok(ReadOutcome::Missing),
         Err(e) => Ok(ReadOutcome::Refused(e)),
     }
 }

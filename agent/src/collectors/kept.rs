@@ -125,6 +125,12 @@ fn read_unkept(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<usize> {
     }
 }
 
+/// Whether a read error means the file's cgroup or device is not there:
+/// ENOENT, or ENODEV from one removed while its file was held open.
+pub fn is_gone(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
+}
+
 /// Raises this process's soft limit on open files to its hard limit, as the
 /// Go runtime does for node_exporter: kept-open files need one descriptor
 /// each, and 1024 (the usual soft limit) is a few hundred cgroups.

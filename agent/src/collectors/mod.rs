@@ -142,13 +142,17 @@ impl CollectorsConfig {
     }
 
     /// Checks values serde cannot: intervals and collector-specific rules.
-    pub fn validate(&self) -> Result<(), String> {
+    /// On failure returns the dotted key and the message.
+    pub fn validate(&self) -> Result<(), (String, String)> {
         for name in NAMES {
             let common = self.common(name).expect("every name has settings");
             let interval = common.interval_secs();
             if !(0.01..=86_400.0).contains(&interval) {
-                return Err(format!(
-                    "collectors.{name}.interval_secs = {interval}: must be between 0.01 and 86400"
+                return Err((
+                    format!("collectors.{name}.interval_secs"),
+                    format!(
+                        "collectors.{name}.interval_secs = {interval}: must be between 0.01 and 86400"
+                    ),
                 ));
             }
         }
@@ -207,3 +211,15 @@ impl std::fmt::Display for ParseError {
 }
 
 impl std::error::Error for ParseError {}
+
+/// Kernel clock ticks per second (`USER_HZ`): the unit of /proc/stat and
+/// cpuacct.stat times.
+pub fn user_hz() -> f64 {
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}

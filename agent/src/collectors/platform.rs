@@ -19,7 +19,7 @@ use std::io::Read as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::{Availability, Collector, CollectorConfig, Roots};
@@ -1120,13 +1120,7 @@ const fn tag(name: &'static str, help: &'static str) -> TagDef {
 }
 
 const fn count(name: &'static str, help: &'static str) -> FieldDef {
-    FieldDef {
-        name,
-        ty: FieldType::I64,
-        kind: MetricKind::Gauge,
-        unit: Unit::None,
-        help,
-    }
+    FieldDef::gauge(name, FieldType::I64, Unit::None, help)
 }
 
 /// The info row: `vtax_platform_info{...} 1`.
