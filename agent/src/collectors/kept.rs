@@ -207,6 +207,19 @@ mod tests {
 
     #[test]
     fn the_soft_limit_is_raised_to_the_hard_one() {
-        assert!(raise_open_file_limit() >= 1024);
+        let raised = raise_open_file_limit();
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes only the struct we pass.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        // The old assertion held whether or not anything was raised.
+        assert_eq!(limit.rlim_cur, limit.rlim_max, "soft limit at the hard one");
+        assert_eq!(raised, limit.rlim_cur, "returns the limit now in force");
+        assert!(raised >= 1024);
     }
 }
