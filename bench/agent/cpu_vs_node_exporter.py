@@ -42,6 +42,21 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
+def thread_cpu_seconds(pid):
+    """CPU seconds per thread name (collector-cgroups, renderer, web, vtax = main)."""
+    out = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended between listing and reading
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
+    return out
+
+
 def memory_kib(pid):
     out = {}
     with open(f"/proc/{pid}/status") as f:
@@ -123,6 +138,9 @@ def main():
             scrape(vtax_port), scrape(ne_port)
             time.sleep(1)
         start = {p.pid: cpu_seconds(p.pid) for p in (vtax, ne)}
+        threads_start = thread_cpu_seconds(vtax.pid)
+        peak_kib = 0
+        peaks = []
         samples = {vtax.pid: 0, ne.pid: 0}
         scrapes = 0
         t0 = time.monotonic()
@@ -131,10 +149,15 @@ def main():
             samples[vtax.pid] += scrape(vtax_port)
             samples[ne.pid] += scrape(ne_port)
             scrapes += 1
+            hwm = memory_kib(vtax.pid)["VmHWM"]
+            if hwm > peak_kib + 1024:  # rises of a MiB or more
+                peak_kib = hwm
+                peaks.append((time.monotonic() - t0, hwm))
             next_tick += 1
             time.sleep(max(0.0, next_tick - time.monotonic()))
         wall = time.monotonic() - t0
         used = {pid: cpu_seconds(pid) - start[pid] for pid in start}
+        threads_end = thread_cpu_seconds(vtax.pid)
         mem = memory_kib(vtax.pid)
         ne_mem = memory_kib(ne.pid)
     finally:
@@ -157,6 +180,13 @@ def main():
           f"({samples[ne.pid] / scrapes:.0f}/scrape) cpu_us_per_sample={n_per * 1e6:.3f} "
           f"rss_mib={ne_mem['VmRSS'] / 1024:.1f}")
     print(f"ratio vtax/node_exporter per sample: {v_per / n_per:.3f} (bar: <= 0.100)")
+    per_thread = sorted(
+        ((name, threads_end[name] - threads_start.get(name, 0.0)) for name in threads_end),
+        key=lambda t: -t[1])
+    print("vtax per thread, ms of CPU per second: " + ", ".join(
+        f"{name} {1000 * cpu / wall:.2f}" for name, cpu in per_thread))
+    print("vtax peak resident rises (s into the window, MiB): " + ", ".join(
+        f"{t:.0f}s {kib / 1024:.1f}" for t, kib in peaks))
     print(f"work dir (logs, store): {work}")
 
 
