@@ -30,6 +30,17 @@ pub struct AgentArgs {
     /// sysfs mount point (default /sys).
     #[arg(long = "path.sysfs")]
     pub sysfs: Option<PathBuf>,
+    /// Simulate this many GPUs instead of reading NVML (tests, dashboards, demos).
+    #[arg(long = "simulate-gpus", value_name = "N")]
+    pub simulate_gpus: Option<u32>,
+    /// What the simulated GPUs do, GPU i playing the i-th (in turn), e.g.
+    /// `training,memory-bound,gpu-lost`.
+    #[arg(
+        long = "simulate-gpu-scenarios",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub simulate_gpu_scenarios: Option<Vec<String>>,
     /// `--collector.<name>` (true) and `--no-collector.<name>` (false), from the
     /// flags added by `add_collector_flags`.
     #[arg(skip)]
@@ -103,6 +114,12 @@ impl AgentArgs {
         }
         if let Some(sysfs) = &self.sysfs {
             config.paths.sysfs = sysfs.clone();
+        }
+        if let Some(n) = self.simulate_gpus {
+            config.collectors.gpu.simulate_gpus = n;
+        }
+        if let Some(scenarios) = &self.simulate_gpu_scenarios {
+            config.collectors.gpu.simulate_scenarios = scenarios.clone();
         }
         for (name, enabled) in &self.collector_flags {
             config.collectors.set_enabled(name, *enabled);

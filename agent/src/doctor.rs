@@ -42,6 +42,9 @@ pub fn check_config(args: CheckConfigArgs) -> Result<()> {
 pub struct DoctorArgs {
     #[command(flatten)]
     pub agent: AgentArgs,
+    /// Also list every GPU with each metric's value and whether it is supported.
+    #[arg(long)]
+    pub gpu: bool,
 }
 
 /// Prints the doctor's report.
@@ -52,6 +55,12 @@ pub fn doctor(args: DoctorArgs) -> Result<()> {
         None => "none (defaults and flags)".into(),
     };
     print!("{}", report(&config, &source));
+    if args.gpu {
+        println!("\ngpus:");
+        for line in crate::collectors::gpu::doctor_lines(&config.collectors.gpu, &config.roots()) {
+            println!("  {line}");
+        }
+    }
     Ok(())
 }
 

@@ -35,6 +35,11 @@ fn render_fixture(fixture: &str) -> String {
     let config = CollectorsConfig::default();
     let exposition = Exposition::new(crate::catalog().tables());
     for &name in NAMES {
+        // The GPU collector would read the machine's real NVML, not the
+        // fixture: it has a golden file of its own, on simulated GPUs.
+        if name == "gpu" {
+            continue;
+        }
         let mut collector: Box<dyn Collector> = if name == "platform" {
             Box::new(Platform::with_cpuid(
                 &config.platform,
@@ -52,6 +57,46 @@ fn render_fixture(fixture: &str) -> String {
             .unwrap_or_else(|e| panic!("{fixture}: {name}: {e:#}"));
         exposition.update(name, batches.into_iter().map(Arc::new).collect());
     }
+    let text = exposition.body(vtax_exporters::Format::Text, false);
+    String::from_utf8(text.to_vec()).expect("UTF-8")
+}
+
+/// The scenarios of the simulated-GPU golden file, GPU i playing the i-th.
+const GOLDEN_SCENARIOS: &[&str] = &[
+    "training",
+    "memory-bound",
+    "thermal-throttle",
+    "power-throttle",
+    "pcie-degraded",
+    "nvlink-hidden",
+    "xid",
+    "gpu-lost",
+    "mig",
+    "idle",
+];
+
+/// Ten simulated GPUs, one per scenario, read twice ten seconds apart (so
+/// counters move) over the baremetal-node fixture, whose procfs places two of
+/// their processes in a Slurm job and a Docker container.
+fn render_simulated_gpus() -> String {
+    let root = repo().join("tests/fixtures/baremetal-node");
+    let roots = Roots {
+        procfs: root.join("proc"),
+        sysfs: root.join("sys"),
+    };
+    let mut config = CollectorsConfig::default();
+    config.gpu.simulate_gpus = GOLDEN_SCENARIOS.len() as u32;
+    config.gpu.simulate_scenarios = GOLDEN_SCENARIOS.iter().map(|s| s.to_string()).collect();
+    let exposition = Exposition::new(crate::catalog().tables());
+    let mut collector = config.build("gpu", &roots).expect("gpu builds");
+    assert!(matches!(collector.probe(), Availability::Available(_)));
+    collector
+        .collect(1_763_765_990_000_000)
+        .expect("first read");
+    let batches = collector
+        .collect(1_763_766_000_000_000)
+        .expect("second read");
+    exposition.update("gpu", batches.into_iter().map(Arc::new).collect());
     let text = exposition.body(vtax_exporters::Format::Text, false);
     String::from_utf8(text.to_vec()).expect("UTF-8")
 }
@@ -80,7 +125,11 @@ fn promtool_complaints(body: &str) -> String {
 }
 
 fn check_golden(fixture: &str) {
-    let rendered = render_fixture(fixture);
+    let rendered = if fixture == "simulated-gpus" {
+        render_simulated_gpus()
+    } else {
+        render_fixture(fixture)
+    };
     let path = repo().join("tests/golden").join(format!("{fixture}.prom"));
     if std::env::var_os("VTAX_UPDATE_GOLDEN").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -122,4 +171,9 @@ fn golden_baremetal_node() {
 #[test]
 fn golden_k8s_node() {
     check_golden("k8s-node");
+}
+
+#[test]
+fn golden_simulated_gpus() {
+    check_golden("simulated-gpus");
 }

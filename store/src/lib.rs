@@ -71,9 +71,13 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// A catalog of `tables`; checks each declaration and that names are unique.
+    /// A catalog of `tables`; checks each declaration and that table names,
+    /// and the metric names of exported tables, are unique: `gpu` with a field
+    /// `nvlink_rx` and `gpu_nvlink` with a field `rx` would both be
+    /// `vtax_gpu_nvlink_rx`.
     pub fn new(tables: &[&'static TableDef]) -> Result<Self> {
         let mut names = std::collections::HashSet::new();
+        let mut metrics = std::collections::HashMap::new();
         for table in tables {
             table.validate().map_err(Error::Schema)?;
             if !names.insert(table.name) {
@@ -81,6 +85,15 @@ impl Catalog {
                     "table {} declared twice",
                     table.name
                 )));
+            }
+            for field in table.fields.iter().filter(|_| table.exported) {
+                let metric = table.metric_name(field);
+                if let Some(other) = metrics.insert(metric.clone(), table.name) {
+                    return Err(Error::Schema(format!(
+                        "metric {metric} comes from both table {other} and table {}",
+                        table.name
+                    )));
+                }
             }
         }
         Ok(Catalog {
@@ -153,5 +166,36 @@ mod tests {
     #[test]
     fn builtin_tables_are_valid() {
         Catalog::new(tables::BUILTIN).unwrap();
+    }
+
+    #[test]
+    fn two_tables_that_make_one_metric_name_are_refused() {
+        use schema::{FieldDef, FieldType, TableDef, Unit};
+        static OUTER: TableDef = TableDef {
+            name: "gpu",
+            help: "h",
+            tags: &[],
+            fields: &[FieldDef::gauge(
+                "nvlink_rx_bytes",
+                FieldType::F64,
+                Unit::Bytes,
+                "h",
+            )],
+            exported: true,
+        };
+        static INNER: TableDef = TableDef {
+            name: "gpu_nvlink",
+            help: "h",
+            tags: &[],
+            fields: &[FieldDef::gauge(
+                "rx_bytes",
+                FieldType::F64,
+                Unit::Bytes,
+                "h",
+            )],
+            exported: true,
+        };
+        let err = Catalog::new(&[&OUTER, &INNER]).unwrap_err().to_string();
+        assert!(err.contains("vtax_gpu_nvlink_rx_bytes"), "{err}");
     }
 }

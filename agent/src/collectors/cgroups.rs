@@ -754,6 +754,16 @@ impl Filter {
     }
 }
 
+/// How container runtimes name a container's systemd scope:
+/// `<prefix><64 hex digits>.scope`.
+pub const CONTAINER_SCOPE_PREFIXES: &[&str] = &[
+    "docker-",
+    "cri-containerd-",
+    "crio-",
+    "libpod-",
+    "containerd-",
+];
+
 /// The kind of workload a cgroup holds, from its path alone.
 pub fn classify(path: &str) -> &'static str {
     let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
@@ -788,15 +798,9 @@ pub fn classify(path: &str) -> &'static str {
         }
     }
     if let Some(scope) = last.strip_suffix(".scope") {
-        let runtime = [
-            "docker-",
-            "cri-containerd-",
-            "crio-",
-            "libpod-",
-            "containerd-",
-        ]
-        .iter()
-        .any(|p| scope.starts_with(p));
+        let runtime = CONTAINER_SCOPE_PREFIXES
+            .iter()
+            .any(|p| scope.starts_with(p));
         if runtime && !scope.contains("conmon") {
             return "container";
         }

@@ -12,6 +12,7 @@
 //!   and `/metrics` know them before the first row.
 
 pub mod cgroups;
+pub mod gpu;
 pub mod host;
 pub mod infiniband;
 pub mod kept;
@@ -101,10 +102,12 @@ pub struct CollectorsConfig {
     pub infiniband: infiniband::InfinibandConfig,
     /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
     pub platform: platform::PlatformConfig,
+    /// NVIDIA GPUs through NVML, or simulated ones.
+    pub gpu: gpu::GpuConfig,
 }
 
 /// Names of every collector, in the order they are built.
-pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform"];
+pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform", "gpu"];
 
 impl CollectorsConfig {
     /// The common settings of the named collector.
@@ -114,6 +117,7 @@ impl CollectorsConfig {
             "cgroups" => &self.cgroups,
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
+            "gpu" => &self.gpu,
             _ => return None,
         })
     }
@@ -125,6 +129,7 @@ impl CollectorsConfig {
             "cgroups" => self.cgroups.enabled = enabled,
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
+            "gpu" => self.gpu.enabled = enabled,
             _ => return false,
         }
         true
@@ -137,6 +142,7 @@ impl CollectorsConfig {
             "cgroups" => Box::new(cgroups::Cgroups::new(&self.cgroups, roots)),
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
+            "gpu" => Box::new(gpu::Gpu::new(&self.gpu, roots)),
             _ => return None,
         })
     }
@@ -157,6 +163,7 @@ impl CollectorsConfig {
             }
         }
         self.cgroups.validate()?;
+        self.gpu.validate()?;
         Ok(())
     }
 }
@@ -168,6 +175,7 @@ pub fn tables() -> Vec<&'static TableDef> {
         cgroups::TABLES,
         infiniband::TABLES,
         platform::TABLES,
+        gpu::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -183,6 +191,7 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "cgroups" => cgroups::KEY_DOCS,
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
+        "gpu" => gpu::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)

@@ -1,0 +1,317 @@
+//! What a GPU backend tells the collector: the facts of each GPU, read once,
+//! and a sample per tick. NVML and the simulated backend both speak it, so the
+//! collector, the tables and the tests do not know which one runs.
+
+/// Facts about one GPU that do not change while the driver is loaded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuIdentity {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// PCI bus id, e.g. `00000000:18:00.0`.
+    pub pci_bus_id: String,
+    /// `hopper`, `ampere`, …; `unknown` when the driver does not say.
+    pub architecture: String,
+    /// Width of the memory bus.
+    pub memory_bus_width_bits: Option<u32>,
+    /// Highest memory clock.
+    pub memory_clock_max_hz: Option<f64>,
+    /// Highest SM clock.
+    pub sm_clock_max_hz: Option<f64>,
+    /// Highest PCIe generation of the GPU and the slot together.
+    pub pcie_link_gen_max: Option<u32>,
+    /// Widest PCIe link of the GPU and the slot together.
+    pub pcie_link_width_max: Option<u32>,
+    /// NVLink links this product has (from the product name); `None` when unknown.
+    pub nvlink_links_product: Option<u32>,
+    /// Whether the GPU has GPM (Hopper and newer).
+    pub gpm_supported: bool,
+}
+
+impl GpuIdentity {
+    /// Peak HBM bandwidth: bus width times the maximum memory clock, two
+    /// transfers a clock (HBM is double data rate). 5120 bits at 2619 MHz is an
+    /// H100 SXM's 3.35 TB/s.
+    pub fn hbm_peak_bytes_per_second(&self) -> Option<f64> {
+        let width = self.memory_bus_width_bits?;
+        let clock = self.memory_clock_max_hz?;
+        Some(f64::from(width) / 8.0 * clock * 2.0)
+    }
+}
+
+/// GPU Performance Monitoring metrics (Hopper and newer), over the last interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpmMetrics {
+    /// Fraction of SMs with at least one warp resident, averaged over time.
+    pub sm_active_ratio: Option<f64>,
+    /// Resident warps against the SMs' maximum.
+    pub sm_occupancy_ratio: Option<f64>,
+    /// Fraction of time any tensor pipe was busy.
+    pub tensor_active_ratio: Option<f64>,
+    /// DRAM bandwidth used against the peak.
+    pub dram_bandwidth_ratio: Option<f64>,
+    /// PCIe receive throughput (NVML reports MiB/s; converted).
+    pub pcie_rx_bytes_per_second: Option<f64>,
+    /// PCIe transmit throughput.
+    pub pcie_tx_bytes_per_second: Option<f64>,
+    /// NVLink receive throughput over all links.
+    pub nvlink_rx_bytes_per_second: Option<f64>,
+    /// NVLink transmit throughput over all links.
+    pub nvlink_tx_bytes_per_second: Option<f64>,
+}
+
+/// One NVLink link of a GPU.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinkSample {
+    /// Link number, from 0.
+    pub link: u32,
+    /// Whether the link is up.
+    pub active: bool,
+    /// Receive throughput (GPM).
+    pub rx_bytes_per_second: Option<f64>,
+    /// Transmit throughput (GPM).
+    pub tx_bytes_per_second: Option<f64>,
+    /// CRC errors on data flits.
+    pub crc_errors: Option<u64>,
+    /// Replays.
+    pub replay_errors: Option<u64>,
+    /// Link recoveries.
+    pub recovery_errors: Option<u64>,
+}
+
+/// One MIG GPU instance.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MigSample {
+    /// GPU instance id.
+    pub gpu_instance: u32,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// Profile, e.g. `1g.10gb`; the product name NVML gives the instance otherwise.
+    pub profile: String,
+    /// Memory used in the instance.
+    pub memory_used_bytes: Option<u64>,
+    /// Memory of the instance.
+    pub memory_total_bytes: Option<u64>,
+    /// GPM SM activity of the instance.
+    pub sm_active_ratio: Option<f64>,
+}
+
+/// One process using a GPU.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcessSample {
+    /// Process id in the agent's PID namespace.
+    pub pid: u32,
+    /// GPU memory the process holds.
+    pub used_memory_bytes: Option<u64>,
+    /// Its share of SM time over the last interval.
+    pub sm_utilization_ratio: Option<f64>,
+    /// Its share of memory-controller time over the last interval.
+    pub memory_utilization_ratio: Option<f64>,
+    /// MIG GPU instance it runs in.
+    pub gpu_instance: Option<u32>,
+}
+
+/// Virtualisation mode NVML reports for a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VirtualizationMode {
+    /// No hypervisor between the driver and the GPU.
+    Bare,
+    /// Whole GPU passed through to a VM.
+    Passthrough,
+    /// A vGPU inside a VM.
+    Vgpu,
+    /// The hypervisor's side of vGPU.
+    HostVgpu,
+    /// The hypervisor's side of vSGA.
+    HostVsga,
+}
+
+impl VirtualizationMode {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VirtualizationMode::Bare => "bare",
+            VirtualizationMode::Passthrough => "passthrough",
+            VirtualizationMode::Vgpu => "vgpu",
+            VirtualizationMode::HostVgpu => "host_vgpu",
+            VirtualizationMode::HostVsga => "host_vsga",
+        }
+    }
+}
+
+/// Everything read from one GPU at one tick. `None` is "not supported here"
+/// (or not readable this tick), never zero.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuSample {
+    /// Fraction of time a kernel was running.
+    pub utilization_gpu_ratio: Option<f64>,
+    /// Fraction of time device memory was being read or written.
+    pub utilization_memory_ratio: Option<f64>,
+    /// GPM metrics; `None` before Hopper, on the first tick, or when turned off.
+    pub gpm: Option<GpmMetrics>,
+    /// SM clock now.
+    pub sm_clock_hz: Option<f64>,
+    /// Memory clock now.
+    pub memory_clock_hz: Option<f64>,
+    /// NVML's clock event (throttle) reasons bitmask.
+    pub clock_event_reasons: Option<u64>,
+    /// Power draw.
+    pub power_watts: Option<f64>,
+    /// Power limit enforced now.
+    pub power_limit_watts: Option<f64>,
+    /// Energy since the driver loaded.
+    pub energy_joules: Option<f64>,
+    /// GPU die temperature.
+    pub temperature_celsius: Option<f64>,
+    /// HBM temperature.
+    pub memory_temperature_celsius: Option<f64>,
+    /// Device memory in use.
+    pub memory_used_bytes: Option<u64>,
+    /// Device memory.
+    pub memory_total_bytes: Option<u64>,
+    /// Corrected ECC errors since the driver loaded.
+    pub ecc_corrected_errors: Option<u64>,
+    /// Uncorrected ECC errors since the driver loaded.
+    pub ecc_uncorrected_errors: Option<u64>,
+    /// Rows remapped for correctable errors.
+    pub remapped_rows_correctable: Option<u64>,
+    /// Rows remapped for uncorrectable errors.
+    pub remapped_rows_uncorrectable: Option<u64>,
+    /// A remapping waits for a GPU reset.
+    pub remapping_pending: Option<bool>,
+    /// A remapping failed.
+    pub remapping_failed: Option<bool>,
+    /// PCIe receive throughput (NVML's 20 ms sample).
+    pub pcie_rx_bytes_per_second: Option<f64>,
+    /// PCIe transmit throughput.
+    pub pcie_tx_bytes_per_second: Option<f64>,
+    /// PCIe generation the link trained to.
+    pub pcie_link_gen: Option<u32>,
+    /// PCIe lanes the link trained to.
+    pub pcie_link_width: Option<u32>,
+    /// PCIe replays since the driver loaded.
+    pub pcie_replays: Option<u64>,
+    /// Virtualisation mode.
+    pub virtualization_mode: Option<VirtualizationMode>,
+    /// Whether MIG is on.
+    pub mig_enabled: Option<bool>,
+    /// NVLink links the GPU exposes.
+    pub links: Vec<LinkSample>,
+    /// MIG instances.
+    pub mig: Vec<MigSample>,
+    /// Processes using the GPU.
+    pub processes: Vec<ProcessSample>,
+}
+
+/// An XID error the driver reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XidEvent {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The XID code.
+    pub xid: u64,
+    /// When the agent heard of it.
+    pub time_us: i64,
+}
+
+/// Why a GPU gave no sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SampleError {
+    /// The GPU is gone (fell off the bus, `GPU_IS_LOST`): skipped until the driver recovers it.
+    Lost(String),
+    /// This read failed; tried again next tick.
+    Failed(String),
+}
+
+impl std::fmt::Display for SampleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SampleError::Lost(why) => write!(f, "GPU lost: {why}"),
+            SampleError::Failed(why) => write!(f, "read failed: {why}"),
+        }
+    }
+}
+
+/// A source of GPU samples.
+pub trait GpuBackend: Send {
+    /// `nvml` or `simulated`.
+    fn kind(&self) -> &'static str;
+    /// Driver version, for the info row and the doctor.
+    fn driver_version(&self) -> String;
+    /// The GPUs, read once per probe.
+    fn identities(&mut self) -> Result<Vec<GpuIdentity>, String>;
+    /// Reads one GPU.
+    fn sample(&mut self, gpu: &GpuIdentity, time_us: i64) -> Result<GpuSample, SampleError>;
+    /// XID errors since the last call.
+    fn take_xids(&mut self) -> Vec<XidEvent>;
+}
+
+/// NVLink links each product has, from its name; a VM that hides NVLink shows
+/// fewer links up than this.
+pub fn nvlink_links_of_product(name: &str) -> Option<u32> {
+    let name = name.to_ascii_uppercase();
+    let pcie = name.contains("PCIE");
+    if name.contains("H100")
+        || name.contains("H200")
+        || name.contains("H800")
+        || name.contains("H20")
+    {
+        // SXM and the HBM3 boards have 18 fourth-generation links; the PCIe
+        // H100/H200 NVL bridge pairs of cards over 12 (H100 PCIe: none without the bridge).
+        return Some(if name.contains("NVL") {
+            12
+        } else if pcie {
+            0
+        } else {
+            18
+        });
+    }
+    if name.contains("GB200") || name.contains("B200") || name.contains("B100") {
+        return Some(18);
+    }
+    if name.contains("A100") || name.contains("A800") {
+        return Some(if pcie { 0 } else { 12 });
+    }
+    if name.contains("V100") {
+        return Some(if pcie { 0 } else { 6 });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hbm_peak_of_an_h100_sxm_is_3_35_terabytes_per_second() {
+        let gpu = GpuIdentity {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            pci_bus_id: String::new(),
+            architecture: "hopper".into(),
+            memory_bus_width_bits: Some(5120),
+            memory_clock_max_hz: Some(2619e6),
+            sm_clock_max_hz: None,
+            pcie_link_gen_max: None,
+            pcie_link_width_max: None,
+            nvlink_links_product: None,
+            gpm_supported: true,
+        };
+        let peak = gpu.hbm_peak_bytes_per_second().unwrap();
+        assert!((peak - 3.352e12).abs() < 1e9, "{peak}");
+    }
+
+    #[test]
+    fn nvlink_links_by_product() {
+        assert_eq!(nvlink_links_of_product("NVIDIA H100 80GB HBM3"), Some(18));
+        assert_eq!(nvlink_links_of_product("NVIDIA H200"), Some(18));
+        assert_eq!(nvlink_links_of_product("NVIDIA H100 PCIe"), Some(0));
+        assert_eq!(nvlink_links_of_product("NVIDIA H100 NVL"), Some(12));
+        assert_eq!(nvlink_links_of_product("NVIDIA A100-SXM4-80GB"), Some(12));
+        assert_eq!(nvlink_links_of_product("NVIDIA L4"), None);
+    }
+}
