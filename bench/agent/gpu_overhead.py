@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""What 8 simulated GPUs at 1 s add to the agent's CPU (issue 4's bar: 0.3% of one core).
+
+Two agents run side by side for the same window on this machine, each with its
+own data directory and the default collectors: one without GPUs, one with
+`--simulate-gpus 8` (every GPU training: 18 NVLink links up, a process each,
+so every table has rows). Both are scraped every 15 s, as a Prometheus would.
+After a warm-up, each process's CPU time (utime + stime from /proc/<pid>/stat)
+over the window gives its share of one core; the difference is what the GPUs
+cost: the collector thread, the store writing their rows (WAL, Parquet) and
+/metrics rendering their series. The GPU collector thread's own CPU is printed
+too.
+
+The simulated backend costs less than NVML calls do (a real read is a few
+driver ioctls per metric); this measures the agent's side: building, storing
+and exposing the rows of 8 GPUs.
+
+Usage: bench/agent/gpu_overhead.py [--seconds 120] [--vtax target/release/vtax]
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ
+
+
+def thread_cpu_seconds(pid, name):
+    total = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / HZ
+    return total
+
+
+def start(vtax, data_dir, extra):
+    proc = subprocess.Popen(
+        [vtax, "run", "--data-dir", data_dir, "--web.listen-address", "127.0.0.1:0", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stderr:
+        m = re.search(r"listen_address=(\S+)", line)
+        if m:
+            # Keep draining stderr so the agent never blocks on a full pipe.
+            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+            return proc, m.group(1)
+    sys.exit(f"{vtax} did not start")
+
+
+def scrape(address):
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base, base_addr = start(args.vtax, os.path.join(tmp, "base"), [])
+        gpus, gpus_addr = start(args.vtax, os.path.join(tmp, "gpus"), ["--simulate-gpus", "8"])
+        try:
+            time.sleep(args.warmup)
+            series = (scrape(base_addr), scrape(gpus_addr))
+            t0 = time.monotonic()
+            c0 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"))
+            next_scrape = t0 + 15
+            while time.monotonic() - t0 < args.seconds:
+                time.sleep(max(0.0, min(next_scrape, t0 + args.seconds) - time.monotonic()))
+                if time.monotonic() >= next_scrape:
+                    scrape(base_addr)
+                    scrape(gpus_addr)
+                    next_scrape += 15
+            elapsed = time.monotonic() - t0
+            c1 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"))
+        finally:
+            for p in (base, gpus):
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+    base_pct = 100 * (c1[0] - c0[0]) / elapsed
+    gpus_pct = 100 * (c1[1] - c0[1]) / elapsed
+    thread_pct = 100 * (c1[2] - c0[2]) / elapsed
+    print(f"window {elapsed:.0f} s, scraped every 15 s; series exposed: {series[0]} without GPUs, {series[1]} with 8")
+    print(f"agent without GPUs      {base_pct:6.3f} % of one core")
+    print(f"agent with 8 GPUs       {gpus_pct:6.3f} % of one core")
+    print(f"added by 8 GPUs         {gpus_pct - base_pct:6.3f} % of one core (bar: 0.3)")
+    print(f"  collector-gpu thread  {thread_pct:6.3f} % of one core")
+
+
+if __name__ == "__main__":
+    main()
