@@ -1,0 +1,98 @@
+//! The alert rules in `dashboards/alerts/`: valid for Prometheus, their unit
+//! tests pass (each alert firing for what should trip it and not for a healthy
+//! neighbour), every alert has a runbook section, and every vtax metric they
+//! use exists in the catalogue, so a renamed field cannot silently blind a rule.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn promtool(args: &[&str]) -> (bool, String) {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("promtool is installed (scripts/test.sh installs Debian's prometheus)");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn rules() -> String {
+    std::fs::read_to_string(repo().join("dashboards/alerts/vtax-rules.yml")).unwrap()
+}
+
+#[test]
+fn promtool_checks_the_rules() {
+    let (ok, out) = promtool(&["check", "rules", "dashboards/alerts/vtax-rules.yml"]);
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn promtool_unit_tests_pass() {
+    let (ok, out) = promtool(&[
+        "test",
+        "rules",
+        "dashboards/alerts/tests/vtax-rules.test.yml",
+    ]);
+    assert!(ok, "{out}");
+}
+
+fn alert_names(rules: &str) -> Vec<String> {
+    rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn every_alert_has_a_runbook_section_and_a_unit_test() {
+    let rules = rules();
+    let runbook = std::fs::read_to_string(repo().join("docs/runbook.md")).unwrap();
+    let tests = std::fs::read_to_string(repo().join("dashboards/alerts/tests/vtax-rules.test.yml"))
+        .unwrap();
+    let names = alert_names(&rules);
+    assert!(names.len() >= 13, "{names:?}");
+    for name in names {
+        assert!(
+            runbook.contains(&format!("\n## {name}\n")),
+            "docs/runbook.md has no `## {name}` section"
+        );
+        assert!(
+            rules.contains(&format!("docs/runbook.md#{}", name.to_lowercase())),
+            "{name} does not link its runbook section"
+        );
+        assert!(
+            tests.contains(&format!("alertname: {name}\n")),
+            "{name} has no promtool unit test"
+        );
+    }
+}
+
+#[test]
+fn every_metric_the_rules_use_is_in_the_catalogue() {
+    let catalogue = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
+    let rules = rules();
+    let mut checked = 0;
+    for (at, _) in rules.match_indices("vtax_") {
+        let name: String = rules[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            catalogue.contains(&format!("`{name}`")),
+            "{name} is used by a rule but is not in docs/metrics.md"
+        );
+        checked += 1;
+    }
+    assert!(checked > 20, "only {checked} metric uses found");
+}
