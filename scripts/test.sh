@@ -9,6 +9,7 @@ need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 { command -v prometheus && command -v promtool; } >/dev/null || need_apt+=(prometheus)
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} with apt-get"
   apt-get update -q

@@ -95,6 +95,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         "Agent started."
     );
 
+    // systemd (Type=notify): ready once /metrics listens and the collectors
+    // run; the watchdog is fed from this loop, so a wedged store or main
+    // thread gets the agent restarted. Without NOTIFY_SOCKET these are no-ops.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    let watchdog_interval = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
+    let mut last_watchdog = Instant::now();
+
     let started = Instant::now();
     let compact_interval = Duration::from_secs(config.store.compact_interval_secs);
     let mut last_compaction = Instant::now();
@@ -126,6 +133,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         }
         std::thread::sleep(STORE_TICK);
+        if watchdog_interval.is_some_and(|every| last_watchdog.elapsed() >= every) {
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            last_watchdog = Instant::now();
+        }
         for batches in receiver.try_iter() {
             for batch in &batches {
                 if let Err(e) = store.append(batch) {
@@ -157,6 +168,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         uptime_secs = started.elapsed().as_secs(),
         "Stopping: publishing buffered rows."
     );
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     collectors.stop(&exposition);
     drop(sender);
     // Every collector thread has joined, so everything they sent is queued.

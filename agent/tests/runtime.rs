@@ -292,3 +292,51 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     assert!(!log.contains("panicked"), "{log}");
     assert!(agent.stop());
 }
+
+/// Under systemd (`Type=notify`, `WatchdogSec=`), the agent says READY=1 once
+/// it serves, feeds the watchdog at half its timeout, and says STOPPING=1.
+#[test]
+fn systemd_hears_ready_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut child = std::process::Command::new(common::VTAX)
+        .args([
+            "run",
+            "--web.listen-address",
+            "127.0.0.1:0",
+            "--duration-secs",
+            "3",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "1000000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut heard = Vec::new();
+    let mut buf = [0u8; 256];
+    while !heard.iter().any(|m: &String| m.contains("STOPPING=1")) {
+        let n = socket
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no notification ({e}); heard {heard:?}"));
+        heard.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        heard.first().map(String::as_str),
+        Some("READY=1\n"),
+        "{heard:?}"
+    );
+    let pings = heard
+        .iter()
+        .filter(|m| m.as_str() == "WATCHDOG=1\n")
+        .count();
+    // 3 s at one ping per 0.5 s: at least 4 even on a slow machine.
+    assert!(pings >= 4, "{pings} watchdog pings: {heard:?}");
+}
