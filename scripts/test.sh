@@ -25,3 +25,9 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace
+
+# The .deb: built, installed with dpkg, run and purged (root; it writes /usr
+# and /etc, so only in CI or when asked).
+if [ "${CI:-}" = true ] || [ -n "${VTAX_DEB_CHECK:-}" ]; then
+  scripts/deb-check.sh
+fi
