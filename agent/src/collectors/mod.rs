@@ -14,6 +14,7 @@
 pub mod cgroups;
 pub mod host;
 pub mod infiniband;
+pub mod jitter;
 pub mod kept;
 pub mod platform;
 pub mod runtime_tables;
@@ -76,6 +77,12 @@ pub trait Collector: Send {
     fn problems(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Whether rows come once per window rather than every tick (`jitter`):
+    /// then a tick without rows keeps the last window's series on `/metrics`
+    /// instead of dropping them.
+    fn windowed(&self) -> bool {
+        false
+    }
 }
 
 /// Settings every collector has, under `[collectors.<name>]`.
@@ -101,10 +108,12 @@ pub struct CollectorsConfig {
     pub infiniband: infiniband::InfinibandConfig,
     /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
     pub platform: platform::PlatformConfig,
+    /// Wake-up latency and interruption probes.
+    pub jitter: jitter::JitterConfig,
 }
 
 /// Names of every collector, in the order they are built.
-pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform"];
+pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform", "jitter"];
 
 impl CollectorsConfig {
     /// The common settings of the named collector.
@@ -114,6 +123,7 @@ impl CollectorsConfig {
             "cgroups" => &self.cgroups,
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
+            "jitter" => &self.jitter,
             _ => return None,
         })
     }
@@ -125,6 +135,7 @@ impl CollectorsConfig {
             "cgroups" => self.cgroups.enabled = enabled,
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
+            "jitter" => self.jitter.enabled = enabled,
             _ => return false,
         }
         true
@@ -137,6 +148,7 @@ impl CollectorsConfig {
             "cgroups" => Box::new(cgroups::Cgroups::new(&self.cgroups, roots)),
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
+            "jitter" => Box::new(jitter::Jitter::new(&self.jitter, roots)),
             _ => return None,
         })
     }
@@ -157,6 +169,7 @@ impl CollectorsConfig {
             }
         }
         self.cgroups.validate()?;
+        self.jitter.validate()?;
         Ok(())
     }
 }
@@ -168,6 +181,7 @@ pub fn tables() -> Vec<&'static TableDef> {
         cgroups::TABLES,
         infiniband::TABLES,
         platform::TABLES,
+        jitter::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -183,6 +197,7 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "cgroups" => cgroups::KEY_DOCS,
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
+        "jitter" => jitter::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
