@@ -351,9 +351,13 @@ fn the_jitter_probe_thread_starts_and_stops_with_its_collector() {
     wait_until("the probe thread to end", Duration::from_secs(20), || {
         jitter_threads(agent.child.id()) == 0
     });
-    assert!(!agent
-        .get("/metrics", &[])
-        .text()
-        .contains("vtax_jitter_wakeup"));
+    // The thread ends as its collector is dropped; the series leave
+    // /metrics right after, at the next render.
+    wait_until("jitter to leave /metrics", Duration::from_secs(20), || {
+        !agent
+            .get("/metrics", &[])
+            .text()
+            .contains("vtax_jitter_wakeup")
+    });
     assert!(agent.stop());
 }
