@@ -735,6 +735,7 @@ mod tests {
         let mut jitter = Jitter::new(
             &JitterConfig {
                 rotate_ms: 100,
+                max_gaps_per_window: 4,
                 ..config(1)
             },
             &roots(),
@@ -775,6 +776,18 @@ mod tests {
             assert!(q("unexplained_ratio") <= interrupted);
             assert!(u64_at(rows, "stalls_over_500us", r) <= u64_at(rows, "stalls_over_50us", r));
         }
+        // Gaps: above the threshold, at most max_gaps_per_window per window.
+        let gaps = &batches[2];
+        let mut windows = rows.time_us.clone();
+        windows.dedup();
+        assert!(gaps.len() <= 4 * windows.len(), "{} gaps", gaps.len());
+        for r in 0..gaps.len() {
+            assert!(f64_at(gaps, "gap_seconds", r).unwrap() > 1e-6);
+        }
+        // Spinning 10 ms or more on a CPU that is not isolated (nohz_full)
+        // always crosses a timer tick.
+        let seen: u64 = (0..rows.len()).map(|r| u64_at(rows, "gaps", r)).sum();
+        assert!(seen > 0 && !gaps.is_empty(), "no interruption seen");
         // The histogram's +Inf count is every wake-up harvested so far.
         let hist = &batches[1];
         let total: u64 = (0..hist.len())
