@@ -217,7 +217,7 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "interval_us",
-        "Microseconds between two wake-up deadlines (cyclictest's -i). Each wake-up costs 2-5 us of CPU on bare metal and 30-40 us in a KVM guest, charged to cpu_budget_ratio: wake-ups the budget cannot pay for are skipped.",
+        "Microseconds between two wake-up deadlines (cyclictest's -i). Each wake-up's CPU (30-40 us in a KVM guest, measured) is charged to cpu_budget_ratio: wake-ups the budget cannot pay for are skipped.",
     ),
     (
         "slice_us",
