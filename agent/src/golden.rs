@@ -101,7 +101,7 @@ fn render_simulated_gpus() -> String {
     String::from_utf8(text.to_vec()).expect("UTF-8")
 }
 
-fn promtool_complaints(body: &str) -> String {
+pub(crate) fn promtool_complaints(body: &str) -> String {
     use std::io::Write;
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])

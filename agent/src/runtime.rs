@@ -174,8 +174,11 @@ fn collector_loop(
                     .filter(|b| !b.is_empty())
                     .map(Arc::new)
                     .collect();
-                exposition.update(name, batches.clone());
-                let _ = rows.send(batches);
+                // Between two windows a windowed collector's last rows stay.
+                if !(batches.is_empty() && collector.windowed()) {
+                    exposition.update(name, batches.clone());
+                    let _ = rows.send(batches);
+                }
                 true
             }
             Err(e) => {

@@ -340,3 +340,72 @@ fn systemd_hears_ready_watchdog_and_stopping() {
     // 3 s at one ping per 0.5 s: at least 4 even on a slow machine.
     assert!(pings >= 4, "{pings} watchdog pings: {heard:?}");
 }
+
+fn jitter_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|comm| comm.trim() == "vtax-jitter")
+        .count()
+}
+
+#[test]
+fn the_jitter_probe_thread_starts_and_stops_with_its_collector() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        "[collectors.jitter]\nwindow_secs = 1\nsched_fifo = true\n",
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = vtax(&["doctor", "--config", config.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("jitter"))
+        .unwrap_or_else(|| panic!("no jitter line:\n{stdout}"));
+    assert!(
+        line.contains("SCHED_FIFO priority 1") || line.contains("SCHED_OTHER (SCHED_FIFO refused"),
+        "the doctor says which policy: {line}"
+    );
+
+    let data = dir.path().join("data");
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let body = agent.wait_for_metric(
+        "vtax_jitter_wakeup_latency_seconds_count",
+        Duration::from_secs(30),
+    );
+    assert!(
+        body.contains("vtax_jitter_wakeup_p99_seconds{cpu="),
+        "{body}"
+    );
+    assert_eq!(jitter_threads(agent.child.id()), 1);
+    // Between windows the last window's series stay on /metrics.
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(agent
+            .get("/metrics", &[])
+            .text()
+            .contains("vtax_jitter_wakeup_p99_seconds"));
+    }
+
+    std::fs::write(&config, "[collectors.jitter]\nenabled = false\n").unwrap();
+    agent.signal(libc::SIGHUP);
+    wait_until("the probe thread to end", Duration::from_secs(20), || {
+        jitter_threads(agent.child.id()) == 0
+    });
+    // The thread ends as its collector is dropped; the series leave
+    // /metrics right after, at the next render.
+    wait_until("jitter to leave /metrics", Duration::from_secs(20), || {
+        !agent
+            .get("/metrics", &[])
+            .text()
+            .contains("vtax_jitter_wakeup")
+    });
+    assert!(agent.stop());
+}

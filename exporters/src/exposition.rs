@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use vtax_store::batch::Values;
-use vtax_store::schema::{MetricKind, TableDef};
+use vtax_store::schema::{FieldDef, MetricKind, TableDef, BUCKET_TAG};
 use vtax_store::Batch;
 
 /// Content type of the Prometheus text format.
@@ -336,7 +336,7 @@ fn render_table(
         return 0;
     }
     // Each row's label set, rendered once: a table's fields share them.
-    let labels: Vec<Vec<String>> = batches.iter().map(|b| label_sets(table, b)).collect();
+    let labels: Vec<Vec<String>> = batches.iter().map(|b| label_sets(table, b, None)).collect();
     let mut value = String::with_capacity(32);
     for (f, field) in table.fields.iter().enumerate() {
         let has_value = batches
@@ -345,37 +345,37 @@ fn render_table(
         if !has_value {
             continue;
         }
+        match field.kind {
+            // Rendered with the histogram it belongs to.
+            MetricKind::HistogramSum => continue,
+            MetricKind::Histogram => {
+                samples += render_histogram(
+                    table,
+                    f,
+                    batches,
+                    text.as_deref_mut(),
+                    openmetrics.as_deref_mut(),
+                );
+                continue;
+            }
+            MetricKind::Gauge | MetricKind::Counter => {}
+        }
         let name = table.metric_name(field);
         let family = name.strip_suffix("_total").unwrap_or(&name);
-        let kind = field.kind.prometheus_type();
-        let help = escape_help(field.help);
-        if let Some(text) = text.as_deref_mut() {
-            let _ = writeln!(text, "# HELP {name} {help}");
-            let _ = writeln!(text, "# TYPE {name} {kind}");
-        }
-        if let Some(openmetrics) = openmetrics.as_deref_mut() {
-            let _ = writeln!(openmetrics, "# TYPE {family} {kind}");
-            if let Some(unit) = field.unit.suffix() {
-                let _ = writeln!(openmetrics, "# UNIT {family} {unit}");
-            }
-            let _ = writeln!(openmetrics, "# HELP {family} {help}");
-        }
+        write_headers(
+            field,
+            &name,
+            family,
+            text.as_deref_mut(),
+            openmetrics.as_deref_mut(),
+        );
         for (batch, labels) in batches.iter().zip(&labels) {
             let column = &batch.fields[f];
             for (row, labels) in labels.iter().enumerate() {
                 if !column.is_valid(row) {
                     continue;
                 }
-                value.clear();
-                match &column.values {
-                    Values::F64(v) => format_f64(v[row], &mut value),
-                    Values::I64(v) => {
-                        let _ = write!(value, "{}", v[row]);
-                    }
-                    Values::U64(v) => {
-                        let _ = write!(value, "{}", v[row]);
-                    }
-                }
+                format_value(&column.values, row, &mut value);
                 for out in [text.as_deref_mut(), openmetrics.as_deref_mut()]
                     .into_iter()
                     .flatten()
@@ -394,9 +394,116 @@ fn render_table(
     samples
 }
 
-/// `{tag="value",...}` for every row of a batch (empty for a table without tags).
-fn label_sets(table: &TableDef, batch: &Batch) -> Vec<String> {
-    if table.tags.is_empty() {
+/// The `# HELP` and `# TYPE` lines (and OpenMetrics' `# UNIT`) of a family.
+fn write_headers(
+    field: &FieldDef,
+    name: &str,
+    family: &str,
+    text: Option<&mut String>,
+    openmetrics: Option<&mut String>,
+) {
+    let kind = field.kind.prometheus_type();
+    let help = escape_help(field.help);
+    if let Some(text) = text {
+        let _ = writeln!(text, "# HELP {name} {help}");
+        let _ = writeln!(text, "# TYPE {name} {kind}");
+    }
+    if let Some(openmetrics) = openmetrics {
+        let _ = writeln!(openmetrics, "# TYPE {family} {kind}");
+        if let Some(unit) = field.unit.suffix() {
+            let _ = writeln!(openmetrics, "# UNIT {family} {unit}");
+        }
+        let _ = writeln!(openmetrics, "# HELP {family} {help}");
+    }
+}
+
+fn format_value(values: &Values, row: usize, out: &mut String) {
+    out.clear();
+    match values {
+        Values::F64(v) => format_f64(v[row], out),
+        Values::I64(v) => {
+            let _ = write!(out, "{}", v[row]);
+        }
+        Values::U64(v) => {
+            let _ = write!(out, "{}", v[row]);
+        }
+    }
+}
+
+/// Renders histogram field `f` of `table`: per row a `_bucket` sample with
+/// the row's `le`; the `+Inf` row also gives `_count` and, from the
+/// histogram's sum field, `_sum`. Rows of one series come in bucket order
+/// from the collector, so each series' samples stay together as
+/// OpenMetrics requires. Returns the number of samples.
+fn render_histogram(
+    table: &TableDef,
+    f: usize,
+    batches: &[&Batch],
+    mut text: Option<&mut String>,
+    mut openmetrics: Option<&mut String>,
+) -> usize {
+    let field = &table.fields[f];
+    let name = table.metric_name(field);
+    let le = table
+        .tag_index(BUCKET_TAG)
+        .expect("a histogram's table has an le tag (TableDef::validate)");
+    let sum_name = format!("{}_sum", field.name);
+    let sum = table
+        .fields
+        .iter()
+        .position(|s| s.kind == MetricKind::HistogramSum && s.name == sum_name);
+    write_headers(
+        field,
+        &name,
+        &name,
+        text.as_deref_mut(),
+        openmetrics.as_deref_mut(),
+    );
+    let mut samples = 0;
+    let mut value = String::with_capacity(32);
+    let mut lines = String::with_capacity(256);
+    for batch in batches {
+        let series = label_sets(table, batch, Some(le));
+        let column = &batch.fields[f];
+        for (row, series) in series.iter().enumerate() {
+            if !column.is_valid(row) {
+                continue;
+            }
+            let mut bound = String::new();
+            escape_label_value(
+                &batch.tags[le].dict[batch.tags[le].codes[row] as usize],
+                &mut bound,
+            );
+            format_value(&column.values, row, &mut value);
+            lines.clear();
+            let open = series.strip_suffix('}').unwrap_or("{");
+            let comma = if open.len() > 1 { "," } else { "" };
+            let _ = writeln!(lines, "{name}_bucket{open}{comma}le=\"{bound}\"}} {value}");
+            samples += 1;
+            if bound == "+Inf" {
+                let _ = writeln!(lines, "{name}_count{series} {value}");
+                samples += 1;
+                if let Some(s) = sum.filter(|&s| batch.fields[s].is_valid(row)) {
+                    format_value(&batch.fields[s].values, row, &mut value);
+                    let _ = writeln!(lines, "{name}_sum{series} {value}");
+                    samples += 1;
+                }
+            }
+            for out in [text.as_deref_mut(), openmetrics.as_deref_mut()]
+                .into_iter()
+                .flatten()
+            {
+                out.push_str(&lines);
+            }
+        }
+    }
+    samples
+}
+
+/// `{tag="value",...}` for every row of a batch, leaving out tag `skip` (empty
+/// when no tag is left).
+fn label_sets(table: &TableDef, batch: &Batch, skip: Option<usize>) -> Vec<String> {
+    if table.tags.len() <= usize::from(skip.is_some()) {
         return vec![String::new(); batch.len()];
     }
     // Escape each distinct tag value once, then assemble rows from codes.
@@ -420,7 +527,10 @@ fn label_sets(table: &TableDef, batch: &Batch) -> Vec<String> {
             let mut set = String::with_capacity(64);
             set.push('{');
             for (t, tag) in table.tags.iter().enumerate() {
-                if t > 0 {
+                if Some(t) == skip {
+                    continue;
+                }
+                if set.len() > 1 {
                     set.push(',');
                 }
                 set.push_str(tag.name);
@@ -465,7 +575,7 @@ fn escape_help(help: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
+    use vtax_store::schema::{FieldType, TagDef, Unit};
     use vtax_store::{BatchBuilder, Value};
 
     static T: TableDef = TableDef {
@@ -587,6 +697,74 @@ mod tests {
         assert_eq!(e.renders(), before + 3, "served from the render ahead");
         e.close();
         renderer.join().unwrap();
+    }
+
+    static H: TableDef = TableDef {
+        name: "jitter_wakeup",
+        help: "test",
+        tags: &[
+            TagDef {
+                name: "cpu",
+                help: "CPU.",
+            },
+            TagDef {
+                name: BUCKET_TAG,
+                help: "Bound.",
+            },
+        ],
+        fields: &[
+            FieldDef {
+                name: "latency_seconds",
+                ty: FieldType::U64,
+                kind: MetricKind::Histogram,
+                unit: Unit::Seconds,
+                help: "Wake-ups by lateness.",
+            },
+            FieldDef {
+                name: "latency_seconds_sum",
+                ty: FieldType::F64,
+                kind: MetricKind::HistogramSum,
+                unit: Unit::Seconds,
+                help: "Sum.",
+            },
+        ],
+        exported: true,
+    };
+
+    #[test]
+    fn histograms_render_buckets_count_and_sum_per_series() {
+        H.validate().unwrap();
+        let mut b = BatchBuilder::new(&H);
+        for (cpu, le, count, sum) in [
+            ("0", "5e-05", 3, Value::Null),
+            ("0", "+Inf", 4, Value::F64(0.5)),
+            ("1", "5e-05", 0, Value::Null),
+            ("1", "+Inf", 0, Value::F64(0.0)),
+        ] {
+            b.push(1, &[cpu, le], &[Value::U64(count), sum]).unwrap();
+        }
+        let e = Exposition::new(&[&H]);
+        e.update("jitter", vec![Arc::new(b.finish())]);
+        let text = e.body(Format::Text, false);
+        assert_eq!(
+            std::str::from_utf8(&text).unwrap(),
+            "# HELP vtax_jitter_wakeup_latency_seconds Wake-ups by lateness.\n\
+             # TYPE vtax_jitter_wakeup_latency_seconds histogram\n\
+             vtax_jitter_wakeup_latency_seconds_bucket{cpu=\"0\",le=\"5e-05\"} 3\n\
+             vtax_jitter_wakeup_latency_seconds_bucket{cpu=\"0\",le=\"+Inf\"} 4\n\
+             vtax_jitter_wakeup_latency_seconds_count{cpu=\"0\"} 4\n\
+             vtax_jitter_wakeup_latency_seconds_sum{cpu=\"0\"} 0.5\n\
+             vtax_jitter_wakeup_latency_seconds_bucket{cpu=\"1\",le=\"5e-05\"} 0\n\
+             vtax_jitter_wakeup_latency_seconds_bucket{cpu=\"1\",le=\"+Inf\"} 0\n\
+             vtax_jitter_wakeup_latency_seconds_count{cpu=\"1\"} 0\n\
+             vtax_jitter_wakeup_latency_seconds_sum{cpu=\"1\"} 0\n"
+        );
+        assert_eq!(e.bodies().samples, 8);
+        let openmetrics = e.body(Format::OpenMetrics, false);
+        assert!(std::str::from_utf8(&openmetrics).unwrap().starts_with(
+            "# TYPE vtax_jitter_wakeup_latency_seconds histogram\n\
+             # UNIT vtax_jitter_wakeup_latency_seconds seconds\n"
+        ));
     }
 
     #[test]

@@ -73,6 +73,14 @@ pub enum MetricKind {
     Gauge,
     /// A monotonic count since some start; stored raw, rates are derived downstream.
     Counter,
+    /// A Prometheus histogram's cumulative bucket counts: one row per bucket,
+    /// its upper bound in the table's `le` tag (`+Inf` last, whose count is
+    /// the histogram's `_count`). Exposed as `<name>_bucket` and `<name>_count`
+    /// so that `histogram_quantile` aggregates it across nodes.
+    Histogram,
+    /// The `_sum` of the histogram field named like this field without its
+    /// `_sum` ending; set on the `+Inf` row, null on the others.
+    HistogramSum,
 }
 
 impl MetricKind {
@@ -81,6 +89,7 @@ impl MetricKind {
         match self {
             MetricKind::Gauge => "gauge",
             MetricKind::Counter => "counter",
+            MetricKind::Histogram | MetricKind::HistogramSum => "histogram",
         }
     }
 }
@@ -125,6 +134,9 @@ impl Unit {
         }
     }
 }
+
+/// Name of the tag that holds a histogram bucket's upper bound.
+pub const BUCKET_TAG: &str = "le";
 
 /// A tag column: a dictionary-encoded string that identifies a series.
 #[derive(Debug)]
@@ -264,7 +276,25 @@ impl TableDef {
                     self.name, field.name
                 ));
             }
-            if let Some(suffix) = field.unit.suffix() {
+            if field.kind == MetricKind::Histogram && self.tag_index(BUCKET_TAG).is_none() {
+                return Err(format!(
+                    "table {}: histogram field {} needs a `{BUCKET_TAG}` tag",
+                    self.name, field.name
+                ));
+            }
+            if field.kind == MetricKind::HistogramSum {
+                let histogram = field.name.strip_suffix("_sum").and_then(|h| {
+                    self.fields
+                        .iter()
+                        .find(|f| f.name == h && f.kind == MetricKind::Histogram)
+                });
+                if histogram.is_none() {
+                    return Err(format!(
+                        "table {}: histogram sum {} must be named after a histogram field plus _sum",
+                        self.name, field.name
+                    ));
+                }
+            } else if let Some(suffix) = field.unit.suffix() {
                 if !field.name.ends_with(&format!("_{suffix}")) {
                     return Err(format!(
                         "table {}: field {} must end with its unit _{suffix}",
@@ -322,13 +352,17 @@ pub fn render_catalogue(tables: &[&TableDef]) -> String {
         }
         for field in table.fields {
             if table.exported {
+                let name = table.metric_name(field);
+                let metric = match field.kind {
+                    MetricKind::Histogram => format!("`{name}_bucket`, `{name}_count`"),
+                    _ => format!("`{name}`"),
+                };
                 let _ = writeln!(
                     out,
-                    "| `{}` | {} | {} | `{}` | {} |",
+                    "| `{}` | {} | {} | {metric} | {} |",
                     field.name,
                     field.ty.as_str(),
                     field.kind.prometheus_type(),
-                    table.metric_name(field),
                     field.help
                 );
             } else {
@@ -395,6 +429,60 @@ mod tests {
         let err = BAD_UNIT.validate().unwrap_err();
         assert!(err.contains("_watts"), "{err}");
         GOOD.validate().unwrap();
+    }
+
+    static HISTOGRAM: TableDef = TableDef {
+        name: "jitter_wakeup",
+        help: "x",
+        tags: &[
+            TagDef {
+                name: "cpu",
+                help: "CPU.",
+            },
+            TagDef {
+                name: BUCKET_TAG,
+                help: "Bound.",
+            },
+        ],
+        fields: &[
+            FieldDef {
+                name: "latency_seconds",
+                ty: FieldType::U64,
+                kind: MetricKind::Histogram,
+                unit: Unit::Seconds,
+                help: "Buckets.",
+            },
+            FieldDef {
+                name: "latency_seconds_sum",
+                ty: FieldType::F64,
+                kind: MetricKind::HistogramSum,
+                unit: Unit::Seconds,
+                help: "Sum.",
+            },
+        ],
+        exported: true,
+    };
+
+    #[test]
+    fn a_histogram_needs_its_le_tag_and_a_sum_its_histogram() {
+        HISTOGRAM.validate().unwrap();
+        let no_le = TableDef {
+            tags: &HISTOGRAM.tags[..1],
+            ..HISTOGRAM
+        };
+        assert!(no_le.validate().unwrap_err().contains("`le` tag"));
+        let orphan_sum = TableDef {
+            fields: &HISTOGRAM.fields[1..],
+            ..HISTOGRAM
+        };
+        assert!(orphan_sum
+            .validate()
+            .unwrap_err()
+            .contains("named after a histogram field"));
+        assert_eq!(
+            HISTOGRAM.metric_name(&HISTOGRAM.fields[1]),
+            "vtax_jitter_wakeup_latency_seconds_sum"
+        );
     }
 
     #[test]

@@ -420,7 +420,7 @@ const PRESSURE_RESOURCES: [&str; 4] = ["cpu", "memory", "io", "irq"];
 /// 4.x; 16 and 17 changed only the domain lines).
 const SCHEDSTAT_MIN_VERSION: u32 = 15;
 
-fn fail(path: &str, line: usize, reason: impl Into<String>) -> ParseError {
+pub(crate) fn fail(path: &str, line: usize, reason: impl Into<String>) -> ParseError {
     ParseError {
         path: path.to_string(),
         line,
@@ -429,7 +429,7 @@ fn fail(path: &str, line: usize, reason: impl Into<String>) -> ParseError {
 }
 
 /// Parses an unsigned decimal, saying what it should have been.
-fn parse_u64(word: &str, what: &str) -> Result<u64, String> {
+pub(crate) fn parse_u64(word: &str, what: &str) -> Result<u64, String> {
     word.parse::<u64>().map_err(|e| match e.kind() {
         IntErrorKind::PosOverflow => format!("{word:?} overflows a 64-bit {what}"),
         _ => format!("{word:?} is not a {what}"),
@@ -587,17 +587,22 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
     })
 }
 
+/// The per-CPU lines of `/proc/stat` (not the all-CPU total): the 0-based
+/// line number, the CPU number's text and the words after it.
+pub(crate) fn per_cpu_lines(
+    text: &str,
+) -> impl Iterator<Item = (usize, &str, std::str::SplitAsciiWhitespace<'_>)> {
+    text.lines().enumerate().filter_map(|(n, line)| {
+        let mut words = line.split_ascii_whitespace();
+        let cpu = words.next()?.strip_prefix("cpu")?;
+        (!cpu.is_empty()).then_some((n, cpu, words))
+    })
+}
+
 /// Parses the per-CPU lines of `/proc/stat` into one row per CPU.
 fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<Batch, ParseError> {
     let mut builder = BatchBuilder::new(&CPU);
-    for (n, line) in text.lines().enumerate() {
-        let mut words = line.split_ascii_whitespace();
-        let Some(cpu) = words.next().and_then(|w| w.strip_prefix("cpu")) else {
-            continue;
-        };
-        if cpu.is_empty() {
-            continue; // the all-CPU total line
-        }
+    for (n, cpu, mut words) in per_cpu_lines(text) {
         if cpu.parse::<u32>().is_err() {
             return Err(fail(path, n + 1, format!("bad CPU number {cpu:?}")));
         }

@@ -15,6 +15,7 @@ pub mod cgroups;
 pub mod gpu;
 pub mod host;
 pub mod infiniband;
+pub mod jitter;
 pub mod kept;
 pub mod platform;
 pub mod runtime_tables;
@@ -77,6 +78,12 @@ pub trait Collector: Send {
     fn problems(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Whether rows come once per window rather than every tick (`jitter`):
+    /// then a tick without rows keeps the last window's series on `/metrics`
+    /// instead of dropping them.
+    fn windowed(&self) -> bool {
+        false
+    }
 }
 
 /// Settings every collector has, under `[collectors.<name>]`.
@@ -104,10 +111,12 @@ pub struct CollectorsConfig {
     pub platform: platform::PlatformConfig,
     /// NVIDIA GPUs through NVML, or simulated ones.
     pub gpu: gpu::GpuConfig,
+    /// Wake-up latency and interruption probes.
+    pub jitter: jitter::JitterConfig,
 }
 
 /// Names of every collector, in the order they are built.
-pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform", "gpu"];
+pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform", "gpu", "jitter"];
 
 impl CollectorsConfig {
     /// The common settings of the named collector.
@@ -118,6 +127,8 @@ impl CollectorsConfig {
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
             "gpu" => &self.gpu,
+
+            "jitter" => &self.jitter,
             _ => return None,
         })
     }
@@ -130,6 +141,8 @@ impl CollectorsConfig {
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
             "gpu" => self.gpu.enabled = enabled,
+
+            "jitter" => self.jitter.enabled = enabled,
             _ => return false,
         }
         true
@@ -143,6 +156,8 @@ impl CollectorsConfig {
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
             "gpu" => Box::new(gpu::Gpu::new(&self.gpu, roots)),
+
+            "jitter" => Box::new(jitter::Jitter::new(&self.jitter, roots)),
             _ => return None,
         })
     }
@@ -164,6 +179,8 @@ impl CollectorsConfig {
         }
         self.cgroups.validate()?;
         self.gpu.validate()?;
+
+        self.jitter.validate()?;
         Ok(())
     }
 }
@@ -176,6 +193,7 @@ pub fn tables() -> Vec<&'static TableDef> {
         infiniband::TABLES,
         platform::TABLES,
         gpu::TABLES,
+        jitter::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -192,6 +210,8 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
         "gpu" => gpu::KEY_DOCS,
+
+        "jitter" => jitter::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)

@@ -1,0 +1,1059 @@
+//! `jitter`: what the scheduler, the interrupts and the hypervisor take from
+//! a thread on this node, measured by the agent itself.
+//!
+//! A probe thread ([`probe`]) started at the collector's `probe` and stopped
+//! when the collector is dropped (agent stop, reload) runs two probes on one
+//! CPU at a time, rotating over the configured ones:
+//! - wake-up latency, cyclictest's method: `clock_nanosleep(TIMER_ABSTIME)` on
+//!   CLOCK_MONOTONIC to a fixed grid of deadlines, lateness into an HDR
+//!   histogram and into fixed Prometheus buckets;
+//! - interruption, sysjitter's and osnoise's method: right after a wake-up,
+//!   when the budget allows, a spin of `slice_us` reading the clock; every gap
+//!   above `gap_threshold_us` is time the thread lost. Per window the lost
+//!   time is split into what the guest accounts for (the thread's own run
+//!   delay while spinning, from `thread-self/schedstat`; the CPU's irq,
+//!   softirq and steal shares from `/proc/stat` deltas over the time probed)
+//!   and the unexplained rest: what the hypervisor or the hardware took
+//!   without the guest's accounting seeing it.
+//!
+//! The thread's CPU time (CLOCK_THREAD_CPUTIME_ID) is charged against
+//! `cpu_budget_ratio`: spins happen only while the budget has room, and
+//! wake-ups are skipped if they alone would exceed it. Each tick the collector
+//! harvests finished windows into rows; between windows it has none, and the
+//! runtime keeps the last window's series on `/metrics` ([`Collector::windowed`]).
+
+mod probe;
+mod procfs;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit, BUCKET_TAG};
+use vtax_store::{Batch, BatchBuilder, Value};
+
+pub use probe::BUCKETS;
+use probe::{Settings, Shared, Window};
+
+use super::{Availability, Collector, CollectorConfig, Roots};
+
+/// Name of the probe thread (as `/proc/<pid>/task/<tid>/comm` shows it).
+pub const THREAD_NAME: &str = "vtax-jitter";
+
+/// Default period of the wake-up grid. cyclictest's default is 1 ms, but a
+/// wake-up costs the thread 30-40 µs of CPU in a KVM guest (the timer's VM
+/// exits; measured on the development VM, cyclictest's own cost is the same),
+/// so 1 ms alone would take 3-4% of a core against a 1% budget. 10 ms leaves
+/// room for the interruption probe's spins.
+pub const DEFAULT_INTERVAL_US: u64 = 10_000;
+/// Default spin length.
+pub const DEFAULT_SLICE_US: u64 = 200;
+/// Default gap threshold: sysjitter's and osnoise's.
+pub const DEFAULT_GAP_THRESHOLD_US: u64 = 1;
+/// Default window.
+pub const DEFAULT_WINDOW_SECS: u64 = 10;
+/// Default time on one CPU before the probe moves to the next.
+pub const DEFAULT_ROTATE_MS: u64 = 1000;
+/// Default budget: 1% of one core for both probes together.
+pub const DEFAULT_CPU_BUDGET_RATIO: f64 = 0.01;
+/// Default SCHED_FIFO priority when `sched_fifo` is on: the lowest, so the
+/// probe preempts ordinary threads but no real-time work.
+pub const DEFAULT_FIFO_PRIORITY: i32 = 1;
+/// Default number of gaps kept per window.
+pub const DEFAULT_MAX_GAPS_PER_WINDOW: usize = 32;
+
+/// How long `probe` waits for the thread to say how it runs.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `[collectors.jitter]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JitterConfig {
+    /// Whether the collector runs.
+    pub enabled: bool,
+    /// Seconds between two harvests of finished windows.
+    pub interval_secs: f64,
+    /// CPUs to probe, in turn; empty rotates over every CPU the agent may use.
+    pub cpus: Vec<usize>,
+    /// Period of the wake-up grid, microseconds.
+    pub interval_us: u64,
+    /// Length of one spin of the interruption probe, microseconds; 0 turns it off.
+    pub slice_us: u64,
+    /// Clock gaps longer than this are interruptions, microseconds.
+    pub gap_threshold_us: u64,
+    /// Seconds per window (one row per CPU per window).
+    pub window_secs: u64,
+    /// Milliseconds on one CPU before moving to the next.
+    pub rotate_ms: u64,
+    /// Share of one core both probes may use together.
+    pub cpu_budget_ratio: f64,
+    /// Ask for SCHED_FIFO (falls back to SCHED_OTHER when refused).
+    pub sched_fifo: bool,
+    /// SCHED_FIFO priority.
+    pub fifo_priority: i32,
+    /// Largest gaps kept per window in `jitter_gap`.
+    pub max_gaps_per_window: usize,
+}
+
+impl Default for JitterConfig {
+    fn default() -> Self {
+        JitterConfig {
+            enabled: true,
+            interval_secs: super::DEFAULT_INTERVAL_SECS,
+            cpus: Vec::new(),
+            interval_us: DEFAULT_INTERVAL_US,
+            slice_us: DEFAULT_SLICE_US,
+            gap_threshold_us: DEFAULT_GAP_THRESHOLD_US,
+            window_secs: DEFAULT_WINDOW_SECS,
+            rotate_ms: DEFAULT_ROTATE_MS,
+            cpu_budget_ratio: DEFAULT_CPU_BUDGET_RATIO,
+            sched_fifo: false,
+            fifo_priority: DEFAULT_FIFO_PRIORITY,
+            max_gaps_per_window: DEFAULT_MAX_GAPS_PER_WINDOW,
+        }
+    }
+}
+
+impl CollectorConfig for JitterConfig {
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+    fn interval_secs(&self) -> f64 {
+        self.interval_secs
+    }
+}
+
+impl JitterConfig {
+    /// Checks the ranges serde cannot; on failure the dotted key and the message.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let err = |key: &str, message: String| {
+            Err((
+                format!("collectors.jitter.{key}"),
+                format!("collectors.jitter.{key} = {message}"),
+            ))
+        };
+        if !(50..=1_000_000).contains(&self.interval_us) {
+            return err(
+                "interval_us",
+                format!("{}: must be between 50 and 1000000", self.interval_us),
+            );
+        }
+        if self.slice_us > self.interval_us / 2 {
+            return err(
+                "slice_us",
+                format!(
+                    "{}: must be at most half of interval_us ({}), so that a spin ends before the next wake-up",
+                    self.slice_us, self.interval_us
+                ),
+            );
+        }
+        if !(1..=1_000_000).contains(&self.gap_threshold_us) {
+            return err(
+                "gap_threshold_us",
+                format!("{}: must be between 1 and 1000000", self.gap_threshold_us),
+            );
+        }
+        if !(1..=3600).contains(&self.window_secs) {
+            return err(
+                "window_secs",
+                format!("{}: must be between 1 and 3600", self.window_secs),
+            );
+        }
+        if !(10..=3_600_000).contains(&self.rotate_ms) {
+            return err(
+                "rotate_ms",
+                format!("{}: must be between 10 and 3600000", self.rotate_ms),
+            );
+        }
+        let budget = self.cpu_budget_ratio;
+        if !(budget > 0.0 && budget <= 1.0) {
+            return err(
+                "cpu_budget_ratio",
+                format!("{budget}: must be above 0 and at most 1 (one whole core)"),
+            );
+        }
+        if !(1..=99).contains(&self.fifo_priority) {
+            return err(
+                "fifo_priority",
+                format!("{}: must be between 1 and 99", self.fifo_priority),
+            );
+        }
+        if self.max_gaps_per_window > 10_000 {
+            return err(
+                "max_gaps_per_window",
+                format!("{}: must be at most 10000", self.max_gaps_per_window),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &cpu in &self.cpus {
+            if cpu >= libc::CPU_SETSIZE as usize {
+                return err(
+                    "cpus",
+                    format!(
+                        "{:?}: CPU {cpu} is beyond the {} CPUs Linux can pin to",
+                        self.cpus,
+                        libc::CPU_SETSIZE
+                    ),
+                );
+            }
+            if !seen.insert(cpu) {
+                return err(
+                    "cpus",
+                    format!("{:?}: CPU {cpu} is listed twice", self.cpus),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Comments for this collector's own keys in the example config.
+pub static KEY_DOCS: &[(&str, &str)] = &[
+    (
+        "cpus",
+        "CPUs to probe, one at a time in turn (e.g. [2, 3]); empty rotates over every CPU the agent may run on.",
+    ),
+    (
+        "interval_us",
+        "Microseconds between two wake-up deadlines (cyclictest's -i). Each wake-up's CPU (30-40 us in a KVM guest, measured) is charged to cpu_budget_ratio: wake-ups the budget cannot pay for are skipped.",
+    ),
+    (
+        "slice_us",
+        "Microseconds of one spin of the interruption probe, at most half of interval_us; 0 turns that probe off.",
+    ),
+    (
+        "gap_threshold_us",
+        "A clock gap longer than this while spinning is an interruption (osnoise's and sysjitter's threshold).",
+    ),
+    (
+        "window_secs",
+        "Seconds per window: one jitter row per CPU probed, on wall-clock multiples of this.",
+    ),
+    (
+        "rotate_ms",
+        "Milliseconds on one CPU before the probe moves to the next of cpus.",
+    ),
+    (
+        "cpu_budget_ratio",
+        "Share of one core both probes may use together, measured from the probe thread's own CPU time (0.01 = 1%).",
+    ),
+    (
+        "sched_fifo",
+        "Run the probe as SCHED_FIFO (measures what a real-time thread would see); when refused it stays SCHED_OTHER and vtax doctor says so.",
+    ),
+    ("fifo_priority", "SCHED_FIFO priority when sched_fifo is on (1-99)."),
+    (
+        "max_gaps_per_window",
+        "Keep this many of each window's largest gaps in the jitter_gap table.",
+    ),
+];
+
+/// Tables of this collector.
+pub static TABLES: &[&TableDef] = &[&JITTER, &WAKEUP, &GAP];
+
+const CPU_TAG: TagDef = TagDef {
+    name: "cpu",
+    help: "Logical CPU the probe ran on.",
+};
+
+const fn seconds(name: &'static str, help: &'static str) -> FieldDef {
+    FieldDef::gauge(name, FieldType::F64, Unit::Seconds, help)
+}
+
+const fn ratio(name: &'static str, help: &'static str) -> FieldDef {
+    FieldDef::gauge(name, FieldType::F64, Unit::Ratio, help)
+}
+
+const fn count(name: &'static str, help: &'static str) -> FieldDef {
+    FieldDef::gauge(name, FieldType::U64, Unit::None, help)
+}
+
+/// One row per window per CPU probed.
+pub static JITTER: TableDef = TableDef {
+    name: "jitter",
+    help: "One row per window (window_secs, on wall-clock multiples) per CPU the probe ran on: wake-up latency percentiles (cyclictest's method), and the interruption probe's lost time split into what the guest accounts for and the unexplained rest. The row's time is the window's end.",
+    tags: &[CPU_TAG],
+    fields: &[
+        count("wakeups", "Wake-ups measured on this CPU in the window."),
+        seconds("wakeup_p50_seconds", "Median wake-up latency: how late the probe woke after its absolute deadline."),
+        seconds("wakeup_p90_seconds", "90th percentile of wake-up latency."),
+        seconds("wakeup_p99_seconds", "99th percentile of wake-up latency."),
+        seconds("wakeup_p999_seconds", "99.9th percentile of wake-up latency."),
+        seconds("wakeup_p9999_seconds", "99.99th percentile of wake-up latency."),
+        seconds("wakeup_max_seconds", "Largest wake-up latency."),
+        count("stalls_over_50us", "Wake-ups later than 50 microseconds."),
+        count("stalls_over_500us", "Wake-ups later than 500 microseconds."),
+        seconds("probed_seconds", "Wall time the probe was placed on this CPU in the window."),
+        seconds("probe_cpu_seconds", "CPU time the probe thread used while placed on this CPU (CLOCK_THREAD_CPUTIME_ID): the probes' cost against cpu_budget_ratio."),
+        seconds("spin_seconds", "Time the interruption probe spun on this CPU."),
+        count("gaps", "Clock gaps above gap_threshold_us while spinning."),
+        seconds("largest_gap_seconds", "Longest clock gap while spinning; null when the probe did not spin."),
+        ratio("interrupted_ratio", "Share of the spin time lost to gaps above the threshold."),
+        ratio("run_delay_ratio", "Share of the spin time the probe thread waited runnable for the CPU (other threads of this guest ran), from thread-self/schedstat; null where the kernel lacks it."),
+        ratio("irq_ratio", "Share of this CPU's time in irq and softirq while probed, from /proc/stat: the expected share of a spin lost to interrupts the guest handled."),
+        ratio("steal_ratio", "Share of this CPU's time stolen by the hypervisor while probed, from /proc/stat."),
+        ratio("unexplained_ratio", "interrupted_ratio minus run_delay_ratio, irq_ratio and steal_ratio (at least 0): lost time the guest's own accounting does not show, taken by the hypervisor (VM exits) or the hardware (SMIs)."),
+    ],
+    exported: true,
+};
+
+/// Cumulative wake-up latency histogram per CPU.
+pub static WAKEUP: TableDef = TableDef {
+    name: "jitter_wakeup",
+    help: "Per CPU per window, the wake-up latency histogram since the collector started, in fixed buckets from 1 microsecond to 0.1 seconds, so that tail latency aggregates across nodes with histogram_quantile.",
+    tags: &[
+        CPU_TAG,
+        TagDef {
+            name: BUCKET_TAG,
+            help: "Bucket upper bound in seconds (+Inf for all).",
+        },
+    ],
+    fields: &[
+        FieldDef {
+            name: "latency_seconds",
+            ty: FieldType::U64,
+            kind: MetricKind::Histogram,
+            unit: Unit::Seconds,
+            help: "Wake-ups whose latency was at most le seconds (cumulative, since the collector started).",
+        },
+        FieldDef {
+            name: "latency_seconds_sum",
+            ty: FieldType::F64,
+            kind: MetricKind::HistogramSum,
+            unit: Unit::Seconds,
+            help: "Sum of the wake-up latencies, on the +Inf row.",
+        },
+    ],
+    exported: true,
+};
+
+/// The largest gaps of each window.
+pub static GAP: TableDef = TableDef {
+    name: "jitter_gap",
+    help: "The largest clock gaps of each window (max_gaps_per_window of them), one row per gap at the time it began. Not exported to Prometheus: one sample per event is not a series.",
+    tags: &[CPU_TAG],
+    fields: &[seconds("gap_seconds", "Length of the gap.")],
+    exported: false,
+};
+
+/// The jitter collector.
+pub struct Jitter {
+    config: JitterConfig,
+    roots: Roots,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    /// CPUs configured but not available to the agent.
+    missing: Vec<usize>,
+    /// CPUs probed.
+    cpus: Vec<usize>,
+    /// Per CPU: cumulative bucket counts (`+Inf` last) and latency sum.
+    histograms: BTreeMap<usize, ([u64; BUCKETS.len() + 1], u64)>,
+    dropped_windows: u64,
+}
+
+impl Jitter {
+    /// A collector that starts its probe at `probe`.
+    pub fn new(config: &JitterConfig, roots: &Roots) -> Self {
+        Jitter {
+            config: config.clone(),
+            roots: roots.clone(),
+            shared: Arc::new(Shared::default()),
+            thread: None,
+            missing: Vec::new(),
+            cpus: Vec::new(),
+            histograms: BTreeMap::new(),
+            dropped_windows: 0,
+        }
+    }
+
+    /// The probe thread's kernel id once it runs (tests read its CPU time).
+    #[cfg(test)]
+    pub fn probe_tid(&self) -> Option<i32> {
+        let state = self.shared.state.lock().expect("not poisoned");
+        match &state.setup {
+            Some(Ok(setup)) => Some(setup.tid),
+            _ => None,
+        }
+    }
+
+    fn settings(&self, cpus: Vec<usize>) -> Settings {
+        let c = &self.config;
+        Settings {
+            cpus,
+            interval_ns: c.interval_us * 1000,
+            slice_ns: c.slice_us * 1000,
+            gap_threshold_ns: c.gap_threshold_us * 1000,
+            window_secs: c.window_secs,
+            dwell_ns: c.rotate_ms * 1_000_000,
+            budget_ratio: c.cpu_budget_ratio,
+            sched_fifo: c.sched_fifo,
+            fifo_priority: c.fifo_priority,
+            max_gaps: c.max_gaps_per_window,
+            stat_path: self.roots.proc("stat"),
+            schedstat_path: self.roots.proc("thread-self/schedstat"),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    fn rows(&mut self, windows: &[Window], time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        let hz = super::user_hz();
+        let mut jitter = BatchBuilder::new(&JITTER);
+        let mut gaps = BatchBuilder::new(&GAP);
+        for window in windows {
+            for c in &window.cpus {
+                let cpu = c.cpu.to_string();
+                jitter.push(window.end_us, &[&cpu], &jitter_values(c, hz))?;
+                let (buckets, sum) = self
+                    .histograms
+                    .entry(c.cpu)
+                    .or_insert(([0; BUCKETS.len() + 1], 0));
+                for (total, n) in buckets.iter_mut().zip(c.buckets) {
+                    *total += n;
+                }
+                *sum += c.latency_sum_ns;
+            }
+            for gap in &window.gaps {
+                gaps.push(
+                    gap.time_us,
+                    &[&gap.cpu.to_string()],
+                    &[Value::F64(gap.gap_ns as f64 / 1e9)],
+                )?;
+            }
+        }
+        let mut wakeup = BatchBuilder::new(&WAKEUP);
+        if !windows.is_empty() {
+            let time = windows.last().map_or(time_us, |w| w.end_us);
+            for (cpu, (buckets, sum)) in &self.histograms {
+                let cpu = cpu.to_string();
+                let mut cumulative = 0;
+                for (i, n) in buckets.iter().enumerate() {
+                    cumulative += n;
+                    let (le, sum) = match BUCKETS.get(i) {
+                        Some((_, le)) => (*le, Value::Null),
+                        None => ("+Inf", Value::F64(*sum as f64 / 1e9)),
+                    };
+                    wakeup.push(time, &[&cpu, le], &[Value::U64(cumulative), sum])?;
+                }
+            }
+        }
+        Ok(vec![jitter.finish(), wakeup.finish(), gaps.finish()])
+    }
+}
+
+fn jitter_values(c: &probe::CpuWindow, hz: f64) -> Vec<Value> {
+    let secs = |ns: u64| Value::F64(ns as f64 / 1e9);
+    let has_wakeups = !c.latency.is_empty();
+    let quantile = |q: f64| {
+        if has_wakeups {
+            secs(c.latency.value_at_quantile(q))
+        } else {
+            Value::Null
+        }
+    };
+    let spun = c.spin_ns > 0;
+    let share = |ns: u64| {
+        if spun {
+            ns as f64 / c.spin_ns as f64
+        } else {
+            0.0
+        }
+    };
+    let probed = c.probed_ns as f64 / 1e9;
+    let tick_share = |ticks: u64| {
+        if probed > 0.0 {
+            (ticks as f64 / hz / probed).min(1.0)
+        } else {
+            0.0
+        }
+    };
+    let interrupted = share(c.lost_ns);
+    let run_delay = c.run_delay_ns.map(share);
+    let irq = tick_share(c.irq_ticks);
+    let steal = tick_share(c.steal_ticks);
+    let unexplained = (interrupted - run_delay.unwrap_or(0.0) - irq - steal).max(0.0);
+    let if_spun = |v: f64| if spun { Value::F64(v) } else { Value::Null };
+    vec![
+        Value::U64(c.latency.len()),
+        quantile(0.5),
+        quantile(0.9),
+        quantile(0.99),
+        quantile(0.999),
+        quantile(0.9999),
+        if has_wakeups {
+            secs(c.latency.max())
+        } else {
+            Value::Null
+        },
+        Value::U64(c.stalls[0]),
+        Value::U64(c.stalls[1]),
+        Value::F64(probed),
+        secs(c.thread_cpu_ns),
+        secs(c.spin_ns),
+        Value::U64(c.gaps),
+        if spun {
+            secs(c.largest_gap_ns)
+        } else {
+            Value::Null
+        },
+        if_spun(interrupted),
+        match run_delay {
+            Some(r) if spun => Value::F64(r),
+            _ => Value::Null,
+        },
+        if probed > 0.0 {
+            Value::F64(irq)
+        } else {
+            Value::Null
+        },
+        if probed > 0.0 {
+            Value::F64(steal)
+        } else {
+            Value::Null
+        },
+        if_spun(unexplained),
+    ]
+}
+
+impl Drop for Jitter {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Collector for Jitter {
+    fn name(&self) -> &'static str {
+        "jitter"
+    }
+
+    fn probe(&mut self) -> Availability {
+        if self.thread.is_none() {
+            let allowed = probe::allowed_cpus();
+            let cpus: Vec<usize> = if self.config.cpus.is_empty() {
+                allowed.clone()
+            } else {
+                self.missing = self
+                    .config
+                    .cpus
+                    .iter()
+                    .copied()
+                    .filter(|c| !allowed.contains(c))
+                    .collect();
+                self.config
+                    .cpus
+                    .iter()
+                    .copied()
+                    .filter(|c| allowed.contains(c))
+                    .collect()
+            };
+            if cpus.is_empty() {
+                return Availability::Absent(format!(
+                    "none of cpus {:?} is one the agent may run on ({})",
+                    self.config.cpus,
+                    cpu_list(&allowed)
+                ));
+            }
+            let stat = self.roots.proc("stat");
+            if let Err(e) = std::fs::metadata(&stat) {
+                return Availability::Absent(format!("{}: {e}", stat.display()));
+            }
+            self.cpus = cpus.clone();
+            let settings = self.settings(cpus);
+            let shared = self.shared.clone();
+            match std::thread::Builder::new()
+                .name(THREAD_NAME.into())
+                .spawn(move || probe::run(settings, &shared))
+            {
+                Ok(thread) => self.thread = Some(thread),
+                Err(e) => {
+                    return Availability::Absent(format!("cannot start the probe thread: {e}"))
+                }
+            }
+        }
+        let setup = match probe::wait_setup(&self.shared, SETUP_TIMEOUT) {
+            Some(Ok(setup)) => setup,
+            Some(Err(e)) => {
+                self.stop();
+                return Availability::Absent(e);
+            }
+            None => {
+                self.stop();
+                return Availability::Absent("the probe thread did not start in time".into());
+            }
+        };
+        let placement = match self.cpus.len() {
+            1 => "pinned".to_string(),
+            _ => format!("rotating every {} ms", self.config.rotate_ms),
+        };
+        Availability::Available(format!(
+            "wake-up every {} µs{} on CPUs {} ({placement}), {}, budget {}% of one core{}",
+            self.config.interval_us,
+            if self.config.slice_us > 0 {
+                format!(", {} µs spins", self.config.slice_us)
+            } else {
+                String::new()
+            },
+            cpu_list(&self.cpus),
+            setup.policy,
+            self.config.cpu_budget_ratio * 100.0,
+            if setup.run_delay {
+                ""
+            } else {
+                "; no thread-self/schedstat: run delay unknown"
+            },
+        ))
+    }
+
+    fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        let windows: Vec<Window> = {
+            let mut state = self.shared.state.lock().expect("not poisoned");
+            self.dropped_windows = state.dropped_windows;
+            state.windows.drain(..).collect()
+        };
+        if let Some(error) = windows.iter().find_map(|w| w.error.as_ref()) {
+            anyhow::bail!("{error}");
+        }
+        self.rows(&windows, time_us)
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !self.missing.is_empty() {
+            problems.push(format!(
+                "cpus {:?} are not CPUs the agent may run on: not probed",
+                self.missing
+            ));
+        }
+        if self.dropped_windows > 0 {
+            problems.push(format!(
+                "{} windows dropped: the collector did not harvest them in time",
+                self.dropped_windows
+            ));
+        }
+        problems
+    }
+
+    fn windowed(&self) -> bool {
+        true
+    }
+}
+
+/// "0-3,8" style, for messages.
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        let mut end = start;
+        while i + 1 < cpus.len() && cpus[i + 1] == end + 1 {
+            i += 1;
+            end = cpus[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use vtax_store::batch::Values;
+
+    use super::*;
+
+    fn config(window_secs: u64) -> JitterConfig {
+        JitterConfig {
+            window_secs,
+            ..JitterConfig::default()
+        }
+    }
+
+    /// Collects until a window that covers at least `min_wakeups` wake-ups
+    /// on every CPU it has, or panics after `timeout`.
+    fn harvest(jitter: &mut Jitter, min_wakeups: u64, timeout: Duration) -> Vec<Batch> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let batches = jitter.collect(0).unwrap();
+            let rows = &batches[0];
+            let full = !rows.is_empty()
+                && (0..rows.len()).all(|r| u64_at(rows, "wakeups", r) >= min_wakeups);
+            if full {
+                return batches;
+            }
+            assert!(Instant::now() < deadline, "no full window in {timeout:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn column<'a>(batch: &'a Batch, name: &str) -> &'a vtax_store::batch::FieldColumn {
+        &batch.fields[batch.table.field_index(name).unwrap()]
+    }
+
+    fn f64_at(batch: &Batch, name: &str, row: usize) -> Option<f64> {
+        let c = column(batch, name);
+        match &c.values {
+            Values::F64(v) if c.is_valid(row) => Some(v[row]),
+            _ => None,
+        }
+    }
+
+    fn u64_at(batch: &Batch, name: &str, row: usize) -> u64 {
+        match &column(batch, name).values {
+            Values::U64(v) => v[row],
+            _ => panic!("{name} is not u64"),
+        }
+    }
+
+    fn tag_at(batch: &Batch, tag: usize, row: usize) -> &str {
+        &batch.tags[tag].dict[batch.tags[tag].codes[row] as usize]
+    }
+
+    fn roots() -> Roots {
+        Roots::default()
+    }
+
+    #[test]
+    fn the_probes_measure_this_machine_on_every_cpu_in_turn() {
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                rotate_ms: 100,
+                max_gaps_per_window: 4,
+                ..config(1)
+            },
+            &roots(),
+        );
+        let Availability::Available(found) = jitter.probe() else {
+            panic!("the probe runs here");
+        };
+        assert!(found.contains("SCHED_OTHER"), "{found}");
+        let batches = harvest(&mut jitter, 20, Duration::from_secs(20));
+        let rows = &batches[0];
+        let allowed = probe::allowed_cpus();
+        if allowed.len() <= 8 {
+            // 100 ms per CPU in a 1 s window reaches each of up to 10 CPUs.
+            assert_eq!(rows.len(), allowed.len(), "a row per CPU");
+        }
+        for r in 0..rows.len() {
+            let q = |n| f64_at(rows, n, r).unwrap();
+            let (p50, p90, p99) = (
+                q("wakeup_p50_seconds"),
+                q("wakeup_p90_seconds"),
+                q("wakeup_p99_seconds"),
+            );
+            let (p999, p9999, max) = (
+                q("wakeup_p999_seconds"),
+                q("wakeup_p9999_seconds"),
+                q("wakeup_max_seconds"),
+            );
+            assert!(p50 > 0.0, "a wake-up is never early: {p50}");
+            assert!(
+                p50 <= p90 && p90 <= p99 && p99 <= p999 && p999 <= p9999 && p9999 <= max * 1.01,
+                "ordered: {p50} {p90} {p99} {p999} {p9999} {max}"
+            );
+            assert!(max < 1.0, "a wake-up a second late on an idle CPU: {max}");
+            assert!(q("probed_seconds") > 0.0 && q("probed_seconds") <= 1.01);
+            assert!(q("spin_seconds") > 0.0, "the interruption probe spun");
+            let interrupted = q("interrupted_ratio");
+            assert!((0.0..=1.0).contains(&interrupted), "{interrupted}");
+            assert!(q("unexplained_ratio") <= interrupted);
+            assert!(u64_at(rows, "stalls_over_500us", r) <= u64_at(rows, "stalls_over_50us", r));
+        }
+        // Gaps: above the threshold, at most max_gaps_per_window per window.
+        let gaps = &batches[2];
+        let mut windows = rows.time_us.clone();
+        windows.dedup();
+        assert!(gaps.len() <= 4 * windows.len(), "{} gaps", gaps.len());
+        for r in 0..gaps.len() {
+            assert!(f64_at(gaps, "gap_seconds", r).unwrap() > 1e-6);
+        }
+        // Spinning 10 ms or more on a CPU that is not isolated (nohz_full)
+        // always crosses a timer tick.
+        let seen: u64 = (0..rows.len()).map(|r| u64_at(rows, "gaps", r)).sum();
+        assert!(seen > 0 && !gaps.is_empty(), "no interruption seen");
+        // The histogram's +Inf count is every wake-up harvested so far.
+        let hist = &batches[1];
+        let total: u64 = (0..hist.len())
+            .filter(|&r| tag_at(hist, 1, r) == "+Inf")
+            .map(|r| u64_at(hist, "latency_seconds", r))
+            .sum();
+        let wakeups: u64 = (0..rows.len()).map(|r| u64_at(rows, "wakeups", r)).sum();
+        assert!(total >= wakeups && total > 0, "{total} < {wakeups}");
+        for r in 1..hist.len() {
+            if tag_at(hist, 0, r) == tag_at(hist, 0, r - 1) {
+                assert!(
+                    u64_at(hist, "latency_seconds", r) >= u64_at(hist, "latency_seconds", r - 1),
+                    "cumulative"
+                );
+            }
+        }
+
+        // Rendered as /metrics serves it, promtool accepts it.
+        let exposition = vtax_exporters::Exposition::new(TABLES);
+        exposition.update("jitter", batches.into_iter().map(Arc::new).collect());
+        let text = exposition.body(vtax_exporters::Format::Text, false);
+        let text = String::from_utf8(text.to_vec()).unwrap();
+        assert!(
+            text.contains("vtax_jitter_wakeup_latency_seconds_bucket{cpu=\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("vtax_jitter_wakeup_p99_seconds{cpu=\""),
+            "{text}"
+        );
+        assert!(!text.contains("vtax_jitter_gap_"), "gaps are not series");
+        assert_eq!(crate::golden::promtool_complaints(&text), "");
+    }
+
+    /// CPU time of a thread of this process, read from outside it
+    /// (`/proc/self/task/<tid>/schedstat`, first field: nanoseconds on CPU).
+    fn task_cpu_ns(tid: i32) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).unwrap();
+        text.split_whitespace().next().unwrap().parse().unwrap()
+    }
+
+    fn measured_share(budget: f64, secs: u64) -> f64 {
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                cpu_budget_ratio: budget,
+                ..config(1)
+            },
+            &roots(),
+        );
+        assert!(matches!(jitter.probe(), Availability::Available(_)));
+        let tid = jitter.probe_tid().unwrap();
+        // Past the start-up (thread creation, first reads).
+        std::thread::sleep(Duration::from_millis(500));
+        let (cpu0, t0) = (task_cpu_ns(tid), Instant::now());
+        std::thread::sleep(Duration::from_secs(secs));
+        let (cpu1, t1) = (task_cpu_ns(tid), Instant::now());
+        (cpu1 - cpu0) as f64 / (t1 - t0).as_nanos() as f64
+    }
+
+    #[test]
+    fn the_probes_keep_to_their_cpu_budget() {
+        // The default 1%: the spins fill it, and the thread stays within.
+        let share = measured_share(0.01, 3);
+        assert!(
+            share <= 0.0125,
+            "used {:.3}% of a core for a 1% budget",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.002,
+            "the probe barely ran: {:.3}%",
+            share * 100.0
+        );
+        // A budget below what wake-ups every millisecond cost alone: the
+        // probe skips deadlines rather than exceed it.
+        let share = measured_share(0.001, 3);
+        assert!(
+            share <= 0.0015,
+            "used {:.3}% of a core for a 0.1% budget",
+            share * 100.0
+        );
+    }
+
+    #[test]
+    fn the_thread_ends_when_the_collector_is_dropped() {
+        let mut jitter = Jitter::new(&config(10), &roots());
+        assert!(matches!(jitter.probe(), Availability::Available(_)));
+        let tid = jitter.probe_tid().unwrap();
+        let task = format!("/proc/self/task/{tid}");
+        assert_eq!(
+            std::fs::read_to_string(format!("{task}/comm"))
+                .unwrap()
+                .trim(),
+            THREAD_NAME
+        );
+        let started = Instant::now();
+        drop(jitter);
+        assert!(
+            !std::path::Path::new(&task).exists(),
+            "the probe thread is gone"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "stopped promptly"
+        );
+    }
+
+    #[test]
+    fn sched_fifo_when_permitted_and_the_probe_says_which() {
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                sched_fifo: true,
+                fifo_priority: 3,
+                cpus: vec![*probe::allowed_cpus().last().unwrap()],
+                ..config(10)
+            },
+            &roots(),
+        );
+        let Availability::Available(found) = jitter.probe() else {
+            panic!("the probe runs here");
+        };
+        let tid = jitter.probe_tid().unwrap();
+        // SAFETY: querying a thread of this process.
+        let policy = unsafe { libc::sched_getscheduler(tid) };
+        if policy == libc::SCHED_FIFO {
+            assert!(found.contains("SCHED_FIFO priority 3"), "{found}");
+        } else {
+            assert_eq!(policy, libc::SCHED_OTHER);
+            assert!(
+                found.contains("SCHED_OTHER (SCHED_FIFO refused: "),
+                "{found}"
+            );
+        }
+        assert!(found.contains("(pinned)"), "{found}");
+    }
+
+    /// A procfs root in a tempdir with `stat` and `thread-self/schedstat`.
+    fn fake_proc(stat: &str, schedstat: Option<&str>) -> (tempfile::TempDir, Roots) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stat"), stat).unwrap();
+        if let Some(text) = schedstat {
+            std::fs::create_dir(dir.path().join("thread-self")).unwrap();
+            std::fs::write(dir.path().join("thread-self/schedstat"), text).unwrap();
+        }
+        let roots = Roots {
+            procfs: dir.path().to_path_buf(),
+            sysfs: dir.path().to_path_buf(),
+        };
+        (dir, roots)
+    }
+
+    fn first_error(roots: &Roots) -> String {
+        let mut jitter = Jitter::new(&config(1), roots);
+        assert!(matches!(jitter.probe(), Availability::Available(_)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Err(e) = jitter.collect(0) {
+                return format!("{e:#}");
+            }
+            assert!(Instant::now() < deadline, "no error reported");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    const GOOD_STAT: &str = "cpu  1 1 1 1 1 1 1 1 0 0\ncpu0 1 1 1 1 1 1 1 1 0 0\n";
+
+    #[test]
+    fn garbage_stat_or_schedstat_is_an_error_naming_the_file() {
+        let (dir, roots) = fake_proc("cpu0 1 2 3 4 5 six 7 8\n", Some("1 2 3\n"));
+        let err = first_error(&roots);
+        let path = dir.path().join("stat");
+        assert_eq!(
+            err,
+            format!("{}:1: \"six\" is not a tick count", path.display())
+        );
+
+        let (dir, roots) = fake_proc(GOOD_STAT, Some("1 lots 3\n"));
+        let err = first_error(&roots);
+        let path = dir.path().join("thread-self/schedstat");
+        assert_eq!(
+            err,
+            format!(
+                "{}:1: \"lots\" is not a run delay in nanoseconds",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn without_schedstat_run_delay_is_null_and_the_rest_measures() {
+        let (_dir, roots) = fake_proc(GOOD_STAT, None);
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                cpus: vec![probe::allowed_cpus()[0]],
+                ..config(1)
+            },
+            &roots,
+        );
+        let Availability::Available(found) = jitter.probe() else {
+            panic!("runs without schedstat");
+        };
+        assert!(found.contains("run delay unknown"), "{found}");
+        let batches = harvest(&mut jitter, 20, Duration::from_secs(20));
+        assert_eq!(f64_at(&batches[0], "run_delay_ratio", 0), None);
+        assert!(f64_at(&batches[0], "interrupted_ratio", 0).is_some());
+    }
+
+    #[test]
+    fn cpus_the_agent_cannot_use_are_absent_or_a_problem() {
+        let far = libc::CPU_SETSIZE as usize - 1;
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                cpus: vec![far],
+                ..config(10)
+            },
+            &roots(),
+        );
+        match jitter.probe() {
+            Availability::Absent(reason) => assert!(
+                reason.contains(&format!("none of cpus [{far}]")),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                cpus: vec![probe::allowed_cpus()[0], far],
+                ..config(10)
+            },
+            &roots(),
+        );
+        assert!(matches!(jitter.probe(), Availability::Available(_)));
+        assert!(
+            jitter.problems()[0].contains(&format!("[{far}]")),
+            "{:?}",
+            jitter.problems()
+        );
+    }
+
+    #[test]
+    fn config_errors_name_the_key_and_line() {
+        let parse = |body: &str| {
+            crate::config::Config::parse(&format!("[collectors.jitter]\n{body}\n"), "v.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            parse("interval_us = 1000\nslice_us = 600"),
+            "v.toml:3: collectors.jitter.slice_us = 600: must be at most half of interval_us (1000), so that a spin ends before the next wake-up"
+        );
+        assert_eq!(
+            parse("cpus = [1, 1]"),
+            "v.toml:2: collectors.jitter.cpus = [1, 1]: CPU 1 is listed twice"
+        );
+        assert!(parse("cpu_budget_ratio = 0")
+            .starts_with("v.toml:2: collectors.jitter.cpu_budget_ratio = 0: must be above 0"));
+        assert!(parse("window_secs = 0").contains("between 1 and 3600"));
+        assert!(parse("interval_us = 10").contains("between 50 and 1000000"));
+        assert!(parse("fifo_priority = 100").contains("between 1 and 99"));
+        assert!(parse("cpus = [-1]").contains("line 2"));
+        assert!(parse("budget = 1").contains("unknown field `budget`"));
+    }
+
+    #[test]
+    fn cpu_lists_read_like_the_kernels() {
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[5]), "5");
+    }
+}
