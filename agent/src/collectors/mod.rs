@@ -11,12 +11,17 @@
 //! - every table it may write is listed in `tables`, so the catalogue, the store
 //!   and `/metrics` know them before the first row.
 
+pub mod block;
 pub mod cgroups;
 pub mod host;
 pub mod infiniband;
 pub mod kept;
+pub mod netdev;
+pub mod pci;
 pub mod platform;
 pub mod runtime_tables;
+#[cfg(test)]
+mod testutil;
 
 use std::path::{Path, PathBuf};
 
@@ -101,10 +106,21 @@ pub struct CollectorsConfig {
     pub infiniband: infiniband::InfinibandConfig,
     /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
     pub platform: platform::PlatformConfig,
+    /// Block devices: /proc/diskstats and /sys/block.
+    pub block: block::BlockConfig,
+    /// Ethernet and RoCE interfaces: /sys/class/net.
+    pub netdev: netdev::NetdevConfig,
 }
 
 /// Names of every collector, in the order they are built.
-pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform"];
+pub const NAMES: &[&str] = &[
+    "host",
+    "cgroups",
+    "infiniband",
+    "platform",
+    "block",
+    "netdev",
+];
 
 impl CollectorsConfig {
     /// The common settings of the named collector.
@@ -114,6 +130,8 @@ impl CollectorsConfig {
             "cgroups" => &self.cgroups,
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
+            "block" => &self.block,
+            "netdev" => &self.netdev,
             _ => return None,
         })
     }
@@ -125,6 +143,8 @@ impl CollectorsConfig {
             "cgroups" => self.cgroups.enabled = enabled,
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
+            "block" => self.block.enabled = enabled,
+            "netdev" => self.netdev.enabled = enabled,
             _ => return false,
         }
         true
@@ -137,6 +157,8 @@ impl CollectorsConfig {
             "cgroups" => Box::new(cgroups::Cgroups::new(&self.cgroups, roots)),
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
+            "block" => Box::new(block::Block::new(&self.block, roots)),
+            "netdev" => Box::new(netdev::Netdev::new(&self.netdev, roots)),
             _ => return None,
         })
     }
@@ -157,6 +179,8 @@ impl CollectorsConfig {
             }
         }
         self.cgroups.validate()?;
+        self.block.validate()?;
+        self.netdev.validate()?;
         Ok(())
     }
 }
@@ -168,6 +192,8 @@ pub fn tables() -> Vec<&'static TableDef> {
         cgroups::TABLES,
         infiniband::TABLES,
         platform::TABLES,
+        block::TABLES,
+        netdev::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -183,6 +209,8 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "cgroups" => cgroups::KEY_DOCS,
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
+        "block" => block::KEY_DOCS,
+        "netdev" => netdev::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
