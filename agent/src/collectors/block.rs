@@ -22,7 +22,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::kept::KeptFile;
-use super::pci::placement;
+use super::pci::{placement, INFO_FIELD, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// Devices skipped by default: loop devices and RAM disks hold no data that
@@ -215,28 +215,18 @@ pub static BLOCK_DEVICE: TableDef = TableDef {
         DEVICE_TAG,
         TagDef {
             name: "model",
-            help: "Model from sysfs (device/model); empty where the driver gives none (virtio, dm).",
+            help:
+                "Model from sysfs (device/model); empty where the driver gives none (virtio, dm).",
         },
         TagDef {
             name: "transport",
             help: "nvme, virtio, scsi, ata, usb, mmc, dm (device mapper), md (software RAID), \
                    virtual (no hardware), other.",
         },
-        TagDef {
-            name: "pci_address",
-            help: "The nearest PCI function on the device's sysfs path (for NVMe, the controller); empty without one.",
-        },
-        TagDef {
-            name: "numa_node",
-            help: "NUMA node of that PCI function; empty when the kernel says -1 or there is none.",
-        },
+        PCI_ADDRESS_TAG,
+        NUMA_NODE_TAG,
     ],
-    fields: &[FieldDef::gauge(
-        "info",
-        FieldType::U64,
-        Unit::None,
-        "Always 1; the row's tags carry the information.",
-    )],
+    fields: &[INFO_FIELD],
     exported: true,
 };
 

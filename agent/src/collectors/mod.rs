@@ -13,6 +13,7 @@
 
 pub mod block;
 pub mod cgroups;
+pub mod filesystem;
 pub mod host;
 pub mod infiniband;
 pub mod kept;
@@ -110,6 +111,8 @@ pub struct CollectorsConfig {
     pub block: block::BlockConfig,
     /// Ethernet and RoCE interfaces: /sys/class/net.
     pub netdev: netdev::NetdevConfig,
+    /// Mounts holding checkpoints and data: statvfs, off the collector's thread.
+    pub filesystem: filesystem::FilesystemConfig,
 }
 
 /// Names of every collector, in the order they are built.
@@ -120,6 +123,7 @@ pub const NAMES: &[&str] = &[
     "platform",
     "block",
     "netdev",
+    "filesystem",
 ];
 
 impl CollectorsConfig {
@@ -132,6 +136,7 @@ impl CollectorsConfig {
             "platform" => &self.platform,
             "block" => &self.block,
             "netdev" => &self.netdev,
+            "filesystem" => &self.filesystem,
             _ => return None,
         })
     }
@@ -145,6 +150,7 @@ impl CollectorsConfig {
             "platform" => self.platform.enabled = enabled,
             "block" => self.block.enabled = enabled,
             "netdev" => self.netdev.enabled = enabled,
+            "filesystem" => self.filesystem.enabled = enabled,
             _ => return false,
         }
         true
@@ -159,6 +165,7 @@ impl CollectorsConfig {
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
             "block" => Box::new(block::Block::new(&self.block, roots)),
             "netdev" => Box::new(netdev::Netdev::new(&self.netdev, roots)),
+            "filesystem" => Box::new(filesystem::Filesystem::new(&self.filesystem, roots)),
             _ => return None,
         })
     }
@@ -181,6 +188,7 @@ impl CollectorsConfig {
         self.cgroups.validate()?;
         self.block.validate()?;
         self.netdev.validate()?;
+        self.filesystem.validate()?;
         Ok(())
     }
 }
@@ -194,6 +202,7 @@ pub fn tables() -> Vec<&'static TableDef> {
         platform::TABLES,
         block::TABLES,
         netdev::TABLES,
+        filesystem::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -211,6 +220,7 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "platform" => platform::KEY_DOCS,
         "block" => block::KEY_DOCS,
         "netdev" => netdev::KEY_DOCS,
+        "filesystem" => filesystem::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)

@@ -22,7 +22,7 @@ use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::block::exclude_regex;
 use super::kept::{is_gone, KeptFile};
-use super::pci::placement;
+use super::pci::{placement, INFO_FIELD, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
 use super::{Availability, Collector, CollectorConfig, Roots};
 
 /// `[collectors.netdev]`.
@@ -179,21 +179,10 @@ pub static NETDEV_LINK: TableDef = TableDef {
             name: "driver",
             help: "Kernel driver of the interface's device (mlx5_core, virtio_net, ice); empty when virtual.",
         },
-        TagDef {
-            name: "pci_address",
-            help: "The nearest PCI function on the interface's sysfs path; empty without one.",
-        },
-        TagDef {
-            name: "numa_node",
-            help: "NUMA node of that PCI function; empty when the kernel says -1 or there is none.",
-        },
+        PCI_ADDRESS_TAG,
+        NUMA_NODE_TAG,
     ],
-    fields: &[FieldDef::gauge(
-        "info",
-        FieldType::U64,
-        Unit::None,
-        "Always 1; the row's tags carry the information.",
-    )],
+    fields: &[INFO_FIELD],
     exported: true,
 };
 
