@@ -99,7 +99,8 @@ pub static NETDEV: TableDef = TableDef {
     name: "netdev",
     help: "One row per network interface per tick, from /sys/class/net/<interface>/: traffic \
            counters (statistics/), carrier changes, speed, MTU and whether it is up. Values the \
-           driver does not give are null.",
+           driver does not give are null. RDMA traffic of a RoCE port bypasses the kernel's \
+           stack and is not counted here: it is in infiniband_port.",
     tags: &[INTERFACE_TAG],
     fields: &[
         counter("rx_bytes", Unit::Bytes, "Bytes received."),
