@@ -333,34 +333,10 @@ mod tests {
 
     #[test]
     fn a_flat_topology_shares_no_switch() {
-        // A VM with passthrough: every device on the root bus, one node.
+        // A VM with passthrough: every device on the root bus, no NUMA node.
         let dir = tempfile::tempdir().unwrap();
         let sys = dir.path();
-        for (bdf, vendor, class, sub) in [
-            ("0000:00:05.0", "0x10de", "0x030200", None),
-            (
-                "0000:00:06.0",
-                "0x15b3",
-                "0x020700",
-                Some("infiniband/mlx5_0"),
-            ),
-            ("0000:00:07.0", "0x1af4", "0x010802", Some("nvme/nvme0")),
-        ] {
-            let f = sys.join("devices/pci0000:00").join(bdf);
-            std::fs::create_dir_all(&f).unwrap();
-            std::fs::write(f.join("vendor"), vendor).unwrap();
-            std::fs::write(f.join("class"), class).unwrap();
-            std::fs::write(f.join("numa_node"), "-1\n").unwrap();
-            if let Some(sub) = sub {
-                std::fs::create_dir_all(f.join(sub)).unwrap();
-            }
-            std::fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
-            std::os::unix::fs::symlink(
-                format!("../../../devices/pci0000:00/{bdf}"),
-                sys.join("bus/pci/devices").join(bdf),
-            )
-            .unwrap();
-        }
+        crate::collectors::testutil::flat_pci_tree(sys);
         assert_eq!(gpu_affinity(sys), Some(vec![]), "no switch, no NUMA node");
         std::fs::write(sys.join("devices/pci0000:00/0000:00:05.0/numa_node"), "0\n").unwrap();
         std::fs::write(sys.join("devices/pci0000:00/0000:00:06.0/numa_node"), "0\n").unwrap();

@@ -990,6 +990,22 @@ impl Facts {
                     .to_string(),
             );
         }
+        let mut gpus: Vec<&str> = self.gpu_affinity.iter().map(|a| a.gpu.as_str()).collect();
+        gpus.dedup();
+        for gpu in gpus {
+            let rdma: Vec<&Affinity> = self
+                .gpu_affinity
+                .iter()
+                .filter(|a| a.gpu == gpu && a.peer_kind == "rdma")
+                .collect();
+            if !rdma.is_empty() && !rdma.iter().any(|a| a.same_switch) {
+                let names: Vec<&str> = rdma.iter().map(|a| a.peer.as_str()).collect();
+                out.push(format!(
+                    "GPU {gpu} shares no PCIe switch with an RDMA device (on its NUMA node: {}): GPUDirect RDMA between them crosses the CPU's root complex",
+                    names.join(" ")
+                ));
+            }
+        }
         if self.nvidia_loaded == Some(true) && self.nvidia_driver == "unknown" {
             out.push("nvidia loaded but its version file is unreadable".to_string());
         }
@@ -1819,6 +1835,31 @@ mod tests {
         ];
         let (_dir, roots) = tree(files);
         assert_eq!(read_facts(&roots, &FixedCpuid::bare_metal()).iommu, "pt");
+    }
+
+    #[test]
+    fn a_gpu_without_an_rdma_nic_on_its_switch_is_a_problem() {
+        let (_dir, roots) = tree(&[]);
+        crate::collectors::testutil::flat_pci_tree(&roots.sysfs);
+        let sys = roots.sysfs.join("devices/pci0000:00");
+        // Without NUMA nodes nothing is near anything: no rows, no problem.
+        let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+        assert!(facts.gpu_affinity.is_empty());
+        assert!(facts.problems().is_empty(), "{:?}", facts.problems());
+        for f in ["0000:00:05.0", "0000:00:06.0"] {
+            std::fs::write(sys.join(f).join("numa_node"), "0\n").unwrap();
+        }
+        let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+        assert_eq!(
+            facts.problems(),
+            ["GPU 0000:00:05.0 shares no PCIe switch with an RDMA device (on its NUMA node: mlx5_0): \
+              GPUDirect RDMA between them crosses the CPU's root complex"]
+        );
+        let lines = doctor_lines(&roots).join("\n");
+        assert!(
+            lines.contains("GPU 0000:00:05.0: same PCIe switch: none; same NUMA node only: mlx5_0"),
+            "{lines}"
+        );
     }
 
     #[test]

@@ -70,3 +70,34 @@ pub fn f64s(batch: &Batch, field: &str) -> Vec<Option<f64>> {
         .map(|i| col.is_valid(i).then_some(v[i]))
         .collect()
 }
+
+/// A sysfs PCI tree with a GPU (`0000:00:05.0`), an RDMA NIC (`mlx5_0` on
+/// `0000:00:06.0`) and an NVMe drive (`nvme0` on `0000:00:07.0`), all on the
+/// root bus as a VM with passthrough sees them, `numa_node` -1.
+pub fn flat_pci_tree(sys: &Path) {
+    for (bdf, vendor, class, sub) in [
+        ("0000:00:05.0", "0x10de", "0x030200", None),
+        (
+            "0000:00:06.0",
+            "0x15b3",
+            "0x020700",
+            Some("infiniband/mlx5_0"),
+        ),
+        ("0000:00:07.0", "0x1af4", "0x010802", Some("nvme/nvme0")),
+    ] {
+        let f = sys.join("devices/pci0000:00").join(bdf);
+        std::fs::create_dir_all(&f).unwrap();
+        std::fs::write(f.join("vendor"), vendor).unwrap();
+        std::fs::write(f.join("class"), class).unwrap();
+        std::fs::write(f.join("numa_node"), "-1\n").unwrap();
+        if let Some(sub) = sub {
+            std::fs::create_dir_all(f.join(sub)).unwrap();
+        }
+        std::fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/pci0000:00/{bdf}"),
+            sys.join("bus/pci/devices").join(bdf),
+        )
+        .unwrap();
+    }
+}
