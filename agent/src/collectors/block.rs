@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
-use regex::Regex;
+use regex::RegexSet;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
@@ -71,20 +71,13 @@ impl BlockConfig {
 }
 
 /// Compiles an exclusion pattern (empty excludes nothing); the error names `key`.
-pub fn exclude_regex(pattern: &str, key: &str) -> Result<Option<Regex>, (String, String)> {
+pub fn exclude_regex(pattern: &str, key: &str) -> Result<Option<RegexSet>, (String, String)> {
     if pattern.is_empty() {
         return Ok(None);
     }
-    Regex::new(pattern).map(Some).map_err(|e| {
-        let why = match &e {
-            regex::Error::Syntax(s) => s.lines().last().unwrap_or(s).trim().to_owned(),
-            other => other.to_string(),
-        };
-        (
-            key.to_owned(),
-            format!("{key} = {pattern:?}: not a regular expression: {why}"),
-        )
-    })
+    super::cgroups::compile(key, &[pattern.to_owned()])
+        .map(Some)
+        .map_err(|message| (key.to_owned(), message))
 }
 
 /// Comments for this collector's own keys in the example config.
@@ -249,7 +242,7 @@ pub struct Block {
     diskstats: KeptFile,
     sysfs: PathBuf,
     partitions: bool,
-    exclude: Option<Regex>,
+    exclude: Option<RegexSet>,
     known: HashMap<String, Identity>,
     ticks: u64,
     buf: Vec<u8>,
@@ -684,7 +677,10 @@ mod tests {
         };
         let (key, message) = bad.validate().unwrap_err();
         assert_eq!(key, "collectors.block.device_exclude");
-        assert!(message.contains("not a regular expression"), "{message}");
+        assert_eq!(
+            message,
+            "collectors.block.device_exclude = \"(\": not a regular expression: unclosed group"
+        );
         for key in ["partitions", "device_exclude"] {
             assert!(KEY_DOCS.iter().any(|(k, _)| *k == key), "{key}");
         }

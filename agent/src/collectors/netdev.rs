@@ -15,7 +15,7 @@ use std::io;
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use regex::Regex;
+use regex::RegexSet;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
@@ -219,7 +219,7 @@ struct Interface {
 pub struct Netdev {
     class_dir: PathBuf,
     virtual_interfaces: bool,
-    exclude: Option<Regex>,
+    exclude: Option<RegexSet>,
     listed: Option<Vec<String>>,
     interfaces: Vec<Interface>,
     stale: bool,
