@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine with Rust: installs what
-# the tests need (Prometheus and promtool, the Python readers DuckDB, pyarrow
-# and Polars), then runs every test, lints included.
+# the tests need (Prometheus and promtool, prometheus-node-exporter for the
+# side-by-side block/netdev test, the Python readers DuckDB, pyarrow and
+# Polars), then runs every test, lints included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,8 @@ command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 { command -v prometheus && command -v promtool; } >/dev/null || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+
+command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} with apt-get"
   apt-get update -q

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use vtax_exporters::Exposition;
 
+use crate::collectors::filesystem::{Filesystem, FilesystemConfig, FixedStatFs};
 use crate::collectors::platform::{CpuidRegs, CpuidSource, Platform};
 use crate::collectors::{Availability, Collector, CollectorsConfig, Roots, NAMES};
 
@@ -40,12 +41,24 @@ fn render_fixture(fixture: &str) -> String {
         if name == "gpu" {
             continue;
         }
+
+        let statvfs = root.join("statvfs");
         let mut collector: Box<dyn Collector> = if name == "platform" {
             Box::new(Platform::with_cpuid(
                 &config.platform,
                 &roots,
                 Box::new(NoCpuid),
             ))
+        } else if name == "filesystem" && statvfs.exists() {
+            // statvfs answers for the fixture's mounts come from its table
+            // (a hung one included), not from this machine's filesystems.
+            let fast = FilesystemConfig {
+                stat_timeout_ms: 50,
+                ..config.filesystem.clone()
+            };
+            let fixed = FixedStatFs::from_file(&statvfs).expect("a statvfs table");
+            let collector = Filesystem::with_statfs(&fast, &roots, Arc::new(fixed));
+            Box::new(collector)
         } else {
             config.build(name, &roots).expect("every name builds")
         };

@@ -229,7 +229,16 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     let root = dir.path().join("node");
     copy_tree(&common::fixtures().join("baremetal-node"), &root);
     let config = dir.path().join("vtax.toml");
-    let fast = ["host", "cgroups", "infiniband", "platform"]
+    let collectors = [
+        "host",
+        "cgroups",
+        "infiniband",
+        "platform",
+        "block",
+        "netdev",
+        "filesystem",
+    ];
+    let fast = collectors
         .iter()
         .map(|c| format!("[collectors.{c}]\ninterval_secs = 0.2\n"))
         .collect::<String>();
@@ -245,7 +254,7 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
         root.join("sys").to_str().unwrap(),
     ]);
     let all_up = |body: &str| {
-        ["host", "cgroups", "infiniband", "platform"]
+        collectors
             .iter()
             .all(|c| success(body, c).as_deref() == Some("1"))
     };
@@ -256,20 +265,29 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     );
     let port_series = "vtax_infiniband_port_xmit_wait_total{device=\"mlx5_2\"";
     assert!(agent.get("/metrics", &[]).text().contains(port_series));
+    let nic_series = "vtax_netdev_rx_bytes_total{interface=\"ens22f0np0\"}";
+    assert!(agent.get("/metrics", &[]).text().contains(nic_series));
 
     let stat = root.join("proc/stat");
     let good_stat = std::fs::read(&stat).unwrap();
     std::fs::write(&stat, "cpu0 12 zz 4\n").unwrap();
     std::fs::remove_dir_all(root.join("sys/class/infiniband/mlx5_2")).unwrap();
+    let diskstats = root.join("proc/diskstats");
+    let good_diskstats = std::fs::read(&diskstats).unwrap();
+    std::fs::write(&diskstats, "259 0 nvme0n1 1 2 three\n").unwrap();
+    std::fs::remove_file(root.join("sys/class/net/ens22f0np0")).unwrap();
     wait_until(
-        "host to fail and mlx5_2 to go",
+        "host and block to fail, mlx5_2 and ens22f0np0 to go",
         Duration::from_secs(20),
         || {
             let body = agent.get("/metrics", &[]).text();
             success(&body, "host").as_deref() == Some("0")
+                && success(&body, "block").as_deref() == Some("0")
                 && success(&body, "infiniband").as_deref() == Some("1")
                 && success(&body, "cgroups").as_deref() == Some("1")
+                && success(&body, "netdev").as_deref() == Some("1")
                 && !body.contains(port_series)
+                && !body.contains(nic_series)
         },
     );
     let body = agent.get("/metrics", &[]).text();
@@ -278,14 +296,19 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
         "a failed collector's series leave"
     );
     assert!(body.contains("vtax_infiniband_port_xmit_wait_total{device=\"mlx5_0\""));
+    assert!(!body.contains("vtax_block_read_bytes_total"));
+    assert!(body.contains("vtax_netdev_rx_bytes_total{interface=\"eno1\"}"));
 
     std::fs::write(&stat, good_stat).unwrap();
+    std::fs::write(&diskstats, good_diskstats).unwrap();
     wait_until("host to recover", Duration::from_secs(20), || {
         all_up(&agent.get("/metrics", &[]).text())
     });
     let log = agent.log();
     assert!(
-        log.contains("Collector failed") && log.contains("proc/stat:1"),
+        log.contains("Collector failed")
+            && log.contains("proc/stat:1")
+            && log.contains("proc/diskstats:1"),
         "{log}"
     );
     assert!(log.contains("Collector recovered"), "{log}");

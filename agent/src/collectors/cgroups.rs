@@ -154,7 +154,7 @@ impl CgroupsConfig {
 }
 
 /// Compiles a list of patterns; the error names the key and the bad pattern.
-fn compile(key: &str, patterns: &[String]) -> Result<RegexSet, String> {
+pub(super) fn compile(key: &str, patterns: &[String]) -> Result<RegexSet, String> {
     for pattern in patterns {
         if let Err(e) = regex::Regex::new(pattern) {
             // The parser's message spans lines with a caret; its last line says what.

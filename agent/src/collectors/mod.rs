@@ -11,14 +11,20 @@
 //! - every table it may write is listed in `tables`, so the catalogue, the store
 //!   and `/metrics` know them before the first row.
 
+pub mod block;
 pub mod cgroups;
+pub mod filesystem;
 pub mod gpu;
 pub mod host;
 pub mod infiniband;
 pub mod jitter;
 pub mod kept;
+pub mod netdev;
+pub mod pci;
 pub mod platform;
 pub mod runtime_tables;
+#[cfg(test)]
+mod testutil;
 
 use std::path::{Path, PathBuf};
 
@@ -113,10 +119,26 @@ pub struct CollectorsConfig {
     pub gpu: gpu::GpuConfig,
     /// Wake-up latency and interruption probes.
     pub jitter: jitter::JitterConfig,
+    /// Block devices: /proc/diskstats and /sys/block.
+    pub block: block::BlockConfig,
+    /// Ethernet and RoCE interfaces: /sys/class/net.
+    pub netdev: netdev::NetdevConfig,
+    /// Mounts holding checkpoints and data: statvfs, off the collector's thread.
+    pub filesystem: filesystem::FilesystemConfig,
 }
 
 /// Names of every collector, in the order they are built.
-pub const NAMES: &[&str] = &["host", "cgroups", "infiniband", "platform", "gpu", "jitter"];
+pub const NAMES: &[&str] = &[
+    "host",
+    "cgroups",
+    "infiniband",
+    "platform",
+    "gpu",
+    "jitter",
+    "block",
+    "netdev",
+    "filesystem",
+];
 
 impl CollectorsConfig {
     /// The common settings of the named collector.
@@ -127,8 +149,10 @@ impl CollectorsConfig {
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
             "gpu" => &self.gpu,
-
             "jitter" => &self.jitter,
+            "block" => &self.block,
+            "netdev" => &self.netdev,
+            "filesystem" => &self.filesystem,
             _ => return None,
         })
     }
@@ -141,8 +165,10 @@ impl CollectorsConfig {
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
             "gpu" => self.gpu.enabled = enabled,
-
             "jitter" => self.jitter.enabled = enabled,
+            "block" => self.block.enabled = enabled,
+            "netdev" => self.netdev.enabled = enabled,
+            "filesystem" => self.filesystem.enabled = enabled,
             _ => return false,
         }
         true
@@ -156,8 +182,10 @@ impl CollectorsConfig {
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
             "gpu" => Box::new(gpu::Gpu::new(&self.gpu, roots)),
-
             "jitter" => Box::new(jitter::Jitter::new(&self.jitter, roots)),
+            "block" => Box::new(block::Block::new(&self.block, roots)),
+            "netdev" => Box::new(netdev::Netdev::new(&self.netdev, roots)),
+            "filesystem" => Box::new(filesystem::Filesystem::new(&self.filesystem, roots)),
             _ => return None,
         })
     }
@@ -179,8 +207,10 @@ impl CollectorsConfig {
         }
         self.cgroups.validate()?;
         self.gpu.validate()?;
-
         self.jitter.validate()?;
+        self.block.validate()?;
+        self.netdev.validate()?;
+        self.filesystem.validate()?;
         Ok(())
     }
 }
@@ -194,6 +224,9 @@ pub fn tables() -> Vec<&'static TableDef> {
         platform::TABLES,
         gpu::TABLES,
         jitter::TABLES,
+        block::TABLES,
+        netdev::TABLES,
+        filesystem::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -210,8 +243,10 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
         "gpu" => gpu::KEY_DOCS,
-
         "jitter" => jitter::KEY_DOCS,
+        "block" => block::KEY_DOCS,
+        "netdev" => netdev::KEY_DOCS,
+        "filesystem" => filesystem::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)

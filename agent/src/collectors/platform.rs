@@ -1,6 +1,8 @@
 //! `platform`: whether this node is a virtual machine and by what, and the
 //! platform facts that decide whether GPU and RDMA paths are bare-metal quality:
-//! kernel, IOMMU, GPUDirect RDMA, the NVIDIA driver, NUMA nodes and CPUs.
+//! kernel, IOMMU, GPUDirect RDMA and Storage, the NVIDIA driver, NUMA nodes
+//! and CPUs, and which NICs and NVMe drives share a PCIe switch or NUMA node
+//! with each GPU (`platform_gpu_affinity`).
 //!
 //! The verdict combines independent evidence, each kept as a line for
 //! `vtax doctor`: the CPUID hypervisor-present bit (leaf 1 ECX bit 31) and the
@@ -22,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
+use super::pci::{gpu_affinity, Affinity};
 use super::{Availability, Collector, CollectorConfig, Roots};
 
 /// Platform facts rarely change: read them once a minute.
@@ -639,6 +642,8 @@ pub struct Facts {
     pub cmdline_read: bool,
     /// `nvidia_peermem`, `nv_peer_mem`, `none`, or `unknown` when modules cannot be listed.
     pub gpudirect_rdma: &'static str,
+    /// `nvidia_fs` (GPUDirect Storage), `none`, or `unknown` when modules cannot be listed.
+    pub gpudirect_storage: &'static str,
     /// Whether the `nvidia` module is loaded; `None` when modules cannot be listed.
     pub nvidia_loaded: Option<bool>,
     /// The NVIDIA driver version, `none` when the driver is not loaded, or `unknown`.
@@ -651,6 +656,8 @@ pub struct Facts {
     pub cpus: Option<i64>,
     /// NUMA nodes.
     pub numa_nodes: Option<i64>,
+    /// NICs and NVMe drives near each GPU; empty without GPUs or PCI in sysfs.
+    pub gpu_affinity: Vec<Affinity>,
     /// How the verdict was reached: one line per source.
     pub evidence: Vec<String>,
     /// Files that exist but could not be used, named.
@@ -810,6 +817,13 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
     } else {
         "unknown"
     };
+    let gpudirect_storage = if loaded("nvidia_fs") {
+        "nvidia_fs"
+    } else if modules_known {
+        "none"
+    } else {
+        "unknown"
+    };
     let nvidia_loaded = if loaded("nvidia") {
         Some(true)
     } else if modules_known {
@@ -858,12 +872,14 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
         iommu_cmdline,
         cmdline_read,
         gpudirect_rdma,
+        gpudirect_storage,
         nvidia_loaded,
         nvidia_driver,
         nvidia_gpus,
         cpu_model: cpuinfo.model.unwrap_or_else(|| "unknown".into()),
         cpus: cpuinfo.cpus,
         numa_nodes,
+        gpu_affinity: gpu_affinity(&roots.sysfs).unwrap_or_default(),
         evidence,
         unreadable: reader.notes,
         disagreement,
@@ -934,6 +950,9 @@ impl Facts {
         let mut parts = vec![self.verdict(), format!("kernel {}", self.kernel), iommu];
         parts.extend(nvidia);
         parts.push(rdma);
+        if self.gpudirect_storage == "nvidia_fs" {
+            parts.push("GPUDirect Storage (nvidia_fs)".to_string());
+        }
         parts.join(", ")
     }
 
@@ -971,6 +990,22 @@ impl Facts {
                     .to_string(),
             );
         }
+        let mut gpus: Vec<&str> = self.gpu_affinity.iter().map(|a| a.gpu.as_str()).collect();
+        gpus.dedup();
+        for gpu in gpus {
+            let rdma: Vec<&Affinity> = self
+                .gpu_affinity
+                .iter()
+                .filter(|a| a.gpu == gpu && a.peer_kind == "rdma")
+                .collect();
+            if !rdma.is_empty() && !rdma.iter().any(|a| a.same_switch) {
+                let names: Vec<&str> = rdma.iter().map(|a| a.peer.as_str()).collect();
+                out.push(format!(
+                    "GPU {gpu} shares no PCIe switch with an RDMA device (on its NUMA node: {}): GPUDirect RDMA between them crosses the CPU's root complex",
+                    names.join(" ")
+                ));
+            }
+        }
         if self.nvidia_loaded == Some(true) && self.nvidia_driver == "unknown" {
             out.push("nvidia loaded but its version file is unreadable".to_string());
         }
@@ -980,7 +1015,7 @@ impl Facts {
     }
 
     /// The `platform` row's tag values, in the table's order.
-    fn tags(&self) -> [&str; 9] {
+    fn tags(&self) -> [&str; 10] {
         [
             self.virtualization,
             &self.hypervisor,
@@ -989,6 +1024,7 @@ impl Facts {
             &self.kernel,
             self.iommu,
             self.gpudirect_rdma,
+            self.gpudirect_storage,
             &self.nvidia_driver,
             &self.cpu_model,
         ]
@@ -1063,7 +1099,22 @@ impl Collector for Platform {
                 int(facts.nvidia_gpus),
             ],
         )?;
-        Ok(vec![info.finish(), topology.finish()])
+        let mut batches = vec![info.finish(), topology.finish()];
+        if !facts.gpu_affinity.is_empty() {
+            let mut near = BatchBuilder::new(&PLATFORM_GPU_AFFINITY);
+            for a in &facts.gpu_affinity {
+                near.push(
+                    time_us,
+                    &[&a.gpu, &a.peer, a.peer_kind, &a.peer_pci_address],
+                    &[
+                        Value::I64(i64::from(a.same_switch)),
+                        Value::I64(i64::from(a.same_numa_node)),
+                    ],
+                )?;
+            }
+            batches.push(near.finish());
+        }
+        Ok(batches)
     }
 
     fn problems(&self) -> Vec<String> {
@@ -1081,7 +1132,7 @@ pub fn doctor_lines(roots: &Roots) -> Vec<String> {
             facts.virtualization, facts.hypervisor, facts.cloud, facts.product
         ),
         format!(
-            "kernel {}, IOMMU {} ({} groups; command line: {}), GPUDirect RDMA {}, NVIDIA driver {}",
+            "kernel {}, IOMMU {} ({} groups; command line: {}), GPUDirect RDMA {}, GPUDirect Storage {}, NVIDIA driver {}",
             facts.kernel,
             facts.iommu,
             facts
@@ -1093,6 +1144,7 @@ pub fn doctor_lines(roots: &Roots) -> Vec<String> {
                 facts.iommu_cmdline.join(" ")
             },
             facts.gpudirect_rdma,
+            facts.gpudirect_storage,
             facts.nvidia_driver
         ),
         format!(
@@ -1106,6 +1158,28 @@ pub fn doctor_lines(roots: &Roots) -> Vec<String> {
         "evidence:".to_string(),
     ];
     lines.extend(facts.evidence.iter().map(|e| format!("  {e}")));
+    let mut gpus: Vec<&str> = facts.gpu_affinity.iter().map(|a| a.gpu.as_str()).collect();
+    gpus.dedup();
+    for gpu in gpus {
+        let near = |pick: fn(&Affinity) -> bool| {
+            let names: Vec<&str> = facts
+                .gpu_affinity
+                .iter()
+                .filter(|a| a.gpu == gpu && pick(a))
+                .map(|a| a.peer.as_str())
+                .collect();
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(" ")
+            }
+        };
+        lines.push(format!(
+            "GPU {gpu}: same PCIe switch: {}; same NUMA node only: {}",
+            near(|a| a.same_switch),
+            near(|a| !a.same_switch)
+        ));
+    }
     lines
 }
 
@@ -1113,7 +1187,7 @@ pub fn doctor_lines(roots: &Roots) -> Vec<String> {
 pub static KEY_DOCS: &[(&str, &str)] = &[];
 
 /// Tables of this collector.
-pub static TABLES: &[&TableDef] = &[&PLATFORM, &PLATFORM_TOPOLOGY];
+pub static TABLES: &[&TableDef] = &[&PLATFORM, &PLATFORM_TOPOLOGY, &PLATFORM_GPU_AFFINITY];
 
 const fn tag(name: &'static str, help: &'static str) -> TagDef {
     TagDef { name, help }
@@ -1160,6 +1234,11 @@ pub static PLATFORM: TableDef = TableDef {
              when modules cannot be listed.",
         ),
         tag(
+            "gpudirect_storage",
+            "GPUDirect Storage module loaded: `nvidia_fs`, `none`, or `unknown` when modules \
+             cannot be listed.",
+        ),
+        tag(
             "nvidia_driver",
             "NVIDIA kernel driver version (/proc/driver/nvidia/version); `none` when not loaded.",
         ),
@@ -1188,6 +1267,32 @@ pub static PLATFORM_TOPOLOGY: TableDef = TableDef {
             "nvidia_gpus",
             "GPUs the NVIDIA driver drives (/proc/driver/nvidia/gpus); null when it is not loaded.",
         ),
+    ],
+    exported: true,
+};
+
+/// Which NICs and NVMe drives are near each GPU.
+pub static PLATFORM_GPU_AFFINITY: TableDef = TableDef {
+    name: "platform_gpu_affinity",
+    help: "One row per read for each NVIDIA GPU and each RDMA device, network interface or NVMe \
+           controller behind the same PCIe switch or on the same NUMA node, from the paths of \
+           /sys/bus/pci/devices links. A shared switch is what makes GPUDirect RDMA and Storage \
+           peer-to-peer; a shared node only keeps the bounce through host memory local.",
+    tags: &[
+        tag("gpu_pci_address", "The GPU's PCI address."),
+        tag(
+            "peer",
+            "RDMA device (mlx5_0), network interface (ens1f0np0) or NVMe controller (nvme0).",
+        ),
+        tag("peer_kind", "`rdma`, `netdev` or `nvme`."),
+        tag("peer_pci_address", "The peer's PCI address."),
+    ],
+    fields: &[
+        count(
+            "same_pcie_switch",
+            "1 when GPU and peer share a bridge below the root port (a PCIe switch): peer-to-peer DMA stays off the CPU.",
+        ),
+        count("same_numa_node", "1 when GPU and peer are on the same NUMA node."),
     ],
     exported: true,
 };
@@ -1301,6 +1406,8 @@ mod tests {
         assert_eq!(facts.iommu, "off");
         assert_eq!(facts.iommu_groups, Some(0));
         assert_eq!(facts.gpudirect_rdma, "none");
+        assert_eq!(facts.gpudirect_storage, "none");
+        assert!(facts.gpu_affinity.is_empty(), "no GPU on this VM");
         assert_eq!(facts.nvidia_loaded, Some(false));
         assert_eq!(facts.nvidia_driver, "none");
         assert_eq!(facts.nvidia_gpus, None);
@@ -1364,7 +1471,8 @@ mod tests {
         assert_eq!(
             facts.summary(),
             "bare metal (Supermicro SYS-821GE-TNHR), kernel 5.15.0-105-generic, \
-             IOMMU on (passthrough), NVIDIA driver 535.161.08, GPUDirect RDMA (nvidia_peermem)"
+             IOMMU on (passthrough), NVIDIA driver 535.161.08, GPUDirect RDMA (nvidia_peermem), \
+             GPUDirect Storage (nvidia_fs)"
         );
         assert!(facts.problems().is_empty(), "{:?}", facts.problems());
     }
@@ -1381,7 +1489,9 @@ mod tests {
             matches!(platform.probe(), Availability::Available(s) if s.starts_with("bare metal"))
         );
         let batches = platform.collect(42).unwrap();
-        assert_eq!(batches.len(), 2);
+        assert_eq!(batches.len(), 3);
+        assert!(std::ptr::eq(batches[2].table, &PLATFORM_GPU_AFFINITY));
+        assert_eq!(batches[2].len(), 64);
         let info = &batches[0];
         assert!(std::ptr::eq(info.table, &PLATFORM));
         assert_eq!(info.time_us, [42]);
@@ -1395,6 +1505,7 @@ mod tests {
             ("kernel", "5.15.0-105-generic"),
             ("iommu", "pt"),
             ("gpudirect_rdma", "nvidia_peermem"),
+            ("gpudirect_storage", "nvidia_fs"),
             ("nvidia_driver", "535.161.08"),
             ("cpu_model", "Intel Xeon Platinum 8468"),
         ];
@@ -1561,6 +1672,8 @@ mod tests {
         assert_eq!(facts.kernel, "unknown");
         assert_eq!(facts.iommu, "unknown");
         assert_eq!(facts.gpudirect_rdma, "unknown");
+        assert_eq!(facts.gpudirect_storage, "unknown");
+        assert!(facts.gpu_affinity.is_empty());
         assert_eq!(facts.nvidia_driver, "unknown");
         assert_eq!(facts.cpu_model, "unknown");
         assert_eq!(
@@ -1722,6 +1835,31 @@ mod tests {
         ];
         let (_dir, roots) = tree(files);
         assert_eq!(read_facts(&roots, &FixedCpuid::bare_metal()).iommu, "pt");
+    }
+
+    #[test]
+    fn a_gpu_without_an_rdma_nic_on_its_switch_is_a_problem() {
+        let (_dir, roots) = tree(&[]);
+        crate::collectors::testutil::flat_pci_tree(&roots.sysfs);
+        let sys = roots.sysfs.join("devices/pci0000:00");
+        // Without NUMA nodes nothing is near anything: no rows, no problem.
+        let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+        assert!(facts.gpu_affinity.is_empty());
+        assert!(facts.problems().is_empty(), "{:?}", facts.problems());
+        for f in ["0000:00:05.0", "0000:00:06.0"] {
+            std::fs::write(sys.join(f).join("numa_node"), "0\n").unwrap();
+        }
+        let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+        assert_eq!(
+            facts.problems(),
+            ["GPU 0000:00:05.0 shares no PCIe switch with an RDMA device (on its NUMA node: mlx5_0): \
+              GPUDirect RDMA between them crosses the CPU's root complex"]
+        );
+        let lines = doctor_lines(&roots).join("\n");
+        assert!(
+            lines.contains("GPU 0000:00:05.0: same PCIe switch: none; same NUMA node only: mlx5_0"),
+            "{lines}"
+        );
     }
 
     #[test]

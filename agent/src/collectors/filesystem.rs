@@ -1,0 +1,832 @@
+//! `filesystem`: size, free space and free inodes of the mounts that hold
+//! checkpoints and data, from `<procfs>/self/mountinfo` and `statvfs(2)`.
+//!
+//! A `statvfs` on a network filesystem whose server is gone blocks in the
+//! kernel, uninterruptibly on a `hard` NFS mount, for as long as the server
+//! stays away. So every stat runs on a thread of its own and the collector waits
+//! for it only up to `stat_timeout_ms`: a stat still running then is reported
+//! (`stat_hung` = 1, a problem for `vtax doctor`) and is not issued again
+//! until it returns, so a hung mount costs one parked thread, not one per tick.
+//! When it returns, the next tick stats the mount afresh.
+//!
+//! The stat is behind [`StatFs`] so tests make it hang, fail or answer fixed
+//! numbers; the mount table comes from the fixture's `proc/self/mountinfo`.
+//! Mount points are stat'ed as this process sees them: the agent belongs in
+//! the host's mount namespace.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::anyhow;
+use serde::{Deserialize, Serialize};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
+use vtax_store::{Batch, BatchBuilder, Value};
+
+use super::kept::KeptFile;
+use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+
+/// Filesystem types read by default: local disk filesystems and the network
+/// and parallel filesystems that hold checkpoints and training data.
+pub const DEFAULT_FS_TYPES: &[&str] = &[
+    "ext2",
+    "ext3",
+    "ext4",
+    "xfs",
+    "btrfs",
+    "zfs",
+    "f2fs",
+    "bcachefs",
+    "vfat",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "ceph",
+    "fuse.weka",
+    "wekafs",
+];
+
+/// How long a tick waits for a stat: a healthy NFS server answers in
+/// milliseconds, and a tick of the default 1 s interval must stay shorter.
+pub const DEFAULT_STAT_TIMEOUT_MS: u64 = 500;
+
+/// `[collectors.filesystem]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesystemConfig {
+    /// Whether the collector runs.
+    pub enabled: bool,
+    /// Seconds between two reads.
+    pub interval_secs: f64,
+    /// Filesystem types to read, when `mount_points` is empty.
+    pub fs_types: Vec<String>,
+    /// Mount points to read, whatever their type; empty reads by `fs_types`.
+    pub mount_points: Vec<String>,
+    /// Milliseconds a tick waits for one `statvfs` before calling it hung.
+    pub stat_timeout_ms: u64,
+}
+
+impl Default for FilesystemConfig {
+    fn default() -> Self {
+        FilesystemConfig {
+            enabled: true,
+            interval_secs: super::DEFAULT_INTERVAL_SECS,
+            fs_types: DEFAULT_FS_TYPES.iter().map(|s| s.to_string()).collect(),
+            mount_points: Vec::new(),
+            stat_timeout_ms: DEFAULT_STAT_TIMEOUT_MS,
+        }
+    }
+}
+
+impl CollectorConfig for FilesystemConfig {
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+    fn interval_secs(&self) -> f64 {
+        self.interval_secs
+    }
+}
+
+impl FilesystemConfig {
+    /// Checks the timeout; on failure the dotted key and the message.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if !(1..=60_000).contains(&self.stat_timeout_ms) {
+            let key = "collectors.filesystem.stat_timeout_ms";
+            return Err((
+                key.into(),
+                format!(
+                    "{key} = {}: must be between 1 and 60000",
+                    self.stat_timeout_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Comments for this collector's own keys in the example config.
+pub static KEY_DOCS: &[(&str, &str)] = &[
+    (
+        "fs_types",
+        "Read mounts of these filesystem types (the third field after \" - \" in /proc/self/mountinfo); used when mount_points is empty.",
+    ),
+    (
+        "mount_points",
+        "Read exactly these mount points, whatever their type (e.g. [\"/\", \"/raid\", \"/lustre\"]); empty reads every mount of fs_types.",
+    ),
+    (
+        "stat_timeout_ms",
+        "Milliseconds a tick waits for statvfs on one mount before reporting it hung (stat_hung = 1); a hung stat is not issued again until it returns.",
+    ),
+];
+
+/// Tables of this collector.
+pub static TABLES: &[&TableDef] = &[&FILESYSTEM];
+
+const fn gauge(name: &'static str, unit: Unit, help: &'static str) -> FieldDef {
+    FieldDef::gauge(name, FieldType::U64, unit, help)
+}
+
+/// One mount's numbers.
+pub static FILESYSTEM: TableDef = TableDef {
+    name: "filesystem",
+    help: "One row per selected mount per tick: size, free space and inodes from statvfs, the \
+           read-only flag from /proc/self/mountinfo, and whether the stat hung or failed (then \
+           the sizes are null).",
+    tags: &[
+        TagDef {
+            name: "mount_point",
+            help: "Where the filesystem is mounted.",
+        },
+        TagDef {
+            name: "device",
+            help: "The mount source: a device (/dev/nvme0n1p1), server:/export for NFS, MGS@tcp:/fs for Lustre.",
+        },
+        TagDef {
+            name: "fs_type",
+            help: "Filesystem type (ext4, xfs, nfs4, lustre, gpfs, beegfs, ...).",
+        },
+    ],
+    fields: &[
+        gauge("size_bytes", Unit::Bytes, "Total size."),
+        gauge(
+            "free_bytes",
+            Unit::Bytes,
+            "Free space, the root-reserved part included.",
+        ),
+        gauge(
+            "avail_bytes",
+            Unit::Bytes,
+            "Free space an unprivileged writer (a training job) can use.",
+        ),
+        gauge("files", Unit::None, "Inodes in total; 0 where the filesystem has no fixed count."),
+        gauge("files_free", Unit::None, "Free inodes."),
+        gauge(
+            "read_only",
+            Unit::None,
+            "1 when mounted read-only (the mount's or the superblock's options).",
+        ),
+        gauge(
+            "stat_hung",
+            Unit::None,
+            "1 while a statvfs of this mount has not returned within stat_timeout_ms: a hung network filesystem.",
+        ),
+        gauge(
+            "stat_error",
+            Unit::None,
+            "1 when statvfs failed (ESTALE from a stale NFS handle, EIO, EACCES); the error is a doctor problem.",
+        ),
+    ],
+    exported: true,
+};
+
+/// What `statvfs` says of a filesystem, in its own units.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsStat {
+    /// Fundamental block size (`f_frsize`): the unit of the block counts.
+    pub fragment_size: u64,
+    /// Blocks in total.
+    pub blocks: u64,
+    /// Free blocks.
+    pub blocks_free: u64,
+    /// Free blocks for unprivileged users.
+    pub blocks_available: u64,
+    /// Inodes in total.
+    pub files: u64,
+    /// Free inodes.
+    pub files_free: u64,
+}
+
+/// Where stats come from: the kernel, or what a test says (hang included).
+pub trait StatFs: Send + Sync {
+    /// `statvfs(2)` of `path`; may block for as long as the kernel does.
+    fn statvfs(&self, path: &Path) -> io::Result<FsStat>;
+}
+
+/// The kernel's `statvfs`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemStatFs;
+
+impl StatFs for SystemStatFs {
+    fn statvfs(&self, path: &Path) -> io::Result<FsStat> {
+        let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
+        #[allow(clippy::unnecessary_cast)] // the widths differ by target
+        Ok(FsStat {
+            fragment_size: s.fragment_size() as u64,
+            blocks: s.blocks() as u64,
+            blocks_free: s.blocks_free() as u64,
+            blocks_available: s.blocks_available() as u64,
+            files: s.files() as u64,
+            files_free: s.files_free() as u64,
+        })
+    }
+}
+
+/// A mount read from mountinfo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// Mount point, unescaped.
+    pub mount_point: String,
+    /// Filesystem type.
+    pub fs_type: String,
+    /// Mount source, unescaped.
+    pub source: String,
+    /// Whether the mount or its superblock is read-only.
+    pub read_only: bool,
+}
+
+/// Undoes mountinfo's octal escapes (`\040` space, `\011` tab, `\012`
+/// newline, `\134` backslash).
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let n = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
+            if let Ok(byte) = u8::try_from(n) {
+                out.push(byte);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses `/proc/<pid>/mountinfo`.
+pub fn parse_mountinfo(text: &str, path: &str) -> Result<Vec<Mount>, ParseError> {
+    let mut mounts = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fail = |reason: &str| ParseError {
+            path: path.to_owned(),
+            line: n + 1,
+            reason: reason.to_owned(),
+        };
+        let fields: Vec<&str> = line.split(' ').collect();
+        let sep = fields
+            .iter()
+            .position(|f| *f == "-")
+            .ok_or_else(|| fail("no \" - \" separator"))?;
+        if sep < 6 || fields.len() < sep + 4 {
+            return Err(fail("fewer fields than mountinfo has"));
+        }
+        if !fields[2].contains(':') || !fields[3].starts_with('/') {
+            return Err(fail("not a mountinfo line"));
+        }
+        let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+        mounts.push(Mount {
+            mount_point: unescape(fields[4]),
+            fs_type: fields[sep + 1].to_owned(),
+            source: unescape(fields[sep + 2]),
+            read_only: ro(fields[5]) || ro(fields[sep + 3]),
+        });
+    }
+    Ok(mounts)
+}
+
+/// A stat issued and not yet answered.
+struct Pending {
+    since: Instant,
+    answer: Receiver<io::Result<FsStat>>,
+}
+
+/// The filesystem collector.
+pub struct Filesystem {
+    mountinfo: KeptFile,
+    fs_types: Vec<String>,
+    mount_points: Vec<String>,
+    timeout: Duration,
+    statfs: Arc<dyn StatFs>,
+    /// Stats still running, by mount point: one at most per mount.
+    pending: HashMap<String, Pending>,
+    buf: Vec<u8>,
+    rows: BatchBuilder,
+    problems: Vec<String>,
+    /// `mount_point (fs_type)` of the mounts read at the last tick, for `probe`.
+    seen: Vec<String>,
+}
+
+impl Filesystem {
+    /// A filesystem collector reading under `roots`, stat'ing with the kernel.
+    pub fn new(config: &FilesystemConfig, roots: &Roots) -> Self {
+        Filesystem::with_statfs(config, roots, Arc::new(SystemStatFs))
+    }
+
+    /// A filesystem collector whose stats come from `statfs`.
+    pub fn with_statfs(config: &FilesystemConfig, roots: &Roots, statfs: Arc<dyn StatFs>) -> Self {
+        Filesystem {
+            mountinfo: KeptFile::new(roots.proc("self/mountinfo")),
+            fs_types: config.fs_types.clone(),
+            mount_points: config.mount_points.clone(),
+            timeout: Duration::from_millis(config.stat_timeout_ms),
+            statfs,
+            pending: HashMap::new(),
+            buf: Vec::new(),
+            rows: BatchBuilder::new(&FILESYSTEM),
+            problems: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Stats still outstanding (hung).
+    #[cfg(test)]
+    fn hung(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn mounts(&mut self) -> anyhow::Result<Vec<Mount>> {
+        let path = self.mountinfo.path().display().to_string();
+        let len = self
+            .mountinfo
+            .read(&mut self.buf)
+            .map_err(|e| anyhow!("{path}: {e}"))?;
+        let text =
+            std::str::from_utf8(&self.buf[..len]).map_err(|_| anyhow!("{path}: not UTF-8 text"))?;
+        let all = parse_mountinfo(text, &path)?;
+        // A later mount on the same point hides the earlier one.
+        let mut chosen: Vec<Mount> = Vec::new();
+        for mount in all {
+            let wanted = if self.mount_points.is_empty() {
+                self.fs_types.contains(&mount.fs_type)
+            } else {
+                self.mount_points.contains(&mount.mount_point)
+            };
+            chosen.retain(|m| m.mount_point != mount.mount_point);
+            if wanted {
+                chosen.push(mount);
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// Starts a stat of `mount` on a thread of its own.
+    fn issue(&mut self, mount: &str) -> io::Result<()> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let statfs = self.statfs.clone();
+        let path = PathBuf::from(mount);
+        std::thread::Builder::new()
+            .name("statvfs".into())
+            .spawn(move || {
+                let _ = tx.send(statfs.statvfs(&path));
+            })?;
+        self.pending.insert(
+            mount.to_owned(),
+            Pending {
+                since: Instant::now(),
+                answer: rx,
+            },
+        );
+        Ok(())
+    }
+
+    fn read(&mut self, time_us: i64) -> anyhow::Result<()> {
+        let mounts = self.mounts()?;
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let mut answers: HashMap<String, io::Result<FsStat>> = HashMap::new();
+        // Issue every stat first, so they run side by side within one timeout.
+        for mount in &mounts {
+            let mp = &mount.mount_point;
+            if let Some(p) = self.pending.get(mp) {
+                match p.answer.try_recv() {
+                    // The hung stat came back: its numbers are old, ask again.
+                    Ok(_) | Err(TryRecvError::Disconnected) => {
+                        self.pending.remove(mp);
+                    }
+                    Err(TryRecvError::Empty) => continue,
+                }
+            }
+            if let Err(e) = self.issue(mp) {
+                answers.insert(mp.clone(), Err(e));
+            }
+        }
+        for mount in &mounts {
+            let mp = &mount.mount_point;
+            let Some(p) = self.pending.get(mp) else {
+                continue;
+            };
+            if p.since < start {
+                continue; // hung since an earlier tick: no waiting on it again
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match p.answer.recv_timeout(left) {
+                Ok(answer) => {
+                    answers.insert(mp.clone(), answer);
+                    self.pending.remove(mp);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.pending.remove(mp);
+                    answers.insert(mp.clone(), Err(io::Error::other("the stat thread died")));
+                }
+            }
+        }
+        // Forget stats of mounts that went away; their threads finish alone.
+        self.pending
+            .retain(|mp, _| mounts.iter().any(|m| &m.mount_point == mp));
+
+        for mount in &mounts {
+            let mp = &mount.mount_point;
+            let mut values = [Value::Null; 8];
+            values[5] = Value::U64(u64::from(mount.read_only));
+            values[6] = Value::U64(0);
+            values[7] = Value::U64(0);
+            if let Some(p) = self.pending.get(mp) {
+                values[6] = Value::U64(1);
+                self.problems.push(format!(
+                    "statvfs({mp}) on {} ({}) has not returned for {:.1} s: the filesystem is hung (server unreachable?); not asked again until it returns",
+                    mount.source,
+                    mount.fs_type,
+                    p.since.elapsed().as_secs_f64()
+                ));
+            } else {
+                match answers.remove(mp) {
+                    Some(Ok(s)) => {
+                        let f = s.fragment_size;
+                        let bytes = |blocks: u64| Value::U64(blocks.saturating_mul(f));
+                        values[0] = bytes(s.blocks);
+                        values[1] = bytes(s.blocks_free);
+                        values[2] = bytes(s.blocks_available);
+                        values[3] = Value::U64(s.files);
+                        values[4] = Value::U64(s.files_free);
+                    }
+                    // Unmounted between mountinfo and the stat.
+                    Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Some(Err(e)) => {
+                        values[7] = Value::U64(1);
+                        self.problems.push(format!(
+                            "statvfs({mp}) on {} ({}): {e}",
+                            mount.source, mount.fs_type
+                        ));
+                    }
+                    None => continue,
+                }
+            }
+            self.rows
+                .push(time_us, &[mp, &mount.source, &mount.fs_type], &values)?;
+            self.seen.push(format!("{mp} ({})", mount.fs_type));
+        }
+        Ok(())
+    }
+}
+
+impl Collector for Filesystem {
+    fn name(&self) -> &'static str {
+        "filesystem"
+    }
+
+    fn probe(&mut self) -> Availability {
+        if let Err(e) = self.collect(0) {
+            return Availability::Absent(format!("{e:#}"));
+        }
+        if self.seen.is_empty() {
+            return Availability::Absent(format!(
+                "no mount in {} of collectors.filesystem.fs_types or mount_points",
+                self.mountinfo.path().display()
+            ));
+        }
+        Availability::Available(format!(
+            "{} mount{}: {}",
+            self.seen.len(),
+            if self.seen.len() == 1 { "" } else { "s" },
+            self.seen.join(", ")
+        ))
+    }
+
+    fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        self.problems.clear();
+        self.seen.clear();
+        let result = self.read(time_us);
+        let batch = self.rows.finish();
+        result?;
+        Ok(if batch.is_empty() {
+            vec![]
+        } else {
+            vec![batch]
+        })
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.problems.clone()
+    }
+}
+
+/// Stats from a table, for fixtures: each line of the file is a mount point,
+/// then either `hang`, `error <errno>`, or `<fragment size> <blocks> <free>
+/// <available> <files> <files free>`. A mount not in the table is ENOENT.
+/// A hang lasts until [`FixedStatFs::release`].
+#[cfg(test)]
+pub struct FixedStatFs {
+    answers: HashMap<String, Result<FsStat, Option<i32>>>,
+    released: std::sync::Mutex<bool>,
+    wake: std::sync::Condvar,
+    /// Stats asked for so far.
+    pub calls: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl FixedStatFs {
+    /// Reads the table at `path`.
+    pub fn from_file(path: &Path) -> anyhow::Result<FixedStatFs> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let mut answers = HashMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let bad = || anyhow!("{}:{}: not a statvfs line", path.display(), n + 1);
+            let answer = match words.as_slice() {
+                [] => continue,
+                [_, "hang"] => Err(None),
+                [_, "error", errno] => Err(Some(errno.parse().map_err(|_| bad())?)),
+                [_, rest @ ..] if rest.len() == 6 => {
+                    let n: Vec<u64> = rest
+                        .iter()
+                        .map(|w| w.parse().map_err(|_| bad()))
+                        .collect::<anyhow::Result<_>>()?;
+                    Ok(FsStat {
+                        fragment_size: n[0],
+                        blocks: n[1],
+                        blocks_free: n[2],
+                        blocks_available: n[3],
+                        files: n[4],
+                        files_free: n[5],
+                    })
+                }
+                _ => return Err(bad()),
+            };
+            answers.insert(words[0].to_owned(), answer);
+        }
+        Ok(FixedStatFs {
+            answers,
+            released: std::sync::Mutex::new(false),
+            wake: std::sync::Condvar::new(),
+            calls: Default::default(),
+        })
+    }
+
+    /// Lets every hung stat return (with ETIMEDOUT, as a soft NFS mount does).
+    pub fn release(&self) {
+        *self.released.lock().expect("not poisoned") = true;
+        self.wake.notify_all();
+    }
+}
+
+#[cfg(test)]
+impl StatFs for FixedStatFs {
+    fn statvfs(&self, path: &Path) -> io::Result<FsStat> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match self.answers.get(path.to_str().unwrap_or_default()) {
+            None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+            Some(Ok(stat)) => Ok(*stat),
+            Some(Err(Some(errno))) => Err(io::Error::from_raw_os_error(*errno)),
+            Some(Err(None)) => {
+                let mut released = self.released.lock().expect("not poisoned");
+                while !*released {
+                    released = self.wake.wait(released).expect("not poisoned");
+                }
+                Err(io::Error::from_raw_os_error(libc::ETIMEDOUT))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::collectors::testutil::{node, roots, tags, u64s};
+
+    fn fixed(node_name: &str) -> Arc<FixedStatFs> {
+        Arc::new(FixedStatFs::from_file(&node(node_name).join("statvfs")).unwrap())
+    }
+
+    fn fast() -> FilesystemConfig {
+        FilesystemConfig {
+            stat_timeout_ms: 200,
+            ..FilesystemConfig::default()
+        }
+    }
+
+    #[test]
+    fn table_is_valid_and_config_checks() {
+        FILESYSTEM.validate().unwrap();
+        FilesystemConfig::default().validate().unwrap();
+        let bad = FilesystemConfig {
+            stat_timeout_ms: 0,
+            ..FilesystemConfig::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().1,
+            "collectors.filesystem.stat_timeout_ms = 0: must be between 1 and 60000"
+        );
+        assert!(toml::from_str::<FilesystemConfig>("timeout_ms = 5\n").is_err());
+        for key in ["fs_types", "mount_points", "stat_timeout_ms"] {
+            assert!(KEY_DOCS.iter().any(|(k, _)| *k == key), "{key}");
+        }
+    }
+
+    #[test]
+    fn mountinfo_lines() {
+        let text = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n\
+                    90 27 0:50 / /mnt/my\\040data ro,relatime shared:7 master:1 - nfs4 srv:/ex\\134port rw,vers=4.2\n\
+                    91 27 0:51 / /scratch rw - xfs /dev/md0 ro\n";
+        let m = parse_mountinfo(text, "mi").unwrap();
+        assert_eq!(m[0].mount_point, "/");
+        assert_eq!((m[0].fs_type.as_str(), m[0].read_only), ("ext4", false));
+        assert_eq!(m[1].mount_point, "/mnt/my data");
+        assert_eq!(m[1].source, "srv:/ex\\port");
+        assert!(m[1].read_only);
+        assert!(m[2].read_only, "a read-only superblock");
+        for (bad, want) in [
+            (
+                "27 1 254:0 / / rw ext4 /dev/vda rw\n",
+                "mi:1: no \" - \" separator",
+            ),
+            (
+                "27 1 254:0 / - ext4 /dev/vda rw\n",
+                "mi:1: fewer fields than mountinfo has",
+            ),
+            (
+                "27 1 254:0 / / rw - ext4\n",
+                "mi:1: fewer fields than mountinfo has",
+            ),
+            ("a b c d e f - g h i\n", "mi:1: not a mountinfo line"),
+        ] {
+            assert_eq!(parse_mountinfo(bad, "mi").unwrap_err().to_string(), want);
+        }
+        assert_eq!(unescape("a\\040b\\"), "a b\\");
+        assert_eq!(unescape("\\777"), "\\777", "not a byte: kept as written");
+    }
+
+    #[test]
+    fn vm_node_reads_its_root_filesystem_only() {
+        let mut c = Filesystem::with_statfs(&fast(), &roots(&node("vm-node")), fixed("vm-node"));
+        match c.probe() {
+            Availability::Available(s) => assert_eq!(s, "1 mount: / (ext4)"),
+            other => panic!("{other:?}"),
+        }
+        let batches = c.collect(1).unwrap();
+        let rows = &batches[0];
+        assert_eq!(tags(rows, "device"), ["/dev/vda"]);
+        assert_eq!(u64s(rows, "size_bytes"), [Some(66_053_021 * 4096)]);
+        assert_eq!(u64s(rows, "avail_bytes"), [Some(15_035_450 * 4096)]);
+        assert_eq!(u64s(rows, "files_free"), [Some(16_341_564)]);
+        assert_eq!(u64s(rows, "stat_hung"), [Some(0)]);
+        assert!(c.problems().is_empty());
+    }
+
+    /// The hung NFS mount of the bare-metal fixture: the tick returns within
+    /// its timeout, reports the hang, does not ask again while the stat is
+    /// stuck, and reads the mount again once it returns.
+    #[test]
+    fn a_hung_mount_never_hangs_the_collector() {
+        let statfs = fixed("baremetal-node");
+        let mut c =
+            Filesystem::with_statfs(&fast(), &roots(&node("baremetal-node")), statfs.clone());
+        let started = Instant::now();
+        let batches = c.collect(1).unwrap();
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(200 + 300), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(200),
+            "waited for the timeout: {took:?}"
+        );
+        let rows = &batches[0];
+        let mps = tags(rows, "mount_point");
+        assert_eq!(
+            mps,
+            [
+                "/",
+                "/boot/efi",
+                "/raid",
+                "/lustre",
+                "/mnt/checkpoints",
+                "/home"
+            ]
+        );
+        assert_eq!(u64s(rows, "stat_hung"), [0, 0, 0, 0, 1, 0].map(Some));
+        assert_eq!(u64s(rows, "stat_error"), [0, 0, 0, 0, 0, 1].map(Some));
+        assert_eq!(u64s(rows, "size_bytes")[4], None);
+        assert_eq!(u64s(rows, "read_only")[3], Some(0));
+        assert!(u64s(rows, "size_bytes")[3].is_some(), "lustre answered");
+        let problems = c.problems().join("\n");
+        assert!(
+            problems.contains(
+                "statvfs(/mnt/checkpoints) on 10.20.0.5:/checkpoints (nfs4) has not returned"
+            ),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("statvfs(/home) on 10.20.0.6:/home (nfs4): Stale file handle"),
+            "{problems}"
+        );
+        assert_eq!(c.hung(), 1);
+        let calls = statfs.calls.load(Ordering::SeqCst);
+        assert_eq!(calls, 6);
+
+        // Later ticks do not wait on it nor ask it again: no threads pile up.
+        for tick in 2..6 {
+            let started = Instant::now();
+            let batches = c.collect(tick).unwrap();
+            assert!(
+                started.elapsed() < Duration::from_millis(150),
+                "{:?}",
+                started.elapsed()
+            );
+            assert_eq!(u64s(&batches[0], "stat_hung")[4], Some(1));
+        }
+        assert_eq!(
+            statfs.calls.load(Ordering::SeqCst),
+            calls + 4 * 5,
+            "one stat per healthy mount per tick, none for the hung one"
+        );
+        assert_eq!(c.hung(), 1);
+
+        // The server comes back: the stat returns, the next tick asks afresh.
+        statfs.release();
+        std::thread::sleep(Duration::from_millis(50));
+        let batches = c.collect(7).unwrap();
+        // Asked afresh; released, the fixture's hang now times out as a
+        // soft NFS mount does: an error, no longer a hang.
+        assert_eq!(u64s(&batches[0], "stat_hung")[4], Some(0));
+        assert_eq!(u64s(&batches[0], "stat_error")[4], Some(1));
+        assert_eq!(c.hung(), 0);
+        assert!(
+            c.problems()
+                .iter()
+                .any(|p| p.contains("statvfs(/mnt/checkpoints)") && p.contains("timed out")),
+            "{:?}",
+            c.problems()
+        );
+    }
+
+    #[test]
+    fn mount_points_select_whatever_their_type() {
+        let config = FilesystemConfig {
+            mount_points: vec!["/raid".into(), "/dev/shm".into(), "/nowhere".into()],
+            ..fast()
+        };
+        let mut c = Filesystem::with_statfs(
+            &config,
+            &roots(&node("baremetal-node")),
+            fixed("baremetal-node"),
+        );
+        let batches = c.collect(1).unwrap();
+        assert_eq!(tags(&batches[0], "mount_point"), ["/dev/shm", "/raid"]);
+        assert_eq!(tags(&batches[0], "fs_type"), ["tmpfs", "xfs"]);
+        assert_eq!(u64s(&batches[0], "size_bytes")[0], Some(270_532_608 * 4096));
+    }
+
+    #[test]
+    fn garbage_names_the_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
+        let path = dir.path().join("proc/self/mountinfo");
+        std::fs::write(&path, "27 1 254:0 / / rw - ext4 /dev/vda rw\n28 27 0:5 /\n").unwrap();
+        let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), fixed("vm-node"));
+        let err = c.collect(1).unwrap_err().to_string();
+        assert_eq!(err, format!("{}:2: no \" - \" separator", path.display()));
+        std::fs::write(&path, b"27 1 254:0 / / rw - ext4 /dev/\xff rw\n").unwrap();
+        assert!(c
+            .collect(2)
+            .unwrap_err()
+            .to_string()
+            .ends_with("not UTF-8 text"));
+        std::fs::write(&path, "27 1 254:0 / / rw - ext4 /dev/vda rw\n").unwrap();
+        assert_eq!(c.collect(3).unwrap()[0].len(), 1, "recovers");
+        std::fs::remove_file(&path).unwrap();
+        let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), fixed("vm-node"));
+        let Availability::Absent(why) = c.probe() else {
+            panic!("absent without mountinfo")
+        };
+        assert!(why.contains("mountinfo: No such file"), "{why}");
+    }
+
+    #[test]
+    fn the_real_statvfs_answers_for_the_root() {
+        let s = SystemStatFs.statvfs(Path::new("/")).unwrap();
+        assert!(s.fragment_size > 0 && s.blocks > 0 && s.blocks_available <= s.blocks);
+        let e = SystemStatFs
+            .statvfs(Path::new("/nonexistent/vtax"))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+}

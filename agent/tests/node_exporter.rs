@@ -1,0 +1,253 @@
+//! Side by side with Debian's `prometheus-node-exporter` on this machine: the
+//! `block` and `netdev` collectors report the same byte and operation
+//! counters for the same devices and interfaces as node_exporter's `diskstats`
+//! and `netdev` collectors.
+//!
+//! Counters move while the two are read, so each comparison brackets vtax's
+//! value between two node_exporter scrapes: one before vtax's latest tick and
+//! one after it. vtax ticks every 100 ms and is scraped 300 ms after the first
+//! node_exporter scrape, so the tick it serves was read between the two. For
+//! a monotonic counter `before <= vtax <= after` must then hold exactly, with
+//! whatever traffic the window saw (the test makes some: disk writes with
+//! fsync, and the scrapes themselves on `lo`).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, http_get, require_program, Agent};
+
+/// A running node_exporter, killed on drop.
+struct NodeExporter {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl NodeExporter {
+    fn start() -> NodeExporter {
+        let binary = require_program("prometheus-node-exporter");
+        let port = free_port();
+        let child = Command::new(binary)
+            .args([
+                &format!("--web.listen-address=127.0.0.1:{port}"),
+                "--collector.disable-defaults",
+                "--collector.diskstats",
+                "--collector.netdev",
+                "--collector.filesystem",
+                // Its default leaves lo out; lo is where the scrapes move counters.
+                "--collector.netdev.device-exclude=^$",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = ([127, 0, 0, 1], port).into();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "node_exporter did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        NodeExporter { child, addr }
+    }
+
+    fn scrape(&self) -> String {
+        let response = http_get(self.addr, "/metrics", &[]);
+        assert_eq!(response.status, 200);
+        response.text()
+    }
+}
+
+impl Drop for NodeExporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `metric{label="value",...}` in a text exposition.
+fn value(body: &str, metric: &str, label: &str, of: &str) -> Option<f64> {
+    let prefix = format!("{metric}{{");
+    let want = format!("{label}=\"{of}\"");
+    body.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .find(|l| {
+            l[prefix.len()..]
+                .split('}')
+                .next()
+                .is_some_and(|labels| labels.split(',').any(|kv| kv == want))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().expect("a number"))
+}
+
+/// Label values of `label` on the lines of `metric`.
+fn label_values(body: &str, metric: &str, label: &str) -> BTreeSet<String> {
+    let prefix = format!("{metric}{{");
+    let key = format!("{label}=\"");
+    body.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| rest.split(&key).nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// (vtax metric, node_exporter metric): vtax's label is `device` or
+/// `interface`, node_exporter's always `device`.
+const BLOCK_PAIRS: &[(&str, &str)] = &[
+    (
+        "vtax_block_reads_completed_total",
+        "node_disk_reads_completed_total",
+    ),
+    ("vtax_block_read_bytes_total", "node_disk_read_bytes_total"),
+    (
+        "vtax_block_writes_completed_total",
+        "node_disk_writes_completed_total",
+    ),
+    (
+        "vtax_block_written_bytes_total",
+        "node_disk_written_bytes_total",
+    ),
+];
+
+const NETDEV_PAIRS: &[(&str, &str)] = &[
+    (
+        "vtax_netdev_rx_bytes_total",
+        "node_network_receive_bytes_total",
+    ),
+    (
+        "vtax_netdev_tx_bytes_total",
+        "node_network_transmit_bytes_total",
+    ),
+    (
+        "vtax_netdev_rx_packets_total",
+        "node_network_receive_packets_total",
+    ),
+    (
+        "vtax_netdev_tx_packets_total",
+        "node_network_transmit_packets_total",
+    ),
+];
+
+#[test]
+fn block_and_netdev_counters_match_node_exporter_within_one_scrape_window() {
+    let node_exporter = NodeExporter::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    // Virtual interfaces too: lo is the one that surely moves (the scrapes).
+    std::fs::write(
+        &config,
+        "[collectors.block]\ninterval_secs = 0.1\n\
+         [collectors.netdev]\ninterval_secs = 0.1\nvirtual_interfaces = true\n\
+         [collectors.filesystem]\ninterval_secs = 0.1\n",
+    )
+    .unwrap();
+    let mut args = vec![
+        "--config".to_string(),
+        config.display().to_string(),
+        "--data-dir".to_string(),
+        dir.path().join("data").display().to_string(),
+    ];
+    for other in ["host", "cgroups", "infiniband", "platform"] {
+        args.push(format!("--no-collector.{other}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start(&args);
+    agent.wait_for_metric("vtax_block_read_bytes_total", Duration::from_secs(20));
+    agent.wait_for_metric("vtax_netdev_rx_bytes_total", Duration::from_secs(20));
+
+    // On the disk that holds the build, not a tmpfs: the writes must reach a device.
+    let load = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut compared = 0;
+    for round in 0..3 {
+        let before = node_exporter.scrape();
+        // Disk traffic inside the window (loopback has the scrapes).
+        let mut file = std::fs::File::create(load.path().join(format!("load-{round}"))).unwrap();
+        file.write_all(&vec![round as u8; 4 << 20]).unwrap();
+        file.sync_all().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let vtax = agent.get("/metrics", &[]).text();
+        let after = node_exporter.scrape();
+
+        let devices = label_values(&vtax, "vtax_block_device_info", "device");
+        let interfaces = label_values(&vtax, "vtax_netdev_link_info", "interface");
+        let ne_devices = label_values(&before, "node_disk_read_bytes_total", "device");
+        let ne_interfaces = label_values(&before, "node_network_receive_bytes_total", "device");
+        let both_devices: Vec<&String> = devices.intersection(&ne_devices).collect();
+        let both_interfaces: Vec<&String> = interfaces.intersection(&ne_interfaces).collect();
+        assert!(
+            !both_devices.is_empty(),
+            "no block device both report: vtax {devices:?}, node_exporter {ne_devices:?}"
+        );
+        assert!(
+            both_interfaces.contains(&&"lo".to_string()),
+            "lo in both: vtax {interfaces:?}, node_exporter {ne_interfaces:?}"
+        );
+        let wrote = both_devices.iter().any(|d| {
+            let lo = value(&before, "node_disk_written_bytes_total", "device", d).unwrap();
+            let hi = value(&after, "node_disk_written_bytes_total", "device", d).unwrap();
+            hi - lo >= (4 << 20) as f64
+        });
+        assert!(
+            wrote,
+            "round {round}: the 4 MiB written and synced reached no compared device"
+        );
+        for (pairs, names, vtax_label) in [
+            (BLOCK_PAIRS, &both_devices, "device"),
+            (NETDEV_PAIRS, &both_interfaces, "interface"),
+        ] {
+            for name in names {
+                for (ours, theirs) in pairs {
+                    let v = value(&vtax, ours, vtax_label, name)
+                        .unwrap_or_else(|| panic!("{ours}{{{vtax_label}={name:?}}} missing"));
+                    let lo = value(&before, theirs, "device", name).unwrap();
+                    let hi = value(&after, theirs, "device", name).unwrap();
+                    assert!(
+                        lo <= v && v <= hi,
+                        "round {round}: {ours}{{{vtax_label}={name:?}}} = {v} is outside node_exporter's {theirs} {lo}..{hi}"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(compared >= 3 * 8, "{compared} comparisons");
+
+    // statvfs arithmetic: the same size and inode count for every mount both
+    // read (node_exporter multiplies by f_bsize, vtax by f_frsize, as POSIX
+    // says: equal on local disk filesystems, so only those are compared).
+    // Where the root is an overlay (a container) there may be none.
+    let ne = node_exporter.scrape();
+    let vtax = agent.get("/metrics", &[]).text();
+    let ours = label_values(&vtax, "vtax_filesystem_size_bytes", "mount_point");
+    let theirs = label_values(&ne, "node_filesystem_size_bytes", "mountpoint");
+    for mount in ours.intersection(&theirs) {
+        let fs_type = vtax
+            .lines()
+            .find(|l| {
+                l.starts_with("vtax_filesystem_size_bytes{")
+                    && l.contains(&format!("mount_point=\"{mount}\""))
+            })
+            .and_then(|l| l.split("fs_type=\"").nth(1))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_default()
+            .to_owned();
+        if !matches!(fs_type.as_str(), "ext4" | "xfs" | "btrfs") {
+            continue;
+        }
+        for (ours, theirs) in [
+            ("vtax_filesystem_size_bytes", "node_filesystem_size_bytes"),
+            ("vtax_filesystem_files", "node_filesystem_files"),
+        ] {
+            assert_eq!(
+                value(&vtax, ours, "mount_point", mount),
+                value(&ne, theirs, "mountpoint", mount),
+                "{ours} of {mount}"
+            );
+        }
+    }
+    assert!(agent.stop());
+}
