@@ -5,8 +5,10 @@ Static checks (always): every JSON file parses and is dashboard JSON (title, uid
 panels, templating with a `datasource` variable of type datasource / query prometheus and
 a `node` variable; a `gpu` variable on the GPU and fabric dashboards); every panel has a
 non-empty description, the templated datasource ({"type": "prometheus", "uid":
-"${datasource}"}) on itself and on each target, and fieldConfig.defaults.unit; panel ids and
-the dashboards' uids are unique.
+"${datasource}"}) on itself and on each target, and fieldConfig.defaults.unit; on one-node
+dashboards every target selects instance=~"$node"; panel ids and
+the dashboards' uids are unique; the provisioning YAML parses and points at
+/usr/share/vtax/dashboards.
 
 Live checks (with --vtax PATH): runs the agent on the bare-metal fixture tree with eight
 simulated GPUs on a free port, a real `prometheus` scraping it every second, waits for
@@ -115,10 +117,37 @@ def static_checks(dashboards):
             if not targets:
                 errors.append(f"{where}: no targets")
             for t in targets:
+                # a one-node dashboard must not mix in other nodes' series
+                single = not variables.get("node", {}).get("multi")
+                if single and "$node" not in t.get("expr", "") and "${node" not in t.get("expr", ""):
+                    errors.append(f"{where}: target {t.get('refId')} does not select $node")
                 if not str(t.get("expr", "")).strip():
                     errors.append(f"{where}: target {t.get('refId')} has no expr")
                 if t.get("datasource", DATASOURCE) != DATASOURCE:
                     errors.append(f"{where}: target {t.get('refId')} has another datasource")
+    return errors
+
+
+def provisioning_checks():
+    """The provider YAML points Grafana at where the package installs the dashboards."""
+    try:
+        import yaml
+    except ImportError:
+        return ["PyYAML is not installed (apt-get install python3-yaml)"]
+    errors = []
+    prov = os.path.join(GRAFANA, "provisioning")
+    try:
+        with open(os.path.join(prov, "dashboards.yml")) as f:
+            doc = yaml.safe_load(f)
+        paths = [p.get("options", {}).get("path") for p in doc.get("providers", [])]
+        if "/usr/share/vtax/dashboards" not in paths:
+            errors.append(f"provisioning/dashboards.yml: no provider with path /usr/share/vtax/dashboards ({paths})")
+        with open(os.path.join(prov, "datasource.example.yml")) as f:
+            doc = yaml.safe_load(f)
+        if not any(d.get("type") == "prometheus" for d in doc.get("datasources", [])):
+            errors.append("provisioning/datasource.example.yml: no prometheus datasource")
+    except (OSError, yaml.YAMLError, AttributeError) as e:
+        errors.append(f"provisioning: {e}")
     return errors
 
 
@@ -279,6 +308,8 @@ def live_checks(dashboards, vtax, keep_going):
 
 
 def main():
+    # a SIGTERM (a CI timeout) unwinds through the finally that stops both children
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vtax", help="agent binary: also run every query against a real Prometheus scraping it")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, TSDB)")
@@ -297,6 +328,7 @@ def main():
         except ValueError as e:
             errors.append(f"{f}: not JSON: {e}")
     errors += static_checks(dashboards)
+    errors += provisioning_checks()
     panels = sum(1 for _, d in dashboards for p in all_panels(d.get("panels", [])) if p.get("type") != "row")
     for e in errors:
         print(f"FAIL {e}")
