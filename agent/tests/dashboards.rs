@@ -1,0 +1,38 @@
+//! The Grafana dashboards against the real agent: `dashboards/check_dashboards.py`
+//! validates their JSON (templated datasource, node/gpu variables, a description and a
+//! unit on every panel), then runs every panel's query against a real Prometheus
+//! scraping this build of the agent on the bare-metal fixture with simulated GPUs.
+
+mod common;
+
+use std::process::Command;
+
+use common::require_program;
+
+#[test]
+fn every_dashboard_panel_queries_data_from_a_real_prometheus() {
+    // The checker starts `prometheus` itself; fail here with the install hint if it is missing.
+    require_program("prometheus");
+    let python = require_program("python3");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let output = Command::new(python)
+        .args([
+            "dashboards/check_dashboards.py",
+            "--vtax",
+            env!("CARGO_BIN_EXE_vtax"),
+        ])
+        .current_dir(root)
+        .output()
+        .expect("run dashboards/check_dashboards.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "dashboards/check_dashboards.py failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("check_dashboards: OK"),
+        "no OK from the checker:\n{stdout}"
+    );
+}

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Checks the Grafana dashboards in dashboards/grafana/.
+
+Static checks (always): every JSON file parses and is dashboard JSON (title, uid,
+panels, templating with a `datasource` variable of type datasource / query prometheus and
+a `node` variable; a `gpu` variable on the GPU and fabric dashboards); every panel has a
+non-empty description, the templated datasource ({"type": "prometheus", "uid":
+"${datasource}"}) on itself and on each target, and fieldConfig.defaults.unit; on one-node
+dashboards every target selects instance=~"$node"; panel ids and
+the dashboards' uids are unique; the provisioning YAML parses and points at
+/usr/share/vtax/dashboards.
+
+Live checks (with --vtax PATH): runs the agent on the bare-metal fixture tree with eight
+simulated GPUs on a free port, a real `prometheus` scraping it every second, waits for
+the scrapes, then runs every panel's expression (variables substituted) and every
+query variable's label_values() against /api/v1/query. Each must parse and return at least
+one series with $gpu as All (.*); with $gpu = 0 it must parse. A target may be exempted
+from returning data below, with its reason. Both processes are killed
+at the end, whatever happens.
+
+Exit status: 0 when everything passes, 1 on any failure (each listed with its dashboard,
+panel and expression), 2 on a usage or setup error.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+GRAFANA = os.path.join(ROOT, "dashboards", "grafana")
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "baremetal-node")
+SCENARIOS = "training,memory-bound,thermal-throttle,power-throttle,pcie-degraded,nvlink-hidden,xid,gpu-lost"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GPU_DASHBOARDS = {"vtax-gpu", "vtax-fabric"}
+
+# (dashboard uid, panel title, metric in the target's expr) -> why that target may return
+# nothing on the fixture. A parse error still fails it. Keep this list short: each entry is
+# a query the CI cannot show to return data.
+EXEMPT = {
+    ("vtax-node", "Lost time split", "vtax_jitter_run_delay_ratio"): "the jitter probe reads "
+    "its run delay from thread-self/schedstat under --path.procfs, which the fixture tree "
+    "does not have, so run_delay_ratio is null there and not exported",
+}
+
+# Seconds of 1 s scrapes before querying: rate() over 15s needs two samples and the
+# jitter rows appear when the agent's first window (5 s by default) closes.
+SCRAPE_WAIT_S = 20
+
+
+def fail(msg):
+    print(f"check_dashboards: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def all_panels(panels):
+    for p in panels:
+        yield p
+        yield from all_panels(p.get("panels", []))
+
+
+def static_checks(dashboards):
+    errors = []
+    uids = {}
+    for path, d in dashboards:
+        name = os.path.basename(path)
+        for key in ("title", "uid", "panels", "templating", "schemaVersion"):
+            if key not in d:
+                errors.append(f"{name}: no {key}")
+        if d.get("uid") in uids:
+            errors.append(f"{name}: uid {d.get('uid')} also in {uids[d.get('uid')]}")
+        uids[d.get("uid")] = name
+        if not isinstance(d.get("schemaVersion"), int) or d.get("schemaVersion", 0) < 36:
+            errors.append(f"{name}: schemaVersion {d.get('schemaVersion')} is older than 36")
+        variables = {v.get("name"): v for v in d.get("templating", {}).get("list", [])}
+        ds = variables.get("datasource")
+        if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+            errors.append(f"{name}: no datasource variable of type datasource, query prometheus")
+        needed = ["node"] + (["gpu"] if d.get("uid") in GPU_DASHBOARDS else [])
+        for v in needed:
+            if v not in variables:
+                errors.append(f"{name}: no {v} variable")
+            elif variables[v].get("datasource") != DATASOURCE:
+                errors.append(f"{name}: variable {v} does not use the templated datasource")
+        node = variables.get("node", {}).get("query", {})
+        node = node.get("query") if isinstance(node, dict) else node
+        if node != "label_values(vtax_collector_success, instance)":
+            errors.append(f"{name}: node variable is not label_values(vtax_collector_success, instance)")
+        ids = set()
+        for p in all_panels(d.get("panels", [])):
+            title = p.get("title", "<untitled>")
+            where = f"{name}: panel {title!r}"
+            if p.get("id") in ids:
+                errors.append(f"{where}: id {p.get('id')} repeated")
+            ids.add(p.get("id"))
+            if "gridPos" not in p:
+                errors.append(f"{where}: no gridPos")
+            if p.get("type") == "row":
+                continue
+            if not str(p.get("description", "")).strip():
+                errors.append(f"{where}: no description")
+            if p.get("datasource") != DATASOURCE:
+                errors.append(f"{where}: datasource is {p.get('datasource')!r}, not the templated one")
+            if not p.get("fieldConfig", {}).get("defaults", {}).get("unit"):
+                errors.append(f"{where}: no fieldConfig.defaults.unit")
+            targets = p.get("targets") or []
+            if not targets:
+                errors.append(f"{where}: no targets")
+            for t in targets:
+                # a one-node dashboard must not mix in other nodes' series
+                single = not variables.get("node", {}).get("multi")
+                if single and "$node" not in t.get("expr", "") and "${node" not in t.get("expr", ""):
+                    errors.append(f"{where}: target {t.get('refId')} does not select $node")
+                if not str(t.get("expr", "")).strip():
+                    errors.append(f"{where}: target {t.get('refId')} has no expr")
+                if t.get("datasource", DATASOURCE) != DATASOURCE:
+                    errors.append(f"{where}: target {t.get('refId')} has another datasource")
+    return errors
+
+
+def provisioning_checks():
+    """The provider YAML points Grafana at where the package installs the dashboards."""
+    try:
+        import yaml
+    except ImportError:
+        return ["PyYAML is not installed (apt-get install python3-yaml)"]
+    errors = []
+    prov = os.path.join(GRAFANA, "provisioning")
+    try:
+        with open(os.path.join(prov, "dashboards.yml")) as f:
+            doc = yaml.safe_load(f)
+        paths = [p.get("options", {}).get("path") for p in doc.get("providers", [])]
+        if "/usr/share/vtax/dashboards" not in paths:
+            errors.append(f"provisioning/dashboards.yml: no provider with path /usr/share/vtax/dashboards ({paths})")
+        with open(os.path.join(prov, "datasource.example.yml")) as f:
+            doc = yaml.safe_load(f)
+        if not any(d.get("type") == "prometheus" for d in doc.get("datasources", [])):
+            errors.append("provisioning/datasource.example.yml: no prometheus datasource")
+    except (OSError, yaml.YAMLError, AttributeError) as e:
+        errors.append(f"provisioning: {e}")
+    return errors
+
+
+def substitute(expr, instance, gpu):
+    expr = expr.replace("$__rate_interval", "15s").replace("${__rate_interval}", "15s")
+    expr = expr.replace("$__interval", "5s").replace("${__interval}", "5s")
+    expr = re.sub(r"\$\{?node(:[a-z]+)?\}?", instance, expr)
+    expr = re.sub(r"\$\{?gpu(:[a-z]+)?\}?", gpu, expr)
+    if "$" in re.sub(r"\{\{[^}]*\}\}", "", expr):
+        raise ValueError(f"unsubstituted variable in {expr!r}")
+    return expr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url, timeout=10):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        try:
+            return e.code, json.loads(body)
+        except ValueError:
+            return e.code, {"error": body.decode(errors="replace")}
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return 0, {"error": str(e)}
+
+
+def query(prom, expr):
+    status, body = http_json(f"http://{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    if status != 200 or body.get("status") != "success":
+        return f"query failed (HTTP {status}): {body.get('error', body)}"
+    if not body["data"]["result"]:
+        return "no series"
+    return None
+
+
+def label_values(prom, expr):
+    """label_values(metric, label): the values, as Grafana would list them."""
+    m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", expr)
+    if not m:
+        return None, f"not a label_values(metric, label) query: {expr!r}"
+    metric, label = m.groups()
+    url = f"http://{prom}/api/v1/series?" + urllib.parse.urlencode({"match[]": metric})
+    status, body = http_json(url)
+    if status != 200 or body.get("status") != "success":
+        return None, f"series query failed (HTTP {status}): {body.get('error', body)}"
+    values = sorted({s[label] for s in body["data"] if label in s})
+    return values, None if values else "no values"
+
+
+def stop(proc):
+    if proc and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def live_checks(dashboards, vtax, keep_going):
+    prometheus = shutil.which("prometheus")
+    if not prometheus:
+        fail("prometheus is not installed (apt-get install prometheus)")
+    tmp = tempfile.mkdtemp(prefix="vtax-dashboards-")
+    agent = prom = None
+    failures = []
+    checked = 0
+    used = set()
+    try:
+        agent_port = free_port()
+        agent_log = open(os.path.join(tmp, "agent.log"), "w")
+        agent = subprocess.Popen(
+            [vtax, "run", "--data-dir", os.path.join(tmp, "data"),
+             "--web.listen-address", f"127.0.0.1:{agent_port}",
+             "--path.procfs", os.path.join(FIXTURE, "proc"),
+             "--path.sysfs", os.path.join(FIXTURE, "sys"),
+             "--simulate-gpus", "8", "--simulate-gpu-scenarios", SCENARIOS],
+            stdout=agent_log, stderr=subprocess.STDOUT, cwd=tmp)
+        prom_port = free_port()
+        config = os.path.join(tmp, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: vtax\n    static_configs:\n"
+                    f"      - targets: ['127.0.0.1:{agent_port}']\n")
+        prom_log = open(os.path.join(tmp, "prometheus.log"), "w")
+        prom = subprocess.Popen(
+            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
+             f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=prom_log, stderr=subprocess.STDOUT, cwd=tmp)
+        addr = f"127.0.0.1:{prom_port}"
+        instance = f"127.0.0.1:{agent_port}"
+
+        # Wait for the first successful scrape, then for SCRAPE_WAIT_S seconds of them
+        # (rate() over 15s needs two samples; the jitter rows need a closed window).
+        deadline = time.time() + 60
+        while True:
+            for p, what in ((agent, "agent"), (prom, "prometheus")):
+                if p.poll() is not None:
+                    log = os.path.join(tmp, f"{what}.log")
+                    fail(f"{what} exited with {p.returncode}; its log:\n" + open(log).read()[-4000:])
+            if query(addr, f'up{{job="vtax",instance="{instance}"}} == 1') is None:
+                break
+            if time.time() > deadline:
+                fail("prometheus did not scrape the agent within 60 s")
+            time.sleep(0.5)
+        print(f"check_dashboards: agent on {instance}, prometheus on {addr}; waiting {SCRAPE_WAIT_S} s of scrapes", flush=True)
+        time.sleep(SCRAPE_WAIT_S)
+
+        for path, d in dashboards:
+            uid = d.get("uid")
+            for v in d.get("templating", {}).get("list", []):
+                if v.get("type") != "query":
+                    continue
+                q = v.get("query")
+                q = q.get("query") if isinstance(q, dict) else q
+                values, err = label_values(addr, substitute(q, instance, ".*"))
+                checked += 1
+                if err:
+                    failures.append((uid, f"variable {v['name']}", q, err))
+                elif v["name"] == "node" and instance not in values:
+                    failures.append((uid, "variable node", q, f"{instance} not among {values}"))
+            for p in all_panels(d.get("panels", [])):
+                if p.get("type") == "row":
+                    continue
+                title = p.get("title")
+                for t in p.get("targets", []):
+                    exempt = [k for k in EXEMPT if k[:2] == (uid, title) and k[2] in t["expr"]]
+                    used.update(exempt)
+                    # $gpu as All (.*) must return data; as one GPU ("0", a healthy training
+                    # GPU) it must parse, though an event panel may rightly show nothing
+                    for gpu in ((".*", "0") if "$gpu" in t["expr"] else (".*",)):
+                        expr = substitute(t["expr"], instance, gpu)
+                        err = query(addr, expr)
+                        checked += 1
+                        if err == "no series" and (exempt or gpu != ".*"):
+                            continue
+                        if err is None and exempt and gpu == ".*":
+                            err = "exempt, yet returns data: remove the exemption"
+                        if err:
+                            failures.append((uid, title, expr, err))
+        for k in sorted(set(EXEMPT) - used):
+            failures.append((k[0], k[1], k[2], "exemption matches no target: remove it"))
+    finally:
+        stop(prom)
+        stop(agent)
+        if keep_going:
+            print(f"check_dashboards: logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return checked, failures
+
+
+def main():
+    # a SIGTERM (a CI timeout) unwinds through the finally that stops both children
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vtax", help="agent binary: also run every query against a real Prometheus scraping it")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, TSDB)")
+    args = ap.parse_args()
+
+    dashboards = []
+    errors = []
+    files = sorted(f for f in os.listdir(GRAFANA) if f.endswith(".json"))
+    if not files:
+        fail(f"no dashboards in {GRAFANA}")
+    for f in files:
+        path = os.path.join(GRAFANA, f)
+        try:
+            with open(path) as fh:
+                dashboards.append((path, json.load(fh)))
+        except ValueError as e:
+            errors.append(f"{f}: not JSON: {e}")
+    errors += static_checks(dashboards)
+    errors += provisioning_checks()
+    panels = sum(1 for _, d in dashboards for p in all_panels(d.get("panels", [])) if p.get("type") != "row")
+    for e in errors:
+        print(f"FAIL {e}")
+    print(f"check_dashboards: {len(files)} dashboards, {panels} panels, {len(errors)} static problems")
+
+    live_failures = []
+    if args.vtax:
+        if not os.access(args.vtax, os.X_OK):
+            fail(f"{args.vtax} is not an executable")
+        checked, live_failures = live_checks(dashboards, os.path.abspath(args.vtax), args.keep)
+        for uid, title, expr, err in live_failures:
+            print(f"FAIL {uid}: {title!r}: {err}\n     {expr}")
+        print(f"check_dashboards: {checked} queries against Prometheus, {len(live_failures)} failing, "
+              f"{len(EXEMPT)} target(s) exempt from returning data:")
+        for (uid, title, metric), why in sorted(EXEMPT.items()):
+            print(f"  exempt {uid}: {title!r} ({metric}): {why}")
+    if errors or live_failures:
+        sys.exit(1)
+    print("check_dashboards: OK")
+
+
+if __name__ == "__main__":
+    main()
