@@ -26,6 +26,7 @@ tmp=$(mktemp -d)
 grep -q '^collectors:' "$tmp/doctor.txt"
 rm -rf "$tmp"
 [ -f /usr/share/vtax/alerts/vtax-rules.yml ]
+[ -f /usr/share/vtax/dashboards/vtax-gpu.json ]
 dpkg-query -W -f='${Conffiles}\n' vtax | grep -q '/etc/vtax/vtax.toml'
 
 dpkg --purge vtax
