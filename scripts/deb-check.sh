@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v cargo-deb >/dev/null || cargo install cargo-deb --locked
-deb=$(cargo deb -p vtax 2>&1 | tee /dev/stderr | tail -1)
+# cargo deb prints the package path on stdout, its build output on stderr.
+deb=$(cargo deb -p vtax | tail -1)
 [ -f "$deb" ] || { echo "deb-check: cargo deb did not name a package file" >&2; exit 1; }
 echo "deb-check: $deb"
 dpkg-deb --info "$deb" >/dev/null
