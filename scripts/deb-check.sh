@@ -13,9 +13,13 @@ deb=$(cargo deb -p vtax | tail -1)
 [ -f "$deb" ] || { echo "deb-check: cargo deb did not name a package file" >&2; exit 1; }
 echo "deb-check: $deb"
 dpkg-deb --info "$deb" >/dev/null
-dpkg-deb --contents "$deb" | grep -q ' ./lib/systemd/system/vtax.service$' \
-  || dpkg-deb --contents "$deb" | grep -q ' ./usr/lib/systemd/system/vtax.service$' \
+# Listed to a variable first: `grep -q` closing the pipe early would kill
+# dpkg-deb with SIGPIPE, which pipefail reports as a failure.
+contents=$(dpkg-deb --contents "$deb")
+grep -Eq ' \./(usr/)?lib/systemd/system/vtax\.service$' <<<"$contents" \
   || { echo "deb-check: no systemd unit in the package" >&2; exit 1; }
+grep -Eq ' \./usr/share/vtax/dashboards/vtax-gpu\.json$' <<<"$contents" \
+  || { echo "deb-check: no dashboards in the package" >&2; exit 1; }
 
 dpkg -i "$deb"
 trap 'dpkg --purge vtax >/dev/null 2>&1 || true' EXIT
@@ -28,7 +32,8 @@ grep -q '^collectors:' "$tmp/doctor.txt"
 rm -rf "$tmp"
 [ -f /usr/share/vtax/alerts/vtax-rules.yml ]
 [ -f /usr/share/vtax/dashboards/vtax-gpu.json ]
-dpkg-query -W -f='${Conffiles}\n' vtax | grep -q '/etc/vtax/vtax.toml'
+conffiles=$(dpkg-query -W -f='${Conffiles}\n' vtax)
+grep -q '/etc/vtax/vtax.toml' <<<"$conffiles"
 
 dpkg --purge vtax
 trap - EXIT
