@@ -24,7 +24,8 @@ grep -Eq ' \./usr/share/vtax/dashboards/vtax-gpu\.json$' <<<"$contents" \
 dpkg -i "$deb"
 trap 'dpkg --purge vtax >/dev/null 2>&1 || true' EXIT
 getent passwd vtax >/dev/null || { echo "deb-check: postinst made no vtax user" >&2; exit 1; }
-[ "$(/usr/bin/vtax --version)" = "vtax $(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "vtax"))')" ]
+# The installed binary is the one cargo deb just packaged.
+[ "$(/usr/bin/vtax --version)" = "$(target/release/vtax --version)" ]
 /usr/bin/vtax check-config --config /etc/vtax/vtax.toml
 tmp=$(mktemp -d)
 ( cd "$tmp" && /usr/bin/vtax doctor --config /etc/vtax/vtax.toml --data-dir "$tmp/data" ) | tee "$tmp/doctor.txt"

@@ -335,8 +335,17 @@ fn render_table(
     if batches.iter().all(|b| b.is_empty()) {
         return 0;
     }
-    // Each row's label set, rendered once: a table's fields share them.
-    let labels: Vec<Vec<String>> = batches.iter().map(|b| label_sets(table, b, None)).collect();
+    // Each row's label set, rendered once: a table's fields share them. A
+    // table of histogram fields only renders its own, without `le`.
+    let plain = table
+        .fields
+        .iter()
+        .any(|f| matches!(f.kind, MetricKind::Gauge | MetricKind::Counter));
+    let labels: Vec<Vec<String>> = if plain {
+        batches.iter().map(|b| label_sets(table, b, None)).collect()
+    } else {
+        Vec::new()
+    };
     let mut value = String::with_capacity(32);
     for (f, field) in table.fields.iter().enumerate() {
         let has_value = batches
@@ -462,6 +471,7 @@ fn render_histogram(
     let mut samples = 0;
     let mut value = String::with_capacity(32);
     let mut lines = String::with_capacity(256);
+    let mut bound = String::with_capacity(16);
     for batch in batches {
         let series = label_sets(table, batch, Some(le));
         let column = &batch.fields[f];
@@ -469,7 +479,7 @@ fn render_histogram(
             if !column.is_valid(row) {
                 continue;
             }
-            let mut bound = String::new();
+            bound.clear();
             escape_label_value(
                 &batch.tags[le].dict[batch.tags[le].codes[row] as usize],
                 &mut bound,
@@ -713,20 +723,8 @@ mod tests {
             },
         ],
         fields: &[
-            FieldDef {
-                name: "latency_seconds",
-                ty: FieldType::U64,
-                kind: MetricKind::Histogram,
-                unit: Unit::Seconds,
-                help: "Wake-ups by lateness.",
-            },
-            FieldDef {
-                name: "latency_seconds_sum",
-                ty: FieldType::F64,
-                kind: MetricKind::HistogramSum,
-                unit: Unit::Seconds,
-                help: "Sum.",
-            },
+            FieldDef::histogram("latency_seconds", Unit::Seconds, "Wake-ups by lateness."),
+            FieldDef::histogram_sum("latency_seconds_sum", Unit::Seconds, "Sum."),
         ],
         exported: true,
     };

@@ -191,6 +191,28 @@ impl FieldDef {
             help,
         }
     }
+
+    /// A histogram's cumulative bucket counts; its table needs a `le` tag.
+    pub const fn histogram(name: &'static str, unit: Unit, help: &'static str) -> Self {
+        FieldDef {
+            name,
+            ty: FieldType::U64,
+            kind: MetricKind::Histogram,
+            unit,
+            help,
+        }
+    }
+
+    /// The `_sum` of the histogram `name` without its `_sum` ending.
+    pub const fn histogram_sum(name: &'static str, unit: Unit, help: &'static str) -> Self {
+        FieldDef {
+            name,
+            ty: FieldType::F64,
+            kind: MetricKind::HistogramSum,
+            unit,
+            help,
+        }
+    }
 }
 
 /// A table: its name, tags and fields, declared once.
@@ -445,20 +467,8 @@ mod tests {
             },
         ],
         fields: &[
-            FieldDef {
-                name: "latency_seconds",
-                ty: FieldType::U64,
-                kind: MetricKind::Histogram,
-                unit: Unit::Seconds,
-                help: "Buckets.",
-            },
-            FieldDef {
-                name: "latency_seconds_sum",
-                ty: FieldType::F64,
-                kind: MetricKind::HistogramSum,
-                unit: Unit::Seconds,
-                help: "Sum.",
-            },
+            FieldDef::histogram("latency_seconds", Unit::Seconds, "Buckets."),
+            FieldDef::histogram_sum("latency_seconds_sum", Unit::Seconds, "Sum."),
         ],
         exported: true,
     };

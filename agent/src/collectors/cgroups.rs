@@ -1304,6 +1304,7 @@ impl Collector for Cgroups {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collectors::testutil::copy_tree;
     use vtax_store::batch::Values;
 
     fn fixture(node: &str) -> Roots {
@@ -1681,23 +1682,6 @@ mod tests {
             summary.ends_with("5 cgroups within depth 4 (10 over max_cgroups skipped)"),
             "{summary}"
         );
-    }
-
-    fn copy_tree(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            let kind = entry.file_type().unwrap();
-            if kind.is_symlink() {
-                std::os::unix::fs::symlink(std::fs::read_link(entry.path()).unwrap(), target)
-                    .unwrap();
-            } else if kind.is_dir() {
-                copy_tree(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), target).unwrap();
-            }
-        }
     }
 
     /// A copy of a fixture's cgroup tree that a test may change.

@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit, BUCKET_TAG};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit, BUCKET_TAG};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 pub use probe::BUCKETS;
@@ -311,20 +311,8 @@ pub static WAKEUP: TableDef = TableDef {
         },
     ],
     fields: &[
-        FieldDef {
-            name: "latency_seconds",
-            ty: FieldType::U64,
-            kind: MetricKind::Histogram,
-            unit: Unit::Seconds,
-            help: "Wake-ups whose latency was at most le seconds (cumulative, since the collector started).",
-        },
-        FieldDef {
-            name: "latency_seconds_sum",
-            ty: FieldType::F64,
-            kind: MetricKind::HistogramSum,
-            unit: Unit::Seconds,
-            help: "Sum of the wake-up latencies, on the +Inf row.",
-        },
+        FieldDef::histogram("latency_seconds", Unit::Seconds, "Wake-ups whose latency was at most le seconds (cumulative, since the collector started)."),
+        FieldDef::histogram_sum("latency_seconds_sum", Unit::Seconds, "Sum of the wake-up latencies, on the +Inf row."),
     ],
     exported: true,
 };
