@@ -38,6 +38,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The collectors, one table each.
     pub collectors: CollectorsConfig,
+    /// The noisy-neighbour detector and the platform verdict.
+    pub detect: crate::detect::DetectConfig,
 }
 
 /// `[web]`.
@@ -139,6 +141,7 @@ fn key_doc(path: &str) -> Option<&'static str> {
     let leaf = path.rsplit('.').next().unwrap_or(path);
     KEY_DOCS
         .iter()
+        .chain(crate::detect::KEY_DOCS)
         .find(|(k, _)| *k == path)
         .or_else(|| {
             // Collector keys: documented by their full path, else by their leaf
@@ -230,7 +233,8 @@ impl Config {
                 "store.compact_interval_secs must be at least 1".into(),
             ));
         }
-        self.collectors.validate()
+        self.collectors.validate()?;
+        self.detect.validate()
     }
 
     /// The pseudo-filesystem roots.

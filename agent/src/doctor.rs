@@ -84,6 +84,7 @@ pub fn report(config: &Config, config_source: &str) -> String {
         config.web.listen_address
     );
     let mut problems = Vec::new();
+    let mut facts = crate::detect::verdict::Facts::default();
     let _ = writeln!(out, "collectors:");
     for &name in NAMES {
         let common = config
@@ -110,6 +111,9 @@ pub fn report(config: &Config, config_source: &str) -> String {
                 );
                 match collector.collect(now_us()) {
                     Ok(batches) => {
+                        for batch in &batches {
+                            facts.observe(batch);
+                        }
                         let rows: usize = batches.iter().map(|b| b.len()).sum();
                         let samples: usize = batches.iter().map(|b| b.sample_count()).sum();
                         let _ = writeln!(
@@ -131,6 +135,17 @@ pub fn report(config: &Config, config_source: &str) -> String {
         for line in crate::collectors::platform::doctor_lines(&roots) {
             let _ = writeln!(out, "  {line}");
         }
+    }
+    if config.detect.enabled {
+        let _ = writeln!(out, "\nverdict:");
+        for line in facts.verdict().explain() {
+            let _ = writeln!(out, "  {line}");
+        }
+        let _ = writeln!(
+            out,
+            "  measured tax: {}",
+            crate::detect::restore::last_tax(&config.data_dir())
+        );
     }
     let _ = writeln!(out, "\nproblems:");
     if problems.is_empty() {

@@ -3,6 +3,7 @@
 mod args;
 mod collectors;
 mod config;
+mod detect;
 mod doctor;
 #[cfg(test)]
 mod golden;
@@ -66,6 +67,7 @@ enum Command {
 pub fn catalog() -> vtax_store::Catalog {
     let mut tables: Vec<&'static vtax_store::TableDef> = vtax_store::tables::BUILTIN.to_vec();
     tables.extend(collectors::tables());
+    tables.extend(detect::tables::TABLES);
     vtax_store::Catalog::new(&tables).expect("the built-in table declarations are valid")
 }
 

@@ -12,6 +12,7 @@ use vtax_store::{Store, StoreOptions};
 
 use crate::args::AgentArgs;
 use crate::config::Config;
+use crate::detect::Detector;
 use crate::runtime::{CollectorSet, Rows};
 use crate::timespec::now_us;
 
@@ -102,6 +103,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let watchdog_interval = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
     let mut last_watchdog = Instant::now();
 
+    let mut detector = start_detector(&config, &store);
+
     let started = Instant::now();
     let compact_interval = Duration::from_secs(config.store.compact_interval_secs);
     let mut last_compaction = Instant::now();
@@ -124,6 +127,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                     collectors.stop(&exposition);
                     collectors =
                         CollectorSet::start(&new.collectors, &new.roots(), &exposition, &sender);
+                    if new.detect != config.detect {
+                        exposition.remove(DETECTOR_SOURCE);
+                        detector = start_detector(&new, &store);
+                    }
                     tracing::info!(collectors = ?collectors.running, "Configuration reloaded.");
                     config = new;
                 }
@@ -139,10 +146,30 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         for batches in receiver.try_iter() {
             for batch in &batches {
+                if let Some(detector) = detector.as_mut() {
+                    detector.observe(batch);
+                }
                 if let Err(e) = store.append(batch) {
                     refused += 1;
                     tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
                 }
+            }
+        }
+        if let Some(detector) = detector.as_mut() {
+            let judged = detector.tick(now_us());
+            if !judged.is_empty() {
+                for batch in &judged {
+                    if let Err(e) = store.append(batch) {
+                        refused += 1;
+                        tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
+                    }
+                }
+                let exported = judged
+                    .into_iter()
+                    .filter(|b| b.table.exported)
+                    .map(Arc::new)
+                    .collect();
+                exposition.update(DETECTOR_SOURCE, exported);
             }
         }
         let published = store.stats().files_published;
@@ -184,6 +211,28 @@ pub fn run(args: RunArgs) -> Result<()> {
     let _ = renderer.join();
     store.close().context("publish buffered rows on shutdown")?;
     Ok(())
+}
+
+/// The exposition source of the detector's rows.
+const DETECTOR_SOURCE: &str = "detect";
+
+/// The detector, with its baselines relearned from the store; none when disabled.
+fn start_detector(config: &Config, store: &Store) -> Option<Detector> {
+    if !config.detect.enabled {
+        tracing::info!("Detector disabled by configuration.");
+        return None;
+    }
+    let mut detector = Detector::new(config.detect.clone());
+    match crate::detect::restore::relearn(&mut detector, store, now_us()) {
+        Ok(windows) => tracing::info!(
+            windows,
+            "Detector started; baselines relearned from the store."
+        ),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "Detector started without its baselines: they could not be read back.")
+        }
+    }
+    Some(detector)
 }
 
 /// Arguments of `vtax compact`.

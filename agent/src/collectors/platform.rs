@@ -1197,9 +1197,10 @@ const fn count(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::gauge(name, FieldType::I64, Unit::None, help)
 }
 
-/// The info row: `vtax_platform_info{...} 1`.
+/// The host facts row: `vtax_platform_host_info{...} 1`. The detector turns
+/// these and the GPUs' facts into the verdict, `vtax_platform_info`.
 pub static PLATFORM: TableDef = TableDef {
-    name: "platform",
+    name: "platform_host",
     help: "One row per read: the node's platform facts as tags, and 1. Whether the node is a \
            virtual machine and by what, and the kernel, IOMMU and driver facts that decide \
            whether GPU and RDMA paths are bare-metal quality. Read once a minute by default.",
@@ -1525,7 +1526,7 @@ mod tests {
         }
         assert_eq!(
             PLATFORM.metric_name(&PLATFORM.fields[0]),
-            "vtax_platform_info"
+            "vtax_platform_host_info"
         );
     }
 

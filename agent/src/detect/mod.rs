@@ -1,0 +1,1264 @@
+//! Noisy-neighbour detection and the platform verdict.
+//!
+//! The detector reads every batch the collectors produce (on the main thread,
+//! as the store does), turns them into per-second victim signals (stall and
+//! delay ratios, jitter tails, a cache canary, GPU clock and activity losses,
+//! InfiniBand congestion) and per-second usage of every suspect (leaf
+//! cgroups, GPU processes). Each window (default 5 s) it judges each signal's
+//! mean against a robust baseline (median and MAD of its past windows) or,
+//! where healthy is zero, against a fixed threshold. An event opens after
+//! `open_windows` abnormal windows in a row and closes after `close_windows`
+//! normal ones; between the two thresholds nothing changes, so one blip is
+//! not an event and one quiet window does not end one. While an event is
+//! open the suspects are ranked by how their usage moved with the signal.
+
+pub mod baseline;
+pub mod canary;
+pub mod rank;
+pub mod restore;
+pub mod tables;
+pub mod verdict;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use vtax_store::{Batch, BatchBuilder, Value};
+
+use baseline::RollingBaseline;
+use rank::Suspect;
+use verdict::{Facts, GpuFacts};
+use view::View;
+
+/// Seconds per judged window.
+pub const DEFAULT_WINDOW_SECS: u64 = 5;
+/// Abnormal windows in a row that open an event (15 s at the default window).
+pub const DEFAULT_OPEN_WINDOWS: u32 = 3;
+/// Normal windows in a row that close one.
+pub const DEFAULT_CLOSE_WINDOWS: u32 = 6;
+/// Windows a baseline remembers (30 minutes at the default window).
+pub const DEFAULT_BASELINE_WINDOWS: u64 = 360;
+/// Windows a baseline needs before it can open an event.
+pub const DEFAULT_MIN_BASELINE_WINDOWS: u64 = 12;
+/// Robust z at which a window counts as abnormal.
+pub const DEFAULT_Z_OPEN: f64 = 4.0;
+/// Robust z below which a window counts as normal again.
+pub const DEFAULT_Z_CLOSE: f64 = 2.0;
+/// Seconds of per-second history the suspects are ranked over.
+pub const DEFAULT_LOOKBACK_SECS: u64 = 90;
+/// Seconds after a window ends before it is judged: collectors tick on whole
+/// seconds and their rows reach the main thread within its 250 ms tick.
+const WINDOW_GRACE_SECS: i64 = 2;
+/// Suspects ranked per event in `/metrics`.
+const SUSPECTS_EXPORTED: usize = 3;
+/// Suspects listed in an event's row.
+const SUSPECTS_STORED: usize = 5;
+
+/// `[detect]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DetectConfig {
+    /// Whether the detector runs.
+    pub enabled: bool,
+    /// Seconds per judged window.
+    pub window_secs: u64,
+    /// Abnormal windows in a row that open an event.
+    pub open_windows: u32,
+    /// Normal windows in a row that close an event.
+    pub close_windows: u32,
+    /// Windows each baseline remembers.
+    pub baseline_windows: u64,
+    /// Windows a baseline needs before it judges.
+    pub min_baseline_windows: u64,
+    /// Robust z that makes a window abnormal.
+    pub z_open: f64,
+    /// Robust z under which a window is normal.
+    pub z_close: f64,
+    /// Seconds of history the suspects are ranked over.
+    pub lookback_secs: u64,
+    /// Whether the cache canary runs (the memory signal where the PMU is hidden).
+    pub cache_canary: bool,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        DetectConfig {
+            enabled: true,
+            window_secs: DEFAULT_WINDOW_SECS,
+            open_windows: DEFAULT_OPEN_WINDOWS,
+            close_windows: DEFAULT_CLOSE_WINDOWS,
+            baseline_windows: DEFAULT_BASELINE_WINDOWS,
+            min_baseline_windows: DEFAULT_MIN_BASELINE_WINDOWS,
+            z_open: DEFAULT_Z_OPEN,
+            z_close: DEFAULT_Z_CLOSE,
+            lookback_secs: DEFAULT_LOOKBACK_SECS,
+            cache_canary: true,
+        }
+    }
+}
+
+impl DetectConfig {
+    /// Checks what the types cannot; on failure the key and the message.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let fail = |key: &str, message: String| Err((format!("detect.{key}"), message));
+        if !(1..=300).contains(&self.window_secs) {
+            return fail(
+                "window_secs",
+                format!(
+                    "detect.window_secs = {}: must be 1 to 300",
+                    self.window_secs
+                ),
+            );
+        }
+        if self.open_windows == 0 || self.close_windows == 0 {
+            return fail(
+                "open_windows",
+                "detect.open_windows and detect.close_windows must be at least 1".into(),
+            );
+        }
+        if self.min_baseline_windows < 3 || self.baseline_windows < self.min_baseline_windows {
+            return fail(
+                "baseline_windows",
+                format!(
+                    "detect.baseline_windows = {} must be at least detect.min_baseline_windows = {}, which must be at least 3",
+                    self.baseline_windows, self.min_baseline_windows
+                ),
+            );
+        }
+        if !(self.z_close.is_finite()
+            && self.z_open.is_finite()
+            && 0.0 < self.z_close
+            && self.z_close < self.z_open)
+        {
+            return fail(
+                "z_open",
+                format!(
+                    "detect.z_close = {} must be above 0 and below detect.z_open = {}",
+                    self.z_close, self.z_open
+                ),
+            );
+        }
+        if self.lookback_secs < self.window_secs * u64::from(self.open_windows) {
+            return fail(
+                "lookback_secs",
+                format!(
+                    "detect.lookback_secs = {} must cover the windows that open an event ({} s)",
+                    self.lookback_secs,
+                    self.window_secs * u64::from(self.open_windows)
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Comments for the example config.
+pub const KEY_DOCS: &[(&str, &str)] = &[
+    ("detect.enabled", "Whether the noisy-neighbour detector and the platform verdict run."),
+    ("detect.window_secs", "Seconds per judged window: each signal's mean over a window is compared with its baseline."),
+    ("detect.open_windows", "Abnormal windows in a row that open an event: one blip is not an event."),
+    ("detect.close_windows", "Normal windows in a row that close an event (hysteresis)."),
+    ("detect.baseline_windows", "Windows each signal's baseline (median and MAD) remembers; relearned from the store after a restart."),
+    ("detect.min_baseline_windows", "Windows a baseline needs before it can open an event."),
+    ("detect.z_open", "Robust z (distance from the median in MAD-derived standard deviations) that makes a window abnormal."),
+    ("detect.z_close", "Robust z under which a window counts as normal again."),
+    ("detect.lookback_secs", "Seconds of per-second history over which suspects' usage is correlated with the victim signal."),
+    ("detect.cache_canary", "Run the cache canary, a 2 MiB pointer chase once a second: the memory-interference signal where the PMU is hidden."),
+];
+
+/// A resource a neighbour can take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    Cpu,
+    Memory,
+    Io,
+    Gpu,
+    Network,
+}
+
+impl Resource {
+    pub const ALL: [Resource; 5] = [
+        Resource::Cpu,
+        Resource::Memory,
+        Resource::Io,
+        Resource::Gpu,
+        Resource::Network,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Cpu => "cpu",
+            Resource::Memory => "memory",
+            Resource::Io => "io",
+            Resource::Gpu => "gpu",
+            Resource::Network => "network",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Resource> {
+        Resource::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// A suspect usage change that counts as material when ranking: CPUs for
+    /// cgroups, SM share for GPU processes.
+    fn usage_scale(self) -> f64 {
+        0.05
+    }
+}
+
+/// How a signal is judged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// Against its learned baseline: abnormal at `z_open` and at least
+    /// `min_change` above the median; `z_floor` bounds the scale from below so
+    /// that a flat baseline does not make noise look infinite.
+    Baseline { min_change: f64, z_floor: f64 },
+    /// Healthy is zero: abnormal above `threshold`, whatever was learned
+    /// (a baseline would learn a link that was always trained down as normal).
+    Above { threshold: f64 },
+}
+
+/// A victim signal's declaration.
+#[derive(Debug)]
+pub struct Spec {
+    pub resource: Resource,
+    pub signal: &'static str,
+    pub rule: Rule,
+    pub help: &'static str,
+}
+
+const fn baseline(
+    resource: Resource,
+    signal: &'static str,
+    min_change: f64,
+    z_floor: f64,
+    help: &'static str,
+) -> Spec {
+    Spec {
+        resource,
+        signal,
+        rule: Rule::Baseline {
+            min_change,
+            z_floor,
+        },
+        help,
+    }
+}
+
+const fn above(
+    resource: Resource,
+    signal: &'static str,
+    threshold: f64,
+    help: &'static str,
+) -> Spec {
+    Spec {
+        resource,
+        signal,
+        rule: Rule::Above { threshold },
+        help,
+    }
+}
+
+/// Every victim signal. The thresholds are where a workload notices: 5% of a
+/// CPU's time stalled, 200 µs more wake-up tail, a cache load twice as slow.
+pub static SPECS: &[Spec] = &[
+    baseline(
+        Resource::Cpu,
+        "steal_ratio",
+        0.05,
+        0.01,
+        "CPU time stolen by the hypervisor, mean over CPUs (node).",
+    ),
+    baseline(
+        Resource::Cpu,
+        "run_delay_ratio",
+        0.05,
+        0.01,
+        "Time runnable tasks waited for a CPU, per CPU (node, /proc/schedstat).",
+    ),
+    baseline(
+        Resource::Cpu,
+        "pressure_some_ratio",
+        0.05,
+        0.01,
+        "CPU pressure: share of time some task waited for a CPU (node and each workload cgroup).",
+    ),
+    baseline(
+        Resource::Cpu,
+        "jitter_p99_seconds",
+        200e-6,
+        50e-6,
+        "Worst CPU's 99th percentile wake-up latency (jitter probe).",
+    ),
+    baseline(
+        Resource::Cpu,
+        "jitter_unexplained_ratio",
+        0.02,
+        0.005,
+        "Interrupted time the guest cannot explain (jitter probe).",
+    ),
+    baseline(
+        Resource::Memory,
+        "pressure_some_ratio",
+        0.05,
+        0.01,
+        "Memory pressure (node and each workload cgroup).",
+    ),
+    baseline(
+        Resource::Memory,
+        "cache_latency_seconds",
+        10e-9,
+        1e-9,
+        "Cache canary: seconds per dependent load over a 2 MiB working set.",
+    ),
+    baseline(
+        Resource::Io,
+        "pressure_some_ratio",
+        0.05,
+        0.01,
+        "I/O pressure (node and each workload cgroup).",
+    ),
+    above(
+        Resource::Gpu,
+        "clock_throttle_ratio",
+        0.05,
+        "SM clock lost to power or thermal slowdown.",
+    ),
+    baseline(
+        Resource::Gpu,
+        "sm_activity_loss_ratio",
+        0.15,
+        0.03,
+        "SMs idle while kernels run: 1 − SM active / utilisation, when busy.",
+    ),
+    baseline(
+        Resource::Gpu,
+        "dram_activity_loss_ratio",
+        0.15,
+        0.03,
+        "HBM idle while kernels run: 1 − DRAM bandwidth / utilisation, when busy.",
+    ),
+    above(
+        Resource::Gpu,
+        "pcie_bandwidth_loss_ratio",
+        0.01,
+        "PCIe bandwidth lost to a link trained down, under load.",
+    ),
+    above(
+        Resource::Gpu,
+        "nvlink_links_missing_ratio",
+        0.01,
+        "NVLink links not up against the product's count.",
+    ),
+    baseline(
+        Resource::Network,
+        "xmit_wait_ticks_per_second",
+        1e6,
+        1e4,
+        "InfiniBand port_xmit_wait: ticks with data to send and no credit (congestion).",
+    ),
+    above(
+        Resource::Network,
+        "errors_per_second",
+        0.1,
+        "InfiniBand error counters, summed.",
+    ),
+    above(
+        Resource::Network,
+        "link_downed_per_second",
+        0.0,
+        "InfiniBand link downs.",
+    ),
+];
+
+fn spec(resource: Resource, signal: &str) -> Option<&'static Spec> {
+    SPECS
+        .iter()
+        .find(|s| s.resource == resource && s.signal == signal)
+}
+
+/// A victim signal's identity.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SignalKey {
+    pub resource: Resource,
+    pub victim: String,
+    pub signal: &'static str,
+}
+
+struct SignalState {
+    spec: &'static Spec,
+    /// Per-second values, the last `lookback_secs`.
+    seconds: VecDeque<(i64, f64)>,
+    /// Sum and count per window start, until judged.
+    pending: BTreeMap<i64, (f64, u32)>,
+    baseline: RollingBaseline,
+    abnormal_run: u32,
+    normal_run: u32,
+    last_second: i64,
+    /// The last judged window's score, for the per-resource score.
+    last_score: f64,
+}
+
+struct OpenEvent {
+    start_second: i64,
+    peak_score: f64,
+    suspects: Vec<Suspect>,
+    evidence: String,
+}
+
+/// Whose usage a suspect is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    Cgroup,
+    GpuProcess,
+}
+
+struct SuspectSeries {
+    pool: Pool,
+    seconds: VecDeque<(i64, f64)>,
+}
+
+/// The detector's state.
+pub struct Detector {
+    config: DetectConfig,
+    signals: BTreeMap<SignalKey, SignalState>,
+    suspects: BTreeMap<String, SuspectSeries>,
+    /// Cgroups that have no child cgroup: only these are suspects, since a
+    /// parent's usage holds its children's.
+    leaf_cgroups: BTreeSet<String>,
+    counters: HashMap<String, (i64, f64)>,
+    open: BTreeMap<SignalKey, OpenEvent>,
+    facts: Facts,
+    jitter: Option<JitterWindow>,
+    steal_ratio: Option<f64>,
+    canary: Option<canary::CacheCanary>,
+    last_canary_second: i64,
+    /// Start of the oldest window not yet judged.
+    next_window: Option<i64>,
+}
+
+#[derive(Clone, Copy)]
+struct JitterWindow {
+    p99_seconds: f64,
+    interrupted_ratio: Option<f64>,
+    unexplained_ratio: Option<f64>,
+}
+
+/// The second a sample belongs to (collectors tick just after whole seconds).
+fn second_of(time_us: i64) -> i64 {
+    (time_us + 500_000).div_euclid(1_000_000)
+}
+
+impl Detector {
+    pub fn new(config: DetectConfig) -> Self {
+        let canary = config.cache_canary.then(canary::CacheCanary::new);
+        Detector {
+            config,
+            signals: BTreeMap::new(),
+            suspects: BTreeMap::new(),
+            leaf_cgroups: BTreeSet::new(),
+            counters: HashMap::new(),
+            open: BTreeMap::new(),
+            facts: Facts::default(),
+            jitter: None,
+            steal_ratio: None,
+            canary,
+            last_canary_second: i64::MIN,
+            next_window: None,
+        }
+    }
+
+    /// Teaches a baseline a window value it learned before a restart.
+    pub fn relearn(&mut self, resource: Resource, victim: &str, signal: &str, value: f64) {
+        let Some(spec) = spec(resource, signal) else {
+            return;
+        };
+        let capacity = self.config.baseline_windows as usize;
+        let key = SignalKey {
+            resource,
+            victim: victim.to_string(),
+            signal: spec.signal,
+        };
+        self.signals
+            .entry(key)
+            .or_insert_with(|| SignalState::new(spec, capacity))
+            .baseline
+            .push(value);
+    }
+
+    /// Reads one collector batch.
+    pub fn observe(&mut self, batch: &Batch) {
+        let view = View::new(batch);
+        if view.rows() == 0 {
+            return;
+        }
+        match batch.table.name {
+            "cpu" => self.observe_cpu(&view),
+            "cpu_sched" => {
+                self.observe_node_mean(
+                    &view,
+                    "cpu",
+                    "run_delay_seconds",
+                    Resource::Cpu,
+                    "run_delay_ratio",
+                );
+            }
+            "pressure" => self.observe_pressure(&view),
+            "cgroup" => self.observe_cgroups(&view),
+            "jitter" => self.observe_jitter(&view),
+            "platform_host" => self.facts.observe_host(&view),
+            "gpu_info" => {
+                self.facts.observe_gpu_info(&view);
+                let present: Vec<String> = (0..view.rows())
+                    .map(|r| view.tag(r, "gpu").to_string())
+                    .collect();
+                self.facts.retain_gpus(&present);
+            }
+            "gpu" => self.observe_gpus(&view),
+            "gpu_process" => self.observe_gpu_processes(&view),
+            "infiniband_port" => self.observe_infiniband(&view),
+            _ => {}
+        }
+    }
+
+    fn rate(&mut self, key: String, time_us: i64, value: f64) -> Option<f64> {
+        let previous = self.counters.insert(key, (time_us, value));
+        let (t0, v0) = previous?;
+        let dt = (time_us - t0) as f64 / 1e6;
+        // A reset (reboot of the source, a new cgroup under an old name) is no rate.
+        (dt > 0.0 && value >= v0).then(|| (value - v0) / dt)
+    }
+
+    fn sample(
+        &mut self,
+        resource: Resource,
+        victim: &str,
+        signal: &'static str,
+        time_us: i64,
+        value: f64,
+    ) {
+        if !value.is_finite() {
+            return;
+        }
+        let Some(spec) = spec(resource, signal) else {
+            debug_assert!(false, "undeclared signal {signal}");
+            return;
+        };
+        let capacity = self.config.baseline_windows as usize;
+        let (window_secs, lookback) = (
+            self.config.window_secs as i64,
+            self.config.lookback_secs as i64,
+        );
+        let key = SignalKey {
+            resource,
+            victim: victim.to_string(),
+            signal: spec.signal,
+        };
+        let state = self
+            .signals
+            .entry(key)
+            .or_insert_with(|| SignalState::new(spec, capacity));
+        let second = second_of(time_us);
+        push_second(&mut state.seconds, second, value, lookback);
+        let window = second.div_euclid(window_secs) * window_secs;
+        let slot = state.pending.entry(window).or_insert((0.0, 0));
+        slot.0 += value;
+        slot.1 += 1;
+        state.last_second = state.last_second.max(second);
+    }
+
+    fn usage(&mut self, name: &str, pool: Pool, time_us: i64, value: f64) {
+        let lookback = self.config.lookback_secs as i64;
+        let series = self
+            .suspects
+            .entry(name.to_string())
+            .or_insert_with(|| SuspectSeries {
+                pool,
+                seconds: VecDeque::new(),
+            });
+        push_second(&mut series.seconds, second_of(time_us), value, lookback);
+    }
+
+    /// Mean over the rows (CPUs) of a counter's rate, as one node signal.
+    fn observe_node_mean(
+        &mut self,
+        view: &View,
+        key_tag: &str,
+        field: &str,
+        resource: Resource,
+        signal: &'static str,
+    ) -> Option<f64> {
+        let (tag, column) = (view.tag_column(key_tag)?, view.field_column(field)?);
+        let (mut sum, mut n) = (0.0, 0usize);
+        let time_us = view.time_us(0);
+        for row in 0..view.rows() {
+            let Some(v) = view.value_at(column, row) else {
+                continue;
+            };
+            let key = format!("{}|{}|{field}", view.table_name(), view.tag_at(tag, row));
+            if let Some(r) = self.rate(key, view.time_us(row), v) {
+                sum += r;
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+        let mean = sum / n as f64;
+        self.sample(resource, "node", signal, time_us, mean);
+        Some(mean)
+    }
+
+    fn observe_cpu(&mut self, view: &View) {
+        if let Some(steal) =
+            self.observe_node_mean(view, "cpu", "steal_seconds", Resource::Cpu, "steal_ratio")
+        {
+            self.steal_ratio = Some(steal);
+        }
+    }
+
+    fn observe_pressure(&mut self, view: &View) {
+        for row in 0..view.rows() {
+            let resource = match view.tag(row, "resource") {
+                "cpu" => Resource::Cpu,
+                "memory" => Resource::Memory,
+                "io" => Resource::Io,
+                _ => continue,
+            };
+            let Some(v) = view.value(row, "some_stalled_seconds") else {
+                continue;
+            };
+            let time_us = view.time_us(row);
+            if let Some(r) = self.rate(format!("pressure|{}", resource.name()), time_us, v) {
+                self.sample(resource, "node", "pressure_some_ratio", time_us, r);
+            }
+        }
+    }
+
+    fn observe_cgroups(&mut self, view: &View) {
+        let (Some(path_col), Some(workload_col)) =
+            (view.tag_column("path"), view.tag_column("workload"))
+        else {
+            return;
+        };
+        let paths: Vec<&str> = (0..view.rows()).map(|r| view.tag_at(path_col, r)).collect();
+        self.leaf_cgroups = leaves(&paths);
+        const PRESSURES: [(&str, Resource); 3] = [
+            ("cpu_pressure_some_seconds", Resource::Cpu),
+            ("memory_pressure_some_seconds", Resource::Memory),
+            ("io_pressure_some_seconds", Resource::Io),
+        ];
+        for (row, path) in paths.iter().enumerate() {
+            let time_us = view.time_us(row);
+            if let Some(usage) = view.value(row, "cpu_usage_seconds") {
+                if let Some(r) = self.rate(format!("cgroup|{path}|cpu"), time_us, usage) {
+                    if self.leaf_cgroups.contains(*path) {
+                        self.usage(path, Pool::Cgroup, time_us, r);
+                    }
+                }
+            }
+            // Slices and job steps aggregate or subdivide a workload: the
+            // workload's own cgroup is the victim.
+            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step") {
+                continue;
+            }
+            for (field, resource) in PRESSURES {
+                let Some(v) = view.value(row, field) else {
+                    continue;
+                };
+                if let Some(r) = self.rate(format!("cgroup|{path}|{field}"), time_us, v) {
+                    self.sample(resource, path, "pressure_some_ratio", time_us, r);
+                }
+            }
+        }
+    }
+
+    fn observe_jitter(&mut self, view: &View) {
+        let mut p99: Option<f64> = None;
+        let (mut interrupted, mut unexplained) = (Vec::new(), Vec::new());
+        for row in 0..view.rows() {
+            if let Some(v) = view.value(row, "wakeup_p99_seconds") {
+                p99 = Some(p99.map_or(v, |p: f64| p.max(v)));
+            }
+            interrupted.extend(view.value(row, "interrupted_ratio"));
+            unexplained.extend(view.value(row, "unexplained_ratio"));
+        }
+        let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let time_us = view.time_us(0);
+        if let Some(p99) = p99 {
+            self.sample(Resource::Cpu, "node", "jitter_p99_seconds", time_us, p99);
+            self.jitter = Some(JitterWindow {
+                p99_seconds: p99,
+                interrupted_ratio: mean(&interrupted),
+                unexplained_ratio: mean(&unexplained),
+            });
+        }
+        if let Some(u) = mean(&unexplained) {
+            self.sample(
+                Resource::Cpu,
+                "node",
+                "jitter_unexplained_ratio",
+                time_us,
+                u,
+            );
+        }
+    }
+
+    fn observe_gpus(&mut self, view: &View) {
+        let seen = self.facts.observe_gpu(view);
+        let time_us = view.time_us(0);
+        type Derived = fn(&GpuFacts) -> Option<f64>;
+        const DERIVED: [(&str, Derived); 5] = [
+            ("clock_throttle_ratio", GpuFacts::clock_throttle_ratio),
+            ("sm_activity_loss_ratio", GpuFacts::sm_activity_loss_ratio),
+            (
+                "dram_activity_loss_ratio",
+                GpuFacts::dram_activity_loss_ratio,
+            ),
+            (
+                "pcie_bandwidth_loss_ratio",
+                GpuFacts::pcie_bandwidth_loss_ratio,
+            ),
+            (
+                "nvlink_links_missing_ratio",
+                GpuFacts::nvlink_links_missing_ratio,
+            ),
+        ];
+        for index in seen {
+            let Some(gpu) = self.facts.gpus.get(&index) else {
+                continue;
+            };
+            let values: Vec<(&'static str, f64)> = DERIVED
+                .iter()
+                .filter_map(|(signal, f)| f(gpu).map(|v| (*signal, v)))
+                .collect();
+            let victim = format!("gpu{index}");
+            for (signal, v) in values {
+                self.sample(Resource::Gpu, &victim, signal, time_us, v);
+            }
+        }
+    }
+
+    fn observe_gpu_processes(&mut self, view: &View) {
+        for row in 0..view.rows() {
+            let Some(sm) = view.value(row, "sm_utilization_ratio") else {
+                continue;
+            };
+            let name = gpu_process_name(view, row);
+            self.usage(&name, Pool::GpuProcess, view.time_us(row), sm);
+        }
+    }
+
+    fn observe_infiniband(&mut self, view: &View) {
+        const ERRORS: [&str; 7] = [
+            "symbol_error",
+            "rcv_errors",
+            "link_error_recovery",
+            "local_link_integrity_errors",
+            "excessive_buffer_overrun_errors",
+            "xmit_discards",
+            "rcv_remote_physical_errors",
+        ];
+        for row in 0..view.rows() {
+            let port = format!("{}/{}", view.tag(row, "device"), view.tag(row, "port"));
+            let time_us = view.time_us(row);
+            if let Some(v) = view.value(row, "xmit_wait") {
+                if let Some(r) = self.rate(format!("ib|{port}|xmit_wait"), time_us, v) {
+                    self.sample(
+                        Resource::Network,
+                        &port,
+                        "xmit_wait_ticks_per_second",
+                        time_us,
+                        r,
+                    );
+                }
+            }
+            let errors: Option<f64> = ERRORS.iter().map(|f| view.value(row, f)).sum();
+            if let Some(v) = errors {
+                if let Some(r) = self.rate(format!("ib|{port}|errors"), time_us, v) {
+                    self.sample(Resource::Network, &port, "errors_per_second", time_us, r);
+                }
+            }
+            if let Some(v) = view.value(row, "link_downed") {
+                if let Some(r) = self.rate(format!("ib|{port}|link_downed"), time_us, v) {
+                    self.sample(
+                        Resource::Network,
+                        &port,
+                        "link_downed_per_second",
+                        time_us,
+                        r,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs the cache canary once per second; the main loop calls this on
+    /// each of its ticks.
+    fn run_canary(&mut self, now_us: i64) {
+        let second = second_of(now_us);
+        if second == self.last_canary_second {
+            return;
+        }
+        let Some(canary) = self.canary.as_mut() else {
+            return;
+        };
+        self.last_canary_second = second;
+        let seconds_per_load = canary.sample();
+        self.sample(
+            Resource::Memory,
+            "node",
+            "cache_latency_seconds",
+            now_us,
+            seconds_per_load,
+        );
+    }
+
+    /// Judges every window that has ended; returns the rows to store and export.
+    pub fn tick(&mut self, now_us: i64) -> Vec<Batch> {
+        self.run_canary(now_us);
+        let window_secs = self.config.window_secs as i64;
+        let now_second = now_us.div_euclid(1_000_000);
+        let current = now_second.div_euclid(window_secs) * window_secs;
+        let mut next = *self.next_window.get_or_insert(current);
+        // After a long stall, judge only the last window that has ended.
+        if current - next > 100 * window_secs {
+            next = current - window_secs;
+        }
+        let mut out = Vec::new();
+        while next + window_secs + WINDOW_GRACE_SECS <= now_second {
+            out.extend(self.judge_window(next));
+            next += window_secs;
+        }
+        self.next_window = Some(next);
+        out
+    }
+
+    fn judge_window(&mut self, window: i64) -> Vec<Batch> {
+        let config = self.config.clone();
+        let window_end = window + config.window_secs as i64;
+        let time_us = window_end * 1_000_000;
+        let mut signal_rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
+        let mut event_rows = BatchBuilder::new(&tables::NEIGHBOR_EVENTS);
+        let mut resource_scores: BTreeMap<Resource, f64> = BTreeMap::new();
+        let mut opened = Vec::new();
+        let mut closed = Vec::new();
+        for (key, state) in self.signals.iter_mut() {
+            let judged = state.judge(window, &config);
+            let Some(judged) = judged else { continue };
+            let score = resource_scores.entry(key.resource).or_insert(0.0);
+            *score = score.max(judged.score.max(0.0));
+            let summary = judged.summary;
+            signal_rows
+                .push(
+                    time_us,
+                    &[key.resource.name(), &key.victim, key.signal],
+                    &[
+                        Value::F64(judged.value),
+                        summary.map_or(Value::Null, |s| Value::F64(s.median)),
+                        summary.map_or(Value::Null, |s| Value::F64(s.mad)),
+                        Value::F64(judged.score),
+                        Value::I64(i64::from(judged.abnormal)),
+                    ],
+                )
+                .expect("the row matches the declaration");
+            let open = self.open.contains_key(key);
+            if !open && state.abnormal_run >= config.open_windows {
+                let start_second =
+                    window - (i64::from(config.open_windows) - 1) * config.window_secs as i64;
+                opened.push((
+                    key.clone(),
+                    start_second,
+                    judged.score,
+                    evidence(key, state, &judged),
+                ));
+            } else if open && state.normal_run >= config.close_windows {
+                let end_second =
+                    window_end - i64::from(config.close_windows) * config.window_secs as i64;
+                closed.push((key.clone(), end_second));
+            } else if let Some(event) = self.open.get_mut(key) {
+                event.peak_score = event.peak_score.max(judged.score);
+            }
+        }
+        for (key, start_second, score, evidence) in opened {
+            let suspects = self.rank(&key);
+            tracing::warn!(
+                resource = key.resource.name(),
+                victim = %key.victim,
+                signal = key.signal,
+                suspect = suspects.first().map(|s| s.name.as_str()).unwrap_or("none"),
+                score = format!("{score:.1}"),
+                %evidence,
+                "Noisy-neighbour event opened."
+            );
+            let event = OpenEvent {
+                start_second,
+                peak_score: score,
+                suspects,
+                evidence,
+            };
+            push_event_row(&mut event_rows, time_us, &key, &event, "open", None);
+            self.open.insert(key, event);
+        }
+        // Suspects are ranked again every window: the more seconds of the
+        // event the look-back holds, the clearer the correlation.
+        let keys: Vec<SignalKey> = self.open.keys().cloned().collect();
+        for key in keys {
+            let suspects = self.rank(&key);
+            if let Some(event) = self.open.get_mut(&key) {
+                if !suspects.is_empty() && event.start_second < window {
+                    event.suspects = suspects;
+                }
+            }
+        }
+        for (key, end_second) in closed {
+            let Some(event) = self.open.remove(&key) else {
+                continue;
+            };
+            tracing::info!(
+                resource = key.resource.name(),
+                victim = %key.victim,
+                signal = key.signal,
+                duration_secs = end_second - event.start_second,
+                suspect = event.suspects.first().map(|s| s.name.as_str()).unwrap_or("none"),
+                "Noisy-neighbour event closed."
+            );
+            push_event_row(
+                &mut event_rows,
+                time_us,
+                &key,
+                &event,
+                "closed",
+                Some(end_second),
+            );
+        }
+        self.forget_stale(window);
+
+        let mut out = vec![signal_rows.finish(), event_rows.finish()];
+        out.push(self.neighbor_rows(time_us));
+        out.push(self.resource_rows(time_us, &resource_scores));
+        out.push(self.tax_row(time_us));
+        out.push(self.platform_row(time_us));
+        out.retain(|b| !b.is_empty());
+        out
+    }
+
+    fn rank(&self, key: &SignalKey) -> Vec<Suspect> {
+        let Some(state) = self.signals.get(key) else {
+            return Vec::new();
+        };
+        let pool = if key.resource == Resource::Gpu {
+            Pool::GpuProcess
+        } else {
+            Pool::Cgroup
+        };
+        let victim: BTreeMap<i64, f64> = state.seconds.iter().copied().collect();
+        let suspects: BTreeMap<String, BTreeMap<i64, f64>> = self
+            .suspects
+            .iter()
+            .filter(|(name, s)| s.pool == pool && !same_lineage(name, &key.victim))
+            .filter(|(name, _)| pool == Pool::GpuProcess || self.leaf_cgroups.contains(*name))
+            .map(|(name, s)| (name.clone(), s.seconds.iter().copied().collect()))
+            .collect();
+        rank::rank(&victim, &suspects, key.resource.usage_scale())
+    }
+
+    /// Drops the state of victims and suspects that left (a finished
+    /// container's cgroup), unless an event still refers to them.
+    fn forget_stale(&mut self, window: i64) {
+        let horizon = window - 2 * self.config.lookback_secs as i64;
+        let open = &self.open;
+        self.signals.retain(|key, state| {
+            state.last_second >= horizon || open.contains_key(key) || key.victim == "node"
+        });
+        self.suspects.retain(|_, s| {
+            s.seconds
+                .back()
+                .is_some_and(|(second, _)| *second >= horizon)
+        });
+        self.counters
+            .retain(|_, (time_us, _)| second_of(*time_us) >= horizon);
+    }
+
+    fn neighbor_rows(&self, time_us: i64) -> Batch {
+        let mut rows = BatchBuilder::new(&tables::NEIGHBOR);
+        for (key, event) in &self.open {
+            for suspect in event
+                .suspects
+                .iter()
+                .filter(|s| s.score > 0.0)
+                .take(SUSPECTS_EXPORTED)
+            {
+                rows.push(
+                    time_us,
+                    &[key.resource.name(), &key.victim, &suspect.name],
+                    &[Value::F64(suspect.score), Value::F64(suspect.correlation)],
+                )
+                .expect("the row matches the declaration");
+            }
+        }
+        rows.finish()
+    }
+
+    fn resource_rows(&self, time_us: i64, scores: &BTreeMap<Resource, f64>) -> Batch {
+        let mut rows = BatchBuilder::new(&tables::NEIGHBOR_RESOURCE);
+        for (resource, score) in scores {
+            let open = self.open.keys().filter(|k| k.resource == *resource).count();
+            rows.push(
+                time_us,
+                &[resource.name()],
+                &[Value::F64(*score), Value::I64(open as i64)],
+            )
+            .expect("the row matches the declaration");
+        }
+        rows.finish()
+    }
+
+    fn tax_row(&self, time_us: i64) -> Batch {
+        let opt = |v: Option<f64>| v.map_or(Value::Null, Value::F64);
+        let jitter = self.jitter;
+        let mut rows = BatchBuilder::new(&tables::TAX);
+        rows.push(
+            time_us,
+            &[],
+            &[
+                opt(self.steal_ratio),
+                opt(jitter.and_then(|j| j.interrupted_ratio)),
+                opt(jitter.and_then(|j| j.unexplained_ratio)),
+                opt(jitter.map(|j| j.p99_seconds)),
+                opt(self.facts.hbm_peak_ratio()),
+                opt(self.facts.nvlink_links_missing_ratio()),
+                opt(self.facts.worst(GpuFacts::pcie_bandwidth_loss_ratio)),
+                opt(self.facts.worst(GpuFacts::clock_throttle_ratio)),
+            ],
+        )
+        .expect("the row matches the declaration");
+        rows.finish()
+    }
+
+    fn platform_row(&self, time_us: i64) -> Batch {
+        let verdict = self.facts.verdict();
+        let mut rows = BatchBuilder::new(&tables::PLATFORM);
+        rows.push(time_us, &verdict.tags(), &[Value::I64(1)])
+            .expect("the row matches the declaration");
+        rows.finish()
+    }
+}
+
+/// What one window said about one signal.
+struct Judged {
+    value: f64,
+    summary: Option<baseline::Summary>,
+    score: f64,
+    abnormal: bool,
+}
+
+impl SignalState {
+    fn new(spec: &'static Spec, capacity: usize) -> Self {
+        SignalState {
+            spec,
+            seconds: VecDeque::new(),
+            pending: BTreeMap::new(),
+            baseline: RollingBaseline::new(match spec.rule {
+                Rule::Baseline { .. } => capacity,
+                Rule::Above { .. } => 1,
+            }),
+            abnormal_run: 0,
+            normal_run: 0,
+            last_second: i64::MIN,
+            last_score: 0.0,
+        }
+    }
+
+    /// Judges `window` if it has samples; a window without any (a jitter
+    /// window is 10 s) changes nothing.
+    fn judge(&mut self, window: i64, config: &DetectConfig) -> Option<Judged> {
+        let mut sum_n = None;
+        while let Some(entry) = self.pending.first_entry() {
+            if *entry.key() > window {
+                break;
+            }
+            let (key, v) = entry.remove_entry();
+            if key == window {
+                sum_n = Some(v);
+            }
+        }
+        let (sum, n) = sum_n?;
+        let value = sum / f64::from(n);
+        let summary = self.baseline.summary();
+        let (score, abnormal, normal) = match self.spec.rule {
+            Rule::Baseline {
+                min_change,
+                z_floor,
+            } => {
+                let z = summary.map_or(0.0, |s| s.robust_z(value, z_floor));
+                let change = summary.map_or(0.0, |s| value - s.median);
+                let ready =
+                    summary.is_some_and(|s| s.windows as u64 >= config.min_baseline_windows);
+                (
+                    z,
+                    ready && z >= config.z_open && change >= min_change,
+                    z < config.z_close || change < min_change / 2.0,
+                )
+            }
+            Rule::Above { threshold } => {
+                let score = if threshold > 0.0 {
+                    config.z_open * value / threshold
+                } else if value > 0.0 {
+                    config.z_open * 2.0
+                } else {
+                    0.0
+                };
+                (score, value > threshold, value <= threshold / 2.0)
+            }
+        };
+        if matches!(self.spec.rule, Rule::Baseline { .. }) {
+            self.baseline.push(value);
+        }
+        if abnormal {
+            self.abnormal_run += 1;
+            self.normal_run = 0;
+        } else if normal {
+            self.normal_run += 1;
+            self.abnormal_run = 0;
+        } else {
+            // Between the thresholds: neither opens nor closes.
+            self.abnormal_run = 0;
+            self.normal_run = 0;
+        }
+        self.last_score = score;
+        Some(Judged {
+            value,
+            summary,
+            score,
+            abnormal,
+        })
+    }
+}
+
+fn push_second(series: &mut VecDeque<(i64, f64)>, second: i64, value: f64, lookback: i64) {
+    match series.back_mut() {
+        // Two samples in one second (a collector caught up): keep the later.
+        Some(last) if last.0 == second => last.1 = value,
+        _ => series.push_back((second, value)),
+    }
+    while series.front().is_some_and(|(s, _)| *s <= second - lookback) {
+        series.pop_front();
+    }
+}
+
+/// Paths with no descendant among `paths`.
+fn leaves(paths: &[&str]) -> BTreeSet<String> {
+    let sorted: BTreeSet<&str> = paths.iter().copied().collect();
+    sorted
+        .iter()
+        .filter(|p| {
+            let prefix = format!("{}/", p.trim_end_matches('/'));
+            !sorted
+                .range(prefix.as_str()..)
+                .next()
+                .is_some_and(|next| next.starts_with(&prefix))
+        })
+        .map(|p| p.to_string())
+        .collect()
+}
+
+/// Whether one cgroup path is the other or holds it.
+fn same_lineage(a: &str, b: &str) -> bool {
+    let within = |inner: &str, outer: &str| {
+        inner == outer
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    within(a, b) || within(b, a)
+}
+
+/// A GPU process as a suspect: its workload when it has one, else its pid.
+fn gpu_process_name(view: &View, row: usize) -> String {
+    for (tag, label) in [
+        ("pod_uid", "pod"),
+        ("container", "container"),
+        ("slurm_job", "slurm_job"),
+    ] {
+        let v = view.tag(row, tag);
+        if !v.is_empty() {
+            return format!("{label}:{v}");
+        }
+    }
+    format!("pid:{}/{}", view.tag(row, "pid"), view.tag(row, "command"))
+}
+
+fn evidence(key: &SignalKey, state: &SignalState, judged: &Judged) -> String {
+    match (state.spec.rule, judged.summary) {
+        (Rule::Baseline { .. }, Some(s)) => format!(
+            "{} {} of {} ({}): {:.4} against a baseline median {:.4} (MAD {:.4}, {} windows), z {:.1}, {} windows in a row",
+            key.resource.name(),
+            key.signal,
+            key.victim,
+            state.spec.help,
+            judged.value,
+            s.median,
+            s.mad,
+            s.windows,
+            judged.score,
+            state.abnormal_run
+        ),
+        (Rule::Above { threshold }, _) | (Rule::Baseline { min_change: threshold, .. }, None) => format!(
+            "{} {} of {} ({}): {:.4} above the threshold {:.4}, {} windows in a row",
+            key.resource.name(),
+            key.signal,
+            key.victim,
+            state.spec.help,
+            judged.value,
+            threshold,
+            state.abnormal_run
+        ),
+    }
+}
+
+fn push_event_row(
+    rows: &mut BatchBuilder,
+    time_us: i64,
+    key: &SignalKey,
+    event: &OpenEvent,
+    state: &str,
+    end_second: Option<i64>,
+) {
+    let suspects = event
+        .suspects
+        .iter()
+        .filter(|s| s.score > 0.0)
+        .take(SUSPECTS_STORED)
+        .map(|s| {
+            format!(
+                "{} score={:.2} r={:.2} effect={:.4}",
+                s.name, s.score, s.correlation, s.effect
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let top = event.suspects.first().filter(|s| s.score > 0.0);
+    rows.push(
+        time_us,
+        &[
+            key.resource.name(),
+            &key.victim,
+            key.signal,
+            state,
+            &suspects,
+            &event.evidence,
+        ],
+        &[
+            Value::F64(event.start_second as f64),
+            end_second.map_or(Value::Null, |s| Value::F64(s as f64)),
+            Value::F64(event.peak_score),
+            top.map_or(Value::Null, |s| Value::F64(s.correlation)),
+            top.map_or(Value::Null, |s| Value::F64(s.effect)),
+        ],
+    )
+    .expect("the row matches the declaration");
+}

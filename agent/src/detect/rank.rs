@@ -1,0 +1,181 @@
+//! Ranking antagonists: which other workload's usage moves with the victim's
+//! signal. Both are per-second series over the same look-back; a suspect
+//! whose usage rises when the victim suffers, and by a material amount,
+//! ranks first.
+
+use std::collections::BTreeMap;
+
+/// One suspect's standing against one victim signal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suspect {
+    pub name: String,
+    /// Pearson correlation of the suspect's usage with the victim signal.
+    pub correlation: f64,
+    /// The victim signal's mean while the suspect was busy minus its mean
+    /// while the suspect was quiet, in the signal's own unit.
+    pub effect: f64,
+    /// How much the suspect's usage changed between its quiet and busy seconds.
+    pub usage_change: f64,
+    /// correlation × materiality of the usage change, in [0, 1].
+    pub score: f64,
+}
+
+/// Pearson correlation of two equally long series; 0 when either is flat.
+pub fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len().min(y.len());
+    if n < 3 {
+        return 0.0;
+    }
+    let (x, y) = (&x[..n], &y[..n]);
+    let mean_x = x.iter().sum::<f64>() / n as f64;
+    let mean_y = y.iter().sum::<f64>() / n as f64;
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in x.iter().zip(y) {
+        let (dx, dy) = (a - mean_x, b - mean_y);
+        sxy += dx * dy;
+        sxx += dx * dx;
+        syy += dy * dy;
+    }
+    if sxx <= f64::EPSILON * n as f64 || syy <= f64::EPSILON * n as f64 {
+        return 0.0;
+    }
+    (sxy / (sxx.sqrt() * syy.sqrt())).clamp(-1.0, 1.0)
+}
+
+/// Ranks `suspects` (name → per-second usage) against `victim` (per-second
+/// signal), all keyed by the second they were sampled in. Only seconds both
+/// have count. `usage_scale` is the usage change that counts as material
+/// (e.g. 0.05 CPUs): a suspect correlated by chance but using next to
+/// nothing scores low.
+pub fn rank(
+    victim: &BTreeMap<i64, f64>,
+    suspects: &BTreeMap<String, BTreeMap<i64, f64>>,
+    usage_scale: f64,
+) -> Vec<Suspect> {
+    let mut ranked: Vec<Suspect> = suspects
+        .iter()
+        .filter_map(|(name, usage)| {
+            let (v, u): (Vec<f64>, Vec<f64>) = victim
+                .iter()
+                .filter_map(|(second, v)| usage.get(second).map(|u| (*v, *u)))
+                .unzip();
+            if v.len() < 3 {
+                return None;
+            }
+            let correlation = pearson(&u, &v);
+            let (effect, usage_change) = split_effect(&u, &v);
+            let materiality = 1.0 - (-usage_change.max(0.0) / usage_scale).exp();
+            Some(Suspect {
+                name: name.clone(),
+                correlation,
+                effect,
+                usage_change,
+                score: correlation.max(0.0) * materiality,
+            })
+        })
+        .collect();
+    ranked.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then(b.correlation.total_cmp(&a.correlation))
+            .then(a.name.cmp(&b.name))
+    });
+    ranked
+}
+
+/// Splits the seconds at the midpoint of the suspect's usage range into busy
+/// and quiet; returns (victim mean busy − quiet, usage mean busy − quiet).
+fn split_effect(usage: &[f64], victim: &[f64]) -> (f64, f64) {
+    let (lo, hi) = usage
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), u| {
+            (lo.min(*u), hi.max(*u))
+        });
+    if hi - lo <= f64::EPSILON {
+        return (0.0, 0.0);
+    }
+    let mid = (lo + hi) / 2.0;
+    let mut busy = (0.0, 0.0, 0usize);
+    let mut quiet = (0.0, 0.0, 0usize);
+    for (u, v) in usage.iter().zip(victim) {
+        let side = if *u > mid { &mut busy } else { &mut quiet };
+        side.0 += v;
+        side.1 += u;
+        side.2 += 1;
+    }
+    if busy.2 == 0 || quiet.2 == 0 {
+        return (0.0, 0.0);
+    }
+    let mean = |s: (f64, f64, usize)| (s.0 / s.2 as f64, s.1 / s.2 as f64);
+    let (vb, ub) = mean(busy);
+    let (vq, uq) = mean(quiet);
+    (vb - vq, ub - uq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(values: impl IntoIterator<Item = f64>) -> BTreeMap<i64, f64> {
+        values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| (i as i64, v))
+            .collect()
+    }
+
+    #[test]
+    fn pearson_of_known_series() {
+        assert!((pearson(&[1.0, 2.0, 3.0], &[2.0, 4.0, 6.0]) - 1.0).abs() < 1e-12);
+        assert!((pearson(&[1.0, 2.0, 3.0], &[6.0, 4.0, 2.0]) + 1.0).abs() < 1e-12);
+        assert_eq!(pearson(&[1.0, 1.0, 1.0], &[1.0, 2.0, 3.0]), 0.0);
+        assert_eq!(pearson(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+    }
+
+    #[test]
+    fn the_hog_that_starts_with_the_stall_ranks_first() {
+        // 30 quiet seconds, then 30 with a hog: the victim's stall rises with it.
+        let victim =
+            series((0..60).map(|i| if i < 30 { 0.01 } else { 0.4 } + (i % 3) as f64 * 0.01));
+        let hog = series((0..60).map(|i| if i < 30 { 0.0 } else { 0.98 }));
+        // A steady neighbour using a lot, and a tiny one that flickers along.
+        let steady = series((0..60).map(|i| 1.0 + (i % 2) as f64 * 0.01));
+        let tiny = series((0..60).map(|i| if i < 30 { 0.0 } else { 0.002 }));
+        let suspects: BTreeMap<String, _> = [
+            ("steady".to_string(), steady),
+            ("hog".to_string(), hog),
+            ("tiny".to_string(), tiny),
+        ]
+        .into();
+        let ranked = rank(&victim, &suspects, 0.05);
+        assert_eq!(ranked[0].name, "hog");
+        assert!(ranked[0].correlation > 0.95, "{ranked:?}");
+        assert!((ranked[0].effect - 0.39).abs() < 0.02, "{ranked:?}");
+        assert!((ranked[0].usage_change - 0.98).abs() < 1e-9);
+        assert!(ranked[0].score > 0.9);
+        let tiny = ranked.iter().find(|s| s.name == "tiny").unwrap();
+        assert!(tiny.correlation > 0.95 && tiny.score < 0.05, "{tiny:?}");
+        let steady = ranked.iter().find(|s| s.name == "steady").unwrap();
+        assert!(steady.score < 0.2, "{steady:?}");
+    }
+
+    #[test]
+    fn only_shared_seconds_count() {
+        let victim = series([0.0, 0.0, 1.0, 1.0]);
+        let mut late: BTreeMap<i64, f64> = BTreeMap::new();
+        late.insert(2, 1.0);
+        late.insert(3, 1.0);
+        let suspects: BTreeMap<String, _> = [("late".to_string(), late)].into();
+        assert!(rank(&victim, &suspects, 0.05).is_empty());
+    }
+
+    #[test]
+    fn a_suspect_that_goes_quiet_when_the_victim_suffers_scores_zero() {
+        let victim = series((0..20).map(|i| if i < 10 { 0.0 } else { 1.0 }));
+        let victim_itself = series((0..20).map(|i| if i < 10 { 1.0 } else { 0.5 }));
+        let suspects: BTreeMap<String, _> = [("starved".to_string(), victim_itself)].into();
+        let ranked = rank(&victim, &suspects, 0.05);
+        assert!(ranked[0].correlation < -0.9);
+        assert_eq!(ranked[0].score, 0.0);
+    }
+}

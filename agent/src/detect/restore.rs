@@ -1,0 +1,136 @@
+//! Relearning baselines after a restart from the detector's own
+//! `detector_signal` rows, so a restarted agent judges at once instead of
+//! spending `min_baseline_windows` blind and relearning from nothing.
+
+use anyhow::{Context, Result};
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use vtax_store::{ScanRequest, Store};
+
+use super::{Detector, Resource};
+
+/// Feeds the baselines every window value stored in their horizon; returns
+/// how many windows were relearned.
+pub fn relearn(detector: &mut Detector, store: &Store, now_us: i64) -> Result<usize> {
+    let horizon_us =
+        (detector.config.baseline_windows * detector.config.window_secs) as i64 * 1_000_000;
+    let request = ScanRequest {
+        table: super::tables::DETECTOR_SIGNAL.name.to_string(),
+        from_us: Some(now_us - horizon_us),
+        until_us: Some(now_us + 1),
+        fields: Some(vec!["value".to_string()]),
+        ..ScanRequest::default()
+    };
+    let result = store.scan(&request).context("scan detector_signal")?;
+    let mut rows = Vec::new();
+    for batch in &result.batches {
+        read_rows(batch, &mut rows)?;
+    }
+    // Files hold rows sorted by tags; a baseline must learn in time order.
+    rows.sort_by_key(|r| r.0);
+    for (_, resource, victim, signal, value) in &rows {
+        if let Some(resource) = Resource::parse(resource) {
+            detector.relearn(resource, victim, signal, *value);
+        }
+    }
+    Ok(rows.len())
+}
+
+type Row = (i64, String, String, String, f64);
+
+fn read_rows(batch: &RecordBatch, out: &mut Vec<Row>) -> Result<()> {
+    let column = |name: &str| {
+        batch
+            .column_by_name(name)
+            .with_context(|| format!("detector_signal has no column {name}"))
+    };
+    let time = arrow_cast::cast(column("time")?, &DataType::Int64)?;
+    let time = time.as_primitive::<arrow_array::types::Int64Type>();
+    let text = |name: &str| -> Result<arrow_array::ArrayRef> {
+        Ok(arrow_cast::cast(column(name)?, &DataType::Utf8)?)
+    };
+    let (resource, victim, signal) = (text("resource")?, text("victim")?, text("signal")?);
+    let (resource, victim, signal) = (
+        resource.as_string::<i32>(),
+        victim.as_string::<i32>(),
+        signal.as_string::<i32>(),
+    );
+    let value = arrow_cast::cast(column("value")?, &DataType::Float64)?;
+    let value = value.as_primitive::<arrow_array::types::Float64Type>();
+    for i in 0..batch.num_rows() {
+        if value.is_null(i) || resource.is_null(i) || victim.is_null(i) || signal.is_null(i) {
+            continue;
+        }
+        out.push((
+            time.value(i),
+            resource.value(i).to_string(),
+            victim.value(i).to_string(),
+            signal.value(i).to_string(),
+            value.value(i),
+        ));
+    }
+    Ok(())
+}
+
+/// The last `tax` row in a data directory, in words, for `vtax doctor`.
+pub fn last_tax(data_dir: &std::path::Path) -> String {
+    match read_last_tax(data_dir) {
+        Ok(Some(text)) => text,
+        Ok(None) => format!(
+            "no detector rows in {} in the last hour (a running agent writes one every window)",
+            data_dir.display()
+        ),
+        Err(e) => format!("could not read {}: {e:#}", data_dir.display()),
+    }
+}
+
+fn read_last_tax(data_dir: &std::path::Path) -> Result<Option<String>> {
+    if !data_dir.join("tables").exists() && !data_dir.join("wal").exists() {
+        return Ok(None);
+    }
+    let now_us = crate::timespec::now_us();
+    let request = ScanRequest {
+        table: super::tables::TAX.name.to_string(),
+        from_us: Some(now_us - 3_600_000_000),
+        ..ScanRequest::default()
+    };
+    let result = vtax_store::scan::scan_dir(data_dir, &crate::catalog(), &request)?;
+    let mut last: Option<(i64, &RecordBatch, usize)> = None;
+    for batch in &result.batches {
+        let time = arrow_cast::cast(batch.column(0), &DataType::Int64)?;
+        let time = time.as_primitive::<arrow_array::types::Int64Type>();
+        for i in 0..batch.num_rows() {
+            if last.is_none_or(|(t, _, _)| time.value(i) > t) {
+                last = Some((time.value(i), batch, i));
+            }
+        }
+    }
+    let Some((time_us, batch, row)) = last else {
+        return Ok(None);
+    };
+    let mut parts = Vec::new();
+    for field in super::tables::TAX.fields {
+        let Some(column) = batch.column_by_name(field.name) else {
+            continue;
+        };
+        let column = arrow_cast::cast(column, &DataType::Float64)?;
+        let column = column.as_primitive::<arrow_array::types::Float64Type>();
+        let text = if column.is_null(row) {
+            "n/a".to_string()
+        } else if field.name.ends_with("_seconds") {
+            format!("{:.3} ms", column.value(row) * 1e3)
+        } else {
+            format!("{:.2}%", column.value(row) * 100.0)
+        };
+        parts.push(format!(
+            "{} {text}",
+            field
+                .name
+                .trim_end_matches("_ratio")
+                .trim_end_matches("_seconds")
+        ));
+    }
+    let age_secs = (now_us - time_us) / 1_000_000;
+    Ok(Some(format!("{} ({age_secs} s ago)", parts.join(", "))))
+}

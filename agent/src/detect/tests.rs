@@ -1,0 +1,407 @@
+//! The detector driven by synthetic and simulated signal sequences.
+
+use vtax_store::{Batch, BatchBuilder, FieldType, TableDef, Value};
+
+use super::*;
+use crate::collectors::cgroups::CGROUP;
+use crate::collectors::host::PRESSURE;
+use crate::collectors::{Availability, Collector, Roots};
+
+const START_US: i64 = 1_800_000_000_000_000;
+
+/// One row of `table` with the named fields set and the rest null.
+fn row(table: &'static TableDef, time_us: i64, tags: &[&str], fields: &[(&str, f64)]) -> Batch {
+    let values: Vec<Value> = table
+        .fields
+        .iter()
+        .map(|f| match fields.iter().find(|(n, _)| *n == f.name) {
+            None => Value::Null,
+            Some((_, v)) => match f.ty {
+                FieldType::F64 => Value::F64(*v),
+                FieldType::I64 => Value::I64(*v as i64),
+                FieldType::U64 => Value::U64(*v as u64),
+            },
+        })
+        .collect();
+    let mut builder = BatchBuilder::new(table);
+    builder.push(time_us, tags, &values).unwrap();
+    builder.finish()
+}
+
+/// A node whose cgroups and pressure are cumulative counters, advanced one
+/// second at a time from per-second rates.
+struct Node {
+    detector: Detector,
+    second: i64,
+    usage: BTreeMap<&'static str, f64>,
+    stall: BTreeMap<&'static str, f64>,
+    node_stall: f64,
+    out: Vec<Batch>,
+}
+
+impl Node {
+    fn new(config: DetectConfig) -> Self {
+        Node {
+            detector: Detector::new(config),
+            second: 0,
+            usage: BTreeMap::new(),
+            stall: BTreeMap::new(),
+            node_stall: 0.0,
+            out: Vec::new(),
+        }
+    }
+
+    /// One second: each cgroup's CPU use and CPU stall rate, and the node's.
+    fn step(&mut self, cgroups: &[(&'static str, f64, f64)], node_stall_rate: f64) {
+        let time_us = START_US + self.second * 1_000_000 + 1_000;
+        for (path, usage, stall) in cgroups {
+            *self.usage.entry(path).or_default() += usage;
+            *self.stall.entry(path).or_default() += stall;
+            let batch = row(
+                &CGROUP,
+                time_us,
+                &[path, "container"],
+                &[
+                    ("cpu_usage_seconds", self.usage[path]),
+                    ("cpu_pressure_some_seconds", self.stall[path]),
+                    ("memory_pressure_some_seconds", 0.0),
+                    ("io_pressure_some_seconds", 0.0),
+                ],
+            );
+            self.detector.observe(&batch);
+        }
+        self.node_stall += node_stall_rate;
+        let pressure = row(
+            &PRESSURE,
+            time_us,
+            &["cpu"],
+            &[("some_stalled_seconds", self.node_stall)],
+        );
+        self.detector.observe(&pressure);
+        self.second += 1;
+        self.out.extend(
+            self.detector
+                .tick(START_US + self.second * 1_000_000 + 300_000),
+        );
+    }
+
+    fn events(&self, state: &str) -> Vec<(String, String, String, f64)> {
+        let mut found = Vec::new();
+        for b in self
+            .out
+            .iter()
+            .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+        {
+            let v = View::new(b);
+            for r in 0..v.rows() {
+                if v.tag(r, "state") == state {
+                    found.push((
+                        v.tag(r, "resource").to_string(),
+                        v.tag(r, "victim").to_string(),
+                        v.tag(r, "suspects").to_string(),
+                        v.value(r, "start_time_seconds").unwrap(),
+                    ));
+                }
+            }
+        }
+        found
+    }
+}
+
+fn config() -> DetectConfig {
+    DetectConfig {
+        cache_canary: false,
+        ..DetectConfig::default()
+    }
+}
+
+/// Deterministic noise in [-1, 1].
+fn noise(seed: &mut u64) -> f64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    (*seed % 2001) as f64 / 1000.0 - 1.0
+}
+
+#[test]
+fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
+    let mut node = Node::new(config());
+    let mut seed = 7;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..180 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.9, quiet(&mut seed)),
+                ("/steady", 0.5 + 0.02 * n, 0.0),
+                ("/hog", 0.0, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    assert!(node.events("open").is_empty(), "no event while quiet");
+    let onset = START_US / 1_000_000 + node.second;
+    for _ in 0..60 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.6, 0.35 + 0.03 * n),
+                ("/steady", 0.5 + 0.02 * n, 0.0),
+                ("/hog", 0.95, 0.0),
+            ],
+            0.3,
+        );
+    }
+    let opened = node.events("open");
+    let victim = opened
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .expect("the victim's event opened");
+    assert_eq!(victim.0, "cpu");
+    assert!(
+        victim.2.starts_with("/hog "),
+        "the hog ranks first: {}",
+        victim.2
+    );
+    let node_event = opened
+        .iter()
+        .find(|e| e.1 == "node")
+        .expect("the node's event opened");
+    assert!(node_event.2.starts_with("/hog "), "{}", node_event.2);
+    // The detection latency: from the onset to the window that opened it.
+    let opened_at = node
+        .out
+        .iter()
+        .find(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+        .map(|b| b.time_us[0] / 1_000_000)
+        .unwrap();
+    assert!(
+        opened_at - onset <= 30,
+        "detected {} s after the onset",
+        opened_at - onset
+    );
+    // The suspects are exported while the event is open.
+    let last_neighbor = node
+        .out
+        .iter()
+        .rev()
+        .find(|b| std::ptr::eq(b.table, &tables::NEIGHBOR))
+        .unwrap();
+    let v = View::new(last_neighbor);
+    assert!((0..v.rows())
+        .any(|r| v.tag(r, "suspect") == "/hog" && v.value(r, "suspected").unwrap() > 0.5));
+    assert!(
+        (0..v.rows()).all(|r| v.tag(r, "suspect") != "/victim"),
+        "the victim never suspects itself"
+    );
+
+    for _ in 0..90 {
+        node.step(
+            &[
+                ("/victim", 0.9, quiet(&mut seed)),
+                ("/steady", 0.5, 0.0),
+                ("/hog", 0.0, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    let closed = node.events("closed");
+    assert!(closed.iter().any(|e| e.1 == "/victim"), "{closed:?}");
+    assert!(node.detector.open.is_empty());
+}
+
+#[test]
+fn an_hour_of_noise_with_blips_raises_no_event() {
+    let mut node = Node::new(config());
+    let mut seed = 11;
+    for second in 0..3600 {
+        let mut stall = 0.02 + 0.01 * noise(&mut seed);
+        // A one-second spike every five minutes: one window, not an event.
+        if second % 300 == 150 {
+            stall = 0.9;
+        }
+        let n = noise(&mut seed);
+        node.step(&[("/a", 0.5 + 0.1 * n, stall), ("/b", 0.2, 0.01)], stall);
+    }
+    assert!(node.events("open").is_empty(), "{:?}", node.events("open"));
+}
+
+#[test]
+fn a_restarted_detector_judges_at_once_with_relearned_baselines() {
+    let mut detector = Detector::new(config());
+    for _ in 0..20 {
+        detector.relearn(Resource::Cpu, "node", "pressure_some_ratio", 0.01);
+    }
+    detector.relearn(Resource::Cpu, "node", "no_such_signal", 1.0);
+    let mut node = Node {
+        detector,
+        ..Node::new(config())
+    };
+    for _ in 0..20 {
+        node.step(&[], 0.5);
+    }
+    assert!(node.events("open").iter().any(|e| e.1 == "node"));
+}
+
+#[test]
+fn baselines_are_relearned_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store =
+        vtax_store::Store::open(vtax_store::StoreOptions::new(dir.path()), crate::catalog())
+            .unwrap();
+    let now_us = crate::timespec::now_us();
+    let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
+    for i in 0..15 {
+        rows.push(
+            now_us - (15 - i) * 5_000_000,
+            &["cpu", "node", "pressure_some_ratio"],
+            &[
+                Value::F64(0.01),
+                Value::Null,
+                Value::Null,
+                Value::F64(0.0),
+                Value::I64(0),
+            ],
+        )
+        .unwrap();
+    }
+    store.append(&rows.finish()).unwrap();
+    let mut detector = Detector::new(config());
+    assert_eq!(restore::relearn(&mut detector, &store, now_us).unwrap(), 15);
+    let key = SignalKey {
+        resource: Resource::Cpu,
+        victim: "node".into(),
+        signal: "pressure_some_ratio",
+    };
+    let summary = detector.signals[&key].baseline.summary().unwrap();
+    assert_eq!((summary.median, summary.windows), (0.01, 15));
+}
+
+/// Simulated GPUs through the real GPU collector into the detector.
+fn gpu_events(scenarios: &[&str]) -> (Vec<(String, String, String)>, Vec<Batch>) {
+    let config_gpu = crate::collectors::gpu::GpuConfig {
+        simulate_gpus: scenarios.len() as u32,
+        simulate_scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let roots = Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+    };
+    let mut gpu = crate::collectors::gpu::Gpu::new(&config_gpu, &roots);
+    assert!(matches!(gpu.probe(), Availability::Available(_)));
+    let mut detector = Detector::new(config());
+    let mut out = Vec::new();
+    for second in 0..40 {
+        let time_us = START_US + second * 1_000_000 + 1_000;
+        for batch in gpu.collect(time_us).unwrap() {
+            detector.observe(&batch);
+        }
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let mut opened = Vec::new();
+    for b in out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+    {
+        let v = View::new(b);
+        for r in 0..v.rows() {
+            opened.push((
+                v.tag(r, "resource").into(),
+                v.tag(r, "victim").into(),
+                v.tag(r, "signal").into(),
+            ));
+        }
+    }
+    (opened, out)
+}
+
+#[test]
+fn simulated_gpu_throttling_and_degraded_links_open_gpu_events() {
+    let (opened, out) = gpu_events(&[
+        "training",
+        "thermal-throttle",
+        "pcie-degraded",
+        "nvlink-hidden",
+        "power-throttle",
+    ]);
+    let has = |victim: &str, signal: &str| {
+        opened
+            .iter()
+            .any(|(r, v, s)| r == "gpu" && v == victim && s == signal)
+    };
+    assert!(has("gpu1", "clock_throttle_ratio"), "{opened:?}");
+    assert!(has("gpu4", "clock_throttle_ratio"), "{opened:?}");
+    assert!(has("gpu2", "pcie_bandwidth_loss_ratio"), "{opened:?}");
+    assert!(has("gpu3", "nvlink_links_missing_ratio"), "{opened:?}");
+    assert!(
+        !opened.iter().any(|(_, v, _)| v == "gpu0"),
+        "healthy training GPU: {opened:?}"
+    );
+    // The tax gauges carry the same facts.
+    let tax = out
+        .iter()
+        .rev()
+        .find(|b| std::ptr::eq(b.table, &tables::TAX))
+        .unwrap();
+    let v = View::new(tax);
+    assert!(v.value(0, "nvlink_links_missing_ratio").unwrap() > 0.0);
+    assert!(v.value(0, "pcie_bandwidth_loss_ratio").unwrap() > 0.0);
+    assert!(v.value(0, "gpu_clock_throttle_ratio").unwrap() > 0.05);
+    let hbm = v.value(0, "hbm_peak_ratio").unwrap();
+    assert!(hbm > 0.0 && hbm <= 1.0, "{hbm}");
+    let platform = out
+        .iter()
+        .rev()
+        .find(|b| std::ptr::eq(b.table, &tables::PLATFORM))
+        .unwrap();
+    let p = View::new(platform);
+    assert_eq!(p.tag(0, "pcie"), "degraded");
+    assert!(
+        p.tag(0, "nvlink").ends_with("/90"),
+        "{}",
+        p.tag(0, "nvlink")
+    );
+}
+
+#[test]
+fn healthy_simulated_gpus_raise_nothing() {
+    let (opened, _) = gpu_events(&["training", "idle", "memory-bound", "training"]);
+    assert!(opened.is_empty(), "{opened:?}");
+}
+
+#[test]
+fn leaves_and_lineage() {
+    let set = leaves(&["/a", "/a/b", "/a-x", "/c/", "/c/d/e"]);
+    assert_eq!(
+        set.into_iter().collect::<Vec<_>>(),
+        ["/a-x", "/a/b", "/c/d/e"]
+    );
+    assert!(same_lineage("/a", "/a/b"));
+    assert!(same_lineage("/a/b", "/a"));
+    assert!(!same_lineage("/a", "/a-x"));
+}
+
+#[test]
+fn a_counter_reset_is_no_rate() {
+    let mut d = Detector::new(config());
+    assert_eq!(d.rate("k".into(), 0, 10.0), None);
+    assert_eq!(d.rate("k".into(), 1_000_000, 12.0), Some(2.0));
+    assert_eq!(d.rate("k".into(), 2_000_000, 1.0), None);
+    assert_eq!(d.rate("k".into(), 3_000_000, 2.0), Some(1.0));
+}
+
+#[test]
+fn config_validation_names_the_key() {
+    let bad = DetectConfig {
+        z_close: 5.0,
+        ..DetectConfig::default()
+    };
+    assert_eq!(bad.validate().unwrap_err().0, "detect.z_open");
+    let bad = DetectConfig {
+        window_secs: 0,
+        ..DetectConfig::default()
+    };
+    assert_eq!(bad.validate().unwrap_err().0, "detect.window_secs");
+    assert!(DetectConfig::default().validate().is_ok());
+}
