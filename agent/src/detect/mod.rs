@@ -884,12 +884,16 @@ impl Detector {
             }
         }
         for (key, start_second, score, evidence) in opened {
+            if self.self_inflicted(&key) {
+                tracing::debug!(victim = %key.victim, signal = key.signal, "Not an event: the cgroup's own usage rose with its stall.");
+                continue;
+            }
             let suspects = self.rank(&key);
             tracing::warn!(
                 resource = key.resource.name(),
                 victim = %key.victim,
                 signal = key.signal,
-                suspect = suspects.first().map(|s| s.name.as_str()).unwrap_or("none"),
+                suspect = top_suspect(&suspects),
                 score = format!("{score:.1}"),
                 %evidence,
                 "Noisy-neighbour event opened."
@@ -923,7 +927,7 @@ impl Detector {
                 victim = %key.victim,
                 signal = key.signal,
                 duration_secs = end_second - event.start_second,
-                suspect = event.suspects.first().map(|s| s.name.as_str()).unwrap_or("none"),
+                suspect = top_suspect(&event.suspects),
                 "Noisy-neighbour event closed."
             );
             push_event_row(
@@ -964,6 +968,22 @@ impl Detector {
             .map(|(name, s)| (name.clone(), s.seconds.iter().copied().collect()))
             .collect();
         rank::rank(&victim, &suspects, key.resource.usage_scale())
+    }
+
+    /// Whether a cgroup's own usage rose with its signal: a workload that
+    /// starts (or starts working harder) stalls on what it now competes for,
+    /// and is the neighbour, not the victim.
+    fn self_inflicted(&self, key: &SignalKey) -> bool {
+        let (Some(state), Some(own)) = (self.signals.get(key), self.suspects.get(&key.victim))
+        else {
+            return false;
+        };
+        let victim: BTreeMap<i64, f64> = state.seconds.iter().copied().collect();
+        let own: BTreeMap<String, BTreeMap<i64, f64>> =
+            [(key.victim.clone(), own.seconds.iter().copied().collect())].into();
+        rank::rank(&victim, &own, key.resource.usage_scale())
+            .first()
+            .is_some_and(|s| s.correlation > 0.5 && s.usage_change > key.resource.usage_scale())
     }
 
     /// Drops the state of victims and suspects that left (a finished
@@ -1148,6 +1168,14 @@ fn push_second(series: &mut VecDeque<(i64, f64)>, second: i64, value: f64, lookb
     while series.front().is_some_and(|(s, _)| *s <= second - lookback) {
         series.pop_front();
     }
+}
+
+/// The first suspect with a positive score, for the log.
+fn top_suspect(suspects: &[Suspect]) -> &str {
+    suspects
+        .first()
+        .filter(|s| s.score > 0.0)
+        .map_or("none", |s| s.name.as_str())
 }
 
 /// Paths with no descendant among `paths`.

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Noisy-neighbour detection, evaluated on this machine with real antagonists.
+
+The agent runs on its defaults (every collector, the detector with 5 s windows,
+events after 3 abnormal windows) over this machine's real /proc and cgroups.
+Workloads each get their own cgroup under /vtax-eval in every mounted
+hierarchy (cgroup v2, or v1 cpu, cpuacct and memory plus the unified PSI tree
+of a hybrid system):
+
+  victim   stress-ng --cpu 1 --cpu-load 50 pinned to CPU 0 (the workload that suffers)
+  steady   stress-ng --cpu 1 --cpu-load 15 pinned to the last CPU (a neighbour that never changes)
+  decoy    a neighbour that switches between 5% and 40% of a CPU at random,
+           every 5 to 25 s, so a ranking by "whatever changed" would be wrong
+
+After --warmup seconds, trials run one antagonist at a time, each in its own
+cgroup, for --attack seconds, then --gap seconds of quiet:
+
+  cpu      stress-ng --cpu 1 pinned to CPU 0: a CPU hog on the victim's CPU
+  stream   stress-ng --stream 1: memory bandwidth
+  cache    stress-ng --cache 1: last-level cache thrash
+  io       stress-ng --hdd 1 with direct I/O: block I/O
+
+Then --quiet-minutes with no antagonist at all. The agent's log says when each
+event opened, its resource, victim and top suspect ("Noisy-neighbour event
+opened."). Per trial: detected when an event opened between the antagonist's
+start and its end; latency from the start; ranked first when that event's top
+suspect is the antagonist's cgroup. False events: every event opened outside
+[start, end + 45 s) of a trial (the tail lets events that began under the
+antagonist close), counted per hour of that quiet time.
+Bars (issue 6): detected within 30 s; ranked first in >= 90% of trials; at most
+one false event per hour of quiet running.
+
+Usage: sudo bench/detect/eval.py [--vtax target/release/vtax] [--trials 3]
+Needs: root (cgroups), stress-ng (apt-get install stress-ng).
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = "vtax-eval"
+TAIL_SECS = 45
+OPENED = re.compile(
+    r"^(\S+)\s+WARN\s.*Noisy-neighbour event opened\..*?resource=\"?(\w+)\"?\s+victim=(\S+)\s+signal=\"?(\w+)\"?\s+suspect=\"?([^\"\s]+)\"?"
+)
+
+
+def hierarchies():
+    """Directories under which a cgroup must be created: v2 or v1's cpu, cpuacct, memory, and unified."""
+    found = []
+    with open("/proc/mounts") as f:
+        for line in f:
+            _, path, fstype, options = line.split()[:4]
+            opts = options.split(",")
+            if fstype == "cgroup2":
+                found.append(path)
+            elif fstype == "cgroup" and any(c in opts for c in ("cpu", "cpuacct", "memory")):
+                found.append(path)
+    if not found:
+        sys.exit("no cgroup hierarchy mounted")
+    return sorted(set(found))
+
+
+def create(name):
+    for h in hierarchies():
+        os.makedirs(os.path.join(h, ROOT, name), exist_ok=True)
+
+
+def procs_files(name):
+    return [os.path.join(h, ROOT, name, "cgroup.procs") for h in hierarchies()]
+
+
+def start_in(name, argv):
+    """Starts argv inside cgroup `name` in every hierarchy (before it forks its workers)."""
+    create(name)
+    moves = " && ".join(f"echo $$ > {p}" for p in procs_files(name))
+    script = f"{moves} && exec \"$@\""
+    return subprocess.Popen(
+        ["sh", "-c", script, "sh", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def stop(proc):
+    if proc and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def remove_all():
+    for h in hierarchies():
+        base = os.path.join(h, ROOT)
+        if not os.path.isdir(base):
+            continue
+        for child in os.listdir(base):
+            path = os.path.join(base, child)
+            if os.path.isdir(path):
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
+
+
+DECOY = """
+import random, time
+random.seed(int(time.time()))
+while True:
+    duty = random.choice([0.05, 0.4])
+    until = time.time() + random.uniform(5, 25)
+    while time.time() < until:
+        start = time.time()
+        while time.time() - start < duty * 0.1:
+            pass
+        time.sleep((1 - duty) * 0.1)
+"""
+
+
+def antagonists(cpus, scratch):
+    last = str(cpus - 1)
+    return {
+        "cpu": ["stress-ng", "--cpu", "1", "--taskset", "0"],
+        "stream": ["stress-ng", "--stream", "1", "--taskset", last],
+        "cache": ["stress-ng", "--cache", "1", "--taskset", last],
+        "io": ["stress-ng", "--hdd", "1", "--hdd-opts", "direct", "--hdd-bytes", "256M",
+               "--temp-path", scratch, "--taskset", last],
+    }
+
+
+def parse_time(stamp):
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def read_events(log_path):
+    events = []
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = OPENED.search(line)
+            if m:
+                events.append({
+                    "time": parse_time(m.group(1)),
+                    "resource": m.group(2),
+                    "victim": m.group(3).strip('"'),
+                    "signal": m.group(4),
+                    "suspect": m.group(5),
+                })
+    return events
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    ap.add_argument("--trials", type=int, default=3, help="trials per antagonist")
+    ap.add_argument("--kinds", default="cpu,stream,cache,io")
+    ap.add_argument("--warmup", type=int, default=120, help="seconds before the first trial")
+    ap.add_argument("--attack", type=int, default=45)
+    ap.add_argument("--gap", type=int, default=60)
+    ap.add_argument("--quiet-minutes", type=float, default=20)
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the agent's data directory and log")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root: cgroups")
+    if shutil.which("stress-ng") is None:
+        sys.exit("stress-ng not found: apt-get install -y stress-ng")
+    cpus = os.cpu_count()
+    work = tempfile.mkdtemp(prefix="vtax-eval-")
+    log_path = os.path.join(work, "agent.log")
+    remove_all()
+    background, agent = [], None
+    trials = []
+    try:
+        background.append(start_in("victim", ["stress-ng", "--cpu", "1", "--cpu-load", "50", "--taskset", "0"]))
+        background.append(start_in("steady", ["stress-ng", "--cpu", "1", "--cpu-load", "15", "--taskset", str(cpus - 1)]))
+        background.append(start_in("decoy", [sys.executable, "-c", DECOY]))
+        for kind in args.kinds.split(","):
+            create(kind)  # known to the collector from its first walk
+        env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+        with open(log_path, "w") as log:
+            agent = subprocess.Popen(
+                [args.vtax, "run", "--data-dir", os.path.join(work, "data"),
+                 "--web.listen-address", "127.0.0.1:0"],
+                stdout=log, stderr=log, env=env, start_new_session=True)
+        print(f"agent pid {agent.pid}, log {log_path}; warm-up {args.warmup} s", flush=True)
+        started = time.time()
+        time.sleep(args.warmup)
+        commands = antagonists(cpus, work)
+        order = [k for _ in range(args.trials) for k in args.kinds.split(",")]
+        random.Random(6).shuffle(order)
+        for n, kind in enumerate(order):
+            begin = time.time()
+            proc = start_in(kind, commands[kind])
+            time.sleep(args.attack)
+            stop(proc)
+            end = time.time()
+            trials.append({"kind": kind, "start": begin, "end": end})
+            print(f"trial {n + 1}/{len(order)} {kind}: {begin:.0f}..{end:.0f}", flush=True)
+            time.sleep(args.gap)
+        quiet_from = time.time()
+        print(f"quiet run: {args.quiet_minutes} min", flush=True)
+        time.sleep(args.quiet_minutes * 60)
+        finished = time.time()
+    finally:
+        if agent:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(60)
+        for proc in background:
+            stop(proc)
+        time.sleep(1)
+        remove_all()
+
+    events = read_events(log_path)
+    results = {"trials": [], "false_events": [], "events": events}
+    for t in trials:
+        during = [e for e in events if t["start"] <= e["time"] < t["end"]]
+        first = min(during, key=lambda e: e["time"]) if during else None
+        expected = f"/{ROOT}/{t['kind']}"
+        results["trials"].append({
+            **t,
+            "detected": first is not None,
+            "latency_secs": round(first["time"] - t["start"], 1) if first else None,
+            "resource": first["resource"] if first else None,
+            "signal": first["signal"] if first else None,
+            "victim": first["victim"] if first else None,
+            "top_suspect": first["suspect"] if first else None,
+            "ranked_first": bool(first and first["suspect"] == expected),
+        })
+    busy = [(t["start"], t["end"] + TAIL_SECS) for t in trials]
+    judged_from = started + args.warmup
+    quiet_secs = (finished - judged_from) - sum(min(b, finished) - a for a, b in busy)
+    for e in events:
+        if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in busy):
+            results["false_events"].append(e)
+    n = len(results["trials"])
+    detected = [t for t in results["trials"] if t["detected"]]
+    within_30 = [t for t in detected if t["latency_secs"] <= 30]
+    first = [t for t in results["trials"] if t["ranked_first"]]
+    summary = {
+        "trials": n,
+        "detected": len(detected),
+        "detected_within_30s": len(within_30),
+        "latency_secs_max": max((t["latency_secs"] for t in detected), default=None),
+        "latency_secs_median": sorted(t["latency_secs"] for t in detected)[len(detected) // 2] if detected else None,
+        "ranked_first": len(first),
+        "ranked_first_fraction": round(len(first) / n, 3) if n else None,
+        "quiet_hours": round(quiet_secs / 3600, 3),
+        "false_events": len(results["false_events"]),
+        "false_events_per_hour": round(len(results["false_events"]) / (quiet_secs / 3600), 2) if quiet_secs > 0 else None,
+    }
+    results["summary"] = summary
+    print("\nkind     detected latency  resource  signal                     top suspect")
+    for t in results["trials"]:
+        print(f"{t['kind']:<8} {str(t['detected']):<8} {str(t['latency_secs']):<8} {str(t['resource']):<9} "
+              f"{str(t['signal']):<26} {t['top_suspect']}{'' if t['ranked_first'] else '  (wrong)'}")
+    for e in results["false_events"]:
+        print(f"false event at {e['time']:.0f}: {e['resource']} {e['victim']} {e['signal']} suspect {e['suspect']}")
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.keep:
+        print(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
