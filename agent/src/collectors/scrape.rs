@@ -771,11 +771,18 @@ impl Collector for Scrape {
     }
 }
 
-/// The next wall-clock multiple of `interval_us` after now: (its time in µs,
-/// the instant it falls on).
-fn next_grid(interval_us: i64) -> (i64, Instant) {
+/// The next wall-clock multiple of `interval_us` after now and after
+/// `last_us` (a wake-up a hair early must not scrape one grid point twice;
+/// a clock stepped back by more than an interval starts the grid afresh):
+/// (its time in µs, the instant it falls on).
+fn next_grid(interval_us: i64, last_us: i64) -> (i64, Instant) {
     let now = now_us();
-    let next = (now.div_euclid(interval_us) + 1) * interval_us;
+    let from = if last_us.saturating_sub(now) < interval_us {
+        now.max(last_us)
+    } else {
+        now
+    };
+    let next = (from.div_euclid(interval_us) + 1) * interval_us;
     (
         next,
         Instant::now() + Duration::from_micros((next - now) as u64),
@@ -795,8 +802,10 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
     let mut scrapes = 0u64;
     let mut failures = [0u64; 4];
     let scale = |family: &str| seconds_per_unit(family);
+    let mut last_grid_us = i64::MIN;
     loop {
-        let (grid_us, at) = next_grid(interval_us);
+        let (grid_us, at) = next_grid(interval_us, last_grid_us);
+        last_grid_us = grid_us;
         if shared.stopper.sleep_until(at) {
             return;
         }
