@@ -11,7 +11,8 @@ the dashboards' uids are unique; the provisioning YAML parses and points at
 /usr/share/vtax/dashboards.
 
 Live checks (with --vtax PATH): runs the agent on the bare-metal fixture tree with eight
-simulated GPUs on a free port, a real `prometheus` scraping it every second, waits for
+simulated GPUs on a free port (and a [[scrape]] of the Prometheus below, for the
+service-latency panel), a real `prometheus` scraping it every second, waits for
 the scrapes, then runs every panel's expression (variables substituted) and every
 query variable's label_values() against /api/v1/query. Each must parse and return at least
 one series with $gpu as All (.*); with $gpu = 0 it must parse. A target may be exempted
@@ -225,15 +226,24 @@ def live_checks(dashboards, vtax, keep_going):
     used = set()
     try:
         agent_port = free_port()
+        prom_port = free_port()
+        # The service-latency panel needs a [[scrape]] target with a histogram:
+        # this Prometheus's own request latency, which the agent's scrapes of it
+        # feed every second.
+        agent_config = os.path.join(tmp, "vtax.toml")
+        with open(agent_config, "w") as f:
+            f.write("[[scrape]]\nname = \"prometheus\"\n"
+                    f"url = \"http://127.0.0.1:{prom_port}/metrics\"\n"
+                    "interval_secs = 1\ntimeout_secs = 0.8\n"
+                    "histograms = [\"prometheus_http_request_duration_seconds\"]\n")
         agent_log = open(os.path.join(tmp, "agent.log"), "w")
         agent = subprocess.Popen(
-            [vtax, "run", "--data-dir", os.path.join(tmp, "data"),
+            [vtax, "run", "--config", agent_config, "--data-dir", os.path.join(tmp, "data"),
              "--web.listen-address", f"127.0.0.1:{agent_port}",
              "--path.procfs", os.path.join(FIXTURE, "proc"),
              "--path.sysfs", os.path.join(FIXTURE, "sys"),
              "--simulate-gpus", "8", "--simulate-gpu-scenarios", SCENARIOS],
             stdout=agent_log, stderr=subprocess.STDOUT, cwd=tmp)
-        prom_port = free_port()
         config = os.path.join(tmp, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

@@ -150,7 +150,7 @@ pub fn import(args: ImportArgs) -> Result<()> {
     let mut imported = 0;
     for path in &args.files {
         imported += for_each_sample(path, start_us, &bar, |metric, labels, value, time_us| {
-            builder.push(time_us, &[metric, labels], &[Value::F64(value)])?;
+            builder.push(time_us, &["", metric, labels], &[Value::F64(value)])?;
             if builder.len() >= IMPORT_BATCH_ROWS {
                 store.append(&builder.finish())?;
                 store.publish_over_budget()?;

@@ -175,8 +175,9 @@ fn collector_loop(
                     .map(Arc::new)
                     .collect();
                 // Between two windows a windowed collector's last rows stay.
-                if !(batches.is_empty() && collector.windowed()) {
-                    exposition.update(name, batches.clone());
+                let exposed = collector.exposed();
+                if exposed.is_some() || !(batches.is_empty() && collector.windowed()) {
+                    exposition.update(name, exposed.unwrap_or_else(|| batches.clone()));
                     let _ = rows.send(batches);
                 }
                 true

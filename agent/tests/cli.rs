@@ -72,9 +72,9 @@ fn stored_rows(data_dir: &Path) -> BTreeSet<(i64, String, String, u64)> {
     let mut rows = BTreeSet::new();
     for batch in &result.batches {
         let time = batch.column(0).as_primitive::<TimestampMicrosecondType>();
-        let metric = batch.column(1).as_dictionary::<Int32Type>();
-        let labels = batch.column(2).as_dictionary::<Int32Type>();
-        let value = batch.column(3).as_primitive::<Float64Type>();
+        let metric = batch.column(2).as_dictionary::<Int32Type>();
+        let labels = batch.column(3).as_dictionary::<Int32Type>();
+        let value = batch.column(4).as_primitive::<Float64Type>();
         let metric_values = metric.values().as_string::<i32>();
         let label_values = labels.values().as_string::<i32>();
         for i in 0..batch.num_rows() {
@@ -227,11 +227,11 @@ fn query_filters_by_tag_and_time_and_prints_csv() {
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[0], "time,metric,labels,value");
+    assert_eq!(lines[0], "time,target,metric,labels,value");
     // One sample every 15 s within [23:01, 23:02): 4 rows.
     assert_eq!(lines.len(), 5, "{stdout}");
     assert!(
-        lines[1].starts_with("2025-11-21T23:01:00Z,gpu_power_watts,"),
+        lines[1].starts_with("2025-11-21T23:01:00Z,,gpu_power_watts,"),
         "{stdout}"
     );
 }

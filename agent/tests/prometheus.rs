@@ -91,9 +91,12 @@ struct Prometheus {
 }
 
 impl Prometheus {
+    /// `$SELF` in `scrape_configs` stands for the server's own address.
     fn start(dir: &Path, scrape_configs: &str) -> Prometheus {
         let binary = require_program("prometheus");
         let config = dir.join("prometheus.yml");
+        let port = free_port();
+        let scrape_configs = scrape_configs.replace("$SELF", &format!("127.0.0.1:{port}"));
         std::fs::write(
             &config,
             format!(
@@ -101,7 +104,6 @@ impl Prometheus {
             ),
         )
         .unwrap();
-        let port = free_port();
         let child = Command::new(binary)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -130,7 +132,18 @@ impl Prometheus {
 
     /// Evaluates an instant query; returns (labels, value) per series.
     fn query(&self, promql: &str) -> Vec<(serde_json::Value, f64)> {
-        let path = format!("/api/v1/query?query={}", percent_encode(promql));
+        self.query_path(format!("/api/v1/query?query={}", percent_encode(promql)))
+    }
+
+    /// Evaluates an instant query at `time` (Unix seconds).
+    fn query_at(&self, promql: &str, time: f64) -> Vec<(serde_json::Value, f64)> {
+        self.query_path(format!(
+            "/api/v1/query?query={}&time={time}",
+            percent_encode(promql)
+        ))
+    }
+
+    fn query_path(&self, path: String) -> Vec<(serde_json::Value, f64)> {
         let response = http_get(self.addr(), &path, &[]);
         let json: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
         assert_eq!(json["status"], "success", "{json}");
@@ -270,5 +283,153 @@ fn prometheus_scrapes_the_agent_over_tls_with_basic_auth() {
         "CPU seconds per second across {cpus} CPUs: {rate:?}"
     );
 
+    assert!(agent.stop(), "clean exit on SIGTERM");
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn sleep_until_unix(t: f64) {
+    let now = unix_now();
+    if t > now {
+        std::thread::sleep(Duration::from_secs_f64(t - now));
+    }
+}
+
+/// vtax scrapes a real Prometheus's own /metrics, computes one window's p99 of
+/// `prometheus_http_request_duration_seconds{handler="/api/v1/query"}` from
+/// the bucket deltas, and gets what that Prometheus answers for the same
+/// window with `histogram_quantile`.
+///
+/// Both see the same requests: they are driven well inside one 10 s window
+/// (from 1.5 s after its start to 7.5 s), and both sides scrape every second,
+/// so every scrape that bounds the window on either side falls in a quiet
+/// stretch. Hence:
+/// - against `histogram_quantile(0.99, X - X offset 10s)` at the window's end
+///   (the plain bucket deltas between the last samples before each edge) the
+///   answer must be the same to rounding;
+/// - against `histogram_quantile(0.99, increase(X[10s]))`, what operators
+///   write, Prometheus extrapolates each bucket's increase to the range's
+///   edges. Extrapolation scales every bucket alike (one scrape's samples
+///   share a timestamp) except that a series is not extrapolated below zero:
+///   a bucket whose count before the window was small next to its increase
+///   is extrapolated less at the start. That moves the quantile by at most a
+///   few percent of its bucket's width; the test allows 5% of the value.
+#[test]
+fn service_latency_p99_matches_prometheus_histogram_quantile() {
+    let dir = tempfile::tempdir().unwrap();
+    let prometheus = Prometheus::start(
+        dir.path(),
+        "  - job_name: self\n    static_configs:\n      - targets: ['$SELF']\n",
+    );
+    let family = "prometheus_http_request_duration_seconds";
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[scrape]]\nname = \"prometheus\"\nurl = \"http://{}/metrics\"\ninterval_secs = 1\n\
+             timeout_secs = 0.8\nwindow_secs = 10\nhistograms = [\"{family}\"]\n",
+            prometheus.addr()
+        ),
+    )
+    .unwrap();
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--no-collector.jitter",
+    ]);
+    agent.wait_for_metric(
+        "vtax_scrape_target_up{target=\"prometheus\"} 1",
+        Duration::from_secs(30),
+    );
+    // The handler's series exist before the window opens, on both sides;
+    // and a subquery is sized to take about 0.3 s on this machine now.
+    let started = Instant::now();
+    prometheus.query("count_over_time(vector(1)[1h:100ms])");
+    let hours = (0.3 / started.elapsed().as_secs_f64()).clamp(1.0, 24.0) as u32;
+    let slow = format!("count_over_time(vector(1)[{hours}h:100ms])");
+    let mut window_start = (unix_now() / 10.0).floor() * 10.0 + 10.0;
+    if window_start - unix_now() < 3.0 {
+        window_start += 10.0;
+    }
+    let window_end = window_start + 10.0;
+
+    // A mix of quick queries and subqueries that take tenths of a second,
+    // so the window's requests spread over several buckets.
+    sleep_until_unix(window_start + 1.5);
+    let mut requests = 0u32;
+    let mut slowest = 0f64;
+    for i in 0..60 {
+        // Slow ones only early: none may spill past the window's end.
+        let is_slow = i % 10 == 9 && unix_now() < window_start + 5.0;
+        if unix_now() > window_start + 7.5 {
+            break;
+        }
+        let started = Instant::now();
+        prometheus.query(if is_slow { &slow } else { "up" });
+        slowest = slowest.max(started.elapsed().as_secs_f64());
+        requests += 1;
+    }
+    // vtax closes the window at its first scrape after the end and harvests
+    // it within a second; Prometheus has scraped itself by then too.
+    sleep_until_unix(window_end + 2.5);
+    let body = agent.get("/metrics", &[]).text();
+    let series = format!(
+        "{{target=\"prometheus\",metric=\"{family}\",labels=\"handler=\\\"/api/v1/query\\\"\"}}"
+    );
+    let read = |field: &str| {
+        let name = format!("vtax_service_latency_{field}{series} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+    };
+    assert_eq!(
+        read("observations"),
+        f64::from(requests),
+        "vtax counted every request of the window, and only those"
+    );
+    let window = read("window_seconds");
+    assert!((window - 10.0).abs() < 0.5, "{window}");
+    let vtax_p99 = read("p99_seconds");
+
+    let selector = format!("{family}_bucket{{job=\"self\",handler=\"/api/v1/query\"}}");
+    let exact = prometheus.query_at(
+        &format!("histogram_quantile(0.99, {selector} - {selector} offset 10s)"),
+        window_end,
+    );
+    let increase = prometheus.query_at(
+        &format!("histogram_quantile(0.99, increase({selector}[10s]))"),
+        window_end,
+    );
+    assert_eq!(exact.len(), 1, "{exact:?}");
+    assert_eq!(increase.len(), 1, "{increase:?}");
+    let (exact, increase) = (exact[0].1, increase[0].1);
+    eprintln!(
+        "window [{window_start}, {window_end}): {requests} requests (slowest {slowest:.3} s \
+         client-side); p99 vtax {vtax_p99:.6} s, Prometheus delta {exact:.6} s, \
+         increase() {increase:.6} s"
+    );
+    assert!(
+        (vtax_p99 - exact).abs() <= 1e-9 * exact.max(1.0),
+        "vtax {vtax_p99} vs Prometheus {exact} over the same bucket deltas"
+    );
+    assert!(
+        (vtax_p99 - increase).abs() <= 0.05 * increase,
+        "vtax {vtax_p99} vs histogram_quantile(increase) {increase}"
+    );
+    // The slow queries left the first bucket, and so did the p99.
+    if slowest > 0.25 {
+        assert!(
+            vtax_p99 > 0.1,
+            "p99 {vtax_p99} with a request of {slowest} s"
+        );
+    }
     assert!(agent.stop(), "clean exit on SIGTERM");
 }

@@ -117,7 +117,7 @@ fn main() {
     let mut builder = BatchBuilder::new(&tables::SCRAPED);
     for (metric, labels) in &names {
         builder
-            .push(T0, &[metric, labels], &[Value::F64(0.0)])
+            .push(T0, &["", metric, labels], &[Value::F64(0.0)])
             .unwrap();
     }
     let mut batch = builder.finish();

@@ -11,6 +11,11 @@ pub static SCRAPED: TableDef = TableDef {
            with `vtax import`; the value is kept bit for bit.",
     tags: &[
         TagDef {
+            name: "target",
+            help: "The `[[scrape]]` target the sample was read from; empty for samples \
+                   brought in by `vtax import` (and in files written before this tag existed).",
+        },
+        TagDef {
             name: "metric",
             help: "Metric name as exposed, e.g. `node_cpu_seconds_total`.",
         },

@@ -589,7 +589,7 @@ mod tests {
             };
             b.push(
                 base + i as i64,
-                &["m", &format!("i=\"{}\"", i % 3)],
+                &["", "m", &format!("i=\"{}\"", i % 3)],
                 &[value],
             )
             .unwrap();

@@ -86,8 +86,12 @@ fn append_scraped(store: &mut Store, start: i64, n: usize) -> Vec<(i64, String, 
             2 => f64::from_bits(0x7ff8_0000_0000_0abc),
             _ => i as f64 * 1.1,
         };
-        b.push(t, &["node_cpu_seconds_total", &labels], &[Value::F64(v)])
-            .unwrap();
+        b.push(
+            t,
+            &["", "node_cpu_seconds_total", &labels],
+            &[Value::F64(v)],
+        )
+        .unwrap();
         rows.push((t, labels, v.to_bits()));
     }
     store.append(&b.finish()).unwrap();
@@ -98,9 +102,9 @@ fn scraped_rows(result: &vtax_store::ScanResult) -> Vec<(i64, String, u64)> {
     let mut out = Vec::new();
     for batch in &result.batches {
         let time = batch.column(0).as_primitive::<TimestampMicrosecondType>();
-        let labels = batch.column(2).as_dictionary::<Int32Type>();
+        let labels = batch.column(3).as_dictionary::<Int32Type>();
         let label_values = labels.values().as_string::<i32>();
-        let value = batch.column(3).as_primitive::<Float64Type>();
+        let value = batch.column(4).as_primitive::<Float64Type>();
         for i in 0..batch.num_rows() {
             let l = label_values
                 .value(labels.keys().value(i) as usize)
@@ -480,7 +484,7 @@ fn files_carry_the_metadata_readers_rely_on() {
         .iter()
         .map(|c| c.column_idx)
         .collect();
-    assert_eq!(sorting, vec![1, 2, 0], "tags then time");
+    assert_eq!(sorting, vec![1, 2, 3, 0], "tags then time");
     let time = meta.file_metadata().schema_descr().column(0);
     let logical = format!("{:?}", time.logical_type_ref());
     assert!(
@@ -494,9 +498,9 @@ fn files_carry_the_metadata_readers_rely_on() {
     let encodings = |c: usize| format!("{:?}", rg.column(c).encodings().collect::<Vec<_>>());
     // Time and values: one of the candidates a publish tries, never a dictionary.
     assert!(encodings(0).contains("PLAIN") || encodings(0).contains("DELTA_BINARY_PACKED"));
-    assert!(!encodings(0).contains("DICTIONARY") && !encodings(3).contains("DICTIONARY"));
-    assert!(encodings(1).contains("RLE_DICTIONARY"), "tags: dictionary");
-    for c in 0..4 {
+    assert!(!encodings(0).contains("DICTIONARY") && !encodings(4).contains("DICTIONARY"));
+    assert!(encodings(2).contains("RLE_DICTIONARY"), "tags: dictionary");
+    for c in 0..5 {
         assert!(format!("{:?}", rg.column(c).compression()).contains("ZSTD"));
     }
 }
@@ -610,8 +614,8 @@ fn a_merge_of_many_interleaved_files_keeps_every_row_in_order() {
     for batch in reader {
         let batch = batch.unwrap();
         let time = batch.column(0).as_primitive::<TimestampMicrosecondType>();
-        let metric = batch.column(1).as_dictionary::<Int32Type>();
-        let labels = batch.column(2).as_dictionary::<Int32Type>();
+        let metric = batch.column(2).as_dictionary::<Int32Type>();
+        let labels = batch.column(3).as_dictionary::<Int32Type>();
         for i in 0..batch.num_rows() {
             let key = (
                 metric
@@ -680,7 +684,7 @@ fn each_file_keeps_the_smaller_value_encoding_for_its_data() {
                 let labels = format!("s=\"{series}\"");
                 b.push(
                     T0 + k as i64 * 1_000_000,
-                    &["m", &labels],
+                    &["", "m", &labels],
                     &[Value::F64(values(series, k))],
                 )
                 .unwrap();
@@ -693,7 +697,7 @@ fn each_file_keeps_the_smaller_value_encoding_for_its_data() {
         let encodings: Vec<_> = reader
             .metadata()
             .row_group(0)
-            .column(3)
+            .column(4)
             .encodings()
             .collect();
         let chosen = if encodings.contains(&Encoding::BYTE_STREAM_SPLIT) {

@@ -77,7 +77,7 @@ pub fn batch(ids: Range<u64>) -> Batch {
     for id in ids {
         b.push(
             row_time(id),
-            &[row_metric(id), &row_labels(id)],
+            &["", row_metric(id), &row_labels(id)],
             &[Value::F64(id as f64)],
         )
         .expect("rows follow the scraped table");
@@ -128,14 +128,14 @@ impl StoredRow {
     }
 }
 
-/// Rows of `scraped` batches (time, metric, labels, value in that order), as the
+/// Rows of `scraped` batches (time, target, metric, labels, value in that order), as the
 /// store's scans and its files both lay them out.
 pub fn stored_rows(batches: &[RecordBatch]) -> Result<Vec<StoredRow>, String> {
     let mut out = Vec::new();
     for batch in batches {
-        if batch.num_columns() < 4 {
+        if batch.num_columns() < 5 {
             return Err(format!(
-                "a batch has {} columns, not 4",
+                "a batch has {} columns, not 5",
                 batch.num_columns()
             ));
         }
@@ -144,19 +144,19 @@ pub fn stored_rows(batches: &[RecordBatch]) -> Result<Vec<StoredRow>, String> {
             .as_primitive_opt::<TimestampMicrosecondType>()
             .ok_or("column 0 is not a microsecond timestamp")?;
         let metric = batch
-            .column(1)
-            .as_dictionary_opt::<Int32Type>()
-            .ok_or("column 1 is not a dictionary")?;
-        let metric_values = metric.values().as_string::<i32>();
-        let labels = batch
             .column(2)
             .as_dictionary_opt::<Int32Type>()
             .ok_or("column 2 is not a dictionary")?;
+        let metric_values = metric.values().as_string::<i32>();
+        let labels = batch
+            .column(3)
+            .as_dictionary_opt::<Int32Type>()
+            .ok_or("column 3 is not a dictionary")?;
         let label_values = labels.values().as_string::<i32>();
         let value = batch
-            .column(3)
+            .column(4)
             .as_primitive_opt::<Float64Type>()
-            .ok_or("column 3 is not f64")?;
+            .ok_or("column 4 is not f64")?;
         for i in 0..batch.num_rows() {
             out.push(StoredRow {
                 time_us: time.value(i),

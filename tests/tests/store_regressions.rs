@@ -25,7 +25,7 @@ fn rows_at(time_us: i64, ids: std::ops::Range<u64>) -> vtax_store::Batch {
     for id in ids {
         b.push(
             time_us,
-            &["m", &format!("series=\"{}\"", id % 4)],
+            &["", "m", &format!("series=\"{}\"", id % 4)],
             &[vtax_store::Value::F64(id as f64)],
         )
         .unwrap();
@@ -43,7 +43,7 @@ fn values(store: &Store) -> IdCounts {
     for batch in &result.batches {
         use arrow_array::cast::AsArray;
         let v = batch
-            .column(3)
+            .column(4)
             .as_primitive::<arrow_array::types::Float64Type>();
         ids.extend(v.values().iter().map(|&x| x as u64));
     }
@@ -90,7 +90,7 @@ fn acknowledged_rows_survive_a_crash_after_a_publish_that_ran_ahead_of_the_wal()
         let mut ids = Vec::new();
         for batch in &read_only.batches {
             let v = batch
-                .column(3)
+                .column(4)
                 .as_primitive::<arrow_array::types::Float64Type>();
             ids.extend(v.values().iter().map(|&x| x as u64));
         }

@@ -23,6 +23,7 @@ pub mod netdev;
 pub mod pci;
 pub mod platform;
 pub mod runtime_tables;
+pub mod scrape;
 #[cfg(test)]
 mod testutil;
 
@@ -90,6 +91,12 @@ pub trait Collector: Send {
     fn windowed(&self) -> bool {
         false
     }
+    /// What `/metrics` shows for this collector, when it is not just this
+    /// tick's rows: a collector whose sources report at their own times
+    /// (`scrape`'s targets) keeps each source's latest rows on display.
+    fn exposed(&self) -> Option<Vec<std::sync::Arc<Batch>>> {
+        None
+    }
 }
 
 /// Settings every collector has, under `[collectors.<name>]`.
@@ -125,6 +132,8 @@ pub struct CollectorsConfig {
     pub netdev: netdev::NetdevConfig,
     /// Mounts holding checkpoints and data: statvfs, off the collector's thread.
     pub filesystem: filesystem::FilesystemConfig,
+    /// Local Prometheus endpoints: the top-level `[[scrape]]` tables.
+    pub scrape: scrape::ScrapeConfig,
 }
 
 /// Names of every collector, in the order they are built.
@@ -138,6 +147,7 @@ pub const NAMES: &[&str] = &[
     "block",
     "netdev",
     "filesystem",
+    "scrape",
 ];
 
 impl CollectorsConfig {
@@ -153,6 +163,7 @@ impl CollectorsConfig {
             "block" => &self.block,
             "netdev" => &self.netdev,
             "filesystem" => &self.filesystem,
+            "scrape" => &self.scrape,
             _ => return None,
         })
     }
@@ -169,6 +180,7 @@ impl CollectorsConfig {
             "block" => self.block.enabled = enabled,
             "netdev" => self.netdev.enabled = enabled,
             "filesystem" => self.filesystem.enabled = enabled,
+            "scrape" => self.scrape.enabled = enabled,
             _ => return false,
         }
         true
@@ -186,6 +198,7 @@ impl CollectorsConfig {
             "block" => Box::new(block::Block::new(&self.block, roots)),
             "netdev" => Box::new(netdev::Netdev::new(&self.netdev, roots)),
             "filesystem" => Box::new(filesystem::Filesystem::new(&self.filesystem, roots)),
+            "scrape" => Box::new(scrape::Scrape::new(&self.scrape, roots)),
             _ => return None,
         })
     }
@@ -211,6 +224,7 @@ impl CollectorsConfig {
         self.block.validate()?;
         self.netdev.validate()?;
         self.filesystem.validate()?;
+        scrape::validate_targets(&self.scrape.targets)?;
         Ok(())
     }
 }
@@ -227,6 +241,7 @@ pub fn tables() -> Vec<&'static TableDef> {
         block::TABLES,
         netdev::TABLES,
         filesystem::TABLES,
+        scrape::TABLES,
         runtime_tables::TABLES,
     ]
     .concat()
@@ -247,6 +262,7 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "block" => block::KEY_DOCS,
         "netdev" => netdev::KEY_DOCS,
         "filesystem" => filesystem::KEY_DOCS,
+        "scrape" => scrape::KEY_DOCS,
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)

@@ -1,0 +1,248 @@
+//! `[[scrape]]` end to end: `vtax run` scrapes a tiny local HTTP server whose
+//! histogram grows between scrapes, next to targets that are down, hang,
+//! answer garbage and fail then recover. The good target's quantiles come out
+//! as worked by hand; every bad one is a counter and one log line; the other
+//! collectors and targets keep their pace.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Agent, VTAX};
+
+/// Each scrape of `/metrics` adds 80 observations at or under 0.1 s and 20
+/// in (0.1, 0.5] to `req_seconds{path="/x"}`. Quantiles do not depend on how
+/// many scrapes a window spans: p50 = 0.1 * 50/80 = 0.0625, p99 = 0.1 + 0.4
+/// * 19/20 = 0.48, p99.9 = 0.1 + 0.4 * 19.9/20 = 0.498.
+fn histogram(scrapes: u64) -> String {
+    let (fast, all) = (80 * scrapes, 100 * scrapes);
+    format!(
+        "# HELP req_seconds Request latency.\n# TYPE req_seconds histogram\n\
+         req_seconds_bucket{{path=\"/x\",le=\"0.1\"}} {fast}\n\
+         req_seconds_bucket{{path=\"/x\",le=\"0.5\"}} {all}\n\
+         req_seconds_bucket{{path=\"/x\",le=\"+Inf\"}} {all}\n\
+         req_seconds_sum{{path=\"/x\"}} {}\nreq_seconds_count{{path=\"/x\"}} {all}\n\
+         # TYPE up_seconds gauge\nup_seconds 42\n",
+        scrapes as f64 * 9.5
+    )
+}
+
+/// Serves `/metrics` (a growing histogram), `/garbage` (HTML) and `/flaky`
+/// (503 three times, then the histogram). Returns its address.
+fn serve() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let scrapes = Arc::new(AtomicU64::new(0));
+    let flaky = Arc::new(AtomicU64::new(0));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let (scrapes, flaky) = (scrapes.clone(), flaky.clone());
+            std::thread::spawn(move || answer(stream, &scrapes, &flaky));
+        }
+    });
+    addr
+}
+
+fn answer(mut stream: TcpStream, scrapes: &AtomicU64, flaky: &AtomicU64) {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&request);
+    let path = head.split_whitespace().nth(1).unwrap_or("");
+    let (status, body) = match path {
+        "/metrics" => (
+            "200 OK",
+            histogram(scrapes.fetch_add(1, Ordering::SeqCst) + 1),
+        ),
+        "/garbage" => (
+            "200 OK",
+            "<html><body>not metrics</body></html>\n".to_string(),
+        ),
+        "/flaky" if flaky.fetch_add(1, Ordering::SeqCst) < 3 => {
+            ("503 Service Unavailable", "warming up\n".to_string())
+        }
+        "/flaky" => ("200 OK", histogram(1)),
+        _ => ("404 Not Found", String::new()),
+    };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn metric(body: &str, name_and_labels: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+fn query_csv(data: &std::path::Path, args: &[&str]) -> Vec<String> {
+    let out = Command::new(VTAX)
+        .args(["query", "--data-dir"])
+        .arg(data)
+        .args(args)
+        .args(["--since", "0", "--format", "csv"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "vtax query {args:?}: {stderr}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn bad_targets_are_counters_and_one_log_line_and_stall_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve();
+    // Down: a port that was just free. Hang: accepts (the kernel's backlog)
+    // and never answers.
+    let down = common::free_port();
+    let hang = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = |name: &str, url: String, histograms: &str| {
+        format!(
+            "[[scrape]]\nname = \"{name}\"\nurl = \"{url}\"\ninterval_secs = 1\n\
+             timeout_secs = 0.5\nwindow_secs = 2\nhistograms = [{histograms}]\n\n"
+        )
+    };
+    let config = [
+        target(
+            "good",
+            format!("http://{server}/metrics"),
+            "\"req_seconds\"",
+        ),
+        target("down", format!("http://127.0.0.1:{down}/metrics"), ""),
+        target(
+            "hang",
+            format!("http://{}/metrics", hang.local_addr().unwrap()),
+            "",
+        ),
+        target("garbage", format!("http://{server}/garbage"), ""),
+        target("flaky", format!("http://{server}/flaky"), "\"req_seconds\""),
+    ]
+    .concat();
+    let config_path = dir.path().join("vtax.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let data = dir.path().join("data");
+    let agent_started = Instant::now();
+    let agent = Agent::start(&[
+        "--config",
+        config_path.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.jitter",
+    ]);
+
+    let body = agent.wait_for_metric(
+        "vtax_scrape_target_up{target=\"flaky\"} 1",
+        Duration::from_secs(30),
+    );
+    let started = Instant::now();
+    // Two whole windows of the good target after the flaky one is up.
+    let body = {
+        let mut body = body;
+        while started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(500));
+            body = agent.get("/metrics", &[]).text();
+        }
+        body
+    };
+    let get = |m: &str| metric(&body, m).unwrap_or_else(|| panic!("no {m} in\n{body}"));
+    assert_eq!(get("vtax_scrape_target_up{target=\"good\"}"), 1.0);
+    for bad in ["down", "hang", "garbage"] {
+        assert_eq!(
+            get(&format!("vtax_scrape_target_up{{target=\"{bad}\"}}")),
+            0.0
+        );
+    }
+    assert!(get("vtax_scrape_target_failures_connect_total{target=\"down\"}") >= 3.0);
+    assert!(get("vtax_scrape_target_failures_timeout_total{target=\"hang\"}") >= 3.0);
+    assert!(get("vtax_scrape_target_failures_invalid_total{target=\"garbage\"}") >= 3.0);
+    assert_eq!(
+        get("vtax_scrape_target_failures_http_total{target=\"flaky\"}"),
+        3.0
+    );
+    assert_eq!(
+        get("vtax_scrape_target_failures_timeout_total{target=\"good\"}"),
+        0.0
+    );
+    // A hung target takes its timeout, never more.
+    let hang_duration = get("vtax_scrape_target_duration_seconds{target=\"hang\"}");
+    assert!((0.45..0.9).contains(&hang_duration), "{hang_duration}");
+    assert_eq!(get("vtax_scrape_target_samples{target=\"good\"}"), 6.0);
+
+    let series = "{target=\"good\",metric=\"req_seconds\",labels=\"path=\\\"/x\\\"\"}";
+    let q = |field: &str| get(&format!("vtax_service_latency_{field}{series}"));
+    assert!((q("p50_seconds") - 0.0625).abs() < 1e-12, "{body}");
+    assert!((q("p99_seconds") - 0.48).abs() < 1e-12);
+    assert!((q("p999_seconds") - 0.498).abs() < 1e-12);
+    // Windows of 2 s scraped every second: 100 observations per scrape.
+    let window = q("window_seconds");
+    assert!((1.5..2.5).contains(&window), "{window}");
+    assert_eq!(q("observations") % 100.0, 0.0);
+    assert!((q("observations_per_second") - q("observations") / window).abs() < 1e-9);
+    // The flaky target serves the same histogram every time: empty windows,
+    // a zero count and no quantiles rather than made-up ones.
+    let flaky = "{target=\"flaky\",metric=\"req_seconds\",labels=\"path=\\\"/x\\\"\"}";
+    if let Some(n) = metric(&body, &format!("vtax_service_latency_observations{flaky}")) {
+        assert_eq!(n, 0.0);
+        assert!(!body.contains(&format!("vtax_service_latency_p99_seconds{flaky}")));
+    }
+    // The other collectors ran all along.
+    assert_eq!(get("vtax_collector_success{collector=\"host\"}"), 1.0);
+    assert_eq!(get("vtax_collector_success{collector=\"scrape\"}"), 1.0);
+    let scrape_tick = get("vtax_collector_duration_seconds{collector=\"scrape\"}");
+    assert!(
+        scrape_tick < 0.1,
+        "the harvest never waits on a target: {scrape_tick}"
+    );
+
+    let log = agent.log();
+    let run_secs = agent_started.elapsed().as_secs_f64();
+    assert!(agent.stop(), "clean exit on SIGTERM while a target hangs");
+    let lines = |needle: &str, name: &str| {
+        log.lines()
+            .filter(|l| l.contains(needle) && l.contains(&format!("target_name=\"{name}\"")))
+            .count()
+    };
+    for bad in ["down", "hang", "garbage", "flaky"] {
+        assert_eq!(lines("Scrape target failing", bad), 1, "{bad}:\n{log}");
+    }
+    assert_eq!(lines("Scrape target recovered", "flaky"), 1, "{log}");
+    assert_eq!(lines("Scrape target", "good"), 0, "{log}");
+    assert!(
+        log.contains("reason=\"timeout\"") || log.contains("reason=timeout"),
+        "{log}"
+    );
+
+    // The store has every sample, the windows and the status rows; the host
+    // collector's ticks kept their one-second pace throughout.
+    let scraped = query_csv(&data, &["scraped", "--where", "target=good"]);
+    assert_eq!(scraped[0], "time,target,metric,labels,value");
+    assert!(
+        scraped.iter().any(|l| l.contains(",good,up_seconds,,42")),
+        "{scraped:?}"
+    );
+    assert!(query_csv(&data, &["scraped", "--where", "target=garbage"]).len() == 1);
+    let windows = query_csv(&data, &["service_latency", "--where", "target=good"]);
+    assert!(windows.len() >= 3, "{windows:?}");
+    let host_ticks = query_csv(&data, &["collector", "--where", "collector=host"]).len() - 1;
+    assert!(
+        host_ticks as f64 >= run_secs - 3.0,
+        "{host_ticks} host ticks in about {run_secs:.0} s"
+    );
+    drop(hang);
+}
