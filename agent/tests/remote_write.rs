@@ -174,6 +174,26 @@ fn parse_time_ms(text: &str) -> i64 {
 
 type Samples = BTreeMap<String, Vec<i64>>;
 
+/// Every row of a table, from `vtax query --format json`.
+fn query_rows(data_dir: &Path, table: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(VTAX)
+        .arg("query")
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .args(["--format=json", table])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn series_key(name: &str, labels: &BTreeMap<String, String>) -> String {
     let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
     format!("{name}{{{}}}", labels.join(","))
@@ -183,19 +203,7 @@ fn series_key(name: &str, labels: &BTreeMap<String, String>) -> String {
 fn stored(data_dir: &Path, until_ms: i64) -> Samples {
     let mut samples = Samples::new();
     for (table, tags, fields) in exported_tables() {
-        let out = Command::new(VTAX)
-            .args(["query", "--format", "json", "--data-dir"])
-            .arg(data_dir)
-            .arg(&table)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for line in String::from_utf8(out.stdout).unwrap().lines() {
-            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        for row in query_rows(data_dir, &table) {
             let time_ms = parse_time_ms(row["time"].as_str().unwrap());
             if time_ms > until_ms {
                 continue;
@@ -371,17 +379,7 @@ fn every_stored_sample_arrives_once_across_receiver_and_agent_restarts() {
 
     // The outage shows in the counters the agent stored: requests failed and
     // samples were retried, and none was dropped.
-    let counters = Command::new(VTAX)
-        .args(["query", "--format", "json", "--data-dir"])
-        .arg(&data)
-        .arg("remote_write")
-        .output()
-        .unwrap();
-    let rows: Vec<serde_json::Value> = String::from_utf8(counters.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = query_rows(&data, "remote_write");
     let max = |field: &str| {
         rows.iter()
             .map(|r| r[field].as_u64().unwrap())
