@@ -492,3 +492,196 @@ impl SenderTask {
         result.unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    use prost::Message;
+
+    use super::*;
+
+    /// A request the fake receiver got: its headers (lower-cased names) and
+    /// the decoded write request.
+    struct Received {
+        headers: BTreeMap<String, String>,
+        request: encode::WriteRequest,
+    }
+
+    /// An HTTP/1.1 receiver on a real socket that answers with `statuses` in
+    /// turn (then 204) and hands over every request it read.
+    fn fake_receiver(statuses: Vec<u16>) -> (u16, mpsc::Receiver<Received>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut statuses = statuses.into_iter();
+            for stream in listener.incoming() {
+                let mut stream = BufReader::new(stream.unwrap());
+                loop {
+                    let mut headers = BTreeMap::new();
+                    let mut line = String::new();
+                    if stream.read_line(&mut line).unwrap_or(0) == 0 {
+                        break; // the client closed this connection
+                    }
+                    loop {
+                        line.clear();
+                        stream.read_line(&mut line).unwrap();
+                        let Some((k, v)) = line.trim_end().split_once(':') else {
+                            break;
+                        };
+                        headers.insert(k.to_ascii_lowercase(), v.trim().to_string());
+                    }
+                    let len: usize = headers["content-length"].parse().unwrap();
+                    let mut body = vec![0; len];
+                    stream.read_exact(&mut body).unwrap();
+                    let request =
+                        encode::WriteRequest::decode(&encode::decompress(&body).unwrap()[..])
+                            .unwrap();
+                    let status = statuses.next().unwrap_or(204);
+                    let _ = tx.send(Received { headers, request });
+                    let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nno");
+                    stream.get_mut().write_all(answer.as_bytes()).unwrap();
+                }
+            }
+        });
+        (port, rx)
+    }
+
+    static GAUGE: TableDef = TableDef {
+        name: "t",
+        help: "test",
+        tags: &[TagDef {
+            name: "n",
+            help: "row",
+        }],
+        fields: &[FieldDef::gauge("v", FieldType::F64, Unit::None, "x")],
+        exported: true,
+    };
+
+    /// A batch of `samples` rows whose values start at `first`.
+    fn batch(first: usize, samples: usize) -> Batch {
+        let mut b = BatchBuilder::new(&GAUGE);
+        for i in first..first + samples {
+            b.push(now_ms() * 1000, &[&i.to_string()], &[Value::F64(i as f64)])
+                .unwrap();
+        }
+        b.finish()
+    }
+
+    fn values(r: &Received) -> Vec<f64> {
+        r.request
+            .timeseries
+            .iter()
+            .map(|s| s.samples[0].value)
+            .collect()
+    }
+
+    #[test]
+    fn retries_5xx_and_429_drops_other_4xx_and_sends_the_protocol_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) = fake_receiver(vec![503, 429, 400]);
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.bearer_token_file = Some(token);
+        config.max_samples_per_send = 3;
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let exposition = Exposition::new(&[&TABLE]);
+        let (rows, _rows) = mpsc::channel();
+        let mut writers = RemoteWriters::start(
+            std::slice::from_ref(&config),
+            dir.path(),
+            Duration::from_secs(1),
+            &exposition,
+            rows,
+        )
+        .unwrap();
+        writers.append(&batch(0, 3));
+        writers.append(&batch(3, 3));
+        writers.append(&batch(6, 3));
+        let got: Vec<Received> = (0..5)
+            .map(|_| requests.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        let first = &got[0];
+        assert_eq!(first.headers["content-encoding"], "snappy");
+        assert_eq!(first.headers["content-type"], "application/x-protobuf");
+        assert_eq!(first.headers["x-prometheus-remote-write-version"], "0.1.0");
+        assert_eq!(first.headers["authorization"], "Bearer s3cret");
+        // 503 and 429 were retried with the same samples; the 400 dropped
+        // the second request, and the third went on.
+        let sent: Vec<Vec<f64>> = got.iter().map(values).collect();
+        assert_eq!(
+            sent,
+            [
+                vec![0.0, 1.0, 2.0],
+                vec![0.0, 1.0, 2.0],
+                vec![0.0, 1.0, 2.0],
+                vec![3.0, 4.0, 5.0],
+                vec![6.0, 7.0, 8.0],
+            ]
+        );
+        let stats = writers.remotes[0].stats.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.sent.load(Ordering::Relaxed) < 6 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(stats.retried.load(Ordering::Relaxed), 6);
+        assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 3);
+        assert_eq!(stats.requests_failed.load(Ordering::Relaxed), 3);
+        let queue = writers.remotes[0].queue.clone();
+        drop(writers);
+        assert_eq!(queue.lock().unwrap().pending_samples(), 0);
+    }
+
+    #[test]
+    fn an_unreachable_receiver_keeps_everything_queued_for_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port(); // closed again: connections are refused
+        let mut config = RemoteWriteConfig::new("down", &format!("http://127.0.0.1:{port}/write"));
+        config.max_samples_per_send = 2;
+        config.batch_send_deadline_secs = 0.05;
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let exposition = Exposition::new(&[&TABLE]);
+        let start = |config: &RemoteWriteConfig| {
+            RemoteWriters::start(
+                std::slice::from_ref(config),
+                dir.path(),
+                Duration::from_secs(1),
+                &exposition,
+                mpsc::channel().0,
+            )
+            .unwrap()
+        };
+        let mut writers = start(&config);
+        writers.append(&batch(0, 5));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            writers.remotes[0]
+                .stats
+                .requests_failed
+                .load(Ordering::Relaxed)
+                > 1
+        );
+        drop(writers);
+
+        let (port, requests) = fake_receiver(vec![]);
+        config.url = format!("http://127.0.0.1:{port}/write");
+        let writers = start(&config);
+        let got: Vec<f64> = (0..3)
+            .flat_map(|_| values(&requests.recv_timeout(Duration::from_secs(10)).unwrap()))
+            .collect();
+        assert_eq!(got, [0.0, 1.0, 2.0, 3.0, 4.0]);
+        drop(writers);
+    }
+}
