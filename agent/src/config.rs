@@ -353,6 +353,8 @@ fn remote_write_example() -> String {
          # At most one of basic_auth, bearer_token, bearer_token_file; files are read per request.\n\
          # basic_auth = {{ username = \"vtax\", password_file = \"/etc/vtax/remote-password\" }}\n\
          # bearer_token_file = \"/etc/vtax/remote-token\"\n\
+         # Labels on every series sent; instance (the host name) and job (vtax) unless set here.\n\
+         # external_labels = {{ cluster = \"train-a\", instance = \"gpu-node-17\" }}\n\
          # TLS for https: CAs to trust (unset: the system's), a client certificate if asked for.\n\
          # tls = {{ ca_file = \"/etc/vtax/ca.crt\", cert_file = \"/etc/vtax/client.crt\", key_file = \"/etc/vtax/client.key\", insecure_skip_verify = false }}\n\
          # Bytes the queue may hold; past that its oldest samples are dropped, and counted.\n\
@@ -516,6 +518,8 @@ mod tests {
         let mut expected =
             RemoteWriteConfig::new("central", "https://prometheus.example:9090/api/v1/write");
         expected.basic_auth = remote.basic_auth.clone();
+        expected.external_labels = remote.external_labels.clone();
+        assert_eq!(remote.external_labels["cluster"], "train-a");
         assert_eq!(remote, &expected);
         assert_eq!(remote.basic_auth.as_ref().unwrap().username, "vtax");
         let with_tls = format!(

@@ -254,11 +254,18 @@ fn received(receiver: &Receiver, since_ms: i64, until_ms: i64) -> Samples {
         &format!("{{__name__=~\"vtax_.+\"}}[{range_secs}s]"),
         until_ms,
     );
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
     let mut samples = Samples::new();
     for series in result.as_array().unwrap() {
         let mut labels: BTreeMap<String, String> =
             serde_json::from_value(series["metric"].clone()).unwrap();
         let name = labels.remove("__name__").unwrap();
+        // Every series says which agent sent it.
+        assert_eq!(labels.remove("job").as_deref(), Some("vtax"), "{labels:?}");
+        assert_eq!(labels.remove("instance"), Some(host.clone()), "{labels:?}");
         let times: Vec<i64> = series["values"]
             .as_array()
             .unwrap()

@@ -2,6 +2,7 @@
 //! names them where it has a name (`basic_auth`, `bearer_token_file`,
 //! `tls.ca_file`, `insecure_skip_verify`, `max_samples_per_send`, ...).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,12 @@ pub struct RemoteWriteConfig {
     /// TLS for `https` URLs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// Labels added to every series sent, as Prometheus's `external_labels`:
+    /// they say which node a series came from. `instance` (the host name) and
+    /// `job = "vtax"` are there unless set here; an empty value removes one.
+    /// A table's own tag of the same name wins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub external_labels: BTreeMap<String, String>,
     /// Bytes the on-disk queue may hold before its oldest samples are dropped.
     #[serde(default = "default_queue_max_bytes")]
     pub queue_max_bytes: u64,
@@ -125,6 +132,7 @@ impl RemoteWriteConfig {
             bearer_token: None,
             bearer_token_file: None,
             tls: None,
+            external_labels: BTreeMap::new(),
             queue_max_bytes: DEFAULT_QUEUE_MAX_BYTES,
             max_samples_per_send: DEFAULT_MAX_SAMPLES_PER_SEND,
             batch_send_deadline_secs: DEFAULT_BATCH_SEND_DEADLINE_SECS,
@@ -132,6 +140,21 @@ impl RemoteWriteConfig {
             max_backoff_secs: DEFAULT_MAX_BACKOFF_SECS,
             remote_timeout_secs: DEFAULT_REMOTE_TIMEOUT_SECS,
         }
+    }
+
+    /// The labels every series gets: `instance` and `job` by default, then
+    /// `external_labels`, less those set empty; sorted by name.
+    pub fn series_labels(&self, host: &str) -> Vec<super::encode::Label> {
+        let mut labels = BTreeMap::from([
+            ("instance".to_string(), host.to_string()),
+            ("job".to_string(), "vtax".to_string()),
+        ]);
+        labels.extend(self.external_labels.clone());
+        labels
+            .into_iter()
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(name, value)| super::encode::Label { name, value })
+            .collect()
     }
 
     /// Checks what the types cannot; on failure the key (relative to the
@@ -150,6 +173,23 @@ impl RemoteWriteConfig {
                     self.name
                 ),
             ));
+        }
+        for name in self.external_labels.keys() {
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with("__");
+            if !valid {
+                return Err((
+                    "external_labels",
+                    format!(
+                        "remote_write {}: external label {name:?} is not a Prometheus label name",
+                        self.name
+                    ),
+                ));
+            }
         }
         super::send::Client::new(self).map_err(|e| {
             let key = if e.starts_with("url") { "url" } else { "tls" };

@@ -55,9 +55,10 @@ pub struct Sample {
     pub timestamp: i64,
 }
 
-/// The series of a batch, one sample each; empty for a table that is not
-/// exported (it holds other systems' samples).
-pub fn batch_series(batch: &Batch) -> Vec<TimeSeries> {
+/// The series of a batch, one sample each, with the `external` labels (sorted)
+/// where no tag has their name; empty for a table that is not exported (it
+/// holds other systems' samples).
+pub fn batch_series(batch: &Batch, external: &[Label]) -> Vec<TimeSeries> {
     let table = batch.table;
     let mut out = Vec::new();
     if !table.exported || batch.is_empty() {
@@ -77,6 +78,11 @@ pub fn batch_series(batch: &Batch) -> Vec<TimeSeries> {
             })
             .filter(|l| !l.value.is_empty())
             .collect();
+        for label in external {
+            if table.tag_index(&label.name).is_none() {
+                tags.push(label.clone());
+            }
+        }
         tags.sort();
         let without_le: Vec<Label> = tags
             .iter()
@@ -242,7 +248,7 @@ mod tests {
             &[Value::Null, Value::U64(9)],
         )
         .unwrap();
-        let series = batch_series(&b.finish());
+        let series = batch_series(&b.finish(), &[]);
         assert_eq!(series.len(), 3, "a null is no sample");
         assert_eq!(
             labels(&series[0]),
@@ -256,6 +262,33 @@ mod tests {
             labels(&series[2]),
             [("__name__", "vtax_gpu_memory_used_bytes"), ("gpu", "1")],
             "an empty tag is no label"
+        );
+        let mut b = BatchBuilder::new(&GPU);
+        b.push(1, &["u", "0"], &[Value::Null, Value::U64(1)])
+            .unwrap();
+        let external = [
+            Label {
+                name: "gpu".into(),
+                value: "ignored: the tag wins".into(),
+            },
+            Label {
+                name: "instance".into(),
+                value: "n1".into(),
+            },
+            Label {
+                name: "job".into(),
+                value: "vtax".into(),
+            },
+        ];
+        assert_eq!(
+            labels(&batch_series(&b.finish(), &external)[0]),
+            [
+                ("__name__", "vtax_gpu_memory_used_bytes"),
+                ("gpu", "0"),
+                ("instance", "n1"),
+                ("job", "vtax"),
+                ("uuid", "u")
+            ]
         );
         assert_eq!(
             series[1].samples,
@@ -278,7 +311,7 @@ mod tests {
             .unwrap();
         b.push(2_000, &["3", "+Inf"], &[Value::U64(5), Value::F64(0.25)])
             .unwrap();
-        let series = batch_series(&b.finish());
+        let series = batch_series(&b.finish(), &[]);
         let names: Vec<_> = series.iter().map(|s| labels(s)).collect();
         assert_eq!(
             names,
@@ -311,7 +344,7 @@ mod tests {
     fn stored_only_tables_are_not_sent() {
         let mut b = BatchBuilder::new(&SCRAPED);
         b.push(1, &[], &[Value::F64(1.0)]).unwrap();
-        assert!(batch_series(&b.finish()).is_empty());
+        assert!(batch_series(&b.finish(), &[]).is_empty());
         assert!(!is_sent(&SCRAPED));
     }
 

@@ -87,6 +87,8 @@ struct Stats {
 
 struct Remote {
     config: RemoteWriteConfig,
+    /// `instance`, `job` and the external labels, sorted.
+    labels: Vec<encode::Label>,
     queue: Arc<Mutex<Queue>>,
     stats: Arc<Stats>,
     wake: Arc<tokio::sync::Notify>,
@@ -123,6 +125,7 @@ impl RemoteWriters {
         rows: Sender<Vec<Arc<Batch>>>,
     ) -> Result<RemoteWriters, RemoteWriteError> {
         let mut remotes = Vec::new();
+        let host = host_name();
         for config in configs {
             let config_error = |message: String| RemoteWriteError::Config {
                 name: config.name.clone(),
@@ -159,6 +162,7 @@ impl RemoteWriters {
                 .map_err(|e| config_error(format!("spawn its sender: {e}")))?;
             remotes.push(Remote {
                 config: config.clone(),
+                labels: config.series_labels(&host),
                 queue,
                 stats,
                 wake,
@@ -208,11 +212,11 @@ impl RemoteWriters {
         if self.remotes.is_empty() || !encode::is_sent(batch.table) {
             return;
         }
-        let series = encode::batch_series(batch);
-        if series.is_empty() {
-            return;
-        }
         for remote in &mut self.remotes {
+            let series = encode::batch_series(batch, &remote.labels);
+            if series.is_empty() {
+                return;
+            }
             let chunk = remote.config.max_samples_per_send as usize;
             let mut queue = remote.queue.lock().expect("not poisoned");
             let mut failed = None;
@@ -286,6 +290,15 @@ impl Drop for RemoteWriters {
         }
         self.sync();
     }
+}
+
+/// The node's host name, the default `instance` label.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(vtax_store::node_name)
 }
 
 fn now_ms() -> i64 {
@@ -612,6 +625,16 @@ mod tests {
         assert_eq!(first.headers["content-type"], "application/x-protobuf");
         assert_eq!(first.headers["x-prometheus-remote-write-version"], "0.1.0");
         assert_eq!(first.headers["authorization"], "Bearer s3cret");
+        let names: Vec<&str> = first.request.timeseries[0]
+            .labels
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["__name__", "instance", "job", "n"],
+            "who sent it, sorted"
+        );
         // 503 and 429 were retried with the same samples; the 400 dropped
         // the second request, and the third went on.
         let sent: Vec<Vec<f64>> = got.iter().map(values).collect();
