@@ -524,21 +524,40 @@ mod tests {
         request: encode::WriteRequest,
     }
 
+    trait Stream: Read + Write + Send {}
+    impl<T: Read + Write + Send> Stream for T {}
+
     /// An HTTP/1.1 receiver on a real socket that answers with `statuses` in
     /// turn (then 204) and hands over every request it read.
     fn fake_receiver(statuses: Vec<u16>) -> (u16, mpsc::Receiver<Received>) {
+        fake_receiver_with(statuses, None)
+    }
+
+    /// The same over TLS when `tls` is given.
+    fn fake_receiver_with(
+        statuses: Vec<u16>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> (u16, mpsc::Receiver<Received>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut statuses = statuses.into_iter();
             for stream in listener.incoming() {
-                let mut stream = BufReader::new(stream.unwrap());
+                let stream = stream.unwrap();
+                let stream: Box<dyn Stream> = match &tls {
+                    None => Box::new(stream),
+                    Some(config) => {
+                        let connection = rustls::ServerConnection::new(config.clone()).unwrap();
+                        Box::new(rustls::StreamOwned::new(connection, stream))
+                    }
+                };
+                let mut stream = BufReader::new(stream);
                 loop {
                     let mut headers = BTreeMap::new();
                     let mut line = String::new();
                     if stream.read_line(&mut line).unwrap_or(0) == 0 {
-                        break; // the client closed this connection
+                        break; // closed, or a TLS handshake the client gave up
                     }
                     loop {
                         line.clear();
@@ -558,6 +577,7 @@ mod tests {
                     let _ = tx.send(Received { headers, request });
                     let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nno");
                     stream.get_mut().write_all(answer.as_bytes()).unwrap();
+                    stream.get_mut().flush().unwrap();
                 }
             }
         });
@@ -585,6 +605,34 @@ mod tests {
         b.finish()
     }
 
+    /// Remote write to one remote, its queue in `dir`.
+    fn start(dir: &Path, config: &RemoteWriteConfig) -> RemoteWriters {
+        let exposition = Exposition::new(&[&TABLE]);
+        let (rows, _) = mpsc::channel();
+        RemoteWriters::start(
+            std::slice::from_ref(config),
+            dir,
+            Duration::from_secs(1),
+            &exposition,
+            rows,
+        )
+        .unwrap()
+    }
+
+    /// Queues `rows` samples for a remote that cannot be reached, and checks
+    /// the sender keeps retrying (quickly: the backoff is shortened).
+    fn queue_while_failing(dir: &Path, config: &RemoteWriteConfig, rows: usize) {
+        let mut config = config.clone();
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let mut writers = start(dir, &config);
+        writers.append(&batch(0, rows));
+        std::thread::sleep(Duration::from_millis(300));
+        let stats = &writers.remotes[0].stats;
+        assert!(stats.requests_failed.load(Ordering::Relaxed) > 1);
+        assert_eq!(stats.sent.load(Ordering::Relaxed), 0);
+    }
+
     fn values(r: &Received) -> Vec<f64> {
         r.request
             .timeseries
@@ -604,16 +652,7 @@ mod tests {
         config.max_samples_per_send = 3;
         config.min_backoff_secs = 0.01;
         config.max_backoff_secs = 0.02;
-        let exposition = Exposition::new(&[&TABLE]);
-        let (rows, _rows) = mpsc::channel();
-        let mut writers = RemoteWriters::start(
-            std::slice::from_ref(&config),
-            dir.path(),
-            Duration::from_secs(1),
-            &exposition,
-            rows,
-        )
-        .unwrap();
+        let mut writers = start(dir.path(), &config);
         writers.append(&batch(0, 3));
         writers.append(&batch(3, 3));
         writers.append(&batch(6, 3));
@@ -673,38 +712,81 @@ mod tests {
         let mut config = RemoteWriteConfig::new("down", &format!("http://127.0.0.1:{port}/write"));
         config.max_samples_per_send = 2;
         config.batch_send_deadline_secs = 0.05;
-        config.min_backoff_secs = 0.01;
-        config.max_backoff_secs = 0.02;
-        let exposition = Exposition::new(&[&TABLE]);
-        let start = |config: &RemoteWriteConfig| {
-            RemoteWriters::start(
-                std::slice::from_ref(config),
-                dir.path(),
-                Duration::from_secs(1),
-                &exposition,
-                mpsc::channel().0,
-            )
-            .unwrap()
-        };
-        let mut writers = start(&config);
-        writers.append(&batch(0, 5));
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(
-            writers.remotes[0]
-                .stats
-                .requests_failed
-                .load(Ordering::Relaxed)
-                > 1
-        );
-        drop(writers);
+        queue_while_failing(dir.path(), &config, 5);
 
         let (port, requests) = fake_receiver(vec![]);
         config.url = format!("http://127.0.0.1:{port}/write");
-        let writers = start(&config);
+        let writers = start(dir.path(), &config);
         let got: Vec<f64> = (0..3)
             .flat_map(|_| values(&requests.recv_timeout(Duration::from_secs(10)).unwrap()))
             .collect();
         assert_eq!(got, [0.0, 1.0, 2.0, 3.0, 4.0]);
+        drop(writers);
+    }
+
+    /// A server config for a self-signed `localhost` certificate, whose PEM
+    /// is written to `ca`.
+    fn tls_server(ca: &Path) -> Arc<rustls::ServerConfig> {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(ca, cert.cert.pem()).unwrap();
+        let key = pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+        Arc::new(config)
+    }
+
+    #[test]
+    fn https_with_a_ca_file_and_basic_auth_from_a_password_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        let (port, requests) = fake_receiver_with(vec![], Some(tls_server(&ca)));
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pa55\n").unwrap();
+        let mut config = RemoteWriteConfig::new("tls", &format!("https://localhost:{port}/w"));
+        config.tls = Some(config::TlsConfig {
+            ca_file: Some(ca),
+            ..Default::default()
+        });
+        config.basic_auth = Some(config::BasicAuth {
+            username: "vtax".into(),
+            password: None,
+            password_file: Some(password),
+        });
+        config.max_samples_per_send = 2;
+        config.validate().unwrap();
+        let mut writers = start(dir.path(), &config);
+        writers.append(&batch(0, 2));
+        let got = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+        use base64::Engine as _;
+        let expected = base64::engine::general_purpose::STANDARD.encode("vtax:pa55");
+        assert_eq!(got.headers["authorization"], format!("Basic {expected}"));
+        assert_eq!(values(&got), [0.0, 1.0]);
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_refused_unless_verification_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) =
+            fake_receiver_with(vec![], Some(tls_server(&dir.path().join("ca.crt"))));
+        let mut config = RemoteWriteConfig::new("tls", &format!("https://localhost:{port}/w"));
+        config.max_samples_per_send = 1;
+        // Trusting only the system's CAs: the handshake fails, and is retried.
+        queue_while_failing(dir.path(), &config, 1);
+        assert!(requests.try_recv().is_err());
+
+        config.tls = Some(config::TlsConfig {
+            insecure_skip_verify: true,
+            ..Default::default()
+        });
+        let writers = start(dir.path(), &config);
+        let got = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(values(&got), [0.0], "the queued sample went once trusted");
         drop(writers);
     }
 }
