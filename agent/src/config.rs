@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use vtax_exporters::remote_write::config as remote_write;
+use vtax_exporters::remote_write::RemoteWriteConfig;
+
 use crate::collectors::{CollectorsConfig, Roots};
 
 /// Where the installed agent looks for its config file.
@@ -43,6 +46,9 @@ pub struct Config {
     /// `[[scrape]]`: local Prometheus endpoints for the `scrape` collector.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scrape: Vec<crate::collectors::scrape::ScrapeTarget>,
+    /// `[[remote_write]]`: receivers that every stored sample is also sent to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remote_write: Vec<RemoteWriteConfig>,
 }
 
 /// `[web]`.
@@ -240,7 +246,22 @@ impl Config {
             ));
         }
         self.collectors.validate()?;
-        self.detect.validate()
+        self.detect.validate()?;
+        for (i, remote) in self.remote_write.iter().enumerate() {
+            remote
+                .validate()
+                .map_err(|(key, message)| (format!("remote_write[{i}].{key}"), message))?;
+            if self.remote_write[..i].iter().any(|r| r.name == remote.name) {
+                return Err((
+                    format!("remote_write[{i}].name"),
+                    format!(
+                        "remote_write name {:?} is used twice: each remote needs its own queue",
+                        remote.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The pseudo-filesystem roots.
@@ -275,6 +296,7 @@ pub fn parse_listen_address(address: &str) -> Result<std::net::SocketAddr, Strin
 }
 
 /// The 1-based line where `key` (dotted: `collectors.host.interval_secs`) is set.
+/// The n-th table of an array of tables is `<array>.<n>` (`remote_write.0.url`).
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
     let (table, leaf) = key.rsplit_once('.').unwrap_or(("", key));
     let mut current = String::new();
@@ -327,7 +349,47 @@ pub fn render_example() -> String {
     );
     render_table(&mut out, "", &table);
     out.push_str(&crate::collectors::scrape::example_target());
+    out.push_str(&remote_write_example());
     out
+}
+
+/// The commented `[[remote_write]]` example: there is none by default.
+fn remote_write_example() -> String {
+    format!(
+        "\n# Prometheus remote write 1.0: every sample the agent stores is also sent to the\n\
+         # receiver of each [[remote_write]] table, through an on-disk queue under\n\
+         # <data_dir>/remote_write/<name>/ that outlives receiver outages and agent restarts.\n\
+         # None by default; one looks like:\n\
+         # [[remote_write]]\n\
+         # Names the queue directory and the `remote` label of vtax_remote_write_* metrics.\n\
+         # name = \"central\"\n\
+         # The receiver's endpoint (Prometheus with --web.enable-remote-write-receiver, Mimir, ...).\n\
+         # url = \"https://prometheus.example:9090/api/v1/write\"\n\
+         # At most one of basic_auth, bearer_token, bearer_token_file; files are read per request.\n\
+         # basic_auth = {{ username = \"vtax\", password_file = \"/etc/vtax/remote-password\" }}\n\
+         # bearer_token_file = \"/etc/vtax/remote-token\"\n\
+         # Labels on every series sent; instance (the host name) and job (vtax) unless set here.\n\
+         # external_labels = {{ cluster = \"train-a\", instance = \"gpu-node-17\" }}\n\
+         # TLS for https: CAs to trust (unset: the system's), a client certificate if asked for.\n\
+         # tls = {{ ca_file = \"/etc/vtax/ca.crt\", cert_file = \"/etc/vtax/client.crt\", key_file = \"/etc/vtax/client.key\", insecure_skip_verify = false }}\n\
+         # Bytes the queue may hold; past that its oldest samples are dropped, and counted.\n\
+         # queue_max_bytes = {}\n\
+         # Most samples in one request.\n\
+         # max_samples_per_send = {}\n\
+         # Seconds a sample waits for its request to fill before it is sent anyway.\n\
+         # batch_send_deadline_secs = {:?}\n\
+         # Retries after a 5xx, a 429 or a connection error wait from min to max, doubling.\n\
+         # min_backoff_secs = {:?}\n\
+         # max_backoff_secs = {:?}\n\
+         # Seconds a request may take before it is abandoned and retried.\n\
+         # remote_timeout_secs = {:?}\n",
+        remote_write::DEFAULT_QUEUE_MAX_BYTES,
+        remote_write::DEFAULT_MAX_SAMPLES_PER_SEND,
+        remote_write::DEFAULT_BATCH_SEND_DEADLINE_SECS,
+        remote_write::DEFAULT_MIN_BACKOFF_SECS,
+        remote_write::DEFAULT_MAX_BACKOFF_SECS,
+        remote_write::DEFAULT_REMOTE_TIMEOUT_SECS,
+    )
 }
 
 fn render_table(out: &mut String, prefix: &str, table: &toml::Table) {
@@ -507,6 +569,97 @@ mod tests {
             .collect();
         let config = Config::parse(&uncommented, "example").unwrap();
         assert_eq!(config.scrape.len(), 1, "{uncommented}");
+    }
+
+    /// The commented remote write example parses, once uncommented (but for
+    /// the lines that exclude each other), to the documented defaults.
+    #[test]
+    fn remote_write_example_parses_to_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(&ca, cert.cert.pem()).unwrap();
+        let uncommented: String = remote_write_example()
+            .lines()
+            .filter(|l| !l.starts_with("# bearer_token_file") && !l.starts_with("# tls"))
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.starts_with('[') || rest.contains(" = ") => format!("{rest}\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        let config = Config::parse(&uncommented, "example").unwrap();
+        let remote = &config.remote_write[0];
+        let mut expected =
+            RemoteWriteConfig::new("central", "https://prometheus.example:9090/api/v1/write");
+        expected.basic_auth = remote.basic_auth.clone();
+        expected.external_labels = remote.external_labels.clone();
+        assert_eq!(remote.external_labels["cluster"], "train-a");
+        assert_eq!(remote, &expected);
+        assert_eq!(remote.basic_auth.as_ref().unwrap().username, "vtax");
+        let with_tls = format!(
+            "[[remote_write]]\nname = \"a\"\nurl = \"https://localhost/w\"\ntls = {{ ca_file = {ca:?} }}\n"
+        );
+        assert_eq!(
+            Config::parse(&with_tls, "v.toml").unwrap().remote_write[0]
+                .tls
+                .as_ref()
+                .unwrap()
+                .ca_file
+                .as_deref(),
+            Some(ca.as_path())
+        );
+    }
+
+    #[test]
+    fn remote_write_errors_name_the_key_and_line() {
+        let two = "[[remote_write]]\nname = \"a\"\nurl = \"http://x/w\"\n\n[[remote_write]]\nname = \"b\"\nurl = \"http://x/w\"\nmax_samples_per_send = 0\n";
+        let err = Config::parse(two, "v.toml").unwrap_err().to_string();
+        assert!(
+            err.starts_with("v.toml:8: remote_write b: max_samples_per_send = 0"),
+            "{err}"
+        );
+        let same = two
+            .replace("\"b\"", "\"a\"")
+            .replace("max_samples_per_send = 0\n", "");
+        let err = Config::parse(&same, "v.toml").unwrap_err().to_string();
+        assert!(
+            err.starts_with("v.toml:6: remote_write name \"a\" is used twice"),
+            "{err}"
+        );
+        let err = Config::parse(
+            "[[remote_write]]\nname = \"a\"\nurl = \"ftp://x/w\"\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("v.toml:3: remote_write a: url") && err.contains("http or https"),
+            "{err}"
+        );
+        let err = Config::parse(
+            "[[remote_write]]\nname = \"a\"\nurl = \"http://x/w\"\nqueue_max_byte = 5\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("line 4") && err.contains("queue_max_byte"),
+            "{err}"
+        );
+        let err = Config::parse(
+            "[[remote_write]]\nname = \"a\"\nurl = \"http://x/w\"\nbearer_token = \"t\"\nbasic_auth = { username = \"u\", password = \"p\" }\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("v.toml:4: remote_write a: set one of"),
+            "{err}"
+        );
+        let err = Config::parse("[[remote_write]]\nname = \"a\"\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("url"), "{err}");
     }
 
     /// Uncommenting the unset examples gives a valid file too.

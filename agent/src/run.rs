@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use vtax_exporters::remote_write::RemoteWriters;
 use vtax_exporters::Exposition;
 use vtax_store::{Store, StoreOptions};
 
@@ -89,6 +90,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     let (sender, receiver) = std::sync::mpsc::channel::<Rows>();
     let mut collectors =
         CollectorSet::start(&config.collectors, &config.roots(), &exposition, &sender);
+    let sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
+    let mut remote = RemoteWriters::start(
+        &config.remote_write,
+        &data_dir,
+        sync_interval,
+        &exposition,
+        sender.clone(),
+    )?;
     tracing::info!(
         data_dir = %data_dir.display(),
         listen_address = %web.local_addr(),
@@ -119,9 +128,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         if reload.swap(false, Ordering::Relaxed) {
             match args.agent.resolve() {
                 Ok(new) => {
-                    if new.web != config.web || new.store != config.store {
+                    if new.web != config.web
+                        || new.store != config.store
+                        || new.remote_write != config.remote_write
+                    {
                         tracing::warn!(
-                            "Reloaded: [web] and [store] changes take effect at the next restart."
+                            "Reloaded: [web], [store] and [[remote_write]] changes take effect at the next restart."
                         );
                     }
                     collectors.stop(&exposition);
@@ -152,6 +164,8 @@ pub fn run(args: RunArgs) -> Result<()> {
                 if let Err(e) = store.append(batch) {
                     refused += 1;
                     tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
+                } else {
+                    remote.append(batch);
                 }
             }
         }
@@ -162,6 +176,8 @@ pub fn run(args: RunArgs) -> Result<()> {
                     if let Err(e) = store.append(batch) {
                         refused += 1;
                         tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
+                    } else {
+                        remote.append(batch);
                     }
                 }
                 let exported = judged
@@ -203,9 +219,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         for batch in &batches {
             if let Err(e) = store.append(batch) {
                 tracing::error!(error = %e, "Dropped rows at shutdown: the store refused them.");
+            } else {
+                remote.append(batch);
             }
         }
     }
+    drop(remote); // stops the senders; what they did not send goes at the next start
     web.stop();
     exposition.close();
     let _ = renderer.join();

@@ -1,4 +1,5 @@
-//! Tables the runtime writes about itself: how each collector fared.
+//! Tables the runtime writes about itself: how each collector fared, and
+//! how remote write is keeping up.
 
 use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 
@@ -29,5 +30,6 @@ pub static COLLECTOR: TableDef = TableDef {
     exported: true,
 };
 
-/// Tables of this module.
-pub static TABLES: &[&TableDef] = &[&COLLECTOR];
+/// Tables of this module; `remote_write` is declared beside the code that
+/// fills it.
+pub static TABLES: &[&TableDef] = &[&COLLECTOR, &vtax_exporters::remote_write::TABLE];

@@ -1,0 +1,271 @@
+//! `[[remote_write]]` tables of the agent's config file, named as Prometheus
+//! names them where it has a name (`basic_auth`, `bearer_token_file`,
+//! `tls.ca_file`, `insecure_skip_verify`, `max_samples_per_send`, ...).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Default bound on a remote's on-disk queue: at a few thousand samples a
+/// second, hours of a receiver outage.
+pub const DEFAULT_QUEUE_MAX_BYTES: u64 = 256 << 20;
+/// Default most samples in one request: Prometheus's `max_samples_per_send`.
+pub const DEFAULT_MAX_SAMPLES_PER_SEND: u64 = 2000;
+/// Default longest a sample waits for its request to fill before it is sent
+/// anyway: Prometheus's `batch_send_deadline`.
+pub const DEFAULT_BATCH_SEND_DEADLINE_SECS: f64 = 5.0;
+/// Default first wait before a retry: Prometheus's `min_backoff`.
+pub const DEFAULT_MIN_BACKOFF_SECS: f64 = 0.03;
+/// Default longest wait between retries: Prometheus's `max_backoff`.
+pub const DEFAULT_MAX_BACKOFF_SECS: f64 = 5.0;
+/// Default time a request may take before it counts as failed: Prometheus's
+/// `remote_timeout`.
+pub const DEFAULT_REMOTE_TIMEOUT_SECS: f64 = 30.0;
+/// Smallest queue bound accepted: room for a few segments.
+pub const MIN_QUEUE_MAX_BYTES: u64 = 1 << 20;
+
+/// One `[[remote_write]]` table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteWriteConfig {
+    /// Names the queue directory and the `remote` label of the counters.
+    pub name: String,
+    /// The receiver's endpoint, e.g. `http://prometheus:9090/api/v1/write`.
+    pub url: String,
+    /// HTTP basic auth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+    /// A bearer token sent as `Authorization: Bearer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token: Option<String>,
+    /// A file holding the bearer token, read on every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<PathBuf>,
+    /// TLS for `https` URLs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// Labels added to every series sent, as Prometheus's `external_labels`:
+    /// they say which node a series came from. `instance` (the host name) and
+    /// `job = "vtax"` are there unless set here; an empty value removes one.
+    /// A table's own tag of the same name wins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub external_labels: BTreeMap<String, String>,
+    /// Bytes the on-disk queue may hold before its oldest samples are dropped.
+    #[serde(default = "default_queue_max_bytes")]
+    pub queue_max_bytes: u64,
+    /// Most samples in one request.
+    #[serde(default = "default_max_samples_per_send")]
+    pub max_samples_per_send: u64,
+    /// Seconds a sample waits for its request to fill before it goes anyway.
+    #[serde(default = "default_batch_send_deadline_secs")]
+    pub batch_send_deadline_secs: f64,
+    /// Seconds before the first retry; each next one waits twice as long.
+    #[serde(default = "default_min_backoff_secs")]
+    pub min_backoff_secs: f64,
+    /// Longest wait between two retries, in seconds.
+    #[serde(default = "default_max_backoff_secs")]
+    pub max_backoff_secs: f64,
+    /// Seconds a request may take before it is abandoned and retried.
+    #[serde(default = "default_remote_timeout_secs")]
+    pub remote_timeout_secs: f64,
+}
+
+/// `basic_auth = { username, password | password_file }`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    /// User name.
+    pub username: String,
+    /// Password, in the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// A file holding the password, read on every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+}
+
+/// `tls = { ca_file, cert_file, key_file, insecure_skip_verify }`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// CAs to trust for the receiver's certificate; unset: the system's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate, for receivers that ask for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// Accept any server certificate (tests, and nothing else).
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+}
+
+fn default_queue_max_bytes() -> u64 {
+    DEFAULT_QUEUE_MAX_BYTES
+}
+fn default_max_samples_per_send() -> u64 {
+    DEFAULT_MAX_SAMPLES_PER_SEND
+}
+fn default_batch_send_deadline_secs() -> f64 {
+    DEFAULT_BATCH_SEND_DEADLINE_SECS
+}
+fn default_min_backoff_secs() -> f64 {
+    DEFAULT_MIN_BACKOFF_SECS
+}
+fn default_max_backoff_secs() -> f64 {
+    DEFAULT_MAX_BACKOFF_SECS
+}
+fn default_remote_timeout_secs() -> f64 {
+    DEFAULT_REMOTE_TIMEOUT_SECS
+}
+
+impl RemoteWriteConfig {
+    /// A remote with every default: only a name and a URL.
+    pub fn new(name: &str, url: &str) -> Self {
+        RemoteWriteConfig {
+            name: name.into(),
+            url: url.into(),
+            basic_auth: None,
+            bearer_token: None,
+            bearer_token_file: None,
+            tls: None,
+            external_labels: BTreeMap::new(),
+            queue_max_bytes: DEFAULT_QUEUE_MAX_BYTES,
+            max_samples_per_send: DEFAULT_MAX_SAMPLES_PER_SEND,
+            batch_send_deadline_secs: DEFAULT_BATCH_SEND_DEADLINE_SECS,
+            min_backoff_secs: DEFAULT_MIN_BACKOFF_SECS,
+            max_backoff_secs: DEFAULT_MAX_BACKOFF_SECS,
+            remote_timeout_secs: DEFAULT_REMOTE_TIMEOUT_SECS,
+        }
+    }
+
+    /// The labels every series gets: `instance` and `job` by default, then
+    /// `external_labels`, less those set empty; sorted by name.
+    pub fn series_labels(&self, host: &str) -> Vec<super::encode::Label> {
+        let mut labels = BTreeMap::from([
+            ("instance".to_string(), host.to_string()),
+            ("job".to_string(), "vtax".to_string()),
+        ]);
+        labels.extend(self.external_labels.clone());
+        labels
+            .into_iter()
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(name, value)| super::encode::Label { name, value })
+            .collect()
+    }
+
+    /// Checks what the types cannot; on failure the key (relative to the
+    /// table) and the message.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok {
+            return Err((
+                "name",
+                format!(
+                    "remote_write name {:?}: use letters, digits, _ and - (it names a directory)",
+                    self.name
+                ),
+            ));
+        }
+        for name in self.external_labels.keys() {
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with("__");
+            if !valid {
+                return Err((
+                    "external_labels",
+                    format!(
+                        "remote_write {}: external label {name:?} is not a Prometheus label name",
+                        self.name
+                    ),
+                ));
+            }
+        }
+        super::send::Client::new(self).map_err(|e| {
+            let key = if e.starts_with("url") { "url" } else { "tls" };
+            (key, format!("remote_write {}: {e}", self.name))
+        })?;
+        if let Some(auth) = &self.basic_auth {
+            if auth.password.is_some() && auth.password_file.is_some() {
+                return Err((
+                    "basic_auth",
+                    format!(
+                        "remote_write {}: basic_auth takes password or password_file, not both",
+                        self.name
+                    ),
+                ));
+            }
+        }
+        let credentials = usize::from(self.basic_auth.is_some())
+            + usize::from(self.bearer_token.is_some())
+            + usize::from(self.bearer_token_file.is_some());
+        if credentials > 1 {
+            let key = if self.bearer_token_file.is_some() {
+                "bearer_token_file"
+            } else {
+                "bearer_token"
+            };
+            return Err((
+                key,
+                format!(
+                    "remote_write {}: set one of basic_auth, bearer_token and bearer_token_file",
+                    self.name
+                ),
+            ));
+        }
+        if self.queue_max_bytes < MIN_QUEUE_MAX_BYTES {
+            return Err((
+                "queue_max_bytes",
+                format!(
+                    "remote_write {}: queue_max_bytes = {} is below the least, {MIN_QUEUE_MAX_BYTES}",
+                    self.name, self.queue_max_bytes
+                ),
+            ));
+        }
+        if self.max_samples_per_send == 0 || self.max_samples_per_send > 1_000_000 {
+            return Err((
+                "max_samples_per_send",
+                format!(
+                    "remote_write {}: max_samples_per_send = {}: must be between 1 and 1000000",
+                    self.name, self.max_samples_per_send
+                ),
+            ));
+        }
+        for (key, secs) in [
+            ("batch_send_deadline_secs", self.batch_send_deadline_secs),
+            ("min_backoff_secs", self.min_backoff_secs),
+            ("max_backoff_secs", self.max_backoff_secs),
+            ("remote_timeout_secs", self.remote_timeout_secs),
+        ] {
+            if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
+                return Err((
+                    key,
+                    format!(
+                        "remote_write {}: {key} = {secs}: must be above 0 and at most 3600",
+                        self.name
+                    ),
+                ));
+            }
+        }
+        if self.min_backoff_secs > self.max_backoff_secs {
+            return Err((
+                "min_backoff_secs",
+                format!(
+                    "remote_write {}: min_backoff_secs is above max_backoff_secs",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,792 @@
+//! Prometheus remote write 1.0: every sample the agent stores is also queued
+//! on disk, per configured remote, and sent from there by a thread per remote.
+//!
+//! The store's thread encodes each batch once ([`encode`]) and appends it to
+//! each remote's queue ([`queue`]); a sender ([`send`]) reads the queue from
+//! its acknowledged position in append order, batches records into requests,
+//! retries what may succeed later and drops what never will, and acknowledges
+//! only after the receiver answered. Its counters go out as the
+//! `remote_write` table, one row per remote per second.
+
+pub mod config;
+pub mod encode;
+pub mod queue;
+pub mod send;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
+use vtax_store::{Batch, BatchBuilder, Value};
+
+pub use config::RemoteWriteConfig;
+use queue::Queue;
+use send::{Backoff, Client, Outcome};
+
+use crate::Exposition;
+
+/// The counters of every remote, one row per remote per second.
+pub static TABLE: TableDef = TableDef {
+    name: "remote_write",
+    help: "One row per configured remote write receiver per second: what was sent, retried and dropped, and what waits in its on-disk queue.",
+    tags: &[TagDef {
+        name: "remote",
+        help: "The remote's `name` in `[[remote_write]]`.",
+    }],
+    fields: &[
+        FieldDef::counter("samples_sent", FieldType::U64, Unit::None, "Samples the receiver accepted since the agent started."),
+        FieldDef::counter("samples_retried", FieldType::U64, Unit::None, "Samples sent again after a 5xx, a 429 or a connection failure, since the agent started."),
+        FieldDef::counter("samples_dropped_queue_full", FieldType::U64, Unit::None, "Samples dropped unsent because the on-disk queue reached queue_max_bytes (its oldest segment goes), since the agent started."),
+        FieldDef::counter("samples_dropped_rejected", FieldType::U64, Unit::None, "Samples dropped because the receiver refused them for good (a 4xx other than 429), since the agent started."),
+        FieldDef::counter("samples_dropped_unwritten", FieldType::U64, Unit::None, "Samples dropped because they could not be written to the queue (a full or failing disk), since the agent started."),
+        FieldDef::counter("requests_failed", FieldType::U64, Unit::None, "Requests that did not succeed: errors, timeouts and non-2xx answers, since the agent started."),
+        FieldDef::gauge("queue_bytes", FieldType::U64, Unit::Bytes, "Bytes of samples in the on-disk queue not yet acknowledged by the receiver."),
+        FieldDef::gauge("oldest_pending_age_seconds", FieldType::F64, Unit::Seconds, "Age of the oldest sample not yet acknowledged by the receiver; 0 when the queue is empty."),
+    ],
+    exported: true,
+};
+
+/// Why remote write could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteWriteError {
+    /// The queue directory could not be opened.
+    #[error("remote_write {name}: queue {path}: {source}")]
+    Queue {
+        /// The remote.
+        name: String,
+        /// Its queue directory.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The configuration does not hold (a bad URL, a TLS file that does not load).
+    #[error("remote_write {name}: {message}")]
+    Config {
+        /// The remote.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+#[derive(Default)]
+struct Stats {
+    sent: AtomicU64,
+    retried: AtomicU64,
+    dropped_rejected: AtomicU64,
+    dropped_unwritten: AtomicU64,
+    requests_failed: AtomicU64,
+    /// Earliest unacknowledged sample, ms since the epoch; `i64::MAX` when none.
+    oldest_pending_ms: AtomicI64,
+}
+
+struct Remote {
+    config: RemoteWriteConfig,
+    /// `instance`, `job` and the external labels, sorted.
+    labels: Vec<encode::Label>,
+    queue: Arc<Mutex<Queue>>,
+    stats: Arc<Stats>,
+    wake: Arc<tokio::sync::Notify>,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    failing_writes: bool,
+}
+
+/// Every configured remote: queues fed from the store's thread, senders on
+/// their own threads, and a thread publishing their counters.
+pub struct RemoteWriters {
+    remotes: Vec<Remote>,
+    sync_interval: Duration,
+    last_sync: Instant,
+    stats_stop: Option<std::sync::mpsc::Sender<()>>,
+    stats_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long a stopping agent lets a request in flight finish, so that a clean
+/// stop does not leave a sent but unacknowledged request to send again.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often the counters are published.
+const STATS_INTERVAL: Duration = Duration::from_secs(1);
+
+impl RemoteWriters {
+    /// Opens each remote's queue under `<data_dir>/remote_write/<name>/` and
+    /// starts its sender. Counters go to `exposition` and, as rows, to `rows`
+    /// (the store's channel), so they are stored and sent like any table.
+    pub fn start(
+        configs: &[RemoteWriteConfig],
+        data_dir: &Path,
+        sync_interval: Duration,
+        exposition: &Arc<Exposition>,
+        rows: Sender<Vec<Arc<Batch>>>,
+    ) -> Result<RemoteWriters, RemoteWriteError> {
+        let mut remotes = Vec::new();
+        let host = host_name();
+        for config in configs {
+            let config_error = |message: String| RemoteWriteError::Config {
+                name: config.name.clone(),
+                message,
+            };
+            let client = Client::new(config).map_err(config_error)?;
+            let dir = data_dir.join("remote_write").join(&config.name);
+            let (queue, report) = Queue::open(&dir, config.queue_max_bytes).map_err(|source| {
+                RemoteWriteError::Queue {
+                    name: config.name.clone(),
+                    path: dir.display().to_string(),
+                    source,
+                }
+            })?;
+            tracing::info!(remote = %config.name, url = %config.url, pending_samples = report.pending_samples, segments = report.segments, "Remote write started.");
+            let queue = Arc::new(Mutex::new(queue));
+            let stats = Arc::new(Stats {
+                oldest_pending_ms: AtomicI64::new(i64::MAX),
+                ..Stats::default()
+            });
+            let wake = Arc::new(tokio::sync::Notify::new());
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let sender = SenderTask {
+                config: config.clone(),
+                queue: queue.clone(),
+                stats: stats.clone(),
+                wake: wake.clone(),
+                stopped,
+                client,
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("remote-write-{}", config.name))
+                .spawn(move || sender.run())
+                .map_err(|e| config_error(format!("spawn its sender: {e}")))?;
+            remotes.push(Remote {
+                config: config.clone(),
+                labels: config.series_labels(&host),
+                queue,
+                stats,
+                wake,
+                stop,
+                thread: Some(thread),
+                failing_writes: false,
+            });
+        }
+        let (stats_stop, stats_thread) = if remotes.is_empty() {
+            (None, None)
+        } else {
+            let views: Vec<_> = remotes
+                .iter()
+                .map(|r| (r.config.name.clone(), r.queue.clone(), r.stats.clone()))
+                .collect();
+            let exposition = exposition.clone();
+            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::Builder::new()
+                .name("remote-write-stats".into())
+                .spawn(move || {
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(STATS_INTERVAL)
+                    {
+                        let batch = Arc::new(stats_batch(&views, now_ms() * 1000));
+                        exposition.update("remote_write", vec![batch.clone()]);
+                        let _ = rows.send(vec![batch]);
+                    }
+                })
+                .map_err(|e| RemoteWriteError::Config {
+                    name: "stats".into(),
+                    message: format!("spawn a thread: {e}"),
+                })?;
+            (Some(stop), Some(thread))
+        };
+        Ok(RemoteWriters {
+            remotes,
+            sync_interval,
+            last_sync: Instant::now(),
+            stats_stop,
+            stats_thread,
+        })
+    }
+
+    /// Queues a batch the store took, for every remote. Never blocks on the
+    /// network; a queue that cannot be written counts the samples as dropped.
+    pub fn append(&mut self, batch: &Batch) {
+        if self.remotes.is_empty() || !encode::is_sent(batch.table) {
+            return;
+        }
+        for remote in &mut self.remotes {
+            let series = encode::batch_series(batch, &remote.labels);
+            if series.is_empty() {
+                return;
+            }
+            let chunk = remote.config.max_samples_per_send as usize;
+            let mut queue = remote.queue.lock().expect("not poisoned");
+            let mut failed = None;
+            for part in series.chunks(chunk) {
+                let samples = encode::sample_count(part);
+                let min_time_ms = part
+                    .iter()
+                    .flat_map(|s| s.samples.iter().map(|x| x.timestamp))
+                    .min()
+                    .unwrap_or(0);
+                let request = encode::WriteRequest {
+                    timeseries: part.to_vec(),
+                };
+                let payload = snap::raw::Encoder::new()
+                    .compress_vec(&request.encode_to_vec())
+                    .expect("snappy compresses any input below 4 GiB");
+                if let Err(e) = queue.append(&payload, samples as u32, min_time_ms) {
+                    remote
+                        .stats
+                        .dropped_unwritten
+                        .fetch_add(samples as u64, Ordering::Relaxed);
+                    failed = Some(e);
+                }
+            }
+            drop(queue);
+            match failed {
+                Some(e) if !remote.failing_writes => {
+                    remote.failing_writes = true;
+                    tracing::error!(remote = %remote.config.name, error = %e, "Remote write queue not writable: samples for this remote are dropped until it is.");
+                }
+                None if remote.failing_writes => {
+                    remote.failing_writes = false;
+                    tracing::info!(remote = %remote.config.name, "Remote write queue writable again.");
+                }
+                _ => {}
+            }
+            remote.wake.notify_one();
+        }
+        if self.last_sync.elapsed() >= self.sync_interval {
+            self.sync();
+        }
+    }
+
+    fn sync(&mut self) {
+        self.last_sync = Instant::now();
+        for remote in &self.remotes {
+            if let Err(e) = remote.queue.lock().expect("not poisoned").sync() {
+                tracing::warn!(remote = %remote.config.name, error = %e, "Remote write queue fsync failed.");
+            }
+        }
+    }
+}
+
+impl Drop for RemoteWriters {
+    /// Stops the senders (a request in flight gets [`STOP_GRACE`] to finish)
+    /// and makes the queues durable; what is unsent goes at the next start.
+    fn drop(&mut self) {
+        if let Some(stop) = self.stats_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.stats_thread.take() {
+            let _ = thread.join();
+        }
+        for remote in &self.remotes {
+            let _ = remote.stop.send(true);
+        }
+        for remote in &mut self.remotes {
+            if let Some(thread) = remote.thread.take() {
+                let _ = thread.join();
+            }
+        }
+        self.sync();
+    }
+}
+
+/// The node's host name, the default `instance` label.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(vtax_store::node_name)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+type StatsView = (String, Arc<Mutex<Queue>>, Arc<Stats>);
+
+fn stats_batch(views: &[StatsView], time_us: i64) -> Batch {
+    let mut builder = BatchBuilder::new(&TABLE);
+    for (name, queue, stats) in views {
+        let (queue_bytes, dropped_full) = {
+            let queue = queue.lock().expect("not poisoned");
+            (queue.pending_bytes(), queue.dropped_samples())
+        };
+        let oldest = stats.oldest_pending_ms.load(Ordering::Relaxed);
+        let age = if oldest == i64::MAX {
+            0.0
+        } else {
+            ((time_us / 1000 - oldest).max(0) as f64) / 1000.0
+        };
+        let counter = |c: &AtomicU64| Value::U64(c.load(Ordering::Relaxed));
+        builder
+            .push(
+                time_us,
+                &[name],
+                &[
+                    counter(&stats.sent),
+                    counter(&stats.retried),
+                    Value::U64(dropped_full),
+                    counter(&stats.dropped_rejected),
+                    counter(&stats.dropped_unwritten),
+                    counter(&stats.requests_failed),
+                    Value::U64(queue_bytes),
+                    Value::F64(age),
+                ],
+            )
+            .expect("the row matches the declaration");
+    }
+    builder.finish()
+}
+
+/// One remote's sender thread.
+struct SenderTask {
+    config: RemoteWriteConfig,
+    queue: Arc<Mutex<Queue>>,
+    stats: Arc<Stats>,
+    wake: Arc<tokio::sync::Notify>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    client: Client,
+}
+
+impl SenderTask {
+    fn run(mut self) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(remote = %self.config.name, error = %e, "Remote write sender could not start; samples stay queued.");
+                return;
+            }
+        };
+        runtime.block_on(self.send_loop());
+    }
+
+    fn is_stopped(&self) -> bool {
+        *self.stopped.borrow()
+    }
+
+    /// Sleeps `duration`, or less when the agent stops; true when stopped.
+    async fn pause(&mut self, duration: Duration) -> bool {
+        let mut stopped = self.stopped.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(duration) => {}
+            _ = stopped.wait_for(|s| *s) => {}
+        }
+        self.is_stopped()
+    }
+
+    async fn send_loop(&mut self) {
+        let max_samples = self.config.max_samples_per_send;
+        let deadline = Duration::from_secs_f64(self.config.batch_send_deadline_secs);
+        let timeout = Duration::from_secs_f64(self.config.remote_timeout_secs);
+        let mut backoff = Backoff::new(
+            Duration::from_secs_f64(self.config.min_backoff_secs),
+            Duration::from_secs_f64(self.config.max_backoff_secs),
+        );
+        let mut failing = false;
+        while !self.is_stopped() {
+            let read = self.queue.lock().expect("not poisoned").read(max_samples);
+            let pending = match read {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    self.stats
+                        .oldest_pending_ms
+                        .store(i64::MAX, Ordering::Relaxed);
+                    let wake = self.wake.clone();
+                    let mut stopped = self.stopped.clone();
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = stopped.wait_for(|s| *s) => {}
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(remote = %self.config.name, error = %e, "Remote write queue unreadable; retrying.");
+                    if self.pause(Duration::from_secs(5)).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            self.stats
+                .oldest_pending_ms
+                .store(pending.min_time_ms, Ordering::Relaxed);
+            // A short request waits until its oldest sample is `deadline` old.
+            let age = Duration::from_millis((now_ms() - pending.min_time_ms).max(0) as u64);
+            if pending.samples < max_samples && age < deadline {
+                if self.pause(deadline - age).await {
+                    break;
+                }
+                continue;
+            }
+            let body = bytes::Bytes::from(encode::compress(&pending.protobuf));
+            // Retry the same body until it is taken or refused for good.
+            loop {
+                let result = self.post(body.clone(), timeout).await;
+                let outcome = match &result {
+                    Ok(response) => send::classify(response.status),
+                    Err(_) => Outcome::Retry,
+                };
+                if outcome != Outcome::Sent {
+                    self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                match outcome {
+                    Outcome::Sent => {
+                        self.stats
+                            .sent
+                            .fetch_add(pending.samples, Ordering::Relaxed);
+                        if failing {
+                            tracing::info!(remote = %self.config.name, "Remote write recovered.");
+                            failing = false;
+                        }
+                        backoff.reset();
+                        break;
+                    }
+                    Outcome::Reject => {
+                        let response = result.as_ref().expect("a rejection has a response");
+                        self.stats
+                            .dropped_rejected
+                            .fetch_add(pending.samples, Ordering::Relaxed);
+                        tracing::error!(remote = %self.config.name, status = response.status, message = %response.message, samples = pending.samples, "Remote write receiver refused a request for good: its samples are dropped.");
+                        break;
+                    }
+                    Outcome::Retry => {
+                        let reason = match &result {
+                            Ok(r) => format!("HTTP {}: {}", r.status, r.message),
+                            Err(e) => e.clone(),
+                        };
+                        if !failing {
+                            tracing::warn!(remote = %self.config.name, error = %reason, "Remote write failed; retrying with backoff, samples stay queued.");
+                            failing = true;
+                        } else {
+                            tracing::debug!(remote = %self.config.name, error = %reason, "Remote write still failing.");
+                        }
+                        if self.pause(backoff.next_delay()).await {
+                            return;
+                        }
+                        self.stats
+                            .retried
+                            .fetch_add(pending.samples, Ordering::Relaxed);
+                    }
+                }
+            }
+            if let Err(e) = self.queue.lock().expect("not poisoned").ack(&pending) {
+                tracing::warn!(remote = %self.config.name, error = %e, "Remote write could not record its position; a restart sends the last request again.");
+            }
+        }
+    }
+
+    /// One POST within `timeout`; when the agent stops meanwhile, the
+    /// request gets [`STOP_GRACE`] more before it is abandoned.
+    async fn post(
+        &mut self,
+        body: bytes::Bytes,
+        timeout: Duration,
+    ) -> Result<send::Response, String> {
+        let mut stopped = self.stopped.clone();
+        let post = tokio::time::timeout(timeout, self.client.post(body));
+        tokio::pin!(post);
+        let result = tokio::select! {
+            r = &mut post => r,
+            _ = stopped.wait_for(|s| *s) => match tokio::time::timeout(STOP_GRACE, &mut post).await {
+                Ok(r) => r,
+                Err(_) => return Err("abandoned: the agent is stopping".into()),
+            },
+        };
+        result.unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    use prost::Message;
+
+    use super::*;
+
+    /// A request the fake receiver got: its headers (lower-cased names) and
+    /// the decoded write request.
+    struct Received {
+        headers: BTreeMap<String, String>,
+        request: encode::WriteRequest,
+    }
+
+    trait Stream: Read + Write + Send {}
+    impl<T: Read + Write + Send> Stream for T {}
+
+    /// An HTTP/1.1 receiver on a real socket that answers with `statuses` in
+    /// turn (then 204) and hands over every request it read.
+    fn fake_receiver(statuses: Vec<u16>) -> (u16, mpsc::Receiver<Received>) {
+        fake_receiver_with(statuses, None)
+    }
+
+    /// The same over TLS when `tls` is given.
+    fn fake_receiver_with(
+        statuses: Vec<u16>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> (u16, mpsc::Receiver<Received>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut statuses = statuses.into_iter();
+            for stream in listener.incoming() {
+                let stream = stream.unwrap();
+                let stream: Box<dyn Stream> = match &tls {
+                    None => Box::new(stream),
+                    Some(config) => {
+                        let connection = rustls::ServerConnection::new(config.clone()).unwrap();
+                        Box::new(rustls::StreamOwned::new(connection, stream))
+                    }
+                };
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut headers = BTreeMap::new();
+                    let mut line = String::new();
+                    if stream.read_line(&mut line).unwrap_or(0) == 0 {
+                        break; // closed, or a TLS handshake the client gave up
+                    }
+                    loop {
+                        line.clear();
+                        stream.read_line(&mut line).unwrap();
+                        let Some((k, v)) = line.trim_end().split_once(':') else {
+                            break;
+                        };
+                        headers.insert(k.to_ascii_lowercase(), v.trim().to_string());
+                    }
+                    let len: usize = headers["content-length"].parse().unwrap();
+                    let mut body = vec![0; len];
+                    stream.read_exact(&mut body).unwrap();
+                    let request =
+                        encode::WriteRequest::decode(&encode::decompress(&body).unwrap()[..])
+                            .unwrap();
+                    let status = statuses.next().unwrap_or(204);
+                    let _ = tx.send(Received { headers, request });
+                    let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nno");
+                    stream.get_mut().write_all(answer.as_bytes()).unwrap();
+                    stream.get_mut().flush().unwrap();
+                }
+            }
+        });
+        (port, rx)
+    }
+
+    static GAUGE: TableDef = TableDef {
+        name: "t",
+        help: "test",
+        tags: &[TagDef {
+            name: "n",
+            help: "row",
+        }],
+        fields: &[FieldDef::gauge("v", FieldType::F64, Unit::None, "x")],
+        exported: true,
+    };
+
+    /// A batch of `samples` rows whose values start at `first`.
+    fn batch(first: usize, samples: usize) -> Batch {
+        let mut b = BatchBuilder::new(&GAUGE);
+        for i in first..first + samples {
+            b.push(now_ms() * 1000, &[&i.to_string()], &[Value::F64(i as f64)])
+                .unwrap();
+        }
+        b.finish()
+    }
+
+    /// Remote write to one remote, its queue in `dir`.
+    fn start(dir: &Path, config: &RemoteWriteConfig) -> RemoteWriters {
+        let exposition = Exposition::new(&[&TABLE]);
+        let (rows, _) = mpsc::channel();
+        RemoteWriters::start(
+            std::slice::from_ref(config),
+            dir,
+            Duration::from_secs(1),
+            &exposition,
+            rows,
+        )
+        .unwrap()
+    }
+
+    /// Queues `rows` samples for a remote that cannot be reached, and checks
+    /// the sender keeps retrying (quickly: the backoff is shortened).
+    fn queue_while_failing(dir: &Path, config: &RemoteWriteConfig, rows: usize) {
+        let mut config = config.clone();
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let mut writers = start(dir, &config);
+        writers.append(&batch(0, rows));
+        std::thread::sleep(Duration::from_millis(300));
+        let stats = &writers.remotes[0].stats;
+        assert!(stats.requests_failed.load(Ordering::Relaxed) > 1);
+        assert_eq!(stats.sent.load(Ordering::Relaxed), 0);
+    }
+
+    fn values(r: &Received) -> Vec<f64> {
+        r.request
+            .timeseries
+            .iter()
+            .map(|s| s.samples[0].value)
+            .collect()
+    }
+
+    #[test]
+    fn retries_5xx_and_429_drops_other_4xx_and_sends_the_protocol_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) = fake_receiver(vec![503, 429, 400]);
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.bearer_token_file = Some(token);
+        config.max_samples_per_send = 3;
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let mut writers = start(dir.path(), &config);
+        writers.append(&batch(0, 3));
+        writers.append(&batch(3, 3));
+        writers.append(&batch(6, 3));
+        let got: Vec<Received> = (0..5)
+            .map(|_| requests.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        let first = &got[0];
+        assert_eq!(first.headers["content-encoding"], "snappy");
+        assert_eq!(first.headers["content-type"], "application/x-protobuf");
+        assert_eq!(first.headers["x-prometheus-remote-write-version"], "0.1.0");
+        assert_eq!(first.headers["authorization"], "Bearer s3cret");
+        let names: Vec<&str> = first.request.timeseries[0]
+            .labels
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["__name__", "instance", "job", "n"],
+            "who sent it, sorted"
+        );
+        // 503 and 429 were retried with the same samples; the 400 dropped
+        // the second request, and the third went on.
+        let sent: Vec<Vec<f64>> = got.iter().map(values).collect();
+        assert_eq!(
+            sent,
+            [
+                vec![0.0, 1.0, 2.0],
+                vec![0.0, 1.0, 2.0],
+                vec![0.0, 1.0, 2.0],
+                vec![3.0, 4.0, 5.0],
+                vec![6.0, 7.0, 8.0],
+            ]
+        );
+        let stats = writers.remotes[0].stats.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.sent.load(Ordering::Relaxed) < 6 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(stats.retried.load(Ordering::Relaxed), 6);
+        assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 3);
+        assert_eq!(stats.requests_failed.load(Ordering::Relaxed), 3);
+        let queue = writers.remotes[0].queue.clone();
+        drop(writers);
+        assert_eq!(queue.lock().unwrap().pending_samples(), 0);
+    }
+
+    #[test]
+    fn an_unreachable_receiver_keeps_everything_queued_for_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port(); // closed again: connections are refused
+        let mut config = RemoteWriteConfig::new("down", &format!("http://127.0.0.1:{port}/write"));
+        config.max_samples_per_send = 2;
+        config.batch_send_deadline_secs = 0.05;
+        queue_while_failing(dir.path(), &config, 5);
+
+        let (port, requests) = fake_receiver(vec![]);
+        config.url = format!("http://127.0.0.1:{port}/write");
+        let writers = start(dir.path(), &config);
+        let got: Vec<f64> = (0..3)
+            .flat_map(|_| values(&requests.recv_timeout(Duration::from_secs(10)).unwrap()))
+            .collect();
+        assert_eq!(got, [0.0, 1.0, 2.0, 3.0, 4.0]);
+        drop(writers);
+    }
+
+    /// A server config for a self-signed `localhost` certificate, whose PEM
+    /// is written to `ca`.
+    fn tls_server(ca: &Path) -> Arc<rustls::ServerConfig> {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(ca, cert.cert.pem()).unwrap();
+        let key = pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+        Arc::new(config)
+    }
+
+    #[test]
+    fn https_with_a_ca_file_and_basic_auth_from_a_password_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        let (port, requests) = fake_receiver_with(vec![], Some(tls_server(&ca)));
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pa55\n").unwrap();
+        let mut config = RemoteWriteConfig::new("tls", &format!("https://localhost:{port}/w"));
+        config.tls = Some(config::TlsConfig {
+            ca_file: Some(ca),
+            ..Default::default()
+        });
+        config.basic_auth = Some(config::BasicAuth {
+            username: "vtax".into(),
+            password: None,
+            password_file: Some(password),
+        });
+        config.max_samples_per_send = 2;
+        config.validate().unwrap();
+        let mut writers = start(dir.path(), &config);
+        writers.append(&batch(0, 2));
+        let got = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+        use base64::Engine as _;
+        let expected = base64::engine::general_purpose::STANDARD.encode("vtax:pa55");
+        assert_eq!(got.headers["authorization"], format!("Basic {expected}"));
+        assert_eq!(values(&got), [0.0, 1.0]);
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_refused_unless_verification_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) =
+            fake_receiver_with(vec![], Some(tls_server(&dir.path().join("ca.crt"))));
+        let mut config = RemoteWriteConfig::new("tls", &format!("https://localhost:{port}/w"));
+        config.max_samples_per_send = 1;
+        // Trusting only the system's CAs: the handshake fails, and is retried.
+        queue_while_failing(dir.path(), &config, 1);
+        assert!(requests.try_recv().is_err());
+
+        config.tls = Some(config::TlsConfig {
+            insecure_skip_verify: true,
+            ..Default::default()
+        });
+        let writers = start(dir.path(), &config);
+        let got = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(values(&got), [0.0], "the queued sample went once trusted");
+        drop(writers);
+    }
+}

@@ -1,0 +1,375 @@
+//! Sending queued records to one receiver: an HTTP/1.1 client (hyper, with
+//! rustls over ring for `https`), the remote write 1.0 headers, and the
+//! retry policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Uri};
+use hyper_util::rt::TokioIo;
+
+use super::config::{RemoteWriteConfig, TlsConfig};
+
+/// What to do about a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receiver took the samples.
+    Sent,
+    /// Try the same request again after a backoff: the receiver is
+    /// overloaded (429), failing (5xx), or unreachable.
+    Retry,
+    /// The receiver refuses these samples for good (other 4xx): sending them
+    /// again would fail again and hold up everything behind them.
+    Reject,
+}
+
+/// Sorts a response status into an [`Outcome`].
+pub fn classify(status: u16) -> Outcome {
+    match status {
+        200..=299 => Outcome::Sent,
+        429 | 500..=599 => Outcome::Retry,
+        // 1xx and 3xx are as final as a 4xx here: no redirect is followed,
+        // as Prometheus does not follow one either.
+        _ => Outcome::Reject,
+    }
+}
+
+/// Exponential backoff between retries: from `min`, doubling, at most `max`.
+#[derive(Debug)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// A backoff starting at `min`.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Backoff {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// The wait before the next retry; doubles the one after.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+
+    /// After a success: start from `min` again.
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// A response: status and the start of its body (the receiver's reason).
+pub struct Response {
+    /// HTTP status.
+    pub status: u16,
+    /// Up to a few hundred bytes of the body.
+    pub message: String,
+}
+
+/// One receiver's connection, made again whenever it breaks.
+pub struct Client {
+    uri: Uri,
+    host: String,
+    port: u16,
+    tls: Option<(tokio_rustls::TlsConnector, pki_types::ServerName<'static>)>,
+    config: RemoteWriteConfig,
+    connection: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Client {
+    /// A client for `config` (validated: the URL parses, TLS files load).
+    pub fn new(config: &RemoteWriteConfig) -> Result<Client, String> {
+        let uri: Uri = config
+            .url
+            .parse()
+            .map_err(|e| format!("url {:?}: {e}", config.url))?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
+                return Err(format!(
+                    "url {:?}: the scheme must be http or https",
+                    config.url
+                ))
+            }
+        };
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("url {:?}: no host", config.url))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls = if https {
+            let name = pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| format!("url {:?}: {e}", config.url))?;
+            let tls_config = client_tls(config.tls.as_ref().unwrap_or(&TlsConfig::default()))?;
+            Some((tokio_rustls::TlsConnector::from(Arc::new(tls_config)), name))
+        } else {
+            None
+        };
+        Ok(Client {
+            uri,
+            host,
+            port,
+            tls,
+            config: config.clone(),
+            connection: None,
+        })
+    }
+
+    async fn connect(&mut self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| format!("connect to {}:{}: {e}", self.host, self.port))?;
+        let _ = tcp.set_nodelay(true);
+        // The connection task ends when the connection does; errors surface
+        // on the next request through `SendRequest`.
+        match &self.tls {
+            None => {
+                let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("HTTP handshake: {e}"))?;
+                tokio::spawn(connection);
+                Ok(sender)
+            }
+            Some((connector, name)) => {
+                let stream = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| format!("TLS handshake with {}: {e}", self.host))?;
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .map_err(|e| format!("HTTP handshake: {e}"))?;
+                tokio::spawn(connection);
+                Ok(sender)
+            }
+        }
+    }
+
+    /// POSTs one snappy-compressed write request; an error is a connection
+    /// or protocol failure (worth a retry).
+    pub async fn post(&mut self, body: Bytes) -> Result<Response, String> {
+        // A kept-alive connection the receiver closed meanwhile fails
+        // `ready`: connect again rather than count a failure.
+        let mut sender = match self.connection.take() {
+            Some(mut s) => match s.ready().await {
+                Ok(()) => s,
+                Err(_) => self.connect().await?,
+            },
+            None => self.connect().await?,
+        };
+        let mut request = Request::post(self.uri.clone())
+            .header(
+                header::HOST,
+                self.uri.authority().map_or("", |a| a.as_str()),
+            )
+            .header(header::CONTENT_ENCODING, "snappy")
+            .header(header::CONTENT_TYPE, "application/x-protobuf")
+            .header(
+                header::USER_AGENT,
+                concat!("vtax/", env!("CARGO_PKG_VERSION")),
+            )
+            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+            .body(Full::new(body))
+            .map_err(|e| format!("build request: {e}"))?;
+        if let Some(authorization) = self.authorization()? {
+            request
+                .headers_mut()
+                .insert(header::AUTHORIZATION, authorization);
+        }
+        // hyper's client connection wants the path only, not the full URI.
+        *request.uri_mut() = self
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse()
+            .map_err(|e| format!("url path: {e}"))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("POST {}: {e}", self.config.url))?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("read response: {e}"))?
+            .to_bytes();
+        self.connection = Some(sender);
+        let message = String::from_utf8_lossy(&body[..body.len().min(512)])
+            .trim()
+            .to_string();
+        Ok(Response { status, message })
+    }
+
+    /// The `Authorization` header, with secrets read from their files on
+    /// every request, so rotated credentials need no restart.
+    fn authorization(&self) -> Result<Option<HeaderValue>, String> {
+        use base64::Engine as _;
+        let value = if let Some(auth) = &self.config.basic_auth {
+            let password = match (&auth.password, &auth.password_file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(file)) => read_secret(file, "basic_auth.password_file")?,
+                (None, None) => String::new(),
+            };
+            let token = base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{password}", auth.username));
+            format!("Basic {token}")
+        } else if let Some(token) = &self.config.bearer_token {
+            format!("Bearer {token}")
+        } else if let Some(file) = &self.config.bearer_token_file {
+            format!("Bearer {}", read_secret(file, "bearer_token_file")?)
+        } else {
+            return Ok(None);
+        };
+        let mut value = HeaderValue::from_str(&value)
+            .map_err(|_| "credentials hold a control character".to_string())?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
+}
+
+fn read_secret(path: &std::path::Path, key: &str) -> Result<String, String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| format!("{key} {}: {e}", path.display()))
+}
+
+/// Where Debian keeps the system's trusted CAs, used when no `ca_file` is set.
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The rustls client config for a `[remote_write.tls]` table.
+pub fn client_tls(tls: &TlsConfig) -> Result<rustls::ClientConfig, String> {
+    use pki_types::pem::PemObject;
+    use pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?;
+    let builder = if tls.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+    } else {
+        let (path, key) = match &tls.ca_file {
+            Some(ca) => (ca.clone(), "tls.ca_file"),
+            None => (SYSTEM_CA_BUNDLE.into(), "the system CA bundle"),
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&path)
+            .map_err(|e| format!("{key} {}: {e}", path.display()))?
+        {
+            let cert = cert.map_err(|e| format!("{key} {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("{key} {}: {e}", path.display()))?;
+        }
+        builder.with_root_certificates(roots)
+    };
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| format!("tls.cert_file {}: {e}", cert.display()))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| format!("tls.key_file {}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("tls.cert_file: {e}"))
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => Err("tls: cert_file and key_file go together".into()),
+    }
+}
+
+/// `insecure_skip_verify`: any certificate is accepted, but the handshake's
+/// signatures are still checked, so the session is at least with the holder
+/// of the key the server showed.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &pki_types::CertificateDer<'_>,
+        _intermediates: &[pki_types::CertificateDer<'_>],
+        _server_name: &pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_sort_into_send_retry_and_reject() {
+        assert_eq!(classify(200), Outcome::Sent);
+        assert_eq!(classify(204), Outcome::Sent);
+        assert_eq!(classify(429), Outcome::Retry);
+        assert_eq!(classify(500), Outcome::Retry);
+        assert_eq!(classify(503), Outcome::Retry);
+        assert_eq!(classify(400), Outcome::Reject);
+        assert_eq!(classify(401), Outcome::Reject);
+        assert_eq!(classify(404), Outcome::Reject);
+        assert_eq!(classify(413), Outcome::Reject);
+        assert_eq!(classify(301), Outcome::Reject);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(30), Duration::from_millis(200));
+        let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, [30, 60, 120, 200, 200]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 30);
+    }
+}
