@@ -5,6 +5,10 @@
 
 use std::collections::BTreeMap;
 
+/// Below this correlation a suspect scores nothing: over a look-back of a
+/// minute or more, chance alone rarely reaches it.
+pub const MIN_CORRELATION: f64 = 0.3;
+
 /// One suspect's standing against one victim signal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Suspect {
@@ -70,7 +74,11 @@ pub fn rank(
                 correlation,
                 effect,
                 usage_change,
-                score: correlation.max(0.0) * materiality,
+                score: if correlation >= MIN_CORRELATION {
+                    correlation * materiality
+                } else {
+                    0.0
+                },
             })
         })
         .collect();
