@@ -2,14 +2,19 @@
 //! fits in the last-level cache. Where the PMU is hidden (most VMs), this is
 //! the detector's view of memory-bandwidth and cache interference: a
 //! neighbour streaming through memory or thrashing the cache evicts the
-//! working set, and each load goes from a cache hit (~10 ns) to DRAM
-//! (~100 ns). It costs a fraction of a millisecond per sample.
+//! working set, and more of its loads go to DRAM. It costs one or two
+//! milliseconds per sample.
 
 use std::time::Instant;
 
-/// Bytes the chase walks: above the per-core L2 of current server CPUs, well
-/// below their shared L3, so a quiet node serves it from L3.
-pub const WORKING_SET_BYTES: usize = 2 << 20;
+/// Bytes the chase walks: above the per-core L2 of current server CPUs and
+/// within their shared L3. Measured on this project's 2-vCPU KVM guest (an
+/// EPYC with 32 MiB of L3 shared with other tenants): over 2 MiB a quiet
+/// guest already waits ~170 ns a load and a neighbour's stream changed
+/// nothing; over 8 MiB a stream or cache-thrash neighbour on the other vCPU
+/// raised it from ~190 to ~250 ns (+33%). The canary is 8 MiB of the agent's
+/// resident memory; `detect.cache_canary = false` gives it back.
+pub const WORKING_SET_BYTES: usize = 8 << 20;
 /// Loads per sample: enough to average out one interrupt, few enough to cost
 /// under a millisecond even when every load misses.
 const LOADS_PER_SAMPLE: usize = 8192;
