@@ -46,6 +46,9 @@ const AGENT_ENCODING_SAMPLE_BYTES: usize = 1 << 20;
 
 fn store_options(config: &Config) -> StoreOptions {
     let mut options = StoreOptions::new(config.data_dir());
+    if let Some(node) = &config.store.node {
+        options.node = node.clone();
+    }
     options.write.data_page_rows = AGENT_DATA_PAGE_ROWS;
     options.write.encoding_sample_bytes = AGENT_ENCODING_SAMPLE_BYTES;
     options.sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
