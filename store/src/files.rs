@@ -493,6 +493,15 @@ pub(crate) struct Listed {
 
 /// Lists published files (and stray temp files, returned separately).
 pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)> {
+    list_node_files(data_dir, None)
+}
+
+/// Lists published files of one node's store, or with `node`, of that node in
+/// a fleet copy (`tables/<table>/node=<node>/date=.../`).
+pub(crate) fn list_node_files(
+    data_dir: &Path,
+    node: Option<&str>,
+) -> Result<(Vec<Listed>, Vec<PathBuf>)> {
     let mut files = Vec::new();
     let mut temps = Vec::new();
     let tables = data_dir.join("tables");
@@ -509,7 +518,11 @@ pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)>
         let Some(table_name) = table.file_name().to_str().map(str::to_owned) else {
             continue;
         };
-        for part in read(&table.path())? {
+        let table_dir = match node {
+            Some(node) => table.path().join(format!("node={node}")),
+            None => table.path(),
+        };
+        for part in read(&table_dir)? {
             let name = part.file_name();
             let Some(day) = name
                 .to_str()
