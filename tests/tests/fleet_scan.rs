@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use vtax_store::scan::{fleet_nodes, scan_fleet_node};
 use vtax_store::{ScanRequest, Store, StoreOptions, DAY_US, HOUR_US};
-use vtax_tests::{catalog, IdCounts, T0};
+use vtax_tests::{catalog, value_counts, T0};
 
 fn rows_at(time_us: i64, ids: std::ops::Range<u64>) -> vtax_store::Batch {
     let mut b = vtax_store::BatchBuilder::new(&vtax_store::tables::SCRAPED);
@@ -20,19 +20,6 @@ fn rows_at(time_us: i64, ids: std::ops::Range<u64>) -> vtax_store::Batch {
         .unwrap();
     }
     b.finish()
-}
-
-/// The values (ids) of scanned `scraped` rows.
-fn ids(result: &vtax_store::ScanResult) -> IdCounts {
-    use arrow_array::cast::AsArray;
-    let mut ids = Vec::new();
-    for batch in &result.batches {
-        let v = batch
-            .column(3)
-            .as_primitive::<arrow_array::types::Float64Type>();
-        ids.extend(v.values().iter().map(|&x| x as u64));
-    }
-    IdCounts::new(&ids)
 }
 
 /// Copies a node's `tables/` into the fleet layout under `root`.
@@ -105,7 +92,7 @@ fn each_node_of_a_fleet_copy_reads_once_with_replaced_files_ignored() {
         };
         scan_fleet_node(fleet.path(), node, &catalog(), &request).unwrap()
     };
-    let counts = ids(&scan("a", None));
+    let counts = value_counts(&scan("a", None));
     assert!(
         counts.missing_in(0..30).is_empty()
             && counts.duplicates().is_empty()
@@ -114,7 +101,7 @@ fn each_node_of_a_fleet_copy_reads_once_with_replaced_files_ignored() {
         counts.missing_in(0..30),
         counts.duplicates()
     );
-    let counts = ids(&scan("b", None));
+    let counts = value_counts(&scan("b", None));
     assert!(counts.missing_in(100..110).is_empty() && counts.distinct() == 10);
     // A time filter: node a's second hour only.
     assert_eq!(scan("a", Some(T0 + HOUR_US)).rows(), 20);

@@ -319,23 +319,12 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
     for (node, util) in [("node_a", 0.9), ("node_b", 0.3)] {
         let dir = tempfile::tempdir().unwrap();
         write_node(dir.path(), node, util, false);
-        // The uploader's layout: a node= level under each table.
+        // The uploader's layout: each table's partitions moved under node=.
         for table in std::fs::read_dir(dir.path().join("tables")).unwrap() {
-            let table = table.unwrap();
-            for part in std::fs::read_dir(table.path()).unwrap() {
-                let part = part.unwrap();
-                let to = fleet
-                    .path()
-                    .join("tables")
-                    .join(table.file_name())
-                    .join(format!("node={node}"))
-                    .join(part.file_name());
-                std::fs::create_dir_all(&to).unwrap();
-                for file in std::fs::read_dir(part.path()).unwrap() {
-                    let file = file.unwrap();
-                    std::fs::copy(file.path(), to.join(file.file_name())).unwrap();
-                }
-            }
+            let table = table.unwrap().path();
+            let to = fleet.path().join("tables").join(table.file_name().unwrap());
+            std::fs::create_dir_all(&to).unwrap();
+            std::fs::rename(&table, to.join(format!("node={node}"))).unwrap();
         }
     }
     let source = Source::open(fleet.path()).unwrap();
