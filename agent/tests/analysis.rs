@@ -160,6 +160,10 @@ fn the_report_renders_every_plot_in_headless_chromium() {
         let text = std::fs::read_to_string(&html).unwrap();
         assert!(text.contains("No noisy-neighbour events recorded"));
         assert!(text.contains("VM with GPUs (kvm)"), "the verdict");
+        if name == "node" {
+            // The node's name comes from its files, named by --store.node.
+            assert!(text.contains("<title>vtax report: node_c</title>"));
+        }
 
         let out = chromium(&["--dump-dom"], &html, profile.path());
         let dom = String::from_utf8_lossy(&out.stdout);
@@ -198,4 +202,27 @@ fn the_report_renders_every_plot_in_headless_chromium() {
             image.len()
         );
     }
+}
+
+#[test]
+fn a_node_name_that_cannot_name_files_is_refused() {
+    let out = Command::new(VTAX)
+        .args(["check-config", "--store.node", "rack 3/gpu-7"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("store.node = \"rack 3/gpu-7\": use letters, digits, '.' and '_' only"),
+        "{stderr}"
+    );
+    let out = Command::new(VTAX)
+        .args(["check-config", "--store.node", "rack3.gpu_7"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -550,6 +550,38 @@ const CHECK_SCRIPT: &str = r#"
 })();
 "#;
 
+/// A line per node, or for a fleet with more nodes than colours, the lowest,
+/// median and highest node per time slot (labelled with `what` prefixed).
+fn node_lines(
+    names: &[&str],
+    series: &[&[(i64, f64)]],
+    max_points: usize,
+    reduce: Reduce,
+) -> Vec<Line> {
+    if names.len() <= svg::PALETTE.len() {
+        return names
+            .iter()
+            .zip(series)
+            .map(|(name, points)| Line {
+                label: name.to_string(),
+                points: shape::downsample(points, max_points, reduce),
+            })
+            .collect();
+    }
+    let [low, median, high] = shape::spread_across(series, max_points, reduce);
+    [
+        ("lowest node", low),
+        ("median node", median),
+        ("highest node", high),
+    ]
+    .into_iter()
+    .map(|(label, points)| Line {
+        label: label.into(),
+        points,
+    })
+    .collect()
+}
+
 fn render(ctx: &Page, nodes: &[NodeData]) -> String {
     let summaries: Vec<NodeSummary> = nodes.iter().map(summarize).collect();
     let mut t_min = i64::MAX;
@@ -634,18 +666,17 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
     h.push_str("</section>");
 
     // GPUs.
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     h.push_str(r#"<section id="gpus"><h2>GPUs</h2>"#);
     if ctx.fleet {
-        h.push_str(r#"<p class="note">Each line is a node: the mean over its GPUs.</p>"#);
+        h.push_str(if names.len() <= svg::PALETTE.len() {
+            r#"<p class="note">Each line is a node: the mean over its GPUs.</p>"#
+        } else {
+            r#"<p class="note">Each node is the mean over its GPUs; lines are the lowest, median and highest node of each time slot.</p>"#
+        });
         let per_node = |f: &dyn Fn(&NodeSummary) -> &Vec<(i64, f64)>| -> Vec<Line> {
-            nodes
-                .iter()
-                .zip(&summaries)
-                .map(|(n, s)| Line {
-                    label: n.name.clone(),
-                    points: down(f(s), Reduce::Mean),
-                })
-                .collect()
+            let series: Vec<&[(i64, f64)]> = summaries.iter().map(|s| f(s).as_slice()).collect();
+            node_lines(&names, &series, ctx.max_points, Reduce::Mean)
         };
         for (id, title, lines) in [
             (
@@ -769,13 +800,12 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         down(&worst.into_iter().collect::<Vec<_>>(), Reduce::Max)
     };
     if ctx.fleet {
-        let lines: Vec<Line> = nodes
+        let p99: Vec<Vec<(i64, f64)>> = nodes
             .iter()
-            .map(|n| Line {
-                label: n.name.clone(),
-                points: worst_over_cpus(n, "wakeup_p99_seconds"),
-            })
+            .map(|n| worst_over_cpus(n, "wakeup_p99_seconds"))
             .collect();
+        let p99: Vec<&[(i64, f64)]> = p99.iter().map(Vec::as_slice).collect();
+        let lines = node_lines(&names, &p99, ctx.max_points, Reduce::Max);
         let _ = write!(
             h,
             "<h3>Wake-up p99 per node</h3>{}",
@@ -812,9 +842,20 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         h.push_str("</tr>");
     }
     h.push_str("</table><p class=\"note\">Quantiles from the histogram buckets: upper bounds, interpolated within a bucket.</p>");
-    for (i, (node, s)) in nodes.iter().zip(&summaries).enumerate() {
-        let bars: Vec<(String, f64)> = s
-            .histogram
+    // One distribution per node, or the fleet's summed when nodes are many.
+    let fleet_histogram;
+    let distributions: Vec<(&str, &shape::Histogram)> = if names.len() <= svg::PALETTE.len() {
+        names
+            .iter()
+            .copied()
+            .zip(summaries.iter().map(|s| &s.histogram))
+            .collect()
+    } else {
+        fleet_histogram = shape::sum_histograms(summaries.iter().map(|s| &s.histogram));
+        vec![("all nodes", &fleet_histogram)]
+    };
+    for (i, (node, histogram)) in distributions.into_iter().enumerate() {
+        let bars: Vec<(String, f64)> = histogram
             .iter()
             .map(|&(le, n)| {
                 let label = if le.is_infinite() {
@@ -828,7 +869,7 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         let _ = write!(
             h,
             "<h3>Distribution: {}</h3>{}",
-            escape(&node.name),
+            escape(node),
             svg::bar_chart(&format!("jitter-distribution-{i}"), &bars, Unit::Count)
         );
     }
@@ -836,31 +877,37 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
 
     // Steal and pressure.
     h.push_str(r#"<section id="host"><h2>Steal and pressure</h2>"#);
-    let steal: Vec<Line> = nodes
-        .iter()
-        .zip(&summaries)
-        .map(|(n, s)| Line {
-            label: n.name.clone(),
-            points: down(&s.steal_ratio, Reduce::Mean),
-        })
-        .collect();
+    let steal_series: Vec<&[(i64, f64)]> =
+        summaries.iter().map(|s| s.steal_ratio.as_slice()).collect();
+    let steal = node_lines(&names, &steal_series, ctx.max_points, Reduce::Mean);
     let _ = write!(
         h,
         "<h3>Steal: share of CPU time the hypervisor ran something else</h3>{}",
         svg::line_chart("steal", &steal, Unit::Ratio, None, &[])
     );
-    let mut pressure = Vec::new();
+    // Pressure: a line per resource, and per node on a fleet (or the lowest,
+    // median and highest node on a large one).
+    type NodeSeries = (String, Vec<(i64, f64)>);
+    let mut by_resource: BTreeMap<String, Vec<NodeSeries>> = BTreeMap::new();
     for n in nodes {
         for (resource, points) in n.rows("pressure").series_by("resource", "some_avg10_ratio") {
+            by_resource
+                .entry(resource)
+                .or_default()
+                .push((n.name.clone(), points));
+        }
+    }
+    let mut pressure = Vec::new();
+    for (resource, per_node) in by_resource {
+        let node_names: Vec<&str> = per_node.iter().map(|(n, _)| n.as_str()).collect();
+        let series: Vec<&[(i64, f64)]> = per_node.iter().map(|(_, p)| p.as_slice()).collect();
+        for line in node_lines(&node_names, &series, ctx.max_points, Reduce::Mean) {
             let label = if ctx.fleet {
-                format!("{} {resource}", n.name)
+                format!("{resource}: {}", line.label)
             } else {
-                resource
+                resource.clone()
             };
-            pressure.push(Line {
-                label,
-                points: down(&points, Reduce::Mean),
-            });
+            pressure.push(Line { label, ..line });
         }
     }
     let _ = write!(

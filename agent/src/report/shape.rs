@@ -188,6 +188,50 @@ pub fn mean_by_time<'a>(series: impl IntoIterator<Item = &'a Vec<(i64, f64)>>) -
         .collect()
 }
 
+/// Lowest, median and highest node per time slot: a fleet too large for a
+/// line per node. Each node's points are first averaged (or maxed) within
+/// `slots` equal slots of the common range, so nodes sampled at different
+/// instants still meet in a slot.
+pub fn spread_across(
+    series: &[&[(i64, f64)]],
+    slots: usize,
+    reduce: Reduce,
+) -> [Vec<(i64, f64)>; 3] {
+    let all = series.iter().flat_map(|s| s.iter());
+    let (Some(t0), Some(t1)) = (all.clone().map(|p| p.0).min(), all.map(|p| p.0).max()) else {
+        return Default::default();
+    };
+    let slots = slots.max(1);
+    let width = ((t1 - t0) / slots as i64).max(1) + 1;
+    // slot -> each node's value in it
+    let mut per_slot: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for points in series {
+        let mut node: BTreeMap<i64, (f64, f64, usize)> = BTreeMap::new();
+        for &(t, v) in *points {
+            let e = node.entry((t - t0) / width).or_insert((0.0, f64::MIN, 0));
+            e.0 += v;
+            e.1 = e.1.max(v);
+            e.2 += 1;
+        }
+        for (slot, (sum, max, n)) in node {
+            let v = match reduce {
+                Reduce::Mean => sum / n as f64,
+                Reduce::Max => max,
+            };
+            per_slot.entry(slot).or_default().push(v);
+        }
+    }
+    let mut out: [Vec<(i64, f64)>; 3] = Default::default();
+    for (slot, mut values) in per_slot {
+        values.sort_by(f64::total_cmp);
+        let t = t0 + slot * width + width / 2;
+        out[0].push((t, values[0]));
+        out[1].push((t, values[values.len() / 2]));
+        out[2].push((t, values[values.len() - 1]));
+    }
+    out
+}
+
 /// The mean of the values.
 pub fn mean(points: &[(i64, f64)]) -> Option<f64> {
     (!points.is_empty()).then(|| points.iter().map(|p| p.1).sum::<f64>() / points.len() as f64)
@@ -248,6 +292,17 @@ fn parse_le(le: &str) -> Option<f64> {
 /// A key that sorts non-negative f64 (infinity included) in numeric order.
 fn order_key(v: f64) -> u64 {
     v.to_bits()
+}
+
+/// Histograms with the same buckets added up (a fleet's from its nodes').
+pub fn sum_histograms<'a>(histograms: impl IntoIterator<Item = &'a Histogram>) -> Histogram {
+    let mut sum: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for h in histograms {
+        for &(le, n) in h {
+            sum.entry(order_key(le)).or_insert((le, 0.0)).1 += n;
+        }
+    }
+    sum.into_values().collect()
 }
 
 /// The q-quantile of a histogram, interpolated linearly inside the bucket
@@ -352,6 +407,22 @@ mod tests {
         let a = vec![(1, 1.0), (2, 3.0)];
         let b = vec![(1, 3.0), (3, 5.0)];
         assert_eq!(mean_by_time([&a, &b]), [(1, 2.0), (2, 3.0), (3, 5.0)]);
+    }
+
+    #[test]
+    fn spread_across_nodes_gives_lowest_median_highest_per_slot() {
+        // Three nodes sampled at different instants inside two slots.
+        let a = vec![(0, 1.0), (10, 3.0), (100, 5.0)];
+        let b = vec![(1, 4.0), (101, 6.0)];
+        let c = vec![(2, 9.0), (102, 0.0)];
+        let [low, median, high] = spread_across(&[&a, &b, &c], 2, Reduce::Mean);
+        assert_eq!(low.iter().map(|p| p.1).collect::<Vec<_>>(), [2.0, 0.0]);
+        assert_eq!(median.iter().map(|p| p.1).collect::<Vec<_>>(), [4.0, 5.0]);
+        assert_eq!(high.iter().map(|p| p.1).collect::<Vec<_>>(), [9.0, 6.0]);
+        assert!(low[0].0 < low[1].0);
+        let [max_low, _, _] = spread_across(&[&a], 2, Reduce::Max);
+        assert_eq!(max_low[0].1, 3.0);
+        assert!(spread_across(&[], 10, Reduce::Mean)[0].is_empty());
     }
 
     #[test]

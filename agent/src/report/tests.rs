@@ -313,12 +313,12 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
     );
 }
 
-#[test]
-fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
+/// A fleet copy of nodes written by `write_node` with their utilisation.
+fn fleet_of(nodes: &[(&str, f64)]) -> tempfile::TempDir {
     let fleet = tempfile::tempdir().unwrap();
-    for (node, util) in [("node_a", 0.9), ("node_b", 0.3)] {
+    for (node, util) in nodes {
         let dir = tempfile::tempdir().unwrap();
-        write_node(dir.path(), node, util, false);
+        write_node(dir.path(), node, *util, false);
         // The uploader's layout: each table's partitions moved under node=.
         for table in std::fs::read_dir(dir.path().join("tables")).unwrap() {
             let table = table.unwrap().path();
@@ -327,6 +327,12 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
             std::fs::rename(&table, to.join(format!("node={node}"))).unwrap();
         }
     }
+    fleet
+}
+
+#[test]
+fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
+    let fleet = fleet_of(&[("node_a", 0.9), ("node_b", 0.3)]);
     let source = Source::open(fleet.path()).unwrap();
     assert_eq!(source.nodes(), ["node_a", "node_b"]);
     let catalog = crate::catalog();
@@ -363,4 +369,53 @@ fn a_missing_store_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let e = Source::open(&dir.path().join("nothing")).err().unwrap();
     assert!(e.to_string().contains("no store at"), "{e}");
+}
+
+#[test]
+fn a_large_fleet_plots_lowest_median_and_highest_node() {
+    let names: Vec<String> = (0..12).map(|i| format!("n{i:02}")).collect();
+    let nodes: Vec<(&str, f64)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), 0.05 + 0.05 * i as f64))
+        .collect();
+    let fleet = fleet_of(&nodes);
+    let source = Source::open(fleet.path()).unwrap();
+    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    assert_eq!(data.len(), 12);
+    let html = render(&context(fleet.path(), true, false), &data);
+    let gpu = &html[html.find(r#"id="gpu-utilization""#).unwrap()..];
+    let gpu = &gpu[..gpu.find("</svg>").unwrap()];
+    assert_eq!(
+        gpu.matches(r#"class="series""#).count(),
+        3,
+        "three lines, not twelve"
+    );
+    for (label, value) in [
+        ("lowest node", "5%"),
+        ("median node", "35%"),
+        ("highest node", "60%"),
+    ] {
+        assert!(
+            gpu.contains(&format!("{label}: last {value}")),
+            "{label} {value} in {gpu}"
+        );
+    }
+    // One distribution for the fleet, its counts the sum of the nodes'.
+    assert!(html.contains("Distribution: all nodes") && !html.contains("jitter-distribution-1"));
+    // The summary table still has a row per node.
+    assert_eq!(html.matches(r#"class="verdict-cell""#).count(), 12);
+}
+
+#[test]
+fn a_range_without_rows_renders_notes_not_empty_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "quiet", 0.5, false);
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &crate::catalog(), Some(T0 + 3600 * SECOND), None).unwrap();
+    assert!(data[0].tables.values().all(|rows| rows.len() == 0));
+    let html = render(&context(dir.path(), false, false), &data);
+    assert!(!html.contains("<svg"), "no plot without data");
+    assert!(html.matches(r#"class="no-data""#).count() >= 6);
+    assert!(html.contains("Unknown: no platform rows in this range"));
 }
