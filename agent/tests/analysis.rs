@@ -139,10 +139,12 @@ fn the_report_renders_every_plot_in_headless_chromium() {
     let dir = artifacts();
     let profile = tempfile::tempdir().unwrap();
     for (name, data, plots) in [
-        // utilisation, HBM, NVLink, jitter p99, a distribution per node, steal, pressure
-        ("fleet", fleet.join("fleet"), 3 + 1 + 3 + 2),
-        // utilisation, HBM, NVLink, jitter quantiles, its distribution, steal, pressure
-        ("node", fleet.join("nodes/node_c"), 3 + 1 + 1 + 2),
+        // utilisation, HBM, NVLink; jitter p99, unexplained, a distribution per
+        // node; steal, pressure
+        ("fleet", fleet.join("fleet"), 3 + 2 + 3 + 2),
+        // utilisation, HBM, NVLink; jitter quantiles, lost time, distribution;
+        // steal, pressure
+        ("node", fleet.join("nodes/node_c"), 3 + 2 + 1 + 2),
     ] {
         let html = dir.join(format!("report-{name}.html"));
         let failure = vtax(&[

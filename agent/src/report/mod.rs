@@ -141,6 +141,9 @@ const READS: &[(&str, Option<&[&str]>)] = &[
             "wakeup_p99_seconds",
             "wakeup_p999_seconds",
             "wakeup_max_seconds",
+            "run_delay_ratio",
+            "irq_ratio",
+            "steal_ratio",
             "unexplained_ratio",
         ]),
     ),
@@ -823,6 +826,40 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
             h,
             "<h3>Wake-up latency quantiles over time</h3>{}",
             svg::line_chart("jitter-quantiles", &lines, Unit::Seconds, None, &[])
+        );
+    }
+    // Lost time while the interruption probe spun, split by who took it.
+    let lost = |node: &NodeData, field: &str| -> Vec<(i64, f64)> {
+        shape::mean_by_time(node.rows("jitter").series_by("cpu", field).values())
+    };
+    let lost_note = "Share of the probe's spin time lost to gaps, mean over CPUs per window. Unexplained: what the guest's own accounting (run delay, irq, steal) does not show, taken by the hypervisor or the firmware.";
+    if ctx.fleet {
+        let unexplained: Vec<Vec<(i64, f64)>> =
+            nodes.iter().map(|n| lost(n, "unexplained_ratio")).collect();
+        let unexplained: Vec<&[(i64, f64)]> = unexplained.iter().map(Vec::as_slice).collect();
+        let lines = node_lines(&names, &unexplained, ctx.max_points, Reduce::Mean);
+        let _ = write!(
+            h,
+            "<h3>Unexplained interruptions per node</h3><p class=\"note\">{lost_note}</p>{}",
+            svg::line_chart("jitter-lost", &lines, Unit::Ratio, None, &[])
+        );
+    } else if let Some(node) = nodes.first() {
+        let lines: Vec<Line> = [
+            ("run delay", "run_delay_ratio"),
+            ("irq", "irq_ratio"),
+            ("steal", "steal_ratio"),
+            ("unexplained", "unexplained_ratio"),
+        ]
+        .iter()
+        .map(|(label, field)| Line {
+            label: label.to_string(),
+            points: down(&lost(node, field), Reduce::Mean),
+        })
+        .collect();
+        let _ = write!(
+            h,
+            "<h3>Interruptions: who took the time</h3><p class=\"note\">{lost_note}</p>{}",
+            svg::line_chart("jitter-lost", &lines, Unit::Ratio, None, &[])
         );
     }
     h.push_str(r#"<h3>Wake-up latency distribution over the range</h3><table><tr><th>node</th><th>wake-ups</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th></tr>"#);

@@ -203,17 +203,44 @@ pub fn line_chart(
     svg
 }
 
-/// A bar chart of labelled values (a latency distribution).
+/// A bar chart of counts on a log scale: a latency distribution, whose tail
+/// of a few late wake-ups would not show beside thousands on a linear one.
 pub fn bar_chart(id: &str, bars: &[(String, f64)], unit: Unit) -> String {
     if bars.iter().all(|b| b.1 <= 0.0) {
         return no_data(id);
     }
-    let max = nice_ceiling(bars.iter().map(|b| b.1).fold(0.0, f64::max));
+    let decades = bars
+        .iter()
+        .map(|b| b.1)
+        .fold(1.0, f64::max)
+        .log10()
+        .ceil()
+        .max(1.0);
     let plot_w = WIDTH - LEFT - RIGHT;
     let slot = plot_w / bars.len() as f64;
-    let y = |v: f64| TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - v / max);
+    // 0 sits on the axis, 1 one step up, then a step per power of ten.
+    let y = |v: f64| {
+        let level = if v <= 0.0 { 0.0 } else { 1.0 + v.log10() };
+        TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - level / (decades + 1.0))
+    };
     let mut svg = open_svg(id, "bars", bars.len());
-    y_axis(&mut svg, max, unit);
+    for k in 0..=decades as i32 {
+        let v = 10f64.powi(k);
+        let py = y(v);
+        let _ = write!(
+            svg,
+            r##"<line x1="{LEFT}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="#e3e3e3"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
+            WIDTH - RIGHT,
+            LEFT - 6.0,
+            py + 4.0,
+            format_value(v, unit)
+        );
+    }
+    let _ = write!(
+        svg,
+        r##"<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{:.1}" stroke="#888"/>"##,
+        HEIGHT - BOTTOM
+    );
     for (i, (label, value)) in bars.iter().enumerate() {
         let x0 = LEFT + slot * i as f64 + slot * 0.1;
         let top = y(*value);
@@ -403,6 +430,27 @@ mod tests {
         assert_eq!(nice_ceiling(0.93), 1.0);
         assert_eq!(nice_ceiling(0.0), 1.0);
         assert_eq!(format_time(1_763_719_200_000_000, false), "10:00:00");
+    }
+
+    #[test]
+    fn bars_use_a_log_scale_so_a_tail_of_one_shows() {
+        let bars = [
+            ("a".to_string(), 1000.0),
+            ("b".to_string(), 1.0),
+            ("c".to_string(), 0.0),
+        ];
+        let svg = bar_chart("d", &bars, Unit::Count);
+        let heights: Vec<f64> = svg
+            .split(r#"class="bar""#)
+            .skip(1)
+            .map(|r| {
+                let h = &r[r.find("height=\"").unwrap() + 8..];
+                h[..h.find('"').unwrap()].parse().unwrap()
+            })
+            .collect();
+        // 1000 is four steps (0, 1, 10, 100, 1000), 1 is one: a quarter, not a thousandth.
+        assert!((heights[0] / heights[1] - 4.0).abs() < 0.05, "{heights:?}");
+        assert_eq!(heights[2], 0.5, "an empty bucket is a hairline on the axis");
     }
 
     #[test]

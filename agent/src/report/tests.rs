@@ -175,6 +175,8 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
                         ("wakeup_p50_seconds", Value::F64(5e-6)),
                         ("wakeup_p99_seconds", Value::F64(w as f64 * 1e-5)),
                         ("wakeup_max_seconds", Value::F64(2e-4)),
+                        ("steal_ratio", Value::F64(0.02)),
+                        ("unexplained_ratio", Value::F64(0.01)),
                     ],
                 )
             })
@@ -293,6 +295,7 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
         "gpu-hbm",
         "gpu-nvlink",
         "jitter-quantiles",
+        "jitter-lost",
         "jitter-distribution-0",
         "steal",
         "events-timeline",
@@ -357,6 +360,7 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
         "gpu-hbm",
         "gpu-nvlink",
         "jitter-p99",
+        "jitter-lost",
         "steal",
     ] {
         assert!(html.contains(&format!(r#"id="{id}""#)), "{id}");
