@@ -224,22 +224,11 @@ pub fn bar_chart(id: &str, bars: &[(String, f64)], unit: Unit) -> String {
         TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - level / (decades + 1.0))
     };
     let mut svg = open_svg(id, "bars", bars.len());
-    for k in 0..=decades as i32 {
-        let v = 10f64.powi(k);
-        let py = y(v);
-        let _ = write!(
-            svg,
-            r##"<line x1="{LEFT}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="#e3e3e3"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
-            WIDTH - RIGHT,
-            LEFT - 6.0,
-            py + 4.0,
-            format_value(v, unit)
-        );
-    }
-    let _ = write!(
-        svg,
-        r##"<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{:.1}" stroke="#888"/>"##,
-        HEIGHT - BOTTOM
+    y_ticks(
+        &mut svg,
+        (0..=decades as i32).map(|k| 10f64.powi(k)),
+        y,
+        unit,
     );
     for (i, (label, value)) in bars.iter().enumerate() {
         let x0 = LEFT + slot * i as f64 + slot * 0.1;
@@ -366,10 +355,20 @@ fn axes(svg: &mut String, t0: i64, t1: i64, y1: f64, unit: Unit) {
     }
 }
 
+/// A linear y axis from 0 to `y1`, five ticks.
 fn y_axis(svg: &mut String, y1: f64, unit: Unit) {
     let y = |v: f64| TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - v / y1);
-    for k in 0..=4 {
-        let v = y1 * k as f64 / 4.0;
+    y_ticks(svg, (0..=4).map(|k| y1 * k as f64 / 4.0), y, unit);
+}
+
+/// Grid lines and labels at `values` (placed by `y`), and the axis line.
+fn y_ticks(
+    svg: &mut String,
+    values: impl Iterator<Item = f64>,
+    y: impl Fn(f64) -> f64,
+    unit: Unit,
+) {
+    for v in values {
         let py = y(v);
         let _ = write!(
             svg,
