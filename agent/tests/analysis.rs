@@ -89,6 +89,7 @@ fn every_recipe_answers_on_a_generated_fleet() {
         "pandas_node: 4 GPUs",
         "spark_fleet: 4 GPUs; PartitionFilters:",
         "all node=node_c",
+        "duckdb_replaced: ",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
     }

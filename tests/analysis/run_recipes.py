@@ -14,6 +14,8 @@ import re
 import runpy
 import sys
 
+import pyarrow.parquet as pq
+
 from make_fleet import GPUS_PER_NODE, NODES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,6 +132,20 @@ def main():
     assert files and all(f"/node={STRAGGLER}/" in f for f in files), files
     print(f"spark_fleet: {len(rows)} GPUs; {filters[0].strip()}; {len(files)} files read, all node={STRAGGLER}")
     ran.add("spark_fleet")
+
+    # DuckDB, a store with a merge's inputs left beside the merged file: the
+    # view counts the merged file's rows once, where a plain glob doubles them.
+    os.environ["VTAX_STORE"] = os.path.join(out, "leftover")
+    g, _ = run("duckdb_replaced")
+    [(everything, rows)] = g["counts"].fetchall()
+    merged = 0
+    for path in glob.glob(os.path.join(out, "leftover", "tables", "gpu", "*", "*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        if b"vtax.compacted_from" in (meta.metadata or {}):
+            merged += meta.num_rows
+    assert rows > 0 and rows == merged and everything == 2 * rows, (everything, rows, merged)
+    print(f"duckdb_replaced: {rows} rows once, where a plain glob reads {everything}")
+    ran.add("duckdb_replaced")
 
     unchecked = {os.path.basename(r)[:-3] for r in recipes} - ran
     assert not unchecked, f"recipes without a check: {unchecked}"
