@@ -211,6 +211,10 @@ pub struct CompactArgs {
 pub fn compact(args: CompactArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut options = StoreOptions::new(&data_dir);
+    // Merged files keep the name the agent gave (`store.node`), not the host's.
+    if let Some(node) = vtax_store::files::node_of_store(&data_dir)? {
+        options.node = node;
+    }
     options.retention_max_age = args.max_age;
     options.retention_max_bytes = args.max_bytes;
     let now = match &args.now {

@@ -82,6 +82,14 @@ fn every_recipe_answers_on_a_generated_fleet() {
         "recipes failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // `vtax compact` named the merged files after the store's node, not the host.
+    let leftover = fleet().join("leftover/tables/gpu");
+    for day in std::fs::read_dir(&leftover).unwrap() {
+        for file in std::fs::read_dir(day.unwrap().path()).unwrap() {
+            let name = file.unwrap().file_name().into_string().unwrap();
+            assert!(name.starts_with("node_a-"), "{name}");
+        }
+    }
     for line in [
         "duckdb_node: 4 GPUs",
         "duckdb_fleet: 3 nodes, stragglers ['node_c']",

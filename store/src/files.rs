@@ -550,6 +550,25 @@ pub(crate) fn list_node_files(
     Ok((files, temps))
 }
 
+/// The node that wrote a store: the name its newest file (highest sequence
+/// number) starts with, for commands that write beside the agent (`vtax
+/// compact`) and readers that label a store. `None` for a store without files.
+pub fn node_of_store(data_dir: &Path) -> Result<Option<String>> {
+    let (files, _) = list_files(data_dir)?;
+    // <node>-<first_time_us>-<max_seq>[-<n>].parquet; node names have no '-'.
+    let newest = files
+        .iter()
+        .filter_map(|f| {
+            let name = f.path.file_name()?.to_str()?.strip_suffix(".parquet")?;
+            let mut parts = name.split('-');
+            let node = parts.next()?;
+            let seq: u64 = parts.nth(1)?.parse().ok()?;
+            Some((seq, node.to_owned()))
+        })
+        .max();
+    Ok(newest.map(|(_, node)| node))
+}
+
 /// Published files by partition (table, day), and the files that a merged file
 /// in the same partition replaces, set aside: those are an interrupted merge's
 /// inputs, which a writer deletes and a reader ignores.

@@ -110,3 +110,7 @@ def make_leftover(vtax, config, store, out):
         if not os.path.exists(path):
             with open(path, "wb") as f:
                 f.write(data)
+
+
+if __name__ == "__main__":
+    main()

@@ -80,6 +80,17 @@ fn each_node_of_a_fleet_copy_reads_once_with_replaced_files_ignored() {
     upload(b.path(), "b", fleet.path());
 
     assert_eq!(fleet_nodes(fleet.path()).unwrap(), ["a", "b"]);
+    assert_eq!(
+        vtax_store::files::node_of_store(a.path())
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
+    assert_eq!(
+        vtax_store::files::node_of_store(fleet.path()).unwrap(),
+        None,
+        "no date= level"
+    );
     assert!(
         fleet_nodes(a.path()).unwrap().is_empty(),
         "a node's store has no node= level"

@@ -97,19 +97,12 @@ impl Source {
     }
 }
 
-/// The node a store belongs to, from its file names (`<node>-<time>-<seq>.parquet`),
-/// else the directory's name.
+/// The node a store belongs to, from its newest file's name, else the
+/// directory's name.
 fn node_of_store(dir: &Path) -> String {
-    let first_file = std::fs::read_dir(dir.join("tables"))
-        .into_iter()
+    vtax_store::files::node_of_store(dir)
+        .ok()
         .flatten()
-        .flatten()
-        .flat_map(|t| std::fs::read_dir(t.path()).into_iter().flatten().flatten())
-        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-        .filter_map(|f| f.file_name().into_string().ok())
-        .find(|n| n.ends_with(".parquet"));
-    first_file
-        .and_then(|n| n.rsplitn(3, '-').nth(2).map(str::to_owned))
         .unwrap_or_else(|| {
             dir.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
