@@ -621,408 +621,461 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         escape(&range),
         format_time(ctx.generated_us, true),
     );
-    let down = |p: &[(i64, f64)], r: Reduce| shape::downsample(p, ctx.max_points, r);
-
-    // Summary and verdicts.
-    h.push_str(r#"<section id="platform"><h2>Platform</h2><table><tr><th>node</th><th>verdict</th><th>GPUs</th><th>GPU busy</th><th>HBM of peak</th><th>NVLink of peak</th><th>wake-up p99</th><th>steal</th><th>events</th></tr>"#);
-    for (node, s) in nodes.iter().zip(&summaries) {
-        let pct = |p: &[(i64, f64)]| {
-            shape::mean(p).map_or("–".into(), |v| format_value(v, Unit::Ratio))
-        };
-        let p99 = shape::histogram_quantile(0.99, &s.histogram)
-            .map_or("–".into(), |v| format_value(v, Unit::Seconds));
-        let _ = write!(
-            h,
-            r#"<tr><td>{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
-            escape(&node.name),
-            escape(&s.verdict),
-            s.gpus,
-            pct(&s.utilization),
-            pct(&s.hbm_ratio),
-            pct(&s.nvlink_ratio),
-            pct(&s.steal_ratio),
-            s.events.len(),
-        );
-    }
-    h.push_str("</table>");
-    for (node, s) in nodes.iter().zip(&summaries) {
-        // A fleet's evidence starts folded: one line per node until asked.
-        let _ = write!(
-            h,
-            r#"<details{}><summary><b>{}</b>: <span class="verdict">{}</span></summary><table class="evidence">"#,
-            if ctx.fleet { "" } else { " open" },
-            escape(&node.name),
-            escape(&s.verdict)
-        );
-        for (k, v) in &s.evidence {
-            let _ = write!(h, "<tr><th>{}</th><td>{}</td></tr>", escape(k), escape(v));
-        }
-        h.push_str("</table></details>");
-    }
-    h.push_str("</section>");
-
-    // GPUs.
-    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    h.push_str(r#"<section id="gpus"><h2>GPUs</h2>"#);
-    if ctx.fleet {
-        h.push_str(if names.len() <= svg::PALETTE.len() {
-            r#"<p class="note">Each line is a node: the mean over its GPUs.</p>"#
-        } else {
-            r#"<p class="note">Each node is the mean over its GPUs; lines are the lowest, median and highest node of each time slot.</p>"#
-        });
-        let per_node = |f: &dyn Fn(&NodeSummary) -> &Vec<(i64, f64)>| -> Vec<Line> {
-            let series: Vec<&[(i64, f64)]> = summaries.iter().map(|s| f(s).as_slice()).collect();
-            node_lines(&names, &series, ctx.max_points, Reduce::Mean)
-        };
-        for (id, title, lines) in [
-            (
-                "gpu-utilization",
-                "Utilisation (kernel running)",
-                per_node(&|s| &s.utilization),
-            ),
-            (
-                "gpu-hbm",
-                "HBM bandwidth against peak",
-                per_node(&|s| &s.hbm_ratio),
-            ),
-            (
-                "gpu-nvlink",
-                "NVLink rx+tx against peak",
-                per_node(&|s| &s.nvlink_ratio),
-            ),
-        ] {
-            let _ = write!(
-                h,
-                "<h3>{title}</h3>{}",
-                svg::line_chart(id, &lines, Unit::Ratio, Some(1.0), &[])
-            );
-        }
-    } else if let Some(node) = nodes.first() {
-        let gpu = node.rows("gpu");
-        let lines_of = |series: BTreeMap<String, Vec<(i64, f64)>>| -> Vec<Line> {
-            series
-                .into_iter()
-                .map(|(g, p)| Line {
-                    label: format!("GPU {g}"),
-                    points: down(&p, Reduce::Mean),
-                })
-                .collect()
-        };
-        let util = lines_of(gpu.series_by("gpu", "utilization_ratio"));
-        let _ = write!(
-            h,
-            "<h3>Utilisation (kernel running)</h3>{}",
-            svg::line_chart("gpu-utilization", &util, Unit::Ratio, Some(1.0), &[])
-        );
-        let hbm = lines_of(gpu.series_by("gpu", "hbm_bytes_per_second"));
-        let peak = gpu
-            .field("hbm_peak_bytes_per_second")
-            .into_iter()
-            .flatten()
-            .fold(0.0, f64::max);
-        let peaks: Vec<Reference> = (peak > 0.0)
-            .then(|| Reference {
-                label: "HBM peak".into(),
-                value: peak,
-            })
-            .into_iter()
-            .collect();
-        let _ = write!(
-            h,
-            "<h3>HBM bandwidth against peak</h3>{}",
-            svg::line_chart("gpu-hbm", &hbm, Unit::BytesPerSecond, None, &peaks)
-        );
-        let (rx, tx) = (
-            gpu.field("nvlink_total_rx_bytes_per_second"),
-            gpu.field("nvlink_total_tx_bytes_per_second"),
-        );
-        let mut nvlink: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
-        for (i, g) in gpu.tag("gpu").into_iter().enumerate() {
-            if let (Some(r), Some(t)) = (rx[i], tx[i]) {
-                nvlink
-                    .entry(g.to_owned())
-                    .or_default()
-                    .push((gpu.time_us[i], r + t));
-            }
-        }
-        for v in nvlink.values_mut() {
-            v.sort_by_key(|p| p.0);
-        }
-        let links = gpu
-            .field("nvlink_links_product")
-            .into_iter()
-            .flatten()
-            .fold(0.0, f64::max);
-        let nvlink_peak = links * 2.0 * nvlink_peak_each_way(node.rows("gpu_info"));
-        let peaks: Vec<Reference> = (nvlink_peak > 0.0)
-            .then(|| Reference {
-                label: format!("NVLink peak ({links:.0} links, both ways)"),
-                value: nvlink_peak,
-            })
-            .into_iter()
-            .collect();
-        let _ = write!(
-            h,
-            "<h3>NVLink rx+tx against peak</h3>{}",
-            svg::line_chart(
-                "gpu-nvlink",
-                &lines_of(nvlink),
-                Unit::BytesPerSecond,
-                None,
-                &peaks
-            )
-        );
-    }
-    h.push_str("</section>");
-
-    // Jitter.
-    h.push_str(r#"<section id="jitter"><h2>Scheduling jitter</h2><p class="note">Wake-up latency: how late a thread woke after its absolute deadline (cyclictest's method), per window, the worst CPU of each window.</p>"#);
-    let quantile_fields = [
-        ("p50", "wakeup_p50_seconds"),
-        ("p90", "wakeup_p90_seconds"),
-        ("p99", "wakeup_p99_seconds"),
-        ("p99.9", "wakeup_p999_seconds"),
-        ("max", "wakeup_max_seconds"),
-    ];
-    let worst_over_cpus = |node: &NodeData, field: &str| -> Vec<(i64, f64)> {
-        let jitter = node.rows("jitter");
-        let mut worst: BTreeMap<i64, f64> = BTreeMap::new();
-        for (t, v) in jitter.time_us.iter().zip(jitter.field(field)) {
-            if let Some(v) = v {
-                let e = worst.entry(*t).or_insert(v);
-                *e = e.max(v);
-            }
-        }
-        down(&worst.into_iter().collect::<Vec<_>>(), Reduce::Max)
+    let sections = Sections {
+        ctx,
+        nodes,
+        names: nodes.iter().map(|n| n.name.as_str()).collect(),
+        summaries,
+        from,
+        until,
     };
-    if ctx.fleet {
-        let p99: Vec<Vec<(i64, f64)>> = nodes
-            .iter()
-            .map(|n| worst_over_cpus(n, "wakeup_p99_seconds"))
-            .collect();
-        let p99: Vec<&[(i64, f64)]> = p99.iter().map(Vec::as_slice).collect();
-        let lines = node_lines(&names, &p99, ctx.max_points, Reduce::Max);
-        let _ = write!(
-            h,
-            "<h3>Wake-up p99 per node</h3>{}",
-            svg::line_chart("jitter-p99", &lines, Unit::Seconds, None, &[])
-        );
-    } else if let Some(node) = nodes.first() {
-        let lines: Vec<Line> = quantile_fields
-            .iter()
-            .map(|(label, field)| Line {
-                label: label.to_string(),
-                points: worst_over_cpus(node, field),
-            })
-            .collect();
-        let _ = write!(
-            h,
-            "<h3>Wake-up latency quantiles over time</h3>{}",
-            svg::line_chart("jitter-quantiles", &lines, Unit::Seconds, None, &[])
-        );
-    }
-    // Lost time while the interruption probe spun, split by who took it.
-    let lost = |node: &NodeData, field: &str| -> Vec<(i64, f64)> {
-        shape::mean_by_time(node.rows("jitter").series_by("cpu", field).values())
-    };
-    let lost_note = "Share of the probe's spin time lost to gaps, mean over CPUs per window. Unexplained: what the guest's own accounting (run delay, irq, steal) does not show, taken by the hypervisor or the firmware.";
-    if ctx.fleet {
-        let unexplained: Vec<Vec<(i64, f64)>> =
-            nodes.iter().map(|n| lost(n, "unexplained_ratio")).collect();
-        let unexplained: Vec<&[(i64, f64)]> = unexplained.iter().map(Vec::as_slice).collect();
-        let lines = node_lines(&names, &unexplained, ctx.max_points, Reduce::Mean);
-        let _ = write!(
-            h,
-            "<h3>Unexplained interruptions per node</h3><p class=\"note\">{lost_note}</p>{}",
-            svg::line_chart("jitter-lost", &lines, Unit::Ratio, None, &[])
-        );
-    } else if let Some(node) = nodes.first() {
-        let lines: Vec<Line> = [
-            ("run delay", "run_delay_ratio"),
-            ("irq", "irq_ratio"),
-            ("steal", "steal_ratio"),
-            ("unexplained", "unexplained_ratio"),
-        ]
-        .iter()
-        .map(|(label, field)| Line {
-            label: label.to_string(),
-            points: down(&lost(node, field), Reduce::Mean),
-        })
-        .collect();
-        let _ = write!(
-            h,
-            "<h3>Interruptions: who took the time</h3><p class=\"note\">{lost_note}</p>{}",
-            svg::line_chart("jitter-lost", &lines, Unit::Ratio, None, &[])
-        );
-    }
-    h.push_str(r#"<h3>Wake-up latency distribution over the range</h3><table><tr><th>node</th><th>wake-ups</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th></tr>"#);
-    for (node, s) in nodes.iter().zip(&summaries) {
-        let total: f64 = s.histogram.iter().map(|b| b.1).sum();
-        let _ = write!(
-            h,
-            "<tr><td>{}</td><td class=\"num\">{total:.0}</td>",
-            escape(&node.name)
-        );
-        for q in [0.5, 0.9, 0.99, 0.999] {
-            let v = shape::histogram_quantile(q, &s.histogram).map_or("–".into(), |v| {
-                format!("≤ {}", format_value(v, Unit::Seconds))
-            });
-            let _ = write!(h, "<td class=\"num\">{v}</td>");
-        }
-        h.push_str("</tr>");
-    }
-    h.push_str("</table><p class=\"note\">Quantiles from the histogram buckets: upper bounds, interpolated within a bucket.</p>");
-    // One distribution per node, or the fleet's summed when nodes are many.
-    let fleet_histogram;
-    let distributions: Vec<(&str, &shape::Histogram)> = if names.len() <= svg::PALETTE.len() {
-        names
-            .iter()
-            .copied()
-            .zip(summaries.iter().map(|s| &s.histogram))
-            .collect()
-    } else {
-        fleet_histogram = shape::sum_histograms(summaries.iter().map(|s| &s.histogram));
-        vec![("all nodes", &fleet_histogram)]
-    };
-    for (i, (node, histogram)) in distributions.into_iter().enumerate() {
-        let bars: Vec<(String, f64)> = histogram
-            .iter()
-            .map(|&(le, n)| {
-                let label = if le.is_infinite() {
-                    "more".to_string()
-                } else {
-                    format!("≤{}", format_value(le, Unit::Seconds))
-                };
-                (label, n)
-            })
-            .collect();
-        let _ = write!(
-            h,
-            "<h3>Distribution: {}</h3>{}",
-            escape(node),
-            svg::bar_chart(&format!("jitter-distribution-{i}"), &bars, Unit::Count)
-        );
-    }
-    h.push_str("</section>");
-
-    // Steal and pressure.
-    h.push_str(r#"<section id="host"><h2>Steal and pressure</h2>"#);
-    let steal_series: Vec<&[(i64, f64)]> =
-        summaries.iter().map(|s| s.steal_ratio.as_slice()).collect();
-    let steal = node_lines(&names, &steal_series, ctx.max_points, Reduce::Mean);
-    let _ = write!(
-        h,
-        "<h3>Steal: share of CPU time the hypervisor ran something else</h3>{}",
-        svg::line_chart("steal", &steal, Unit::Ratio, None, &[])
-    );
-    // Pressure: a line per resource, and per node on a fleet (or the lowest,
-    // median and highest node on a large one).
-    type NodeSeries = (String, Vec<(i64, f64)>);
-    let mut by_resource: BTreeMap<String, Vec<NodeSeries>> = BTreeMap::new();
-    for n in nodes {
-        for (resource, points) in n.rows("pressure").series_by("resource", "some_avg10_ratio") {
-            by_resource
-                .entry(resource)
-                .or_default()
-                .push((n.name.clone(), points));
-        }
-    }
-    let mut pressure = Vec::new();
-    for (resource, per_node) in by_resource {
-        let node_names: Vec<&str> = per_node.iter().map(|(n, _)| n.as_str()).collect();
-        let series: Vec<&[(i64, f64)]> = per_node.iter().map(|(_, p)| p.as_slice()).collect();
-        for line in node_lines(&node_names, &series, ctx.max_points, Reduce::Mean) {
-            let label = if ctx.fleet {
-                format!("{resource}: {}", line.label)
-            } else {
-                resource.clone()
-            };
-            pressure.push(Line { label, ..line });
-        }
-    }
-    let _ = write!(
-        h,
-        "<h3>Pressure: share of the last 10 s with a task stalled (PSI some avg10)</h3>{}",
-        svg::line_chart("pressure", &pressure, Unit::Ratio, None, &[])
-    );
-    h.push_str("</section>");
-
-    // Noisy neighbours.
-    h.push_str(r#"<section id="events"><h2>Noisy-neighbour events</h2>"#);
-    let all_events: Vec<(&str, &Event)> = nodes
-        .iter()
-        .zip(&summaries)
-        .flat_map(|(n, s)| s.events.iter().map(move |e| (n.name.as_str(), e)))
-        .collect();
-    if all_events.is_empty() {
-        let why = if ctx.events_known {
-            ""
-        } else {
-            " (this build of vtax has no detector table)"
-        };
-        let _ = write!(
-            h,
-            r#"<p class="no-events">No noisy-neighbour events recorded{why}.</p>"#
-        );
-    } else {
-        let mut lanes: Vec<String> = Vec::new();
-        let mut spans = Vec::new();
-        for (node, e) in &all_events {
-            let lane_name = format!("{node} · {} · {}", e.resource, e.victim);
-            let lane = lanes
-                .iter()
-                .position(|l| *l == lane_name)
-                .unwrap_or_else(|| {
-                    lanes.push(lane_name);
-                    lanes.len() - 1
-                });
-            spans.push(svg::Span {
-                lane,
-                start_us: e.start_us,
-                end_us: e.end_us.unwrap_or(until),
-                label: format!(
-                    "{}: {} on {} ({}), suspects {}, score {}",
-                    e.state,
-                    e.signal,
-                    e.victim,
-                    e.resource,
-                    e.suspects,
-                    e.score.map_or("–".into(), |s| format!("{s:.2}"))
-                ),
-                color: if e.state == "open" { 1 } else { 0 },
-            });
-        }
-        let t0 = from.min(spans.iter().map(|s| s.start_us).min().unwrap_or(from));
-        let _ = write!(
-            h,
-            "{}",
-            svg::timeline("events-timeline", &lanes, &spans, t0, until)
-        );
-        h.push_str("<table><tr><th>node</th><th>start</th><th>end</th><th>resource</th><th>victim</th><th>signal</th><th>suspects</th><th>score</th><th>top correlation</th><th>effect size</th><th>state</th><th>evidence</th></tr>");
-        let num = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
-        for (node, e) in &all_events {
-            let _ = write!(
-                h,
-                r#"<tr class="event"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td><td>{}</td></tr>"#,
-                escape(node),
-                format_time(e.start_us, true),
-                e.end_us.map_or("open".into(), |t| format_time(t, true)),
-                escape(&e.resource),
-                escape(&e.victim),
-                escape(&e.signal),
-                escape(&e.suspects),
-                num(e.score),
-                num(e.top_correlation),
-                num(e.effect_size),
-                escape(&e.state),
-                escape(&e.evidence),
-            );
-        }
-        h.push_str("</table>");
-    }
+    sections.platform(&mut h);
+    sections.gpus(&mut h);
+    sections.jitter(&mut h);
+    sections.host(&mut h);
+    sections.events(&mut h);
     h.push_str("</section></main>");
     let _ = writeln!(h, "<script>{CHECK_SCRIPT}</script></body></html>");
     h
+}
+
+/// What every section of the page draws from.
+struct Sections<'a> {
+    ctx: &'a Page<'a>,
+    nodes: &'a [NodeData],
+    names: Vec<&'a str>,
+    summaries: Vec<NodeSummary>,
+    /// The range shown: the requested bounds, else the data's.
+    from: i64,
+    until: i64,
+}
+
+impl Sections<'_> {
+    /// The page settings, nodes, their summaries and names.
+    fn parts(&self) -> (&Page<'_>, &[NodeData], &[NodeSummary], &[&str]) {
+        (self.ctx, self.nodes, &self.summaries, &self.names)
+    }
+
+    /// The summary table per node and each node's verdict with its evidence.
+    fn platform(&self, h: &mut String) {
+        let (ctx, nodes, summaries, _) = self.parts();
+        // Summary and verdicts.
+        h.push_str(r#"<section id="platform"><h2>Platform</h2><table><tr><th>node</th><th>verdict</th><th>GPUs</th><th>GPU busy</th><th>HBM of peak</th><th>NVLink of peak</th><th>wake-up p99</th><th>steal</th><th>events</th></tr>"#);
+        for (node, s) in nodes.iter().zip(summaries.iter()) {
+            let pct = |p: &[(i64, f64)]| {
+                shape::mean(p).map_or("–".into(), |v| format_value(v, Unit::Ratio))
+            };
+            let p99 = shape::histogram_quantile(0.99, &s.histogram)
+                .map_or("–".into(), |v| format_value(v, Unit::Seconds));
+            let _ = write!(
+                h,
+                r#"<tr><td>{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
+                escape(&node.name),
+                escape(&s.verdict),
+                s.gpus,
+                pct(&s.utilization),
+                pct(&s.hbm_ratio),
+                pct(&s.nvlink_ratio),
+                pct(&s.steal_ratio),
+                s.events.len(),
+            );
+        }
+        h.push_str("</table>");
+        for (node, s) in nodes.iter().zip(summaries.iter()) {
+            // A fleet's evidence starts folded: one line per node until asked.
+            let _ = write!(
+                h,
+                r#"<details{}><summary><b>{}</b>: <span class="verdict">{}</span></summary><table class="evidence">"#,
+                if ctx.fleet { "" } else { " open" },
+                escape(&node.name),
+                escape(&s.verdict)
+            );
+            for (k, v) in &s.evidence {
+                let _ = write!(h, "<tr><th>{}</th><td>{}</td></tr>", escape(k), escape(v));
+            }
+            h.push_str("</table></details>");
+        }
+        h.push_str("</section>");
+    }
+
+    /// Utilisation, HBM and NVLink against peak: per GPU on a node, per node on a fleet.
+    fn gpus(&self, h: &mut String) {
+        let (ctx, nodes, summaries, names) = self.parts();
+        let down = |p: &[(i64, f64)], r| shape::downsample(p, ctx.max_points, r);
+        // GPUs.
+        h.push_str(r#"<section id="gpus"><h2>GPUs</h2>"#);
+        if ctx.fleet {
+            h.push_str(if names.len() <= svg::PALETTE.len() {
+                r#"<p class="note">Each line is a node: the mean over its GPUs.</p>"#
+            } else {
+                r#"<p class="note">Each node is the mean over its GPUs; lines are the lowest, median and highest node of each time slot.</p>"#
+            });
+            let per_node = |f: &dyn Fn(&NodeSummary) -> &Vec<(i64, f64)>| -> Vec<Line> {
+                let series: Vec<&[(i64, f64)]> =
+                    summaries.iter().map(|s| f(s).as_slice()).collect();
+                node_lines(names, &series, ctx.max_points, Reduce::Mean)
+            };
+            for (id, title, lines) in [
+                (
+                    "gpu-utilization",
+                    "Utilisation (kernel running)",
+                    per_node(&|s| &s.utilization),
+                ),
+                (
+                    "gpu-hbm",
+                    "HBM bandwidth against peak",
+                    per_node(&|s| &s.hbm_ratio),
+                ),
+                (
+                    "gpu-nvlink",
+                    "NVLink rx+tx against peak",
+                    per_node(&|s| &s.nvlink_ratio),
+                ),
+            ] {
+                let _ = write!(
+                    h,
+                    "<h3>{title}</h3>{}",
+                    svg::line_chart(id, &lines, Unit::Ratio, Some(1.0), &[])
+                );
+            }
+        } else if let Some(node) = nodes.first() {
+            let gpu = node.rows("gpu");
+            let lines_of = |series: BTreeMap<String, Vec<(i64, f64)>>| -> Vec<Line> {
+                series
+                    .into_iter()
+                    .map(|(g, p)| Line {
+                        label: format!("GPU {g}"),
+                        points: down(&p, Reduce::Mean),
+                    })
+                    .collect()
+            };
+            let util = lines_of(gpu.series_by("gpu", "utilization_ratio"));
+            let _ = write!(
+                h,
+                "<h3>Utilisation (kernel running)</h3>{}",
+                svg::line_chart("gpu-utilization", &util, Unit::Ratio, Some(1.0), &[])
+            );
+            let hbm = lines_of(gpu.series_by("gpu", "hbm_bytes_per_second"));
+            let peak = gpu
+                .field("hbm_peak_bytes_per_second")
+                .into_iter()
+                .flatten()
+                .fold(0.0, f64::max);
+            let peaks: Vec<Reference> = (peak > 0.0)
+                .then(|| Reference {
+                    label: "HBM peak".into(),
+                    value: peak,
+                })
+                .into_iter()
+                .collect();
+            let _ = write!(
+                h,
+                "<h3>HBM bandwidth against peak</h3>{}",
+                svg::line_chart("gpu-hbm", &hbm, Unit::BytesPerSecond, None, &peaks)
+            );
+            let (rx, tx) = (
+                gpu.field("nvlink_total_rx_bytes_per_second"),
+                gpu.field("nvlink_total_tx_bytes_per_second"),
+            );
+            let mut nvlink: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+            for (i, g) in gpu.tag("gpu").into_iter().enumerate() {
+                if let (Some(r), Some(t)) = (rx[i], tx[i]) {
+                    nvlink
+                        .entry(g.to_owned())
+                        .or_default()
+                        .push((gpu.time_us[i], r + t));
+                }
+            }
+            for v in nvlink.values_mut() {
+                v.sort_by_key(|p| p.0);
+            }
+            let links = gpu
+                .field("nvlink_links_product")
+                .into_iter()
+                .flatten()
+                .fold(0.0, f64::max);
+            let nvlink_peak = links * 2.0 * nvlink_peak_each_way(node.rows("gpu_info"));
+            let peaks: Vec<Reference> = (nvlink_peak > 0.0)
+                .then(|| Reference {
+                    label: format!("NVLink peak ({links:.0} links, both ways)"),
+                    value: nvlink_peak,
+                })
+                .into_iter()
+                .collect();
+            let _ = write!(
+                h,
+                "<h3>NVLink rx+tx against peak</h3>{}",
+                svg::line_chart(
+                    "gpu-nvlink",
+                    &lines_of(nvlink),
+                    Unit::BytesPerSecond,
+                    None,
+                    &peaks
+                )
+            );
+        }
+        h.push_str("</section>");
+    }
+
+    /// Wake-up latency over time and over the range, and who took the probe's lost time.
+    fn jitter(&self, h: &mut String) {
+        let (ctx, nodes, summaries, names) = self.parts();
+        let down = |p: &[(i64, f64)], r| shape::downsample(p, ctx.max_points, r);
+        // Jitter.
+        h.push_str(r#"<section id="jitter"><h2>Scheduling jitter</h2><p class="note">Wake-up latency: how late a thread woke after its absolute deadline (cyclictest's method), per window, the worst CPU of each window.</p>"#);
+        let quantile_fields = [
+            ("p50", "wakeup_p50_seconds"),
+            ("p90", "wakeup_p90_seconds"),
+            ("p99", "wakeup_p99_seconds"),
+            ("p99.9", "wakeup_p999_seconds"),
+            ("max", "wakeup_max_seconds"),
+        ];
+        let worst_over_cpus = |node: &NodeData, field: &str| -> Vec<(i64, f64)> {
+            let jitter = node.rows("jitter");
+            let mut worst: BTreeMap<i64, f64> = BTreeMap::new();
+            for (t, v) in jitter.time_us.iter().zip(jitter.field(field)) {
+                if let Some(v) = v {
+                    let e = worst.entry(*t).or_insert(v);
+                    *e = e.max(v);
+                }
+            }
+            down(&worst.into_iter().collect::<Vec<_>>(), Reduce::Max)
+        };
+        if ctx.fleet {
+            let p99: Vec<Vec<(i64, f64)>> = nodes
+                .iter()
+                .map(|n| worst_over_cpus(n, "wakeup_p99_seconds"))
+                .collect();
+            let p99: Vec<&[(i64, f64)]> = p99.iter().map(Vec::as_slice).collect();
+            let lines = node_lines(names, &p99, ctx.max_points, Reduce::Max);
+            let _ = write!(
+                h,
+                "<h3>Wake-up p99 per node</h3>{}",
+                svg::line_chart("jitter-p99", &lines, Unit::Seconds, None, &[])
+            );
+        } else if let Some(node) = nodes.first() {
+            let lines: Vec<Line> = quantile_fields
+                .iter()
+                .map(|(label, field)| Line {
+                    label: label.to_string(),
+                    points: worst_over_cpus(node, field),
+                })
+                .collect();
+            let _ = write!(
+                h,
+                "<h3>Wake-up latency quantiles over time</h3>{}",
+                svg::line_chart("jitter-quantiles", &lines, Unit::Seconds, None, &[])
+            );
+        }
+        // Lost time while the interruption probe spun, split by who took it.
+        let lost = |node: &NodeData, field: &str| -> Vec<(i64, f64)> {
+            shape::mean_by_time(node.rows("jitter").series_by("cpu", field).values())
+        };
+        let lost_note = "Share of the probe's spin time lost to gaps, mean over CPUs per window. Unexplained: what the guest's own accounting (run delay, irq, steal) does not show, taken by the hypervisor or the firmware.";
+        if ctx.fleet {
+            let unexplained: Vec<Vec<(i64, f64)>> =
+                nodes.iter().map(|n| lost(n, "unexplained_ratio")).collect();
+            let unexplained: Vec<&[(i64, f64)]> = unexplained.iter().map(Vec::as_slice).collect();
+            let lines = node_lines(names, &unexplained, ctx.max_points, Reduce::Mean);
+            let _ = write!(
+                h,
+                "<h3>Unexplained interruptions per node</h3><p class=\"note\">{lost_note}</p>{}",
+                svg::line_chart("jitter-lost", &lines, Unit::Ratio, None, &[])
+            );
+        } else if let Some(node) = nodes.first() {
+            let lines: Vec<Line> = [
+                ("run delay", "run_delay_ratio"),
+                ("irq", "irq_ratio"),
+                ("steal", "steal_ratio"),
+                ("unexplained", "unexplained_ratio"),
+            ]
+            .iter()
+            .map(|(label, field)| Line {
+                label: label.to_string(),
+                points: down(&lost(node, field), Reduce::Mean),
+            })
+            .collect();
+            let _ = write!(
+                h,
+                "<h3>Interruptions: who took the time</h3><p class=\"note\">{lost_note}</p>{}",
+                svg::line_chart("jitter-lost", &lines, Unit::Ratio, None, &[])
+            );
+        }
+        h.push_str(r#"<h3>Wake-up latency distribution over the range</h3><table><tr><th>node</th><th>wake-ups</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th></tr>"#);
+        for (node, s) in nodes.iter().zip(summaries.iter()) {
+            let total: f64 = s.histogram.iter().map(|b| b.1).sum();
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td class=\"num\">{total:.0}</td>",
+                escape(&node.name)
+            );
+            for q in [0.5, 0.9, 0.99, 0.999] {
+                let v = shape::histogram_quantile(q, &s.histogram).map_or("–".into(), |v| {
+                    format!("≤ {}", format_value(v, Unit::Seconds))
+                });
+                let _ = write!(h, "<td class=\"num\">{v}</td>");
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table><p class=\"note\">Quantiles from the histogram buckets: upper bounds, interpolated within a bucket.</p>");
+        // One distribution per node, or the fleet's summed when nodes are many.
+        let fleet_histogram;
+        let distributions: Vec<(&str, &shape::Histogram)> = if names.len() <= svg::PALETTE.len() {
+            names
+                .iter()
+                .copied()
+                .zip(summaries.iter().map(|s| &s.histogram))
+                .collect()
+        } else {
+            fleet_histogram = shape::sum_histograms(summaries.iter().map(|s| &s.histogram));
+            vec![("all nodes", &fleet_histogram)]
+        };
+        for (i, (node, histogram)) in distributions.into_iter().enumerate() {
+            let bars: Vec<(String, f64)> = histogram
+                .iter()
+                .map(|&(le, n)| {
+                    let label = if le.is_infinite() {
+                        "more".to_string()
+                    } else {
+                        format!("≤{}", format_value(le, Unit::Seconds))
+                    };
+                    (label, n)
+                })
+                .collect();
+            let _ = write!(
+                h,
+                "<h3>Distribution: {}</h3>{}",
+                escape(node),
+                svg::bar_chart(&format!("jitter-distribution-{i}"), &bars, Unit::Count)
+            );
+        }
+        h.push_str("</section>");
+    }
+
+    /// Steal and pressure.
+    fn host(&self, h: &mut String) {
+        let (ctx, nodes, summaries, names) = self.parts();
+        // Steal and pressure.
+        h.push_str(r#"<section id="host"><h2>Steal and pressure</h2>"#);
+        let steal_series: Vec<&[(i64, f64)]> =
+            summaries.iter().map(|s| s.steal_ratio.as_slice()).collect();
+        let steal = node_lines(names, &steal_series, ctx.max_points, Reduce::Mean);
+        let _ = write!(
+            h,
+            "<h3>Steal: share of CPU time the hypervisor ran something else</h3>{}",
+            svg::line_chart("steal", &steal, Unit::Ratio, None, &[])
+        );
+        // Pressure: a line per resource, and per node on a fleet (or the lowest,
+        // median and highest node on a large one).
+        type NodeSeries = (String, Vec<(i64, f64)>);
+        let mut by_resource: BTreeMap<String, Vec<NodeSeries>> = BTreeMap::new();
+        for n in nodes.iter() {
+            for (resource, points) in n.rows("pressure").series_by("resource", "some_avg10_ratio") {
+                by_resource
+                    .entry(resource)
+                    .or_default()
+                    .push((n.name.clone(), points));
+            }
+        }
+        let mut pressure = Vec::new();
+        for (resource, per_node) in by_resource {
+            let node_names: Vec<&str> = per_node.iter().map(|(n, _)| n.as_str()).collect();
+            let series: Vec<&[(i64, f64)]> = per_node.iter().map(|(_, p)| p.as_slice()).collect();
+            for line in node_lines(&node_names, &series, ctx.max_points, Reduce::Mean) {
+                let label = if ctx.fleet {
+                    format!("{resource}: {}", line.label)
+                } else {
+                    resource.clone()
+                };
+                pressure.push(Line { label, ..line });
+            }
+        }
+        let _ = write!(
+            h,
+            "<h3>Pressure: share of the last 10 s with a task stalled (PSI some avg10)</h3>{}",
+            svg::line_chart("pressure", &pressure, Unit::Ratio, None, &[])
+        );
+        h.push_str("</section>");
+    }
+
+    /// Noisy-neighbour events on a timeline and in a table.
+    fn events(&self, h: &mut String) {
+        let (ctx, nodes, summaries, _) = self.parts();
+        let (from, until) = (self.from, self.until);
+        // Noisy neighbours.
+        h.push_str(r#"<section id="events"><h2>Noisy-neighbour events</h2>"#);
+        let all_events: Vec<(&str, &Event)> = nodes
+            .iter()
+            .zip(summaries.iter())
+            .flat_map(|(n, s)| s.events.iter().map(move |e| (n.name.as_str(), e)))
+            .collect();
+        if all_events.is_empty() {
+            let why = if ctx.events_known {
+                ""
+            } else {
+                " (this build of vtax has no detector table)"
+            };
+            let _ = write!(
+                h,
+                r#"<p class="no-events">No noisy-neighbour events recorded{why}.</p>"#
+            );
+        } else {
+            let mut lanes: Vec<String> = Vec::new();
+            let mut spans = Vec::new();
+            for (node, e) in &all_events {
+                let lane_name = format!("{node} · {} · {}", e.resource, e.victim);
+                let lane = lanes
+                    .iter()
+                    .position(|l| *l == lane_name)
+                    .unwrap_or_else(|| {
+                        lanes.push(lane_name);
+                        lanes.len() - 1
+                    });
+                spans.push(svg::Span {
+                    lane,
+                    start_us: e.start_us,
+                    end_us: e.end_us.unwrap_or(until),
+                    label: format!(
+                        "{}: {} on {} ({}), suspects {}, score {}",
+                        e.state,
+                        e.signal,
+                        e.victim,
+                        e.resource,
+                        e.suspects,
+                        e.score.map_or("–".into(), |s| format!("{s:.2}"))
+                    ),
+                    color: if e.state == "open" { 1 } else { 0 },
+                });
+            }
+            let t0 = from.min(spans.iter().map(|s| s.start_us).min().unwrap_or(from));
+            let _ = write!(
+                h,
+                "{}",
+                svg::timeline("events-timeline", &lanes, &spans, t0, until)
+            );
+            h.push_str("<table><tr><th>node</th><th>start</th><th>end</th><th>resource</th><th>victim</th><th>signal</th><th>suspects</th><th>score</th><th>top correlation</th><th>effect size</th><th>state</th><th>evidence</th></tr>");
+            let num = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
+            for (node, e) in &all_events {
+                let _ = write!(
+                    h,
+                    r#"<tr class="event"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td><td>{}</td></tr>"#,
+                    escape(node),
+                    format_time(e.start_us, true),
+                    e.end_us.map_or("open".into(), |t| format_time(t, true)),
+                    escape(&e.resource),
+                    escape(&e.victim),
+                    escape(&e.signal),
+                    escape(&e.suspects),
+                    num(e.score),
+                    num(e.top_correlation),
+                    num(e.effect_size),
+                    escape(&e.state),
+                    escape(&e.evidence),
+                );
+            }
+            h.push_str("</table>");
+        }
+    }
 }
 
 #[cfg(test)]
