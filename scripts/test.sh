@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine with Rust: installs what
 # the tests need (Prometheus and promtool, prometheus-node-exporter for the
-# side-by-side block/netdev test, the Python readers DuckDB, pyarrow and
-# Polars), then runs every test, lints included.
+# side-by-side block/netdev test, the Python readers DuckDB, pyarrow,
+# Polars, pandas and PySpark with a Java runtime for the analysis recipes,
+# Chromium for the report's browser test), then runs every test, lints included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 { command -v prometheus && command -v promtool; } >/dev/null || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v java >/dev/null || need_apt+=(default-jre-headless)
 
 command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -19,10 +22,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
-if ! python3 -c 'import duckdb, pyarrow, polars' 2>/dev/null; then
-  echo "test.sh: installing duckdb, pyarrow and polars with pip"
-  python3 -m pip install --quiet duckdb pyarrow polars \
-    || python3 -m pip install --quiet --break-system-packages duckdb pyarrow polars
+if ! python3 -c 'import duckdb, pyarrow, polars, pandas, pyspark' 2>/dev/null; then
+  echo "test.sh: installing duckdb, pyarrow, polars, pandas and pyspark with pip"
+  python3 -m pip install --quiet duckdb pyarrow polars pandas pyspark \
+    || python3 -m pip install --quiet --break-system-packages duckdb pyarrow polars pandas pyspark
 fi
 
 cargo fmt --all -- --check

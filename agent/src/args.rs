@@ -18,6 +18,9 @@ pub struct AgentArgs {
     /// Data directory of the store (default: /var/lib/vtax when it exists, else ./vtax-data).
     #[arg(long, env = "VTAX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Node name in the store's files (default: the host name).
+    #[arg(long = "store.node", value_name = "NAME")]
+    pub node: Option<String>,
     /// Address to serve /metrics on (default :9433).
     #[arg(long = "web.listen-address")]
     pub listen_address: Option<String>,
@@ -102,6 +105,9 @@ impl AgentArgs {
         };
         if let Some(dir) = &self.data_dir {
             config.store.data_dir = Some(dir.clone());
+        }
+        if let Some(node) = &self.node {
+            config.store.node = Some(node.clone());
         }
         if let Some(address) = &self.listen_address {
             config.web.listen_address = address.clone();

@@ -98,6 +98,10 @@ pub struct StoreConfig {
     /// Data directory; none picks /var/lib/vtax when it exists, else ./vtax-data.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
+    /// Node name in file names and metadata (and a fleet copy's `node=`
+    /// partition); none takes the host name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Seconds between two fsyncs of the write-ahead log.
     pub sync_interval_secs: f64,
     /// Bytes of rows held in memory before they are published early.
@@ -114,6 +118,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             data_dir: None,
+            node: None,
             sync_interval_secs: DEFAULT_SYNC_INTERVAL_SECS,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             compact_interval_secs: DEFAULT_COMPACT_INTERVAL_SECS,
@@ -131,6 +136,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("paths.procfs", "procfs mount point; tests point it at a fixture tree."),
     ("paths.sysfs", "sysfs mount point; cgroups are read under <sysfs>/fs/cgroup."),
     ("store.data_dir", "Where the store lives. Unset: /var/lib/vtax when it exists, else ./vtax-data."),
+    ("store.node", "Node name in the store's file names and metadata, and the node= partition of a fleet copy. Unset: the host name."),
     ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose."),
     ("store.max_buffered_bytes", "Bytes of rows held in memory before they are published early as a part file."),
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
@@ -144,6 +150,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
 const UNSET_EXAMPLES: &[(&str, &str, &str)] = &[
     ("web", "config_file", "\"/etc/vtax/web-config.yml\""),
     ("store", "data_dir", "\"/var/lib/vtax\""),
+    ("store", "node", "\"gpu-node-17\""),
 ];
 
 fn key_doc(path: &str) -> Option<&'static str> {
@@ -238,6 +245,15 @@ impl Config {
                 "store.sync_interval_secs".into(),
                 format!("store.sync_interval_secs = {sync}: must be above 0 and at most 3600"),
             ));
+        }
+        if let Some(node) = &self.store.node {
+            let safe = |c: char| c.is_ascii_alphanumeric() || c == '.' || c == '_';
+            if node.is_empty() || !node.chars().all(safe) {
+                return Err((
+                    "store.node".into(),
+                    format!("store.node = {node:?}: use letters, digits, '.' and '_' only (it names files)"),
+                ));
+            }
         }
         if self.store.compact_interval_secs == 0 {
             return Err((

@@ -10,6 +10,7 @@ mod golden;
 mod import;
 mod memory;
 mod query;
+mod report;
 mod run;
 mod runtime;
 mod timespec;
@@ -57,6 +58,8 @@ enum Command {
     Import(import::ImportArgs),
     /// Read rows of a table.
     Query(query::QueryArgs),
+    /// Write a self-contained HTML report of a node's store or a fleet copy.
+    Report(report::ReportArgs),
     /// Merge each finished day's files into one and apply retention.
     Compact(run::CompactArgs),
     /// Print the metric catalogue generated from the table declarations.
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
         Command::Import(args) => import::import(args),
         Command::Query(args) => query::query(args),
         Command::Compact(args) => run::compact(args),
+        Command::Report(args) => report::report(args),
         Command::Catalogue => {
             print!(
                 "{}",

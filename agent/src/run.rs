@@ -48,6 +48,9 @@ const AGENT_ENCODING_SAMPLE_BYTES: usize = 1 << 20;
 
 fn store_options(config: &Config) -> StoreOptions {
     let mut options = StoreOptions::new(config.data_dir());
+    if let Some(node) = &config.store.node {
+        options.node = node.clone();
+    }
     options.write.data_page_rows = AGENT_DATA_PAGE_ROWS;
     options.write.encoding_sample_bytes = AGENT_ENCODING_SAMPLE_BYTES;
     options.sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
@@ -276,6 +279,10 @@ pub struct CompactArgs {
 pub fn compact(args: CompactArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut options = StoreOptions::new(&data_dir);
+    // Merged files keep the name the agent gave (`store.node`), not the host's.
+    if let Some(node) = vtax_store::files::node_of_store(&data_dir)? {
+        options.node = node;
+    }
     options.retention_max_age = args.max_age;
     options.retention_max_bytes = args.max_bytes;
     let now = match &args.now {

@@ -493,6 +493,15 @@ pub(crate) struct Listed {
 
 /// Lists published files (and stray temp files, returned separately).
 pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)> {
+    list_node_files(data_dir, None)
+}
+
+/// Lists published files of one node's store, or with `node`, of that node in
+/// a fleet copy (`tables/<table>/node=<node>/date=.../`).
+pub(crate) fn list_node_files(
+    data_dir: &Path,
+    node: Option<&str>,
+) -> Result<(Vec<Listed>, Vec<PathBuf>)> {
     let mut files = Vec::new();
     let mut temps = Vec::new();
     let tables = data_dir.join("tables");
@@ -509,7 +518,11 @@ pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)>
         let Some(table_name) = table.file_name().to_str().map(str::to_owned) else {
             continue;
         };
-        for part in read(&table.path())? {
+        let table_dir = match node {
+            Some(node) => table.path().join(format!("node={node}")),
+            None => table.path(),
+        };
+        for part in read(&table_dir)? {
             let name = part.file_name();
             let Some(day) = name
                 .to_str()
@@ -535,6 +548,25 @@ pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)>
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok((files, temps))
+}
+
+/// The node that wrote a store: the name its newest file (highest sequence
+/// number) starts with, for commands that write beside the agent (`vtax
+/// compact`) and readers that label a store. `None` for a store without files.
+pub fn node_of_store(data_dir: &Path) -> Result<Option<String>> {
+    let (files, _) = list_files(data_dir)?;
+    // <node>-<first_time_us>-<max_seq>[-<n>].parquet; node names have no '-'.
+    let newest = files
+        .iter()
+        .filter_map(|f| {
+            let name = f.path.file_name()?.to_str()?.strip_suffix(".parquet")?;
+            let mut parts = name.split('-');
+            let node = parts.next()?;
+            let seq: u64 = parts.nth(1)?.parse().ok()?;
+            Some((seq, node.to_owned()))
+        })
+        .max();
+    Ok(newest.map(|(_, node)| node))
 }
 
 /// Published files by partition (table, day), and the files that a merged file

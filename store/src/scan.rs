@@ -219,21 +219,7 @@ impl<'a> Plan<'a> {
 pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
     let (listed, _) = files::list_files(data_dir)?;
-    // Prune by partition before reading any footer: replaced files are found
-    // within their partition, and WAL rows outside the range are filtered by time.
-    let (listed, pruned): (Vec<_>, Vec<_>) = listed
-        .into_iter()
-        .filter(|f| f.table == plan.table.name)
-        .partition(|f| plan.day_may_match(f.day));
-    let mut skipped = pruned.len();
-    let index = files::index_files(listed, |file, e| {
-        skipped += 1;
-        tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
-        Ok(())
-    })?;
-    let live: Vec<&FileInfo> = index.live.values().flatten().collect();
-    let mut result = scan_files(&plan, &live)?;
-    result.files_skipped += skipped;
+    let (mut result, index) = scan_listed(&plan, listed)?;
 
     let watermarks = watermarks_by_bucket(&index.live);
     let mut buckets: BTreeMap<i64, Bucket> = BTreeMap::new();
@@ -254,6 +240,67 @@ pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Re
         scan_bucket(&plan, bucket, &mut result)?;
     }
     Ok(result)
+}
+
+/// The nodes of a fleet copy: the `node=<name>` directories under any table,
+/// sorted. Empty for a single node's store.
+pub fn fleet_nodes(root: &Path) -> Result<Vec<String>> {
+    let tables = root.join("tables");
+    let mut nodes = std::collections::BTreeSet::new();
+    let entries = match std::fs::read_dir(&tables) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list", &tables)(e)),
+    };
+    for table in entries {
+        let table = table.map_err(Error::io("list", &tables))?;
+        let Ok(parts) = std::fs::read_dir(table.path()) else {
+            continue;
+        };
+        for part in parts.flatten() {
+            if let Some(node) = part
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("node="))
+            {
+                nodes.insert(node.to_owned());
+            }
+        }
+    }
+    Ok(nodes.into_iter().collect())
+}
+
+/// Scans one node of a fleet copy (`<root>/tables/<table>/node=<node>/date=.../`,
+/// as the uploader lays it out): its published files only, since a copy has no WAL.
+/// Files that a merged file replaces are ignored, as in a node's own store.
+pub fn scan_fleet_node(
+    root: &Path,
+    node: &str,
+    catalog: &Catalog,
+    request: &ScanRequest,
+) -> Result<ScanResult> {
+    let plan = Plan::new(catalog, request)?;
+    let (listed, _) = files::list_node_files(root, Some(node))?;
+    Ok(scan_listed(&plan, listed)?.0)
+}
+
+/// Scans the live files among `listed`, pruned by partition before any footer
+/// is read (replaced files are found within their own partition).
+fn scan_listed(plan: &Plan, listed: Vec<files::Listed>) -> Result<(ScanResult, files::FileIndex)> {
+    let (listed, pruned): (Vec<_>, Vec<_>) = listed
+        .into_iter()
+        .filter(|f| f.table == plan.table.name)
+        .partition(|f| plan.day_may_match(f.day));
+    let mut skipped = pruned.len();
+    let index = files::index_files(listed, |file, e| {
+        skipped += 1;
+        tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
+        Ok(())
+    })?;
+    let live: Vec<&FileInfo> = index.live.values().flatten().collect();
+    let mut result = scan_files(plan, &live)?;
+    result.files_skipped += skipped;
+    Ok((result, index))
 }
 
 fn scan_bucket(plan: &Plan, bucket: &Bucket, result: &mut ScanResult) -> Result<()> {

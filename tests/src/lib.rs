@@ -181,6 +181,20 @@ pub fn scanned_ids(result: &ScanResult) -> Result<Vec<u64>, String> {
         .collect()
 }
 
+/// How often each value of scanned `scraped` rows is present, whatever their
+/// times and tags (rows written outside the row scheme).
+pub fn value_counts(result: &ScanResult) -> IdCounts {
+    let mut ids = Vec::new();
+    for batch in &result.batches {
+        let v = batch
+            .column_by_name("value")
+            .expect("a scraped scan has a value column")
+            .as_primitive::<Float64Type>();
+        ids.extend(v.values().iter().map(|&x| x as u64));
+    }
+    IdCounts::new(&ids)
+}
+
 /// How often each id is present.
 #[derive(Clone, Debug, Default)]
 pub struct IdCounts {

@@ -38,16 +38,7 @@ fn values(store: &Store) -> IdCounts {
         table: "scraped".into(),
         ..Default::default()
     };
-    let result = store.scan(&req).unwrap();
-    let mut ids = Vec::new();
-    for batch in &result.batches {
-        use arrow_array::cast::AsArray;
-        let v = batch
-            .column(4)
-            .as_primitive::<arrow_array::types::Float64Type>();
-        ids.extend(v.values().iter().map(|&x| x as u64));
-    }
-    IdCounts::new(&ids)
+    vtax_tests::value_counts(&store.scan(&req).unwrap())
 }
 
 /// A bucket published (by the memory bound, or by `flush` before its `sync`) holds

@@ -1,0 +1,454 @@
+//! Shaping rows into what the report plots: columns out of Arrow batches,
+//! rates from counters, downsampled series, histogram quantiles.
+
+use std::collections::{BTreeMap, HashMap};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, TimestampMicrosecondType};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+
+/// Rows of one table as plain columns: times, tags as strings, fields as f64.
+#[derive(Debug, Default)]
+pub struct Rows {
+    /// Microseconds since the epoch, one per row.
+    pub time_us: Vec<i64>,
+    tags: HashMap<String, Vec<String>>,
+    fields: HashMap<String, Vec<Option<f64>>>,
+}
+
+impl Rows {
+    /// Flattens batches of a scan (time column first, then tags and fields).
+    /// Dictionary and string columns become tags; numbers become f64 fields.
+    pub fn from_batches(batches: &[RecordBatch]) -> Rows {
+        let mut rows = Rows::default();
+        for batch in batches {
+            for (i, field) in batch.schema().fields().iter().enumerate() {
+                let column = batch.column(i);
+                let name = field.name().clone();
+                match column.data_type() {
+                    DataType::Timestamp(..) => rows.time_us.extend(
+                        column
+                            .as_primitive::<TimestampMicrosecondType>()
+                            .values()
+                            .iter(),
+                    ),
+                    DataType::Dictionary(..) | DataType::Utf8 => {
+                        let strings = arrow_cast::cast(column, &DataType::Utf8)
+                            .expect("a dictionary of strings casts to strings");
+                        let strings = strings.as_string::<i32>();
+                        rows.tags
+                            .entry(name)
+                            .or_default()
+                            .extend(strings.iter().map(|s| s.unwrap_or("").to_owned()));
+                    }
+                    _ => {
+                        let values: Vec<Option<f64>> =
+                            match arrow_cast::cast(column, &DataType::Float64) {
+                                Ok(cast) => cast.as_primitive::<Float64Type>().iter().collect(),
+                                Err(_) => vec![None; column.len()],
+                            };
+                        rows.fields.entry(name).or_default().extend(values);
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.time_us.len()
+    }
+
+    /// A tag column; empty strings when the table has no such tag.
+    pub fn tag(&self, name: &str) -> Vec<&str> {
+        match self.tags.get(name) {
+            Some(v) => v.iter().map(String::as_str).collect(),
+            None => vec![""; self.len()],
+        }
+    }
+
+    /// A field column; nulls when the table (or this file) has no such field.
+    pub fn field(&self, name: &str) -> Vec<Option<f64>> {
+        self.fields
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| vec![None; self.len()])
+    }
+
+    /// `(time, value)` points of a field per value of a tag (nulls skipped),
+    /// each series in time order.
+    pub fn series_by(&self, tag: &str, field: &str) -> BTreeMap<String, Vec<(i64, f64)>> {
+        let mut out: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+        for ((&t, key), value) in self
+            .time_us
+            .iter()
+            .zip(self.tag(tag))
+            .zip(self.field(field))
+        {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                out.entry(key.to_owned()).or_default().push((t, v));
+            }
+        }
+        for points in out.values_mut() {
+            points.sort_by_key(|p| p.0);
+        }
+        out
+    }
+
+    /// The tags of the latest row, by name.
+    pub fn latest_tags(&self) -> Option<BTreeMap<String, String>> {
+        let (last, _) = self.time_us.iter().enumerate().max_by_key(|(_, t)| **t)?;
+        Some(
+            self.tags
+                .iter()
+                .map(|(k, v)| (k.clone(), v[last].clone()))
+                .collect(),
+        )
+    }
+}
+
+/// How a downsampled point sums up the points it stands for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reduce {
+    /// The mean: for levels (utilisation, bandwidth).
+    Mean,
+    /// The largest: for tails (latency quantiles), which a mean would hide.
+    Max,
+}
+
+/// At most `max_points` points for `points` (in time order): the time range
+/// cut into equal spans, one point per non-empty span at its mean time.
+pub fn downsample(points: &[(i64, f64)], max_points: usize, reduce: Reduce) -> Vec<(i64, f64)> {
+    if points.len() <= max_points || max_points == 0 {
+        return points.to_vec();
+    }
+    let (first, last) = (points[0].0, points[points.len() - 1].0);
+    let span = ((last - first) / max_points as i64).max(1) + 1;
+    let mut out = Vec::with_capacity(max_points);
+    let mut current: Option<(i64, i128, f64, f64, usize)> = None; // (slot, time sum, sum, max, n)
+    let flush = |slot: (i64, i128, f64, f64, usize), out: &mut Vec<(i64, f64)>| {
+        let (_, time_sum, sum, max, n) = slot;
+        let value = match reduce {
+            Reduce::Mean => sum / n as f64,
+            Reduce::Max => max,
+        };
+        out.push(((time_sum / n as i128) as i64, value));
+    };
+    for &(t, v) in points {
+        let slot = (t - first) / span;
+        match &mut current {
+            Some(c) if c.0 == slot => {
+                c.1 += t as i128;
+                c.2 += v;
+                c.3 = c.3.max(v);
+                c.4 += 1;
+            }
+            _ => {
+                if let Some(c) = current.take() {
+                    flush(c, &mut out);
+                }
+                current = Some((slot, t as i128, v, v, 1));
+            }
+        }
+    }
+    if let Some(c) = current {
+        flush(c, &mut out);
+    }
+    out
+}
+
+/// Per-second rates of a counter between successive samples (in time order),
+/// at the later sample's time. A decrease is a reset (a reboot, a driver
+/// reload): that interval has no rate rather than a negative one.
+pub fn counter_rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
+    points
+        .windows(2)
+        .filter_map(|w| {
+            let (dt_us, dv) = (w[1].0 - w[0].0, w[1].1 - w[0].1);
+            (dt_us > 0 && dv >= 0.0).then(|| (w[1].0, dv / (dt_us as f64 / 1e6)))
+        })
+        .collect()
+}
+
+/// The mean across series at each time that any of them has: series sampled
+/// on one tick (every CPU of a node, every GPU) share timestamps.
+pub fn mean_by_time<'a>(series: impl IntoIterator<Item = &'a Vec<(i64, f64)>>) -> Vec<(i64, f64)> {
+    let mut sums: BTreeMap<i64, (f64, usize)> = BTreeMap::new();
+    for points in series {
+        for &(t, v) in points {
+            let e = sums.entry(t).or_default();
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+    sums.into_iter()
+        .map(|(t, (sum, n))| (t, sum / n as f64))
+        .collect()
+}
+
+/// Lowest, median and highest node per time slot: a fleet too large for a
+/// line per node. Each node's points are first averaged (or maxed) within
+/// `slots` equal slots of the common range, so nodes sampled at different
+/// instants still meet in a slot.
+pub fn spread_across(
+    series: &[&[(i64, f64)]],
+    slots: usize,
+    reduce: Reduce,
+) -> [Vec<(i64, f64)>; 3] {
+    let all = series.iter().flat_map(|s| s.iter());
+    let (Some(t0), Some(t1)) = (all.clone().map(|p| p.0).min(), all.map(|p| p.0).max()) else {
+        return Default::default();
+    };
+    let slots = slots.max(1);
+    let width = ((t1 - t0) / slots as i64).max(1) + 1;
+    // slot -> each node's value in it
+    let mut per_slot: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for points in series {
+        let mut node: BTreeMap<i64, (f64, f64, usize)> = BTreeMap::new();
+        for &(t, v) in *points {
+            let e = node.entry((t - t0) / width).or_insert((0.0, f64::MIN, 0));
+            e.0 += v;
+            e.1 = e.1.max(v);
+            e.2 += 1;
+        }
+        for (slot, (sum, max, n)) in node {
+            let v = match reduce {
+                Reduce::Mean => sum / n as f64,
+                Reduce::Max => max,
+            };
+            per_slot.entry(slot).or_default().push(v);
+        }
+    }
+    let mut out: [Vec<(i64, f64)>; 3] = Default::default();
+    for (slot, mut values) in per_slot {
+        values.sort_by(f64::total_cmp);
+        let t = t0 + slot * width + width / 2;
+        out[0].push((t, values[0]));
+        out[1].push((t, values[values.len() / 2]));
+        out[2].push((t, values[values.len() - 1]));
+    }
+    out
+}
+
+/// The mean of the values.
+pub fn mean(points: &[(i64, f64)]) -> Option<f64> {
+    (!points.is_empty()).then(|| points.iter().map(|p| p.1).sum::<f64>() / points.len() as f64)
+}
+
+/// A latency histogram over the report's range: `(upper bound in seconds,
+/// count in this bucket)`, bounds ascending, +Inf last.
+pub type Histogram = Vec<(f64, f64)>;
+
+/// Builds the range's histogram from cumulative Prometheus-style rows
+/// (`le` bucket bounds, counts cumulative over buckets and since the
+/// collector started), summed over `series` (CPUs): each series' last count
+/// minus its first, or its last alone when the counts went down (a restart).
+pub fn histogram_from_cumulative(rows: &[(String, String, i64, f64)]) -> Histogram {
+    type Sample = (i64, f64);
+    // (series, le) -> its first and last samples in the range.
+    let mut ends: HashMap<(&str, &str), (Sample, Sample)> = HashMap::new();
+    for (series, le, t, v) in rows {
+        let e = ends
+            .entry((series.as_str(), le.as_str()))
+            .or_insert(((*t, *v), (*t, *v)));
+        if *t < e.0 .0 {
+            e.0 = (*t, *v);
+        }
+        if *t > e.1 .0 {
+            e.1 = (*t, *v);
+        }
+    }
+    let mut by_le: BTreeMap<u64, (f64, f64)> = BTreeMap::new(); // bits of le ordering -> (le, cumulative)
+    for ((_, le), (first, last)) in ends {
+        let Some(bound) = parse_le(le) else { continue };
+        let count = if last.1 >= first.1 {
+            last.1 - first.1
+        } else {
+            last.1
+        };
+        let e = by_le.entry(order_key(bound)).or_insert((bound, 0.0));
+        e.1 += count;
+    }
+    let mut previous = 0.0;
+    by_le
+        .into_values()
+        .map(|(bound, cumulative)| {
+            let in_bucket = (cumulative - previous).max(0.0);
+            previous = cumulative;
+            (bound, in_bucket)
+        })
+        .collect()
+}
+
+fn parse_le(le: &str) -> Option<f64> {
+    match le {
+        "+Inf" | "inf" | "Inf" => Some(f64::INFINITY),
+        _ => le.parse().ok(),
+    }
+}
+
+/// A key that sorts non-negative f64 (infinity included) in numeric order.
+fn order_key(v: f64) -> u64 {
+    v.to_bits()
+}
+
+/// Histograms with the same buckets added up (a fleet's from its nodes').
+pub fn sum_histograms<'a>(histograms: impl IntoIterator<Item = &'a Histogram>) -> Histogram {
+    let mut sum: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for h in histograms {
+        for &(le, n) in h {
+            sum.entry(order_key(le)).or_insert((le, 0.0)).1 += n;
+        }
+    }
+    sum.into_values().collect()
+}
+
+/// The q-quantile of a histogram, interpolated linearly inside the bucket
+/// it falls in (as Prometheus's histogram_quantile does); the largest finite
+/// bound when it falls in +Inf; `None` for an empty histogram.
+pub fn histogram_quantile(q: f64, histogram: &Histogram) -> Option<f64> {
+    let total: f64 = histogram.iter().map(|b| b.1).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut seen = 0.0;
+    let mut lower = 0.0;
+    for &(upper, count) in histogram {
+        if seen + count >= rank && count > 0.0 {
+            if upper.is_infinite() {
+                return Some(lower);
+            }
+            return Some(lower + (upper - lower) * ((rank - seen) / count));
+        }
+        seen += count;
+        if upper.is_finite() {
+            lower = upper;
+        }
+    }
+    Some(lower)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use arrow_array::{DictionaryArray, Float64Array, TimestampMicrosecondArray, UInt64Array};
+    use arrow_schema::{Field, Schema};
+
+    #[test]
+    fn rows_flatten_dictionary_tags_and_numeric_fields() {
+        let time = TimestampMicrosecondArray::from(vec![10, 20, 30]).with_timezone("+00:00");
+        let gpu: DictionaryArray<arrow_array::types::Int32Type> =
+            vec!["0", "1", "0"].into_iter().collect();
+        let util = Float64Array::from(vec![Some(0.5), None, Some(0.7)]);
+        let mem = UInt64Array::from(vec![1u64, 2, 3]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("time", time.data_type().clone(), false),
+            Field::new("gpu", gpu.data_type().clone(), false),
+            Field::new("utilization_ratio", DataType::Float64, true),
+            Field::new("memory_used_bytes", DataType::UInt64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![Arc::new(time), Arc::new(gpu), Arc::new(util), Arc::new(mem)],
+        )
+        .unwrap();
+        let rows = Rows::from_batches(&[batch.clone(), batch]);
+        assert_eq!(rows.len(), 6);
+        assert_eq!(rows.tag("gpu"), ["0", "1", "0", "0", "1", "0"]);
+        assert_eq!(rows.tag("absent"), [""; 6]);
+        assert_eq!(rows.field("memory_used_bytes")[2], Some(3.0));
+        let by_gpu = rows.series_by("gpu", "utilization_ratio");
+        // Nulls are skipped, and each series comes back in time order.
+        assert_eq!(by_gpu["0"], [(10, 0.5), (10, 0.5), (30, 0.7), (30, 0.7)]);
+        assert!(!by_gpu.contains_key("1"));
+        assert_eq!(rows.latest_tags().unwrap()["gpu"], "0");
+    }
+
+    #[test]
+    fn downsampling_bounds_points_and_keeps_tails_with_max() {
+        let points: Vec<(i64, f64)> = (0..1000)
+            .map(|i| (i * 1_000_000, (i % 10) as f64))
+            .collect();
+        let mean = downsample(&points, 100, Reduce::Mean);
+        assert!(mean.len() <= 100 && mean.len() >= 90, "{}", mean.len());
+        // Each slot holds whole cycles of 0..9 or nearly: the mean stays near 4.5.
+        assert!(mean.iter().all(|p| (3.0..=6.0).contains(&p.1)), "{mean:?}");
+        let max = downsample(&points, 100, Reduce::Max);
+        assert!(max.iter().all(|p| p.1 == 9.0));
+        // Times stay inside the range and in order.
+        assert!(max.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(max[0].0 >= 0 && max.last().unwrap().0 <= 999_000_000);
+        // Short series pass through untouched.
+        assert_eq!(downsample(&points[..5], 100, Reduce::Mean), &points[..5]);
+    }
+
+    #[test]
+    fn counter_rates_skip_resets() {
+        let points = [
+            (0, 10.0),
+            (1_000_000, 12.0),
+            (3_000_000, 13.0),
+            (4_000_000, 1.0),
+            (5_000_000, 3.0),
+        ];
+        assert_eq!(
+            counter_rates(&points),
+            [(1_000_000, 2.0), (3_000_000, 0.5), (5_000_000, 2.0)]
+        );
+    }
+
+    #[test]
+    fn mean_by_time_averages_series_sharing_ticks() {
+        let a = vec![(1, 1.0), (2, 3.0)];
+        let b = vec![(1, 3.0), (3, 5.0)];
+        assert_eq!(mean_by_time([&a, &b]), [(1, 2.0), (2, 3.0), (3, 5.0)]);
+    }
+
+    #[test]
+    fn spread_across_nodes_gives_lowest_median_highest_per_slot() {
+        // Three nodes sampled at different instants inside two slots.
+        let a = vec![(0, 1.0), (10, 3.0), (100, 5.0)];
+        let b = vec![(1, 4.0), (101, 6.0)];
+        let c = vec![(2, 9.0), (102, 0.0)];
+        let [low, median, high] = spread_across(&[&a, &b, &c], 2, Reduce::Mean);
+        assert_eq!(low.iter().map(|p| p.1).collect::<Vec<_>>(), [2.0, 0.0]);
+        assert_eq!(median.iter().map(|p| p.1).collect::<Vec<_>>(), [4.0, 5.0]);
+        assert_eq!(high.iter().map(|p| p.1).collect::<Vec<_>>(), [9.0, 6.0]);
+        assert!(low[0].0 < low[1].0);
+        let [max_low, _, _] = spread_across(&[&a], 2, Reduce::Max);
+        assert_eq!(max_low[0].1, 3.0);
+        assert!(spread_across(&[], 10, Reduce::Mean)[0].is_empty());
+    }
+
+    #[test]
+    fn histogram_of_a_range_and_its_quantiles() {
+        let row = |cpu: &str, le: &str, t: i64, v: f64| (cpu.to_owned(), le.to_owned(), t, v);
+        // Two CPUs, cumulative since start; the range sees the growth between
+        // its first and last rows.
+        let rows = vec![
+            row("0", "1e-05", 0, 10.0),
+            row("0", "0.0001", 0, 10.0),
+            row("0", "+Inf", 0, 10.0),
+            row("0", "1e-05", 9, 60.0),
+            row("0", "0.0001", 9, 100.0),
+            row("0", "+Inf", 9, 110.0),
+            row("1", "1e-05", 9, 40.0),
+            row("1", "0.0001", 9, 90.0),
+            row("1", "+Inf", 9, 90.0),
+        ];
+        let h = histogram_from_cumulative(&rows);
+        // CPU 0 grew by 50/90/100, CPU 1 (one row) by 0: per bucket 50, 40, 10.
+        assert_eq!(h, [(1e-5, 50.0), (1e-4, 40.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(histogram_quantile(0.5, &h), Some(1e-5));
+        let p70 = histogram_quantile(0.7, &h).unwrap();
+        assert!((p70 - (1e-5 + 9e-5 * 0.5)).abs() < 1e-12, "{p70}");
+        // A quantile in +Inf answers the largest finite bound.
+        assert_eq!(histogram_quantile(0.99, &h), Some(1e-4));
+        assert_eq!(histogram_quantile(0.5, &vec![]), None);
+    }
+}

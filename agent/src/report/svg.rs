@@ -1,0 +1,475 @@
+//! Inline SVG charts, drawn by hand: the report is one file that opens with no
+//! network, and these few shapes need no plotting library.
+
+use std::fmt::Write;
+
+/// Plot area size in SVG units; the page scales the SVG to its width.
+const WIDTH: f64 = 860.0;
+const HEIGHT: f64 = 260.0;
+const LEFT: f64 = 78.0;
+const RIGHT: f64 = 16.0;
+const TOP: f64 = 14.0;
+const BOTTOM: f64 = 34.0;
+
+/// Line colours, distinguishable and readable on white.
+pub const PALETTE: &[&str] = &[
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#7f7f7f", "#bcbd22",
+];
+
+/// How a value prints on an axis or in a tooltip.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unit {
+    /// A share: 0.25 prints as 25%.
+    Ratio,
+    /// Bytes per second, decimal prefixes (the GPU vendors' peaks are decimal).
+    BytesPerSecond,
+    /// Seconds, printed in µs or ms when small.
+    Seconds,
+    /// A count.
+    Count,
+}
+
+/// Formats a value in its unit, three significant digits or so.
+pub fn format_value(v: f64, unit: Unit) -> String {
+    match unit {
+        Unit::Ratio => format!("{}%", trim(v * 100.0)),
+        Unit::BytesPerSecond => si(v, "B/s"),
+        Unit::Seconds => {
+            let a = v.abs();
+            if a == 0.0 {
+                "0 s".into()
+            } else if a < 1e-3 {
+                format!("{} µs", trim(v * 1e6))
+            } else if a < 1.0 {
+                format!("{} ms", trim(v * 1e3))
+            } else {
+                format!("{} s", trim(v))
+            }
+        }
+        Unit::Count => si(v, ""),
+    }
+}
+
+fn si(v: f64, suffix: &str) -> String {
+    let a = v.abs();
+    let (scale, prefix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|(s, _)| a >= *s)
+        .unwrap_or((1.0, ""));
+    let space = if suffix.is_empty() && prefix.is_empty() {
+        ""
+    } else {
+        " "
+    };
+    format!("{}{space}{prefix}{suffix}", trim(v / scale))
+}
+
+fn trim(v: f64) -> String {
+    let a = v.abs();
+    let s = if a >= 100.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    };
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        s
+    }
+}
+
+/// Escapes text for HTML and SVG.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `HH:MM:SS` (UTC) of a time, or the date too when the range spans days.
+pub fn format_time(t_us: i64, with_date: bool) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_micros(t_us.max(0) as u64);
+    let text = humantime::format_rfc3339_seconds(time).to_string(); // 2025-11-21T10:00:00Z
+    if with_date {
+        text.replace('T', " ").trim_end_matches('Z').to_owned()
+    } else {
+        text.get(11..19).unwrap_or(&text).to_owned()
+    }
+}
+
+/// One line on a chart.
+#[derive(Clone, Debug)]
+pub struct Line {
+    /// Legend label.
+    pub label: String,
+    /// `(time µs, value)` in time order.
+    pub points: Vec<(i64, f64)>,
+}
+
+/// A horizontal reference line, such as a peak.
+#[derive(Clone, Debug)]
+pub struct Reference {
+    /// What it is, e.g. "HBM peak".
+    pub label: String,
+    /// Its value.
+    pub value: f64,
+}
+
+/// A time-series line chart: an `<svg class="plot">` and its legend. No lines
+/// with points gives a "no data" note instead, never an empty frame.
+pub fn line_chart(
+    id: &str,
+    lines: &[Line],
+    unit: Unit,
+    y_max: Option<f64>,
+    references: &[Reference],
+) -> String {
+    let points = lines.iter().map(|l| l.points.len()).sum::<usize>();
+    if points == 0 {
+        return no_data(id);
+    }
+    let all = lines.iter().flat_map(|l| l.points.iter());
+    let t0 = all.clone().map(|p| p.0).min().unwrap_or(0);
+    let t1 = all.clone().map(|p| p.0).max().unwrap_or(0).max(t0 + 1);
+    let data_max = all
+        .map(|p| p.1)
+        .chain(references.iter().map(|r| r.value))
+        .fold(0.0f64, f64::max);
+    let y1 = y_max.unwrap_or_else(|| nice_ceiling(data_max));
+    let (x, y) = scales(t0, t1, 0.0, y1);
+    let mut svg = open_svg(id, "line", points);
+    axes(&mut svg, t0, t1, y1, unit);
+    for r in references {
+        let py = y(r.value);
+        let _ = write!(
+            svg,
+            r##"<line class="reference" x1="{LEFT}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="#444" stroke-dasharray="6 4"><title>{}: {}</title></line><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end" fill="#444">{}</text>"##,
+            WIDTH - RIGHT,
+            escape(&r.label),
+            format_value(r.value, unit),
+            WIDTH - RIGHT - 4.0,
+            py - 4.0,
+            escape(&r.label),
+        );
+    }
+    for (i, line) in lines.iter().enumerate() {
+        if line.points.is_empty() {
+            continue;
+        }
+        let color = PALETTE[i % PALETTE.len()];
+        let mut d = String::new();
+        for (k, &(t, v)) in line.points.iter().enumerate() {
+            let _ = write!(
+                d,
+                "{}{:.1},{:.1}",
+                if k == 0 { "M" } else { "L" },
+                x(t),
+                y(v.min(y1))
+            );
+        }
+        if line.points.len() == 1 {
+            // A lone sample still shows: a dot instead of a zero-length path.
+            let (t, v) = line.points[0];
+            let _ = write!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                x(t),
+                y(v.min(y1))
+            );
+            let _ = write!(d, "h0.5");
+        }
+        let last = line.points[line.points.len() - 1];
+        let _ = write!(
+            svg,
+            r#"<path class="series" d="{d}" fill="none" stroke="{color}" stroke-width="1.6"><title>{}: last {} at {}</title></path>"#,
+            escape(&line.label),
+            format_value(last.1, unit),
+            format_time(last.0, false),
+        );
+    }
+    svg.push_str("</svg>");
+    svg.push_str(&legend(lines.iter().map(|l| l.label.as_str())));
+    svg
+}
+
+/// A bar chart of counts on a log scale: a latency distribution, whose tail
+/// of a few late wake-ups would not show beside thousands on a linear one.
+pub fn bar_chart(id: &str, bars: &[(String, f64)], unit: Unit) -> String {
+    if bars.iter().all(|b| b.1 <= 0.0) {
+        return no_data(id);
+    }
+    let decades = bars
+        .iter()
+        .map(|b| b.1)
+        .fold(1.0, f64::max)
+        .log10()
+        .ceil()
+        .max(1.0);
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let slot = plot_w / bars.len() as f64;
+    // 0 sits on the axis, 1 one step up, then a step per power of ten.
+    let y = |v: f64| {
+        let level = if v <= 0.0 { 0.0 } else { 1.0 + v.log10() };
+        TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - level / (decades + 1.0))
+    };
+    let mut svg = open_svg(id, "bars", bars.len());
+    y_ticks(
+        &mut svg,
+        (0..=decades as i32).map(|k| 10f64.powi(k)),
+        y,
+        unit,
+    );
+    for (i, (label, value)) in bars.iter().enumerate() {
+        let x0 = LEFT + slot * i as f64 + slot * 0.1;
+        let top = y(*value);
+        let _ = write!(
+            svg,
+            r##"<rect class="bar" x="{x0:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="#1f77b4"><title>{}: {}</title></rect>"##,
+            slot * 0.8,
+            (HEIGHT - BOTTOM - top).max(0.5),
+            escape(label),
+            format_value(*value, unit),
+        );
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle">{}</text>"#,
+            x0 + slot * 0.4,
+            HEIGHT - BOTTOM + 14.0,
+            escape(label),
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// One bar on a timeline: a lane, a time span, a label and a colour index.
+#[derive(Clone, Debug)]
+pub struct Span {
+    /// Lane index.
+    pub lane: usize,
+    /// Start, µs since the epoch.
+    pub start_us: i64,
+    /// End, µs since the epoch.
+    pub end_us: i64,
+    /// Tooltip text.
+    pub label: String,
+    /// Colour index into [`PALETTE`].
+    pub color: usize,
+}
+
+/// Spans on lanes against time: noisy-neighbour events.
+pub fn timeline(id: &str, lanes: &[String], spans: &[Span], t0: i64, t1: i64) -> String {
+    if spans.is_empty() {
+        return no_data(id);
+    }
+    let t1 = t1.max(t0 + 1);
+    let lane_h = 26.0;
+    let height = TOP + BOTTOM + lane_h * lanes.len() as f64;
+    let x = |t: i64| {
+        LEFT + 120.0 + (WIDTH - LEFT - 120.0 - RIGHT) * ((t - t0) as f64 / (t1 - t0) as f64)
+    };
+    let mut svg = format!(
+        r#"<svg class="plot timeline" id="{id}" data-points="{}" viewBox="0 0 {WIDTH} {height}" width="100%" role="img" xmlns="http://www.w3.org/2000/svg">"#,
+        spans.len()
+    );
+    for (i, lane) in lanes.iter().enumerate() {
+        let _ = write!(
+            svg,
+            r#"<text x="4" y="{:.1}" font-size="11">{}</text>"#,
+            TOP + lane_h * i as f64 + 16.0,
+            escape(lane)
+        );
+    }
+    for s in spans {
+        let (a, b) = (x(s.start_us.clamp(t0, t1)), x(s.end_us.clamp(t0, t1)));
+        let _ = write!(
+            svg,
+            r#"<rect class="span" x="{a:.1}" y="{:.1}" width="{:.1}" height="{:.1}" rx="3" fill="{}"><title>{}</title></rect>"#,
+            TOP + lane_h * s.lane as f64 + 4.0,
+            (b - a).max(3.0),
+            lane_h - 8.0,
+            PALETTE[s.color % PALETTE.len()],
+            escape(&s.label),
+        );
+    }
+    let base = height - BOTTOM;
+    for k in 0..=4 {
+        let t = t0 + (t1 - t0) * k / 4;
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
+            x(t),
+            base + 16.0,
+            format_time(t, t1 - t0 > 86_400_000_000)
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn no_data(id: &str) -> String {
+    format!(r#"<p class="no-data" id="{id}">No data in this range.</p>"#)
+}
+
+fn open_svg(id: &str, kind: &str, points: usize) -> String {
+    format!(
+        r#"<svg class="plot {kind}" id="{id}" data-points="{points}" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" xmlns="http://www.w3.org/2000/svg">"#
+    )
+}
+
+fn scales(t0: i64, t1: i64, y0: f64, y1: f64) -> (impl Fn(i64) -> f64, impl Fn(f64) -> f64) {
+    let x = move |t: i64| LEFT + (WIDTH - LEFT - RIGHT) * ((t - t0) as f64 / (t1 - t0) as f64);
+    let y = move |v: f64| TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - (v - y0) / (y1 - y0));
+    (x, y)
+}
+
+fn axes(svg: &mut String, t0: i64, t1: i64, y1: f64, unit: Unit) {
+    y_axis(svg, y1, unit);
+    let (x, _) = scales(t0, t1, 0.0, y1);
+    let with_date = t1 - t0 > 86_400_000_000;
+    for k in 0..=5 {
+        let t = t0 + (t1 - t0) * k / 5;
+        let anchor = match k {
+            0 => "start",
+            5 => "end",
+            _ => "middle",
+        };
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="{anchor}">{}</text>"#,
+            x(t),
+            HEIGHT - BOTTOM + 16.0,
+            format_time(t, with_date)
+        );
+    }
+}
+
+/// A linear y axis from 0 to `y1`, five ticks.
+fn y_axis(svg: &mut String, y1: f64, unit: Unit) {
+    let y = |v: f64| TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - v / y1);
+    y_ticks(svg, (0..=4).map(|k| y1 * k as f64 / 4.0), y, unit);
+}
+
+/// Grid lines and labels at `values` (placed by `y`), and the axis line.
+fn y_ticks(
+    svg: &mut String,
+    values: impl Iterator<Item = f64>,
+    y: impl Fn(f64) -> f64,
+    unit: Unit,
+) {
+    for v in values {
+        let py = y(v);
+        let _ = write!(
+            svg,
+            r##"<line x1="{LEFT}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="#e3e3e3"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
+            WIDTH - RIGHT,
+            LEFT - 6.0,
+            py + 4.0,
+            format_value(v, unit)
+        );
+    }
+    let _ = write!(
+        svg,
+        r##"<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{:.1}" stroke="#888"/>"##,
+        HEIGHT - BOTTOM
+    );
+}
+
+fn legend<'a>(labels: impl Iterator<Item = &'a str>) -> String {
+    let mut out = String::from(r#"<div class="legend">"#);
+    for (i, label) in labels.enumerate() {
+        let _ = write!(
+            out,
+            r#"<span><i style="background:{}"></i>{}</span>"#,
+            PALETTE[i % PALETTE.len()],
+            escape(label)
+        );
+    }
+    out.push_str("</div>");
+    out
+}
+
+/// A round number at or above `v` (1, 2 or 5 times a power of ten), so axis
+/// ticks land on readable values; 1 for nothing above zero.
+pub fn nice_ceiling(v: f64) -> f64 {
+    if v.is_nan() || v <= 0.0 || v.is_infinite() {
+        return 1.0;
+    }
+    let magnitude = 10f64.powf(v.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|&c| c >= v * 0.999_999)
+        .unwrap_or(10.0 * magnitude)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_print_in_their_units() {
+        assert_eq!(format_value(0.25, Unit::Ratio), "25%");
+        assert_eq!(format_value(3.35e12, Unit::BytesPerSecond), "3.35 TB/s");
+        assert_eq!(format_value(42e-6, Unit::Seconds), "42 µs");
+        assert_eq!(format_value(0.0015, Unit::Seconds), "1.5 ms");
+        assert_eq!(format_value(12.0, Unit::Count), "12");
+        assert_eq!(nice_ceiling(3.35e12), 5e12);
+        assert_eq!(nice_ceiling(0.93), 1.0);
+        assert_eq!(nice_ceiling(0.0), 1.0);
+        assert_eq!(format_time(1_763_719_200_000_000, false), "10:00:00");
+    }
+
+    #[test]
+    fn bars_use_a_log_scale_so_a_tail_of_one_shows() {
+        let bars = [
+            ("a".to_string(), 1000.0),
+            ("b".to_string(), 1.0),
+            ("c".to_string(), 0.0),
+        ];
+        let svg = bar_chart("d", &bars, Unit::Count);
+        let heights: Vec<f64> = svg
+            .split(r#"class="bar""#)
+            .skip(1)
+            .map(|r| {
+                let h = &r[r.find("height=\"").unwrap() + 8..];
+                h[..h.find('"').unwrap()].parse().unwrap()
+            })
+            .collect();
+        // 1000 is four steps (0, 1, 10, 100, 1000), 1 is one: a quarter, not a thousandth.
+        assert!((heights[0] / heights[1] - 4.0).abs() < 0.05, "{heights:?}");
+        assert_eq!(heights[2], 0.5, "an empty bucket is a hairline on the axis");
+    }
+
+    #[test]
+    fn a_chart_draws_a_path_per_line_and_escapes_labels() {
+        let lines = [
+            Line {
+                label: "gpu <0>".into(),
+                points: vec![(0, 0.1), (1_000_000, 0.9)],
+            },
+            Line {
+                label: "one sample".into(),
+                points: vec![(500_000, 0.5)],
+            },
+        ];
+        let svg = line_chart("c", &lines, Unit::Ratio, Some(1.0), &[]);
+        assert_eq!(svg.matches(r#"class="series""#).count(), 2);
+        assert!(svg.contains("<circle"), "a lone sample is a dot");
+        assert!(svg.contains("gpu &lt;0&gt;") && !svg.contains("gpu <0>"));
+        assert!(svg.contains(r#"data-points="3""#));
+        let empty = line_chart("e", &[], Unit::Ratio, None, &[]);
+        assert!(empty.contains("no-data") && !empty.contains("<svg"));
+    }
+}

@@ -1,0 +1,425 @@
+//! The report over real stores written by the store crate: what it reads,
+//! what it concludes, and that every section has its plot.
+
+use std::path::Path;
+
+use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit as FieldUnit};
+use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, Value};
+
+use super::*;
+
+/// The detector's table as another engineer declares it (tags and fields by
+/// name); the report reads it by column names only.
+static NEIGHBOR_EVENTS: TableDef = TableDef {
+    name: "neighbor_events",
+    help: "Noisy-neighbour events (test declaration).",
+    tags: &[
+        TagDef {
+            name: "resource",
+            help: "r",
+        },
+        TagDef {
+            name: "victim",
+            help: "v",
+        },
+        TagDef {
+            name: "signal",
+            help: "s",
+        },
+        TagDef {
+            name: "suspects",
+            help: "s",
+        },
+        TagDef {
+            name: "evidence",
+            help: "e",
+        },
+        TagDef {
+            name: "state",
+            help: "s",
+        },
+    ],
+    fields: &[
+        FieldDef::gauge(
+            "start_time_seconds",
+            FieldType::F64,
+            FieldUnit::Seconds,
+            "s",
+        ),
+        FieldDef::gauge("end_time_seconds", FieldType::F64, FieldUnit::Seconds, "e"),
+        FieldDef::gauge("score", FieldType::F64, FieldUnit::None, "s"),
+        FieldDef::gauge("top_correlation", FieldType::F64, FieldUnit::None, "c"),
+        FieldDef::gauge("effect_size", FieldType::F64, FieldUnit::None, "e"),
+    ],
+    exported: false,
+};
+
+fn catalog_with_events() -> Catalog {
+    let mut tables: Vec<&'static TableDef> = crate::catalog().tables().to_vec();
+    tables.push(&NEIGHBOR_EVENTS);
+    Catalog::new(&tables).unwrap()
+}
+
+/// Start of the test data: 2025-11-21T10:00:00Z.
+const T0: i64 = 1_763_719_200_000_000;
+const SECOND: i64 = 1_000_000;
+
+/// Appends rows to `table`: tags in declaration order, the named fields, null
+/// for the others.
+/// A row to push: time, tags, named field values.
+type TestRow<'a> = (i64, Vec<&'a str>, Vec<(&'a str, Value)>);
+
+fn push(store: &mut Store, table: &str, rows: &[TestRow]) {
+    let def = store.catalog().get(table).unwrap();
+    let mut builder = BatchBuilder::new(def);
+    for (t, tags, fields) in rows {
+        let values: Vec<Value> = def
+            .fields
+            .iter()
+            .map(|f| {
+                fields
+                    .iter()
+                    .find(|(n, _)| *n == f.name)
+                    .map_or(Value::Null, |(_, v)| *v)
+            })
+            .collect();
+        builder.push(*t, tags, &values).unwrap();
+    }
+    store.append(&builder.finish()).unwrap();
+}
+
+/// A node's store: 2 GPUs, 2 CPUs, 60 s; steal grows 0.1 s/s per CPU;
+/// `events` adds a detector event seen open then closed, and one still open.
+fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
+    let mut options = StoreOptions::new(dir);
+    options.node = node.into();
+    let catalog = if events {
+        catalog_with_events()
+    } else {
+        crate::catalog()
+    };
+    let mut store = Store::open(options, catalog).unwrap();
+    let platform = vec![
+        "vm",
+        "kvm",
+        "none",
+        "QEMU Standard PC",
+        "6.1.0",
+        "on",
+        "none",
+        "none",
+        "550.54",
+        "EPYC",
+    ];
+    push(
+        &mut store,
+        "platform",
+        &[(T0, platform, vec![("info", Value::I64(1))])],
+    );
+    for g in ["0", "1"] {
+        let uuid = format!("GPU-{g}");
+        let info = vec![
+            g,
+            &uuid,
+            "NVIDIA H100 80GB HBM3",
+            "00000000:18:00.0",
+            "hopper",
+            "passthrough",
+            "off",
+            "550.54",
+            "nvml",
+        ];
+        push(
+            &mut store,
+            "gpu_info",
+            &[(T0, info, vec![("info", Value::U64(1))])],
+        );
+        let rows: Vec<_> = (0..60)
+            .map(|s| {
+                (
+                    T0 + s * SECOND,
+                    vec![g, uuid.as_str()],
+                    vec![
+                        ("utilization_ratio", Value::F64(utilization)),
+                        ("hbm_bytes_per_second", Value::F64(1e12)),
+                        ("hbm_peak_bytes_per_second", Value::F64(4e12)),
+                        ("nvlink_total_rx_bytes_per_second", Value::F64(90e9)),
+                        ("nvlink_total_tx_bytes_per_second", Value::F64(90e9)),
+                        ("nvlink_links_up", Value::U64(18)),
+                        ("nvlink_links_product", Value::U64(18)),
+                    ],
+                )
+            })
+            .collect();
+        push(&mut store, "gpu", &rows);
+    }
+    for cpu in ["0", "1"] {
+        let rows: Vec<_> = (0..60)
+            .map(|s| {
+                (
+                    T0 + s * SECOND,
+                    vec![cpu],
+                    vec![("steal_seconds", Value::F64(100.0 + 0.1 * s as f64))],
+                )
+            })
+            .collect();
+        push(&mut store, "cpu", &rows);
+        // Windows of 10 s: p99 grows with the window; the cumulative histogram
+        // gains 90 wake-ups under 10 µs and 10 under 100 µs per window.
+        let windows: Vec<_> = (1..=6)
+            .map(|w| {
+                (
+                    T0 + w * 10 * SECOND,
+                    vec![cpu],
+                    vec![
+                        ("wakeup_p50_seconds", Value::F64(5e-6)),
+                        ("wakeup_p99_seconds", Value::F64(w as f64 * 1e-5)),
+                        ("wakeup_max_seconds", Value::F64(2e-4)),
+                        ("steal_ratio", Value::F64(0.02)),
+                        ("unexplained_ratio", Value::F64(0.01)),
+                    ],
+                )
+            })
+            .collect();
+        push(&mut store, "jitter", &windows);
+        for w in 0..=6i64 {
+            let rows: Vec<_> = [("1e-05", 90.0), ("0.0001", 100.0), ("+Inf", 100.0)]
+                .iter()
+                .map(|(le, per_window)| {
+                    (
+                        T0 + w * 10 * SECOND,
+                        vec![cpu, *le],
+                        vec![(
+                            "latency_seconds",
+                            Value::U64((per_window * w as f64) as u64),
+                        )],
+                    )
+                })
+                .collect();
+            push(&mut store, "jitter_wakeup", &rows);
+        }
+    }
+    if events {
+        let event = |t: i64, state: &'static str, end: f64| {
+            (
+                t,
+                vec![
+                    "cpu",
+                    "jitter",
+                    "wakeup_p99_seconds",
+                    "cgroup:/batch.slice",
+                    "corr 0.9",
+                    state,
+                ],
+                vec![
+                    ("start_time_seconds", Value::F64((T0 / SECOND + 10) as f64)),
+                    ("end_time_seconds", Value::F64(end)),
+                    ("score", Value::F64(4.5)),
+                    ("top_correlation", Value::F64(0.9)),
+                    ("effect_size", Value::F64(2.0)),
+                ],
+            )
+        };
+        let mut rows = vec![
+            event(T0 + 20 * SECOND, "open", 0.0),
+            event(T0 + 40 * SECOND, "closed", (T0 / SECOND + 35) as f64),
+        ];
+        let mut other = event(T0 + 50 * SECOND, "open", 0.0);
+        other.1[0] = "memory_bandwidth";
+        other.2[0] = ("start_time_seconds", Value::F64((T0 / SECOND + 45) as f64));
+        rows.push(other);
+        push(&mut store, "neighbor_events", &rows);
+    }
+    store.close().unwrap();
+}
+
+fn context(dir: &Path, fleet: bool, events_known: bool) -> Page<'_> {
+    Page {
+        source: dir,
+        fleet,
+        from_us: None,
+        until_us: None,
+        generated_us: T0,
+        max_points: 20,
+        events_known,
+    }
+}
+
+#[test]
+fn a_node_report_shapes_gpu_steal_jitter_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "unit_node", 0.75, true);
+    let catalog = catalog_with_events();
+    let source = Source::open(dir.path()).unwrap();
+    assert_eq!(
+        source.nodes(),
+        ["unit_node"],
+        "the node comes from the file names"
+    );
+    let data = load(&source, &catalog, None, None).unwrap();
+    let s = summarize(&data[0]);
+
+    assert_eq!(s.verdict, "VM with GPU passthrough (kvm)");
+    assert!(s
+        .evidence
+        .contains(&("NVLink links up".into(), "36 of 36".into())));
+    assert_eq!(s.gpus, 2);
+    assert_eq!(shape::mean(&s.utilization), Some(0.75));
+    assert_eq!(shape::mean(&s.hbm_ratio), Some(0.25));
+    // 180 GB/s of 18 links × 50 GB/s.
+    let nvlink = shape::mean(&s.nvlink_ratio).unwrap();
+    assert!((nvlink - 0.2).abs() < 1e-9, "{nvlink}");
+    let steal = shape::mean(&s.steal_ratio).unwrap();
+    assert!((steal - 0.1).abs() < 1e-6, "{steal}");
+    // 6 windows × 2 CPUs × 100 wake-ups: 1080 under 10 µs, 120 under 100 µs.
+    assert_eq!(
+        s.histogram,
+        [(1e-5, 1080.0), (1e-4, 120.0), (f64::INFINITY, 0.0)]
+    );
+    // The event seen open then closed counts once, closed.
+    assert_eq!(s.events.len(), 2);
+    let closed = &s.events[0];
+    assert_eq!(
+        (closed.state.as_str(), closed.end_us),
+        ("closed", Some(T0 + 35 * SECOND))
+    );
+    assert_eq!(closed.start_us, T0 + 10 * SECOND);
+    assert_eq!(
+        (s.events[1].resource.as_str(), s.events[1].end_us),
+        ("memory_bandwidth", None)
+    );
+
+    let html = render(&context(dir.path(), false, true), &data);
+    for id in [
+        "gpu-utilization",
+        "gpu-hbm",
+        "gpu-nvlink",
+        "jitter-quantiles",
+        "jitter-lost",
+        "jitter-distribution-0",
+        "steal",
+        "events-timeline",
+    ] {
+        assert!(html.contains(&format!(r#"id="{id}" data-points"#)), "{id}");
+    }
+    assert!(html.contains("HBM peak") && html.contains("NVLink peak (18 links, both ways)"));
+    // No pressure rows: a note, not an empty frame.
+    assert!(html.contains(r#"<p class="no-data" id="pressure">"#));
+    // Downsampled to max_points: 60 samples per GPU become at most 20.
+    let hbm = &html[html.find(r#"id="gpu-hbm""#).unwrap()..];
+    let first_path = &hbm[hbm.find("<path").unwrap()..];
+    let d = &first_path[..first_path.find("</path>").unwrap()];
+    assert!(d.matches('L').count() < 20, "{d}");
+    assert!(
+        !html.contains(" src=") && !html.contains(" href=") && !html.contains("<link"),
+        "self-contained"
+    );
+}
+
+/// A fleet copy of nodes written by `write_node` with their utilisation.
+fn fleet_of(nodes: &[(&str, f64)]) -> tempfile::TempDir {
+    let fleet = tempfile::tempdir().unwrap();
+    for (node, util) in nodes {
+        let dir = tempfile::tempdir().unwrap();
+        write_node(dir.path(), node, *util, false);
+        // The uploader's layout: each table's partitions moved under node=.
+        for table in std::fs::read_dir(dir.path().join("tables")).unwrap() {
+            let table = table.unwrap().path();
+            let to = fleet.path().join("tables").join(table.file_name().unwrap());
+            std::fs::create_dir_all(&to).unwrap();
+            std::fs::rename(&table, to.join(format!("node={node}"))).unwrap();
+        }
+    }
+    fleet
+}
+
+#[test]
+fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
+    let fleet = fleet_of(&[("node_a", 0.9), ("node_b", 0.3)]);
+    let source = Source::open(fleet.path()).unwrap();
+    assert_eq!(source.nodes(), ["node_a", "node_b"]);
+    let catalog = crate::catalog();
+    // A range keeps the first 30 s only.
+    let data = load(&source, &catalog, Some(T0), Some(T0 + 30 * SECOND)).unwrap();
+    let utilization: Vec<f64> = data
+        .iter()
+        .map(|n| {
+            assert_eq!(n.rows("gpu").len(), 60, "{}: 2 GPUs × 30 s", n.name);
+            shape::mean(&summarize(n).utilization).unwrap()
+        })
+        .collect();
+    assert!(
+        (utilization[0] - 0.9).abs() < 1e-9 && (utilization[1] - 0.3).abs() < 1e-9,
+        "{utilization:?}"
+    );
+    let html = render(&context(fleet.path(), true, false), &data);
+    assert!(html.contains("fleet of 2 nodes"));
+    assert!(html.contains("No noisy-neighbour events recorded"));
+    for id in [
+        "gpu-utilization",
+        "gpu-hbm",
+        "gpu-nvlink",
+        "jitter-p99",
+        "jitter-lost",
+        "steal",
+    ] {
+        assert!(html.contains(&format!(r#"id="{id}""#)), "{id}");
+    }
+    assert!(!html.contains(r#"class="no-data" id="gpu"#));
+}
+
+#[test]
+fn a_missing_store_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Source::open(&dir.path().join("nothing")).err().unwrap();
+    assert!(e.to_string().contains("no store at"), "{e}");
+}
+
+#[test]
+fn a_large_fleet_plots_lowest_median_and_highest_node() {
+    let names: Vec<String> = (0..12).map(|i| format!("n{i:02}")).collect();
+    let nodes: Vec<(&str, f64)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), 0.05 + 0.05 * i as f64))
+        .collect();
+    let fleet = fleet_of(&nodes);
+    let source = Source::open(fleet.path()).unwrap();
+    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    assert_eq!(data.len(), 12);
+    let html = render(&context(fleet.path(), true, false), &data);
+    let gpu = &html[html.find(r#"id="gpu-utilization""#).unwrap()..];
+    let gpu = &gpu[..gpu.find("</svg>").unwrap()];
+    assert_eq!(
+        gpu.matches(r#"class="series""#).count(),
+        3,
+        "three lines, not twelve"
+    );
+    for (label, value) in [
+        ("lowest node", "5%"),
+        ("median node", "35%"),
+        ("highest node", "60%"),
+    ] {
+        assert!(
+            gpu.contains(&format!("{label}: last {value}")),
+            "{label} {value} in {gpu}"
+        );
+    }
+    // One distribution for the fleet, its counts the sum of the nodes'.
+    assert!(html.contains("Distribution: all nodes") && !html.contains("jitter-distribution-1"));
+    // The summary table still has a row per node.
+    assert_eq!(html.matches(r#"class="verdict-cell""#).count(), 12);
+}
+
+#[test]
+fn a_range_without_rows_renders_notes_not_empty_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "quiet", 0.5, false);
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &crate::catalog(), Some(T0 + 3600 * SECOND), None).unwrap();
+    assert!(data[0].tables.values().all(|rows| rows.len() == 0));
+    let html = render(&context(dir.path(), false, false), &data);
+    assert!(!html.contains("<svg"), "no plot without data");
+    assert!(html.matches(r#"class="no-data""#).count() >= 6);
+    assert!(html.contains("Unknown: no platform rows in this range"));
+}

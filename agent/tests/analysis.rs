@@ -1,0 +1,243 @@
+//! Fleet analysis end to end: three real agents write a fleet
+//! (`tests/analysis/make_fleet.py`), every recipe of docs/analysis.md runs on it
+//! with DuckDB, Polars, pandas and Spark (`tests/analysis/run_recipes.py`), and
+//! `vtax report` renders it in headless Chromium, every plot drawn.
+//!
+//! Needs python3 with duckdb, polars, pyarrow, pandas and pyspark, a Java
+//! runtime, and Debian's `chromium`: `scripts/test.sh` installs them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::VTAX;
+
+/// Seconds each generated node runs: enough for several jitter windows
+/// (make_fleet sets them to 2 s) and a minute boundary or not, either works.
+const FLEET_SECONDS: &str = "20";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where the artifacts stay after the run: the fleet, the reports and their
+/// screenshots (target/tmp/analysis/).
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("analysis");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The generated fleet, made once per test binary.
+fn fleet() -> &'static Path {
+    static FLEET: OnceLock<PathBuf> = OnceLock::new();
+    FLEET.get_or_init(|| {
+        let out = artifacts().join("fleet-data");
+        let output = Command::new("python3")
+            .arg(repo().join("tests/analysis/make_fleet.py"))
+            .arg(VTAX)
+            .arg(&out)
+            .arg(FLEET_SECONDS)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            output.status.success(),
+            "make_fleet failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    })
+}
+
+fn run_recipes(arg: &Path) -> Output {
+    Command::new("python3")
+        .arg(repo().join("tests/analysis/run_recipes.py"))
+        .arg(arg)
+        .output()
+        .expect("python3 runs")
+}
+
+#[test]
+fn the_analysis_page_shows_every_recipe_file_verbatim() {
+    let out = run_recipes(Path::new("--docs-only"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("recipes shown verbatim"), "{stdout}");
+}
+
+#[test]
+fn every_recipe_answers_on_a_generated_fleet() {
+    let out = run_recipes(fleet());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "recipes failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `vtax compact` named the merged files after the store's node, not the host.
+    let leftover = fleet().join("leftover/tables/gpu");
+    for day in std::fs::read_dir(&leftover).unwrap() {
+        for file in std::fs::read_dir(day.unwrap().path()).unwrap() {
+            let name = file.unwrap().file_name().into_string().unwrap();
+            assert!(name.starts_with("node_a-"), "{name}");
+        }
+    }
+    for line in [
+        "duckdb_node: 4 GPUs",
+        "duckdb_fleet: 3 nodes, stragglers ['node_c']",
+        "polars_fleet: 12 GPUs",
+        "pandas_node: 4 GPUs",
+        "spark_fleet: 4 GPUs; PartitionFilters:",
+        "all node=node_c",
+        "duckdb_replaced: ",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
+
+/// Runs chromium headless with `args` on `page`, killed after a minute.
+fn chromium(args: &[&str], page: &Path, profile: &Path) -> Output {
+    let mut child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chromium runs (scripts/test.sh installs Debian's chromium)");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "chromium did not finish within a minute on {}",
+                page.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The value of `attribute="..."` on the page's `<body>`.
+fn body_attribute<'a>(dom: &'a str, attribute: &str) -> Option<&'a str> {
+    let body = &dom[dom.find("<body")?..];
+    let body = &body[..body.find('>')?];
+    let start = body.find(&format!("{attribute}=\""))? + attribute.len() + 2;
+    Some(&body[start..start + body[start..].find('"')?])
+}
+
+#[test]
+fn the_report_renders_every_plot_in_headless_chromium() {
+    let fleet = fleet();
+    let dir = artifacts();
+    let profile = tempfile::tempdir().unwrap();
+    for (name, data, plots) in [
+        // utilisation, HBM, NVLink; jitter p99, unexplained, a distribution per
+        // node; steal, pressure
+        ("fleet", fleet.join("fleet"), 3 + 2 + 3 + 2),
+        // utilisation, HBM, NVLink; jitter quantiles, lost time, distribution;
+        // steal, pressure
+        ("node", fleet.join("nodes/node_c"), 3 + 2 + 1 + 2),
+    ] {
+        let html = dir.join(format!("report-{name}.html"));
+        let failure = vtax(&[
+            "report".as_ref(),
+            "--data-dir".as_ref(),
+            data.as_os_str(),
+            "--output".as_ref(),
+            html.as_os_str(),
+        ]);
+        assert!(failure.is_empty(), "vtax report: {failure}");
+        let text = std::fs::read_to_string(&html).unwrap();
+        assert!(text.contains("No noisy-neighbour events recorded"));
+        assert!(text.contains("VM with GPUs (kvm)"), "the verdict");
+        if name == "node" {
+            // The node's name comes from its files, named by --store.node.
+            assert!(text.contains("<title>vtax report: node_c</title>"));
+        }
+
+        let out = chromium(&["--dump-dom"], &html, profile.path());
+        let dom = String::from_utf8_lossy(&out.stdout);
+        let drawn = body_attribute(&dom, "data-plots-rendered");
+        let total = body_attribute(&dom, "data-plots");
+        assert_eq!(
+            (total, drawn),
+            (
+                Some(plots.to_string().as_str()),
+                Some(plots.to_string().as_str())
+            ),
+            "{name}: every plot drawn by the browser"
+        );
+        assert_eq!(dom.matches(r#"data-rendered="yes""#).count(), plots);
+        assert!(!dom.contains(r#"data-rendered="no""#), "{name}");
+        // Every line chart has a line per series, with points.
+        assert!(
+            dom.matches(r#"class="series""#).count() >= plots - 3,
+            "{name}"
+        );
+
+        let png = dir.join(format!("report-{name}.png"));
+        let _ = std::fs::remove_file(&png);
+        chromium(
+            &[
+                &format!("--screenshot={}", png.display()),
+                "--window-size=1280,4200",
+            ],
+            &html,
+            profile.path(),
+        );
+        let image = std::fs::read(&png).expect("a screenshot");
+        assert!(
+            image.starts_with(b"\x89PNG") && image.len() > 50_000,
+            "{name}: {} bytes",
+            image.len()
+        );
+    }
+}
+
+/// Runs the agent's binary: "" when it succeeds, else what it said on stderr.
+fn vtax(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(VTAX).args(args).output().unwrap();
+    if out.status.success() {
+        String::new()
+    } else {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+#[test]
+fn a_node_name_that_cannot_name_files_is_refused() {
+    let check = |name: &str| {
+        vtax(&[
+            "check-config".as_ref(),
+            "--store.node".as_ref(),
+            name.as_ref(),
+        ])
+    };
+    assert!(
+        check("rack 3/gpu-7")
+            .contains("store.node = \"rack 3/gpu-7\": use letters, digits, '.' and '_' only"),
+        "a name with a space and a slash"
+    );
+    assert_eq!(
+        check("rack3.gpu_7"),
+        "",
+        "letters, digits, dots and underscores"
+    );
+}

@@ -1,0 +1,58 @@
+# DuckDB over a fleet copy (tables/<table>/node=<node>/date=.../), as the
+# uploader lays it out in object storage: per-node comparison and stragglers.
+# For S3, `INSTALL httpfs; LOAD httpfs;` and an s3:// path work the same way.
+import os
+
+import duckdb
+
+FLEET = os.environ.get("VTAX_FLEET", "/mnt/vtax-fleet")
+con = duckdb.connect()
+
+
+def table(name):
+    # Two partition levels, node= and date=: both become columns.
+    return f"read_parquet('{FLEET}/tables/{name}/*/*/*.parquet', hive_partitioning = true)"
+
+
+# One row per node: GPUs, how busy, HBM against peak, SM clock against its
+# maximum (throttling shows here), and the jitter tail.
+per_node = con.sql(f"""
+    WITH g AS (
+        SELECT node,
+               count(DISTINCT gpu)                                   AS gpus,
+               avg(utilization_ratio)                                AS busy,
+               avg(hbm_bytes_per_second / hbm_peak_bytes_per_second) AS hbm_of_peak,
+               avg(sm_clock_hertz / sm_clock_max_hertz)              AS clock_of_max
+        FROM {table('gpu')}
+        WHERE date >= current_date - 1
+        GROUP BY node
+    ), j AS (
+        SELECT node,
+               median(wakeup_p99_seconds) * 1e6 AS p99_us,
+               max(wakeup_max_seconds) * 1e6    AS max_us
+        FROM {table('jitter')}
+        WHERE date >= current_date - 1
+        GROUP BY node
+    )
+    SELECT * FROM g LEFT JOIN j USING (node) ORDER BY node
+""")
+per_node.show()
+
+# Stragglers: nodes whose HBM bandwidth against peak trails the fleet's
+# median by more than 10%. In a synchronous job the slowest node sets the pace.
+stragglers = con.sql(f"""
+    WITH per_node AS (
+        SELECT node,
+               avg(hbm_bytes_per_second / hbm_peak_bytes_per_second) AS hbm_of_peak,
+               avg(sm_clock_hertz / sm_clock_max_hertz)              AS clock_of_max
+        FROM {table('gpu')}
+        WHERE date >= current_date - 1
+        GROUP BY node
+    )
+    SELECT node, hbm_of_peak, clock_of_max,
+           hbm_of_peak / median(hbm_of_peak) OVER () AS of_fleet_median
+    FROM per_node
+    QUALIFY of_fleet_median < 0.9
+    ORDER BY of_fleet_median
+""")
+stragglers.show()

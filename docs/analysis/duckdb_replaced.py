@@ -1,0 +1,27 @@
+# A merged file lists the files it replaces in its `vtax.compacted_from`
+# metadata. Both sit side by side for an instant on a live node (the agent
+# deletes the inputs right after), or for good in a copy taken then: a plain
+# glob would count their rows twice. This view reads the metadata and skips
+# the replaced files, as vtax's own readers do.
+import os
+
+import duckdb
+
+STORE = os.environ.get("VTAX_STORE", "/var/lib/vtax")
+files = f"{STORE}/tables/gpu/*/*.parquet"
+con = duckdb.connect()
+con.sql(f"""
+    CREATE VIEW gpu AS
+    SELECT * EXCLUDE (filename)
+    FROM read_parquet('{files}', hive_partitioning = true, filename = true)
+    WHERE parse_filename(filename) NOT IN (
+        SELECT unnest(string_split(decode(value), ','))
+        FROM parquet_kv_metadata('{files}')
+        WHERE decode(key) = 'vtax.compacted_from'
+    )
+""")
+counts = con.sql(f"""
+    SELECT (SELECT count(*) FROM read_parquet('{files}')) AS rows_in_all_files,
+           (SELECT count(*) FROM gpu)                    AS rows
+""")
+counts.show()

@@ -1,0 +1,155 @@
+"""Runs every recipe of docs/analysis.md on a generated fleet and checks what
+they answer; first checks that the document shows each recipe file verbatim.
+
+usage: run_recipes.py --docs-only
+       run_recipes.py OUT_DIR        (OUT_DIR from make_fleet.py)
+
+Prints one line per recipe; exits non-zero on the first failure.
+"""
+import contextlib
+import glob
+import io
+import os
+import re
+import runpy
+import sys
+
+import pyarrow.parquet as pq
+
+from make_fleet import GPUS_PER_NODE, NODES
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOC = os.path.join(REPO, "docs", "analysis.md")
+RECIPES = os.path.join(REPO, "docs", "analysis")
+BLOCK = re.compile(r"<!-- recipe: (docs/analysis/[\w.]+\.py) -->\s*```python\n(.*?)```", re.S)
+
+STRAGGLER = "node_c"  # thermal- and power-throttled GPUs (make_fleet.NODES)
+
+
+def check_docs():
+    with open(DOC) as f:
+        doc = f.read()
+    shown = {}
+    for path, code in BLOCK.findall(doc):
+        if path in shown:
+            sys.exit(f"docs/analysis.md shows {path} twice")
+        shown[path] = code
+    files = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(RECIPES, "*.py")))
+    if sorted(shown) != files:
+        sys.exit(f"docs/analysis.md shows {sorted(shown)}, docs/analysis/ holds {files}")
+    for path in files:
+        with open(os.path.join(REPO, path)) as f:
+            if f.read() != shown[path]:
+                sys.exit(f"docs/analysis.md differs from {path}: copy the file into its block")
+    print(f"docs: {len(files)} recipes shown verbatim")
+    return files
+
+
+def run(name):
+    """Runs a recipe as a script; returns its globals and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = runpy.run_path(os.path.join(RECIPES, f"{name}.py"), run_name="__main__")
+    return result, out.getvalue()
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def main():
+    recipes = check_docs()
+    if sys.argv[1] == "--docs-only":
+        return
+    out = sys.argv[1]
+    os.environ["VTAX_STORE"] = os.path.join(out, "nodes", STRAGGLER)
+    os.environ["VTAX_FLEET"] = os.path.join(out, "fleet")
+    os.environ["VTAX_NODE"] = STRAGGLER
+    ran = set()
+
+    # DuckDB, one node: every GPU, each sampled once a second; throttled HBM.
+    g, _ = run("duckdb_node")
+    gpu = g["gpu"].fetchall()
+    assert [r[0] for r in gpu] == [str(i) for i in range(GPUS_PER_NODE)], gpu
+    for _, busy, hbm, hbm_max_tb, samples in gpu:
+        assert 0.5 < busy <= 1.0 and 0.3 < hbm < 0.55 and 1.0 < hbm_max_tb < 3.35, gpu
+        assert 10 <= samples <= 40, gpu
+    duck_busy = {r[0]: r[1] for r in gpu}
+    samples = gpu[0][4]
+    # Timestamps would need pytz to fetch; the checks need the numbers only.
+    jitter = g["jitter"].select("p99_us, max_us").fetchall()
+    assert jitter and all(0 < p99 <= top < 1e6 for p99, top in jitter), jitter
+    steal = g["steal"].fetchall()
+    # The fixture's /proc/stat does not move: nothing was stolen.
+    assert steal and all(r[1] == 0.0 for r in steal), steal
+    print(f"duckdb_node: {len(gpu)} GPUs x {samples} samples, {len(jitter)} jitter minutes, {len(steal)} CPUs of steal")
+    ran.add("duckdb_node")
+
+    # DuckDB, fleet: every node, and the throttled one is the straggler.
+    g, _ = run("duckdb_fleet")
+    per_node = g["per_node"].fetchall()
+    assert [r[0] for r in per_node] == sorted(NODES), per_node
+    for node, gpus, busy, hbm, clock, p99_us, max_us in per_node:
+        assert gpus == GPUS_PER_NODE and 0.5 < busy <= 1.0 and 0.3 < hbm < 0.7, per_node
+        assert (clock < 0.9) == (node == STRAGGLER), per_node
+        assert 0 < p99_us <= max_us < 1e6, per_node
+    stragglers = [r[0] for r in g["stragglers"].fetchall()]
+    assert stragglers == [STRAGGLER], stragglers
+    print(f"duckdb_fleet: {len(per_node)} nodes, stragglers {stragglers}")
+    ran.add("duckdb_fleet")
+
+    # Polars, fleet: every GPU of every node, the same values DuckDB read.
+    g, _ = run("polars_fleet")
+    per_gpu = g["per_gpu"]
+    assert per_gpu.height == len(NODES) * GPUS_PER_NODE, per_gpu
+    for row in per_gpu.filter(per_gpu["node"] == STRAGGLER).iter_rows(named=True):
+        assert close(row["busy"], duck_busy[row["gpu"]]), (row, duck_busy)
+    assert set(g["p99_per_minute"]["node"].to_list()) == set(NODES)
+    print(f"polars_fleet: {per_gpu.height} GPUs, {g['p99_per_minute'].height} node-minutes of p99")
+    ran.add("polars_fleet")
+
+    # pandas, one node.
+    g, _ = run("pandas_node")
+    per_gpu = g["per_gpu"]
+    assert sorted(per_gpu.index.astype(str)) == sorted(duck_busy), per_gpu
+    for gpu_id, row in per_gpu.iterrows():
+        assert close(row["utilization_ratio"], duck_busy[str(gpu_id)]), per_gpu
+    p99 = g["p99_us"]
+    assert len(p99) >= 1 and (p99.max().max() < 1e6), p99
+    print(f"pandas_node: {len(per_gpu)} GPUs, p99 of {len(p99.columns)} CPUs over {len(p99)} minutes")
+    ran.add("pandas_node")
+
+    # Spark, fleet: the node filter prunes partitions, and the answer agrees.
+    g, _ = run("spark_fleet")
+    rows = g["per_gpu"]
+    assert [r["node"] for r in rows] == [STRAGGLER] * GPUS_PER_NODE, rows
+    for r in rows:
+        assert close(r["busy"], duck_busy[r["gpu"]]) and r["samples"] == samples, (r, duck_busy)
+    plan = g["plan"]
+    filters = [line for line in plan.splitlines() if line.startswith("PartitionFilters:")]
+    assert filters and f"= {STRAGGLER})" in filters[0] and "date#" in filters[0], plan
+    files = g["files"]
+    assert files and all(f"/node={STRAGGLER}/" in f for f in files), files
+    print(f"spark_fleet: {len(rows)} GPUs; {filters[0].strip()}; {len(files)} files read, all node={STRAGGLER}")
+    ran.add("spark_fleet")
+
+    # DuckDB, a store with a merge's inputs left beside the merged file: the
+    # view counts the merged file's rows once, where a plain glob doubles them.
+    os.environ["VTAX_STORE"] = os.path.join(out, "leftover")
+    g, _ = run("duckdb_replaced")
+    [(everything, rows)] = g["counts"].fetchall()
+    merged = 0
+    for path in glob.glob(os.path.join(out, "leftover", "tables", "gpu", "*", "*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        if b"vtax.compacted_from" in (meta.metadata or {}):
+            merged += meta.num_rows
+    assert rows > 0 and rows == merged and everything == 2 * rows, (everything, rows, merged)
+    print(f"duckdb_replaced: {rows} rows once, where a plain glob reads {everything}")
+    ran.add("duckdb_replaced")
+
+    unchecked = {os.path.basename(r)[:-3] for r in recipes} - ran
+    assert not unchecked, f"recipes without a check: {unchecked}"
+
+
+if __name__ == "__main__":
+    main()
