@@ -2,7 +2,7 @@
 # Runs the whole test suite on a fresh Debian machine with Rust: installs what
 # the tests need (Prometheus and promtool, prometheus-node-exporter for the
 # side-by-side block/netdev test, the Python readers DuckDB, pyarrow and
-# Polars), then runs every test, lints included.
+# Polars, moto's local S3 for the uploader), then runs every test, lints included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,12 @@ if ! python3 -c 'import duckdb, pyarrow, polars' 2>/dev/null; then
   echo "test.sh: installing duckdb, pyarrow and polars with pip"
   python3 -m pip install --quiet duckdb pyarrow polars \
     || python3 -m pip install --quiet --break-system-packages duckdb pyarrow polars
+fi
+# A local S3 endpoint (moto_server) and boto3 to list what the uploader put there.
+if ! { command -v moto_server && python3 -c 'import boto3'; } >/dev/null 2>&1; then
+  echo "test.sh: installing moto[server] with pip"
+  python3 -m pip install --quiet "moto[server]" \
+    || python3 -m pip install --quiet --break-system-packages "moto[server]"
 fi
 
 cargo fmt --all -- --check

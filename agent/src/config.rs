@@ -38,6 +38,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The collectors, one table each.
     pub collectors: CollectorsConfig,
+    /// Sealed Parquet files to object storage.
+    pub upload: crate::upload::UploadConfig,
 }
 
 /// `[web]`.
@@ -125,6 +127,12 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
     ("store.retention_max_age_days", "Delete days older than this; 0 keeps everything."),
     ("store.retention_max_bytes", "Delete the oldest files while the tables hold more bytes than this; 0 for no bound."),
+    ("upload.url", "Where sealed Parquet files go: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///mounted/path, under <prefix>/tables/<table>/node=<node>/date=YYYY-MM-DD/. Unset: nothing is uploaded. Credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*)."),
+    ("upload.interval_secs", "Seconds between two upload passes."),
+    ("upload.delete_local_after_upload", "Whether retention deletes a local file only once its upload is confirmed (else retention ignores uploads)."),
+    ("upload.endpoint", "Endpoint of an S3- or Azure-compatible service (MinIO, Ceph, an emulator). Unset: the service's own."),
+    ("upload.region", "S3 region. Unset: AWS_REGION, else us-east-1."),
+    ("upload.allow_http", "Whether a plain http:// endpoint is allowed (a local S3)."),
     ("enabled", "Whether this collector runs (flags: --collector.<name>, --no-collector.<name>)."),
     ("interval_secs", "Seconds between two reads of this collector's source."),
 ];
@@ -133,6 +141,9 @@ const KEY_DOCS: &[(&str, &str)] = &[
 const UNSET_EXAMPLES: &[(&str, &str, &str)] = &[
     ("web", "config_file", "\"/etc/vtax/web-config.yml\""),
     ("store", "data_dir", "\"/var/lib/vtax\""),
+    ("upload", "url", "\"s3://bucket/fleet\""),
+    ("upload", "endpoint", "\"http://127.0.0.1:9000\""),
+    ("upload", "region", "\"eu-west-1\""),
 ];
 
 fn key_doc(path: &str) -> Option<&'static str> {
@@ -230,6 +241,7 @@ impl Config {
                 "store.compact_interval_secs must be at least 1".into(),
             ));
         }
+        self.upload.validate()?;
         self.collectors.validate()
     }
 

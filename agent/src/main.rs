@@ -12,6 +12,7 @@ mod query;
 mod run;
 mod runtime;
 mod timespec;
+mod upload;
 mod web;
 
 use std::path::PathBuf;
@@ -58,6 +59,8 @@ enum Command {
     Query(query::QueryArgs),
     /// Merge each finished day's files into one and apply retention.
     Compact(run::CompactArgs),
+    /// Upload the store's sealed Parquet files to object storage, once.
+    Upload(upload::UploadArgs),
     /// Print the metric catalogue generated from the table declarations.
     Catalogue,
 }
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
         Command::Import(args) => import::import(args),
         Command::Query(args) => query::query(args),
         Command::Compact(args) => run::compact(args),
+        Command::Upload(args) => upload::upload(args),
         Command::Catalogue => {
             print!(
                 "{}",
