@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use vtax_store::files::{live_files, FileInfo};
 use vtax_store::{date_string, tables, BatchBuilder, Catalog, Store, StoreOptions, Value};
 use vtax_store::{DAY_US, HOUR_US};
 
-const VTAX: &str = env!("CARGO_BIN_EXE_vtax");
+use common::{Agent, VTAX};
 /// 2025-11-21T00:00:00Z.
 const T0: i64 = 1_763_683_200_000_000;
 /// Day D's last two hours, then day D+1's first two.
@@ -337,4 +339,38 @@ fn uploads_to_a_local_s3_and_lists_back_the_same_bytes() {
     let out = run();
     let said = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(said.contains("Uploaded 0 file(s)"), "{said}");
+}
+
+#[test]
+fn the_agent_uploads_from_its_own_thread_and_says_so_on_metrics() {
+    let base = tempfile::tempdir().unwrap();
+    let data = base.path().join("data");
+    node_store(&data, "n1");
+    let target = base.path().join("bucket");
+    std::fs::create_dir(&target).unwrap();
+    let config = base.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[upload]\nurl = \"file://{}\"\ninterval_secs = 1\n",
+            target.display()
+        ),
+    )
+    .unwrap();
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    // Every file of 2025 is long sealed: day D, and D+1's two hours.
+    let body = agent.wait_for_metric("vtax_upload_files_total 3", Duration::from_secs(30));
+    assert!(body.contains("vtax_upload_pending_files 0"), "{body}");
+    assert!(body.contains("vtax_upload_failures_total 0"), "{body}");
+    assert!(agent.stop());
+    let expected = sealed(&data, T0 + 3 * DAY_US)
+        .into_iter()
+        .filter(|(_, f)| f.table == "scraped")
+        .collect();
+    assert_target_holds(&target, &expected);
 }

@@ -274,6 +274,9 @@ pub struct Uploader {
     data_dir: PathBuf,
     manifest: Manifest,
     settle_us: i64,
+    /// [`SINGLE_PUT_MAX_BYTES`] and [`MULTIPART_CHUNK_BYTES`]; tests lower them.
+    single_put_max_bytes: u64,
+    multipart_chunk_bytes: usize,
     /// Totals since start.
     pub stats: UploadStats,
 }
@@ -287,6 +290,8 @@ impl Uploader {
             data_dir: data_dir.to_owned(),
             manifest,
             settle_us: SETTLE.as_micros() as i64,
+            single_put_max_bytes: SINGLE_PUT_MAX_BYTES,
+            multipart_chunk_bytes: MULTIPART_CHUNK_BYTES,
             stats: UploadStats::default(),
         })
     }
@@ -420,7 +425,7 @@ impl Uploader {
         let mut local = std::fs::File::open(&file.path)
             .with_context(|| format!("open {}", file.path.display()))?;
         let store = &self.remote.store;
-        let put = if file.bytes <= SINGLE_PUT_MAX_BYTES {
+        let put = if file.bytes <= self.single_put_max_bytes {
             let mut bytes = Vec::with_capacity(file.bytes as usize);
             local
                 .read_to_end(&mut bytes)
@@ -428,8 +433,9 @@ impl Uploader {
             store.put(&path, bytes.into()).await
         } else {
             let upload = store.put_multipart(&path).await?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_CHUNK_BYTES);
-            let mut chunk = vec![0u8; MULTIPART_CHUNK_BYTES];
+            let mut writer =
+                WriteMultipart::new_with_chunk_size(upload, self.multipart_chunk_bytes);
+            let mut chunk = vec![0u8; self.multipart_chunk_bytes];
             loop {
                 let n = local
                     .read(&mut chunk)

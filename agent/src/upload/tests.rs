@@ -102,6 +102,31 @@ fn sealed_hours_go_under_node_and_date_and_parts_stay() {
 }
 
 #[test]
+fn a_large_file_goes_in_parts_and_arrives_whole() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    part(&mut store, T0, 2000);
+    let mut u = uploader(data.path(), target.path());
+    u.single_put_max_bytes = 1024;
+    u.multipart_chunk_bytes = 500;
+    pass(&mut u, T0 + DAY_US);
+    let local = local_files(data.path());
+    assert!(
+        local[0].bytes > 3 * 500,
+        "{} bytes: several parts",
+        local[0].bytes
+    );
+    let remote = objects(target.path());
+    assert_eq!(remote.len(), 1);
+    assert_eq!(
+        remote.values().next().unwrap(),
+        &std::fs::read(&local[0].path).unwrap()
+    );
+    assert_eq!(u.stats.files, 1);
+}
+
+#[test]
 fn a_compacted_day_of_uploaded_hours_is_only_recorded() {
     let data = tempfile::tempdir().unwrap();
     let target = tempfile::tempdir().unwrap();
