@@ -56,6 +56,9 @@ pub enum Record {
         key: String,
         time_us: i64,
     },
+    /// The object `key` is still to be deleted: how a rewritten manifest keeps
+    /// the deletes that `put` lines it dropped asked for.
+    Replaced { target: String, key: String },
 }
 
 impl Record {
@@ -63,7 +66,8 @@ impl Record {
         match self {
             Record::Put { target, .. }
             | Record::Cover { target, .. }
-            | Record::Delete { target, .. } => target,
+            | Record::Delete { target, .. }
+            | Record::Replaced { target, .. } => target,
         }
     }
 }
@@ -194,6 +198,9 @@ impl Manifest {
             Record::Delete { key, .. } => {
                 self.pending_deletes.remove(key);
             }
+            Record::Replaced { key, .. } => {
+                self.pending_deletes.insert(key.clone());
+            }
         }
     }
 
@@ -208,6 +215,68 @@ impl Manifest {
             .and_then(|()| file.sync_data())
             .with_context(|| format!("append to {}", self.path.display()))?;
         self.apply(&record);
+        Ok(())
+    }
+
+    /// Bytes the manifest file holds.
+    pub fn len_bytes(&self) -> u64 {
+        self.file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len())
+    }
+
+    /// Rewrites the manifest with what it says about the files `keep` names
+    /// and the deletes still to do, one line each, dropping the history of
+    /// files long gone (and other targets' lines): a new file is written,
+    /// fsynced, and renamed over the old one, so a crash leaves one or the
+    /// other. Only files alive locally, or named by a live file's
+    /// `vtax.compacted_from`, can be asked about again.
+    pub fn rewrite(&mut self, keep: impl Fn(&str) -> bool, now_us: i64) -> Result<()> {
+        let mut ids: Vec<&String> = self.covered.keys().filter(|id| keep(id)).collect();
+        ids.sort();
+        let mut text = Vec::new();
+        for id in ids {
+            let covered = &self.covered[id];
+            let record = Record::Cover {
+                target: self.target.clone(),
+                file: id.clone(),
+                bytes: covered.bytes,
+                keys: covered.keys.clone(),
+                time_us: now_us,
+            };
+            serde_json::to_writer(&mut text, &record).context("encode a manifest line")?;
+            text.push(b'\n');
+        }
+        for key in &self.pending_deletes {
+            let record = Record::Replaced {
+                target: self.target.clone(),
+                key: key.clone(),
+            };
+            serde_json::to_writer(&mut text, &record).context("encode a manifest line")?;
+            text.push(b'\n');
+        }
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let mut file = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        file.write_all(&text)
+            .and_then(|()| file.sync_all())
+            .with_context(|| format!("write {}", tmp.display()))?;
+        fs::rename(&tmp, &self.path)
+            .with_context(|| format!("rename {} over the manifest", tmp.display()))?;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("fsync {}", dir.display()))?;
+        let data_dir = dir.parent().unwrap_or(dir);
+        let mut reread = Manifest::read(data_dir, &self.target)?;
+        reread.file = Some(
+            OpenOptions::new()
+                .append(true)
+                .open(&self.path)
+                .with_context(|| format!("open {}", self.path.display()))?,
+        );
+        reread._lock = self._lock.take();
+        *self = reread;
         Ok(())
     }
 
@@ -300,5 +369,27 @@ mod tests {
         assert!(m.pending_deletes().is_empty());
         let other = Manifest::read(dir.path(), "s3://elsewhere").unwrap();
         assert!(other.covered("b").is_none(), "records are per target");
+    }
+
+    #[test]
+    fn a_rewrite_keeps_the_deletes_still_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = Manifest::open(dir.path(), "t").unwrap();
+        m.append(Record::Put {
+            target: "t".into(),
+            file: "a".into(),
+            bytes: 1,
+            key: "k/a".into(),
+            e_tag: None,
+            replaces: vec!["k/old".into()],
+            time_us: 1,
+        })
+        .unwrap();
+        m.rewrite(|_| false, 2).unwrap();
+        assert!(m.covered("a").is_none());
+        assert_eq!(m.pending_deletes(), ["k/old"]);
+        drop(m);
+        let m = Manifest::open(dir.path(), "t").unwrap();
+        assert_eq!(m.pending_deletes(), ["k/old"], "and after a restart");
     }
 }

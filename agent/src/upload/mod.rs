@@ -48,6 +48,9 @@ pub const SETTLE: Duration = Duration::from_secs(300);
 pub const SINGLE_PUT_MAX_BYTES: u64 = 16 << 20;
 /// Part size of a multipart upload (S3 wants at least 5 MiB).
 pub const MULTIPART_CHUNK_BYTES: usize = 8 << 20;
+/// The manifest is rewritten without the lines of files long gone once it
+/// is larger than this and twice its size after the last rewrite.
+pub const MANIFEST_REWRITE_ABOVE_BYTES: u64 = 1 << 20;
 
 /// `[upload]`: where sealed files go. Credentials come from the environment,
 /// as each service's own tools read them (`AWS_ACCESS_KEY_ID`, ...,
@@ -277,6 +280,9 @@ pub struct Uploader {
     /// [`SINGLE_PUT_MAX_BYTES`] and [`MULTIPART_CHUNK_BYTES`]; tests lower them.
     single_put_max_bytes: u64,
     multipart_chunk_bytes: usize,
+    /// [`MANIFEST_REWRITE_ABOVE_BYTES`]; tests lower it.
+    manifest_rewrite_above_bytes: u64,
+    manifest_bytes_after_rewrite: u64,
     /// Totals since start.
     pub stats: UploadStats,
 }
@@ -292,6 +298,8 @@ impl Uploader {
             settle_us: SETTLE.as_micros() as i64,
             single_put_max_bytes: SINGLE_PUT_MAX_BYTES,
             multipart_chunk_bytes: MULTIPART_CHUNK_BYTES,
+            manifest_rewrite_above_bytes: MANIFEST_REWRITE_ABOVE_BYTES,
+            manifest_bytes_after_rewrite: 0,
             stats: UploadStats::default(),
         })
     }
@@ -319,6 +327,17 @@ impl Uploader {
             );
         }
         sealed.sort_by_key(|f| (f.day, f.time_range_us, f.path.clone()));
+        // What the manifest may be asked about again: live files and the
+        // inputs their compaction names.
+        let live_ids: std::collections::HashSet<String> = partitions
+            .values()
+            .flatten()
+            .flat_map(|f| {
+                std::iter::once(f.name())
+                    .chain(f.compacted_from.iter().map(String::as_str))
+                    .map(|name| file_id(&f.table, f.day, name))
+            })
+            .collect();
         let mut pending = Vec::new();
         for file in sealed {
             if !pending.is_empty() {
@@ -353,6 +372,22 @@ impl Uploader {
                     tracing::warn!(key, target = %self.remote.url, error = %e, "Deleting a replaced object failed; retried at the next pass.");
                 }
             }
+        }
+        let len = self.manifest.len_bytes();
+        if len
+            > self
+                .manifest_rewrite_above_bytes
+                .max(2 * self.manifest_bytes_after_rewrite)
+        {
+            self.manifest
+                .rewrite(|id| live_ids.contains(id), now_us)
+                .context("rewrite the upload manifest")?;
+            self.manifest_bytes_after_rewrite = self.manifest.len_bytes();
+            tracing::info!(
+                before_bytes = len,
+                after_bytes = self.manifest_bytes_after_rewrite,
+                "Rewrote the upload manifest without the files long gone."
+            );
         }
         self.stats.pending_files = pending.len() as u64;
         let now = std::time::SystemTime::now();

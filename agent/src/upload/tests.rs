@@ -235,3 +235,48 @@ fn config_names_the_bad_key() {
         ("b", "fleet")
     );
 }
+
+#[test]
+fn the_manifest_forgets_files_long_gone_and_keeps_what_matters() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    let mut u = uploader(data.path(), target.path());
+    u.manifest_rewrite_above_bytes = 1;
+    // Day 0 uploaded, then retained away; day 1's hour uploaded; day 1's
+    // hour then merged with a late part, leaving a delete to do.
+    part(&mut store, T0, 10);
+    pass(&mut u, T0 + HOUR_US + SETTLE_US);
+    part(&mut store, T0 + DAY_US, 10);
+    pass(&mut u, T0 + DAY_US + HOUR_US + SETTLE_US);
+    let day0 = local_files(data.path())
+        .into_iter()
+        .find(|f| f.day == T0 / DAY_US)
+        .unwrap();
+    std::fs::remove_file(&day0.path).unwrap();
+    part(&mut store, T0 + DAY_US + 60_000_000, 1);
+    store.compact(T0 + DAY_US + HOUR_US + SETTLE_US).unwrap();
+    let hour = local_files(data.path());
+    assert_eq!(hour.len(), 1);
+    pass(&mut u, T0 + DAY_US + HOUR_US + SETTLE_US);
+    let text = std::fs::read_to_string(data.path().join("upload/manifest.jsonl")).unwrap();
+    // The live file, and the input its compaction names (a reader of the
+    // manifest could still ask about it); day 0 is forgotten.
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains(hour[0].name()), "{text}");
+    assert!(text.contains(&hour[0].compacted_from[0]), "{text}");
+    assert!(u
+        .manifest
+        .covered(&file_id("scraped", day0.day, day0.name()))
+        .is_none());
+    // Reopened, it still knows the live file: nothing is put again.
+    drop(u);
+    let mut u = uploader(data.path(), target.path());
+    pass(&mut u, T0 + 2 * DAY_US);
+    assert_eq!(u.stats.files, 0);
+    assert_eq!(
+        objects(target.path()).len(),
+        2,
+        "day 0's object stays remote"
+    );
+}
