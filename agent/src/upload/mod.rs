@@ -309,6 +309,7 @@ impl Uploader {
     /// failure (the target is likely down; the next pass retries). Errors only
     /// when the store cannot be listed or the manifest cannot be written.
     pub async fn pass(&mut self, now_us: i64) -> Result<()> {
+        let before = self.stats.clone();
         let files = vtax_store::files::live_files(&self.data_dir)
             .with_context(|| format!("list files of {}", self.data_dir.display()))?;
         let mut partitions: BTreeMap<(i64, String), Vec<FileInfo>> = BTreeMap::new();
@@ -387,6 +388,17 @@ impl Uploader {
                 before_bytes = len,
                 after_bytes = self.manifest_bytes_after_rewrite,
                 "Rewrote the upload manifest without the files long gone."
+            );
+        }
+        if self.stats.files != before.files
+            || self.stats.replaced_deleted != before.replaced_deleted
+        {
+            tracing::info!(
+                files = self.stats.files - before.files,
+                bytes = self.stats.bytes - before.bytes,
+                replaced_deleted = self.stats.replaced_deleted - before.replaced_deleted,
+                target = %self.remote.url,
+                "Uploaded sealed files."
             );
         }
         self.stats.pending_files = pending.len() as u64;
