@@ -3,7 +3,8 @@
 # the tests need (Prometheus and promtool, prometheus-node-exporter for the
 # side-by-side block/netdev test, the Python readers DuckDB, pyarrow,
 # Polars, pandas and PySpark with a Java runtime for the analysis recipes,
-# Chromium for the report's browser test), then runs every test, lints included.
+# Chromium for the report's browser test, moto's local S3 for the uploader),
+# then runs every test, lints included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,12 @@ if ! python3 -c 'import duckdb, pyarrow, polars, pandas, pyspark' 2>/dev/null; t
   echo "test.sh: installing duckdb, pyarrow, polars, pandas and pyspark with pip"
   python3 -m pip install --quiet duckdb pyarrow polars pandas pyspark \
     || python3 -m pip install --quiet --break-system-packages duckdb pyarrow polars pandas pyspark
+fi
+# A local S3 endpoint (moto_server) and boto3 to list what the uploader put there.
+if ! { command -v moto_server && python3 -c 'import boto3'; } >/dev/null 2>&1; then
+  echo "test.sh: installing moto[server] with pip"
+  python3 -m pip install --quiet "moto[server]" \
+    || python3 -m pip install --quiet --break-system-packages "moto[server]"
 fi
 
 cargo fmt --all -- --check

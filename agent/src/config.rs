@@ -49,6 +49,8 @@ pub struct Config {
     /// `[[remote_write]]`: receivers that every stored sample is also sent to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub remote_write: Vec<RemoteWriteConfig>,
+    /// Sealed Parquet files to object storage.
+    pub upload: crate::upload::UploadConfig,
 }
 
 /// `[web]`.
@@ -142,6 +144,12 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
     ("store.retention_max_age_days", "Delete days older than this; 0 keeps everything."),
     ("store.retention_max_bytes", "Delete the oldest files while the tables hold more bytes than this; 0 for no bound."),
+    ("upload.url", "Where sealed Parquet files go: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///mounted/path, under <prefix>/tables/<table>/node=<node>/date=YYYY-MM-DD/. Unset: nothing is uploaded. Credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*)."),
+    ("upload.interval_secs", "Seconds between two upload passes."),
+    ("upload.delete_local_after_upload", "Whether retention deletes a local file only once its upload is confirmed (else retention ignores uploads)."),
+    ("upload.endpoint", "Endpoint of an S3- or Azure-compatible service (MinIO, Ceph, an emulator). Unset: the service's own."),
+    ("upload.region", "S3 region. Unset: AWS_REGION, else us-east-1."),
+    ("upload.allow_http", "Whether a plain http:// endpoint is allowed (a local S3)."),
     ("enabled", "Whether this collector runs (flags: --collector.<name>, --no-collector.<name>)."),
     ("interval_secs", "Seconds between two reads of this collector's source."),
 ];
@@ -151,6 +159,9 @@ const UNSET_EXAMPLES: &[(&str, &str, &str)] = &[
     ("web", "config_file", "\"/etc/vtax/web-config.yml\""),
     ("store", "data_dir", "\"/var/lib/vtax\""),
     ("store", "node", "\"gpu-node-17\""),
+    ("upload", "url", "\"s3://bucket/fleet\""),
+    ("upload", "endpoint", "\"http://127.0.0.1:9000\""),
+    ("upload", "region", "\"eu-west-1\""),
 ];
 
 fn key_doc(path: &str) -> Option<&'static str> {
@@ -261,6 +272,7 @@ impl Config {
                 "store.compact_interval_secs must be at least 1".into(),
             ));
         }
+        self.upload.validate()?;
         self.collectors.validate()?;
         self.detect.validate()?;
         for (i, remote) in self.remote_write.iter().enumerate() {

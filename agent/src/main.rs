@@ -14,6 +14,7 @@ mod report;
 mod run;
 mod runtime;
 mod timespec;
+mod upload;
 mod web;
 
 use std::path::PathBuf;
@@ -62,6 +63,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Merge each finished day's files into one and apply retention.
     Compact(run::CompactArgs),
+    /// Upload the store's sealed Parquet files to object storage, once.
+    Upload(upload::UploadArgs),
     /// Print the metric catalogue generated from the table declarations.
     Catalogue,
 }
@@ -118,6 +121,7 @@ fn main() -> ExitCode {
         Command::Query(args) => query::query(args),
         Command::Compact(args) => run::compact(args),
         Command::Report(args) => report::report(args),
+        Command::Upload(args) => upload::upload(args),
         Command::Catalogue => {
             print!(
                 "{}",

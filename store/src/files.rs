@@ -242,6 +242,8 @@ pub struct FileInfo {
     pub table: String,
     /// Day number of its partition.
     pub day: i64,
+    /// Node that wrote it (`vtax.node`).
+    pub node: String,
     /// Bytes on disk.
     pub bytes: u64,
     /// Rows.
@@ -252,6 +254,48 @@ pub struct FileInfo {
     pub compacted_from: Vec<String>,
     /// Smallest and largest time in the file, from its statistics.
     pub time_range_us: Option<(i64, i64)>,
+}
+
+impl FileInfo {
+    /// The file's name within its partition.
+    pub fn name(&self) -> &str {
+        self.path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+    }
+
+    /// Whether the file will not change any more, as far as the files tell:
+    /// every hour it holds ended at least `settle_us` before `now_us`, and, when
+    /// it holds one hour, no other file of its partition (`partition`, which may
+    /// include the file itself) holds only that hour, since such parts are still
+    /// to be merged into one. Rows a writer still buffers are invisible here, so
+    /// `settle_us` should exceed the writer's publish grace. Even then a late row
+    /// (WAL replay after a long stop) can make the writer merge a sealed file
+    /// into a new one, which lists it in `vtax.compacted_from`.
+    pub fn is_sealed(&self, partition: &[FileInfo], now_us: i64, settle_us: i64) -> bool {
+        let Some(&last_hour) = self.watermarks.keys().next_back() else {
+            return false;
+        };
+        if (last_hour + 1) * HOUR_US + settle_us > now_us {
+            return false;
+        }
+        if self.watermarks.len() > 1 {
+            return true;
+        }
+        !partition.iter().any(|other| {
+            other.path != self.path
+                && other.watermarks.len() == 1
+                && other.watermarks.contains_key(&last_hour)
+        })
+    }
+}
+
+/// The live files of a store as any process sees them, without its lock:
+/// files that a merged file replaces are left out, and so are files that
+/// vanish or fail to read while being listed (a writer merging them away or
+/// quarantining them at that moment).
+pub fn live_files(data_dir: &Path) -> Result<Vec<FileInfo>> {
+    let (listed, _) = list_files(data_dir)?;
+    let index = index_files(listed, |_, _| Ok(()))?;
+    Ok(index.live.into_values().flatten().collect())
 }
 
 /// Directory of a table's partition for `day`.
@@ -383,6 +427,7 @@ pub fn publish(
         path,
         table: table.name.to_string(),
         day,
+        node: node.to_string(),
         bytes,
         rows,
         watermarks: watermarks.clone(),
@@ -457,6 +502,10 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
     {
         return Err(corrupt("holds hours outside its date partition".into()));
     }
+    let node = kv
+        .get(keys::NODE)
+        .ok_or_else(|| corrupt("missing node".into()))?
+        .to_string();
     let compacted_from = kv
         .get(keys::COMPACTED_FROM)
         .map(|s| s.split(',').map(str::to_owned).collect())
@@ -476,6 +525,7 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
         path: path.to_owned(),
         table: table.to_owned(),
         day,
+        node,
         bytes,
         rows: meta.file_metadata().num_rows() as u64,
         watermarks,

@@ -57,7 +57,7 @@ pub use error::{Error, Result};
 pub use files::WriteOptions;
 pub use scan::{ScanRequest, ScanResult};
 pub use schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
-pub use store::{node_name, Store, StoreOptions, StoreStats};
+pub use store::{node_name, Deletable, Store, StoreOptions, StoreStats};
 
 /// Microseconds in one hour: the width of a bucket.
 pub const HOUR_US: i64 = 3_600_000_000;

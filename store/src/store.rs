@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::batch::Batch;
@@ -37,6 +38,10 @@ pub struct StoreOptions {
     pub retention_max_age: Option<Duration>,
     /// Delete the oldest files while the tables hold more bytes than this.
     pub retention_max_bytes: Option<u64>,
+    /// When set, retention deletes only files it says yes to (the agent's
+    /// uploader: files whose upload is confirmed); the others are kept, even
+    /// past the age or byte bound.
+    pub retention_deletable: Option<Deletable>,
     /// Parquet encoding choices.
     pub write: WriteOptions,
     /// WAL segment size.
@@ -56,10 +61,21 @@ impl StoreOptions {
             publish_grace: DEFAULT_PUBLISH_GRACE,
             retention_max_age: None,
             retention_max_bytes: None,
+            retention_deletable: None,
             write: WriteOptions::default(),
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
             wal_max_backlog_bytes: wal::DEFAULT_MAX_BACKLOG_BYTES,
         }
+    }
+}
+
+/// Says whether retention may delete a file; see [`StoreOptions::retention_deletable`].
+#[derive(Clone)]
+pub struct Deletable(pub Arc<dyn Fn(&FileInfo) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Deletable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deletable(..)")
     }
 }
 
@@ -538,7 +554,8 @@ impl Store {
     }
 
     /// Deletes whole files, oldest day first, while they are older than the age
-    /// limit or the tables exceed the byte budget. Returns the files deleted.
+    /// limit or the tables exceed the byte budget, skipping those that
+    /// [`StoreOptions::retention_deletable`] keeps. Returns the files deleted.
     pub fn apply_retention(&mut self, now_us: i64) -> Result<usize> {
         let mut removed = 0;
         let mut total: u64 = self.files().map(|f| f.bytes).sum();
@@ -558,7 +575,13 @@ impl Store {
                     .options
                     .retention_max_bytes
                     .is_some_and(|max| total > max);
-                if too_old || over_budget {
+                let deletable = || {
+                    self.options
+                        .retention_deletable
+                        .as_ref()
+                        .is_none_or(|d| (d.0)(&info))
+                };
+                if (too_old || over_budget) && deletable() {
                     fs::remove_file(&info.path)
                         .map_err(Error::io("remove expired file", &info.path))?;
                     total -= info.bytes;

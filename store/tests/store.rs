@@ -779,3 +779,65 @@ fn a_reader_prunes_other_days_before_opening_their_files() {
     expected.sort();
     assert_eq!(scraped_rows(&result), expected);
 }
+
+#[test]
+fn retention_keeps_files_the_deletable_hook_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    let mut store = Store::open(o.clone(), Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    for d in 0..3 {
+        append_scraped(&mut store, T0 + d * DAY_US, 400);
+        store.flush().unwrap();
+    }
+    store.close().unwrap();
+    // Day 0's file is "not uploaded yet": every day is past the age bound.
+    let keep = "date=2025-11-21";
+    o.retention_max_age = Some(std::time::Duration::from_secs(3600));
+    o.retention_deletable = Some(vtax_store::Deletable(std::sync::Arc::new(
+        move |f: &vtax_store::files::FileInfo| !f.path.to_string_lossy().contains(keep),
+    )));
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    assert_eq!(store.apply_retention(T0 + 10 * DAY_US).unwrap(), 2);
+    let left = parquet_files(dir.path());
+    assert_eq!(left.len(), 1);
+    assert!(left[0].to_string_lossy().contains(keep), "{left:?}");
+    assert_eq!(store.files().count(), 1, "the kept file stays readable");
+}
+
+#[test]
+fn a_file_is_sealed_once_its_hour_settled_and_its_parts_are_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let settle = 300_000_000;
+    for part in 0..2 {
+        append_scraped(&mut store, T0 + part * 600_000_000, 100);
+        store.flush().unwrap();
+    }
+    append_scraped(&mut store, T0 + 3 * HOUR_US, 100);
+    store.flush().unwrap();
+    let sealed = |now: i64| {
+        let files = vtax_store::files::live_files(dir.path()).unwrap();
+        let mut hours: Vec<i64> = files
+            .iter()
+            .filter(|f| f.is_sealed(&files, now, settle))
+            .map(|f| (f.time_range_us.unwrap().0 - T0) / HOUR_US)
+            .collect();
+        hours.sort();
+        hours
+    };
+    let after_hour_3 = T0 + 4 * HOUR_US + settle;
+    assert_eq!(sealed(T0 + HOUR_US + settle - 1), Vec::<i64>::new());
+    assert_eq!(sealed(after_hour_3), [3], "hour 0 still has two parts");
+    store.compact(after_hour_3).unwrap();
+    assert_eq!(sealed(after_hour_3), [0, 3]);
+    assert_eq!(
+        vtax_store::files::live_files(dir.path()).unwrap()[0].node,
+        "test"
+    );
+    // The finished day is compacted into one file of two hours: sealed too.
+    store.compact(T0 + 2 * DAY_US).unwrap();
+    let files = vtax_store::files::live_files(dir.path()).unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].watermarks.len(), 2);
+    assert!(files[0].is_sealed(&files, T0 + 2 * DAY_US, settle));
+}

@@ -1,0 +1,282 @@
+//! The uploader against a mounted-path target: which files go, where, and what
+//! a merge of uploaded files does remotely.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use vtax_store::{tables, BatchBuilder, Catalog, Store, StoreOptions, Value, DAY_US, HOUR_US};
+
+use super::*;
+
+/// 2025-11-21T00:00:00Z.
+const T0: i64 = 1_763_683_200_000_000;
+const SETTLE_US: i64 = SETTLE.as_micros() as i64;
+
+fn open_store(dir: &Path) -> Store {
+    let mut options = StoreOptions::new(dir);
+    options.node = "n1".into();
+    Store::open(options, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap()
+}
+
+/// Appends `n` rows, one a second from `start`, and publishes them as a part.
+fn part(store: &mut Store, start: i64, n: i64) {
+    let mut b = BatchBuilder::new(&tables::SCRAPED);
+    for i in 0..n {
+        b.push(
+            start + i * 1_000_000,
+            &["m", &format!("i=\"{}\"", i % 3)],
+            &[Value::F64(i as f64)],
+        )
+        .unwrap();
+    }
+    store.append(&b.finish()).unwrap();
+    store.flush().unwrap();
+}
+
+fn uploader(data_dir: &Path, target: &Path) -> Uploader {
+    let config = UploadConfig {
+        url: Some(format!("file://{}", target.display())),
+        ..UploadConfig::default()
+    };
+    Uploader::open(data_dir, Remote::connect(&config).unwrap()).unwrap()
+}
+
+fn pass(u: &mut Uploader, now_us: i64) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(u.pass(now_us))
+        .unwrap();
+}
+
+/// Every object under `target`, relative path → bytes.
+fn objects(target: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![target.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                let rel = e.path().strip_prefix(target).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn local_files(dir: &Path) -> Vec<FileInfo> {
+    vtax_store::files::live_files(dir).unwrap()
+}
+
+#[test]
+fn sealed_hours_go_under_node_and_date_and_parts_stay() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    // Hour 0 in two parts, sealed by compaction; hour 1 in two parts, running.
+    part(&mut store, T0, 100);
+    part(&mut store, T0 + 600_000_000, 100);
+    part(&mut store, T0 + HOUR_US, 10);
+    part(&mut store, T0 + HOUR_US + 60_000_000, 10);
+    let now = T0 + HOUR_US + 20 * 60_000_000;
+    store.compact(now).unwrap();
+    let mut u = uploader(data.path(), target.path());
+    pass(&mut u, now);
+    let hour0 = local_files(data.path())
+        .into_iter()
+        .find(|f| f.watermarks.contains_key(&(T0 / HOUR_US)))
+        .unwrap();
+    let key = format!("tables/scraped/node=n1/date=2025-11-21/{}", hour0.name());
+    let remote = objects(target.path());
+    assert_eq!(remote.keys().collect::<Vec<_>>(), [&key]);
+    assert_eq!(remote[&key], std::fs::read(&hour0.path).unwrap());
+    assert_eq!((u.stats.files, u.stats.bytes), (1, hour0.bytes));
+    assert_eq!(u.stats.pending_files, 0);
+    // A second pass finds nothing to do.
+    pass(&mut u, now);
+    assert_eq!(u.stats.files, 1);
+    assert_eq!(objects(target.path()).len(), 1);
+}
+
+#[test]
+fn a_large_file_goes_in_parts_and_arrives_whole() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    part(&mut store, T0, 2000);
+    let mut u = uploader(data.path(), target.path());
+    u.single_put_max_bytes = 1024;
+    u.multipart_chunk_bytes = 500;
+    pass(&mut u, T0 + DAY_US);
+    let local = local_files(data.path());
+    assert!(
+        local[0].bytes > 3 * 500,
+        "{} bytes: several parts",
+        local[0].bytes
+    );
+    let remote = objects(target.path());
+    assert_eq!(remote.len(), 1);
+    assert_eq!(
+        remote.values().next().unwrap(),
+        &std::fs::read(&local[0].path).unwrap()
+    );
+    assert_eq!(u.stats.files, 1);
+}
+
+#[test]
+fn a_compacted_day_of_uploaded_hours_is_only_recorded() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    let mut u = uploader(data.path(), target.path());
+    for hour in 0..3 {
+        part(&mut store, T0 + hour * HOUR_US, 50);
+        pass(&mut u, T0 + (hour + 1) * HOUR_US + SETTLE_US);
+    }
+    assert_eq!(u.stats.files, 3);
+    let before = objects(target.path());
+    store.compact(T0 + DAY_US + SETTLE_US).unwrap();
+    assert_eq!(local_files(data.path()).len(), 1, "the day is one file");
+    pass(&mut u, T0 + DAY_US + SETTLE_US);
+    assert_eq!((u.stats.files, u.stats.covered), (3, 1));
+    assert_eq!(objects(target.path()), before, "no row twice remotely");
+}
+
+#[test]
+fn a_late_row_replaces_the_uploaded_hour_remotely() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    let mut u = uploader(data.path(), target.path());
+    part(&mut store, T0, 100);
+    let now = T0 + HOUR_US + SETTLE_US;
+    pass(&mut u, now);
+    let first = objects(target.path());
+    assert_eq!(first.len(), 1);
+    // A late row of hour 0 (as a WAL replay after a long stop brings) makes
+    // the store merge the uploaded file with the new part.
+    part(&mut store, T0 + 30 * 60_000_000, 1);
+    store.compact(now).unwrap();
+    let merged = local_files(data.path());
+    assert_eq!(merged.len(), 1);
+    pass(&mut u, now);
+    let remote = objects(target.path());
+    assert_eq!(remote.len(), 1, "{remote:?}");
+    let (key, bytes) = remote.iter().next().unwrap();
+    assert!(key.ends_with(merged[0].name()), "{key}");
+    assert_eq!(*bytes, std::fs::read(&merged[0].path).unwrap());
+    assert_eq!(u.stats.replaced_deleted, 1);
+    let manifest = Manifest::read(data.path(), &u.remote.url).unwrap();
+    assert!(manifest.pending_deletes().is_empty());
+}
+
+#[test]
+fn retention_keeps_a_file_until_its_upload_is_confirmed() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.store.data_dir = Some(data.path().to_owned());
+    config.upload.url = Some(format!("file://{}", target.path().display()));
+    let mut options = StoreOptions::new(data.path());
+    options.node = "n1".into();
+    options.retention_max_age = Some(Duration::from_secs(86_400));
+    options.retention_deletable = retention_guard(&config);
+    let mut store =
+        Store::open(options.clone(), Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    part(&mut store, T0, 10);
+    part(&mut store, T0 + DAY_US, 10);
+    let later = T0 + 10 * DAY_US;
+    assert_eq!(store.apply_retention(later).unwrap(), 0, "nothing uploaded");
+    let mut u = uploader(data.path(), target.path());
+    // Upload only day 0's file: day 1's hour has not settled at this time.
+    pass(&mut u, T0 + DAY_US + HOUR_US / 2);
+    assert_eq!(u.stats.files, 1);
+    assert_eq!(store.apply_retention(later).unwrap(), 1);
+    let left = local_files(data.path());
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].day, T0 / DAY_US + 1, "the un-uploaded file is kept");
+    // Off: retention no longer waits.
+    config.upload.delete_local_after_upload = false;
+    assert!(retention_guard(&config).is_none());
+}
+
+#[test]
+fn config_names_the_bad_key() {
+    let bad = [
+        ("[upload]\nurl = \"ftp://x/y\"\n", "upload.url"),
+        ("[upload]\nurl = \"s3:///p\"\n", "no bucket"),
+        ("[upload]\nurl = \"file://relative\"\n", "absolute path"),
+        (
+            "[upload]\nurl = \"gs://b/p\"\nregion = \"eu\"\n",
+            "upload.region",
+        ),
+        ("[upload]\ninterval_secs = 0\n", "upload.interval_secs"),
+    ];
+    for (text, wanted) in bad {
+        let err = Config::parse(text, "t.toml").unwrap_err().to_string();
+        assert!(err.contains(wanted), "{text}: {err}");
+        assert!(err.starts_with("t.toml:"), "{err}");
+    }
+    let err = Config::parse("[upload]\nbucket = \"x\"\n", "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bucket") && err.contains("line 2"), "{err}");
+    let ok = Config::parse(
+        "[upload]\nurl = \"s3://b/fleet/\"\nendpoint = \"http://127.0.0.1:9000\"\nallow_http = true\n",
+        "t.toml",
+    )
+    .unwrap();
+    let target = Target::parse(ok.upload.url.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        (target.bucket.as_str(), target.prefix.as_str()),
+        ("b", "fleet")
+    );
+}
+
+#[test]
+fn the_manifest_forgets_files_long_gone_and_keeps_what_matters() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    let mut u = uploader(data.path(), target.path());
+    u.manifest_rewrite_above_bytes = 1;
+    // Day 0 uploaded, then retained away; day 1's hour uploaded; day 1's
+    // hour then merged with a late part, leaving a delete to do.
+    part(&mut store, T0, 10);
+    pass(&mut u, T0 + HOUR_US + SETTLE_US);
+    part(&mut store, T0 + DAY_US, 10);
+    pass(&mut u, T0 + DAY_US + HOUR_US + SETTLE_US);
+    let day0 = local_files(data.path())
+        .into_iter()
+        .find(|f| f.day == T0 / DAY_US)
+        .unwrap();
+    std::fs::remove_file(&day0.path).unwrap();
+    part(&mut store, T0 + DAY_US + 60_000_000, 1);
+    store.compact(T0 + DAY_US + HOUR_US + SETTLE_US).unwrap();
+    let hour = local_files(data.path());
+    assert_eq!(hour.len(), 1);
+    pass(&mut u, T0 + DAY_US + HOUR_US + SETTLE_US);
+    let text = std::fs::read_to_string(data.path().join("upload/manifest.jsonl")).unwrap();
+    // The live file, and the input its compaction names (a reader of the
+    // manifest could still ask about it); day 0 is forgotten.
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains(hour[0].name()), "{text}");
+    assert!(text.contains(&hour[0].compacted_from[0]), "{text}");
+    assert!(u
+        .manifest
+        .covered(&file_id("scraped", day0.day, day0.name()))
+        .is_none());
+    // Reopened, it still knows the live file: nothing is put again.
+    drop(u);
+    let mut u = uploader(data.path(), target.path());
+    pass(&mut u, T0 + 2 * DAY_US);
+    assert_eq!(u.stats.files, 0);
+    assert_eq!(
+        objects(target.path()).len(),
+        2,
+        "day 0's object stays remote"
+    );
+}
