@@ -136,9 +136,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                     if new.web != config.web
                         || new.store != config.store
                         || new.remote_write != config.remote_write
+                        || new.upload != config.upload
                     {
                         tracing::warn!(
-                            "Reloaded: [web], [store] and [[remote_write]] changes take effect at the next restart."
+                            "Reloaded: [web], [store], [[remote_write]] and [upload] changes take effect at the next restart."
                         );
                     }
                     collectors.stop(&exposition);

@@ -112,7 +112,7 @@ fn node_of_store(dir: &Path) -> String {
 
 /// Tables and the fields the report reads (`None`: all of them).
 const READS: &[(&str, Option<&[&str]>)] = &[
-    ("platform", Some(&["info"])),
+    ("platform_host", Some(&["info"])),
     ("gpu_info", Some(&["info"])),
     (
         "gpu",
@@ -340,7 +340,7 @@ fn events(rows: &Rows) -> Vec<Event> {
     latest.into_values().map(|(_, e)| e).collect()
 }
 
-/// The platform verdict and its evidence, from the latest `platform` row and
+/// The platform verdict and its evidence, from the latest `platform_host` row and
 /// the GPUs' `gpu_info` rows.
 fn platform_verdict(
     platform: &Rows,
@@ -470,7 +470,7 @@ fn ratio_by_gpu(
 fn summarize(node: &NodeData) -> NodeSummary {
     let gpu = node.rows("gpu");
     let gpu_info = node.rows("gpu_info");
-    let (verdict, evidence) = platform_verdict(node.rows("platform"), gpu_info, gpu);
+    let (verdict, evidence) = platform_verdict(node.rows("platform_host"), gpu_info, gpu);
     let utilization_by_gpu = gpu.series_by("gpu", "utilization_ratio");
     let peak = gpu.field("hbm_peak_bytes_per_second");
     let hbm = ratio_by_gpu(gpu, &["hbm_bytes_per_second"], |i| peak[i]);

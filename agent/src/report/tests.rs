@@ -8,56 +8,9 @@ use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, Value};
 
 use super::*;
 
-/// The detector's table as another engineer declares it (tags and fields by
-/// name); the report reads it by column names only.
-static NEIGHBOR_EVENTS: TableDef = TableDef {
-    name: "neighbor_events",
-    help: "Noisy-neighbour events (test declaration).",
-    tags: &[
-        TagDef {
-            name: "resource",
-            help: "r",
-        },
-        TagDef {
-            name: "victim",
-            help: "v",
-        },
-        TagDef {
-            name: "signal",
-            help: "s",
-        },
-        TagDef {
-            name: "suspects",
-            help: "s",
-        },
-        TagDef {
-            name: "evidence",
-            help: "e",
-        },
-        TagDef {
-            name: "state",
-            help: "s",
-        },
-    ],
-    fields: &[
-        FieldDef::gauge(
-            "start_time_seconds",
-            FieldType::F64,
-            FieldUnit::Seconds,
-            "s",
-        ),
-        FieldDef::gauge("end_time_seconds", FieldType::F64, FieldUnit::Seconds, "e"),
-        FieldDef::gauge("score", FieldType::F64, FieldUnit::None, "s"),
-        FieldDef::gauge("top_correlation", FieldType::F64, FieldUnit::None, "c"),
-        FieldDef::gauge("effect_size", FieldType::F64, FieldUnit::None, "e"),
-    ],
-    exported: false,
-};
-
+/// The agent's catalogue, which holds the detector's `neighbor_events`.
 fn catalog_with_events() -> Catalog {
-    let mut tables: Vec<&'static TableDef> = crate::catalog().tables().to_vec();
-    tables.push(&NEIGHBOR_EVENTS);
-    Catalog::new(&tables).unwrap()
+    crate::catalog()
 }
 
 /// Start of the test data: 2025-11-21T10:00:00Z.
@@ -113,7 +66,7 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
     ];
     push(
         &mut store,
-        "platform",
+        "platform_host",
         &[(T0, platform, vec![("info", Value::I64(1))])],
     );
     for g in ["0", "1"] {
@@ -203,13 +156,15 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
         let event = |t: i64, state: &'static str, end: f64| {
             (
                 t,
+                // The detector's tag order: resource, victim, signal, state,
+                // suspects, evidence.
                 vec![
                     "cpu",
                     "jitter",
                     "wakeup_p99_seconds",
+                    state,
                     "cgroup:/batch.slice",
                     "corr 0.9",
-                    state,
                 ],
                 vec![
                     ("start_time_seconds", Value::F64((T0 / SECOND + 10) as f64)),

@@ -24,7 +24,7 @@ fn part(store: &mut Store, start: i64, n: i64) {
     for i in 0..n {
         b.push(
             start + i * 1_000_000,
-            &["m", &format!("i=\"{}\"", i % 3)],
+            &["", "m", &format!("i=\"{}\"", i % 3)],
             &[Value::F64(i as f64)],
         )
         .unwrap();
