@@ -150,10 +150,10 @@ fn the_report_renders_every_plot_in_headless_chromium() {
     for (name, data, plots) in [
         // utilisation, HBM, NVLink; jitter p99, unexplained, a distribution per
         // node; steal, pressure
-        ("fleet", fleet.join("fleet"), 3 + 2 + 3 + 2),
+        ("fleet", fleet.join("fleet"), 3 + 2 + 3 + 2 + 1),
         // utilisation, HBM, NVLink; jitter quantiles, lost time, distribution;
-        // steal, pressure
-        ("node", fleet.join("nodes/node_c"), 3 + 2 + 1 + 2),
+        // steal, pressure; the events' timeline
+        ("node", fleet.join("nodes/node_c"), 3 + 2 + 1 + 2 + 1),
     ] {
         let html = dir.join(format!("report-{name}.html"));
         let failure = vtax(&[
@@ -165,7 +165,17 @@ fn the_report_renders_every_plot_in_headless_chromium() {
         ]);
         assert!(failure.is_empty(), "vtax report: {failure}");
         let text = std::fs::read_to_string(&html).unwrap();
-        assert!(text.contains("No noisy-neighbour events recorded"));
+        // node_c's throttled GPUs open events (the detector runs in every
+        // agent of the fleet): the report puts them on a timeline.
+        assert!(!text.contains("No noisy-neighbour events recorded"));
+        assert!(
+            text.contains(r#"id="events-timeline""#),
+            "the events' timeline"
+        );
+        assert!(
+            text.contains("clock_throttle_ratio"),
+            "the throttled GPUs' events"
+        );
         assert!(text.contains("VM with GPUs (kvm)"), "the verdict");
         if name == "node" {
             // The node's name comes from its files, named by --store.node.

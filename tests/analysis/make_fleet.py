@@ -42,6 +42,10 @@ CONFIG = """
 [collectors.jitter]
 window_secs = 2
 rotate_ms = 500
+
+# Short detector windows: node_c's throttled GPUs open events within a short run.
+[detect]
+window_secs = 2
 """
 
 
