@@ -35,7 +35,8 @@ fn node_store(dir: &Path, node: &str) -> u64 {
             for i in 0..120 {
                 let t = T0 + hour * HOUR_US + part * 1_200_000_000 + i * 5_000_000;
                 let labels = format!("node=\"{node}\",i=\"{}\"", i % 4);
-                b.push(t, &["m", &labels], &[Value::F64(i as f64)]).unwrap();
+                b.push(t, &["", "m", &labels], &[Value::F64(i as f64)])
+                    .unwrap();
                 rows += 1;
             }
             store.append(&b.finish()).unwrap();
