@@ -14,7 +14,7 @@ fn rows_at(time_us: i64, ids: std::ops::Range<u64>) -> vtax_store::Batch {
     for id in ids {
         b.push(
             time_us,
-            &["m", "l=\"x\""],
+            &["", "m", "l=\"x\""],
             &[vtax_store::Value::F64(id as f64)],
         )
         .unwrap();
