@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit as FieldUnit};
 use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, Value};
 
 use super::*;
