@@ -52,6 +52,10 @@ pub const DEFAULT_LOOKBACK_SECS: u64 = 90;
 /// Seconds after a window ends before it is judged: collectors tick on whole
 /// seconds and their rows reach the main thread within its 250 ms tick.
 const WINDOW_GRACE_SECS: i64 = 2;
+/// Seconds before an event's first abnormal window that its suspects are
+/// ranked over: enough quiet seconds to see who changed at the onset, few
+/// enough that a neighbour who came and went a minute earlier is not in them.
+const PRE_ONSET_SECS: i64 = 30;
 /// Suspects ranked per event in `/metrics`.
 const SUSPECTS_EXPORTED: usize = 3;
 /// Suspects listed in an event's row.
@@ -396,6 +400,9 @@ struct SignalState {
     pending: BTreeMap<i64, (f64, u32)>,
     baseline: RollingBaseline,
     abnormal_run: u32,
+    /// The first window of the current run of abnormal windows: where an
+    /// event starts, however long a cgroup's own rise kept it from opening.
+    abnormal_since: Option<i64>,
     normal_run: u32,
     last_second: i64,
     /// The last judged window's score, for the per-resource score.
@@ -660,9 +667,12 @@ impl Detector {
                     }
                 }
             }
-            // Slices and job steps aggregate or subdivide a workload: the
-            // workload's own cgroup is the victim.
-            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step") {
+            // Slices and job steps aggregate or subdivide a workload, and a
+            // parent's stall holds its children's: the workload's own leaf
+            // cgroup is the victim.
+            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step")
+                || !self.leaf_cgroups.contains(*path)
+            {
                 continue;
             }
             for (field, resource) in PRESSURES {
@@ -867,8 +877,7 @@ impl Detector {
                 .expect("the row matches the declaration");
             let open = self.open.contains_key(key);
             if !open && state.abnormal_run >= config.open_windows {
-                let start_second =
-                    window - (i64::from(config.open_windows) - 1) * config.window_secs as i64;
+                let start_second = state.abnormal_since.unwrap_or(window);
                 opened.push((
                     key.clone(),
                     start_second,
@@ -884,11 +893,12 @@ impl Detector {
             }
         }
         for (key, start_second, score, evidence) in opened {
-            if self.self_inflicted(&key) {
+            let since_second = start_second - PRE_ONSET_SECS;
+            if self.self_inflicted(&key, since_second) {
                 tracing::debug!(victim = %key.victim, signal = key.signal, "Not an event: the cgroup's own usage rose with its stall.");
                 continue;
             }
-            let suspects = self.rank(&key);
+            let suspects = self.rank(&key, since_second);
             tracing::warn!(
                 resource = key.resource.name(),
                 victim = %key.victim,
@@ -911,7 +921,11 @@ impl Detector {
         // event the look-back holds, the clearer the correlation.
         let keys: Vec<SignalKey> = self.open.keys().cloned().collect();
         for key in keys {
-            let suspects = self.rank(&key);
+            let Some(since_second) = self.open.get(&key).map(|e| e.start_second - PRE_ONSET_SECS)
+            else {
+                continue;
+            };
+            let suspects = self.rank(&key, since_second);
             if let Some(event) = self.open.get_mut(&key) {
                 if !suspects.is_empty() && event.start_second < window {
                     event.suspects = suspects;
@@ -950,7 +964,8 @@ impl Detector {
         out
     }
 
-    fn rank(&self, key: &SignalKey) -> Vec<Suspect> {
+    /// Ranks the suspects of `key` over the seconds from `since_second`.
+    fn rank(&self, key: &SignalKey, since_second: i64) -> Vec<Suspect> {
         let Some(state) = self.signals.get(key) else {
             return Vec::new();
         };
@@ -959,7 +974,7 @@ impl Detector {
         } else {
             Pool::Cgroup
         };
-        let victim: BTreeMap<i64, f64> = state.seconds.iter().copied().collect();
+        let victim = state.seconds_since(since_second);
         let suspects: BTreeMap<String, BTreeMap<i64, f64>> = self
             .suspects
             .iter()
@@ -973,12 +988,12 @@ impl Detector {
     /// Whether a cgroup's own usage rose with its signal: a workload that
     /// starts (or starts working harder) stalls on what it now competes for,
     /// and is the neighbour, not the victim.
-    fn self_inflicted(&self, key: &SignalKey) -> bool {
+    fn self_inflicted(&self, key: &SignalKey, since_second: i64) -> bool {
         let (Some(state), Some(own)) = (self.signals.get(key), self.suspects.get(&key.victim))
         else {
             return false;
         };
-        let victim: BTreeMap<i64, f64> = state.seconds.iter().copied().collect();
+        let victim = state.seconds_since(since_second);
         let own: BTreeMap<String, BTreeMap<i64, f64>> =
             [(key.victim.clone(), own.seconds.iter().copied().collect())].into();
         rank::rank(&victim, &own, key.resource.usage_scale())
@@ -1077,6 +1092,15 @@ struct Judged {
 }
 
 impl SignalState {
+    /// Its per-second values from `since_second` on.
+    fn seconds_since(&self, since_second: i64) -> BTreeMap<i64, f64> {
+        self.seconds
+            .iter()
+            .copied()
+            .filter(|(second, _)| *second >= since_second)
+            .collect()
+    }
+
     fn new(spec: &'static Spec, capacity: usize) -> Self {
         SignalState {
             spec,
@@ -1087,6 +1111,7 @@ impl SignalState {
                 Rule::Above { .. } => 1,
             }),
             abnormal_run: 0,
+            abnormal_since: None,
             normal_run: 0,
             last_second: i64::MIN,
             last_score: 0.0,
@@ -1139,6 +1164,9 @@ impl SignalState {
             self.baseline.push(value);
         }
         if abnormal {
+            if self.abnormal_run == 0 {
+                self.abnormal_since = Some(window);
+            }
             self.abnormal_run += 1;
             self.normal_run = 0;
         } else if normal {
