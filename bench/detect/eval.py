@@ -165,6 +165,66 @@ def read_events(log_path):
     return events
 
 
+def score(trials, events, judged_from, finished):
+    """Per trial: the first event opened while the antagonist ran (detection and
+    its latency), and the first of them that names a suspect (the ranking); an
+    event whose suspects all scored zero ranks nobody. False events: opened
+    outside every [start, end + TAIL_SECS) after the warm-up."""
+    results = {"trials": [], "false_events": [], "events": events,
+               "judged_from": judged_from, "finished": finished}
+    for t in trials:
+        during = sorted((e for e in events if t["start"] <= e["time"] < t["end"]), key=lambda e: e["time"])
+        first = during[0] if during else None
+        named = next((e for e in during if e["suspect"] != "none"), None)
+        expected = f"/{ROOT}/{t['kind']}"
+        results["trials"].append({
+            "kind": t["kind"], "start": t["start"], "end": t["end"],
+            "detected": first is not None,
+            "latency_secs": round(first["time"] - t["start"], 1) if first else None,
+            "resource": first["resource"] if first else None,
+            "signal": first["signal"] if first else None,
+            "victim": first["victim"] if first else None,
+            "top_suspect": named["suspect"] if named else None,
+            "ranked_by": f"{named['resource']} {named['signal']} of {named['victim']}" if named else None,
+            "ranked_first": bool(named and named["suspect"] == expected),
+            "events_during": len(during),
+        })
+    busy = [(t["start"], t["end"] + TAIL_SECS) for t in trials]
+    quiet_secs = (finished - judged_from) - sum(min(b, finished) - a for a, b in busy)
+    for e in events:
+        if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in busy):
+            results["false_events"].append(e)
+    n = len(results["trials"])
+    detected = [t for t in results["trials"] if t["detected"]]
+    first = [t for t in results["trials"] if t["ranked_first"]]
+    latencies = sorted(t["latency_secs"] for t in detected)
+    results["summary"] = {
+        "trials": n,
+        "detected": len(detected),
+        "detected_within_30s": len([x for x in latencies if x <= 30]),
+        "latency_secs_median": latencies[len(latencies) // 2] if latencies else None,
+        "latency_secs_max": latencies[-1] if latencies else None,
+        "ranked_first": len(first),
+        "ranked_first_fraction": round(len(first) / n, 3) if n else None,
+        "quiet_hours": round(quiet_secs / 3600, 3),
+        "false_events": len(results["false_events"]),
+        "false_events_per_hour": round(len(results["false_events"]) / (quiet_secs / 3600), 2) if quiet_secs > 0 else None,
+    }
+    return results
+
+
+def report(results):
+    print("\nkind     detected latency  first event (resource signal victim)             top suspect (ranked by)")
+    for t in results["trials"]:
+        first = f"{t['resource']} {t['signal']} {t['victim']}" if t["detected"] else "-"
+        mark = "" if t["ranked_first"] else "  (wrong)"
+        print(f"{t['kind']:<8} {str(t['detected']):<8} {str(t['latency_secs']):<8} {first:<48} "
+              f"{t['top_suspect']} ({t['ranked_by']}){mark}")
+    for e in results["false_events"]:
+        print(f"false event at {e['time']:.0f}: {e['resource']} {e['victim']} {e['signal']} suspect {e['suspect']}")
+    print(json.dumps(results["summary"], indent=2))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
@@ -176,7 +236,19 @@ def main():
     ap.add_argument("--quiet-minutes", type=float, default=20)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the agent's data directory and log")
+    ap.add_argument("--rescore", metavar="RESULTS_JSON",
+                    help="score the trials and events of an earlier --out file again, run nothing")
     args = ap.parse_args()
+    if args.rescore:
+        with open(args.rescore) as f:
+            old = json.load(f)
+        trials = old["trials"]
+        # Files from before these keys were written: the warm-up ended as the
+        # first trial began, and the run ended a gap and the quiet run after the last.
+        judged_from = old.get("judged_from", trials[0]["start"])
+        finished = old.get("finished", trials[-1]["end"] + args.gap + args.quiet_minutes * 60)
+        report(score(trials, old["events"], judged_from, finished))
+        return
     if os.geteuid() != 0:
         sys.exit("needs root: cgroups")
     if shutil.which("stress-ng") is None:
@@ -228,51 +300,8 @@ def main():
         remove_all()
 
     events = read_events(log_path)
-    results = {"trials": [], "false_events": [], "events": events}
-    for t in trials:
-        during = [e for e in events if t["start"] <= e["time"] < t["end"]]
-        first = min(during, key=lambda e: e["time"]) if during else None
-        expected = f"/{ROOT}/{t['kind']}"
-        results["trials"].append({
-            **t,
-            "detected": first is not None,
-            "latency_secs": round(first["time"] - t["start"], 1) if first else None,
-            "resource": first["resource"] if first else None,
-            "signal": first["signal"] if first else None,
-            "victim": first["victim"] if first else None,
-            "top_suspect": first["suspect"] if first else None,
-            "ranked_first": bool(first and first["suspect"] == expected),
-        })
-    busy = [(t["start"], t["end"] + TAIL_SECS) for t in trials]
-    judged_from = started + args.warmup
-    quiet_secs = (finished - judged_from) - sum(min(b, finished) - a for a, b in busy)
-    for e in events:
-        if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in busy):
-            results["false_events"].append(e)
-    n = len(results["trials"])
-    detected = [t for t in results["trials"] if t["detected"]]
-    within_30 = [t for t in detected if t["latency_secs"] <= 30]
-    first = [t for t in results["trials"] if t["ranked_first"]]
-    summary = {
-        "trials": n,
-        "detected": len(detected),
-        "detected_within_30s": len(within_30),
-        "latency_secs_max": max((t["latency_secs"] for t in detected), default=None),
-        "latency_secs_median": sorted(t["latency_secs"] for t in detected)[len(detected) // 2] if detected else None,
-        "ranked_first": len(first),
-        "ranked_first_fraction": round(len(first) / n, 3) if n else None,
-        "quiet_hours": round(quiet_secs / 3600, 3),
-        "false_events": len(results["false_events"]),
-        "false_events_per_hour": round(len(results["false_events"]) / (quiet_secs / 3600), 2) if quiet_secs > 0 else None,
-    }
-    results["summary"] = summary
-    print("\nkind     detected latency  resource  signal                     top suspect")
-    for t in results["trials"]:
-        print(f"{t['kind']:<8} {str(t['detected']):<8} {str(t['latency_secs']):<8} {str(t['resource']):<9} "
-              f"{str(t['signal']):<26} {t['top_suspect']}{'' if t['ranked_first'] else '  (wrong)'}")
-    for e in results["false_events"]:
-        print(f"false event at {e['time']:.0f}: {e['resource']} {e['victim']} {e['signal']} suspect {e['suspect']}")
-    print(json.dumps(summary, indent=2))
+    results = score(trials, events, started + args.warmup, finished)
+    report(results)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
