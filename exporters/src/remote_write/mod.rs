@@ -428,6 +428,14 @@ impl SenderTask {
                 }
                 continue;
             }
+            let resending = {
+                let mut queue = self.queue.lock().expect("not poisoned");
+                let resending = queue.resending();
+                if let Err(e) = queue.mark_in_flight(&pending) {
+                    tracing::warn!(remote = %self.config.name, error = %e, "Remote write could not mark its request in flight; a crash now may resend a larger one.");
+                }
+                resending
+            };
             let body = bytes::Bytes::from(encode::compress(&pending.protobuf));
             // Retry the same body until it is taken or refused for good.
             loop {
@@ -449,6 +457,14 @@ impl SenderTask {
                             failing = false;
                         }
                         backoff.reset();
+                        break;
+                    }
+                    Outcome::Reject if resending => {
+                        // The request that was in flight when the agent
+                        // stopped: a receiver that took it then refuses its
+                        // samples now as out of order or duplicate.
+                        let response = result.as_ref().expect("a rejection has a response");
+                        tracing::info!(remote = %self.config.name, status = response.status, message = %response.message, samples = pending.samples, "Remote write receiver refused the request resent after a restart: it had taken it before.");
                         break;
                     }
                     Outcome::Reject => {

@@ -27,6 +27,10 @@ const RECORD_HEADER_BYTES: usize = 20;
 /// A record longer than this is corruption, not data.
 const MAX_RECORD_BYTES: usize = 256 << 20;
 const ACK_FILE: &str = "acked";
+/// Where the request being sent ends, written before it is sent: after a
+/// crash the same records go again as one request, so a receiver that took
+/// them the first time sees only samples it already has.
+const IN_FLIGHT_FILE: &str = "in_flight";
 
 /// A place in the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -80,6 +84,10 @@ pub struct Queue {
     file: File,
     acked: Position,
     acked_samples_in_segment: u64,
+    /// The end of a request sent but not acknowledged before a restart.
+    in_flight: Option<Position>,
+    /// Whether `in_flight` was restored at open: its request may have arrived.
+    resending: bool,
     total_bytes: u64,
     unsynced: bool,
     new_segment_unsynced: bool,
@@ -168,6 +176,9 @@ impl Queue {
         report.segments = segments.len();
         report.pending_samples = segments.iter().map(|s| s.samples).sum::<u64>() - acked_samples;
         let total_bytes = segments.iter().map(|s| s.bytes).sum();
+        let in_flight = read_position(dir, IN_FLIGHT_FILE)
+            .map(|(position, _)| position)
+            .filter(|position| *position > acked);
         Ok((
             Queue {
                 dir: dir.to_owned(),
@@ -175,6 +186,8 @@ impl Queue {
                 segment_bytes: segment_bytes_for(max_bytes),
                 segments,
                 file,
+                in_flight,
+                resending: in_flight.is_some(),
                 acked,
                 acked_samples_in_segment: acked_samples,
                 total_bytes,
@@ -329,8 +342,12 @@ impl Queue {
                 in_segment += u64::from(samples);
                 pending.end = position;
                 pending.end_samples_in_segment = in_segment;
-                if pending.samples >= max_samples {
-                    break 'segments;
+                match self.in_flight {
+                    // Resend exactly the request that was in flight.
+                    Some(end) if position >= end => break 'segments,
+                    Some(_) => {}
+                    None if pending.samples >= max_samples => break 'segments,
+                    None => {}
                 }
             }
         }
@@ -344,6 +361,8 @@ impl Queue {
         if pending.end < self.acked {
             return Ok(());
         }
+        self.in_flight = None;
+        self.resending = false;
         self.acked = pending.end;
         self.acked_samples_in_segment = pending.end_samples_in_segment;
         while self.segments.len() > 1 && self.segments[0].seq < self.acked.segment {
@@ -352,6 +371,30 @@ impl Queue {
             fs::remove_file(segment_path(&self.dir, done.seq))?;
         }
         write_ack(&self.dir, self.acked, self.acked_samples_in_segment)
+    }
+
+    /// Records, durably, that the request reading up to `pending.end` is
+    /// about to be sent; until it is acknowledged, [`Queue::read`] returns
+    /// exactly those records, across restarts.
+    pub fn mark_in_flight(&mut self, pending: &Pending) -> io::Result<()> {
+        if self.in_flight == Some(pending.end) {
+            return Ok(());
+        }
+        write_position(
+            &self.dir,
+            IN_FLIGHT_FILE,
+            pending.end,
+            pending.end_samples_in_segment,
+            true,
+        )?;
+        self.in_flight = Some(pending.end);
+        Ok(())
+    }
+
+    /// Whether a request was in flight when the queue was opened and has not
+    /// been acknowledged since: the receiver may already hold its samples.
+    pub fn resending(&self) -> bool {
+        self.resending
     }
 
     /// Bytes of records not yet acknowledged.
@@ -444,9 +487,16 @@ fn scan_segment(path: &Path) -> io::Result<(u64, Vec<u32>, u64)> {
 }
 
 fn read_ack(dir: &Path) -> Option<(Position, u64)> {
-    let bytes = fs::read(dir.join(ACK_FILE)).ok()?;
-    if bytes.len() != 28 || crc32fast::hash(&bytes[..24]).to_le_bytes() != bytes[24..28] {
+    let found = read_position(dir, ACK_FILE);
+    if found.is_none() && dir.join(ACK_FILE).exists() {
         tracing::warn!(dir = %dir.display(), "Remote write queue: acknowledged position unreadable; resending from the oldest segment.");
+    }
+    found
+}
+
+fn read_position(dir: &Path, name: &str) -> Option<(Position, u64)> {
+    let bytes = fs::read(dir.join(name)).ok()?;
+    if bytes.len() != 28 || crc32fast::hash(&bytes[..24]).to_le_bytes() != bytes[24..28] {
         return None;
     }
     let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
@@ -460,17 +510,36 @@ fn read_ack(dir: &Path) -> Option<(Position, u64)> {
 }
 
 fn write_ack(dir: &Path, position: Position, samples: u64) -> io::Result<()> {
+    // A rename without fsync: after a power cut the previous position comes
+    // back with the in-flight mark of the request after it, and that request
+    // is sent again whole.
+    write_position(dir, ACK_FILE, position, samples, false)
+}
+
+fn write_position(
+    dir: &Path,
+    name: &str,
+    position: Position,
+    samples: u64,
+    durable: bool,
+) -> io::Result<()> {
     let mut bytes = Vec::with_capacity(28);
     bytes.extend_from_slice(&position.segment.to_le_bytes());
     bytes.extend_from_slice(&position.offset.to_le_bytes());
     bytes.extend_from_slice(&samples.to_le_bytes());
     let crc = crc32fast::hash(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
-    // A rename without fsync: after a power cut the previous position comes
-    // back, and the receiver gets those records again, which it ignores.
-    let tmp = dir.join("acked.tmp");
-    fs::write(&tmp, &bytes)?;
-    fs::rename(&tmp, dir.join(ACK_FILE))
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = File::create(&tmp)?;
+    file.write_all(&bytes)?;
+    if durable {
+        file.sync_all()?;
+    }
+    fs::rename(&tmp, dir.join(name))?;
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -536,6 +605,42 @@ mod tests {
         assert_eq!(q.pending_bytes(), 0);
         q.append(&payload(9, 1), 1, 9).unwrap();
         assert_eq!(drain(&mut q, 1000), [9]);
+    }
+
+    #[test]
+    fn the_request_in_flight_at_a_crash_is_read_again_whole_and_no_larger() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
+        for n in 0..2u8 {
+            q.append(&payload(n, 2), 10, i64::from(n)).unwrap();
+        }
+        let sent = q.read(1000).unwrap().unwrap();
+        q.mark_in_flight(&sent).unwrap();
+        assert!(!q.resending(), "a request of this run is no resend");
+        // More arrives while the request is out; then the agent dies unacknowledged.
+        for n in 2..4u8 {
+            q.append(&payload(n, 2), 10, i64::from(n)).unwrap();
+        }
+        q.sync().unwrap();
+        drop(q);
+
+        let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(report.pending_samples, 40);
+        assert!(q.resending());
+        let again = q.read(1000).unwrap().unwrap();
+        assert_eq!(
+            again.protobuf, sent.protobuf,
+            "the same records, none added"
+        );
+        assert_eq!((again.samples, again.end), (sent.samples, sent.end));
+        q.mark_in_flight(&again).unwrap();
+        q.ack(&again).unwrap();
+        assert!(!q.resending());
+        assert_eq!(drain(&mut q, 1000), [2, 2, 3, 3]);
+        drop(q);
+        // An acknowledged mark left on disk is not a resend at the next start.
+        let (q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
+        assert!(!q.resending());
     }
 
     #[test]
