@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use vtax_exporters::remote_write::RemoteWriters;
 use vtax_exporters::Exposition;
-use vtax_store::{Store, StoreOptions};
+use vtax_store::{Batch, Store, StoreOptions};
 
 use crate::args::AgentArgs;
 use crate::config::Config;
@@ -167,24 +167,14 @@ pub fn run(args: RunArgs) -> Result<()> {
                 if let Some(detector) = detector.as_mut() {
                     detector.observe(batch);
                 }
-                if let Err(e) = store.append(batch) {
-                    refused += 1;
-                    tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
-                } else {
-                    remote.append(batch);
-                }
+                keep(&mut store, &mut remote, batch, &mut refused);
             }
         }
         if let Some(detector) = detector.as_mut() {
             let judged = detector.tick(now_us());
             if !judged.is_empty() {
                 for batch in &judged {
-                    if let Err(e) = store.append(batch) {
-                        refused += 1;
-                        tracing::error!(error = %e, table = batch.table.name, refused, "Dropped rows: the store refused them.");
-                    } else {
-                        remote.append(batch);
-                    }
+                    keep(&mut store, &mut remote, batch, &mut refused);
                 }
                 let exported = judged
                     .into_iter()
@@ -223,11 +213,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Every collector thread has joined, so everything they sent is queued.
     for batches in receiver.try_iter() {
         for batch in &batches {
-            if let Err(e) = store.append(batch) {
-                tracing::error!(error = %e, "Dropped rows at shutdown: the store refused them.");
-            } else {
-                remote.append(batch);
-            }
+            keep(&mut store, &mut remote, batch, &mut refused);
         }
     }
     drop(remote); // stops the senders; what they did not send goes at the next start
@@ -236,6 +222,18 @@ pub fn run(args: RunArgs) -> Result<()> {
     let _ = renderer.join();
     store.close().context("publish buffered rows on shutdown")?;
     Ok(())
+}
+
+/// Appends a batch to the store and, once stored, queues it for remote write;
+/// rows the store refuses are counted and logged, and go nowhere else.
+fn keep(store: &mut Store, remote: &mut RemoteWriters, batch: &Batch, refused: &mut u64) {
+    match store.append(batch) {
+        Ok(_) => remote.append(batch),
+        Err(e) => {
+            *refused += 1;
+            tracing::error!(error = %e, table = batch.table.name, refused = *refused, "Dropped rows: the store refused them.");
+        }
+    }
 }
 
 /// The exposition source of the detector's rows.

@@ -585,6 +585,7 @@ fn escape_help(help: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_tables::WAKEUP_HISTOGRAM;
     use vtax_store::schema::{FieldType, TagDef, Unit};
     use vtax_store::{BatchBuilder, Value};
 
@@ -709,30 +710,10 @@ mod tests {
         renderer.join().unwrap();
     }
 
-    static H: TableDef = TableDef {
-        name: "jitter_wakeup",
-        help: "test",
-        tags: &[
-            TagDef {
-                name: "cpu",
-                help: "CPU.",
-            },
-            TagDef {
-                name: BUCKET_TAG,
-                help: "Bound.",
-            },
-        ],
-        fields: &[
-            FieldDef::histogram("latency_seconds", Unit::Seconds, "Wake-ups by lateness."),
-            FieldDef::histogram_sum("latency_seconds_sum", Unit::Seconds, "Sum."),
-        ],
-        exported: true,
-    };
-
     #[test]
     fn histograms_render_buckets_count_and_sum_per_series() {
-        H.validate().unwrap();
-        let mut b = BatchBuilder::new(&H);
+        WAKEUP_HISTOGRAM.validate().unwrap();
+        let mut b = BatchBuilder::new(&WAKEUP_HISTOGRAM);
         for (cpu, le, count, sum) in [
             ("0", "5e-05", 3, Value::Null),
             ("0", "+Inf", 4, Value::F64(0.5)),
@@ -741,7 +722,7 @@ mod tests {
         ] {
             b.push(1, &[cpu, le], &[Value::U64(count), sum]).unwrap();
         }
-        let e = Exposition::new(&[&H]);
+        let e = Exposition::new(&[&WAKEUP_HISTOGRAM]);
         e.update("jitter", vec![Arc::new(b.finish())]);
         let text = e.body(Format::Text, false);
         assert_eq!(

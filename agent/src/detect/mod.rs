@@ -405,8 +405,6 @@ struct SignalState {
     abnormal_since: Option<i64>,
     normal_run: u32,
     last_second: i64,
-    /// The last judged window's score, for the per-resource score.
-    last_score: f64,
 }
 
 struct OpenEvent {
@@ -539,6 +537,23 @@ impl Detector {
         (dt > 0.0 && value >= v0).then(|| (value - v0) / dt)
     }
 
+    /// A counter's rate as a sample of `signal` (the first reading and a
+    /// reset give none).
+    fn sample_rate(
+        &mut self,
+        key: String,
+        (resource, victim, signal): (Resource, &str, &'static str),
+        time_us: i64,
+        counter: Option<f64>,
+    ) {
+        let Some(counter) = counter else {
+            return;
+        };
+        if let Some(rate) = self.rate(key, time_us, counter) {
+            self.sample(resource, victim, signal, time_us, rate);
+        }
+    }
+
     fn sample(
         &mut self,
         resource: Resource,
@@ -635,13 +650,12 @@ impl Detector {
                 "io" => Resource::Io,
                 _ => continue,
             };
-            let Some(v) = view.value(row, "some_stalled_seconds") else {
-                continue;
-            };
-            let time_us = view.time_us(row);
-            if let Some(r) = self.rate(format!("pressure|{}", resource.name()), time_us, v) {
-                self.sample(resource, "node", "pressure_some_ratio", time_us, r);
-            }
+            self.sample_rate(
+                format!("pressure|{}", resource.name()),
+                (resource, "node", "pressure_some_ratio"),
+                view.time_us(row),
+                view.value(row, "some_stalled_seconds"),
+            );
         }
     }
 
@@ -676,12 +690,12 @@ impl Detector {
                 continue;
             }
             for (field, resource) in PRESSURES {
-                let Some(v) = view.value(row, field) else {
-                    continue;
-                };
-                if let Some(r) = self.rate(format!("cgroup|{path}|{field}"), time_us, v) {
-                    self.sample(resource, path, "pressure_some_ratio", time_us, r);
-                }
+                self.sample_rate(
+                    format!("cgroup|{path}|{field}"),
+                    (resource, path, "pressure_some_ratio"),
+                    time_us,
+                    view.value(row, field),
+                );
             }
         }
     }
@@ -775,33 +789,26 @@ impl Detector {
         for row in 0..view.rows() {
             let port = format!("{}/{}", view.tag(row, "device"), view.tag(row, "port"));
             let time_us = view.time_us(row);
-            if let Some(v) = view.value(row, "xmit_wait") {
-                if let Some(r) = self.rate(format!("ib|{port}|xmit_wait"), time_us, v) {
-                    self.sample(
-                        Resource::Network,
-                        &port,
-                        "xmit_wait_ticks_per_second",
-                        time_us,
-                        r,
-                    );
-                }
-            }
             let errors: Option<f64> = ERRORS.iter().map(|f| view.value(row, f)).sum();
-            if let Some(v) = errors {
-                if let Some(r) = self.rate(format!("ib|{port}|errors"), time_us, v) {
-                    self.sample(Resource::Network, &port, "errors_per_second", time_us, r);
-                }
-            }
-            if let Some(v) = view.value(row, "link_downed") {
-                if let Some(r) = self.rate(format!("ib|{port}|link_downed"), time_us, v) {
-                    self.sample(
-                        Resource::Network,
-                        &port,
-                        "link_downed_per_second",
-                        time_us,
-                        r,
-                    );
-                }
+            for (what, signal, counter) in [
+                (
+                    "xmit_wait",
+                    "xmit_wait_ticks_per_second",
+                    view.value(row, "xmit_wait"),
+                ),
+                ("errors", "errors_per_second", errors),
+                (
+                    "link_downed",
+                    "link_downed_per_second",
+                    view.value(row, "link_downed"),
+                ),
+            ] {
+                self.sample_rate(
+                    format!("ib|{port}|{what}"),
+                    (Resource::Network, &port, signal),
+                    time_us,
+                    counter,
+                );
             }
         }
     }
@@ -1114,7 +1121,6 @@ impl SignalState {
             abnormal_since: None,
             normal_run: 0,
             last_second: i64::MIN,
-            last_score: 0.0,
         }
     }
 
@@ -1177,7 +1183,6 @@ impl SignalState {
             self.abnormal_run = 0;
             self.normal_run = 0;
         }
-        self.last_score = score;
         Some(Judged {
             value,
             summary,

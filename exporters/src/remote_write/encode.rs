@@ -174,6 +174,7 @@ pub fn decompress(body: &[u8]) -> Result<Vec<u8>, snap::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_tables::WAKEUP_HISTOGRAM;
     use prost::Message;
     use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
     use vtax_store::{BatchBuilder, Value};
@@ -194,26 +195,6 @@ mod tests {
         fields: &[
             FieldDef::counter("energy_joules", FieldType::F64, Unit::Joules, "Energy."),
             FieldDef::gauge("memory_used_bytes", FieldType::U64, Unit::Bytes, "Used."),
-        ],
-        exported: true,
-    };
-
-    static WAKEUP: TableDef = TableDef {
-        name: "jitter_wakeup",
-        help: "test",
-        tags: &[
-            TagDef {
-                name: "cpu",
-                help: "cpu",
-            },
-            TagDef {
-                name: BUCKET_TAG,
-                help: "bound",
-            },
-        ],
-        fields: &[
-            FieldDef::histogram("latency_seconds", Unit::Seconds, "Buckets."),
-            FieldDef::histogram_sum("latency_seconds_sum", Unit::Seconds, "Sum."),
         ],
         exported: true,
     };
@@ -306,7 +287,7 @@ mod tests {
 
     #[test]
     fn histograms_give_buckets_count_and_sum() {
-        let mut b = BatchBuilder::new(&WAKEUP);
+        let mut b = BatchBuilder::new(&WAKEUP_HISTOGRAM);
         b.push(2_000, &["3", "0.001"], &[Value::U64(4), Value::Null])
             .unwrap();
         b.push(2_000, &["3", "+Inf"], &[Value::U64(5), Value::F64(0.25)])
