@@ -255,6 +255,16 @@ fn start_detector(config: &Config, store: &Store) -> Option<Detector> {
             tracing::warn!(error = %format!("{e:#}"), "Detector started without its baselines: they could not be read back.")
         }
     }
+    match crate::detect::restore::resume_open_events(&mut detector, store, now_us()) {
+        Ok(0) => {}
+        Ok(events) => tracing::info!(
+            events,
+            "Resumed the noisy-neighbour events that were open when the agent stopped."
+        ),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "Could not read back the events open at the last stop; a lasting one opens again.")
+        }
+    }
     Some(detector)
 }
 

@@ -176,7 +176,11 @@ fn the_report_renders_every_plot_in_headless_chromium() {
             text.contains("clock_throttle_ratio"),
             "the throttled GPUs' events"
         );
-        assert!(text.contains("VM with GPUs (kvm)"), "the verdict");
+        // The detector's verdict: whole (simulated) GPUs seen inside a KVM guest.
+        assert!(
+            text.contains("VM with GPU passthrough (kvm)"),
+            "the verdict"
+        );
         if name == "node" {
             // The node's name comes from its files, named by --store.node.
             assert!(text.contains("<title>vtax report: node_c</title>"));

@@ -7,14 +7,14 @@
 
 use std::time::Instant;
 
-/// Bytes the chase walks: above the per-core L2 of current server CPUs and
-/// within their shared L3. The canary is this much of the agent's resident
-/// memory; `detect.cache_canary = false` gives it back. On this project's
-/// 2-vCPU KVM guest (32 MiB of L3 shared with other tenants),
-/// `tests::working_set_under_stress` measured 2 MiB moving more under a
-/// neighbour's stream or cache thrash (+10% to +29%) than 8 MiB (-4% to
-/// +8%): see docs/benchmarks.md.
-pub const WORKING_SET_BYTES: usize = 8 << 20;
+/// Bytes the chase walks: at or above the per-core L2 of current server CPUs
+/// and well within their shared L3, so a neighbour's traffic in the L3
+/// evicts it. On this project's 2-vCPU KVM guest (32 MiB of L3 shared with
+/// other tenants), `tests::working_set_under_stress` measured 2 MiB moving
+/// more under a neighbour's stream or cache thrash (+10% to +29%) than
+/// 8 MiB (-4% to +8%): see docs/benchmarks.md. The canary is this much of
+/// the agent's resident memory; `detect.cache_canary = false` gives it back.
+pub const WORKING_SET_BYTES: usize = 2 << 20;
 /// Loads per sample: enough to average out one interrupt, few enough to cost
 /// under a millisecond even when every load misses.
 const LOADS_PER_SAMPLE: usize = 8192;

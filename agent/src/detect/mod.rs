@@ -170,7 +170,7 @@ pub const KEY_DOCS: &[(&str, &str)] = &[
     ("detect.z_open", "Robust z (distance from the median in MAD-derived standard deviations) that makes a window abnormal."),
     ("detect.z_close", "Robust z under which a window counts as normal again."),
     ("detect.lookback_secs", "Seconds of per-second history over which suspects' usage is correlated with the victim signal."),
-    ("detect.cache_canary", "Run the cache canary, an 8 MiB pointer chase once a second (8 MiB of resident memory): the memory-interference signal where the PMU is hidden."),
+    ("detect.cache_canary", "Run the cache canary, a 2 MiB pointer chase once a second (2 MiB of resident memory): the memory-interference signal where the PMU is hidden."),
 ];
 
 /// A resource a neighbour can take.
@@ -316,7 +316,7 @@ pub static SPECS: &[Spec] = &[
         "cache_latency_seconds",
         10e-9,
         1e-9,
-        "Cache canary: seconds per dependent load over an 8 MiB working set.",
+        "Cache canary: seconds per dependent load over a 2 MiB working set.",
     ),
     baseline(
         Resource::Io,
@@ -412,6 +412,22 @@ struct OpenEvent {
     peak_score: f64,
     suspects: Vec<Suspect>,
     evidence: String,
+    /// The end of the last window that judged the victim signal (or when a
+    /// restarted agent resumed the event): an event whose victim is gone,
+    /// a removed cgroup say, closes here instead of staying open forever.
+    last_judged_second: i64,
+}
+
+/// An event that was open when the agent stopped, read back from
+/// `neighbor_events` (see `restore::resume_open_events`).
+pub struct ResumedEvent {
+    pub resource: Resource,
+    pub victim: String,
+    pub signal: String,
+    pub start_second: i64,
+    pub peak_score: f64,
+    pub suspects: Vec<Suspect>,
+    pub evidence: String,
 }
 
 /// Whose usage a suspect is.
@@ -492,6 +508,32 @@ impl Detector {
             .or_insert_with(|| SignalState::new(spec, capacity))
             .baseline
             .push(value);
+    }
+
+    /// Takes back an event that was open when the agent stopped, so a
+    /// restart neither opens it a second time nor leaves its `open` row
+    /// without a `closed` one. Returns false for a signal this build does
+    /// not judge.
+    pub fn resume(&mut self, event: ResumedEvent, now_second: i64) -> bool {
+        let Some(spec) = spec(event.resource, &event.signal) else {
+            return false;
+        };
+        let key = SignalKey {
+            resource: event.resource,
+            victim: event.victim,
+            signal: spec.signal,
+        };
+        self.open.insert(
+            key,
+            OpenEvent {
+                start_second: event.start_second,
+                peak_score: event.peak_score,
+                suspects: event.suspects,
+                evidence: event.evidence,
+                last_judged_second: now_second,
+            },
+        );
+        true
     }
 
     /// Reads one collector batch.
@@ -882,7 +924,13 @@ impl Detector {
                     ],
                 )
                 .expect("the row matches the declaration");
-            let open = self.open.contains_key(key);
+            let open = match self.open.get_mut(key) {
+                Some(event) => {
+                    event.last_judged_second = window_end;
+                    true
+                }
+                None => false,
+            };
             if !open && state.abnormal_run >= config.open_windows {
                 let start_second = state.abnormal_since.unwrap_or(window);
                 opened.push((
@@ -894,7 +942,11 @@ impl Detector {
             } else if open && state.normal_run >= config.close_windows {
                 let end_second =
                     window_end - i64::from(config.close_windows) * config.window_secs as i64;
-                closed.push((key.clone(), end_second));
+                closed.push((
+                    key.clone(),
+                    end_second,
+                    "the signal returned to its baseline",
+                ));
             } else if let Some(event) = self.open.get_mut(key) {
                 event.peak_score = event.peak_score.max(judged.score);
             }
@@ -920,6 +972,7 @@ impl Detector {
                 peak_score: score,
                 suspects,
                 evidence,
+                last_judged_second: window_end,
             };
             push_event_row(&mut event_rows, time_us, &key, &event, "open", None);
             self.open.insert(key, event);
@@ -939,7 +992,20 @@ impl Detector {
                 }
             }
         }
-        for (key, end_second) in closed {
+        // A victim that stopped reporting (its cgroup was removed, its GPU
+        // fell off the bus) cannot return to normal: close its event where
+        // it was last judged.
+        let silent_since = window_end - 2 * config.lookback_secs as i64;
+        for (key, event) in &self.open {
+            if event.last_judged_second < silent_since {
+                closed.push((
+                    key.clone(),
+                    event.last_judged_second,
+                    "the victim signal stopped reporting",
+                ));
+            }
+        }
+        for (key, end_second, why) in closed {
             let Some(event) = self.open.remove(&key) else {
                 continue;
             };
@@ -949,6 +1015,7 @@ impl Detector {
                 signal = key.signal,
                 duration_secs = end_second - event.start_second,
                 suspect = top_suspect(&event.suspects),
+                why,
                 "Noisy-neighbour event closed."
             );
             push_event_row(
@@ -1254,31 +1321,51 @@ fn gpu_process_name(view: &View, row: usize) -> String {
 }
 
 fn evidence(key: &SignalKey, state: &SignalState, judged: &Judged) -> String {
+    let q = |value: f64| quantity(key.signal, value);
     match (state.spec.rule, judged.summary) {
         (Rule::Baseline { .. }, Some(s)) => format!(
-            "{} {} of {} ({}): {:.4} against a baseline median {:.4} (MAD {:.4}, {} windows), z {:.1}, {} windows in a row",
+            "{} {} of {} ({}): {} against a baseline median {} (MAD {}, {} windows), z {:.1}, {} windows in a row",
             key.resource.name(),
             key.signal,
             key.victim,
             state.spec.help,
-            judged.value,
-            s.median,
-            s.mad,
+            q(judged.value),
+            q(s.median),
+            q(s.mad),
             s.windows,
             judged.score,
             state.abnormal_run
         ),
         (Rule::Above { threshold }, _) | (Rule::Baseline { min_change: threshold, .. }, None) => format!(
-            "{} {} of {} ({}): {:.4} above the threshold {:.4}, {} windows in a row",
+            "{} {} of {} ({}): {} above the threshold {}, {} windows in a row",
             key.resource.name(),
             key.signal,
             key.victim,
             state.spec.help,
-            judged.value,
-            threshold,
+            q(judged.value),
+            q(threshold),
             state.abnormal_run
         ),
     }
+}
+
+/// A signal's value for a person: durations in the unit that keeps them
+/// readable (a cache load is nanoseconds, a wake-up tail microseconds).
+fn quantity(signal: &str, value: f64) -> String {
+    if !signal.ends_with("_seconds") || value == 0.0 || !value.is_finite() {
+        return format!("{value:.4}");
+    }
+    let magnitude = value.abs();
+    let (scale, unit) = if magnitude < 1e-6 {
+        (1e9, "ns")
+    } else if magnitude < 1e-3 {
+        (1e6, "µs")
+    } else if magnitude < 1.0 {
+        (1e3, "ms")
+    } else {
+        (1.0, "s")
+    };
+    format!("{:.1} {unit}", value * scale)
 }
 
 fn push_event_row(

@@ -8,7 +8,13 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use vtax_store::{ScanRequest, Store};
 
-use super::{Detector, Resource};
+use super::rank::Suspect;
+use super::{Detector, Resource, ResumedEvent};
+
+/// How far back a restarted agent looks for events it left open. An event
+/// opened before a longer outage is resumed only if a later row of it falls
+/// in this span; older ones stay as their `open` row says.
+const RESUME_HORIZON_SECS: i64 = 24 * 3600;
 
 /// Feeds the baselines every window value stored in their horizon; returns
 /// how many windows were relearned.
@@ -35,6 +41,128 @@ pub fn relearn(detector: &mut Detector, store: &Store, now_us: i64) -> Result<us
         }
     }
     Ok(rows.len())
+}
+
+/// Takes back the events whose last `neighbor_events` row says `open`: the
+/// agent stopped while they were open. Returns how many it resumed.
+pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -> Result<usize> {
+    let request = ScanRequest {
+        table: super::tables::NEIGHBOR_EVENTS.name.to_string(),
+        from_us: Some(now_us - RESUME_HORIZON_SECS * 1_000_000),
+        until_us: Some(now_us + 1),
+        ..ScanRequest::default()
+    };
+    let result = store.scan(&request).context("scan neighbor_events")?;
+    // The last row of each event key, in time order.
+    let mut last: std::collections::BTreeMap<(String, String, String), (i64, ResumedEvent, bool)> =
+        Default::default();
+    for batch in &result.batches {
+        for (time_us, event, open) in read_events(batch)? {
+            let key = (
+                event.resource.name().to_string(),
+                event.victim.clone(),
+                event.signal.clone(),
+            );
+            if last.get(&key).is_none_or(|(t, _, _)| time_us >= *t) {
+                last.insert(key, (time_us, event, open));
+            }
+        }
+    }
+    let now_second = now_us.div_euclid(1_000_000);
+    let mut resumed = 0;
+    for (_, event, open) in last.into_values() {
+        if open && detector.resume(event, now_second) {
+            resumed += 1;
+        }
+    }
+    Ok(resumed)
+}
+
+fn read_events(batch: &RecordBatch) -> Result<Vec<(i64, ResumedEvent, bool)>> {
+    let column = |name: &str| {
+        batch
+            .column_by_name(name)
+            .with_context(|| format!("neighbor_events has no column {name}"))
+    };
+    let text = |name: &str| -> Result<arrow_array::ArrayRef> {
+        Ok(arrow_cast::cast(column(name)?, &DataType::Utf8)?)
+    };
+    let number = |name: &str| -> Result<arrow_array::ArrayRef> {
+        Ok(arrow_cast::cast(column(name)?, &DataType::Float64)?)
+    };
+    let time = arrow_cast::cast(column("time")?, &DataType::Int64)?;
+    let time = time.as_primitive::<arrow_array::types::Int64Type>();
+    let (resource, victim, signal, state, suspects, evidence) = (
+        text("resource")?,
+        text("victim")?,
+        text("signal")?,
+        text("state")?,
+        text("suspects")?,
+        text("evidence")?,
+    );
+    let strings = |a: &arrow_array::ArrayRef, i: usize| -> Option<String> {
+        let a = a.as_string::<i32>();
+        (!a.is_null(i)).then(|| a.value(i).to_string())
+    };
+    let (start, score) = (number("start_time_seconds")?, number("score")?);
+    let (start, score) = (
+        start.as_primitive::<arrow_array::types::Float64Type>(),
+        score.as_primitive::<arrow_array::types::Float64Type>(),
+    );
+    let mut out = Vec::new();
+    for i in 0..batch.num_rows() {
+        let (Some(resource), Some(victim), Some(signal), Some(state)) = (
+            strings(&resource, i).and_then(|r| Resource::parse(&r)),
+            strings(&victim, i),
+            strings(&signal, i),
+            strings(&state, i),
+        ) else {
+            continue;
+        };
+        if start.is_null(i) {
+            continue;
+        }
+        out.push((
+            time.value(i),
+            ResumedEvent {
+                resource,
+                victim,
+                signal,
+                start_second: start.value(i) as i64,
+                peak_score: if score.is_null(i) {
+                    0.0
+                } else {
+                    score.value(i)
+                },
+                suspects: parse_suspects(&strings(&suspects, i).unwrap_or_default()),
+                evidence: strings(&evidence, i).unwrap_or_default(),
+            },
+            state == "open",
+        ));
+    }
+    Ok(out)
+}
+
+/// Reads back the `suspects` tag (`name score=… r=… effect=…` joined by
+/// `; `); a part it cannot read is skipped, since the detector ranks the
+/// suspects again once the event's seconds are back in its look-back.
+pub(super) fn parse_suspects(text: &str) -> Vec<Suspect> {
+    text.split("; ")
+        .filter_map(|part| {
+            let mut words = part.rsplitn(4, ' ');
+            let effect = words.next()?.strip_prefix("effect=")?.parse().ok()?;
+            let correlation = words.next()?.strip_prefix("r=")?.parse().ok()?;
+            let score = words.next()?.strip_prefix("score=")?.parse().ok()?;
+            let name = words.next()?.to_string();
+            Some(Suspect {
+                name,
+                correlation,
+                effect,
+                usage_change: 0.0, // not stored
+                score,
+            })
+        })
+        .collect()
 }
 
 type Row = (i64, String, String, String, f64);

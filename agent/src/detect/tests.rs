@@ -283,6 +283,152 @@ fn baselines_are_relearned_from_the_store() {
     assert_eq!((summary.median, summary.windows), (0.01, 15));
 }
 
+/// A node that runs quiet for three minutes, then with `/hog` taking the
+/// CPU `/victim` needs for a minute: the victim's event is open after.
+fn node_with_open_event(seed: &mut u64) -> Node {
+    let mut node = Node::new(config());
+    for _ in 0..180 {
+        let n = noise(seed);
+        node.step(
+            &[("/victim", 0.9, 0.01 + 0.005 * n), ("/hog", 0.0, 0.0)],
+            0.01 + 0.005 * n,
+        );
+    }
+    for _ in 0..60 {
+        hog_second(&mut node, seed);
+    }
+    assert!(node.events("open").iter().any(|e| e.1 == "/victim"));
+    node
+}
+
+fn hog_second(node: &mut Node, seed: &mut u64) {
+    let n = noise(seed);
+    node.step(
+        &[
+            ("/victim", 0.6, 0.35 + 0.03 * n),
+            ("/hog", 0.95, 0.3 + 0.03 * n),
+        ],
+        0.3,
+    );
+}
+
+#[test]
+fn an_event_open_at_a_restart_is_resumed_not_opened_again_and_closes_with_its_start() {
+    let mut seed = 5;
+    let mut node = node_with_open_event(&mut seed);
+    let first_start = node
+        .events("open")
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .unwrap()
+        .3;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store =
+        vtax_store::Store::open(vtax_store::StoreOptions::new(dir.path()), crate::catalog())
+            .unwrap();
+    for batch in &node.out {
+        store.append(batch).unwrap();
+    }
+    // The restart: a new detector that learns back from the store.
+    let now_us = START_US + node.second * 1_000_000;
+    let mut detector = Detector::new(config());
+    restore::relearn(&mut detector, &store, now_us).unwrap();
+    let resumed = restore::resume_open_events(&mut detector, &store, now_us).unwrap();
+    assert!(resumed >= 1, "resumed {resumed}");
+    let key = SignalKey {
+        resource: Resource::Cpu,
+        victim: "/victim".into(),
+        signal: "pressure_some_ratio",
+    };
+    let event = &detector.open[&key];
+    assert_eq!(event.start_second as f64, first_start);
+    assert_eq!(
+        event.suspects.first().map(|s| s.name.as_str()),
+        Some("/hog"),
+        "the suspects are read back from the stored row"
+    );
+    node.detector = detector;
+    node.out.clear();
+
+    for _ in 0..30 {
+        hog_second(&mut node, &mut seed);
+    }
+    assert!(
+        node.events("open").iter().all(|e| e.1 != "/victim"),
+        "a lasting event is not opened a second time: {:?}",
+        node.events("open")
+    );
+    for _ in 0..90 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/victim", 0.9, 0.01 + 0.005 * n), ("/hog", 0.0, 0.0)],
+            0.01,
+        );
+    }
+    let closed = node.events("closed");
+    let victim = closed
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .expect("the resumed event closes");
+    assert_eq!(
+        victim.3, first_start,
+        "it keeps the start it had before the restart"
+    );
+}
+
+#[test]
+fn an_event_whose_victim_disappears_closes_where_it_was_last_judged() {
+    let mut seed = 9;
+    let mut node = node_with_open_event(&mut seed);
+    // The victim's cgroup is removed; the hog's goes on.
+    let gone_second = START_US / 1_000_000 + node.second;
+    for _ in 0..10 {
+        node.step(&[("/hog", 0.95, 0.0)], 0.01);
+    }
+    // Its last seconds are judged once their window ends, then no more.
+    let last_judged = node
+        .detector
+        .open
+        .iter()
+        .find(|(k, _)| k.victim == "/victim")
+        .map(|(_, e)| e.last_judged_second)
+        .unwrap();
+    assert_eq!(last_judged, gone_second, "the window of its last second");
+    for _ in 0..(2 * config().lookback_secs + 20) {
+        node.step(&[("/hog", 0.95, 0.0)], 0.01);
+    }
+    let closed = node.events("closed");
+    assert!(closed.iter().any(|e| e.1 == "/victim"), "{closed:?}");
+    let end = node
+        .out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+        .find_map(|b| {
+            let v = View::new(b);
+            (0..v.rows())
+                .find(|&r| v.tag(r, "victim") == "/victim" && v.tag(r, "state") == "closed")
+                .and_then(|r| v.value(r, "end_time_seconds"))
+        })
+        .unwrap();
+    assert_eq!(end, last_judged as f64);
+    assert!(!node.detector.open.keys().any(|k| k.victim == "/victim"));
+}
+
+#[test]
+fn stored_suspects_read_back() {
+    let parsed = restore::parse_suspects(
+        "/a/b c score=0.81 r=0.90 effect=0.3012; broken; /d score=0.10 r=0.35 effect=-0.0100",
+    );
+    let names: Vec<&str> = parsed.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["/a/b c", "/d"]);
+    assert_eq!(
+        (parsed[0].score, parsed[0].correlation, parsed[0].effect),
+        (0.81, 0.90, 0.3012)
+    );
+    assert_eq!(parsed[1].effect, -0.01);
+    assert!(restore::parse_suspects("").is_empty());
+}
+
 /// Simulated GPUs through the real GPU collector into the detector.
 fn gpu_events(scenarios: &[&str]) -> (Vec<(String, String, String)>, Vec<Batch>) {
     let config_gpu = crate::collectors::gpu::GpuConfig {
@@ -410,4 +556,13 @@ fn config_validation_names_the_key() {
     };
     assert_eq!(bad.validate().unwrap_err().0, "detect.window_secs");
     assert!(DetectConfig::default().validate().is_ok());
+}
+
+#[test]
+fn evidence_shows_durations_in_a_readable_unit() {
+    assert_eq!(quantity("cache_latency_seconds", 152.4e-9), "152.4 ns");
+    assert_eq!(quantity("jitter_p99_seconds", 350e-6), "350.0 µs");
+    assert_eq!(quantity("jitter_p99_seconds", 0.0123), "12.3 ms");
+    assert_eq!(quantity("pressure_some_ratio", 0.25), "0.2500");
+    assert_eq!(quantity("cache_latency_seconds", 0.0), "0.0000");
 }

@@ -113,6 +113,7 @@ fn node_of_store(dir: &Path) -> String {
 /// Tables and the fields the report reads (`None`: all of them).
 const READS: &[(&str, Option<&[&str]>)] = &[
     ("platform_host", Some(&["info"])),
+    ("platform", Some(&["info"])),
     ("gpu_info", Some(&["info"])),
     (
         "gpu",
@@ -340,56 +341,35 @@ fn events(rows: &Rows) -> Vec<Event> {
     latest.into_values().map(|(_, e)| e).collect()
 }
 
-/// The platform verdict and its evidence, from the latest `platform_host` row and
-/// the GPUs' `gpu_info` rows.
+/// The platform verdict and its evidence. The verdict is the detector's
+/// (the latest `platform` row, the same `vtax_platform_info` Prometheus
+/// shows), so the report and the alerts never disagree; the host facts and
+/// the GPU names are shown beside it as evidence.
 fn platform_verdict(
+    platform_host: &Rows,
     platform: &Rows,
     gpu_info: &Rows,
-    gpu: &Rows,
 ) -> (String, Vec<(String, String)>) {
     let mut evidence = Vec::new();
-    let facts = platform.latest_tags().unwrap_or_default();
-    let fact = |k: &str| facts.get(k).map(String::as_str).unwrap_or("unknown");
-    // The latest row of each GPU.
-    let mut gpus: BTreeMap<&str, usize> = BTreeMap::new();
-    for (i, g) in gpu_info.tag("gpu").into_iter().enumerate() {
-        let e = gpus.entry(g).or_insert(i);
-        if gpu_info.time_us[i] >= gpu_info.time_us[*e] {
-            *e = i;
-        }
-    }
-    let pick = |tag: &str| -> Vec<String> {
-        let column = gpu_info.tag(tag);
-        let mut v: Vec<String> = gpus.values().map(|&i| column[i].to_owned()).collect();
-        v.sort();
-        v.dedup();
-        v
+    let judged = platform.latest_tags().unwrap_or_default();
+    let tag = |k: &str| judged.get(k).map(String::as_str).unwrap_or("unknown");
+    let by = match tag("hypervisor") {
+        "unknown" | "other" | "none" => String::new(),
+        h => format!(" ({h})"),
     };
-    let modes = pick("virtualization_mode");
-    let mig_on = pick("mig").iter().any(|m| m == "on");
-    let mut verdict = match fact("virtualization") {
-        "none" => "Bare metal".to_string(),
-        "vm" => {
-            let by = match fact("hypervisor") {
-                "unknown" | "other" => String::new(),
-                h => format!(" ({h})"),
-            };
-            if modes.iter().any(|m| m == "vgpu") {
-                format!("VM with vGPU{by}")
-            } else if modes.iter().any(|m| m == "passthrough") {
-                format!("VM with GPU passthrough{by}")
-            } else if gpus.is_empty() {
-                format!("VM{by}, no GPU seen")
-            } else {
-                format!("VM with GPUs{by}")
-            }
+    let verdict = match tag("verdict") {
+        _ if judged.is_empty() => {
+            "Unknown: no verdict rows in this range (was the detector off?)".to_string()
         }
-        _ if facts.is_empty() => "Unknown: no platform rows in this range".to_string(),
-        _ => "Unknown".to_string(),
+        "bare_metal" => "Bare metal".to_string(),
+        "vm_passthrough" => format!("VM with GPU passthrough{by}"),
+        "vgpu" => format!("VM with vGPU{by}"),
+        "mig" if tag("virtualization") == "vm" => format!("MIG slices in a VM{by}"),
+        "mig" => "MIG slices".to_string(),
+        "vm" => format!("VM{by}, no GPU seen"),
+        other => format!("Unknown ({other})"),
     };
-    if mig_on {
-        verdict.push_str(", MIG slices");
-    }
+    let facts = platform_host.latest_tags().unwrap_or_default();
     for key in [
         "virtualization",
         "hypervisor",
@@ -406,31 +386,38 @@ fn platform_verdict(
             evidence.push((key.to_string(), v.clone()));
         }
     }
+    // The latest row of each GPU, for the names.
+    let mut gpus: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, g) in gpu_info.tag("gpu").into_iter().enumerate() {
+        let e = gpus.entry(g).or_insert(i);
+        if gpu_info.time_us[i] >= gpu_info.time_us[*e] {
+            *e = i;
+        }
+    }
+    let pick = |tag: &str| -> Vec<String> {
+        let column = gpu_info.tag(tag);
+        let mut v: Vec<String> = gpus.values().map(|&i| column[i].to_owned()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
     if !gpus.is_empty() {
         evidence.push((
             "GPUs".into(),
             format!("{} × {}", gpus.len(), pick("name").join(", ")),
         ));
-        evidence.push(("GPU virtualization mode".into(), modes.join(", ")));
-        evidence.push(("MIG".into(), if mig_on { "on" } else { "off" }.into()));
-        let backends = pick("backend");
-        if backends.iter().any(|b| b == "simulated") {
+        if pick("backend").iter().any(|b| b == "simulated") {
             evidence.push(("GPU backend".into(), "simulated (not real hardware)".into()));
         }
     }
-    // NVLink links up against what the product has, at the latest tick.
-    let up = gpu.series_by("gpu", "nvlink_links_up");
-    let product = gpu.series_by("gpu", "nvlink_links_product");
-    let (mut links_up, mut links_product) = (0.0, 0.0);
-    for (g, points) in &up {
-        links_up += points.last().map_or(0.0, |p| p.1);
-        links_product += product.get(g).and_then(|p| p.last()).map_or(0.0, |p| p.1);
-    }
-    if links_product > 0.0 {
+    if !judged.is_empty() && tag("gpu_virtualization") != "none" {
         evidence.push((
-            "NVLink links up".into(),
-            format!("{links_up:.0} of {links_product:.0}"),
+            "GPU virtualization mode".into(),
+            tag("gpu_virtualization").into(),
         ));
+        evidence.push(("MIG".into(), tag("mig").into()));
+        evidence.push(("NVLink links up".into(), tag("nvlink").replace('/', " of ")));
+        evidence.push(("PCIe links under load".into(), tag("pcie").into()));
     }
     (verdict, evidence)
 }
@@ -470,7 +457,8 @@ fn ratio_by_gpu(
 fn summarize(node: &NodeData) -> NodeSummary {
     let gpu = node.rows("gpu");
     let gpu_info = node.rows("gpu_info");
-    let (verdict, evidence) = platform_verdict(node.rows("platform_host"), gpu_info, gpu);
+    let (verdict, evidence) =
+        platform_verdict(node.rows("platform_host"), node.rows("platform"), gpu_info);
     let utilization_by_gpu = gpu.series_by("gpu", "utilization_ratio");
     let peak = gpu.field("hbm_peak_bytes_per_second");
     let hbm = ratio_by_gpu(gpu, &["hbm_bytes_per_second"], |i| peak[i]);

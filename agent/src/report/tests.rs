@@ -21,7 +21,7 @@ const SECOND: i64 = 1_000_000;
 /// A row to push: time, tags, named field values.
 type TestRow<'a> = (i64, Vec<&'a str>, Vec<(&'a str, Value)>);
 
-fn push(store: &mut Store, table: &str, rows: &[TestRow]) {
+fn push(store: &mut Store, table: &str, rows: &[TestRow]) -> vtax_store::Batch {
     let def = store.catalog().get(table).unwrap();
     let mut builder = BatchBuilder::new(def);
     for (t, tags, fields) in rows {
@@ -37,7 +37,9 @@ fn push(store: &mut Store, table: &str, rows: &[TestRow]) {
             .collect();
         builder.push(*t, tags, &values).unwrap();
     }
-    store.append(&builder.finish()).unwrap();
+    let batch = builder.finish();
+    store.append(&batch).unwrap();
+    batch
 }
 
 /// A node's store: 2 GPUs, 2 CPUs, 60 s; steal grows 0.1 s/s per CPU;
@@ -63,16 +65,24 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
         "550.54",
         "EPYC",
     ];
-    push(
+    // The verdict comes from the real detector fed this node's facts, as in
+    // a running agent.
+    let mut detector = crate::detect::Detector::new(crate::detect::DetectConfig {
+        cache_canary: false,
+        ..Default::default()
+    });
+    detector.observe(&push(
         &mut store,
         "platform_host",
         &[(T0, platform, vec![("info", Value::I64(1))])],
-    );
-    for g in ["0", "1"] {
-        let uuid = format!("GPU-{g}");
+    ));
+    // One `gpu` batch per tick holds every GPU, as the collector writes it.
+    let uuids = ["GPU-0", "GPU-1"];
+    let mut gpu_rows = Vec::new();
+    for (g, uuid) in ["0", "1"].into_iter().zip(uuids) {
         let info = vec![
             g,
-            &uuid,
+            uuid,
             "NVIDIA H100 80GB HBM3",
             "00000000:18:00.0",
             "hopper",
@@ -81,29 +91,34 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
             "550.54",
             "nvml",
         ];
-        push(
+        detector.observe(&push(
             &mut store,
             "gpu_info",
             &[(T0, info, vec![("info", Value::U64(1))])],
-        );
-        let rows: Vec<_> = (0..60)
-            .map(|s| {
-                (
-                    T0 + s * SECOND,
-                    vec![g, uuid.as_str()],
-                    vec![
-                        ("utilization_ratio", Value::F64(utilization)),
-                        ("hbm_bytes_per_second", Value::F64(1e12)),
-                        ("hbm_peak_bytes_per_second", Value::F64(4e12)),
-                        ("nvlink_total_rx_bytes_per_second", Value::F64(90e9)),
-                        ("nvlink_total_tx_bytes_per_second", Value::F64(90e9)),
-                        ("nvlink_links_up", Value::U64(18)),
-                        ("nvlink_links_product", Value::U64(18)),
-                    ],
-                )
-            })
-            .collect();
-        push(&mut store, "gpu", &rows);
+        ));
+        gpu_rows.extend((0..60).map(|s| {
+            (
+                T0 + s * SECOND,
+                vec![g, uuid],
+                vec![
+                    ("utilization_ratio", Value::F64(utilization)),
+                    ("hbm_bytes_per_second", Value::F64(1e12)),
+                    ("hbm_peak_bytes_per_second", Value::F64(4e12)),
+                    ("nvlink_total_rx_bytes_per_second", Value::F64(90e9)),
+                    ("nvlink_total_tx_bytes_per_second", Value::F64(90e9)),
+                    ("nvlink_links_up", Value::U64(18)),
+                    ("nvlink_links_product", Value::U64(18)),
+                ],
+            )
+        }));
+    }
+    gpu_rows.sort_by_key(|r| r.0);
+    detector.observe(&push(&mut store, "gpu", &gpu_rows));
+    detector.tick(T0);
+    for batch in detector.tick(T0 + 60 * SECOND) {
+        if batch.table.name == "platform" {
+            store.append(&batch).unwrap();
+        }
     }
     for cpu in ["0", "1"] {
         let rows: Vec<_> = (0..60)
@@ -213,10 +228,17 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
     let data = load(&source, &catalog, None, None).unwrap();
     let s = summarize(&data[0]);
 
-    assert_eq!(s.verdict, "VM with GPU passthrough (kvm)");
-    assert!(s
-        .evidence
-        .contains(&("NVLink links up".into(), "36 of 36".into())));
+    assert_eq!(
+        s.verdict, "VM with GPU passthrough (kvm)",
+        "{:?}",
+        s.evidence
+    );
+    assert!(
+        s.evidence
+            .contains(&("NVLink links up".into(), "36 of 36".into())),
+        "{:?}",
+        s.evidence
+    );
     assert_eq!(s.gpus, 2);
     assert_eq!(shape::mean(&s.utilization), Some(0.75));
     assert_eq!(shape::mean(&s.hbm_ratio), Some(0.25));
@@ -375,5 +397,5 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     let html = render(&context(dir.path(), false, false), &data);
     assert!(!html.contains("<svg"), "no plot without data");
     assert!(html.matches(r#"class="no-data""#).count() >= 6);
-    assert!(html.contains("Unknown: no platform rows in this range"));
+    assert!(html.contains("Unknown: no verdict rows in this range"));
 }
