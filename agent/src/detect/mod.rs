@@ -1139,6 +1139,7 @@ impl Detector {
                 opt(jitter.and_then(|j| j.unexplained_ratio)),
                 opt(jitter.map(|j| j.p99_seconds)),
                 opt(self.facts.hbm_peak_ratio()),
+                opt(self.facts.nvlink_peak_ratio()),
                 opt(self.facts.nvlink_links_missing_ratio()),
                 opt(self.facts.worst(GpuFacts::pcie_bandwidth_loss_ratio)),
                 opt(self.facts.worst(GpuFacts::clock_throttle_ratio)),

@@ -96,6 +96,11 @@ pub static TAX: TableDef = TableDef {
             "HBM bytes/s achieved against the peak, averaged over GPUs busier than 50%.",
         ),
         ratio(
+            "nvlink_peak_ratio",
+            "NVLink receive plus transmit against the peak of the products' links (hidden links count as lost), \
+             averaged over GPUs busier than 50%.",
+        ),
+        ratio(
             "nvlink_links_missing_ratio",
             "NVLink links not up against the links the products have, over all GPUs (hidden in a VM or down).",
         ),

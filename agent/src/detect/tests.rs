@@ -502,6 +502,8 @@ fn simulated_gpu_throttling_and_degraded_links_open_gpu_events() {
     assert!(v.value(0, "gpu_clock_throttle_ratio").unwrap() > 0.05);
     let hbm = v.value(0, "hbm_peak_ratio").unwrap();
     assert!(hbm > 0.0 && hbm <= 1.0, "{hbm}");
+    let nvlink = v.value(0, "nvlink_peak_ratio").unwrap();
+    assert!(nvlink > 0.0 && nvlink < 1.0, "{nvlink}");
     let platform = out
         .iter()
         .rev()

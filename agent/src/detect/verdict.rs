@@ -47,6 +47,9 @@ pub struct GpuFacts {
     pub pcie_width_max: Option<f64>,
     pub nvlink_links_up: Option<f64>,
     pub nvlink_links_product: Option<f64>,
+    /// NVLink receive plus transmit, and its peak over the product's links.
+    pub nvlink_bytes_per_second: Option<f64>,
+    pub nvlink_peak_bytes_per_second: Option<f64>,
     pub sm_active: Option<f64>,
     pub dram_bandwidth: Option<f64>,
     pub memory_utilization: Option<f64>,
@@ -225,6 +228,11 @@ impl Facts {
             gpu.pcie_width_max = view.value(row, "pcie_link_width_max");
             gpu.nvlink_links_up = view.value(row, "nvlink_links_up");
             gpu.nvlink_links_product = view.value(row, "nvlink_links_product");
+            gpu.nvlink_bytes_per_second = view
+                .value(row, "nvlink_total_rx_bytes_per_second")
+                .zip(view.value(row, "nvlink_total_tx_bytes_per_second"))
+                .map(|(rx, tx)| rx + tx);
+            gpu.nvlink_peak_bytes_per_second = view.value(row, "nvlink_peak_bytes_per_second");
             seen.push(index);
         }
         seen
@@ -310,6 +318,16 @@ impl Facts {
         }))
     }
 
+    /// NVLink receive plus transmit against the peak of the product's links,
+    /// over the busy GPUs.
+    pub fn nvlink_peak_ratio(&self) -> Option<f64> {
+        mean(self.gpus.values().filter(|g| g.busy()).filter_map(|g| {
+            let peak = g.nvlink_peak_bytes_per_second?;
+            let achieved = g.nvlink_bytes_per_second?;
+            (peak > 0.0).then(|| achieved / peak)
+        }))
+    }
+
     /// Links missing over all GPUs with NVLink.
     pub fn nvlink_links_missing_ratio(&self) -> Option<f64> {
         let (up, product) = self.nvlink_totals();
@@ -379,6 +397,30 @@ mod tests {
                 .map(|(i, g)| (i.to_string(), g))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn nvlink_throughput_against_peak_counts_busy_gpus_only() {
+        let busy = GpuFacts {
+            nvlink_bytes_per_second: Some(450e9),
+            nvlink_peak_bytes_per_second: Some(900e9),
+            ..gpu("passthrough", "off")
+        };
+        let idle = GpuFacts {
+            utilization: Some(0.1),
+            nvlink_bytes_per_second: Some(0.0),
+            ..busy.clone()
+        };
+        let unknown_peak = GpuFacts {
+            nvlink_peak_bytes_per_second: None,
+            ..busy.clone()
+        };
+        let node = facts("vm", vec![busy, idle, unknown_peak]);
+        assert_eq!(node.nvlink_peak_ratio(), Some(0.5));
+        assert_eq!(
+            facts("vm", vec![gpu("passthrough", "off")]).nvlink_peak_ratio(),
+            None
+        );
     }
 
     #[test]

@@ -23,11 +23,6 @@ use svg::{escape, format_time, format_value, Line, Reference, Unit};
 /// Points per line at most: a chart 860 units wide shows no more.
 pub const DEFAULT_MAX_POINTS: usize = 400;
 
-/// NVLink 3 and 4 (Ampere, Hopper) carry 25 GB/s per link each way; NVLink 5
-/// (Blackwell) 50 GB/s. The peak of a GPU is that times its links, both ways.
-const NVLINK_LINK_BYTES_PER_SECOND_EACH_WAY: f64 = 25e9;
-const NVLINK5_LINK_BYTES_PER_SECOND_EACH_WAY: f64 = 50e9;
-
 /// The detector's table, read when this build knows it.
 const EVENTS_TABLE: &str = "neighbor_events";
 
@@ -125,6 +120,7 @@ const READS: &[(&str, Option<&[&str]>)] = &[
             "nvlink_total_tx_bytes_per_second",
             "nvlink_links_up",
             "nvlink_links_product",
+            "nvlink_peak_bytes_per_second",
         ]),
     ),
     (
@@ -422,14 +418,6 @@ fn platform_verdict(
     (verdict, evidence)
 }
 
-fn nvlink_peak_each_way(gpu_info: &Rows) -> f64 {
-    if gpu_info.tag("architecture").contains(&"blackwell") {
-        NVLINK5_LINK_BYTES_PER_SECOND_EACH_WAY
-    } else {
-        NVLINK_LINK_BYTES_PER_SECOND_EACH_WAY
-    }
-}
-
 /// Per GPU: `(time, a / b)` where both columns have values and b > 0.
 fn ratio_by_gpu(
     gpu: &Rows,
@@ -462,15 +450,14 @@ fn summarize(node: &NodeData) -> NodeSummary {
     let utilization_by_gpu = gpu.series_by("gpu", "utilization_ratio");
     let peak = gpu.field("hbm_peak_bytes_per_second");
     let hbm = ratio_by_gpu(gpu, &["hbm_bytes_per_second"], |i| peak[i]);
-    let links = gpu.field("nvlink_links_product");
-    let per_link = 2.0 * nvlink_peak_each_way(gpu_info);
+    let nvlink_peak = gpu.field("nvlink_peak_bytes_per_second");
     let nvlink = ratio_by_gpu(
         gpu,
         &[
             "nvlink_total_rx_bytes_per_second",
             "nvlink_total_tx_bytes_per_second",
         ],
-        |i| links[i].map(|l| l * per_link),
+        |i| nvlink_peak[i],
     );
     let cpu = node.rows("cpu");
     let steal_rates: Vec<Vec<(i64, f64)>> = cpu
@@ -782,7 +769,11 @@ impl Sections<'_> {
                 .into_iter()
                 .flatten()
                 .fold(0.0, f64::max);
-            let nvlink_peak = links * 2.0 * nvlink_peak_each_way(node.rows("gpu_info"));
+            let nvlink_peak = gpu
+                .field("nvlink_peak_bytes_per_second")
+                .into_iter()
+                .flatten()
+                .fold(0.0, f64::max);
             let peaks: Vec<Reference> = (nvlink_peak > 0.0)
                 .then(|| Reference {
                     label: format!("NVLink peak ({links:.0} links, both ways)"),

@@ -108,6 +108,7 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
                     ("nvlink_total_tx_bytes_per_second", Value::F64(90e9)),
                     ("nvlink_links_up", Value::U64(18)),
                     ("nvlink_links_product", Value::U64(18)),
+                    ("nvlink_peak_bytes_per_second", Value::F64(900e9)),
                 ],
             )
         }));

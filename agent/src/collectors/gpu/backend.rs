@@ -40,6 +40,28 @@ impl GpuIdentity {
         let clock = self.memory_clock_max_hz?;
         Some(f64::from(width) / 8.0 * clock * 2.0)
     }
+
+    /// Peak NVLink throughput, receive plus transmit, over the links the
+    /// product has: 18 links × 25 GB/s each way is an H100 SXM's 900 GB/s.
+    /// Against the product's links, not those up, so hidden links show as
+    /// throughput the node cannot reach. NVML gives no NVLink peak.
+    pub fn nvlink_peak_bytes_per_second(&self) -> Option<f64> {
+        let links = self.nvlink_links_product?;
+        let each_way = nvlink_link_bytes_per_second_each_way(&self.architecture)?;
+        Some(f64::from(links) * each_way * 2.0)
+    }
+}
+
+/// What one NVLink link carries each way, by the GPU architecture's NVLink
+/// generation: 20 GB/s (NVLink 1, Pascal), 25 GB/s (NVLink 2 to 4, Volta to
+/// Hopper), 50 GB/s (NVLink 5, Blackwell); `None` for one we do not know.
+pub fn nvlink_link_bytes_per_second_each_way(architecture: &str) -> Option<f64> {
+    match architecture {
+        "pascal" => Some(20e9),
+        "volta" | "turing" | "ampere" | "ada" | "hopper" => Some(25e9),
+        "blackwell" => Some(50e9),
+        _ => None,
+    }
 }
 
 /// GPU Performance Monitoring metrics (Hopper and newer), over the last interval.
@@ -285,9 +307,9 @@ pub fn nvlink_links_of_product(name: &str) -> Option<u32> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn hbm_peak_of_an_h100_sxm_is_3_35_terabytes_per_second() {
-        let gpu = GpuIdentity {
+    /// An H100 SXM's facts as NVML gives them.
+    fn h100_sxm() -> GpuIdentity {
+        GpuIdentity {
             index: 0,
             uuid: "GPU-0".into(),
             name: "NVIDIA H100 80GB HBM3".into(),
@@ -298,11 +320,37 @@ mod tests {
             sm_clock_max_hz: None,
             pcie_link_gen_max: None,
             pcie_link_width_max: None,
-            nvlink_links_product: None,
+            nvlink_links_product: Some(18),
             gpm_supported: true,
-        };
+        }
+    }
+
+    #[test]
+    fn hbm_peak_of_an_h100_sxm_is_3_35_terabytes_per_second() {
+        let gpu = h100_sxm();
         let peak = gpu.hbm_peak_bytes_per_second().unwrap();
         assert!((peak - 3.352e12).abs() < 1e9, "{peak}");
+    }
+
+    #[test]
+    fn nvlink_peak_of_an_h100_sxm_is_900_gigabytes_per_second() {
+        let gpu = h100_sxm();
+        assert_eq!(gpu.nvlink_peak_bytes_per_second(), Some(900e9));
+        let blackwell = GpuIdentity {
+            architecture: "blackwell".into(),
+            ..gpu.clone()
+        };
+        assert_eq!(blackwell.nvlink_peak_bytes_per_second(), Some(1.8e12));
+        let unknown = GpuIdentity {
+            architecture: "unknown".into(),
+            ..gpu.clone()
+        };
+        assert_eq!(unknown.nvlink_peak_bytes_per_second(), None);
+        let pcie_card = GpuIdentity {
+            nvlink_links_product: None,
+            ..gpu
+        };
+        assert_eq!(pcie_card.nvlink_peak_bytes_per_second(), None);
     }
 
     #[test]

@@ -188,7 +188,7 @@ const fn events(name: &'static str, help: &'static str) -> FieldDef {
 
 /// Fields of [`GPU`].
 mod f {
-    pub const COUNT: usize = 37;
+    pub const COUNT: usize = 38;
 }
 
 /// One row per GPU per tick.
@@ -234,6 +234,7 @@ pub static GPU: TableDef = TableDef {
         rate("nvlink_total_tx_bytes_per_second", "GPM: NVLink transmit throughput over all links (per link in gpu_nvlink)."),
         count("nvlink_links_up", "NVLink links up. Fewer than nvlink_links_product means links are down or hidden (as in most VMs)."),
         count("nvlink_links_product", "NVLink links this product has, from its name; null when unknown."),
+        rate("nvlink_peak_bytes_per_second", "NVLink peak, receive plus transmit, over the product's links: links × the generation's rate each way × 2 (9e11 on an H100 SXM); null when the product or architecture is unknown."),
     ],
     exported: true,
 };
@@ -538,6 +539,7 @@ impl Gpu {
             f64v(gpm.nvlink_tx_bytes_per_second),
             Value::U64(links_up),
             u32v(g.nvlink_links_product),
+            f64v(g.nvlink_peak_bytes_per_second()),
         ];
         rows.gpu.push(time_us, &ids, &values)?;
 

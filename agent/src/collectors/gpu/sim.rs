@@ -11,8 +11,8 @@
 use std::f64::consts::TAU;
 
 use super::backend::{
-    GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample, MigSample, ProcessSample,
-    SampleError, VirtualizationMode, XidEvent,
+    nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
+    LinkSample, MigSample, ProcessSample, SampleError, VirtualizationMode, XidEvent,
 };
 
 /// A GPU model the simulator imitates.
@@ -54,8 +54,6 @@ pub const PROFILES: &[Profile] = &[
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const NVLINK_LINKS: u32 = 18;
-/// One fourth-generation NVLink link carries 25 GB/s each way.
-const NVLINK_LINK_PEAK_BYTES_PER_SECOND: f64 = 25e9;
 
 /// What a simulated GPU is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,7 +278,7 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         .map(|link| {
             let rate = (!hidden).then(|| {
                 jiggle(nvlink)
-                    * NVLINK_LINK_PEAK_BYTES_PER_SECOND
+                    * nvlink_link_bytes_per_second_each_way("hopper").expect("a known generation")
                     * (1.0 + 0.01 * f64::from(link % 3))
             });
             LinkSample {
