@@ -24,7 +24,7 @@
 //! rows in between, so `cpu_quota_cpus` and `memory_limit_bytes` follow a
 //! changed limit within `rescan_interval_secs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -812,6 +812,23 @@ impl Filter {
             && (self.include.is_empty() || self.include.is_match(path))
             && !self.exclude.is_match(path)
     }
+}
+
+/// The cgroups among `paths` with no descendant among them: where workloads
+/// run, since a parent's usage and stalls hold its children's.
+pub fn leaves(paths: &[&str]) -> BTreeSet<String> {
+    let sorted: BTreeSet<&str> = paths.iter().copied().collect();
+    sorted
+        .iter()
+        .filter(|p| {
+            let prefix = format!("{}/", p.trim_end_matches('/'));
+            !sorted
+                .range(prefix.as_str()..)
+                .next()
+                .is_some_and(|next| next.starts_with(&prefix))
+        })
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// How container runtimes name a container's systemd scope:

@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use vtax_store::{Batch, BatchBuilder, Value};
 
+use crate::collectors::cgroups::leaves;
 use baseline::RollingBaseline;
 use rank::Suspect;
 use verdict::{Facts, GpuFacts};
@@ -1209,22 +1210,6 @@ fn top_suspect(suspects: &[Suspect]) -> &str {
         .first()
         .filter(|s| s.score > 0.0)
         .map_or("none", |s| s.name.as_str())
-}
-
-/// Paths with no descendant among `paths`.
-fn leaves(paths: &[&str]) -> BTreeSet<String> {
-    let sorted: BTreeSet<&str> = paths.iter().copied().collect();
-    sorted
-        .iter()
-        .filter(|p| {
-            let prefix = format!("{}/", p.trim_end_matches('/'));
-            !sorted
-                .range(prefix.as_str()..)
-                .next()
-                .is_some_and(|next| next.starts_with(&prefix))
-        })
-        .map(|p| p.to_string())
-        .collect()
 }
 
 /// Whether one cgroup path is the other or holds it.
