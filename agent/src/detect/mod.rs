@@ -2,7 +2,8 @@
 //!
 //! The detector reads every batch the collectors produce (on the main thread,
 //! as the store does), turns them into per-second victim signals (stall and
-//! delay ratios, jitter tails, a cache canary, GPU clock and activity losses,
+//! delay ratios, jitter tails, a cache canary, per-cgroup CPI and cache misses
+//! per instruction where the PMU is there, GPU clock and activity losses,
 //! InfiniBand congestion) and per-second usage of every suspect (leaf
 //! cgroups, GPU processes). Each window (default 5 s) it judges each signal's
 //! mean against a robust baseline (median and MAD of its past windows) or,
@@ -57,6 +58,11 @@ const WINDOW_GRACE_SECS: i64 = 2;
 /// ranked over: enough quiet seconds to see who changed at the onset, few
 /// enough that a neighbour who came and went a minute earlier is not in them.
 const PRE_ONSET_SECS: i64 = 30;
+/// Instructions per second under which a cgroup's CPI and cache misses per
+/// instruction are not sampled: a tenth of a core at one instruction per
+/// cycle at 1 GHz. An idle cgroup's few instructions are wake-ups on cold
+/// caches, whose CPI swings by multiples from second to second.
+const PMU_MIN_INSTRUCTIONS_PER_SECOND: f64 = 1e8;
 /// Suspects ranked per event in `/metrics`.
 const SUSPECTS_EXPORTED: usize = 3;
 /// Suspects listed in an event's row.
@@ -293,6 +299,13 @@ pub static SPECS: &[Spec] = &[
     ),
     baseline(
         Resource::Cpu,
+        "cpi",
+        0.2,
+        0.05,
+        "Cycles per instruction of a workload cgroup, from the PMU (the CPI² method: a neighbour taking caches and memory bandwidth makes each instruction cost more cycles).",
+    ),
+    baseline(
+        Resource::Cpu,
         "jitter_p99_seconds",
         200e-6,
         50e-6,
@@ -318,6 +331,13 @@ pub static SPECS: &[Spec] = &[
         10e-9,
         1e-9,
         "Cache canary: seconds per dependent load over an 8 MiB working set.",
+    ),
+    baseline(
+        Resource::Memory,
+        "llc_misses_per_kilo_instruction",
+        2.0,
+        0.2,
+        "Last-level cache misses per thousand instructions of a workload cgroup, from the PMU.",
     ),
     baseline(
         Resource::Io,
@@ -514,6 +534,7 @@ impl Detector {
             }
             "pressure" => self.observe_pressure(&view),
             "cgroup" => self.observe_cgroups(&view),
+            "cgroup_perf" => self.observe_cgroup_perf(&view),
             "jitter" => self.observe_jitter(&view),
             "platform_host" => self.facts.observe_host(&view),
             "gpu_info" => {
@@ -696,6 +717,51 @@ impl Detector {
                     (resource, path, "pressure_some_ratio"),
                     time_us,
                     view.value(row, field),
+                );
+            }
+        }
+    }
+
+    /// CPI and LLC misses per thousand instructions of each leaf workload
+    /// cgroup, from the perf collector's counters: ratios of two rates over
+    /// the same second, sampled only when the cgroup ran enough instructions.
+    fn observe_cgroup_perf(&mut self, view: &View) {
+        let (Some(path_col), Some(workload_col)) =
+            (view.tag_column("path"), view.tag_column("workload"))
+        else {
+            return;
+        };
+        let paths: Vec<&str> = (0..view.rows()).map(|r| view.tag_at(path_col, r)).collect();
+        let leaf = leaves(&paths);
+        for (row, path) in paths.iter().enumerate() {
+            let time_us = view.time_us(row);
+            // Every counter's rate is taken each row, so the next second's
+            // rate spans one second whatever this one decided.
+            let mut rate = |field: &str| {
+                let counter = view.value(row, field)?;
+                self.rate(format!("cgroup_perf|{path}|{field}"), time_us, counter)
+            };
+            let (cycles, instructions, llc_misses) =
+                (rate("cycles"), rate("instructions"), rate("llc_misses"));
+            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step")
+                || !leaf.contains(*path)
+            {
+                continue;
+            }
+            let Some(instructions) = instructions.filter(|i| *i >= PMU_MIN_INSTRUCTIONS_PER_SECOND)
+            else {
+                continue;
+            };
+            if let Some(cycles) = cycles {
+                self.sample(Resource::Cpu, path, "cpi", time_us, cycles / instructions);
+            }
+            if let Some(misses) = llc_misses {
+                self.sample(
+                    Resource::Memory,
+                    path,
+                    "llc_misses_per_kilo_instruction",
+                    time_us,
+                    1000.0 * misses / instructions,
                 );
             }
         }
