@@ -952,6 +952,21 @@ mod tests {
         perf
     }
 
+    /// A collector with the default settings over `roots`, probed, and what
+    /// the probe found.
+    fn probed(roots: &Roots, fake: &Fake) -> (Perf, String) {
+        let mut perf = collector(
+            roots,
+            &PerfConfig::default(),
+            &CgroupsConfig::default(),
+            fake,
+        );
+        match perf.probe() {
+            Availability::Available(summary) => (perf, summary),
+            Availability::Absent(reason) => panic!("absent with a working PMU: {reason}"),
+        }
+    }
+
     fn collect_one(perf: &mut Perf, time_us: i64) -> Batch {
         let mut batches = perf.collect(time_us).unwrap();
         assert_eq!(batches.len(), 1);
@@ -997,15 +1012,7 @@ mod tests {
     fn leaf_cgroups_sum_their_cpus_and_scale_for_multiplexing() {
         let (_dir, roots) = tree();
         let fake = Fake::default();
-        let mut perf = collector(
-            &roots,
-            &PerfConfig::default(),
-            &CgroupsConfig::default(),
-            &fake,
-        );
-        let Availability::Available(summary) = perf.probe() else {
-            panic!("absent with a working PMU");
-        };
+        let (mut perf, summary) = probed(&roots, &fake);
         assert!(
             summary
                 .ends_with("3 leaf cgroups x 2 CPUs x 3 events = 18 counters (max_counters 8192)"),
@@ -1097,15 +1104,7 @@ mod tests {
             .unwrap()
             .refuse
             .insert(HwEvent::LlcMisses, libc::ENOENT);
-        let mut perf = collector(
-            &roots,
-            &PerfConfig::default(),
-            &CgroupsConfig::default(),
-            &fake,
-        );
-        let Availability::Available(summary) = perf.probe() else {
-            panic!("cycles and instructions are enough");
-        };
+        let (mut perf, summary) = probed(&roots, &fake);
         assert!(
             summary.contains("x 2 events = 12 counters")
                 && summary.ends_with("last-level cache misses not counted"),
@@ -1202,13 +1201,7 @@ mod tests {
     fn impossible_readings_are_skipped_and_reported() {
         let (_dir, roots) = tree();
         let fake = Fake::default();
-        let mut perf = collector(
-            &roots,
-            &PerfConfig::default(),
-            &CgroupsConfig::default(),
-            &fake,
-        );
-        assert!(matches!(perf.probe(), Availability::Available(_)));
+        let (mut perf, _) = probed(&roots, &fake);
         fake.set(A, 0, HwEvent::Cycles, 1000, 100, 100);
         collect_one(&mut perf, 0);
         // Backwards, then running longer than enabled: neither moves the total.
@@ -1248,13 +1241,7 @@ mod tests {
     fn a_counter_that_cannot_be_read_is_opened_again() {
         let (_dir, roots) = tree();
         let fake = Fake::default();
-        let mut perf = collector(
-            &roots,
-            &PerfConfig::default(),
-            &CgroupsConfig::default(),
-            &fake,
-        );
-        assert!(matches!(perf.probe(), Availability::Available(_)));
+        let (mut perf, _) = probed(&roots, &fake);
         collect_one(&mut perf, 0);
         fake.0.lock().unwrap().unreadable.insert(B.into());
         let batch = collect_one(&mut perf, 1_000_000);

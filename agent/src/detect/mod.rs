@@ -682,12 +682,9 @@ impl Detector {
     }
 
     fn observe_cgroups(&mut self, view: &View) {
-        let (Some(path_col), Some(workload_col)) =
-            (view.tag_column("path"), view.tag_column("workload"))
-        else {
+        let Some((paths, workloads)) = cgroup_rows(view) else {
             return;
         };
-        let paths: Vec<&str> = (0..view.rows()).map(|r| view.tag_at(path_col, r)).collect();
         self.leaf_cgroups = leaves(&paths);
         const PRESSURES: [(&str, Resource); 3] = [
             ("cpu_pressure_some_seconds", Resource::Cpu),
@@ -703,12 +700,7 @@ impl Detector {
                     }
                 }
             }
-            // Slices and job steps aggregate or subdivide a workload, and a
-            // parent's stall holds its children's: the workload's own leaf
-            // cgroup is the victim.
-            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step")
-                || !self.leaf_cgroups.contains(*path)
-            {
+            if !is_victim(path, workloads[row], &self.leaf_cgroups) {
                 continue;
             }
             for (field, resource) in PRESSURES {
@@ -726,12 +718,9 @@ impl Detector {
     /// cgroup, from the perf collector's counters: ratios of two rates over
     /// the same second, sampled only when the cgroup ran enough instructions.
     fn observe_cgroup_perf(&mut self, view: &View) {
-        let (Some(path_col), Some(workload_col)) =
-            (view.tag_column("path"), view.tag_column("workload"))
-        else {
+        let Some((paths, workloads)) = cgroup_rows(view) else {
             return;
         };
-        let paths: Vec<&str> = (0..view.rows()).map(|r| view.tag_at(path_col, r)).collect();
         let leaf = leaves(&paths);
         for (row, path) in paths.iter().enumerate() {
             let time_us = view.time_us(row);
@@ -743,9 +732,7 @@ impl Detector {
             };
             let (cycles, instructions, llc_misses) =
                 (rate("cycles"), rate("instructions"), rate("llc_misses"));
-            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step")
-                || !leaf.contains(*path)
-            {
+            if !is_victim(path, workloads[row], &leaf) {
                 continue;
             }
             let Some(instructions) = instructions.filter(|i| *i >= PMU_MIN_INSTRUCTIONS_PER_SECOND)
@@ -1276,6 +1263,23 @@ fn top_suspect(suspects: &[Suspect]) -> &str {
         .first()
         .filter(|s| s.score > 0.0)
         .map_or("none", |s| s.name.as_str())
+}
+
+/// The `path` and `workload` tags of a batch of per-cgroup rows, row by row.
+fn cgroup_rows<'a>(view: &View<'a>) -> Option<(Vec<&'a str>, Vec<&'a str>)> {
+    let (path, workload) = (view.tag_column("path")?, view.tag_column("workload")?);
+    let rows = 0..view.rows();
+    Some((
+        rows.clone().map(|r| view.tag_at(path, r)).collect(),
+        rows.map(|r| view.tag_at(workload, r)).collect(),
+    ))
+}
+
+/// Whether a cgroup's signals are a victim's. Slices and job steps aggregate
+/// or subdivide a workload, and a parent's stall holds its children's: the
+/// workload's own leaf cgroup is the victim.
+fn is_victim(path: &str, workload: &str, leaves: &BTreeSet<String>) -> bool {
+    !matches!(workload, "slice" | "slurm_step") && leaves.contains(path)
 }
 
 /// Whether one cgroup path is the other or holds it.

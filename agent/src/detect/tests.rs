@@ -87,26 +87,41 @@ impl Node {
     }
 
     fn events(&self, state: &str) -> Vec<(String, String, String, f64)> {
-        let mut found = Vec::new();
-        for b in self
-            .out
-            .iter()
-            .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
-        {
-            let v = View::new(b);
-            for r in 0..v.rows() {
-                if v.tag(r, "state") == state {
-                    found.push((
-                        v.tag(r, "resource").to_string(),
-                        v.tag(r, "victim").to_string(),
-                        v.tag(r, "suspects").to_string(),
-                        v.value(r, "start_time_seconds").unwrap(),
-                    ));
-                }
-            }
-        }
-        found
+        event_rows(&self.out, state)
+            .into_iter()
+            .map(|e| (e.resource, e.victim, e.suspects, e.start_second))
+            .collect()
     }
+}
+
+/// One `neighbor_events` row.
+struct EventRow {
+    resource: String,
+    victim: String,
+    signal: String,
+    suspects: String,
+    start_second: f64,
+}
+
+/// The `neighbor_events` rows among `out` in `state` (`open`, `closed`).
+fn event_rows(out: &[Batch], state: &str) -> Vec<EventRow> {
+    let mut found = Vec::new();
+    for b in out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+    {
+        let v = View::new(b);
+        for r in (0..v.rows()).filter(|&r| v.tag(r, "state") == state) {
+            found.push(EventRow {
+                resource: v.tag(r, "resource").to_string(),
+                victim: v.tag(r, "victim").to_string(),
+                signal: v.tag(r, "signal").to_string(),
+                suspects: v.tag(r, "suspects").to_string(),
+                start_second: v.value(r, "start_time_seconds").unwrap(),
+            });
+        }
+    }
+    found
 }
 
 fn config() -> DetectConfig {
@@ -486,23 +501,10 @@ impl PmuNode {
 
     /// Opened events as (resource, victim, signal, suspects).
     fn opened(&self) -> Vec<(String, String, String, String)> {
-        let mut found = Vec::new();
-        for b in self
-            .out
-            .iter()
-            .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
-        {
-            let v = View::new(b);
-            for r in (0..v.rows()).filter(|&r| v.tag(r, "state") == "open") {
-                found.push((
-                    v.tag(r, "resource").to_string(),
-                    v.tag(r, "victim").to_string(),
-                    v.tag(r, "signal").to_string(),
-                    v.tag(r, "suspects").to_string(),
-                ));
-            }
-        }
-        found
+        event_rows(&self.out, "open")
+            .into_iter()
+            .map(|e| (e.resource, e.victim, e.signal, e.suspects))
+            .collect()
     }
 
     /// The signals judged so far, as (resource, victim, signal).
