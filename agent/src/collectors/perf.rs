@@ -583,15 +583,26 @@ impl Perf {
         let mut refused: Option<String> = None;
         for path in chosen.into_iter().take(room) {
             let dir = hierarchy.join(path.trim_start_matches('/'));
-            let kept = old.remove(&path).filter(|t| {
-                !t.slots.is_empty() && std::fs::metadata(&t.dir).is_ok_and(|m| m.ino() == t.inode)
-            });
-            if let Some(target) = kept {
-                self.targets.push(target);
-                continue;
-            }
+            // The same cgroup (same inode) keeps its counters, or when the
+            // CPUs changed, at least its totals.
+            let previous = old
+                .remove(&path)
+                .filter(|t| std::fs::metadata(&t.dir).is_ok_and(|m| m.ino() == t.inode));
+            let carried = match previous {
+                Some(target) if !target.slots.is_empty() => {
+                    self.targets.push(target);
+                    continue;
+                }
+                Some(target) => Some((target.inode, target.totals)),
+                None => None,
+            };
             match self.open_target(&path, &dir) {
-                Ok(Some(target)) => self.targets.push(target),
+                Ok(Some(mut target)) => {
+                    if let Some((_, totals)) = carried.filter(|(inode, _)| *inode == target.inode) {
+                        target.totals = totals;
+                    }
+                    self.targets.push(target);
+                }
                 Ok(None) => {} // gone since it was listed
                 Err(e) => {
                     let reason = match e.raw_os_error() {
@@ -1169,6 +1180,24 @@ mod tests {
         // counts from its own start, which the totals take as a fresh series.
         assert_eq!(count(&again, A, "cycles"), Some(40));
         assert_eq!(fake.open(), 12);
+    }
+
+    #[test]
+    fn cpus_coming_online_reopen_the_counters_and_the_totals_go_on() {
+        let (_dir, roots) = tree();
+        let fake = Fake::default();
+        let (mut perf, _) = probed(&roots, &fake);
+        fake.set(A, 1, HwEvent::Cycles, 500, 10, 10);
+        assert_eq!(count(&collect_one(&mut perf, 0), A, "cycles"), Some(500));
+        std::fs::write(roots.sys("devices/system/cpu/online"), "0-2\n").unwrap();
+        // At the rescan: three CPUs' counters, the old ones closed; the new
+        // counter on CPU 1 starts from nothing, its script still says 500.
+        let batch = collect_one(&mut perf, 10_000_000);
+        assert_eq!(fake.open(), 27);
+        assert_eq!(count(&batch, A, "cycles"), Some(1000));
+        fake.set(A, 2, HwEvent::Cycles, 70, 10, 10);
+        let batch = collect_one(&mut perf, 11_000_000);
+        assert_eq!(count(&batch, A, "cycles"), Some(1070));
     }
 
     #[test]
