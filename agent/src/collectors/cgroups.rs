@@ -24,7 +24,7 @@
 //! rows in between, so `cpu_quota_cpus` and `memory_limit_bytes` follow a
 //! changed limit within `rescan_interval_secs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -456,7 +456,7 @@ struct Hierarchy {
 }
 
 /// Whether `dir` is on a cgroup filesystem (v1 or v2).
-fn on_cgroupfs(dir: &Path) -> bool {
+pub(super) fn on_cgroupfs(dir: &Path) -> bool {
     let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
         return false;
     };
@@ -609,32 +609,98 @@ struct Discovery {
     skipped: usize,
 }
 
-/// Adds every cgroup below the root of `hierarchy` (number `idx` of the
-/// layout), down to `max_depth`, to `out`: path relative to the root (`/a/b`)
-/// to the hierarchies that have it.
-fn list(hierarchy: &Hierarchy, max_depth: u32, out: &mut BTreeMap<String, Vec<usize>>, idx: usize) {
-    let mut stack: Vec<(String, PathBuf, u32)> = vec![(String::new(), hierarchy.dir.clone(), 0)];
-    while let Some((rel, dir, depth)) = stack.pop() {
-        if depth > 0 {
-            out.entry(rel.clone()).or_default().push(idx);
+/// Which cgroups are sampled: those within `max_depth` of the root that pass
+/// the include and exclude patterns, at most `max_cgroups` of them, shallowest
+/// first then by path. The perf collector selects with the same rules, so its
+/// rows name cgroups the cgroups collector names too, under the same bound.
+pub(super) struct Selection {
+    filter: Filter,
+    max_depth: u32,
+    max_cgroups: usize,
+    rescan_us: i64,
+}
+
+impl Selection {
+    pub(super) fn new(config: &CgroupsConfig) -> Selection {
+        Selection {
+            filter: Filter::new(config),
+            max_depth: config.max_depth.max(1),
+            max_cgroups: config.max_cgroups.max(1) as usize,
+            rescan_us: (config.rescan_interval_secs.max(0.0) * 1e6) as i64,
         }
-        if depth >= max_depth {
-            continue;
-        }
-        // A directory gone since its parent was listed is churn; one we may not
-        // read is left out.
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
+    }
+
+    /// Every cgroup below each of `dirs` (hierarchy roots), down to
+    /// `max_depth`: its path relative to the root (`/a/b`) to the indexes of
+    /// the dirs that have it.
+    pub(super) fn list(&self, dirs: &[&Path]) -> BTreeMap<String, Vec<usize>> {
+        let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (idx, root) in dirs.iter().enumerate() {
+            let mut stack: Vec<(String, PathBuf, u32)> =
+                vec![(String::new(), root.to_path_buf(), 0)];
+            while let Some((rel, dir, depth)) = stack.pop() {
+                if depth > 0 {
+                    out.entry(rel.clone()).or_default().push(idx);
+                }
+                if depth >= self.max_depth {
+                    continue;
+                }
+                // A directory gone since its parent was listed is churn; one we
+                // may not read is left out.
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        continue;
+                    }
+                    let Ok(name) = entry.file_name().into_string() else {
+                        continue; // not UTF-8: cannot be a tag
+                    };
+                    stack.push((format!("{rel}/{name}"), entry.path(), depth + 1));
+                }
             }
-            let Ok(name) = entry.file_name().into_string() else {
-                continue; // not UTF-8: cannot be a tag
-            };
-            stack.push((format!("{rel}/{name}"), entry.path(), depth + 1));
         }
+        out
+    }
+
+    /// The listed cgroups the patterns accept, shallowest first then by path,
+    /// cut to `max_cgroups` (which keeps slices over the leaves under them,
+    /// and the same ones from walk to walk); and how many the cut left out.
+    pub(super) fn bound<T>(
+        &self,
+        listed: impl IntoIterator<Item = (String, T)>,
+    ) -> (Vec<(String, T)>, usize) {
+        let mut paths: Vec<(String, T)> = listed
+            .into_iter()
+            .filter(|(path, _)| self.filter.accepts(path))
+            .collect();
+        paths.sort_by(|a, b| (depth_of(&a.0), &a.0).cmp(&(depth_of(&b.0), &b.0)));
+        let skipped = paths.len().saturating_sub(self.max_cgroups);
+        paths.truncate(self.max_cgroups);
+        (paths, skipped)
+    }
+
+    /// Whether a walk is due at `time_us` after one at `walked_at` (`None`:
+    /// never walked, or a cgroup vanished since).
+    pub(super) fn rescan_due(&self, walked_at: Option<i64>, time_us: i64) -> bool {
+        match walked_at {
+            None => true,
+            Some(at) => time_us < at || time_us - at >= self.rescan_us,
+        }
+    }
+
+    /// Why nothing is sampled, when the patterns do not compile.
+    pub(super) fn broken(&self) -> Option<&str> {
+        self.filter.broken.as_deref()
+    }
+
+    pub(super) fn max_depth(&self) -> u32 {
+        self.max_depth
+    }
+
+    pub(super) fn max_cgroups(&self) -> usize {
+        self.max_cgroups
     }
 }
 
@@ -642,25 +708,19 @@ fn depth_of(path: &str) -> usize {
     path.bytes().filter(|&b| b == b'/').count()
 }
 
-fn walk(layout: &Layout, filter: &Filter, max_depth: u32, max_cgroups: usize) -> Discovery {
-    let mut found: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (idx, hierarchy) in layout.hierarchies.iter().enumerate() {
-        list(hierarchy, max_depth, &mut found, idx);
-    }
+fn walk(layout: &Layout, selection: &Selection) -> Discovery {
+    let dirs: Vec<&Path> = layout.hierarchies.iter().map(|h| h.dir.as_path()).collect();
+    let found = selection.list(&dirs);
     // Pressure-only paths (hybrid `unified/`) are not workloads of their own.
     let pressure_only = |idxs: &[usize]| {
         idxs.iter()
             .all(|&i| layout.hierarchies[i].sources.as_slice() == PRESSURE_SOURCES)
     };
-    let mut paths: Vec<(String, Vec<usize>)> = found
-        .into_iter()
-        .filter(|(path, idxs)| (layout.unified || !pressure_only(idxs)) && filter.accepts(path))
-        .collect();
-    // Shallowest first, then by path: the cardinality bound keeps slices over
-    // the leaves under them, and the same ones from walk to walk.
-    paths.sort_by(|a, b| (depth_of(&a.0), &a.0).cmp(&(depth_of(&b.0), &b.0)));
-    let skipped = paths.len().saturating_sub(max_cgroups);
-    paths.truncate(max_cgroups);
+    let (paths, skipped) = selection.bound(
+        found
+            .into_iter()
+            .filter(|(_, idxs)| layout.unified || !pressure_only(idxs)),
+    );
     let mut targets: Vec<Target> = paths
         .into_iter()
         .map(|(path, idxs)| {
@@ -752,6 +812,23 @@ impl Filter {
             && (self.include.is_empty() || self.include.is_match(path))
             && !self.exclude.is_match(path)
     }
+}
+
+/// The cgroups among `paths` with no descendant among them: where workloads
+/// run, since a parent's usage and stalls hold its children's.
+pub fn leaves(paths: &[&str]) -> BTreeSet<String> {
+    let sorted: BTreeSet<&str> = paths.iter().copied().collect();
+    sorted
+        .iter()
+        .filter(|p| {
+            let prefix = format!("{}/", p.trim_end_matches('/'));
+            !sorted
+                .range(prefix.as_str()..)
+                .next()
+                .is_some_and(|next| next.starts_with(&prefix))
+        })
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// How container runtimes name a container's systemd scope:
@@ -1101,10 +1178,7 @@ fn parse(
 /// The cgroups collector.
 pub struct Cgroups {
     root: PathBuf,
-    max_depth: u32,
-    max_cgroups: usize,
-    rescan_us: i64,
-    filter: Filter,
+    selection: Selection,
     hz: f64,
     layout: Option<Layout>,
     discovery: Discovery,
@@ -1121,10 +1195,7 @@ impl Cgroups {
     pub fn new(config: &CgroupsConfig, roots: &Roots) -> Self {
         Cgroups {
             root: roots.sys("fs/cgroup"),
-            max_depth: config.max_depth.max(1),
-            max_cgroups: config.max_cgroups.max(1) as usize,
-            rescan_us: (config.rescan_interval_secs.max(0.0) * 1e6) as i64,
-            filter: Filter::new(config),
+            selection: Selection::new(config),
             hz: super::user_hz(),
             layout: None,
             discovery: Discovery::default(),
@@ -1140,7 +1211,7 @@ impl Cgroups {
         }
         let layout = self.layout.as_ref().expect("set above");
         let old = std::mem::take(&mut self.discovery);
-        self.discovery = walk(layout, &self.filter, self.max_depth, self.max_cgroups);
+        self.discovery = walk(layout, &self.selection);
         keep_open(&mut self.discovery.targets, old.targets);
         self.walked_at = Some(time_us);
         self.settings_due = true;
@@ -1255,7 +1326,7 @@ impl Collector for Cgroups {
         let found = format!(
             "{} cgroups within depth {}{}",
             self.discovery.targets.len(),
-            self.max_depth,
+            self.selection.max_depth(),
             if self.discovery.skipped > 0 {
                 format!(" ({} over max_cgroups skipped)", self.discovery.skipped)
             } else {
@@ -1271,11 +1342,7 @@ impl Collector for Cgroups {
     }
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
-        let due = match self.walked_at {
-            None => true,
-            Some(at) => time_us < at || time_us - at >= self.rescan_us,
-        };
-        if due {
+        if self.selection.rescan_due(self.walked_at, time_us) {
             self.rewalk(time_us)?;
         }
         let batch = self.read_all(time_us)?;
@@ -1288,13 +1355,14 @@ impl Collector for Cgroups {
 
     fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        if let Some(broken) = &self.filter.broken {
+        if let Some(broken) = self.selection.broken() {
             problems.push(format!("{broken}: no cgroup is sampled"));
         }
         if self.discovery.skipped > 0 {
             problems.push(format!(
                 "{} cgroups over collectors.cgroups.max_cgroups = {} are not sampled: raise it, or narrow include/exclude or max_depth",
-                self.discovery.skipped, self.max_cgroups
+                self.discovery.skipped,
+                self.selection.max_cgroups()
             ));
         }
         problems

@@ -21,6 +21,7 @@ pub mod jitter;
 pub mod kept;
 pub mod netdev;
 pub mod pci;
+pub mod perf;
 pub mod platform;
 pub mod runtime_tables;
 pub mod scrape;
@@ -118,6 +119,9 @@ pub struct CollectorsConfig {
     pub host: host::HostConfig,
     /// Per-workload cgroups.
     pub cgroups: cgroups::CgroupsConfig,
+    /// Per-cgroup hardware counters (CPI) where the PMU is there; its
+    /// cgroups are the leaves of what `[collectors.cgroups]` selects.
+    pub perf: perf::PerfConfig,
     /// InfiniBand and RoCE HCAs and ports.
     pub infiniband: infiniband::InfinibandConfig,
     /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
@@ -140,6 +144,7 @@ pub struct CollectorsConfig {
 pub const NAMES: &[&str] = &[
     "host",
     "cgroups",
+    "perf",
     "infiniband",
     "platform",
     "gpu",
@@ -156,6 +161,7 @@ impl CollectorsConfig {
         Some(match name {
             "host" => &self.host,
             "cgroups" => &self.cgroups,
+            "perf" => &self.perf,
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
             "gpu" => &self.gpu,
@@ -173,6 +179,7 @@ impl CollectorsConfig {
         match name {
             "host" => self.host.enabled = enabled,
             "cgroups" => self.cgroups.enabled = enabled,
+            "perf" => self.perf.enabled = enabled,
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
             "gpu" => self.gpu.enabled = enabled,
@@ -191,6 +198,7 @@ impl CollectorsConfig {
         Some(match name {
             "host" => Box::new(host::Host::new(&self.host, roots)),
             "cgroups" => Box::new(cgroups::Cgroups::new(&self.cgroups, roots)),
+            "perf" => Box::new(perf::Perf::new(&self.perf, &self.cgroups, roots)),
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
             "gpu" => Box::new(gpu::Gpu::new(&self.gpu, roots)),
@@ -219,6 +227,7 @@ impl CollectorsConfig {
             }
         }
         self.cgroups.validate()?;
+        self.perf.validate()?;
         self.gpu.validate()?;
         self.jitter.validate()?;
         self.block.validate()?;
@@ -234,6 +243,7 @@ pub fn tables() -> Vec<&'static TableDef> {
     [
         host::TABLES,
         cgroups::TABLES,
+        perf::TABLES,
         infiniband::TABLES,
         platform::TABLES,
         gpu::TABLES,
@@ -255,6 +265,7 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
     let docs: &[(&str, &str)] = match name {
         "host" => host::KEY_DOCS,
         "cgroups" => cgroups::KEY_DOCS,
+        "perf" => perf::KEY_DOCS,
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
         "gpu" => gpu::KEY_DOCS,

@@ -2,7 +2,8 @@
 //!
 //! The detector reads every batch the collectors produce (on the main thread,
 //! as the store does), turns them into per-second victim signals (stall and
-//! delay ratios, jitter tails, a cache canary, GPU clock and activity losses,
+//! delay ratios, jitter tails, a cache canary, per-cgroup CPI and cache misses
+//! per instruction where the PMU is there, GPU clock and activity losses,
 //! InfiniBand congestion) and per-second usage of every suspect (leaf
 //! cgroups, GPU processes). Each window (default 5 s) it judges each signal's
 //! mean against a robust baseline (median and MAD of its past windows) or,
@@ -28,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use vtax_store::{Batch, BatchBuilder, Value};
 
+use crate::collectors::cgroups::leaves;
 use baseline::RollingBaseline;
 use rank::Suspect;
 use verdict::{Facts, GpuFacts};
@@ -56,6 +58,11 @@ const WINDOW_GRACE_SECS: i64 = 2;
 /// ranked over: enough quiet seconds to see who changed at the onset, few
 /// enough that a neighbour who came and went a minute earlier is not in them.
 const PRE_ONSET_SECS: i64 = 30;
+/// Instructions per second under which a cgroup's CPI and cache misses per
+/// instruction are not sampled: a tenth of a core at one instruction per
+/// cycle at 1 GHz. An idle cgroup's few instructions are wake-ups on cold
+/// caches, whose CPI swings by multiples from second to second.
+const PMU_MIN_INSTRUCTIONS_PER_SECOND: f64 = 1e8;
 /// Suspects ranked per event in `/metrics`.
 const SUSPECTS_EXPORTED: usize = 3;
 /// Suspects listed in an event's row.
@@ -292,6 +299,13 @@ pub static SPECS: &[Spec] = &[
     ),
     baseline(
         Resource::Cpu,
+        "cpi",
+        0.2,
+        0.05,
+        "Cycles per instruction of a workload cgroup, from the PMU (the CPI² method: a neighbour taking caches and memory bandwidth makes each instruction cost more cycles).",
+    ),
+    baseline(
+        Resource::Cpu,
         "jitter_p99_seconds",
         200e-6,
         50e-6,
@@ -317,6 +331,13 @@ pub static SPECS: &[Spec] = &[
         10e-9,
         1e-9,
         "Cache canary: seconds per dependent load over a 2 MiB working set.",
+    ),
+    baseline(
+        Resource::Memory,
+        "llc_misses_per_kilo_instruction",
+        2.0,
+        0.2,
+        "Last-level cache misses per thousand instructions of a workload cgroup, from the PMU.",
     ),
     baseline(
         Resource::Io,
@@ -555,6 +576,7 @@ impl Detector {
             }
             "pressure" => self.observe_pressure(&view),
             "cgroup" => self.observe_cgroups(&view),
+            "cgroup_perf" => self.observe_cgroup_perf(&view),
             "jitter" => self.observe_jitter(&view),
             "platform_host" => self.facts.observe_host(&view),
             "gpu_info" => {
@@ -702,12 +724,9 @@ impl Detector {
     }
 
     fn observe_cgroups(&mut self, view: &View) {
-        let (Some(path_col), Some(workload_col)) =
-            (view.tag_column("path"), view.tag_column("workload"))
-        else {
+        let Some((paths, workloads)) = cgroup_rows(view) else {
             return;
         };
-        let paths: Vec<&str> = (0..view.rows()).map(|r| view.tag_at(path_col, r)).collect();
         self.leaf_cgroups = leaves(&paths);
         const PRESSURES: [(&str, Resource); 3] = [
             ("cpu_pressure_some_seconds", Resource::Cpu),
@@ -723,12 +742,7 @@ impl Detector {
                     }
                 }
             }
-            // Slices and job steps aggregate or subdivide a workload, and a
-            // parent's stall holds its children's: the workload's own leaf
-            // cgroup is the victim.
-            if matches!(view.tag_at(workload_col, row), "slice" | "slurm_step")
-                || !self.leaf_cgroups.contains(*path)
-            {
+            if !is_victim(path, workloads[row], &self.leaf_cgroups) {
                 continue;
             }
             for (field, resource) in PRESSURES {
@@ -737,6 +751,46 @@ impl Detector {
                     (resource, path, "pressure_some_ratio"),
                     time_us,
                     view.value(row, field),
+                );
+            }
+        }
+    }
+
+    /// CPI and LLC misses per thousand instructions of each leaf workload
+    /// cgroup, from the perf collector's counters: ratios of two rates over
+    /// the same second, sampled only when the cgroup ran enough instructions.
+    fn observe_cgroup_perf(&mut self, view: &View) {
+        let Some((paths, workloads)) = cgroup_rows(view) else {
+            return;
+        };
+        let leaf = leaves(&paths);
+        for (row, path) in paths.iter().enumerate() {
+            let time_us = view.time_us(row);
+            // Every counter's rate is taken each row, so the next second's
+            // rate spans one second whatever this one decided.
+            let mut rate = |field: &str| {
+                let counter = view.value(row, field)?;
+                self.rate(format!("cgroup_perf|{path}|{field}"), time_us, counter)
+            };
+            let (cycles, instructions, llc_misses) =
+                (rate("cycles"), rate("instructions"), rate("llc_misses"));
+            if !is_victim(path, workloads[row], &leaf) {
+                continue;
+            }
+            let Some(instructions) = instructions.filter(|i| *i >= PMU_MIN_INSTRUCTIONS_PER_SECOND)
+            else {
+                continue;
+            };
+            if let Some(cycles) = cycles {
+                self.sample(Resource::Cpu, path, "cpi", time_us, cycles / instructions);
+            }
+            if let Some(misses) = llc_misses {
+                self.sample(
+                    Resource::Memory,
+                    path,
+                    "llc_misses_per_kilo_instruction",
+                    time_us,
+                    1000.0 * misses / instructions,
                 );
             }
         }
@@ -1279,20 +1333,21 @@ fn top_suspect(suspects: &[Suspect]) -> &str {
         .map_or("none", |s| s.name.as_str())
 }
 
-/// Paths with no descendant among `paths`.
-fn leaves(paths: &[&str]) -> BTreeSet<String> {
-    let sorted: BTreeSet<&str> = paths.iter().copied().collect();
-    sorted
-        .iter()
-        .filter(|p| {
-            let prefix = format!("{}/", p.trim_end_matches('/'));
-            !sorted
-                .range(prefix.as_str()..)
-                .next()
-                .is_some_and(|next| next.starts_with(&prefix))
-        })
-        .map(|p| p.to_string())
-        .collect()
+/// The `path` and `workload` tags of a batch of per-cgroup rows, row by row.
+fn cgroup_rows<'a>(view: &View<'a>) -> Option<(Vec<&'a str>, Vec<&'a str>)> {
+    let (path, workload) = (view.tag_column("path")?, view.tag_column("workload")?);
+    let rows = 0..view.rows();
+    Some((
+        rows.clone().map(|r| view.tag_at(path, r)).collect(),
+        rows.map(|r| view.tag_at(workload, r)).collect(),
+    ))
+}
+
+/// Whether a cgroup's signals are a victim's. Slices and job steps aggregate
+/// or subdivide a workload, and a parent's stall holds its children's: the
+/// workload's own leaf cgroup is the victim.
+fn is_victim(path: &str, workload: &str, leaves: &BTreeSet<String>) -> bool {
+    !matches!(workload, "slice" | "slurm_step") && leaves.contains(path)
 }
 
 /// Whether one cgroup path is the other or holds it.

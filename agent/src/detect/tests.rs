@@ -5,6 +5,7 @@ use vtax_store::{Batch, BatchBuilder, FieldType, TableDef, Value};
 use super::*;
 use crate::collectors::cgroups::CGROUP;
 use crate::collectors::host::PRESSURE;
+use crate::collectors::perf::CGROUP_PERF;
 use crate::collectors::{Availability, Collector, Roots};
 
 const START_US: i64 = 1_800_000_000_000_000;
@@ -86,26 +87,41 @@ impl Node {
     }
 
     fn events(&self, state: &str) -> Vec<(String, String, String, f64)> {
-        let mut found = Vec::new();
-        for b in self
-            .out
-            .iter()
-            .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
-        {
-            let v = View::new(b);
-            for r in 0..v.rows() {
-                if v.tag(r, "state") == state {
-                    found.push((
-                        v.tag(r, "resource").to_string(),
-                        v.tag(r, "victim").to_string(),
-                        v.tag(r, "suspects").to_string(),
-                        v.value(r, "start_time_seconds").unwrap(),
-                    ));
-                }
-            }
-        }
-        found
+        event_rows(&self.out, state)
+            .into_iter()
+            .map(|e| (e.resource, e.victim, e.suspects, e.start_second))
+            .collect()
     }
+}
+
+/// One `neighbor_events` row.
+struct EventRow {
+    resource: String,
+    victim: String,
+    signal: String,
+    suspects: String,
+    start_second: f64,
+}
+
+/// The `neighbor_events` rows among `out` in `state` (`open`, `closed`).
+fn event_rows(out: &[Batch], state: &str) -> Vec<EventRow> {
+    let mut found = Vec::new();
+    for b in out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+    {
+        let v = View::new(b);
+        for r in (0..v.rows()).filter(|&r| v.tag(r, "state") == state) {
+            found.push(EventRow {
+                resource: v.tag(r, "resource").to_string(),
+                victim: v.tag(r, "victim").to_string(),
+                signal: v.tag(r, "signal").to_string(),
+                suspects: v.tag(r, "suspects").to_string(),
+                start_second: v.value(r, "start_time_seconds").unwrap(),
+            });
+        }
+    }
+    found
 }
 
 fn config() -> DetectConfig {
@@ -567,4 +583,235 @@ fn evidence_shows_durations_in_a_readable_unit() {
     assert_eq!(quantity("jitter_p99_seconds", 0.0123), "12.3 ms");
     assert_eq!(quantity("pressure_some_ratio", 0.25), "0.2500");
     assert_eq!(quantity("cache_latency_seconds", 0.0), "0.0000");
+}
+
+/// One second of a cgroup on a node with a PMU: CPUs used, instructions
+/// retired per second, cycles per instruction, LLC misses per thousand
+/// instructions (`None`: the CPU has no LLC event).
+struct PmuSecond {
+    path: &'static str,
+    cpus: f64,
+    instructions: f64,
+    cpi: f64,
+    mpki: Option<f64>,
+}
+
+/// A node whose `cgroup` and `cgroup_perf` rows are cumulative counters
+/// advanced one second at a time.
+struct PmuNode {
+    detector: Detector,
+    second: i64,
+    totals: BTreeMap<(&'static str, &'static str), f64>,
+    out: Vec<Batch>,
+}
+
+impl PmuNode {
+    fn new() -> Self {
+        PmuNode {
+            detector: Detector::new(config()),
+            second: 0,
+            totals: BTreeMap::new(),
+            out: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, path: &'static str, counter: &'static str, increase: f64) -> f64 {
+        let total = self.totals.entry((path, counter)).or_default();
+        *total += increase;
+        *total
+    }
+
+    /// One second; with `perf` false only the `cgroup` rows (no PMU).
+    fn step(&mut self, cgroups: &[PmuSecond], perf: bool) {
+        let time_us = START_US + self.second * 1_000_000 + 1_000;
+        for c in cgroups {
+            let usage = self.add(c.path, "usage", c.cpus);
+            let cgroup = row(
+                &CGROUP,
+                time_us,
+                &[c.path, "container"],
+                &[
+                    ("cpu_usage_seconds", usage),
+                    ("cpu_pressure_some_seconds", 0.0),
+                ],
+            );
+            self.detector.observe(&cgroup);
+            if !perf {
+                continue;
+            }
+            let instructions = self.add(c.path, "instructions", c.instructions);
+            let cycles = self.add(c.path, "cycles", c.instructions * c.cpi);
+            let mut fields = vec![("cycles", cycles), ("instructions", instructions)];
+            if let Some(mpki) = c.mpki {
+                let misses = self.add(c.path, "llc_misses", c.instructions * mpki / 1000.0);
+                fields.push(("llc_misses", misses));
+            }
+            let counters = row(&CGROUP_PERF, time_us, &[c.path, "container"], &fields);
+            self.detector.observe(&counters);
+        }
+        self.second += 1;
+        self.out.extend(
+            self.detector
+                .tick(START_US + self.second * 1_000_000 + 300_000),
+        );
+    }
+
+    /// Opened events as (resource, victim, signal, suspects).
+    fn opened(&self) -> Vec<(String, String, String, String)> {
+        event_rows(&self.out, "open")
+            .into_iter()
+            .map(|e| (e.resource, e.victim, e.signal, e.suspects))
+            .collect()
+    }
+
+    /// The signals judged so far, as (resource, victim, signal).
+    fn judged(&self) -> BTreeSet<(String, String, String)> {
+        let mut found = BTreeSet::new();
+        for b in self
+            .out
+            .iter()
+            .filter(|b| std::ptr::eq(b.table, &tables::DETECTOR_SIGNAL))
+        {
+            let v = View::new(b);
+            for r in 0..v.rows() {
+                found.insert((
+                    v.tag(r, "resource").to_string(),
+                    v.tag(r, "victim").to_string(),
+                    v.tag(r, "signal").to_string(),
+                ));
+            }
+        }
+        found
+    }
+}
+
+fn second(path: &'static str, cpus: f64, instructions: f64, cpi: f64, mpki: f64) -> PmuSecond {
+    PmuSecond {
+        path,
+        cpus,
+        instructions,
+        cpi,
+        mpki: Some(mpki),
+    }
+}
+
+#[test]
+fn a_neighbour_that_raises_a_cgroups_cpi_opens_cpu_and_memory_events_naming_it() {
+    let mut node = PmuNode::new();
+    let mut seed = 5;
+    for _ in 0..180 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                second("/victim", 0.9, 2.0e9, 1.0 + 0.03 * n, 1.0 + 0.1 * n),
+                second("/steady", 0.5 + 0.02 * n, 1.0e9, 0.8, 0.5),
+                // Idle: a few wake-ups, under the instruction floor.
+                second("/antagonist", 0.01, 1.0e6, 4.0 + 3.0 * n, 30.0),
+            ],
+            true,
+        );
+    }
+    assert!(node.opened().is_empty(), "quiet: {:?}", node.opened());
+    for _ in 0..60 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                // Same CPU time, fewer instructions: each costs more cycles
+                // and misses the cache the antagonist now streams through.
+                second("/victim", 0.9, 1.2e9, 1.7 + 0.05 * n, 6.0 + 0.3 * n),
+                second("/steady", 0.5 + 0.02 * n, 1.0e9, 0.8, 0.5),
+                second("/antagonist", 0.95, 3.0e9, 1.1, 25.0),
+            ],
+            true,
+        );
+    }
+    let opened = node.opened();
+    let cpi = opened
+        .iter()
+        .find(|e| e.2 == "cpi")
+        .unwrap_or_else(|| panic!("no cpi event: {opened:?}"));
+    assert_eq!((cpi.0.as_str(), cpi.1.as_str()), ("cpu", "/victim"));
+    assert!(cpi.3.starts_with("/antagonist "), "ranked first: {}", cpi.3);
+    let llc = opened
+        .iter()
+        .find(|e| e.2 == "llc_misses_per_kilo_instruction")
+        .unwrap_or_else(|| panic!("no LLC event: {opened:?}"));
+    assert_eq!((llc.0.as_str(), llc.1.as_str()), ("memory", "/victim"));
+    assert!(llc.3.starts_with("/antagonist "), "ranked first: {}", llc.3);
+    assert!(
+        opened.iter().all(|e| e.1 == "/victim"),
+        "only the victim: {opened:?}"
+    );
+}
+
+#[test]
+fn quiet_cgroups_and_idle_ones_raise_no_pmu_event() {
+    let mut node = PmuNode::new();
+    let mut seed = 13;
+    for s in 0..1200 {
+        let n = noise(&mut seed);
+        // A one-second CPI spike every four minutes (a page-cache walk, a
+        // GC): one window, not an event.
+        let cpi = if s % 240 == 120 { 3.0 } else { 1.0 + 0.05 * n };
+        node.step(
+            &[
+                second("/a", 0.8 + 0.05 * n, 1.5e9, cpi, 2.0 + 0.2 * n),
+                second("/b", 0.3, 5.0e8, 1.4 + 0.05 * n, 4.0),
+                // Busy now and then below the floor: its CPI swings wildly.
+                second("/idle", 0.01, 4.0e7 * (1.0 + n), 2.0 + 20.0 * n.abs(), 50.0),
+            ],
+            true,
+        );
+    }
+    assert!(node.opened().is_empty(), "{:?}", node.opened());
+    let judged = node.judged();
+    assert!(judged.contains(&("cpu".into(), "/a".into(), "cpi".into())));
+    assert!(judged.contains(&(
+        "memory".into(),
+        "/b".into(),
+        "llc_misses_per_kilo_instruction".into()
+    )));
+    assert!(
+        !judged
+            .iter()
+            .any(|(_, victim, signal)| victim == "/idle" && signal != "pressure_some_ratio"),
+        "under the instruction floor no CPI or misses are sampled: {judged:?}"
+    );
+}
+
+#[test]
+fn without_perf_rows_or_an_llc_event_the_pmu_signals_are_absent() {
+    let busy = |cpi| PmuSecond {
+        path: "/job",
+        cpus: 1.0,
+        instructions: 2.0e9,
+        cpi,
+        mpki: None,
+    };
+    // No PMU: only `cgroup` rows, as on this project's VM.
+    let mut no_pmu = PmuNode::new();
+    for s in 0..120 {
+        no_pmu.step(&[busy(if s < 60 { 1.0 } else { 3.0 })], false);
+    }
+    let pmu_signal =
+        |(_, _, s): &(String, String, String)| s == "cpi" || s == "llc_misses_per_kilo_instruction";
+    assert!(
+        !no_pmu.judged().iter().any(pmu_signal),
+        "{:?}",
+        no_pmu.judged()
+    );
+    assert!(no_pmu.opened().is_empty());
+    assert!(no_pmu.detector.signals.keys().all(|k| k.signal != "cpi"));
+    // A PMU without an LLC event: CPI alone.
+    let mut no_llc = PmuNode::new();
+    for _ in 0..30 {
+        no_llc.step(&[busy(1.0)], true);
+    }
+    let judged: Vec<String> = no_llc
+        .judged()
+        .into_iter()
+        .filter(|j| pmu_signal(j))
+        .map(|(_, _, s)| s)
+        .collect();
+    assert_eq!(judged, ["cpi"]);
 }
