@@ -11,10 +11,9 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Agent, VTAX};
+use common::Agent;
 use vtax_tests::tmpfs::Tmpfs;
 
 /// The value of an unlabelled sample in a `/metrics` body.
@@ -124,22 +123,7 @@ fn a_full_data_disk_is_reported_on_metrics_and_no_row_is_lost() {
     // The store's own rows, one a second, run through the full spell
     // without a gap: the rows held in memory while the disk was full were
     // written once it had room.
-    let out = Command::new(VTAX)
-        .args(["query", "store", "--format", "json", "--since", "1h"])
-        .arg("--data-dir")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = common::query_rows(&data, "store");
     let while_full = rows
         .iter()
         .filter(|r| {
