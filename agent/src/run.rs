@@ -194,7 +194,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         if let Some(row) = store_report.due(&store, now_us()) {
             let row = Arc::new(row);
-            exposition.update(STORE_SOURCE, vec![row.clone()]);
+            // Off the collectors' grid: shown with their next render.
+            exposition.stage(STORE_SOURCE, vec![row.clone()]);
             keep(&mut store, &mut remote, &row);
         }
         if last_compaction.elapsed() >= compact_interval {
