@@ -11,10 +11,11 @@ the dashboards' uids are unique; the provisioning YAML parses and points at
 /usr/share/vtax/dashboards.
 
 Live checks (with --vtax PATH): runs the agent on the bare-metal fixture tree with eight
-simulated GPUs on a free port (and a [[scrape]] of the Prometheus below, for the
-service-latency panel), a real `prometheus` scraping it every second, waits for
-the scrapes, then runs every panel's expression (variables substituted) and every
-query variable's label_values() against /api/v1/query. Each must parse and return at least
+simulated GPUs on a free port (with a [[scrape]] of the Prometheus below, for the
+service-latency panel, and a store byte budget, for the store panel's budget line), a
+real `prometheus` scraping it every second, waits for the scrapes, then runs every
+panel's expression (variables substituted) and every query variable's label_values()
+against /api/v1/query. Each must parse and return at least
 one series with $gpu as All (.*); with $gpu = 0 it must parse. A target may be exempted
 from returning data below, with its reason. Both processes are killed
 at the end, whatever happens.
@@ -236,10 +237,12 @@ def live_checks(dashboards, vtax, keep_going):
         prom_port = free_port()
         # The service-latency panel needs a [[scrape]] target with a histogram:
         # this Prometheus's own request latency, which the agent's scrapes of it
-        # feed every second.
+        # feed every second. The store panel's budget line needs a byte budget
+        # (without one the agent exports none); 1 GiB is never reached here.
         agent_config = os.path.join(tmp, "vtax.toml")
         with open(agent_config, "w") as f:
-            f.write("[[scrape]]\nname = \"prometheus\"\n"
+            f.write("[store]\nretention_max_bytes = 1073741824\n\n"
+                    "[[scrape]]\nname = \"prometheus\"\n"
                     f"url = \"http://127.0.0.1:{prom_port}/metrics\"\n"
                     "interval_secs = 1\ntimeout_secs = 0.8\n"
                     "histograms = [\"prometheus_http_request_duration_seconds\"]\n")

@@ -13,6 +13,7 @@ mod query;
 mod report;
 mod run;
 mod runtime;
+mod store_report;
 mod timespec;
 mod upload;
 mod web;

@@ -15,6 +15,7 @@ use crate::args::AgentArgs;
 use crate::config::Config;
 use crate::detect::Detector;
 use crate::runtime::{CollectorSet, Rows};
+use crate::store_report::StoreReport;
 use crate::timespec::now_us;
 
 /// How often the main thread wakes to hand collected rows to the store and
@@ -122,7 +123,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let compact_interval = Duration::from_secs(config.store.compact_interval_secs);
     let mut last_compaction = Instant::now();
-    let mut refused = 0u64;
+    let mut store_report = StoreReport::new(data_dir.clone());
     while !stop.load(Ordering::Relaxed) {
         if args
             .duration_secs
@@ -167,14 +168,14 @@ pub fn run(args: RunArgs) -> Result<()> {
                 if let Some(detector) = detector.as_mut() {
                     detector.observe(batch);
                 }
-                keep(&mut store, &mut remote, batch, &mut refused);
+                keep(&mut store, &mut remote, batch);
             }
         }
         if let Some(detector) = detector.as_mut() {
             let judged = detector.tick(now_us());
             if !judged.is_empty() {
                 for batch in &judged {
-                    keep(&mut store, &mut remote, batch, &mut refused);
+                    keep(&mut store, &mut remote, batch);
                 }
                 let exported = judged
                     .into_iter()
@@ -190,6 +191,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         if store.stats().files_published != published {
             crate::memory::release_free_memory();
+        }
+        if let Some(row) = store_report.due(&store, now_us()) {
+            let row = Arc::new(row);
+            // Off the collectors' grid: shown with their next render.
+            exposition.stage(STORE_SOURCE, vec![row.clone()]);
+            keep(&mut store, &mut remote, &row);
         }
         if last_compaction.elapsed() >= compact_interval {
             last_compaction = Instant::now();
@@ -213,7 +220,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Every collector thread has joined, so everything they sent is queued.
     for batches in receiver.try_iter() {
         for batch in &batches {
-            keep(&mut store, &mut remote, batch, &mut refused);
+            keep(&mut store, &mut remote, batch);
         }
     }
     drop(remote); // stops the senders; what they did not send goes at the next start
@@ -225,16 +232,19 @@ pub fn run(args: RunArgs) -> Result<()> {
 }
 
 /// Appends a batch to the store and, once stored, queues it for remote write;
-/// rows the store refuses are counted and logged, and go nowhere else.
-fn keep(store: &mut Store, remote: &mut RemoteWriters, batch: &Batch, refused: &mut u64) {
+/// rows the store refuses are logged (the store counts them: `rows_refused`),
+/// and go nowhere else.
+fn keep(store: &mut Store, remote: &mut RemoteWriters, batch: &Batch) {
     match store.append(batch) {
         Ok(_) => remote.append(batch),
         Err(e) => {
-            *refused += 1;
-            tracing::error!(error = %e, table = batch.table.name, refused = *refused, "Dropped rows: the store refused them.");
+            tracing::error!(error = %e, table = batch.table.name, rows_refused = store.stats().rows_refused, "Dropped rows: the store refused them.");
         }
     }
 }
+
+/// The exposition source of the `store` table's row.
+const STORE_SOURCE: &str = "store";
 
 /// The exposition source of the detector's rows.
 const DETECTOR_SOURCE: &str = "detect";

@@ -1,5 +1,7 @@
 //! The `vtax` binary end to end: import, query, run, and third-party readers.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -11,7 +13,8 @@ use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
 use vtax_store::scan::scan_dir;
 use vtax_store::{tables, Catalog, ScanRequest};
 
-const VTAX: &str = env!("CARGO_BIN_EXE_vtax");
+use common::VTAX;
+
 /// 2025-11-21T23:00:00Z: the samples straddle midnight, so two date partitions.
 const START_MS: i64 = 1_763_766_000_000;
 
@@ -204,28 +207,20 @@ fn query_filters_by_tag_and_time_and_prints_csv() {
     let data = dir.path().join("data");
     write_input(&input, 20);
     assert!(import(&data, &[&input]).status.success());
-    let out = Command::new(VTAX)
-        .args(["query", "--data-dir"])
-        .arg(&data)
-        .args([
-            "scraped",
-            "--where",
-            "labels=gpu=\"2\",uuid=\"GPU-2\"",
-            "--since",
-            "2025-11-21T23:01:00Z",
-            "--until",
-            "2025-11-21T23:02:00Z",
-            "--format",
-            "csv",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stdout = common::vtax_stdout([
+        "query",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "scraped",
+        "--where",
+        "labels=gpu=\"2\",uuid=\"GPU-2\"",
+        "--since",
+        "2025-11-21T23:01:00Z",
+        "--until",
+        "2025-11-21T23:02:00Z",
+        "--format",
+        "csv",
+    ]);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "time,target,metric,labels,value");
     // One sample every 15 s within [23:01, 23:02): 4 rows.

@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::{Agent, VTAX};
+use common::Agent;
 
 #[test]
 fn simulated_gpus_are_served_stored_and_a_lost_one_stops_nothing() {
@@ -64,17 +63,17 @@ fn simulated_gpus_are_served_stored_and_a_lost_one_stops_nothing() {
 
     // Every tick's rows reached the store, the event of the lost GPU too.
     let query = |table: &str, filter: &str| {
-        let out = Command::new(VTAX)
-            .args(["query", "--data-dir", data.to_str().unwrap(), table])
-            .args(["--where", filter, "--format", "csv"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        let data_dir = data.to_str().unwrap();
+        common::vtax_stdout([
+            "query",
+            "--data-dir",
+            data_dir,
+            table,
+            "--where",
+            filter,
+            "--format",
+            "csv",
+        ])
     };
     let events = query("gpu_event", "gpu=7");
     assert!(events.contains("lost"), "{events}");

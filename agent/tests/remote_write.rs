@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{fixtures, free_port, http_get, require_program, Agent, VTAX};
+use common::{fixtures, free_port, http_get, query_rows, require_program, Agent, VTAX};
 
 /// A Prometheus that only receives remote writes.
 struct Receiver {
@@ -173,26 +173,6 @@ fn parse_time_ms(text: &str) -> i64 {
 }
 
 type Samples = BTreeMap<String, Vec<i64>>;
-
-/// Every row of a table, from `vtax query --format json`.
-fn query_rows(data_dir: &Path, table: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(VTAX)
-        .arg("query")
-        .arg(format!("--data-dir={}", data_dir.display()))
-        .args(["--format=json", table])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 fn series_key(name: &str, labels: &BTreeMap<String, String>) -> String {
     let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();

@@ -8,12 +8,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Agent, VTAX};
+use common::Agent;
 
 /// Each scrape of `/metrics` adds 80 observations at or under 0.1 s and 20
 /// in (0.1, 0.5] to `req_seconds{path="/x"}`. Quantiles do not depend on how
@@ -88,17 +87,14 @@ fn metric(body: &str, name_and_labels: &str) -> Option<f64> {
 }
 
 fn query_csv(data: &std::path::Path, args: &[&str]) -> Vec<String> {
-    let out = Command::new(VTAX)
-        .args(["query", "--data-dir"])
-        .arg(data)
-        .args(args)
-        .args(["--since", "0", "--format", "csv"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "vtax query {args:?}: {stderr}");
-    String::from_utf8(out.stdout)
-        .unwrap()
+    let data = data.to_str().unwrap();
+    let args = [
+        &["query", "--data-dir", data],
+        args,
+        &["--since", "0", "--format", "csv"],
+    ]
+    .concat();
+    common::vtax_stdout(args)
         .lines()
         .map(str::to_string)
         .collect()

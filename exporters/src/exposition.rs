@@ -95,6 +95,8 @@ struct State {
     sources: BTreeMap<String, Vec<Arc<Batch>>>,
     /// Bumped on every change; the renderer renders when it moves.
     generation: u64,
+    /// Rows were staged (`stage`) since the last render snapshot.
+    staged: bool,
     closed: bool,
 }
 
@@ -181,6 +183,22 @@ impl Exposition {
         self.changed.notify_all();
     }
 
+    /// Replaces a source's latest rows without asking for a render of their
+    /// own: they go out with the next render another change or a scrape
+    /// causes. For rows made off the collectors' whole-second grid (the main
+    /// loop's), which would otherwise cost a second render every second when
+    /// Prometheus scrapes every second. If the rows staged before were never
+    /// rendered (no collector ticked in between), this one asks for a render,
+    /// so staged rows are at most one call late.
+    pub fn stage(&self, source: &str, batches: Vec<Arc<Batch>>) {
+        let mut state = self.state.lock().expect("not poisoned");
+        state.sources.insert(source.to_string(), batches);
+        if std::mem::replace(&mut state.staged, true) {
+            state.generation += 1;
+            self.changed.notify_all();
+        }
+    }
+
     /// Drops a source's rows: a failed collector's series disappear, as a
     /// failed node_exporter collector's do.
     pub fn remove(&self, source: &str) {
@@ -233,7 +251,8 @@ impl Exposition {
     pub fn render_pending(&self) -> u64 {
         let _serial = self.render_lock.lock().expect("not poisoned");
         let (generation, sources) = {
-            let state = self.state.lock().expect("not poisoned");
+            let mut state = self.state.lock().expect("not poisoned");
+            state.staged = false;
             (state.generation, state.sources.clone())
         };
         tracing::trace!(generation, thread = ?std::thread::current().name(), "render");
@@ -708,6 +727,37 @@ mod tests {
         assert_eq!(e.renders(), before + 3, "served from the render ahead");
         e.close();
         renderer.join().unwrap();
+    }
+
+    #[test]
+    fn staged_rows_ride_along_with_the_next_render() {
+        let e = Exposition::new(&[&T]);
+        let generation = || e.state.lock().unwrap().generation;
+        let text = || String::from_utf8(e.body(Format::Text, false).to_vec()).unwrap();
+        e.update("a", vec![batch(&[("0", Value::F64(1.0), Value::U64(1))])]);
+        assert!(text().contains("} 1\n"));
+        let before = generation();
+        e.stage("b", vec![batch(&[("1", Value::F64(7.0), Value::U64(1))])]);
+        assert_eq!(generation(), before, "a stage asks for no render");
+        e.update("a", vec![batch(&[("0", Value::F64(2.0), Value::U64(1))])]);
+        e.render_pending();
+        let body = text();
+        assert!(
+            body.contains("{gpu=\"1\"} 7\n") && body.contains("} 2\n"),
+            "{body}"
+        );
+
+        // Staged again, then again with no render between: the second asks.
+        e.stage("b", vec![batch(&[("1", Value::F64(8.0), Value::U64(1))])]);
+        let before = generation();
+        e.stage("b", vec![batch(&[("1", Value::F64(9.0), Value::U64(1))])]);
+        assert_eq!(
+            generation(),
+            before + 1,
+            "unrendered staged rows ask for a render"
+        );
+        e.render_pending();
+        assert!(text().contains("{gpu=\"1\"} 9\n"));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::batch::Batch;
 use crate::bucket::Bucket;
@@ -105,6 +105,9 @@ pub fn node_name() -> String {
 pub struct StoreStats {
     /// Rows accepted by `append`.
     pub rows_appended: u64,
+    /// Rows `append` refused (the WAL's backlog bound reached after failed
+    /// writes, or a table not in the catalog): they are in no file and no WAL.
+    pub rows_refused: u64,
     /// Rows restored from the WAL on open.
     pub rows_replayed: u64,
     /// Files published (including compactions).
@@ -121,6 +124,9 @@ pub struct StoreStats {
     pub wal_torn_bytes: u64,
     /// Completed WAL fsyncs.
     pub wal_syncs: u64,
+    /// When the last Parquet file (a publish or a merge) was written and
+    /// renamed into place; none since open.
+    pub last_file_written: Option<SystemTime>,
 }
 
 /// A store open for writing. One per data directory (a lock file enforces it).
@@ -239,6 +245,14 @@ impl Store {
     /// Appends rows. They are visible to scans at once and durable after the next
     /// completed [`Self::sync`]. Returns the highest WAL sequence number used.
     pub fn append(&mut self, batch: &Batch) -> Result<u64> {
+        let appended = self.append_rows(batch);
+        if appended.is_err() {
+            self.stats.rows_refused += batch.len() as u64;
+        }
+        appended
+    }
+
+    fn append_rows(&mut self, batch: &Batch) -> Result<u64> {
         if self.catalog.get(batch.table.name).is_none() {
             return Err(Error::Schema(format!(
                 "table {} is not in this store's catalog",
@@ -392,6 +406,7 @@ impl Store {
             }
         };
         self.stats.files_published += 1;
+        self.stats.last_file_written = Some(SystemTime::now());
         self.files
             .entry((info.table.clone(), info.day))
             .or_default()
@@ -422,6 +437,18 @@ impl Store {
     /// Published files of every table, oldest partition first.
     pub fn files(&self) -> impl Iterator<Item = &FileInfo> {
         self.files.values().flatten()
+    }
+
+    /// Bytes of the published files of every table: what
+    /// [`StoreOptions::retention_max_bytes`] bounds. Summed from what the store
+    /// recorded at each publish, not from a walk of the directory.
+    pub fn table_bytes(&self) -> u64 {
+        self.files().map(|f| f.bytes).sum()
+    }
+
+    /// Bytes of the WAL's segments on disk.
+    pub fn wal_bytes(&self) -> u64 {
+        self.wal.disk_bytes()
     }
 
     /// Merges files: the parts of each finished hour into one file (so a read of
@@ -547,6 +574,7 @@ impl Store {
             wal::sync_dir(parent)?;
         }
         self.stats.files_published += 1;
+        self.stats.last_file_written = Some(SystemTime::now());
         let partition = self.files.entry(key.clone()).or_default();
         partition.retain(|f| !inputs.iter().any(|i| i.path == f.path));
         partition.push(info);
@@ -558,7 +586,7 @@ impl Store {
     /// [`StoreOptions::retention_deletable`] keeps. Returns the files deleted.
     pub fn apply_retention(&mut self, now_us: i64) -> Result<usize> {
         let mut removed = 0;
-        let mut total: u64 = self.files().map(|f| f.bytes).sum();
+        let mut total = self.table_bytes();
         let mut days: Vec<(i64, String)> =
             self.files.keys().map(|(t, d)| (*d, t.clone())).collect();
         days.sort();

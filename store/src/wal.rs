@@ -8,6 +8,7 @@
 //! file, so a segment never holds a partial frame except a torn tail after a crash,
 //! which replay cuts at the last good frame.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -58,6 +59,9 @@ pub struct WalWriter {
     max_backlog_bytes: usize,
     last_write_error: Option<String>,
     fsync_failed: bool,
+    /// Bytes on disk of every segment but the open one, by path: the WAL's
+    /// size for `/metrics` without listing the directory every second.
+    closed_segment_bytes: BTreeMap<PathBuf, u64>,
 }
 
 impl WalWriter {
@@ -70,6 +74,14 @@ impl WalWriter {
     ) -> Result<Self> {
         fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
         let (file, path) = new_segment(dir, next_seq)?;
+        // Segments left from before (replayed, not yet published) count until removed.
+        let mut closed_segment_bytes = BTreeMap::new();
+        for (_, old) in list_segments(dir)? {
+            if old != path {
+                let bytes = fs::metadata(&old).map_err(Error::io("stat", &old))?.len();
+                closed_segment_bytes.insert(old, bytes);
+            }
+        }
         Ok(WalWriter {
             dir: dir.to_owned(),
             file,
@@ -83,6 +95,7 @@ impl WalWriter {
             max_backlog_bytes,
             last_write_error: None,
             fsync_failed: false,
+            closed_segment_bytes,
         })
     }
 
@@ -167,10 +180,7 @@ impl WalWriter {
             self.durable_below = self.written_below;
         }
         if self.file_len >= self.segment_bytes {
-            let (file, path) = new_segment(&self.dir, self.next_seq)?;
-            self.file = file;
-            self.path = path;
-            self.file_len = MAGIC.len() as u64;
+            self.start_segment()?;
         }
         Ok(self.durable_below)
     }
@@ -180,11 +190,21 @@ impl WalWriter {
     pub fn rotate(&mut self) -> Result<()> {
         self.sync()?;
         if self.file_len > MAGIC.len() as u64 {
-            let (file, path) = new_segment(&self.dir, self.next_seq)?;
-            self.file = file;
-            self.path = path;
-            self.file_len = MAGIC.len() as u64;
+            self.start_segment()?;
         }
+        Ok(())
+    }
+
+    /// Closes the open segment and opens the next, starting at `next_seq`.
+    fn start_segment(&mut self) -> Result<()> {
+        let (file, path) = new_segment(&self.dir, self.next_seq)?;
+        self.file = file;
+        let closed = std::mem::replace(&mut self.path, path);
+        // An empty segment is replaced under its own name (see `new_segment`).
+        if closed != self.path {
+            self.closed_segment_bytes.insert(closed, self.file_len);
+        }
+        self.file_len = MAGIC.len() as u64;
         Ok(())
     }
 
@@ -199,10 +219,7 @@ impl WalWriter {
     /// pending and starts a fresh segment. Everything below `next_seq` then counts
     /// as durable.
     pub fn abandon_segment(&mut self) -> Result<()> {
-        let (file, path) = new_segment(&self.dir, self.next_seq)?;
-        self.file = file;
-        self.path = path;
-        self.file_len = MAGIC.len() as u64;
+        self.start_segment()?;
         self.pending.clear();
         self.fsync_failed = false;
         self.last_write_error = None;
@@ -226,6 +243,12 @@ impl WalWriter {
         self.pending.len()
     }
 
+    /// Bytes of every segment on disk, the open one included; frames still
+    /// pending in memory are not on disk and not counted.
+    pub fn disk_bytes(&self) -> u64 {
+        self.closed_segment_bytes.values().sum::<u64>() + self.file_len
+    }
+
     /// Deletes closed segments whose frames all have sequence numbers below `lowest_needed`.
     pub fn remove_segments_below(&mut self, lowest_needed: u64) -> Result<usize> {
         let segments = list_segments(&self.dir)?;
@@ -236,6 +259,7 @@ impl WalWriter {
             // A segment holds frames [start, next_start); the open one is always last.
             if next_start <= lowest_needed && *path != self.path {
                 fs::remove_file(path).map_err(Error::io("remove WAL segment", path))?;
+                self.closed_segment_bytes.remove(path);
                 removed += 1;
             }
         }
@@ -684,5 +708,60 @@ mod tests {
         assert!(after.len() < before);
         let (frames, _) = read_all(dir.path(), false);
         assert!(frames.iter().all(|f| f.seq >= 3) && frames.iter().any(|f| f.seq == 3));
+    }
+
+    fn bytes_on_disk(dir: &Path) -> u64 {
+        list_segments(dir)
+            .unwrap()
+            .iter()
+            .map(|(_, path)| fs::metadata(path).unwrap().len())
+            .sum()
+    }
+
+    #[test]
+    fn disk_bytes_follow_the_segments_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = WalWriter::create(dir.path(), 1, 400, 1 << 20).unwrap();
+        assert_eq!(wal.disk_bytes(), MAGIC.len() as u64);
+        for i in 0..6 {
+            wal.append(1, &batch(5, i)).unwrap();
+            assert!(wal.pending_bytes() > 0);
+            assert_eq!(
+                wal.disk_bytes(),
+                bytes_on_disk(dir.path()),
+                "frames pending in memory are not counted"
+            );
+            wal.sync().unwrap();
+            assert_eq!(
+                wal.disk_bytes(),
+                bytes_on_disk(dir.path()),
+                "after sync {i}"
+            );
+        }
+        assert!(
+            list_segments(dir.path()).unwrap().len() > 2,
+            "segments rotated"
+        );
+        wal.rotate().unwrap();
+        assert_eq!(wal.disk_bytes(), bytes_on_disk(dir.path()), "after rotate");
+        assert!(wal.remove_segments_below(4).unwrap() > 0);
+        assert_eq!(wal.disk_bytes(), bytes_on_disk(dir.path()), "after removal");
+        let next = wal.next_seq();
+        drop(wal);
+
+        // Reopened beside the segments a crash left: they count until removed.
+        let mut wal = WalWriter::create(dir.path(), next, 400, 1 << 20).unwrap();
+        assert_eq!(
+            wal.disk_bytes(),
+            bytes_on_disk(dir.path()),
+            "after reopening"
+        );
+        wal.remove_segments_below(next).unwrap();
+        assert_eq!(
+            wal.disk_bytes(),
+            MAGIC.len() as u64,
+            "only the new segment is left"
+        );
+        assert_eq!(wal.disk_bytes(), bytes_on_disk(dir.path()));
     }
 }

@@ -841,3 +841,103 @@ fn a_file_is_sealed_once_its_hour_settled_and_its_parts_are_merged() {
     assert_eq!(files[0].watermarks.len(), 2);
     assert!(files[0].is_sealed(&files, T0 + 2 * DAY_US, settle));
 }
+
+fn bytes_under(dir: &Path, extension: &str) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if e.path().extension().is_some_and(|x| x == extension) {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn the_store_reports_the_bytes_it_holds_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    let catalog = || Catalog::new(&[&tables::SCRAPED]).unwrap();
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    let on_disk = |store: &Store, context: &str| {
+        assert_eq!(
+            store.table_bytes(),
+            bytes_under(&dir.path().join("tables"), "parquet"),
+            "table bytes {context}"
+        );
+        assert_eq!(
+            store.files().count(),
+            parquet_files(dir.path()).len(),
+            "files {context}"
+        );
+        assert_eq!(
+            store.wal_bytes(),
+            bytes_under(&dir.path().join("wal"), "wal"),
+            "WAL bytes {context}"
+        );
+    };
+    assert_eq!(store.table_bytes(), 0);
+    assert!(store.stats().last_file_written.is_none());
+    on_disk(&store, "when empty");
+
+    append_scraped(&mut store, T0, 400);
+    store.sync().unwrap();
+    assert!(store.wal_bytes() > 1000, "400 rows are in the WAL");
+    on_disk(&store, "after a sync");
+
+    let before = std::time::SystemTime::now();
+    for h in 1..4 {
+        append_scraped(&mut store, T0 + h * HOUR_US, 400);
+        store.flush().unwrap();
+    }
+    let written = store.stats().last_file_written.expect("files were written");
+    assert!(written >= before && written <= std::time::SystemTime::now());
+    assert_eq!(store.files().count(), 4);
+    assert!(store.table_bytes() > 0);
+    on_disk(&store, "after flushes");
+
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    on_disk(&store, "after compaction");
+    store.close().unwrap();
+
+    // Reopened: the sizes come from the files' footers, and retention to half
+    // the bytes deletes and subtracts.
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    on_disk(&store, "after reopening");
+    for d in 1..4 {
+        append_scraped(&mut store, T0 + d * DAY_US, 400);
+        store.flush().unwrap();
+    }
+    on_disk(&store, "after three more days");
+    store.close().unwrap();
+    let total = bytes_under(&dir.path().join("tables"), "parquet");
+    o.retention_max_bytes = Some(total / 2);
+    let mut store = Store::open(o, catalog()).unwrap();
+    assert!(store.apply_retention(T0 + 4 * DAY_US).unwrap() > 0);
+    assert!(store.table_bytes() <= total / 2);
+    on_disk(&store, "after retention");
+}
+
+#[test]
+fn rows_the_store_refuses_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(
+        options(dir.path()),
+        Catalog::new(&[&tables::SCRAPED]).unwrap(),
+    )
+    .unwrap();
+    append_scraped(&mut store, T0, 10);
+    let mut unknown = BatchBuilder::new(&GPU_V1);
+    for gpu in ["0", "1", "2"] {
+        unknown.push(T0, &[gpu], &[Value::F64(300.0)]).unwrap();
+    }
+    let e = store.append(&unknown.finish()).unwrap_err();
+    assert!(e.to_string().contains("not in this store's catalog"), "{e}");
+    assert_eq!(store.stats().rows_appended, 10);
+    assert_eq!(store.stats().rows_refused, 3);
+}

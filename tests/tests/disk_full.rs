@@ -92,6 +92,24 @@ fn assert_disk_full_error(e: &Error, mount: &Path, what: &str) {
     );
 }
 
+/// Checks that what the store reports of its size (for `/metrics`) is what
+/// the files on disk hold.
+fn assert_sizes_match_disk(store: &Store, data_dir: &Path, context: &str) {
+    let size =
+        |paths: &[PathBuf]| -> u64 { paths.iter().map(|p| fs::metadata(p).unwrap().len()).sum() };
+    let segments: Vec<PathBuf> = wal::list_segments(&data_dir.join("wal"))
+        .unwrap()
+        .into_iter()
+        .map(|(_, path)| path)
+        .collect();
+    assert_eq!(store.wal_bytes(), size(&segments), "{context}: WAL bytes");
+    assert_eq!(
+        store.table_bytes(),
+        size(&table_files(data_dir).parquet),
+        "{context}: table bytes"
+    );
+}
+
 /// Checks the WAL as a reader (or the next open) would replay it: whole frames
 /// only, nothing torn, nothing corrupt, no error.
 fn assert_wal_replays_cleanly(data_dir: &Path, context: &str) {
@@ -222,6 +240,9 @@ fn a_full_disk_is_reported_leaves_no_partial_file_and_writing_resumes() {
     let stats = store.stats().clone();
     assert!(stats.disk_full_errors >= 4, "{stats:?}");
     assert!(stats.write_errors >= stats.disk_full_errors, "{stats:?}");
+    assert_eq!(stats.rows_refused, 0, "rows are held, not refused");
+    // The sizes it reports are what is on disk, the writes cut back included.
+    assert_sizes_match_disk(&store, &data_dir, "while full");
 
     // Nothing partial or corrupt on disk; the WAL replays cleanly; a reader
     // (files plus WAL replay, read-only) sees every acknowledged row once.
@@ -338,4 +359,61 @@ fn a_wal_write_through_that_meets_a_full_disk_keeps_every_row() {
     let store = Store::open(o, catalog()).unwrap();
     let ids = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
     assert_exactly_once(&ids, &accepted, "after reopening");
+}
+
+/// Past `wal_max_backlog_bytes` of rows held after a failed write, `append`
+/// refuses rows with an error that says why; the store counts them, and the
+/// rows it took before are still all kept.
+#[test]
+fn rows_past_the_backlog_bound_are_refused_and_counted() {
+    let Some(tmpfs) = Tmpfs::mount_or_skip("1m") else {
+        return;
+    };
+    let mount = tmpfs.path().to_owned();
+    let data_dir = mount.join("store");
+    let mut o = options(&data_dir);
+    o.wal_max_backlog_bytes = 64 << 10;
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    let ballast = mount.join("ballast");
+    let room = tmpfs.free_bytes() - (16 << 10);
+    fs::write(&ballast, vec![0x5a; room as usize]).unwrap();
+
+    let mut accepted: Vec<u64> = Vec::new();
+    let mut refused = 0;
+    let mut next = 0;
+    let mut first_refusal = None;
+    while next < 20_000 {
+        match store.append(&batch(next..next + 500)) {
+            Ok(_) => accepted.extend(next..next + 500),
+            Err(e) => {
+                refused += 500;
+                first_refusal.get_or_insert(e);
+            }
+        }
+        next += 500;
+        // Each failed sync is a write error; the rows stay held.
+        let _ = store.sync();
+    }
+    let e = first_refusal.expect("rows were refused once the backlog bound was reached");
+    assert!(e.is_disk_full(), "{e}");
+    assert!(
+        e.to_string()
+            .contains("rejecting rows until the disk takes them"),
+        "the error says why: {e}"
+    );
+    assert!(!accepted.is_empty(), "rows were held before the bound");
+    let stats = store.stats().clone();
+    assert_eq!(stats.rows_refused, refused, "{stats:?}");
+    assert_eq!(stats.rows_appended, accepted.len() as u64, "{stats:?}");
+    assert!(
+        stats.write_errors > 0 && stats.disk_full_errors > 0,
+        "{stats:?}"
+    );
+    assert_sizes_match_disk(&store, &data_dir, "while refusing");
+
+    fs::remove_file(&ballast).unwrap();
+    store.flush().expect("flush succeeds once space returns");
+    assert_sizes_match_disk(&store, &data_dir, "after space returned");
+    let ids = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
+    assert_exactly_once(&ids, &accepted, "every row taken before the refusals");
 }

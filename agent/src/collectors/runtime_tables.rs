@@ -1,5 +1,5 @@
-//! Tables the runtime writes about itself: how each collector fared, and
-//! how remote write is keeping up.
+//! Tables the runtime writes about itself: how each collector fared, how
+//! the store and the uploader are doing, and how remote write is keeping up.
 
 use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 
@@ -82,6 +82,113 @@ pub static UPLOAD: TableDef = TableDef {
     exported: true,
 };
 
+/// One row a second from the main loop (`crate::store_report`): the store's
+/// size against its budget and the disk, and its counters since the agent
+/// started.
+pub static STORE: TableDef = TableDef {
+    name: "store",
+    help: "One row a second: the local store's size on disk against its byte budget and its filesystem, and what it wrote, refused and failed to write since the agent started.",
+    tags: &[],
+    fields: &[
+        FieldDef::gauge(
+            "table_bytes",
+            FieldType::U64,
+            Unit::Bytes,
+            "Bytes of the Parquet files of every table: what store.retention_max_bytes bounds.",
+        ),
+        FieldDef::gauge(
+            "table_files",
+            FieldType::U64,
+            Unit::None,
+            "Parquet files of every table.",
+        ),
+        FieldDef::gauge(
+            "wal_bytes",
+            FieldType::U64,
+            Unit::Bytes,
+            "Bytes of the write-ahead log's segments on disk: rows not yet in a Parquet file.",
+        ),
+        FieldDef::gauge(
+            "retention_max_bytes",
+            FieldType::U64,
+            Unit::Bytes,
+            "store.retention_max_bytes: past it, retention deletes the oldest files. Absent when there is no byte budget (0).",
+        ),
+        FieldDef::gauge(
+            "filesystem_avail_bytes",
+            FieldType::U64,
+            Unit::Bytes,
+            "Bytes an unprivileged user may still write on the data directory's filesystem (statvfs f_bavail). Absent while statvfs fails.",
+        ),
+        FieldDef::gauge(
+            "filesystem_size_bytes",
+            FieldType::U64,
+            Unit::Bytes,
+            "Size of the data directory's filesystem. Absent while statvfs fails.",
+        ),
+        FieldDef::counter(
+            "rows_appended",
+            FieldType::U64,
+            Unit::None,
+            "Rows the store took since the agent started.",
+        ),
+        FieldDef::counter(
+            "rows_refused",
+            FieldType::U64,
+            Unit::None,
+            "Rows the store refused since the agent started, lost: after failed writes it holds rows in memory up to a bound, then refuses more.",
+        ),
+        FieldDef::counter(
+            "write_errors",
+            FieldType::U64,
+            Unit::None,
+            "Failed writes of the WAL or of a Parquet file since the agent started; the rows stay held and are retried.",
+        ),
+        FieldDef::counter(
+            "disk_full_errors",
+            FieldType::U64,
+            Unit::None,
+            "Failed writes that were the disk being full (ENOSPC, EDQUOT) since the agent started.",
+        ),
+        FieldDef::counter(
+            "files_written",
+            FieldType::U64,
+            Unit::None,
+            "Parquet files written since the agent started: publishes and merges.",
+        ),
+        FieldDef::counter(
+            "files_quarantined",
+            FieldType::U64,
+            Unit::None,
+            "Files that failed verification when the store opened, moved to quarantine/.",
+        ),
+        FieldDef::counter(
+            "files_deleted_by_retention",
+            FieldType::U64,
+            Unit::None,
+            "Files retention deleted, by age or byte budget, since the agent started.",
+        ),
+        FieldDef::counter(
+            "wal_syncs",
+            FieldType::U64,
+            Unit::None,
+            "Completed fsyncs of the write-ahead log since the agent started.",
+        ),
+        FieldDef::gauge(
+            "last_file_written_time_seconds",
+            FieldType::F64,
+            Unit::Seconds,
+            "Unix time at which the last Parquet file was written. Absent until the first since the agent started.",
+        ),
+    ],
+    exported: true,
+};
+
 /// Tables of this module; `remote_write` is declared beside the code that
 /// fills it.
-pub static TABLES: &[&TableDef] = &[&COLLECTOR, &UPLOAD, &vtax_exporters::remote_write::TABLE];
+pub static TABLES: &[&TableDef] = &[
+    &COLLECTOR,
+    &UPLOAD,
+    &STORE,
+    &vtax_exporters::remote_write::TABLE,
+];

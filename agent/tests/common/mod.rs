@@ -196,6 +196,30 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Runs `vtax` with `args`, asserts that it succeeded (showing its stderr if
+/// not) and returns its stdout.
+pub fn vtax_stdout<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> String {
+    let args: Vec<S> = args.into_iter().collect();
+    let out = Command::new(VTAX).args(&args).output().unwrap();
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    assert!(
+        out.status.success(),
+        "vtax {}: {}",
+        shown.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// Every row of a table, from `vtax query --format json`.
+pub fn query_rows(data_dir: &Path, table: &str) -> Vec<serde_json::Value> {
+    let data_dir = format!("--data-dir={}", data_dir.display());
+    vtax_stdout(["query", &data_dir, "--format=json", table])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

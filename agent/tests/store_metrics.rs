@@ -1,0 +1,162 @@
+//! The `store` table end to end: an agent whose data directory fills up
+//! says so on `/metrics` (write and disk-full errors, no space left), keeps
+//! running and taking rows, and once space returns writes them all: the
+//! rows it made each second while the disk was full are in the store after
+//! a clean stop.
+//!
+//! Mounting a tmpfs needs root (CAP_SYS_ADMIN); see `vtax_tests::tmpfs`
+//! for `VTAX_SKIP_TMPFS_TEST=1`.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Agent;
+use vtax_tests::tmpfs::Tmpfs;
+
+/// The value of an unlabelled sample in a `/metrics` body.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Waits until the agent's `/metrics` satisfies `check`; returns that body.
+fn wait_for(agent: &Agent, what: &str, mut check: impl FnMut(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = agent.get("/metrics", &[]).text();
+        if check(&body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within 30 s\n{body}\nlog:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Writes zeros to `path` until the filesystem refuses more.
+fn fill(path: &Path) {
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    loop {
+        if let Err(e) = file.write_all(&chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            break;
+        }
+    }
+    // Whatever is left is smaller than a chunk; take it too.
+    let small = [0u8; 512];
+    while file.write_all(&small).is_ok() {}
+}
+
+#[test]
+fn a_full_data_disk_is_reported_on_metrics_and_no_row_is_lost() {
+    let Some(tmpfs) = Tmpfs::mount_or_skip("16m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(&config, "[store]\nretention_max_bytes = 8388608\n").unwrap();
+    let data = tmpfs.path().join("data");
+    let fixture = common::fixtures().join("baremetal-node");
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--path.procfs",
+        fixture.join("proc").to_str().unwrap(),
+        "--path.sysfs",
+        fixture.join("sys").to_str().unwrap(),
+    ]);
+    let body = wait_for(&agent, "the store's first syncs", |b| {
+        sample(b, "vtax_store_wal_syncs_total").is_some_and(|n| n >= 2.0)
+    });
+    assert_eq!(sample(&body, "vtax_store_write_errors_total"), Some(0.0));
+    assert_eq!(
+        sample(&body, "vtax_store_retention_max_bytes"),
+        Some(8388608.0)
+    );
+    let size = sample(&body, "vtax_store_filesystem_size_bytes").unwrap();
+    assert_eq!(size, (16 << 20) as f64, "the tmpfs's size");
+
+    let ballast = tmpfs.path().join("ballast");
+    fill(&ballast);
+    let full = wait_for(&agent, "disk-full errors", |b| {
+        sample(b, "vtax_store_disk_full_errors_total").is_some_and(|n| n > 0.0)
+    });
+    assert!(sample(&full, "vtax_store_filesystem_avail_bytes").unwrap() < 64.0 * 1024.0);
+    let errors = sample(&full, "vtax_store_write_errors_total").unwrap();
+    assert!(errors >= 1.0, "{full}");
+    let appended = sample(&full, "vtax_store_rows_appended_total").unwrap();
+    // Full for a few more seconds: errors go on, rows are still taken, none refused.
+    let later = wait_for(&agent, "more rows while full", |b| {
+        sample(b, "vtax_store_rows_appended_total").is_some_and(|n| n > appended + 100.0)
+            && sample(b, "vtax_store_write_errors_total").is_some_and(|n| n >= errors + 3.0)
+    });
+    assert_eq!(sample(&later, "vtax_store_rows_refused_total"), Some(0.0));
+    assert!(
+        agent.log().contains("No space left on device"),
+        "the log says why:\n{}",
+        agent.log()
+    );
+
+    std::fs::remove_file(&ballast).unwrap();
+    let errors = sample(&later, "vtax_store_write_errors_total").unwrap();
+    let syncs = sample(&later, "vtax_store_wal_syncs_total").unwrap();
+    let recovered = wait_for(&agent, "syncs again once space returned", |b| {
+        sample(b, "vtax_store_wal_syncs_total").is_some_and(|n| n >= syncs + 2.0)
+    });
+    let errors_after = sample(&recovered, "vtax_store_write_errors_total").unwrap();
+    assert!(
+        errors_after <= errors + 1.0,
+        "errors stop once space returned: {errors} then {errors_after}"
+    );
+    assert!(agent.stop(), "a clean stop publishes every held row");
+
+    // The store's own rows, one a second, run through the full spell
+    // without a gap: the rows held in memory while the disk was full were
+    // written once it had room.
+    let rows = common::query_rows(&data, "store");
+    let while_full = rows
+        .iter()
+        .filter(|r| {
+            r["filesystem_avail_bytes"]
+                .as_f64()
+                .is_some_and(|n| n < 64.0 * 1024.0)
+        })
+        .count();
+    assert!(while_full >= 3, "rows made while full are stored: {rows:?}");
+    eprintln!(
+        "{} store rows, {while_full} made while the disk was full",
+        rows.len()
+    );
+    let times: Vec<f64> = rows
+        .iter()
+        .map(|r| r["time"].as_str().unwrap().to_string())
+        .map(|t| seconds(&t))
+        .collect();
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] < 2.0,
+            "a gap in the store's rows from {} to {}",
+            pair[0],
+            pair[1]
+        );
+    }
+}
+
+/// Unix seconds of an RFC 3339 time as `vtax query` prints it.
+fn seconds(rfc3339: &str) -> f64 {
+    humantime::parse_rfc3339(rfc3339)
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
