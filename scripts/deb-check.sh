@@ -20,6 +20,8 @@ dpkg-deb --info "$deb" >/dev/null
 contents=$(dpkg-deb --contents "$deb")
 grep -Eq ' \./(usr/)?lib/systemd/system/vtax\.service$' <<<"$contents" \
   || fail "no systemd unit in the package"
+grep -Eq ' \./usr/lib/sysusers\.d/vtax\.conf$' <<<"$contents" \
+  || fail "no sysusers.d file in the package"
 grep -Eq ' \./usr/share/vtax/dashboards/vtax-gpu\.json$' <<<"$contents" \
   || fail "no dashboards in the package"
 
@@ -33,6 +35,6 @@ grep -q '/etc/vtax/vtax.toml' <<<"$conffiles"
 
 dpkg --purge vtax
 trap - EXIT
-check_removed /usr/bin/vtax /etc/vtax /var/lib/vtax /usr/share/vtax
+check_removed /usr/bin/vtax /etc/vtax /var/lib/vtax /usr/share/vtax /usr/lib/sysusers.d/vtax.conf
 ! getent passwd vtax >/dev/null || fail "the vtax user is left after purge"
 echo "deb-check: built, installed, ran, purged cleanly"
