@@ -59,9 +59,10 @@ fn the_unit_runs_the_agent_as_systemd_expects() {
     assert!(!unit.contains("ProtectProc=invisible"));
 }
 
-/// The `vtax` user: one sysusers.d line declares it, and the .deb's fallback
-/// for systems without systemd-sysusers (adduser) asks for the same GECOS and
-/// home. scripts/deb-check.sh runs the real thing; this runs everywhere.
+/// The `vtax` user: one sysusers.d line declares it for both packages, and
+/// the fallbacks for systems without systemd-sysusers (the .deb's adduser, the
+/// RPM's useradd) ask for the same GECOS, home and shell. scripts/deb-check.sh
+/// and scripts/rpm-check.sh run the real thing; this runs everywhere.
 #[test]
 fn the_user_is_declared_once_and_the_fallbacks_agree() {
     let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging");
@@ -87,6 +88,15 @@ fn the_user_is_declared_once_and_the_fallbacks_agree() {
         "systemd-sysusers would not create the user:\n{said}"
     );
 
+    let rpm_post = read("rpm/post.sh");
+    for arg in [
+        format!("--home-dir {home}"),
+        format!(r#"--comment "{gecos}""#),
+        "--shell /usr/sbin/nologin".into(),
+        "--user-group".into(),
+    ] {
+        assert!(rpm_post.contains(&arg), "the RPM's useradd lacks {arg}");
+    }
     let deb_postinst = read("debian/postinst");
     for arg in [
         format!("--home {home}"),
