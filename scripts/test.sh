@@ -3,10 +3,16 @@
 # the tests need (Prometheus and promtool, prometheus-node-exporter for the
 # side-by-side block/netdev test, the Python readers DuckDB, pyarrow,
 # Polars, pandas and PySpark with a Java runtime for the analysis recipes,
-# Chromium for the report's browser test, moto's local S3 for the uploader),
-# then runs every test, lints included.
+# Chromium for the report's browser test, moto's local S3 for the uploader,
+# rpm for the RPM's check), then runs every test, lints included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The packages: built, installed, run and removed (root; they write /usr, /etc
+# and the user database, so only in CI or when asked).
+deb_check=; rpm_check=
+if [ "${CI:-}" = true ] || [ -n "${VTAX_DEB_CHECK:-}" ]; then deb_check=1; fi
+if [ "${CI:-}" = true ] || [ -n "${VTAX_RPM_CHECK:-}" ]; then rpm_check=1; fi
 
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
@@ -17,6 +23,10 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 command -v java >/dev/null || need_apt+=(default-jre-headless)
 
 command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
+if [ -n "$rpm_check" ]; then
+  command -v rpm >/dev/null || need_apt+=(rpm)
+  command -v strip >/dev/null || need_apt+=(binutils)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} with apt-get"
   apt-get update -q
@@ -39,8 +49,5 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace
 
-# The .deb: built, installed with dpkg, run and purged (root; it writes /usr
-# and /etc, so only in CI or when asked).
-if [ "${CI:-}" = true ] || [ -n "${VTAX_DEB_CHECK:-}" ]; then
-  scripts/deb-check.sh
-fi
+[ -z "$deb_check" ] || scripts/deb-check.sh
+[ -z "$rpm_check" ] || scripts/rpm-check.sh
