@@ -11,7 +11,9 @@ check=deb-check
 
 command -v cargo-deb >/dev/null || cargo install cargo-deb --locked
 # cargo deb prints the package path on stdout, its build output on stderr.
-deb=$(cargo deb -p vtax | tail -1)
+# --strip: the release profile keeps debug info (debug = 1) for profiling,
+# which makes the binary about 220 MB; cargo-deb keeps it unless asked.
+deb=$(cargo deb -p vtax --strip | tail -1)
 [ -f "$deb" ] || fail "cargo deb did not name a package file"
 echo "deb-check: $deb"
 dpkg-deb --info "$deb" >/dev/null
@@ -24,6 +26,9 @@ grep -Eq ' \./usr/lib/sysusers\.d/vtax\.conf$' <<<"$contents" \
   || fail "no sysusers.d file in the package"
 grep -Eq ' \./usr/share/vtax/dashboards/vtax-gpu\.json$' <<<"$contents" \
   || fail "no dashboards in the package"
+binary_bytes=$(awk '$NF == "./usr/bin/vtax" {print $3}' <<<"$contents")
+[ -n "$binary_bytes" ] && [ "$binary_bytes" -lt $((100 << 20)) ] \
+  || fail "/usr/bin/vtax in the package is ${binary_bytes:-missing} bytes: not stripped?"
 
 dpkg -i "$deb"
 trap 'dpkg --purge vtax >/dev/null 2>&1 || true' EXIT

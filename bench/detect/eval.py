@@ -251,6 +251,13 @@ def main():
         return
     if os.geteuid() != 0:
         sys.exit("needs root: cgroups")
+    # A shell starts background jobs with SIGINT ignored, and Python then
+    # never turns it into KeyboardInterrupt: ask for both signals explicitly,
+    # so `kill -INT` (or -TERM) ends the quiet run early and still scores.
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     if shutil.which("stress-ng") is None:
         sys.exit("stress-ng not found: apt-get install -y stress-ng")
     cpus = os.cpu_count()
@@ -286,9 +293,13 @@ def main():
             trials.append({"kind": kind, "start": begin, "end": end})
             print(f"trial {n + 1}/{len(order)} {kind}: {begin:.0f}..{end:.0f}", flush=True)
             time.sleep(args.gap)
-        quiet_from = time.time()
-        print(f"quiet run: {args.quiet_minutes} min", flush=True)
-        time.sleep(args.quiet_minutes * 60)
+        print(f"quiet run: {args.quiet_minutes} min (Ctrl-C or SIGINT ends it early and still scores)",
+              flush=True)
+        try:
+            time.sleep(args.quiet_minutes * 60)
+        except KeyboardInterrupt:
+            print(f"quiet run cut short after {(time.time() - trials[-1]['end'] - args.gap) / 60:.1f} min"
+                  if trials else "quiet run cut short", flush=True)
         finished = time.time()
     finally:
         if agent:
