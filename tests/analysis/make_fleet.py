@@ -107,7 +107,10 @@ def make_leftover(vtax, config, store, out):
         for name in names:
             with open(os.path.join(root, name), "rb") as f:
                 inputs[os.path.join(root, name)] = f.read()
-    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%d")
+    # An hour into tomorrow: today is then over by more than the store's
+    # publish grace, whatever the hour now (at midnight sharp, a run during
+    # the day's last hour merged nothing).
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%dT01:00:00Z")
     subprocess.run([vtax, "compact", "--data-dir", leftover, "--now", tomorrow],
                    check=True, capture_output=True)
     for path, data in inputs.items():
