@@ -8,8 +8,11 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use vtax_store::{ScanRequest, Store};
 
+use std::collections::BTreeMap;
+
 use super::rank::Suspect;
 use super::{Detector, Resource, ResumedEvent};
+use crate::report::shape::Rows;
 
 /// How far back a restarted agent looks for events it left open. An event
 /// opened before a longer outage is resumed only if a later row of it falls
@@ -53,94 +56,47 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
         ..ScanRequest::default()
     };
     let result = store.scan(&request).context("scan neighbor_events")?;
-    // The last row of each event key, in time order.
-    let mut last: std::collections::BTreeMap<(String, String, String), (i64, ResumedEvent, bool)> =
-        Default::default();
-    for batch in &result.batches {
-        for (time_us, event, open) in read_events(batch)? {
-            let key = (
-                event.resource.name().to_string(),
-                event.victim.clone(),
-                event.signal.clone(),
-            );
-            if last.get(&key).is_none_or(|(t, _, _)| time_us >= *t) {
-                last.insert(key, (time_us, event, open));
-            }
+    let rows = Rows::from_batches(&result.batches);
+    let (resource, victim, signal, state, suspects, evidence) = (
+        rows.tag("resource"),
+        rows.tag("victim"),
+        rows.tag("signal"),
+        rows.tag("state"),
+        rows.tag("suspects"),
+        rows.tag("evidence"),
+    );
+    let (start, score) = (rows.field("start_time_seconds"), rows.field("score"));
+    // The last row of each event: the file order is by tags, not time.
+    let mut last: BTreeMap<(&str, &str, &str), usize> = BTreeMap::new();
+    for i in 0..rows.len() {
+        if victim[i].is_empty() || signal[i].is_empty() || start[i].is_none() {
+            continue;
+        }
+        let latest = last.entry((resource[i], victim[i], signal[i])).or_insert(i);
+        if rows.time_us[i] >= rows.time_us[*latest] {
+            *latest = i;
         }
     }
     let now_second = now_us.div_euclid(1_000_000);
     let mut resumed = 0;
-    for (_, event, open) in last.into_values() {
-        if open && detector.resume(event, now_second) {
+    for i in last.into_values().filter(|&i| state[i] == "open") {
+        let Some(resource) = Resource::parse(resource[i]) else {
+            continue;
+        };
+        let event = ResumedEvent {
+            resource,
+            victim: victim[i].to_string(),
+            signal: signal[i].to_string(),
+            start_second: start[i].unwrap_or_default() as i64,
+            peak_score: score[i].unwrap_or(0.0),
+            suspects: parse_suspects(suspects[i]),
+            evidence: evidence[i].to_string(),
+        };
+        if detector.resume(event, now_second) {
             resumed += 1;
         }
     }
     Ok(resumed)
-}
-
-fn read_events(batch: &RecordBatch) -> Result<Vec<(i64, ResumedEvent, bool)>> {
-    let column = |name: &str| {
-        batch
-            .column_by_name(name)
-            .with_context(|| format!("neighbor_events has no column {name}"))
-    };
-    let text = |name: &str| -> Result<arrow_array::ArrayRef> {
-        Ok(arrow_cast::cast(column(name)?, &DataType::Utf8)?)
-    };
-    let number = |name: &str| -> Result<arrow_array::ArrayRef> {
-        Ok(arrow_cast::cast(column(name)?, &DataType::Float64)?)
-    };
-    let time = arrow_cast::cast(column("time")?, &DataType::Int64)?;
-    let time = time.as_primitive::<arrow_array::types::Int64Type>();
-    let (resource, victim, signal, state, suspects, evidence) = (
-        text("resource")?,
-        text("victim")?,
-        text("signal")?,
-        text("state")?,
-        text("suspects")?,
-        text("evidence")?,
-    );
-    let strings = |a: &arrow_array::ArrayRef, i: usize| -> Option<String> {
-        let a = a.as_string::<i32>();
-        (!a.is_null(i)).then(|| a.value(i).to_string())
-    };
-    let (start, score) = (number("start_time_seconds")?, number("score")?);
-    let (start, score) = (
-        start.as_primitive::<arrow_array::types::Float64Type>(),
-        score.as_primitive::<arrow_array::types::Float64Type>(),
-    );
-    let mut out = Vec::new();
-    for i in 0..batch.num_rows() {
-        let (Some(resource), Some(victim), Some(signal), Some(state)) = (
-            strings(&resource, i).and_then(|r| Resource::parse(&r)),
-            strings(&victim, i),
-            strings(&signal, i),
-            strings(&state, i),
-        ) else {
-            continue;
-        };
-        if start.is_null(i) {
-            continue;
-        }
-        out.push((
-            time.value(i),
-            ResumedEvent {
-                resource,
-                victim,
-                signal,
-                start_second: start.value(i) as i64,
-                peak_score: if score.is_null(i) {
-                    0.0
-                } else {
-                    score.value(i)
-                },
-                suspects: parse_suspects(&strings(&suspects, i).unwrap_or_default()),
-                evidence: strings(&evidence, i).unwrap_or_default(),
-            },
-            state == "open",
-        ));
-    }
-    Ok(out)
 }
 
 /// Reads back the `suspects` tag (`name score=… r=… effect=…` joined by

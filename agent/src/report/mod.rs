@@ -4,7 +4,7 @@
 //! utilisation, HBM and NVLink against their peaks, jitter distributions and
 //! quantiles over time, steal and pressure, and noisy-neighbour events.
 
-mod shape;
+pub(crate) mod shape;
 mod svg;
 
 use std::collections::BTreeMap;
