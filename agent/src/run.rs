@@ -35,17 +35,21 @@ pub struct RunArgs {
     duration_secs: Option<u64>,
 }
 
-/// Rows per Parquet data page in the files the agent writes. The writer holds
-/// one page of raw values per column while it fills: at the store's 100k
-/// rows, merging an hour of a 27-field table took 20 MiB for those buffers
-/// alone, most of the agent's peak resident size. 32k rows keeps that under
-/// 8 MiB; imports keep the longer pages, which compress a little better.
+/// Rows per Parquet data page in the files the agent writes. A merge holds a
+/// page of each input for the column it copies, and the writer a page of raw
+/// values: at 32k rows an f64 page is 256 KiB. Imports keep the store's 100k
+/// rows, which compress a little better.
 const AGENT_DATA_PAGE_ROWS: usize = 32 * 1024;
 
-/// Bytes of rows a publish or merge buffers (and copies once) to choose its
-/// encodings on. The store's 16 MiB made a merge at the tenth minute the
-/// agent's peak (37 MiB resident); 1 MiB is still 30k+ rows of a wide table.
+/// Bytes of one column a publish or merge buffers (and copies once) to choose
+/// its encoding on: 128k f64 values. The store's default is 16 MiB.
 const AGENT_ENCODING_SAMPLE_BYTES: usize = 1 << 20;
+
+/// Rows per row group in the files the agent writes. The writer holds one
+/// column of a row group's encoded pages until the column is done: at the
+/// store's 1M rows, a column of noisy values is several megabytes, and the day
+/// merge's resident peak rose by 14 MiB (`store/examples/merge_memory.rs`).
+const AGENT_ROW_GROUP_ROWS: usize = 128 * 1024;
 
 fn store_options(config: &Config) -> StoreOptions {
     let mut options = StoreOptions::new(config.data_dir());
@@ -53,6 +57,7 @@ fn store_options(config: &Config) -> StoreOptions {
         options.node = node.clone();
     }
     options.write.data_page_rows = AGENT_DATA_PAGE_ROWS;
+    options.write.row_group_rows = AGENT_ROW_GROUP_ROWS;
     options.write.encoding_sample_bytes = AGENT_ENCODING_SAMPLE_BYTES;
     options.sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
     options.max_buffered_bytes = config.store.max_buffered_bytes as usize;

@@ -4,12 +4,19 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use arrow_array::RecordBatch;
-use parquet::arrow::ArrowWriter;
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{FieldRef, Schema};
+use parquet::arrow::arrow_writer::{
+    compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
+};
+use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
@@ -46,7 +53,9 @@ pub struct WriteOptions {
     pub float_encoding: Encoding,
     /// Encoding of integer fields.
     pub integer_encoding: Encoding,
-    /// Rows per row group.
+    /// Rows per row group. The writer holds one column of a row group's
+    /// encoded pages at a time, and a merge plans a row group's order (up to
+    /// 8 bytes a row when its inputs interleave row by row).
     pub row_group_rows: usize,
     /// Target bytes per data page (before compression).
     pub data_page_bytes: usize,
@@ -59,9 +68,9 @@ pub struct WriteOptions {
     /// Whether a publish tries the candidate encodings on a sample of its rows
     /// and keeps the smaller per column.
     pub adaptive: bool,
-    /// Most bytes of rows a write buffers to choose its encodings on (and
-    /// copies once more to sample them): a memory bound for small residents
-    /// such as the agent, which sets it far below the default.
+    /// Most bytes of one column a write buffers to choose that column's
+    /// encoding on (and copies once more to sample them): a memory bound for
+    /// small residents such as the agent, which sets it far below the default.
     pub encoding_sample_bytes: usize,
 }
 
@@ -306,10 +315,57 @@ pub fn partition_dir(data_dir: &Path, table: &str, day: i64) -> PathBuf {
         .join(format!("date={}", date_string(day)))
 }
 
-/// A source of sorted batches for [`publish`]; `Ok(None)` ends it.
-pub type BatchSource<'a> = &'a mut dyn FnMut() -> Result<Option<RecordBatch>>;
+/// Rows for [`publish`], handed out a row group at a time and, within it, a
+/// column at a time. The writer then holds one column's pages, and a merge
+/// one column of each input, never every column of every input at once: with
+/// ZSTD each open column costs a (de)compression context and a page buffer,
+/// which for a merge of a few dozen-column files came to tens of megabytes.
+pub trait ColumnSource {
+    /// Starts the next row group of at most `max_rows` rows and returns its
+    /// row count; 0 when every row has been handed out.
+    fn next_row_group(&mut self, max_rows: usize) -> Result<usize>;
 
-/// Writes the batches from `source` (sorted by tags then time, `first_time` the
+    /// Passes the current row group's values of `column` (an index into the
+    /// table's Arrow schema) to `sink` in order, in chunks.
+    fn column(&mut self, column: usize, sink: &mut dyn FnMut(ArrayRef) -> Result<()>)
+        -> Result<()>;
+}
+
+/// A sorted batch in memory as a [`ColumnSource`].
+pub struct BatchColumns {
+    batch: RecordBatch,
+    start: usize,
+    len: usize,
+}
+
+impl BatchColumns {
+    /// Hands out `batch`, which must be sorted by tags then time.
+    pub fn new(batch: RecordBatch) -> Self {
+        BatchColumns {
+            batch,
+            start: 0,
+            len: 0,
+        }
+    }
+}
+
+impl ColumnSource for BatchColumns {
+    fn next_row_group(&mut self, max_rows: usize) -> Result<usize> {
+        self.start += self.len;
+        self.len = max_rows.min(self.batch.num_rows() - self.start);
+        Ok(self.len)
+    }
+
+    fn column(
+        &mut self,
+        column: usize,
+        sink: &mut dyn FnMut(ArrayRef) -> Result<()>,
+    ) -> Result<()> {
+        sink(self.batch.column(column).slice(self.start, self.len))
+    }
+}
+
+/// Writes the rows from `source` (sorted by tags then time, `first_time` the
 /// smallest time) as a new file in its partition, atomically: temp file, fsync,
 /// rename, fsync the directory. On any error the temp file is removed and nothing
 /// is published. The name avoids existing files and any for which `taken` says yes.
@@ -319,7 +375,7 @@ pub fn publish(
     node: &str,
     table: &TableDef,
     first_time: i64,
-    source: BatchSource,
+    source: &mut dyn ColumnSource,
     watermarks: &BTreeMap<i64, u64>,
     compacted_from: &[String],
     options: &WriteOptions,
@@ -360,49 +416,67 @@ pub fn publish(
             compacted_from.join(","),
         ));
     }
-    // Encodings are chosen on the rows being written: up to a row group of them,
-    // buffered, since a merge's long per-series runs compress differently from
-    // the parts it reads.
-    let mut head: Vec<RecordBatch> = Vec::new();
-    let mut options = options.clone();
-    if options.adaptive {
-        let (mut rows, mut bytes) = (0, 0);
-        while rows < options.row_group_rows && bytes < options.encoding_sample_bytes {
-            let Some(batch) = source()? else { break };
-            rows += batch.num_rows();
-            bytes += batch.get_array_memory_size();
-            head.push(batch);
-        }
-        match head.as_slice() {
-            [] => {}
-            [only] => options.column_encodings = choose_encodings(table, only, &options)?,
-            many => {
-                let buffered = arrow_select::concat::concat_batches(&many[0].schema(), many)?;
-                options.column_encodings = choose_encodings(table, &buffered, &options)?;
-            }
-        }
-    }
-    let props = options.properties(table, metadata)?;
-    let mut head = head.into_iter();
     let mut rows = 0u64;
     let mut last_time = first_time;
     let write = || -> Result<u64> {
-        let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
         let parquet_err = |source| Error::Parquet {
             path: tmp.clone(),
             source,
         };
+        let schema = table.arrow_schema();
+        let mut file_props = options.properties(table, metadata)?;
+        add_encoded_arrow_schema_to_metadata(&schema, &mut file_props);
+        let parquet_schema = ArrowSchemaConverter::new()
+            .convert(&schema)
+            .map_err(parquet_err)?;
+        let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
         let mut writer =
-            ArrowWriter::try_new(file, table.arrow_schema(), Some(props)).map_err(parquet_err)?;
-        while let Some(batch) = head
-            .next()
-            .map(Ok)
-            .or_else(|| source().transpose())
-            .transpose()?
-        {
-            rows += batch.num_rows() as u64;
-            last_time = last_time.max(max_time(&batch).unwrap_or(last_time));
-            writer.write(&batch).map_err(parquet_err)?;
+            SerializedFileWriter::new(file, parquet_schema.root_schema_ptr(), Arc::new(file_props))
+                .map_err(parquet_err)?;
+        // Each column's properties, fixed by its first row group (where
+        // `adaptive` picks its encoding from the rows being written: a merge's
+        // long per-series runs compress differently from the parts it reads).
+        let mut column_props: Vec<Option<Arc<WriterProperties>>> =
+            vec![None; schema.fields().len()];
+        let mut row_group = 0;
+        loop {
+            let group_rows = source.next_row_group(options.row_group_rows.max(1))?;
+            if group_rows == 0 {
+                break;
+            }
+            let mut group = writer.next_row_group().map_err(parquet_err)?;
+            for (c, field) in schema.fields().iter().enumerate() {
+                let mut column = ColumnWrite {
+                    table,
+                    options,
+                    field,
+                    row_group,
+                    props: column_props[c].clone(),
+                    writer: None,
+                    head: Vec::new(),
+                    head_bytes: 0,
+                    rows: 0,
+                };
+                source.column(c, &mut |array| {
+                    if c == 0 {
+                        last_time = last_time.max(max_time(&array).unwrap_or(last_time));
+                    }
+                    column.push(array)
+                })?;
+                if column.rows != group_rows {
+                    return Err(Error::Schema(format!(
+                        "column {} of a row group has {} rows, not {group_rows}",
+                        field.name(),
+                        column.rows
+                    )));
+                }
+                let (props, chunk) = column.finish()?;
+                column_props[c] = Some(props);
+                chunk.append_to_row_group(&mut group).map_err(parquet_err)?;
+            }
+            group.close().map_err(parquet_err)?;
+            rows += group_rows as u64;
+            row_group += 1;
         }
         if rows == 0 {
             return Err(Error::Schema("publishing an empty file".into()));
@@ -436,6 +510,127 @@ pub fn publish(
     })
 }
 
+/// One column of one row group being encoded. In a file's first row group a
+/// column whose encoding is chosen by trial buffers up to
+/// [`WriteOptions::encoding_sample_bytes`] of values to try the candidates on.
+struct ColumnWrite<'a> {
+    table: &'a TableDef,
+    options: &'a WriteOptions,
+    field: &'a FieldRef,
+    row_group: usize,
+    props: Option<Arc<WriterProperties>>,
+    writer: Option<ArrowColumnWriter>,
+    head: Vec<ArrayRef>,
+    head_bytes: usize,
+    rows: usize,
+}
+
+impl ColumnWrite<'_> {
+    fn push(&mut self, array: ArrayRef) -> Result<()> {
+        self.rows += array.len();
+        if let Some(writer) = &mut self.writer {
+            return write_leaves(writer, self.field, &array);
+        }
+        self.head_bytes += array.get_array_memory_size();
+        self.head.push(array);
+        if self.props.is_some()
+            || !self.is_trial_candidate()
+            || self.head_bytes >= self.options.encoding_sample_bytes
+        {
+            self.start()?;
+        }
+        Ok(())
+    }
+
+    /// Whether this column's encoding is picked by trial in this row group.
+    fn is_trial_candidate(&self) -> bool {
+        let name = self.field.name();
+        self.options.adaptive
+            && self.props.is_none()
+            && (name == TIME_COLUMN
+                || self
+                    .table
+                    .fields
+                    .iter()
+                    .any(|f| f.name == name && f.ty == FieldType::F64))
+    }
+
+    /// Settles the column's properties and writes the buffered values.
+    fn start(&mut self) -> Result<()> {
+        let props = match &self.props {
+            Some(props) => props.clone(),
+            None => {
+                let mut options = self.options.clone();
+                if self.is_trial_candidate() && !self.head.is_empty() {
+                    let heads: Vec<&dyn Array> = self.head.iter().map(|a| a.as_ref()).collect();
+                    let sample = arrow_select::concat::concat(&heads)?;
+                    let schema = Arc::new(Schema::new(vec![self.field.as_ref().clone()]));
+                    let batch = RecordBatch::try_new(schema, vec![sample])?;
+                    options.column_encodings = choose_encodings(self.table, &batch, &options)?;
+                }
+                Arc::new(options.properties(self.table, Vec::new())?)
+            }
+        };
+        let mut writer = column_writer(self.field, props.clone(), self.row_group)?;
+        for array in std::mem::take(&mut self.head) {
+            write_leaves(&mut writer, self.field, &array)?;
+        }
+        self.head_bytes = 0;
+        self.props = Some(props);
+        self.writer = Some(writer);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(Arc<WriterProperties>, ArrowColumnChunk)> {
+        if self.writer.is_none() {
+            self.start()?;
+        }
+        let chunk = self
+            .writer
+            .take()
+            .expect("started")
+            .close()
+            .map_err(parquet_in_memory)?;
+        Ok((self.props.take().expect("started"), chunk))
+    }
+}
+
+fn parquet_in_memory(source: parquet::errors::ParquetError) -> Error {
+    Error::Parquet {
+        path: PathBuf::from("<column being encoded>"),
+        source,
+    }
+}
+
+fn write_leaves(writer: &mut ArrowColumnWriter, field: &FieldRef, array: &ArrayRef) -> Result<()> {
+    for leaf in compute_leaves(field, array).map_err(parquet_in_memory)? {
+        writer.write(&leaf).map_err(parquet_in_memory)?;
+    }
+    Ok(())
+}
+
+/// A writer for one column with its own properties. Parquet's factory makes a
+/// writer, with its codec, for every column of a schema at once; a one-column
+/// schema makes just this one. The chunk it produces describes a column equal
+/// to the file's column of that name, so the file's row group accepts it.
+fn column_writer(
+    field: &FieldRef,
+    props: Arc<WriterProperties>,
+    row_group: usize,
+) -> Result<ArrowColumnWriter> {
+    let schema = Arc::new(Schema::new(vec![field.as_ref().clone()]));
+    let parquet_schema = ArrowSchemaConverter::new()
+        .convert(&schema)
+        .map_err(parquet_in_memory)?;
+    let scratch =
+        SerializedFileWriter::new(std::io::sink(), parquet_schema.root_schema_ptr(), props)
+            .map_err(parquet_in_memory)?;
+    let mut writers = ArrowRowGroupWriterFactory::new(&scratch, schema)
+        .create_column_writers(row_group)
+        .map_err(parquet_in_memory)?;
+    Ok(writers.pop().expect("one column"))
+}
+
 fn time_values(batch: &RecordBatch) -> Option<&[i64]> {
     batch
         .column(0)
@@ -449,8 +644,14 @@ pub(crate) fn min_time(batch: &RecordBatch) -> Option<i64> {
     time_values(batch)?.iter().copied().min()
 }
 
-fn max_time(batch: &RecordBatch) -> Option<i64> {
-    time_values(batch)?.iter().copied().max()
+fn max_time(times: &ArrayRef) -> Option<i64> {
+    times
+        .as_any()
+        .downcast_ref::<arrow_array::TimestampMicrosecondArray>()?
+        .values()
+        .iter()
+        .copied()
+        .max()
 }
 
 fn format_watermarks(watermarks: &BTreeMap<i64, u64>) -> String {

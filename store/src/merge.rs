@@ -1,181 +1,371 @@
-//! Streaming k-way merge of sorted files, for compaction: memory holds one batch
-//! per input and the output row group, never the whole day.
+//! Streaming k-way merge of sorted files, for compaction, one row group and one
+//! column at a time.
+//!
+//! For each row group of the output, a pass over the inputs' sort keys (tags
+//! and time) plans the order as runs of rows from one input; then each column
+//! is read from every input along that plan and handed to the writer. Memory
+//! holds the plan, one chunk of the key columns per input during planning, and
+//! one column per input while copying: never every column of every input, which
+//! with ZSTD costs a decompression context (about 96 KB) and a page buffer per
+//! column per input.
 
 use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_row::{RowConverter, Rows, SortField};
-use arrow_schema::Schema;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use arrow_schema::{Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::PageIndexPolicy;
 
 use crate::error::{Error, Result};
-use crate::files::FileInfo;
+use crate::files::{ColumnSource, FileInfo};
 use crate::scan::{conform, Projection};
 use crate::schema::TableDef;
 
-/// Rows per input batch and per output chunk. Memory holds one batch per
-/// input, its sort keys and one output chunk: at 16k rows a running-hour merge
-/// of four 30-column parts held 10 MB of them (heaptrack, docs/benchmarks.md).
+/// Rows per batch read from an input and per chunk handed to the writer.
 const CHUNK_ROWS: usize = 4 * 1024;
 
+/// Rows taken from one input in a row of the plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Run {
+    input: u32,
+    rows: u32,
+}
+
 struct Input {
-    reader: ParquetRecordBatchReader,
-    wanted: Vec<Option<usize>>,
-    roots: Vec<usize>,
-    path: std::path::PathBuf,
-    batch: RecordBatch,
-    rows: Rows,
-    pos: usize,
+    path: PathBuf,
+    metadata: ArrowReaderMetadata,
+    rows: usize,
+    /// Rows of this input in row groups before the current one.
+    start: usize,
+    /// Rows of this input in the current row group.
+    taken: usize,
 }
 
-/// Merges files that are each sorted by tags then time into one sorted stream
+/// Files that are each sorted by tags then time, merged into one sorted stream
 /// in the table's current schema.
-pub(crate) struct Merge {
-    schema: Arc<Schema>,
-    converter: RowConverter,
+pub(crate) struct MergeColumns {
+    schema: SchemaRef,
+    /// Time and tags: the leading columns of the table's schema.
+    key_schema: SchemaRef,
+    /// Key columns in sort order (tags, then time), as indices into `key_schema`.
     sort_columns: Vec<usize>,
+    converter: RowConverter,
     inputs: Vec<Input>,
-    /// Output rows gathered so far: (input, row) into each input's current batch.
-    pending: Vec<(usize, usize)>,
+    /// The current row group's order.
+    plan: Vec<Run>,
 }
 
-impl Merge {
+fn parquet_err(path: &Path) -> impl Fn(parquet::errors::ParquetError) -> Error + '_ {
+    move |source| Error::Parquet {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl MergeColumns {
+    /// Reads the inputs' footers; the rows are read as the writer asks for them.
     pub fn open(table: &TableDef, files: &[FileInfo]) -> Result<Self> {
+        if files.len() > u32::MAX as usize {
+            return Err(Error::Schema("too many files to merge at once".into()));
+        }
         let schema = table.arrow_schema();
+        let key_schema = Arc::new(Schema::new(schema.fields()[..=table.tags.len()].to_vec()));
         let mut sort_columns: Vec<usize> = (1..=table.tags.len()).collect();
         sort_columns.push(0);
         let converter = RowConverter::new(
             sort_columns
                 .iter()
-                .map(|&c| SortField::new(schema.field(c).data_type().clone()))
+                .map(|&c| SortField::new(key_schema.field(c).data_type().clone()))
                 .collect(),
         )?;
-        let mut merge = Merge {
-            schema,
-            converter,
-            sort_columns,
-            inputs: Vec::new(),
-            pending: Vec::new(),
-        };
+        let mut inputs = Vec::with_capacity(files.len());
         for info in files {
             let path = &info.path;
-            let parquet_err = |source| Error::Parquet {
-                path: path.clone(),
-                source,
-            };
             let file = File::open(path).map_err(Error::io("open", path))?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(parquet_err)?;
-            let Projection { wanted, roots } = Projection::of(&merge.schema, builder.schema());
-            let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-            let reader = builder
-                .with_projection(mask)
-                .with_batch_size(CHUNK_ROWS)
-                .build()
-                .map_err(parquet_err)?;
-            let mut input = Input {
-                reader,
-                wanted,
-                roots,
+            // The offset index lets a reader that starts mid-file skip whole pages.
+            let options =
+                ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+            let metadata = ArrowReaderMetadata::load(&file, options).map_err(parquet_err(path))?;
+            let rows = metadata.metadata().file_metadata().num_rows().max(0) as usize;
+            inputs.push(Input {
                 path: path.clone(),
-                batch: RecordBatch::new_empty(merge.schema.clone()),
-                rows: merge.converter.empty_rows(0, 0),
-                pos: 0,
-            };
-            if merge.load_next(&mut input)? {
-                merge.inputs.push(input);
-            }
+                metadata,
+                rows,
+                start: 0,
+                taken: 0,
+            });
         }
-        Ok(merge)
+        Ok(MergeColumns {
+            schema,
+            key_schema,
+            sort_columns,
+            converter,
+            inputs,
+            plan: Vec::new(),
+        })
     }
 
-    /// Loads the input's next batch; false when it is exhausted.
-    fn load_next(&self, input: &mut Input) -> Result<bool> {
-        loop {
-            let Some(batch) = input.reader.next() else {
-                return Ok(false);
-            };
-            let batch = batch.map_err(|e| Error::Parquet {
-                path: input.path.clone(),
-                source: e.into(),
-            })?;
-            if batch.num_rows() == 0 {
+    /// A reader of `input`'s rows in the current row group from `start` on,
+    /// projected onto `target`'s columns, and how to conform its batches.
+    fn reader(
+        &self,
+        input: &Input,
+        target: &Schema,
+        rows: usize,
+    ) -> Result<(ParquetRecordBatchReader, Projection)> {
+        let projection = Projection::of(target, input.metadata.schema());
+        let file = File::open(&input.path).map_err(Error::io("open", &input.path))?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, input.metadata.clone());
+        let mask =
+            ProjectionMask::roots(builder.parquet_schema(), projection.roots.iter().copied());
+        let selection = RowSelection::from(vec![
+            RowSelector::skip(input.start),
+            RowSelector::select(rows),
+        ]);
+        let reader = builder
+            .with_projection(mask)
+            .with_row_selection(selection)
+            .with_batch_size(CHUNK_ROWS)
+            .build()
+            .map_err(parquet_err(&input.path))?;
+        Ok((reader, projection))
+    }
+
+    /// Plans the next `max_rows` rows of the merged order.
+    fn plan(&mut self, max_rows: usize) -> Result<usize> {
+        for input in &mut self.inputs {
+            input.start += input.taken;
+            input.taken = 0;
+        }
+        self.plan.clear();
+        let mut cursors = Vec::new();
+        for (i, input) in self.inputs.iter().enumerate() {
+            let remaining = input.rows - input.start;
+            if remaining == 0 {
                 continue;
             }
-            let batch = conform(&self.schema, &batch, &input.wanted, &input.roots)?;
-            let keys: Vec<_> = self
-                .sort_columns
-                .iter()
-                .map(|&c| batch.column(c).clone())
-                .collect();
-            input.rows = self.converter.convert_columns(&keys)?;
-            input.batch = batch;
-            input.pos = 0;
-            return Ok(true);
-        }
-    }
-
-    fn flush_pending(&mut self) -> Result<Option<RecordBatch>> {
-        if self.pending.is_empty() {
-            return Ok(None);
-        }
-        let batches: Vec<&RecordBatch> = self.inputs.iter().map(|i| &i.batch).collect();
-        let out = arrow_select::interleave::interleave_record_batch(&batches, &self.pending)?;
-        self.pending.clear();
-        Ok(Some(out))
-    }
-
-    /// The next chunk of merged rows, or `None` at the end.
-    pub fn next_chunk(&mut self) -> Result<Option<RecordBatch>> {
-        while self.pending.len() < CHUNK_ROWS {
-            if self.inputs.is_empty() {
-                break;
+            let (reader, projection) = self.reader(input, &self.key_schema, remaining)?;
+            let mut cursor = KeyCursor {
+                input: i,
+                reader,
+                projection,
+                rows: self.converter.empty_rows(0, 0),
+                pos: 0,
+            };
+            if cursor.load(self, &self.inputs[i].path)? {
+                cursors.push(cursor);
             }
-            // The input with the smallest head, and the runner-up's head.
+        }
+        let mut planned = 0;
+        while planned < max_rows && !cursors.is_empty() {
+            // The cursor with the smallest head, and the runner-up's head.
             let mut best = 0;
-            for i in 1..self.inputs.len() {
-                let (a, b) = (&self.inputs[i], &self.inputs[best]);
-                if a.rows.row(a.pos) < b.rows.row(b.pos) {
+            for i in 1..cursors.len() {
+                if cursors[i].head() < cursors[best].head() {
                     best = i;
                 }
             }
             let mut second: Option<usize> = None;
-            for i in 0..self.inputs.len() {
-                if i == best {
-                    continue;
-                }
-                let a = &self.inputs[i];
-                if second
-                    .is_none_or(|s| a.rows.row(a.pos) < self.inputs[s].rows.row(self.inputs[s].pos))
-                {
+            for i in 0..cursors.len() {
+                if i != best && second.is_none_or(|s| cursors[i].head() < cursors[s].head()) {
                     second = Some(i);
                 }
             }
             // Take the run of rows from `best` that sort before the runner-up's head.
-            let input = &self.inputs[best];
-            let limit = second.map(|s| self.inputs[s].rows.row(self.inputs[s].pos));
-            let mut end = input.pos + 1;
-            while end < input.rows.num_rows()
-                && self.pending.len() + (end - input.pos) < CHUNK_ROWS
-                && limit.is_none_or(|l| input.rows.row(end) <= l)
+            let cursor = &cursors[best];
+            let limit = second.map(|s| cursors[s].head());
+            let mut end = cursor.pos + 1;
+            while end < cursor.rows.num_rows()
+                && planned + (end - cursor.pos) < max_rows
+                && limit.is_none_or(|l| cursor.rows.row(end) <= l)
             {
                 end += 1;
             }
-            self.pending.extend((input.pos..end).map(|r| (best, r)));
-            self.inputs[best].pos = end;
-            if end == self.inputs[best].rows.num_rows() {
-                // The pending rows point into this batch: emit them before replacing it.
-                let out = self.flush_pending()?;
-                let mut input = self.inputs.swap_remove(best);
-                if self.load_next(&mut input)? {
-                    self.inputs.push(input);
+            let rows = end - cursor.pos;
+            let input = cursor.input;
+            match self.plan.last_mut() {
+                Some(run) if run.input as usize == input => run.rows += rows as u32,
+                _ => self.plan.push(Run {
+                    input: input as u32,
+                    rows: rows as u32,
+                }),
+            }
+            self.inputs[input].taken += rows;
+            planned += rows;
+            let cursor = &mut cursors[best];
+            cursor.pos = end;
+            if end == cursor.rows.num_rows() && !cursor.load(self, &self.inputs[input].path)? {
+                cursors.swap_remove(best);
+            }
+        }
+        Ok(planned)
+    }
+}
+
+/// The sort keys of one input during planning.
+struct KeyCursor {
+    input: usize,
+    reader: ParquetRecordBatchReader,
+    projection: Projection,
+    rows: Rows,
+    pos: usize,
+}
+
+impl KeyCursor {
+    fn head(&self) -> arrow_row::Row<'_> {
+        self.rows.row(self.pos)
+    }
+
+    /// Loads the next batch of keys; false when the input is exhausted.
+    fn load(&mut self, merge: &MergeColumns, path: &Path) -> Result<bool> {
+        loop {
+            let Some(batch) = self.reader.next() else {
+                return Ok(false);
+            };
+            let batch = batch.map_err(|e| parquet_err(path)(e.into()))?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let batch = conform(
+                &merge.key_schema,
+                &batch,
+                &self.projection.wanted,
+                &self.projection.roots,
+            )?;
+            let keys: Vec<ArrayRef> = merge
+                .sort_columns
+                .iter()
+                .map(|&c| batch.column(c).clone())
+                .collect();
+            self.rows = merge.converter.convert_columns(&keys)?;
+            self.pos = 0;
+            return Ok(true);
+        }
+    }
+}
+
+/// One column of one input during a copy.
+struct ColumnCursor {
+    /// None when the input lacks the column: it reads as nulls (or empty tags).
+    reader: Option<ParquetRecordBatchReader>,
+    projection: Projection,
+    remaining: usize,
+    array: Option<ArrayRef>,
+    pos: usize,
+}
+
+impl ColumnCursor {
+    /// The next unread values, at most `max` of them.
+    fn take(&mut self, target: &SchemaRef, path: &Path, max: usize) -> Result<ArrayRef> {
+        if self.array.as_ref().is_none_or(|a| self.pos == a.len()) {
+            let batch = match &mut self.reader {
+                Some(reader) => reader
+                    .next()
+                    .ok_or_else(|| Error::Corrupt {
+                        path: path.to_owned(),
+                        reason: "fewer rows than its footer says".into(),
+                    })?
+                    .map_err(|e| parquet_err(path)(e.into()))?,
+                None => {
+                    let rows = self.remaining.min(CHUNK_ROWS);
+                    RecordBatch::try_new_with_options(
+                        Arc::new(Schema::empty()),
+                        Vec::new(),
+                        &RecordBatchOptions::new().with_row_count(Some(rows)),
+                    )?
                 }
-                if out.is_some() {
-                    return Ok(out);
+            };
+            let batch = conform(
+                target,
+                &batch,
+                &self.projection.wanted,
+                &self.projection.roots,
+            )?;
+            self.array = Some(batch.column(0).clone());
+            self.pos = 0;
+        }
+        let array = self.array.as_ref().expect("loaded");
+        let n = max.min(array.len() - self.pos);
+        let out = array.slice(self.pos, n);
+        self.pos += n;
+        self.remaining -= n;
+        Ok(out)
+    }
+}
+
+impl ColumnSource for MergeColumns {
+    fn next_row_group(&mut self, max_rows: usize) -> Result<usize> {
+        self.plan(max_rows)
+    }
+
+    fn column(
+        &mut self,
+        column: usize,
+        sink: &mut dyn FnMut(ArrayRef) -> Result<()>,
+    ) -> Result<()> {
+        let target: SchemaRef = Arc::new(Schema::new(vec![self.schema.field(column).clone()]));
+        let mut cursors = Vec::with_capacity(self.inputs.len());
+        for input in &self.inputs {
+            let cursor = if input.taken == 0 {
+                None
+            } else {
+                let projection = Projection::of(&target, input.metadata.schema());
+                let reader = if projection.roots.is_empty() {
+                    None
+                } else {
+                    Some(self.reader(input, &target, input.taken)?.0)
+                };
+                Some(ColumnCursor {
+                    reader,
+                    projection,
+                    remaining: input.taken,
+                    array: None,
+                    pos: 0,
+                })
+            };
+            cursors.push(cursor);
+        }
+        let mut pieces: Vec<ArrayRef> = Vec::new();
+        let mut piece_rows = 0;
+        let mut flush = |pieces: &mut Vec<ArrayRef>| -> Result<()> {
+            let chunk = match pieces.len() {
+                0 => return Ok(()),
+                1 => pieces.pop().expect("one"),
+                _ => {
+                    let parts: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+                    let chunk = arrow_select::concat::concat(&parts)?;
+                    pieces.clear();
+                    chunk
+                }
+            };
+            sink(chunk)
+        };
+        for run in &self.plan {
+            let input = run.input as usize;
+            let path = &self.inputs[input].path;
+            let cursor = cursors[input]
+                .as_mut()
+                .expect("planned inputs have cursors");
+            let mut rows = run.rows as usize;
+            while rows > 0 {
+                let piece = cursor.take(&target, path, rows.min(CHUNK_ROWS - piece_rows))?;
+                rows -= piece.len();
+                piece_rows += piece.len();
+                pieces.push(piece);
+                if piece_rows == CHUNK_ROWS {
+                    flush(&mut pieces)?;
+                    piece_rows = 0;
                 }
             }
         }
-        self.flush_pending()
+        flush(&mut pieces)
     }
 }

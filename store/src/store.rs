@@ -386,13 +386,12 @@ impl Store {
         let batch = bucket.to_record_batch(&bucket.table.arrow_schema());
         let first_time = files::min_time(&batch).expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
-        let mut once = Some(batch);
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             bucket.table,
             first_time,
-            &mut || Ok(once.take()),
+            &mut files::BatchColumns::new(batch),
             &watermarks,
             &[],
             &self.options.write,
@@ -483,7 +482,9 @@ impl Store {
             }
             let day_hours = day * 24..(day + 1) * 24;
             if (day + 1) * DAY_US + grace_us <= now_us && !buffered(table, day_hours) {
-                merges.push(((table.clone(), *day), files.clone()));
+                for group in merge_groups(files) {
+                    merges.push(((table.clone(), *day), group));
+                }
                 continue;
             }
             let mut by_hour: BTreeMap<i64, Vec<FileInfo>> = BTreeMap::new();
@@ -496,7 +497,9 @@ impl Store {
                     continue;
                 }
                 if (hour + 1) * HOUR_US + grace_us <= now_us && !buffered(table, hour..hour + 1) {
-                    merges.push(((table.clone(), *day), parts));
+                    for group in merge_groups(&parts) {
+                        merges.push(((table.clone(), *day), group));
+                    }
                 } else if let Some(tier) = similar_sized(&parts) {
                     // The running hour: merge parts of like size, so an hour holds a
                     // handful of files at any time, each row rewritten a few times.
@@ -545,13 +548,13 @@ impl Store {
             .flatten()
             .flat_map(|f| f.compacted_from.iter().cloned())
             .collect();
-        let mut merge = crate::merge::Merge::open(table, inputs)?;
+        let mut merge = crate::merge::MergeColumns::open(table, inputs)?;
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             table,
             first_time,
-            &mut || merge.next_chunk(),
+            &mut merge,
             &watermarks,
             &names,
             &self.options.write,
@@ -650,6 +653,23 @@ impl Store {
 
 /// Bound on merge passes in one `compact` call.
 const MAX_MERGE_ROUNDS: usize = 8;
+
+/// Most files one merge reads. Planning the merge holds the sort-key columns
+/// of every input open at once, a ZSTD context and a page each; a day's 24
+/// hours merge in two rounds (24 to 3 to 1) instead of one.
+const MAX_MERGE_INPUTS: usize = 8;
+
+/// `files` in time order, cut into groups of at most [`MAX_MERGE_INPUTS`]
+/// neighbours; a group of one has nothing to merge with this round.
+fn merge_groups(files: &[FileInfo]) -> Vec<Vec<FileInfo>> {
+    let mut sorted = files.to_vec();
+    sorted.sort_by_key(|f| (f.time_range_us.map(|r| r.0), f.path.clone()));
+    sorted
+        .chunks(MAX_MERGE_INPUTS)
+        .filter(|group| group.len() > 1)
+        .map(<[FileInfo]>::to_vec)
+        .collect()
+}
 
 /// Files merged together in one tier of the running hour.
 const TIER_FILES: usize = 4;

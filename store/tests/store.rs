@@ -269,6 +269,25 @@ fn a_field_added_later_reads_as_null_in_old_files() {
         })
         .unwrap();
     assert_eq!(result.rows(), 4);
+    let energies = sorted_energies(&result);
+    assert_eq!(energies, vec![None, None, None, Some(42)]);
+
+    // Merged into one file, the old rows still lack the field.
+    store.flush().unwrap();
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    let gpu_files: Vec<_> = store.files().filter(|f| f.table == "gpu").collect();
+    assert_eq!(gpu_files.len(), 1);
+    let result = store
+        .scan(&ScanRequest {
+            table: "gpu".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(sorted_energies(&result), energies);
+}
+
+/// The `energy` column of a `gpu` scan, sorted, nulls first.
+fn sorted_energies(result: &vtax_store::ScanResult) -> Vec<Option<u64>> {
     let mut energies = Vec::new();
     for batch in &result.batches {
         let e = batch
@@ -279,7 +298,27 @@ fn a_field_added_later_reads_as_null_in_old_files() {
         }
     }
     energies.sort();
-    assert_eq!(energies, vec![None, None, None, Some(42)]);
+    energies
+}
+
+#[test]
+fn a_day_of_hour_files_merges_at_most_eight_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = Vec::new();
+    for h in 0..24 {
+        expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 8));
+        store.flush().unwrap();
+    }
+    assert_eq!(parquet_files(dir.path()).len(), 24);
+    // 24 to 3 to 1: each merge holds the keys of eight inputs open, not 24.
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 4);
+    let files: Vec<_> = store.files().collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].compacted_from.len(), 3);
+    assert_eq!(files[0].watermarks.len(), 24, "it holds every hour");
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
 }
 
 #[test]
@@ -586,10 +625,27 @@ fn a_finished_hours_parts_are_sealed_into_one_file_while_the_day_runs() {
 
 #[test]
 fn a_merge_of_many_interleaved_files_keeps_every_row_in_order() {
+    merge_interleaved_files(None);
+}
+
+#[test]
+fn a_merge_into_many_small_row_groups_keeps_every_row_in_order() {
+    // Row groups end mid-run and mid-batch, so each one's plan resumes every
+    // input where the last left off.
+    let row_groups = merge_interleaved_files(Some(97));
+    assert!(row_groups > 10, "{row_groups} row groups");
+}
+
+/// Merges 40 small files whose series interleave; checks every row and the
+/// order. Returns the merged file's row groups.
+fn merge_interleaved_files(row_group_rows: Option<usize>) -> usize {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());
     // A tiny memory bound: many small files whose series interleave.
     o.max_buffered_bytes = 20_000;
+    if let Some(rows) = row_group_rows {
+        o.write.row_group_rows = rows;
+    }
     let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
     let mut expected = Vec::new();
     for k in 0..40 {
@@ -606,10 +662,10 @@ fn a_merge_of_many_interleaved_files_keeps_every_row_in_order() {
     assert_eq!(all_scraped(&store), expected);
     // The merged file is sorted by tags then time, as its metadata claims.
     let file = fs::File::open(&after[0]).unwrap();
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .build()
-        .unwrap();
+    let builder =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+    let row_groups = builder.metadata().num_row_groups();
+    let reader = builder.build().unwrap();
     let mut last: Option<(String, String, i64)> = None;
     for batch in reader {
         let batch = batch.unwrap();
@@ -636,6 +692,7 @@ fn a_merge_of_many_interleaved_files_keeps_every_row_in_order() {
             last = Some(key);
         }
     }
+    row_groups
 }
 
 #[test]
