@@ -5,7 +5,7 @@
 //! compaction the process's peak (`VmHWM`) is reset, so each line is what that
 //! pass alone added to resident memory.
 //!
-//! `cargo run --release -p vtax-store --example merge_memory -- [--series 50] [--hours 24] [--dir DIR]`
+//! `cargo run --release -p vtax-store --example merge_memory -- [--series 50] [--hours 24] [--row-group-rows N] [--encoding-sample-bytes N] [--dir DIR]`
 //!
 //! Figures go to `docs/benchmarks.md` with this command.
 
@@ -116,6 +116,9 @@ fn main() {
     options.write.data_page_rows = 32 * 1024;
     options.write.encoding_sample_bytes = 1 << 20;
     options.max_buffered_bytes = 2 << 20;
+    if let Some(bytes) = arg("--encoding-sample-bytes") {
+        options.write.encoding_sample_bytes = bytes.parse().expect("a number");
+    }
     if let Some(rows) = arg("--row-group-rows") {
         options.write.row_group_rows = rows.parse().expect("a number");
     }

@@ -51,6 +51,11 @@ impl Bucket {
         }
     }
 
+    /// The smallest time buffered.
+    pub fn min_time(&self) -> Option<i64> {
+        self.time_us.iter().copied().min()
+    }
+
     pub fn rows(&self) -> usize {
         self.time_us.len()
     }
@@ -93,8 +98,17 @@ impl Bucket {
 
     /// The rows as one Arrow batch sorted by tags, then time.
     pub fn to_record_batch(&self, schema: &Arc<Schema>) -> RecordBatch {
-        // Rank each tag's dictionary so codes compare like the strings they stand for.
-        let ranks: Vec<(Vec<u32>, Vec<Arc<str>>)> = self
+        let sorted = self.sorted();
+        let columns = (0..schema.fields().len())
+            .map(|c| sorted.column(c, 0..self.rows()))
+            .collect();
+        RecordBatch::try_new(schema.clone(), columns)
+            .expect("bucket columns follow the table schema")
+    }
+
+    /// The rows in file order (tags, then time), one column at a time.
+    pub fn sorted(&self) -> SortedBucket<'_> {
+        let ranks: Vec<(Vec<u32>, Arc<StringArray>)> = self
             .tags
             .iter()
             .map(|tag| {
@@ -104,11 +118,9 @@ impl Bucket {
                 for (r, &code) in order.iter().enumerate() {
                     rank[code as usize] = r as u32;
                 }
-                let sorted = order
-                    .iter()
-                    .map(|&c| tag.dict[c as usize].clone())
-                    .collect();
-                (rank, sorted)
+                let sorted =
+                    StringArray::from_iter_values(order.iter().map(|&c| &*tag.dict[c as usize]));
+                (rank, Arc::new(sorted))
             })
             .collect();
         let ranked: Vec<Vec<u32>> = self
@@ -127,27 +139,92 @@ impl Bucket {
             }
             self.time_us[a as usize].cmp(&self.time_us[b as usize])
         });
+        SortedBucket {
+            bucket: self,
+            order,
+            ranked,
+            dictionaries: ranks.into_iter().map(|(_, d)| d).collect(),
+        }
+    }
+}
 
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-        let time: TimestampMicrosecondArray = order
-            .iter()
-            .map(|&i| self.time_us[i as usize])
-            .collect::<Vec<_>>()
-            .into();
-        columns.push(Arc::new(time.with_timezone(crate::schema::UTC)));
-        for (column, (_, sorted)) in ranked.iter().zip(&ranks) {
+/// A bucket's rows in file order: a permutation, not a copy, so that a
+/// publish holds one sorted column at a time beside the bucket.
+pub(crate) struct SortedBucket<'a> {
+    bucket: &'a Bucket,
+    order: Vec<u32>,
+    /// Per tag, each row's rank of its value among the tag's sorted values.
+    ranked: Vec<Vec<u32>>,
+    /// Per tag, its values sorted.
+    dictionaries: Vec<Arc<StringArray>>,
+}
+
+impl SortedBucket<'_> {
+    /// Column `column` of the table's Arrow schema for sorted rows `rows`.
+    pub fn column(&self, column: usize, rows: std::ops::Range<usize>) -> ArrayRef {
+        let order = &self.order[rows];
+        let tags = self.ranked.len();
+        if column == 0 {
+            let time: TimestampMicrosecondArray = order
+                .iter()
+                .map(|&i| self.bucket.time_us[i as usize])
+                .collect::<Vec<_>>()
+                .into();
+            return Arc::new(time.with_timezone(crate::schema::UTC));
+        }
+        if column <= tags {
+            let ranked = &self.ranked[column - 1];
             let keys =
-                Int32Array::from_iter_values(order.iter().map(|&i| column[i as usize] as i32));
-            let values = StringArray::from_iter_values(sorted.iter().map(|s| &**s));
-            let dict = DictionaryArray::<Int32Type>::try_new(keys, Arc::new(values))
-                .expect("keys index the dictionary they were ranked from");
-            columns.push(Arc::new(dict));
+                Int32Array::from_iter_values(order.iter().map(|&i| ranked[i as usize] as i32));
+            let dict =
+                DictionaryArray::<Int32Type>::try_new(keys, self.dictionaries[column - 1].clone())
+                    .expect("keys index the dictionary they were ranked from");
+            return Arc::new(dict);
         }
-        for field in &self.fields {
-            columns.push(permuted(field, &order));
+        permuted(&self.bucket.fields[column - 1 - tags], order)
+    }
+}
+
+/// Rows per chunk a [`BucketColumns`] hands out.
+const CHUNK_ROWS: usize = 16 * 1024;
+
+/// A bucket as a [`crate::files::ColumnSource`] for publishing.
+pub(crate) struct BucketColumns<'a> {
+    sorted: SortedBucket<'a>,
+    start: usize,
+    len: usize,
+}
+
+impl<'a> BucketColumns<'a> {
+    pub fn new(bucket: &'a Bucket) -> Self {
+        BucketColumns {
+            sorted: bucket.sorted(),
+            start: 0,
+            len: 0,
         }
-        RecordBatch::try_new(schema.clone(), columns)
-            .expect("bucket columns follow the table schema")
+    }
+}
+
+impl crate::files::ColumnSource for BucketColumns<'_> {
+    fn next_row_group(&mut self, max_rows: usize) -> crate::error::Result<usize> {
+        self.start += self.len;
+        self.len = max_rows.min(self.sorted.order.len() - self.start);
+        Ok(self.len)
+    }
+
+    fn column(
+        &mut self,
+        column: usize,
+        sink: &mut dyn FnMut(ArrayRef) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        let end = self.start + self.len;
+        for chunk_start in (self.start..end).step_by(CHUNK_ROWS) {
+            sink(
+                self.sorted
+                    .column(column, chunk_start..end.min(chunk_start + CHUNK_ROWS)),
+            )?;
+        }
+        Ok(())
     }
 }
 

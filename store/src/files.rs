@@ -331,40 +331,6 @@ pub trait ColumnSource {
         -> Result<()>;
 }
 
-/// A sorted batch in memory as a [`ColumnSource`].
-pub struct BatchColumns {
-    batch: RecordBatch,
-    start: usize,
-    len: usize,
-}
-
-impl BatchColumns {
-    /// Hands out `batch`, which must be sorted by tags then time.
-    pub fn new(batch: RecordBatch) -> Self {
-        BatchColumns {
-            batch,
-            start: 0,
-            len: 0,
-        }
-    }
-}
-
-impl ColumnSource for BatchColumns {
-    fn next_row_group(&mut self, max_rows: usize) -> Result<usize> {
-        self.start += self.len;
-        self.len = max_rows.min(self.batch.num_rows() - self.start);
-        Ok(self.len)
-    }
-
-    fn column(
-        &mut self,
-        column: usize,
-        sink: &mut dyn FnMut(ArrayRef) -> Result<()>,
-    ) -> Result<()> {
-        sink(self.batch.column(column).slice(self.start, self.len))
-    }
-}
-
 /// Writes the rows from `source` (sorted by tags then time, `first_time` the
 /// smallest time) as a new file in its partition, atomically: temp file, fsync,
 /// rename, fsync the directory. On any error the temp file is removed and nothing
@@ -629,19 +595,6 @@ fn column_writer(
         .create_column_writers(row_group)
         .map_err(parquet_in_memory)?;
     Ok(writers.pop().expect("one column"))
-}
-
-fn time_values(batch: &RecordBatch) -> Option<&[i64]> {
-    batch
-        .column(0)
-        .as_any()
-        .downcast_ref::<arrow_array::TimestampMicrosecondArray>()
-        .map(|a| a.values().as_ref())
-}
-
-/// Smallest time in a batch of a table's schema.
-pub(crate) fn min_time(batch: &RecordBatch) -> Option<i64> {
-    time_values(batch)?.iter().copied().min()
 }
 
 fn max_time(times: &ArrayRef) -> Option<i64> {

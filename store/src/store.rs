@@ -383,15 +383,14 @@ impl Store {
             self.buckets.remove(&key);
             return Ok(());
         }
-        let batch = bucket.to_record_batch(&bucket.table.arrow_schema());
-        let first_time = files::min_time(&batch).expect("a bucket with rows has a time");
+        let first_time = bucket.min_time().expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             bucket.table,
             first_time,
-            &mut files::BatchColumns::new(batch),
+            &mut crate::bucket::BucketColumns::new(bucket),
             &watermarks,
             &[],
             &self.options.write,
