@@ -135,7 +135,7 @@ fn main() {
     let end_us = T0 + hours * HOUR_US;
     // Past the last hour's publish grace and the next compaction pass after it.
     let stop_us = end_us + store.options().publish_grace.as_micros() as i64 + 600_000_000;
-    let mut worst: Vec<(u64, i64, usize)> = Vec::new();
+    let mut passes: Vec<(u64, i64)> = Vec::new();
     let baseline_kib = status_kib("VmRSS");
     let mut second = 0i64;
     let mut publish_peak_kib = 0;
@@ -187,7 +187,7 @@ fn main() {
             trim();
             if merges > 0 {
                 let added = status_kib("VmHWM").saturating_sub(before);
-                worst.push((added, now, merges));
+                passes.push((added, now));
             }
         }
         if now >= stop_us {
@@ -207,18 +207,24 @@ fn main() {
         "publishing buffered rows: largest rise of the peak over resident +{:.1} MiB",
         publish_peak_kib as f64 / 1024.0
     );
-    worst.sort_by_key(|w| std::cmp::Reverse(w.0));
-    println!("compaction passes that merged, largest rise of the peak over resident first:");
-    for (added, at, merges) in worst.iter().take(8) {
+    // The pass at five past an hour seals the hour before; the one after the
+    // last hour also merges the day; the others merge the running hour's parts.
+    let mut by_kind: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (added, at) in &passes {
         let secs = (at - T0) / 1_000_000;
-        println!(
-            "  at {:>2}:{:02}:{:02} (day {}) {merges} merge(s): +{:.1} MiB",
-            (secs / 3600) % 24,
-            (secs / 60) % 60,
-            secs % 60,
-            secs / 86_400,
-            *added as f64 / 1024.0
-        );
+        let kind = if *at >= end_us {
+            "day merge (and the last hour's seal)"
+        } else if secs % 3600 == 300 {
+            "sealing an hour"
+        } else {
+            "running-hour merge"
+        };
+        let peak = by_kind.entry(kind).or_default();
+        *peak = (*peak).max(*added);
+    }
+    println!("compaction passes, largest rise of the peak over resident by kind:");
+    for (kind, added) in &by_kind {
+        println!("  {kind}: +{:.1} MiB", *added as f64 / 1024.0);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

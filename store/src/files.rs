@@ -36,6 +36,10 @@ pub mod keys {
     pub const WATERMARKS: &str = "vtax.watermarks";
     /// Names of the files a compacted file replaces.
     pub const COMPACTED_FROM: &str = "vtax.compacted_from";
+    /// Names among `vtax.compacted_from` of multi-hour merges (a day merged
+    /// in rounds) whose own inputs are listed there too: their rows are all
+    /// in the other names, so an uploader looks past them.
+    pub const COMPACTED_INTERMEDIATES: &str = "vtax.compacted_intermediates";
     /// `column=unit` pairs.
     pub const UNITS: &str = "vtax.units";
 }
@@ -259,8 +263,12 @@ pub struct FileInfo {
     pub rows: u64,
     /// Per bucket hour: highest WAL frame held.
     pub watermarks: BTreeMap<i64, u64>,
-    /// File names this file replaces (compaction).
+    /// File names this file replaces (compaction): the files it merged and,
+    /// for those that were multi-hour merges themselves, the files they merged.
     pub compacted_from: Vec<String>,
+    /// The names in `compacted_from` whose rows are all in the other names
+    /// (`vtax.compacted_intermediates`).
+    pub compacted_intermediates: Vec<String>,
     /// Smallest and largest time in the file, from its statistics.
     pub time_range_us: Option<(i64, i64)>,
 }
@@ -344,6 +352,7 @@ pub fn publish(
     source: &mut dyn ColumnSource,
     watermarks: &BTreeMap<i64, u64>,
     compacted_from: &[String],
+    compacted_intermediates: &[String],
     options: &WriteOptions,
     taken: &dyn Fn(&str) -> bool,
 ) -> Result<FileInfo> {
@@ -380,6 +389,12 @@ pub fn publish(
         metadata.push(KeyValue::new(
             keys::COMPACTED_FROM.into(),
             compacted_from.join(","),
+        ));
+    }
+    if !compacted_intermediates.is_empty() {
+        metadata.push(KeyValue::new(
+            keys::COMPACTED_INTERMEDIATES.into(),
+            compacted_intermediates.join(","),
         ));
     }
     let mut rows = 0u64;
@@ -472,6 +487,7 @@ pub fn publish(
         rows,
         watermarks: watermarks.clone(),
         compacted_from: compacted_from.to_vec(),
+        compacted_intermediates: compacted_intermediates.to_vec(),
         time_range_us: Some((first_time, last_time)),
     })
 }
@@ -660,10 +676,13 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
         .get(keys::NODE)
         .ok_or_else(|| corrupt("missing node".into()))?
         .to_string();
-    let compacted_from = kv
-        .get(keys::COMPACTED_FROM)
-        .map(|s| s.split(',').map(str::to_owned).collect())
-        .unwrap_or_default();
+    let names = |key: &str| -> Vec<String> {
+        kv.get(key)
+            .map(|s| s.split(',').map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let compacted_from = names(keys::COMPACTED_FROM);
+    let compacted_intermediates = names(keys::COMPACTED_INTERMEDIATES);
     let mut time_range_us: Option<(i64, i64)> = None;
     for rg in meta.row_groups() {
         if let Some(parquet::file::statistics::Statistics::Int64(s)) = rg.column(0).statistics() {
@@ -684,6 +703,7 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
         rows: meta.file_metadata().num_rows() as u64,
         watermarks,
         compacted_from,
+        compacted_intermediates,
         time_range_us,
     })
 }

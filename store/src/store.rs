@@ -393,6 +393,7 @@ impl Store {
             &mut crate::bucket::BucketColumns::new(bucket),
             &watermarks,
             &[],
+            &[],
             &self.options.write,
             &|_| false,
         );
@@ -520,19 +521,27 @@ impl Store {
             .ok_or_else(|| Error::Schema(format!("no declaration for table {}", key.0)))?;
         let mut watermarks = BTreeMap::new();
         let mut names = Vec::new();
+        let mut intermediates = Vec::new();
         for info in inputs {
             for (&hour, &seq) in &info.watermarks {
                 let w = watermarks.entry(hour).or_insert(0);
                 *w = seq.max(*w);
             }
-            names.push(
-                info.path
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned(),
-            );
+            names.push(info.name().to_string());
+            // A multi-hour input is a day merged in rounds (or a merged day
+            // that a late row reopens): name what it merged too, so that an
+            // uploader that put or covered those hours sees its rows are here.
+            // Hour files stop the expansion: they are what gets uploaded.
+            if info.watermarks.len() > 1 && !info.compacted_from.is_empty() {
+                intermediates.push(info.name().to_string());
+                names.extend(info.compacted_from.iter().cloned());
+                intermediates.extend(info.compacted_intermediates.iter().cloned());
+            }
         }
+        names.sort();
+        names.dedup();
+        intermediates.sort();
+        intermediates.dedup();
         let first_time = inputs
             .iter()
             .filter_map(|f| f.time_range_us.map(|r| r.0))
@@ -556,6 +565,7 @@ impl Store {
             &mut merge,
             &watermarks,
             &names,
+            &intermediates,
             &self.options.write,
             &|name| replaced.contains(name),
         );

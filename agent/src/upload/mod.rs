@@ -424,19 +424,25 @@ impl Uploader {
         {
             return Ok(());
         }
-        let inputs: Vec<Option<&manifest::Covered>> = file
+        let covered = |name: &String| self.manifest.covered(&file_id(&file.table, file.day, name));
+        // Every remote object of a name it lists holds rows that are now here;
+        // the rows are all remote already when every name but the
+        // intermediates (multi-hour merges of the other names) is.
+        let mut known: Vec<String> = file
             .compacted_from
             .iter()
-            .map(|name| self.manifest.covered(&file_id(&file.table, file.day, name)))
-            .collect();
-        let mut known: Vec<String> = inputs
-            .iter()
-            .flatten()
+            .filter_map(covered)
             .flat_map(|c| c.keys.clone())
             .collect();
         known.sort();
         known.dedup();
-        if !inputs.is_empty() && inputs.iter().all(Option::is_some) {
+        let mut leaves = file
+            .compacted_from
+            .iter()
+            .filter(|name| !file.compacted_intermediates.contains(name))
+            .peekable();
+        let all_remote = leaves.peek().is_some() && leaves.all(|name| covered(name).is_some());
+        if all_remote {
             self.manifest.append(Record::Cover {
                 target: self.remote.url.clone(),
                 file: id,

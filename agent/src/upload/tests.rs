@@ -126,23 +126,61 @@ fn a_large_file_goes_in_parts_and_arrives_whole() {
     assert_eq!(u.stats.files, 1);
 }
 
+/// A store holding `hours` hour files of day 0, each uploaded once its hour
+/// settled when `uploaded` says so.
+fn hours_of_day_zero(
+    data: &Path,
+    target: &Path,
+    hours: i64,
+    uploaded: impl Fn(i64) -> bool,
+) -> (Store, Uploader) {
+    let mut store = open_store(data);
+    let mut u = uploader(data, target);
+    for hour in 0..hours {
+        part(&mut store, T0 + hour * HOUR_US, 50);
+        if uploaded(hour) {
+            pass(&mut u, T0 + (hour + 1) * HOUR_US + SETTLE_US);
+        }
+    }
+    (store, u)
+}
+
 #[test]
 fn a_compacted_day_of_uploaded_hours_is_only_recorded() {
+    // Three hours merge at once; 24 merge 8 at a time, then the three
+    // results, so that the day file's own inputs were never uploaded.
+    for (hours, merges, intermediates) in [(3, 1, 0), (24, 4, 3)] {
+        let data = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let (mut store, mut u) = hours_of_day_zero(data.path(), target.path(), hours, |_| true);
+        assert_eq!(u.stats.files, hours as u64);
+        let before = objects(target.path());
+        assert_eq!(store.compact(T0 + DAY_US + SETTLE_US).unwrap(), merges);
+        let day = local_files(data.path());
+        assert_eq!(day.len(), 1, "the day is one file");
+        assert_eq!(day[0].compacted_intermediates.len(), intermediates);
+        pass(&mut u, T0 + DAY_US + SETTLE_US);
+        assert_eq!((u.stats.files, u.stats.covered), (hours as u64, 1));
+        assert_eq!(objects(target.path()), before, "no row twice remotely");
+    }
+}
+
+#[test]
+fn a_day_merged_in_rounds_before_its_last_hour_went_replaces_the_hours() {
     let data = tempfile::tempdir().unwrap();
     let target = tempfile::tempdir().unwrap();
-    let mut store = open_store(data.path());
-    let mut u = uploader(data.path(), target.path());
-    for hour in 0..3 {
-        part(&mut store, T0 + hour * HOUR_US, 50);
-        pass(&mut u, T0 + (hour + 1) * HOUR_US + SETTLE_US);
-    }
-    assert_eq!(u.stats.files, 3);
-    let before = objects(target.path());
+    let (mut store, mut u) = hours_of_day_zero(data.path(), target.path(), 24, |h| h < 23);
+    assert_eq!(objects(target.path()).len(), 23);
     store.compact(T0 + DAY_US + SETTLE_US).unwrap();
-    assert_eq!(local_files(data.path()).len(), 1, "the day is one file");
+    let day = local_files(data.path());
+    assert_eq!(day.len(), 1);
     pass(&mut u, T0 + DAY_US + SETTLE_US);
-    assert_eq!((u.stats.files, u.stats.covered), (3, 1));
-    assert_eq!(objects(target.path()), before, "no row twice remotely");
+    let remote = objects(target.path());
+    assert_eq!(remote.len(), 1, "only the day remains: {:?}", remote.keys());
+    let (key, bytes) = remote.iter().next().unwrap();
+    assert!(key.ends_with(day[0].name()), "{key}");
+    assert_eq!(*bytes, std::fs::read(&day[0].path).unwrap());
+    assert_eq!(u.stats.replaced_deleted, 23);
 }
 
 #[test]
