@@ -315,7 +315,9 @@ fn a_day_of_hour_files_merges_at_most_eight_at_a_time() {
     assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 4);
     let files: Vec<_> = store.files().collect();
     assert_eq!(files.len(), 1);
-    assert_eq!(files[0].compacted_from.len(), 3);
+    // It merged three files, and names the hours those merged too.
+    assert_eq!(files[0].compacted_intermediates.len(), 3);
+    assert_eq!(files[0].compacted_from.len(), 3 + 24);
     assert_eq!(files[0].watermarks.len(), 24, "it holds every hour");
     expected.sort();
     assert_eq!(all_scraped(&store), expected);
