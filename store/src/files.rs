@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, RecordBatch};
