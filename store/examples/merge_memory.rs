@@ -112,16 +112,13 @@ fn main() {
 
     let mut options = StoreOptions::new(&dir);
     options.node = "bench".into();
-    // What agent/src/run.rs and agent/src/config.rs set.
+    // What agent/src/run.rs and agent/src/config.rs set; the flags try others.
     options.write.data_page_rows = 32 * 1024;
-    options.write.encoding_sample_bytes = 1 << 20;
     options.max_buffered_bytes = 2 << 20;
-    if let Some(bytes) = arg("--encoding-sample-bytes") {
-        options.write.encoding_sample_bytes = bytes.parse().expect("a number");
-    }
-    if let Some(rows) = arg("--row-group-rows") {
-        options.write.row_group_rows = rows.parse().expect("a number");
-    }
+    options.write.encoding_sample_bytes =
+        arg("--encoding-sample-bytes").map_or(256 << 10, |v| v.parse().expect("a number"));
+    options.write.row_group_rows =
+        arg("--row-group-rows").map_or(128 << 10, |v| v.parse().expect("a number"));
     options.sync_interval = Duration::from_secs(3600);
     let catalog = Catalog::new(&[&CGROUP_LIKE]).expect("catalog");
     let mut store = Store::open(options, catalog).expect("open store");

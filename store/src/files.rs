@@ -104,6 +104,15 @@ impl Default for WriteOptions {
     }
 }
 
+/// Whether a publish picks `column`'s encoding by trial: time and f64 fields.
+fn has_encoding_trial(table: &TableDef, column: &str) -> bool {
+    column == TIME_COLUMN
+        || table
+            .fields
+            .iter()
+            .any(|f| f.name == column && f.ty == FieldType::F64)
+}
+
 /// The candidate encoding sets a publish tries: for every f64 field and time.
 fn candidates() -> [(Encoding, Encoding); 2] {
     // (f64 fields, time)
@@ -158,12 +167,7 @@ pub fn choose_encodings(
         for rg in meta.row_groups() {
             for column in rg.columns() {
                 let name = column.column_path().string();
-                let is_candidate = name == TIME_COLUMN
-                    || table
-                        .fields
-                        .iter()
-                        .any(|f| f.name == name && f.ty == FieldType::F64);
-                if !is_candidate {
+                if !has_encoding_trial(table, &name) {
                     continue;
                 }
                 let encoding = if name == TIME_COLUMN {
@@ -514,10 +518,7 @@ impl ColumnWrite<'_> {
         }
         self.head_bytes += array.get_array_memory_size();
         self.head.push(array);
-        if self.props.is_some()
-            || !self.is_trial_candidate()
-            || self.head_bytes >= self.options.encoding_sample_bytes
-        {
+        if !self.is_trial_candidate() || self.head_bytes >= self.options.encoding_sample_bytes {
             self.start()?;
         }
         Ok(())
@@ -525,15 +526,9 @@ impl ColumnWrite<'_> {
 
     /// Whether this column's encoding is picked by trial in this row group.
     fn is_trial_candidate(&self) -> bool {
-        let name = self.field.name();
         self.options.adaptive
             && self.props.is_none()
-            && (name == TIME_COLUMN
-                || self
-                    .table
-                    .fields
-                    .iter()
-                    .any(|f| f.name == name && f.ty == FieldType::F64))
+            && has_encoding_trial(self.table, self.field.name())
     }
 
     /// Settles the column's properties and writes the buffered values.

@@ -117,16 +117,15 @@ impl MergeColumns {
         })
     }
 
-    /// A reader of `input`'s rows in the current row group from `start` on,
-    /// projected onto `target`'s columns, and how to conform its batches.
+    /// A reader of `rows` of `input`'s rows from `start` on, of the columns
+    /// `projection` picks.
     fn reader(
         &self,
         input: &Input,
-        target: &Schema,
+        projection: &Projection,
         rows: usize,
         batch_rows: usize,
-    ) -> Result<(ParquetRecordBatchReader, Projection)> {
-        let projection = Projection::of(target, input.metadata.schema());
+    ) -> Result<ParquetRecordBatchReader> {
         let file = File::open(&input.path).map_err(Error::io("open", &input.path))?;
         let builder =
             ParquetRecordBatchReaderBuilder::new_with_metadata(file, input.metadata.clone());
@@ -136,13 +135,12 @@ impl MergeColumns {
             RowSelector::skip(input.start),
             RowSelector::select(rows),
         ]);
-        let reader = builder
+        builder
             .with_projection(mask)
             .with_row_selection(selection)
             .with_batch_size(batch_rows)
             .build()
-            .map_err(parquet_err(&input.path))?;
-        Ok((reader, projection))
+            .map_err(parquet_err(&input.path))
     }
 
     /// Plans the next `max_rows` rows of the merged order.
@@ -158,16 +156,15 @@ impl MergeColumns {
             if remaining == 0 {
                 continue;
             }
-            let (reader, projection) =
-                self.reader(input, &self.key_schema, remaining, KEY_CHUNK_ROWS)?;
+            let projection = Projection::of(&self.key_schema, input.metadata.schema());
             let mut cursor = KeyCursor {
                 input: i,
-                reader,
+                reader: self.reader(input, &projection, remaining, KEY_CHUNK_ROWS)?,
                 projection,
                 rows: self.converter.empty_rows(0, 0),
                 pos: 0,
             };
-            if cursor.load(self, &self.inputs[i].path)? {
+            if cursor.load(self)? {
                 cursors.push(cursor);
             }
         }
@@ -209,7 +206,7 @@ impl MergeColumns {
             planned += rows;
             let cursor = &mut cursors[best];
             cursor.pos = end;
-            if end == cursor.rows.num_rows() && !cursor.load(self, &self.inputs[input].path)? {
+            if end == cursor.rows.num_rows() && !cursor.load(self)? {
                 cursors.swap_remove(best);
             }
         }
@@ -232,7 +229,8 @@ impl KeyCursor {
     }
 
     /// Loads the next batch of keys; false when the input is exhausted.
-    fn load(&mut self, merge: &MergeColumns, path: &Path) -> Result<bool> {
+    fn load(&mut self, merge: &MergeColumns) -> Result<bool> {
+        let path = &merge.inputs[self.input].path;
         loop {
             let Some(batch) = self.reader.next() else {
                 return Ok(false);
@@ -328,7 +326,7 @@ impl ColumnSource for MergeColumns {
                 let reader = if projection.roots.is_empty() {
                     None
                 } else {
-                    Some(self.reader(input, &target, input.taken, CHUNK_ROWS)?.0)
+                    Some(self.reader(input, &projection, input.taken, CHUNK_ROWS)?)
                 };
                 Some(ColumnCursor {
                     reader,
