@@ -33,6 +33,9 @@ pub struct AgentArgs {
     /// sysfs mount point (default /sys).
     #[arg(long = "path.sysfs")]
     pub sysfs: Option<PathBuf>,
+    /// Where the host's root filesystem is mounted (default /; /host in a container).
+    #[arg(long = "path.rootfs")]
+    pub rootfs: Option<PathBuf>,
     /// Simulate this many GPUs instead of reading NVML (tests, dashboards, demos).
     #[arg(long = "simulate-gpus", value_name = "N")]
     pub simulate_gpus: Option<u32>,
@@ -120,6 +123,9 @@ impl AgentArgs {
         }
         if let Some(sysfs) = &self.sysfs {
             config.paths.sysfs = sysfs.clone();
+        }
+        if let Some(rootfs) = &self.rootfs {
+            config.paths.rootfs = rootfs.clone();
         }
         if let Some(n) = self.simulate_gpus {
             config.collectors.gpu.simulate_gpus = n;

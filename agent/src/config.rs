@@ -20,6 +20,8 @@ pub const DEFAULT_LISTEN_ADDRESS: &str = ":9433";
 pub const DEFAULT_PROCFS: &str = "/proc";
 /// Where sysfs is mounted.
 pub const DEFAULT_SYSFS: &str = "/sys";
+/// Where the host's root filesystem is seen from the agent.
+pub const DEFAULT_ROOTFS: &str = "/";
 /// Seconds between two fsyncs of the write-ahead log.
 pub const DEFAULT_SYNC_INTERVAL_SECS: f64 = 1.0;
 /// Rows held in memory before they are published early as a part file. The
@@ -82,6 +84,8 @@ pub struct PathsConfig {
     pub procfs: PathBuf,
     /// sysfs mount point.
     pub sysfs: PathBuf,
+    /// Where the host's root filesystem is mounted.
+    pub rootfs: PathBuf,
 }
 
 impl Default for PathsConfig {
@@ -89,6 +93,7 @@ impl Default for PathsConfig {
         PathsConfig {
             procfs: DEFAULT_PROCFS.into(),
             sysfs: DEFAULT_SYSFS.into(),
+            rootfs: DEFAULT_ROOTFS.into(),
         }
     }
 }
@@ -137,6 +142,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("web.config_file", "Prometheus exporter web config (TLS, basic auth with bcrypt hashes), the file --web.config.file takes. Unset: plain HTTP, no auth."),
     ("paths.procfs", "procfs mount point; tests point it at a fixture tree."),
     ("paths.sysfs", "sysfs mount point; cgroups are read under <sysfs>/fs/cgroup."),
+    ("paths.rootfs", "Where the host's root filesystem is mounted (/host when the agent runs in a container with the host's / bind-mounted there and the host's PID namespace): the filesystem collector then reads the host's mounts from <procfs>/1/mountinfo and stats each under this path."),
     ("store.data_dir", "Where the store lives. Unset: /var/lib/vtax when it exists, else ./vtax-data."),
     ("store.node", "Node name in the store's file names and metadata, and the node= partition of a fleet copy. Unset: the host name."),
     ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose."),
@@ -297,6 +303,7 @@ impl Config {
         Roots {
             procfs: self.paths.procfs.clone(),
             sysfs: self.paths.sysfs.clone(),
+            rootfs: self.paths.rootfs.clone(),
         }
     }
 

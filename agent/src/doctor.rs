@@ -77,9 +77,10 @@ pub fn report(config: &Config, config_source: &str) -> String {
     let _ = writeln!(out, "config: {config_source}");
     let _ = writeln!(
         out,
-        "procfs: {}  sysfs: {}  data: {}  listen: {}\n",
+        "procfs: {}  sysfs: {}  rootfs: {}  data: {}  listen: {}\n",
         roots.procfs.display(),
         roots.sysfs.display(),
+        roots.rootfs.display(),
         config.data_dir().display(),
         config.web.listen_address
     );

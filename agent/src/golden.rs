@@ -32,6 +32,7 @@ fn render_fixture(fixture: &str) -> String {
     let roots = Roots {
         procfs: root.join("proc"),
         sysfs: root.join("sys"),
+        ..Roots::default()
     };
     let config = CollectorsConfig::default();
     let exposition = Exposition::new(crate::catalog().tables());
@@ -96,6 +97,7 @@ fn render_simulated_gpus() -> String {
     let roots = Roots {
         procfs: root.join("proc"),
         sysfs: root.join("sys"),
+        ..Roots::default()
     };
     let mut config = CollectorsConfig::default();
     config.gpu.simulate_gpus = GOLDEN_SCENARIOS.len() as u32;

@@ -1382,6 +1382,7 @@ mod tests {
         Roots {
             procfs: base.join("proc"),
             sysfs: base.join("sys"),
+            ..Roots::default()
         }
     }
 
@@ -1762,6 +1763,7 @@ mod tests {
         let roots = Roots {
             procfs: dir.path().join("proc"),
             sysfs: dir.path().join("sys"),
+            ..Roots::default()
         };
         (dir, roots)
     }
@@ -1996,6 +1998,7 @@ mod tests {
         let roots = Roots {
             procfs: dir.path().join("proc"),
             sysfs: dir.path().join("sys"),
+            ..Roots::default()
         };
         let mut c = collector(&CgroupsConfig::default(), &roots);
         let Availability::Absent(why) = c.probe() else {

@@ -11,12 +11,17 @@
 //!
 //! The stat is behind [`StatFs`] so tests make it hang, fail or answer fixed
 //! numbers; the mount table comes from the fixture's `proc/self/mountinfo`.
-//! Mount points are stat'ed as this process sees them: the agent belongs in
-//! the host's mount namespace.
+//! Installed as a service, the agent is in the host's mount namespace and
+//! stats each mount point as it sees it. In a container (`--path.rootfs
+//! /host`, the host's `/` bind-mounted at `/host` and the host's PID
+//! namespace, as node_exporter is run), its own mount table is the
+//! container's: the host's is that of the host's init, `<procfs>/1/mountinfo`,
+//! and each host mount point is stat'ed under the rootfs and reported by its
+//! host path.
 
 use std::collections::HashMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -311,6 +316,7 @@ struct Pending {
 /// The filesystem collector.
 pub struct Filesystem {
     mountinfo: KeptFile,
+    roots: Roots,
     fs_types: Vec<String>,
     mount_points: Vec<String>,
     timeout: Duration,
@@ -333,7 +339,12 @@ impl Filesystem {
     /// A filesystem collector whose stats come from `statfs`.
     pub fn with_statfs(config: &FilesystemConfig, roots: &Roots, statfs: Arc<dyn StatFs>) -> Self {
         Filesystem {
-            mountinfo: KeptFile::new(roots.proc("self/mountinfo")),
+            mountinfo: KeptFile::new(roots.proc(if roots.rootfs_moved() {
+                "1/mountinfo"
+            } else {
+                "self/mountinfo"
+            })),
+            roots: roots.clone(),
             fs_types: config.fs_types.clone(),
             mount_points: config.mount_points.clone(),
             timeout: Duration::from_millis(config.stat_timeout_ms),
@@ -381,7 +392,7 @@ impl Filesystem {
     fn issue(&mut self, mount: &str) -> io::Result<()> {
         let (tx, rx) = mpsc::sync_channel(1);
         let statfs = self.statfs.clone();
-        let path = PathBuf::from(mount);
+        let path = self.roots.host_path(mount);
         std::thread::Builder::new()
             .name("statvfs".into())
             .spawn(move || {
@@ -776,6 +787,60 @@ mod tests {
             "{:?}",
             c.problems()
         );
+    }
+
+    /// In a container with the host's `/` at `/host`: the host's mounts come
+    /// from its init's mount table, each is stat'ed under `/host` and reported
+    /// by its host path; the container's own mounts are not read.
+    #[test]
+    fn a_moved_rootfs_reads_the_hosts_mounts_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for pid in ["self", "1"] {
+            std::fs::create_dir_all(dir.path().join("proc").join(pid)).unwrap();
+        }
+        std::fs::write(
+            dir.path().join("proc/self/mountinfo"),
+            "500 400 0:60 / / rw - overlay overlay rw\n\
+             501 500 254:1 / /host ro master:1 - ext4 /dev/vda1 rw\n\
+             502 500 254:2 /scratch /scratch rw - xfs /dev/vdb rw\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("proc/1/mountinfo"),
+            "27 1 254:1 / / rw - ext4 /dev/vda1 rw\n\
+             28 27 259:0 / /data rw,noatime - xfs /dev/nvme0n1 rw\n\
+             29 27 0:5 / /dev/shm rw - tmpfs tmpfs rw\n",
+        )
+        .unwrap();
+        let table = dir.path().join("statvfs");
+        std::fs::write(
+            &table,
+            "/host 4096 1000 400 300 5000 4000\n\
+             /host/data 4096 9000 8000 7000 60000 50000\n\
+             / 4096 1 1 1 1 1\n\
+             /data 4096 2 2 2 2 2\n\
+             /scratch 4096 3 3 3 3 3\n",
+        )
+        .unwrap();
+        let statfs = Arc::new(FixedStatFs::from_file(&table).unwrap());
+        let mut moved = roots(dir.path());
+        moved.rootfs = "/host".into();
+        let mut c = Filesystem::with_statfs(&fast(), &moved, statfs.clone());
+        let batches = c.collect(1).unwrap();
+        let rows = &batches[0];
+        assert_eq!(tags(rows, "mount_point"), ["/", "/data"]);
+        assert_eq!(tags(rows, "device"), ["/dev/vda1", "/dev/nvme0n1"]);
+        assert_eq!(
+            u64s(rows, "size_bytes"),
+            [Some(1000 * 4096), Some(9000 * 4096)]
+        );
+        assert_eq!(u64s(rows, "files_free"), [Some(4000), Some(50000)]);
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+
+        // The same tree without a moved rootfs is the container's own view.
+        let mut own = Filesystem::with_statfs(&fast(), &roots(dir.path()), statfs);
+        let batches = own.collect(1).unwrap();
+        assert_eq!(tags(&batches[0], "mount_point"), ["/host", "/scratch"]);
     }
 
     #[test]

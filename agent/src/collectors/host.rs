@@ -907,6 +907,7 @@ mod tests {
         Roots {
             procfs: base.join(node).join("proc"),
             sysfs: base.join(node).join("sys"),
+            ..Roots::default()
         }
     }
 
@@ -963,6 +964,7 @@ mod tests {
         let roots = Roots {
             procfs: dir.path().join("proc"),
             sysfs: dir.path().join("sys"),
+            ..Roots::default()
         };
         (dir, roots)
     }
@@ -1153,6 +1155,7 @@ mod tests {
             &Roots {
                 procfs: "/nonexistent/proc".into(),
                 sysfs: "/nonexistent/sys".into(),
+                ..Roots::default()
             },
         );
         match nowhere.probe() {

@@ -1293,6 +1293,7 @@ mod tests {
         Roots {
             procfs: node.join("proc"),
             sysfs: node.join("sys"),
+            ..Roots::default()
         }
     }
 

@@ -40,6 +40,9 @@ pub struct Roots {
     pub procfs: PathBuf,
     /// sysfs mount point (`/sys`); cgroups are read under `<sysfs>/fs/cgroup`.
     pub sysfs: PathBuf,
+    /// Where the host's root filesystem is seen (`/`; `/host` in a container
+    /// that bind-mounts it there): mount points are stat'ed under it.
+    pub rootfs: PathBuf,
 }
 
 impl Roots {
@@ -52,6 +55,23 @@ impl Roots {
     pub fn sys(&self, rel: impl AsRef<Path>) -> PathBuf {
         self.sysfs.join(rel)
     }
+
+    /// Whether the host's root is somewhere other than this process's `/`.
+    pub fn rootfs_moved(&self) -> bool {
+        self.rootfs != Path::new("/")
+    }
+
+    /// Where this process reaches the host's absolute path `host_path`.
+    pub fn host_path(&self, host_path: &str) -> PathBuf {
+        if self.rootfs_moved() {
+            match host_path.trim_start_matches('/') {
+                "" => self.rootfs.clone(),
+                relative => self.rootfs.join(relative),
+            }
+        } else {
+            PathBuf::from(host_path)
+        }
+    }
 }
 
 impl Default for Roots {
@@ -59,6 +79,7 @@ impl Default for Roots {
         Roots {
             procfs: PathBuf::from(crate::config::DEFAULT_PROCFS),
             sysfs: PathBuf::from(crate::config::DEFAULT_SYSFS),
+            rootfs: PathBuf::from(crate::config::DEFAULT_ROOTFS),
         }
     }
 }

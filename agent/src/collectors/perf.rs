@@ -953,6 +953,7 @@ mod tests {
         let roots = Roots {
             procfs: dir.path().join("proc"),
             sysfs: dir.path().join("sys"),
+            ..Roots::default()
         };
         (dir, roots)
     }

@@ -1364,6 +1364,7 @@ mod tests {
         Roots {
             procfs: base.join("proc"),
             sysfs: base.join("sys"),
+            ..Roots::default()
         }
     }
 
@@ -1380,6 +1381,7 @@ mod tests {
         let roots = Roots {
             procfs: dir.path().join("proc"),
             sysfs: dir.path().join("sys"),
+            ..Roots::default()
         };
         (dir, roots)
     }
@@ -1709,6 +1711,7 @@ mod tests {
         let roots = Roots {
             procfs: PathBuf::from("/nonexistent/vtax/proc"),
             sysfs: PathBuf::from("/nonexistent/vtax/sys"),
+            ..Roots::default()
         };
         let mut platform = Platform::with_cpuid(
             &PlatformConfig::default(),

@@ -20,6 +20,7 @@ pub fn roots(node: &Path) -> Roots {
     Roots {
         procfs: node.join("proc"),
         sysfs: node.join("sys"),
+        ..Roots::default()
     }
 }
 

@@ -455,6 +455,7 @@ fn gpu_events(scenarios: &[&str]) -> (Vec<(String, String, String)>, Vec<Batch>)
     let roots = Roots {
         procfs: "/nonexistent/proc".into(),
         sysfs: "/nonexistent/sys".into(),
+        ..Roots::default()
     };
     let mut gpu = crate::collectors::gpu::Gpu::new(&config_gpu, &roots);
     assert!(matches!(gpu.probe(), Availability::Available(_)));

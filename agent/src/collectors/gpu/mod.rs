@@ -903,6 +903,7 @@ mod tests {
         let roots = Roots {
             procfs: "/nonexistent/proc".into(),
             sysfs: "/nonexistent/sys".into(),
+            ..Roots::default()
         };
         let mut gpu = Gpu::new(&config, &roots);
         assert!(matches!(gpu.probe(), Availability::Available(_)));

@@ -944,6 +944,7 @@ mod tests {
         let roots = Roots {
             procfs: dir.path().to_path_buf(),
             sysfs: dir.path().to_path_buf(),
+            ..Roots::default()
         };
         (dir, roots)
     }
