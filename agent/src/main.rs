@@ -68,6 +68,8 @@ enum Command {
     Upload(upload::UploadArgs),
     /// Print the metric catalogue generated from the table declarations.
     Catalogue,
+    /// Replay a store's recorded rows through a fresh detector; print the events it opens.
+    ReplayDetector(detect::replay::ReplayArgs),
 }
 
 /// Every table the agent writes: the store's own and the collectors'.
@@ -123,6 +125,7 @@ fn main() -> ExitCode {
         Command::Compact(args) => run::compact(args),
         Command::Report(args) => report::report(args),
         Command::Upload(args) => upload::upload(args),
+        Command::ReplayDetector(args) => detect::replay::replay_detector(args),
         Command::Catalogue => {
             print!(
                 "{}",

@@ -22,15 +22,24 @@ cgroup, for --attack seconds, then --gap seconds of quiet:
 
 Then --quiet-minutes with no antagonist at all. The agent's log says when each
 event opened, its resource, victim and top suspect ("Noisy-neighbour event
-opened."). Per trial: detected when an event opened between the antagonist's
-start and its end; latency from the start; ranked first when that event's top
-suspect is the antagonist's cgroup. False events: every event opened outside
-[start, end + 45 s) of a trial (the tail lets events that began under the
-antagonist close), counted per hour of that quiet time.
+opened."). Per trial: detected when an event opened between 10 s after the
+antagonist's start (the least time three abnormal 5 s windows take; an event
+opened sooner was abnormal before the antagonist began) and its end; latency
+from the start; ranked first when the first such event that names a suspect
+names the antagonist's cgroup. False events: every event opened outside
+[start + 10 s, end + 45 s) of a trial (the tail lets events that began under
+the antagonist close), counted per hour of the time outside [start, end + 45 s).
 Bars (issue 6): detected within 30 s; ranked first in >= 90% of trials; at most
 one false event per hour of quiet running.
 
-Usage: sudo bench/detect/eval.py [--vtax target/release/vtax] [--trials 3]
+Usage: sudo bench/detect/eval.py [--vtax target/release/vtax] [--trials 3] [--keep --out results.json]
+
+Replaying a kept run through another detector configuration or build, and
+scoring what it opens against the same trials:
+
+  vtax replay-detector --data-dir <kept>/data --since <judged_from - warm-up> \
+      --until <finished> [--config vtax.toml] > replayed.jsonl
+  bench/detect/eval.py --rescore results.json --events replayed.jsonl
 Needs: root (cgroups), stress-ng (apt-get install stress-ng).
 """
 import argparse
@@ -49,6 +58,10 @@ from datetime import datetime
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROOT = "vtax-eval"
 TAIL_SECS = 45
+# The detector opens an event on its third abnormal 5 s window in a row, so
+# an event opened less than two windows after an antagonist started was
+# abnormal before it: it cannot be that antagonist's doing.
+CAUSAL_SECS = 10
 OPENED = re.compile(
     r"^(\S+)\s+WARN\s.*Noisy-neighbour event opened\..*?resource=\"?(\w+)\"?\s+victim=(\S+)\s+signal=\"?(\w+)\"?\s+suspect=\"?([^\"\s]+)\"?"
 )
@@ -165,15 +178,17 @@ def read_events(log_path):
     return events
 
 
-def score(trials, events, judged_from, finished):
-    """Per trial: the first event opened while the antagonist ran (detection and
-    its latency), and the first of them that names a suspect (the ranking); an
-    event whose suspects all scored zero ranks nobody. False events: opened
-    outside every [start, end + TAIL_SECS) after the warm-up."""
+def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS):
+    """Per trial: the first event opened while the antagonist ran, from
+    causal_secs after its start (detection and its latency), and the first of
+    them that names a suspect (the ranking); an event whose suspects all
+    scored zero ranks nobody. False events: opened outside every
+    [start + causal_secs, end + TAIL_SECS) after the warm-up."""
     results = {"trials": [], "false_events": [], "events": events,
                "judged_from": judged_from, "finished": finished}
     for t in trials:
-        during = sorted((e for e in events if t["start"] <= e["time"] < t["end"]), key=lambda e: e["time"])
+        during = sorted((e for e in events if t["start"] + causal_secs <= e["time"] < t["end"]),
+                        key=lambda e: e["time"])
         first = during[0] if during else None
         named = next((e for e in during if e["suspect"] != "none"), None)
         expected = f"/{ROOT}/{t['kind']}"
@@ -191,8 +206,9 @@ def score(trials, events, judged_from, finished):
         })
     busy = [(t["start"], t["end"] + TAIL_SECS) for t in trials]
     quiet_secs = (finished - judged_from) - sum(min(b, finished) - a for a, b in busy)
+    attributed = [(t["start"] + causal_secs, t["end"] + TAIL_SECS) for t in trials]
     for e in events:
-        if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in busy):
+        if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in attributed):
             results["false_events"].append(e)
     n = len(results["trials"])
     detected = [t for t in results["trials"] if t["detected"]]
@@ -236,8 +252,14 @@ def main():
     ap.add_argument("--quiet-minutes", type=float, default=20)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the agent's data directory and log")
+    ap.add_argument("--causal-secs", type=float, default=CAUSAL_SECS,
+                    help="events opened sooner than this after an antagonist started are not its doing "
+                         "(0: the rule before session 7)")
     ap.add_argument("--rescore", metavar="RESULTS_JSON",
                     help="score the trials and events of an earlier --out file again, run nothing")
+    ap.add_argument("--events", metavar="JSONL",
+                    help="with --rescore: score these events instead of the run's, e.g. what "
+                         "`vtax replay-detector` opened over the kept store")
     args = ap.parse_args()
     if args.rescore:
         with open(args.rescore) as f:
@@ -247,7 +269,11 @@ def main():
         # first trial began, and the run ended a gap and the quiet run after the last.
         judged_from = old.get("judged_from", trials[0]["start"])
         finished = old.get("finished", trials[-1]["end"] + args.gap + args.quiet_minutes * 60)
-        report(score(trials, old["events"], judged_from, finished))
+        events = old["events"]
+        if args.events:
+            with open(args.events) as f:
+                events = [json.loads(line) for line in f if line.strip()]
+        report(score(trials, events, judged_from, finished, args.causal_secs))
         return
     if os.geteuid() != 0:
         sys.exit("needs root: cgroups")
@@ -311,7 +337,7 @@ def main():
         remove_all()
 
     events = read_events(log_path)
-    results = score(trials, events, started + args.warmup, finished)
+    results = score(trials, events, started + args.warmup, finished, args.causal_secs)
     report(results)
     if args.out:
         with open(args.out, "w") as f:

@@ -16,6 +16,7 @@
 pub mod baseline;
 pub mod canary;
 pub mod rank;
+pub mod replay;
 pub mod restore;
 pub mod tables;
 pub mod verdict;

@@ -38,6 +38,8 @@ struct Node {
     stall: BTreeMap<&'static str, f64>,
     node_stall: f64,
     out: Vec<Batch>,
+    /// Every batch the detector was given, as a store would have kept it.
+    observed: Vec<Batch>,
 }
 
 impl Node {
@@ -49,6 +51,7 @@ impl Node {
             stall: BTreeMap::new(),
             node_stall: 0.0,
             out: Vec::new(),
+            observed: Vec::new(),
         }
     }
 
@@ -70,6 +73,7 @@ impl Node {
                 ],
             );
             self.detector.observe(&batch);
+            self.observed.push(batch);
         }
         self.node_stall += node_stall_rate;
         let pressure = row(
@@ -79,6 +83,7 @@ impl Node {
             &[("some_stalled_seconds", self.node_stall)],
         );
         self.detector.observe(&pressure);
+        self.observed.push(pressure);
         self.second += 1;
         self.out.extend(
             self.detector
@@ -815,4 +820,67 @@ fn without_perf_rows_or_an_llc_event_the_pmu_signals_are_absent() {
         .map(|(_, _, s)| s)
         .collect();
     assert_eq!(judged, ["cpi"]);
+}
+
+/// A recording replayed through a fresh detector opens what the live one
+/// did: same victims, signals, first windows and first suspects.
+#[test]
+fn a_stored_recording_replays_to_the_live_events() {
+    let mut seed = 11;
+    let mut node = node_with_open_event(&mut seed);
+    for _ in 0..90 {
+        node.step(
+            &[
+                ("/victim", 0.9, 0.01),
+                ("/steady", 0.5, 0.0),
+                ("/hog", 0.0, 0.0),
+            ],
+            0.01,
+        );
+    }
+    let live = event_rows(&node.out, "open");
+    assert!(!live.is_empty(), "the scenario opens events");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut store =
+        vtax_store::Store::open(vtax_store::StoreOptions::new(dir.path()), crate::catalog())
+            .unwrap();
+    for batch in &node.observed {
+        store.append(batch).unwrap();
+    }
+    store.close().unwrap();
+    let until_us = START_US + (node.second + 1) * 1_000_000;
+    let replayed = replay::replay(dir.path(), config(), START_US, until_us).unwrap();
+
+    let summary = |resource: &str, victim: &str, signal: &str, suspects: &str, start: f64| {
+        let top = suspects
+            .split(' ')
+            .next()
+            .filter(|s| !s.is_empty())
+            .unwrap_or("none");
+        format!("{resource} {victim} {signal} {top} {start}")
+    };
+    let mut want: Vec<String> = live
+        .iter()
+        .map(|e| {
+            summary(
+                &e.resource,
+                &e.victim,
+                &e.signal,
+                &e.suspects,
+                e.start_second,
+            )
+        })
+        .collect();
+    let mut got: Vec<String> = replayed
+        .iter()
+        .map(|e| summary(&e.resource, &e.victim, &e.signal, &e.suspect, e.start_time))
+        .collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    // Opened two windows and the grace after the first abnormal one began, at the earliest.
+    for event in &replayed {
+        assert!(event.time >= event.start_time + 10.0, "{event:?}");
+    }
 }

@@ -1,0 +1,323 @@
+//! `vtax replay-detector`: a recording played back through a fresh detector.
+//! The rows the collectors stored go in second by second, as the agent fed
+//! them live, and out come the events the detector would have opened.
+//!
+//! An evaluation run kept with `bench/detect/eval.py --keep` is a recording of
+//! real antagonists on a real machine. Replaying it with another `[detect]`
+//! section, or through another build of the detector, says what that would
+//! have opened in seconds instead of the run's hour and a half; the harness
+//! scores the replayed events like live ones (`--rescore ... --events`). Only
+//! the cache canary cannot be replayed sample by sample: the store keeps its
+//! window means (`detector_signal`), which go in as every second's sample of
+//! their window, so a window's mean is what it was live.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType, UInt64Type};
+use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
+use arrow_schema::DataType;
+use vtax_store::scan::scan_dir;
+use vtax_store::{Batch, BatchBuilder, FieldType, ScanRequest, TableDef, Value};
+
+use super::view::View;
+use super::{DetectConfig, Detector, Resource, WINDOW_GRACE_SECS};
+use crate::timespec::{now_us, parse_time};
+
+/// The tables the detector reads, in the order one second's batches go in:
+/// the facts first, then the signals.
+const OBSERVED_TABLES: &[&str] = &[
+    "platform_host",
+    "gpu_info",
+    "cpu",
+    "cpu_sched",
+    "pressure",
+    "cgroup",
+    "cgroup_perf",
+    "jitter",
+    "gpu",
+    "gpu_process",
+    "infiniband_port",
+];
+
+/// Arguments of `vtax replay-detector`.
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Data directory of the recording (a store).
+    #[arg(long, env = "VTAX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Earliest time replayed, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
+    #[arg(long)]
+    since: String,
+    /// Latest time replayed, exclusive, in the same forms.
+    #[arg(long)]
+    until: String,
+    /// A config file whose `[detect]` section the replay uses (default: the defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// An event the replay opened.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct OpenedEvent {
+    /// When the agent would have opened it (its last window's end plus the
+    /// grace it waits for late rows), Unix seconds.
+    pub time: f64,
+    /// Where its first abnormal window began, Unix seconds.
+    pub start_time: f64,
+    pub resource: String,
+    pub victim: String,
+    pub signal: String,
+    /// The first suspect, `none` when no suspect scored.
+    pub suspect: String,
+    /// Distance from the baseline when it opened.
+    pub score: f64,
+}
+
+/// Runs `vtax replay-detector`: one JSON object per opened event on stdout.
+pub fn replay_detector(args: ReplayArgs) -> Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    if !data_dir.is_dir() {
+        bail!("no store at {} (set --data-dir)", data_dir.display());
+    }
+    let now = now_us();
+    let from_us = parse_time(&args.since, now)?;
+    let until_us = parse_time(&args.until, now)?;
+    if until_us <= from_us {
+        bail!("--until must be after --since");
+    }
+    let config = match &args.config {
+        Some(path) => crate::config::Config::load(path)?.detect,
+        None => DetectConfig::default(),
+    };
+    let events = replay(&data_dir, config, from_us, until_us)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for event in &events {
+        serde_json::to_writer(&mut out, event)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Replays `[from_us, until_us)` of the store at `data_dir` through a fresh
+/// detector with `config`; returns the events it opened, in order.
+pub fn replay(
+    data_dir: &Path,
+    mut config: DetectConfig,
+    from_us: i64,
+    until_us: i64,
+) -> Result<Vec<OpenedEvent>> {
+    let window_secs = config.window_secs as i64;
+    // The canary's samples come from the recording, not from this machine now.
+    config.cache_canary = false;
+    let tables = crate::collectors::tables();
+    let mut by_second: BTreeMap<i64, Vec<Batch>> = BTreeMap::new();
+    for name in OBSERVED_TABLES {
+        let Some(table) = tables.iter().find(|t| t.name == *name) else {
+            continue;
+        };
+        for (time_us, batch) in load(data_dir, table, from_us, until_us)? {
+            by_second
+                .entry(time_us.div_euclid(1_000_000))
+                .or_default()
+                .push(batch);
+        }
+    }
+    let canary = load_canary(data_dir, from_us, until_us, window_secs)?;
+    let mut detector = Detector::new(config);
+    let mut events = Vec::new();
+    let first = from_us.div_euclid(1_000_000);
+    let last = (until_us - 1).div_euclid(1_000_000);
+    for second in first..=last {
+        if let Some(batches) = by_second.get(&second) {
+            for batch in batches {
+                detector.observe(batch);
+            }
+        }
+        if let Some(value) = canary.get(&second) {
+            detector.sample(
+                Resource::Memory,
+                "node",
+                "cache_latency_seconds",
+                second * 1_000_000,
+                *value,
+            );
+        }
+        for batch in detector.tick((second + 1) * 1_000_000) {
+            if batch.table.name == super::tables::NEIGHBOR_EVENTS.name {
+                opened(&batch, &mut events);
+            }
+        }
+    }
+    Ok(events)
+}
+
+/// The rows of `table` in the span, one batch per second, as the collector
+/// handed them to the detector.
+fn load(
+    data_dir: &Path,
+    table: &'static TableDef,
+    from_us: i64,
+    until_us: i64,
+) -> Result<BTreeMap<i64, Batch>> {
+    let request = ScanRequest {
+        table: table.name.to_string(),
+        from_us: Some(from_us),
+        until_us: Some(until_us),
+        ..ScanRequest::default()
+    };
+    let result = scan_dir(data_dir, &crate::catalog(), &request)
+        .with_context(|| format!("scan {} in {}", table.name, data_dir.display()))?;
+    let mut rows = Vec::new();
+    for batch in &result.batches {
+        read_rows(table, batch, &mut rows)?;
+    }
+    // Files hold rows sorted by tags; the detector takes them second by second.
+    rows.sort_by_key(|row| row.0);
+    let mut builders: BTreeMap<i64, BatchBuilder> = BTreeMap::new();
+    for (time_us, tags, values) in rows {
+        let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+        builders
+            .entry(time_us)
+            .or_insert_with(|| BatchBuilder::new(table))
+            .push(time_us, &tags, &values)
+            .with_context(|| format!("a {} row at {time_us}", table.name))?;
+    }
+    Ok(builders
+        .into_iter()
+        .map(|(time_us, mut builder)| (time_us, builder.finish()))
+        .collect())
+}
+
+type Row = (i64, Vec<String>, Vec<Value>);
+
+/// One scan batch's rows in `table`'s declared order; a tag or field the file
+/// lacks (an older schema) is empty or null.
+fn read_rows(table: &TableDef, batch: &RecordBatch, rows: &mut Vec<Row>) -> Result<()> {
+    let n = batch.num_rows();
+    let time = batch
+        .column_by_name(vtax_store::schema::TIME_COLUMN)
+        .context("a scan without its time column")?;
+    let time = time
+        .as_primitive_opt::<TimestampMicrosecondType>()
+        .context("time is not microseconds")?;
+    let mut tags: Vec<Vec<String>> = Vec::with_capacity(table.tags.len());
+    for tag in table.tags {
+        tags.push(match batch.column_by_name(tag.name) {
+            Some(column) => {
+                let strings = arrow_cast::cast(column, &DataType::Utf8)?;
+                let strings = strings.as_string::<i32>();
+                (0..n)
+                    .map(|i| {
+                        if strings.is_null(i) {
+                            String::new()
+                        } else {
+                            strings.value(i).to_owned()
+                        }
+                    })
+                    .collect()
+            }
+            None => vec![String::new(); n],
+        });
+    }
+    let mut fields: Vec<Vec<Value>> = Vec::with_capacity(table.fields.len());
+    for field in table.fields {
+        let Some(column) = batch.column_by_name(field.name) else {
+            fields.push(vec![Value::Null; n]);
+            continue;
+        };
+        let values = match field.ty {
+            FieldType::F64 => typed_values::<Float64Type>(column, Value::F64)?,
+            FieldType::I64 => typed_values::<Int64Type>(column, Value::I64)?,
+            FieldType::U64 => typed_values::<UInt64Type>(column, Value::U64)?,
+        };
+        fields.push(values);
+    }
+    for i in 0..n {
+        rows.push((
+            time.value(i),
+            tags.iter().map(|column| column[i].clone()).collect(),
+            fields.iter().map(|column| column[i]).collect(),
+        ));
+    }
+    Ok(())
+}
+
+/// A column as `T`'s values, nulls as [`Value::Null`].
+fn typed_values<T: ArrowPrimitiveType>(
+    column: &dyn Array,
+    wrap: fn(T::Native) -> Value,
+) -> Result<Vec<Value>> {
+    let cast = arrow_cast::cast(column, &T::DATA_TYPE)?;
+    Ok(cast
+        .as_primitive::<T>()
+        .iter()
+        .map(|v| v.map_or(Value::Null, wrap))
+        .collect())
+}
+
+/// The canary's window means, as each second's sample of their window.
+fn load_canary(
+    data_dir: &Path,
+    from_us: i64,
+    until_us: i64,
+    window_secs: i64,
+) -> Result<BTreeMap<i64, f64>> {
+    let request = ScanRequest {
+        table: super::tables::DETECTOR_SIGNAL.name.to_string(),
+        from_us: Some(from_us),
+        until_us: Some(until_us + window_secs * 1_000_000),
+        tag_equals: vec![
+            ("resource".into(), "memory".into()),
+            ("victim".into(), "node".into()),
+            ("signal".into(), "cache_latency_seconds".into()),
+        ],
+        fields: Some(vec!["value".into()]),
+        fields_only: false,
+    };
+    let result = scan_dir(data_dir, &crate::catalog(), &request)
+        .with_context(|| format!("scan detector_signal in {}", data_dir.display()))?;
+    let rows = crate::report::shape::Rows::from_batches(&result.batches);
+    let mut seconds = BTreeMap::new();
+    for (time_us, value) in rows.time_us.iter().zip(rows.field("value")) {
+        let Some(value) = value else {
+            continue;
+        };
+        // A row is stamped with its window's end.
+        let end = time_us.div_euclid(1_000_000);
+        for second in end - window_secs..end {
+            seconds.insert(second, value);
+        }
+    }
+    Ok(seconds)
+}
+
+/// The events `batch` (of `neighbor_events`) opened.
+fn opened(batch: &Batch, events: &mut Vec<OpenedEvent>) {
+    let view = View::new(batch);
+    for row in 0..view.rows() {
+        if view.tag(row, "state") != "open" {
+            continue;
+        }
+        // `name score=… r=… effect=…; …`: the name is the first word.
+        let suspects = view.tag(row, "suspects");
+        let suspect = suspects
+            .split(' ')
+            .next()
+            .filter(|s| !s.is_empty())
+            .unwrap_or("none");
+        events.push(OpenedEvent {
+            time: (view.time_us(row).div_euclid(1_000_000) + WINDOW_GRACE_SECS) as f64,
+            start_time: view.value(row, "start_time_seconds").unwrap_or(f64::NAN),
+            resource: view.tag(row, "resource").to_string(),
+            victim: view.tag(row, "victim").to_string(),
+            signal: view.tag(row, "signal").to_string(),
+            suspect: suspect.to_string(),
+            score: view.value(row, "score").unwrap_or(f64::NAN),
+        });
+    }
+}
