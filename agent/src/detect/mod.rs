@@ -46,6 +46,10 @@ pub const DEFAULT_CLOSE_WINDOWS: u32 = 6;
 pub const DEFAULT_BASELINE_WINDOWS: u64 = 360;
 /// Windows a baseline needs before it can open an event.
 pub const DEFAULT_MIN_BASELINE_WINDOWS: u64 = 12;
+/// Abnormal windows in a row after which a baseline learns them too: a
+/// level that held for 15 minutes is the new normal; a shorter burst is
+/// not learned, so bursts do not widen the baseline they are judged by.
+pub const DEFAULT_LEARN_ABNORMAL_AFTER_WINDOWS: u32 = 180;
 /// Robust z at which a window counts as abnormal.
 pub const DEFAULT_Z_OPEN: f64 = 4.0;
 /// Robust z below which a window counts as normal again.
@@ -85,6 +89,8 @@ pub struct DetectConfig {
     pub baseline_windows: u64,
     /// Windows a baseline needs before it judges.
     pub min_baseline_windows: u64,
+    /// Abnormal windows in a row after which the baseline learns them too.
+    pub learn_abnormal_after_windows: u32,
     /// Robust z that makes a window abnormal.
     pub z_open: f64,
     /// Robust z under which a window is normal.
@@ -104,6 +110,7 @@ impl Default for DetectConfig {
             close_windows: DEFAULT_CLOSE_WINDOWS,
             baseline_windows: DEFAULT_BASELINE_WINDOWS,
             min_baseline_windows: DEFAULT_MIN_BASELINE_WINDOWS,
+            learn_abnormal_after_windows: DEFAULT_LEARN_ABNORMAL_AFTER_WINDOWS,
             z_open: DEFAULT_Z_OPEN,
             z_close: DEFAULT_Z_CLOSE,
             lookback_secs: DEFAULT_LOOKBACK_SECS,
@@ -123,6 +130,13 @@ impl DetectConfig {
                     "detect.window_secs = {}: must be 1 to 300",
                     self.window_secs
                 ),
+            );
+        }
+        if self.learn_abnormal_after_windows == 0 {
+            return fail(
+                "learn_abnormal_after_windows",
+                "detect.learn_abnormal_after_windows must be at least 1 (1: learn every window)"
+                    .into(),
             );
         }
         if self.open_windows == 0 || self.close_windows == 0 {
@@ -175,6 +189,7 @@ pub const KEY_DOCS: &[(&str, &str)] = &[
     ("detect.close_windows", "Normal windows in a row that close an event (hysteresis)."),
     ("detect.baseline_windows", "Windows each signal's baseline (median and MAD) remembers; relearned from the store after a restart."),
     ("detect.min_baseline_windows", "Windows a baseline needs before it can open an event."),
+    ("detect.learn_abnormal_after_windows", "Abnormal windows in a row after which the baseline learns them too (the new normal); shorter bursts are not learned, so a neighbour that comes and goes does not widen the baseline it is judged by. 1 learns every window."),
     ("detect.z_open", "Robust z (distance from the median in MAD-derived standard deviations) that makes a window abnormal."),
     ("detect.z_close", "Robust z under which a window counts as normal again."),
     ("detect.lookback_secs", "Seconds of per-second history over which suspects' usage is correlated with the victim signal."),
@@ -1289,7 +1304,9 @@ impl SignalState {
                 (score, value > threshold, value <= threshold / 2.0)
             }
         };
-        if matches!(self.spec.rule, Rule::Baseline { .. }) {
+        // This window is the (abnormal_run + 1)-th abnormal one in a row.
+        let learn = !abnormal || self.abnormal_run + 1 >= config.learn_abnormal_after_windows;
+        if matches!(self.spec.rule, Rule::Baseline { .. }) && learn {
             self.baseline.push(value);
         }
         if abnormal {

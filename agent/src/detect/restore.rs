@@ -19,8 +19,9 @@ use crate::report::shape::Rows;
 /// in this span; older ones stay as their `open` row says.
 const RESUME_HORIZON_SECS: i64 = 24 * 3600;
 
-/// Feeds the baselines every window value stored in their horizon; returns
-/// how many windows were relearned.
+/// Feeds the baselines the window values stored in their horizon; returns
+/// how many windows were relearned. Windows stored as abnormal are left out,
+/// as the live baseline left out the bursts it judged.
 pub fn relearn(detector: &mut Detector, store: &Store, now_us: i64) -> Result<usize> {
     let horizon_us =
         (detector.config.baseline_windows * detector.config.window_secs) as i64 * 1_000_000;
@@ -28,7 +29,7 @@ pub fn relearn(detector: &mut Detector, store: &Store, now_us: i64) -> Result<us
         table: super::tables::DETECTOR_SIGNAL.name.to_string(),
         from_us: Some(now_us - horizon_us),
         until_us: Some(now_us + 1),
-        fields: Some(vec!["value".to_string()]),
+        fields: Some(vec!["value".to_string(), "abnormal".to_string()]),
         ..ScanRequest::default()
     };
     let result = store.scan(&request).context("scan detector_signal")?;
@@ -142,8 +143,13 @@ fn read_rows(batch: &RecordBatch, out: &mut Vec<Row>) -> Result<()> {
     );
     let value = arrow_cast::cast(column("value")?, &DataType::Float64)?;
     let value = value.as_primitive::<arrow_array::types::Float64Type>();
+    let abnormal = arrow_cast::cast(column("abnormal")?, &DataType::Int64)?;
+    let abnormal = abnormal.as_primitive::<arrow_array::types::Int64Type>();
     for i in 0..batch.num_rows() {
         if value.is_null(i) || resource.is_null(i) || victim.is_null(i) || signal.is_null(i) {
+            continue;
+        }
+        if abnormal.is_valid(i) && abnormal.value(i) != 0 {
             continue;
         }
         out.push((

@@ -884,3 +884,52 @@ fn a_stored_recording_replays_to_the_live_events() {
         assert!(event.time >= event.start_time + 10.0, "{event:?}");
     }
 }
+
+fn quiet_second(node: &mut Node, seed: &mut u64) {
+    let n = noise(seed);
+    node.step(
+        &[("/victim", 0.9, 0.01 + 0.005 * n), ("/hog", 0.0, 0.0)],
+        0.01 + 0.005 * n,
+    );
+}
+
+/// A neighbour that comes for 45 s out of every 95, as the evaluation's
+/// antagonists do: half the windows are its. Those bursts are not learned,
+/// so the last burst stands out from the baseline as far as the first did.
+#[test]
+fn recurring_bursts_are_each_detected() {
+    let mut seed = 13;
+    let mut node = Node::new(config());
+    for _ in 0..180 {
+        quiet_second(&mut node, &mut seed);
+    }
+    for _ in 0..12 {
+        for _ in 0..45 {
+            hog_second(&mut node, &mut seed);
+        }
+        for _ in 0..50 {
+            quiet_second(&mut node, &mut seed);
+        }
+    }
+    let bursts_opened = node
+        .events("open")
+        .iter()
+        .filter(|e| e.0 == "cpu" && e.1 == "/victim")
+        .count();
+    assert_eq!(bursts_opened, 12);
+}
+
+/// A level that holds for longer than `learn_abnormal_after_windows` is the
+/// new normal: the baseline learns it and the event closes.
+#[test]
+fn a_level_that_persists_is_learned_and_its_event_closes() {
+    let mut seed = 17;
+    let mut node = node_with_open_event(&mut seed);
+    let windows_to_learn =
+        DEFAULT_LEARN_ABNORMAL_AFTER_WINDOWS as u64 + DEFAULT_BASELINE_WINDOWS / 2;
+    for _ in 0..(windows_to_learn + 30) * DEFAULT_WINDOW_SECS {
+        hog_second(&mut node, &mut seed);
+    }
+    let closed = node.events("closed");
+    assert!(closed.iter().any(|e| e.1 == "/victim"), "{closed:?}");
+}
