@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType, UInt64Type};
-use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
+use arrow_array::{Array, ArrowPrimitiveType, RecordBatch, StringArray};
 use arrow_schema::DataType;
 use vtax_store::scan::scan_dir;
 use vtax_store::{Batch, BatchBuilder, FieldType, ScanRequest, TableDef, Value};
@@ -172,20 +172,11 @@ fn load(
     };
     let result = scan_dir(data_dir, &crate::catalog(), &request)
         .with_context(|| format!("scan {} in {}", table.name, data_dir.display()))?;
-    let mut rows = Vec::new();
-    for batch in &result.batches {
-        read_rows(table, batch, &mut rows)?;
-    }
-    // Files hold rows sorted by tags; the detector takes them second by second.
-    rows.sort_by_key(|row| row.0);
+    // Files hold rows sorted by tags; the detector takes them second by
+    // second, each second's rows in one batch.
     let mut builders: BTreeMap<i64, BatchBuilder> = BTreeMap::new();
-    for (time_us, tags, values) in rows {
-        let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-        builders
-            .entry(time_us)
-            .or_insert_with(|| BatchBuilder::new(table))
-            .push(time_us, &tags, &values)
-            .with_context(|| format!("a {} row at {time_us}", table.name))?;
+    for batch in &result.batches {
+        add_rows(table, batch, &mut builders)?;
     }
     Ok(builders
         .into_iter()
@@ -193,11 +184,14 @@ fn load(
         .collect())
 }
 
-type Row = (i64, Vec<String>, Vec<Value>);
-
-/// One scan batch's rows in `table`'s declared order; a tag or field the file
-/// lacks (an older schema) is empty or null.
-fn read_rows(table: &TableDef, batch: &RecordBatch, rows: &mut Vec<Row>) -> Result<()> {
+/// Adds one scan batch's rows to the builder of their time, in `table`'s
+/// declared order; a tag or field the file lacks (an older schema) is empty
+/// or null.
+fn add_rows(
+    table: &'static TableDef,
+    batch: &RecordBatch,
+    builders: &mut BTreeMap<i64, BatchBuilder>,
+) -> Result<()> {
     let n = batch.num_rows();
     let time = batch
         .column_by_name(vtax_store::schema::TIME_COLUMN)
@@ -205,44 +199,45 @@ fn read_rows(table: &TableDef, batch: &RecordBatch, rows: &mut Vec<Row>) -> Resu
     let time = time
         .as_primitive_opt::<TimestampMicrosecondType>()
         .context("time is not microseconds")?;
-    let mut tags: Vec<Vec<String>> = Vec::with_capacity(table.tags.len());
+    let mut tags = Vec::with_capacity(table.tags.len());
     for tag in table.tags {
         tags.push(match batch.column_by_name(tag.name) {
-            Some(column) => {
-                let strings = arrow_cast::cast(column, &DataType::Utf8)?;
-                let strings = strings.as_string::<i32>();
-                (0..n)
-                    .map(|i| {
-                        if strings.is_null(i) {
-                            String::new()
-                        } else {
-                            strings.value(i).to_owned()
-                        }
-                    })
-                    .collect()
-            }
-            None => vec![String::new(); n],
+            Some(column) => Some(arrow_cast::cast(column, &DataType::Utf8)?),
+            None => None,
         });
     }
+    let tags: Vec<Option<&StringArray>> = tags
+        .iter()
+        .map(|column| column.as_ref().map(|c| c.as_string::<i32>()))
+        .collect();
     let mut fields: Vec<Vec<Value>> = Vec::with_capacity(table.fields.len());
     for field in table.fields {
         let Some(column) = batch.column_by_name(field.name) else {
             fields.push(vec![Value::Null; n]);
             continue;
         };
-        let values = match field.ty {
+        fields.push(match field.ty {
             FieldType::F64 => typed_values::<Float64Type>(column, Value::F64)?,
             FieldType::I64 => typed_values::<Int64Type>(column, Value::I64)?,
             FieldType::U64 => typed_values::<UInt64Type>(column, Value::U64)?,
-        };
-        fields.push(values);
+        });
     }
+    let mut row_tags: Vec<&str> = Vec::with_capacity(tags.len());
+    let mut row_values: Vec<Value> = Vec::with_capacity(fields.len());
     for i in 0..n {
-        rows.push((
-            time.value(i),
-            tags.iter().map(|column| column[i].clone()).collect(),
-            fields.iter().map(|column| column[i]).collect(),
-        ));
+        row_tags.clear();
+        row_tags.extend(tags.iter().map(|column| match column {
+            Some(strings) if strings.is_valid(i) => strings.value(i),
+            _ => "",
+        }));
+        row_values.clear();
+        row_values.extend(fields.iter().map(|column| column[i]));
+        let time_us = time.value(i);
+        builders
+            .entry(time_us)
+            .or_insert_with(|| BatchBuilder::new(table))
+            .push(time_us, &row_tags, &row_values)
+            .with_context(|| format!("a {} row at {time_us}", table.name))?;
     }
     Ok(())
 }
@@ -296,6 +291,16 @@ fn load_canary(
     Ok(seconds)
 }
 
+/// The first name in a `neighbor_events` row's `suspects` (`name score=…
+/// r=… effect=…; …`), `none` when it is empty.
+pub(super) fn first_suspect(suspects: &str) -> &str {
+    suspects
+        .split(' ')
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or("none")
+}
+
 /// The events `batch` (of `neighbor_events`) opened.
 fn opened(batch: &Batch, events: &mut Vec<OpenedEvent>) {
     let view = View::new(batch);
@@ -303,13 +308,7 @@ fn opened(batch: &Batch, events: &mut Vec<OpenedEvent>) {
         if view.tag(row, "state") != "open" {
             continue;
         }
-        // `name score=… r=… effect=…; …`: the name is the first word.
-        let suspects = view.tag(row, "suspects");
-        let suspect = suspects
-            .split(' ')
-            .next()
-            .filter(|s| !s.is_empty())
-            .unwrap_or("none");
+        let suspect = first_suspect(view.tag(row, "suspects"));
         events.push(OpenedEvent {
             time: (view.time_us(row).div_euclid(1_000_000) + WINDOW_GRACE_SECS) as f64,
             start_time: view.value(row, "start_time_seconds").unwrap_or(f64::NAN),
