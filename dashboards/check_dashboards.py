@@ -10,10 +10,13 @@ dashboards every target selects instance=~"$node"; panel ids and
 the dashboards' uids are unique; the provisioning YAML parses and points at
 /usr/share/vtax/dashboards.
 
-Live checks (with --vtax PATH): runs the agent on the bare-metal fixture tree with eight
-simulated GPUs on a free port (with a [[scrape]] of the Prometheus below, for the
-service-latency panel, and a store byte budget, for the store panel's budget line), a
-real `prometheus` scraping it every second, waits for the scrapes, then runs every
+Live checks (with --vtax PATH): runs the agent on a copy of the bare-metal fixture tree
+with eight simulated GPUs on a free port (with a [[scrape]] of the Prometheus below, for
+the service-latency panel, a store byte budget, for the store panel's budget line, and
+short detector windows), a real `prometheus` scraping it every second, and a noisy
+neighbour played on the copy's cgroup files (a container whose CPU usage jumps in bursts,
+a service whose CPU pressure rises with them), so that the detector opens a real event
+and names its suspect. It waits for the scrapes and for that suspect, then runs every
 panel's expression (variables substituted) and every query variable's label_values()
 against /api/v1/query. Each must parse and return at least
 one series with $gpu as All (.*); with $gpu = 0 it must parse. A target may be exempted
@@ -34,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -46,25 +50,37 @@ SCENARIOS = "training,memory-bound,thermal-throttle,power-throttle,pcie-degraded
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GPU_DASHBOARDS = {"vtax-gpu", "vtax-fabric"}
 
-NO_SUSPECT = ("the detector exports suspects only while an event is open and a suspect's "
-              "usage moves with the victim's signal; on the fixture no cgroup's usage moves, "
-              "so no suspect scores (bench/detect/eval.py shows them on real antagonists)")
-
 # (dashboard uid, panel title, metric in the target's expr) -> why that target may return
-# nothing on the fixture. A parse error still fails it. Keep this list short: each entry is
-# a query the CI cannot show to return data.
-EXEMPT = {
-    ("vtax-node", "Lost time split", "vtax_jitter_run_delay_ratio"): "the jitter probe reads "
-    "its run delay from thread-self/schedstat under --path.procfs, which the fixture tree "
-    "does not have, so run_delay_ratio is null there and not exported",
-    ("vtax-neighbours", "Suspects now", "vtax_neighbor_suspected"): NO_SUSPECT,
-    ("vtax-neighbours", "Suspect scores", "vtax_neighbor_suspected"): NO_SUSPECT,
-    ("vtax-neighbours", "Suspect correlation", "vtax_neighbor_correlation"): NO_SUSPECT,
-}
+# nothing on the fixture. A parse error still fails it. Keep this list empty: each entry
+# is a query the CI cannot show to return data.
+EXEMPT = {}
 
 # Seconds of 1 s scrapes before querying: rate() over 15s needs two samples and the
-# jitter rows appear when the agent's first window (5 s by default) closes.
+# jitter rows appear when the agent's first window (10 s by default) closes.
 SCRAPE_WAIT_S = 20
+
+# The noisy neighbour, played on the fixture copy's cgroup files (the hybrid v1 layout of
+# baremetal-node): the hog is a leaf container whose cpuacct.usage (nanoseconds) the
+# cgroups collector reads, the victim a leaf service whose CPU pressure (unified/, `some`
+# total in microseconds) it reads. Per second, quiet and in a burst:
+HOG = "/docker/3df9abf61f01116639c75d725819956b13a05e6b04e94e47886de71811ab243a"
+HOG_USAGE = f"sys/fs/cgroup/cpu,cpuacct{HOG}/cpuacct.usage"
+HOG_CPUS = (0.02, 1.6)
+VICTIM = "/system.slice/slurmd.service"
+VICTIM_PRESSURE = f"sys/fs/cgroup/unified{VICTIM}/cpu.pressure"
+VICTIM_STALL = (0.002, 0.35)
+# The detector judges 2 s windows, learns its baseline from 3 of them and opens an event
+# after 2 abnormal ones in a row, so the first burst, after QUIET_S seconds of quiet
+# (counted from the first scrape), opens one some 6 s in. Bursts of BURST_S seconds
+# follow rests of REST_S, shorter than the 6 normal windows (12 s) that close an event,
+# so it stays open; the rests keep quiet seconds in the 90 s over which suspects are
+# ranked, however long the queries take.
+DETECT_CONFIG = "[detect]\nwindow_secs = 2\nopen_windows = 2\nmin_baseline_windows = 3\n"
+QUIET_S = 10
+BURST_S = 12
+REST_S = 4
+# Seconds after SCRAPE_WAIT_S to wait for the event's suspect to reach Prometheus.
+EVENT_WAIT_S = 60
 
 
 def fail(msg):
@@ -223,25 +239,88 @@ def stop(proc):
             proc.wait()
 
 
+class Neighbour(threading.Thread):
+    """Advances the hog's CPU usage and the victim's CPU pressure in a fixture copy once a
+    second, from `start()` until `stop()`. Files are rewritten in place: the agent keeps
+    them open and re-reads them at offset 0, so a new file (a rename) would read to it as
+    a removed cgroup. Their text only grows (counters rise), so a read never finds it cut
+    short."""
+
+    def __init__(self, root):
+        super().__init__(name="neighbour", daemon=True)
+        self.usage_path = os.path.join(root, HOG_USAGE)
+        self.pressure_path = os.path.join(root, VICTIM_PRESSURE)
+        with open(self.usage_path) as f:
+            self.usage_ns = int(f.read())
+        with open(self.pressure_path) as f:
+            self.pressure = f.read()
+        m = re.search(r"^some .*total=(\d+)$", self.pressure, re.M)
+        if not m:
+            fail(f"{self.pressure_path}: no some total=")
+        self.stall_us = int(m.group(1))
+        self.done = threading.Event()
+        self.error = None
+
+    def stop(self):
+        self.done.set()
+        if self.is_alive():
+            self.join(timeout=5)
+
+    @staticmethod
+    def rewrite(path, text):
+        data = text.encode()
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def run(self):
+        started = time.time()
+        try:
+            while True:
+                # Write at half past: the collectors read just after whole seconds, so
+                # each read sees exactly one more second.
+                if self.done.wait((0.5 - time.time() % 1.0) % 1.0 or 1.0):
+                    return
+                t = time.time() - started
+                burst = int(t >= QUIET_S and (t - QUIET_S) % (BURST_S + REST_S) < BURST_S)
+                self.usage_ns += int(HOG_CPUS[burst] * 1e9)
+                self.stall_us += int(VICTIM_STALL[burst] * 1e6)
+                self.rewrite(self.usage_path, f"{self.usage_ns}\n")
+                self.pressure = re.sub(r"^(some .*total=)\d+$", rf"\g<1>{self.stall_us}",
+                                       self.pressure, count=1, flags=re.M)
+                self.rewrite(self.pressure_path, self.pressure)
+        except OSError as e:
+            self.error = str(e)
+
+
 def live_checks(dashboards, vtax, keep_going):
     prometheus = shutil.which("prometheus")
     if not prometheus:
         fail("prometheus is not installed (apt-get install prometheus)")
     tmp = tempfile.mkdtemp(prefix="vtax-dashboards-")
-    agent = prom = None
+    agent = prom = neighbour = None
     failures = []
     checked = 0
     used = set()
     try:
+        # A copy, since the neighbour below writes to it.
+        fixture = os.path.join(tmp, "fixture")
+        shutil.copytree(FIXTURE, fixture, symlinks=True)
+        neighbour = Neighbour(fixture)
         agent_port = free_port()
         prom_port = free_port()
         # The service-latency panel needs a [[scrape]] target with a histogram:
         # this Prometheus's own request latency, which the agent's scrapes of it
         # feed every second. The store panel's budget line needs a byte budget
         # (without one the agent exports none); 1 GiB is never reached here.
+        # The detector's windows are short enough for the neighbour to open an
+        # event within the wait.
         agent_config = os.path.join(tmp, "vtax.toml")
         with open(agent_config, "w") as f:
-            f.write("[store]\nretention_max_bytes = 1073741824\n\n"
+            f.write("[store]\nretention_max_bytes = 1073741824\n\n" + DETECT_CONFIG + "\n"
                     "[[scrape]]\nname = \"prometheus\"\n"
                     f"url = \"http://127.0.0.1:{prom_port}/metrics\"\n"
                     "interval_secs = 1\ntimeout_secs = 0.8\n"
@@ -250,8 +329,8 @@ def live_checks(dashboards, vtax, keep_going):
         agent = subprocess.Popen(
             [vtax, "run", "--config", agent_config, "--data-dir", os.path.join(tmp, "data"),
              "--web.listen-address", f"127.0.0.1:{agent_port}",
-             "--path.procfs", os.path.join(FIXTURE, "proc"),
-             "--path.sysfs", os.path.join(FIXTURE, "sys"),
+             "--path.procfs", os.path.join(fixture, "proc"),
+             "--path.sysfs", os.path.join(fixture, "sys"),
              "--simulate-gpus", "8", "--simulate-gpu-scenarios", SCENARIOS],
             stdout=agent_log, stderr=subprocess.STDOUT, cwd=tmp)
         config = os.path.join(tmp, "prometheus.yml")
@@ -280,8 +359,25 @@ def live_checks(dashboards, vtax, keep_going):
             if time.time() > deadline:
                 fail("prometheus did not scrape the agent within 60 s")
             time.sleep(0.5)
-        print(f"check_dashboards: agent on {instance}, prometheus on {addr}; waiting {SCRAPE_WAIT_S} s of scrapes", flush=True)
+        neighbour.start()
+        print(f"check_dashboards: agent on {instance}, prometheus on {addr}; waiting {SCRAPE_WAIT_S} s of scrapes "
+              f"and a neighbour event", flush=True)
         time.sleep(SCRAPE_WAIT_S)
+        suspect = (f'vtax_neighbor_suspected{{instance="{instance}",resource="cpu",'
+                   f'victim="{VICTIM}",suspect="{HOG}"}}')
+        deadline = time.time() + EVENT_WAIT_S
+        while query(addr, suspect) is not None and neighbour.error is None:
+            if time.time() > deadline:
+                with open(os.path.join(tmp, "agent.log")) as f:
+                    events = [line for line in f if "Noisy-neighbour" in line]
+                failures.append(("vtax-neighbours", "the neighbour event", suspect,
+                                 f"no event named the hog within {SCRAPE_WAIT_S + EVENT_WAIT_S} s; "
+                                 f"the agent's last event lines: {events[-5:]}"))
+                break
+            time.sleep(0.5)
+        if neighbour.error:
+            failures.append(("vtax-neighbours", "the neighbour event", suspect,
+                             f"the neighbour stopped: {neighbour.error}"))
 
         for path, d in dashboards:
             uid = d.get("uid")
@@ -318,6 +414,8 @@ def live_checks(dashboards, vtax, keep_going):
         for k in sorted(set(EXEMPT) - used):
             failures.append((k[0], k[1], k[2], "exemption matches no target: remove it"))
     finally:
+        if neighbour:
+            neighbour.stop()
         stop(prom)
         stop(agent)
         if keep_going:
@@ -362,7 +460,7 @@ def main():
         for uid, title, expr, err in live_failures:
             print(f"FAIL {uid}: {title!r}: {err}\n     {expr}")
         print(f"check_dashboards: {checked} queries against Prometheus, {len(live_failures)} failing, "
-              f"{len(EXEMPT)} target(s) exempt from returning data:")
+              f"{len(EXEMPT)} target(s) exempt from returning data" + (":" if EXEMPT else ""))
         for (uid, title, metric), why in sorted(EXEMPT.items()):
             print(f"  exempt {uid}: {title!r} ({metric}): {why}")
     if errors or live_failures:

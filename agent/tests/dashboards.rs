@@ -1,7 +1,9 @@
 //! The Grafana dashboards against the real agent: `dashboards/check_dashboards.py`
 //! validates their JSON (templated datasource, node/gpu variables, a description and a
 //! unit on every panel), then runs every panel's query against a real Prometheus
-//! scraping this build of the agent on the bare-metal fixture with simulated GPUs.
+//! scraping this build of the agent on a copy of the bare-metal fixture with
+//! simulated GPUs, where it plays a noisy neighbour on the cgroup files so that
+//! the detector's suspect panels have a real event to show.
 
 mod common;
 

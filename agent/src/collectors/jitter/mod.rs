@@ -11,8 +11,9 @@
 //!   when the budget allows, a spin of `slice_us` reading the clock; every gap
 //!   above `gap_threshold_us` is time the thread lost. Per window the lost
 //!   time is split into what the guest accounts for (the thread's own run
-//!   delay while spinning, from `thread-self/schedstat`; the CPU's irq,
-//!   softirq and steal shares from `/proc/stat` deltas over the time probed)
+//!   delay while spinning, from `/proc/thread-self/schedstat`; the CPU's
+//!   irq, softirq and steal shares from `<procfs>/stat` deltas over the time
+//!   probed)
 //!   and the unexplained rest: what the hypervisor or the hardware took
 //!   without the guest's accounting seeing it.
 //!
@@ -26,6 +27,7 @@ mod probe;
 mod procfs;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -66,6 +68,12 @@ pub const DEFAULT_MAX_GAPS_PER_WINDOW: usize = 32;
 
 /// How long `probe` waits for the thread to say how it runs.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the probe thread reads its own run delay. The thread is the agent's,
+/// so this is the agent's own procfs, whatever `--path.procfs` says: that
+/// root is the host's (`/host/proc` in a container, a fixture tree in tests)
+/// and serves the host-wide files (`<procfs>/stat`), not this process's tasks.
+const OWN_SCHEDSTAT: &str = "/proc/thread-self/schedstat";
 
 /// `[collectors.jitter]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -339,6 +347,9 @@ pub struct Jitter {
     /// Per CPU: cumulative bucket counts (`+Inf` last) and latency sum.
     histograms: BTreeMap<usize, ([u64; BUCKETS.len() + 1], u64)>,
     dropped_windows: u64,
+    /// The probe thread's own schedstat ([`OWN_SCHEDSTAT`]; tests point it
+    /// elsewhere).
+    schedstat_path: PathBuf,
 }
 
 impl Jitter {
@@ -353,7 +364,16 @@ impl Jitter {
             cpus: Vec::new(),
             histograms: BTreeMap::new(),
             dropped_windows: 0,
+            schedstat_path: PathBuf::from(OWN_SCHEDSTAT),
         }
+    }
+
+    /// The same collector reading its run delay from `path` instead of the
+    /// probe thread's own schedstat.
+    #[cfg(test)]
+    fn with_schedstat_path(mut self, path: PathBuf) -> Self {
+        self.schedstat_path = path;
+        self
     }
 
     /// The probe thread's kernel id once it runs (tests read its CPU time).
@@ -380,7 +400,7 @@ impl Jitter {
             fifo_priority: c.fifo_priority,
             max_gaps: c.max_gaps_per_window,
             stat_path: self.roots.proc("stat"),
-            schedstat_path: self.roots.proc("thread-self/schedstat"),
+            schedstat_path: self.schedstat_path.clone(),
         }
     }
 
@@ -594,9 +614,9 @@ impl Collector for Jitter {
             setup.policy,
             self.config.cpu_budget_ratio * 100.0,
             if setup.run_delay {
-                ""
+                String::new()
             } else {
-                "; no thread-self/schedstat: run delay unknown"
+                format!("; no {}: run delay unknown", self.schedstat_path.display())
             },
         ))
     }
@@ -933,14 +953,10 @@ mod tests {
         assert!(found.contains("(pinned)"), "{found}");
     }
 
-    /// A procfs root in a tempdir with `stat` and `thread-self/schedstat`.
-    fn fake_proc(stat: &str, schedstat: Option<&str>) -> (tempfile::TempDir, Roots) {
+    /// A procfs root in a tempdir with only `stat`.
+    fn fake_proc(stat: &str) -> (tempfile::TempDir, Roots) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("stat"), stat).unwrap();
-        if let Some(text) = schedstat {
-            std::fs::create_dir(dir.path().join("thread-self")).unwrap();
-            std::fs::write(dir.path().join("thread-self/schedstat"), text).unwrap();
-        }
         let roots = Roots {
             procfs: dir.path().to_path_buf(),
             sysfs: dir.path().to_path_buf(),
@@ -949,8 +965,18 @@ mod tests {
         (dir, roots)
     }
 
-    fn first_error(roots: &Roots) -> String {
-        let mut jitter = Jitter::new(&config(1), roots);
+    /// A collector on CPU `allowed_cpus()[0]` with one-second windows.
+    fn pinned(roots: &Roots) -> Jitter {
+        Jitter::new(
+            &JitterConfig {
+                cpus: vec![probe::allowed_cpus()[0]],
+                ..config(1)
+            },
+            roots,
+        )
+    }
+
+    fn first_error(jitter: &mut Jitter) -> String {
         assert!(matches!(jitter.probe(), Availability::Available(_)));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -966,40 +992,72 @@ mod tests {
 
     #[test]
     fn garbage_stat_or_schedstat_is_an_error_naming_the_file() {
-        let (dir, roots) = fake_proc("cpu0 1 2 3 4 5 six 7 8\n", Some("1 2 3\n"));
-        let err = first_error(&roots);
+        let (dir, roots) = fake_proc("cpu0 1 2 3 4 5 six 7 8\n");
+        let err = first_error(&mut Jitter::new(&config(1), &roots));
         let path = dir.path().join("stat");
         assert_eq!(
             err,
             format!("{}:1: \"six\" is not a tick count", path.display())
         );
 
-        let (dir, roots) = fake_proc(GOOD_STAT, Some("1 lots 3\n"));
-        let err = first_error(&roots);
-        let path = dir.path().join("thread-self/schedstat");
+        let (dir, roots) = fake_proc(GOOD_STAT);
+        let schedstat = dir.path().join("schedstat");
+        std::fs::write(&schedstat, "1 lots 3\n").unwrap();
+        let err = first_error(
+            &mut Jitter::new(&config(1), &roots).with_schedstat_path(schedstat.clone()),
+        );
         assert_eq!(
             err,
             format!(
                 "{}:1: \"lots\" is not a run delay in nanoseconds",
-                path.display()
+                schedstat.display()
             )
+        );
+    }
+
+    /// `--path.procfs` names the host's procfs, which in a container or a
+    /// fixture tree has no `thread-self` of the agent's: the probe reads its
+    /// own thread's run delay from the agent's `/proc` all the same.
+    #[test]
+    fn run_delay_is_measured_when_procfs_is_a_fixture_tree() {
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/baremetal-node"
+        );
+        let roots = Roots {
+            procfs: PathBuf::from(fixture).join("proc"),
+            sysfs: PathBuf::from(fixture).join("sys"),
+            ..Roots::default()
+        };
+        assert!(
+            !roots.proc("thread-self").exists(),
+            "the fixture has no thread-self"
+        );
+        let mut jitter = pinned(&roots);
+        let Availability::Available(found) = jitter.probe() else {
+            panic!("the probe runs on the fixture");
+        };
+        assert!(!found.contains("run delay unknown"), "{found}");
+        let batches = harvest(&mut jitter, 20, Duration::from_secs(20));
+        let run_delay = f64_at(&batches[0], "run_delay_ratio", 0);
+        assert!(
+            run_delay.is_some_and(|r| (0.0..=1.0).contains(&r)),
+            "run_delay_ratio {run_delay:?}"
         );
     }
 
     #[test]
     fn without_schedstat_run_delay_is_null_and_the_rest_measures() {
-        let (_dir, roots) = fake_proc(GOOD_STAT, None);
-        let mut jitter = Jitter::new(
-            &JitterConfig {
-                cpus: vec![probe::allowed_cpus()[0]],
-                ..config(1)
-            },
-            &roots,
-        );
+        let (dir, roots) = fake_proc(GOOD_STAT);
+        let missing = dir.path().join("thread-self/schedstat");
+        let mut jitter = pinned(&roots).with_schedstat_path(missing.clone());
         let Availability::Available(found) = jitter.probe() else {
             panic!("runs without schedstat");
         };
-        assert!(found.contains("run delay unknown"), "{found}");
+        assert!(
+            found.contains(&format!("no {}: run delay unknown", missing.display())),
+            "{found}"
+        );
         let batches = harvest(&mut jitter, 20, Duration::from_secs(20));
         assert_eq!(f64_at(&batches[0], "run_delay_ratio", 0), None);
         assert!(f64_at(&batches[0], "interrupted_ratio", 0).is_some());

@@ -76,7 +76,8 @@ pub struct Settings {
     pub max_gaps: usize,
     /// `<procfs>/stat`.
     pub stat_path: PathBuf,
-    /// `<procfs>/thread-self/schedstat`.
+    /// The thread's own schedstat: `/proc/thread-self/schedstat`, the
+    /// agent's procfs rather than `<procfs>`, which is the host's.
     pub schedstat_path: PathBuf,
 }
 

@@ -1,6 +1,7 @@
 //! The two procfs sources of the interruption probe: a CPU's irq, softirq and
-//! steal ticks from `/proc/stat`, and the probe thread's own run delay from
-//! `/proc/thread-self/schedstat`.
+//! steal ticks from `<procfs>/stat` (the host's, `--path.procfs`), and the
+//! probe thread's own run delay from `/proc/thread-self/schedstat` (the
+//! agent's own procfs, since the thread is the agent's).
 
 use crate::collectors::host::{fail, parse_u64, per_cpu_lines};
 use crate::collectors::ParseError;
