@@ -4,7 +4,7 @@ use vtax_store::{Batch, BatchBuilder, FieldType, TableDef, Value};
 
 use super::*;
 use crate::collectors::cgroups::CGROUP;
-use crate::collectors::host::PRESSURE;
+use crate::collectors::host::{CPU, PRESSURE};
 use crate::collectors::perf::CGROUP_PERF;
 use crate::collectors::{Availability, Collector, Roots};
 
@@ -37,6 +37,9 @@ struct Node {
     usage: BTreeMap<&'static str, f64>,
     stall: BTreeMap<&'static str, f64>,
     node_stall: f64,
+    /// Steal per CPU of the next seconds, when the node reports /proc/stat.
+    steal_rate: Option<f64>,
+    steal: f64,
     out: Vec<Batch>,
     /// Every batch the detector was given, as a store would have kept it.
     observed: Vec<Batch>,
@@ -50,6 +53,8 @@ impl Node {
             usage: BTreeMap::new(),
             stall: BTreeMap::new(),
             node_stall: 0.0,
+            steal_rate: None,
+            steal: 0.0,
             out: Vec::new(),
             observed: Vec::new(),
         }
@@ -84,10 +89,37 @@ impl Node {
         );
         self.detector.observe(&pressure);
         self.observed.push(pressure);
+        if let Some(rate) = self.steal_rate {
+            self.steal += rate;
+            let mut cpus = BatchBuilder::new(&CPU);
+            let steal = CPU.fields.iter().map(|f| match f.name {
+                "steal_seconds" => Value::F64(self.steal),
+                _ => Value::Null,
+            });
+            let steal: Vec<Value> = steal.collect();
+            for cpu in ["0", "1"] {
+                cpus.push(time_us, &[cpu], &steal).unwrap();
+            }
+            let cpus = cpus.finish();
+            self.detector.observe(&cpus);
+            self.observed.push(cpus);
+        }
         self.second += 1;
         self.out.extend(
             self.detector
                 .tick(START_US + self.second * 1_000_000 + 300_000),
+        );
+    }
+
+    /// The cache canary's sample of the second `step` just took.
+    fn canary(&mut self, seconds_per_load: f64) {
+        let time_us = START_US + (self.second - 1) * 1_000_000 + 1_000;
+        self.detector.sample(
+            Resource::Memory,
+            "node",
+            "cache_latency_seconds",
+            time_us,
+            seconds_per_load,
         );
     }
 
@@ -157,6 +189,9 @@ fn noise(seed: &mut u64) -> f64 {
 #[test]
 fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
     let mut node = Node::new(config());
+    // The host steals a little, steadily: the hypervisor is a suspect of
+    // every CPU event, and must not outrank the hog.
+    node.steal_rate = Some(0.004);
     let mut seed = 7;
     let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
     for _ in 0..180 {
@@ -245,6 +280,94 @@ fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
     let closed = node.events("closed");
     assert!(closed.iter().any(|e| e.1 == "/victim"), "{closed:?}");
     assert!(node.detector.open.is_empty());
+}
+
+#[test]
+fn stolen_time_names_the_hypervisor_not_a_neighbour() {
+    let mut node = Node::new(config());
+    let mut seed = 5;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    let second = |node: &mut Node, seed: &mut u64, steal: f64| {
+        node.steal_rate = Some(steal + 0.003 * noise(seed));
+        let n = noise(seed);
+        node.step(
+            &[
+                ("/victim", 0.5, quiet(seed)),
+                // A neighbour that happens to get busier as the host steals.
+                ("/busy", 0.3 + 0.2 * (steal / 0.15) + 0.02 * n, 0.0),
+            ],
+            quiet(seed),
+        );
+        // A memory signal that moves with the steal too.
+        node.canary(1e-7 + steal * 1e-7 + 1e-9 * n);
+    };
+    for _ in 0..180 {
+        second(&mut node, &mut seed, 0.005);
+    }
+    assert!(node.events("open").is_empty(), "no event while quiet");
+    let onset = START_US / 1_000_000 + node.second;
+    for _ in 0..40 {
+        second(&mut node, &mut seed, 0.15);
+    }
+    let opened = event_rows(&node.out, "open");
+    let steal = opened
+        .iter()
+        .find(|e| e.victim == "node" && e.signal == "steal_ratio")
+        .expect("the steal event opened");
+    assert!(
+        steal
+            .suspects
+            .starts_with(&format!("{HYPERVISOR_SUSPECT} ")),
+        "the host ranks first: {}",
+        steal.suspects
+    );
+    // Only the host causes steal: the neighbour that moved with it is not
+    // named, however well it correlates.
+    assert!(!steal.suspects.contains("/busy"), "{}", steal.suspects);
+    // Steal is CPU time: the hypervisor is no suspect of a memory signal,
+    // however well it correlates; the neighbour that moved with it is.
+    let memory = SignalKey {
+        resource: Resource::Memory,
+        victim: "node".into(),
+        signal: "cache_latency_seconds",
+    };
+    let ranked = node.detector.rank(&memory, onset - PRE_ONSET_SECS);
+    assert!(ranked.iter().any(|s| s.name == "/busy"), "{ranked:?}");
+    assert!(
+        ranked.iter().all(|s| s.name != HYPERVISOR_SUSPECT),
+        "{ranked:?}"
+    );
+}
+
+#[test]
+fn a_preempted_canary_second_in_every_window_is_no_event_but_a_slower_cache_is() {
+    let mut node = Node::new(config());
+    let mut seed = 3;
+    let second = |node: &mut Node, seed: &mut u64, nanos_per_load: f64| {
+        node.step(&[("/a", 0.5, 0.01)], 0.01);
+        node.canary((nanos_per_load + 3.0 * noise(seed)) * 1e-9);
+    };
+    for _ in 0..180 {
+        second(&mut node, &mut seed, 160.0);
+    }
+    // One second in every window reads ten times slower: the host preempted
+    // the vCPU inside that sample. A window's mean would be 448 ns.
+    for s in 0..60 {
+        let slow = if s % 5 == 2 { 1600.0 } else { 160.0 };
+        second(&mut node, &mut seed, slow);
+    }
+    let memory = |node: &Node| {
+        event_rows(&node.out, "open")
+            .into_iter()
+            .filter(|e| e.resource == "memory")
+            .count()
+    };
+    assert_eq!(memory(&node), 0, "{:?}", node.events("open"));
+    // A neighbour evicting the working set slows every second.
+    for _ in 0..30 {
+        second(&mut node, &mut seed, 230.0);
+    }
+    assert_eq!(memory(&node), 1, "{:?}", node.events("open"));
 }
 
 #[test]
