@@ -32,6 +32,15 @@ the antagonist close), counted per hour of the time outside [start, end + 45 s).
 Bars (issue 6): detected within 30 s; ranked first in >= 90% of trials; at most
 one false event per hour of quiet running.
 
+Host events: the detector names the hypervisor as a CPU suspect when the guest's
+steal time moves with the victim signal. Steal is the host running someone else
+on our vCPUs, a real neighbour the harness did not inject. The harness reads
+/proc/stat itself every second, and an event outside the trials that names the
+hypervisor counts as a host event, not a false one, only when the harness's own
+reading shows the host took at least HOST_STEAL_MIN of the CPUs' time over the
+15 s (three windows) before the event opened. Host events are reported apart,
+with that reading.
+
 Usage: sudo bench/detect/eval.py [--vtax target/release/vtax] [--trials 3] [--keep --out results.json]
 
 Replaying a kept run through another detector configuration or build, and
@@ -39,7 +48,8 @@ scoring what it opens against the same trials:
 
   vtax replay-detector --data-dir <kept>/data --since <judged_from - warm-up> \
       --until <finished> [--config vtax.toml] > replayed.jsonl
-  bench/detect/eval.py --rescore results.json --events replayed.jsonl
+  bench/detect/eval.py --rescore results.json --events replayed.jsonl \
+      [--data-dir <kept>/data: steal for runs from before the harness read it]
 Needs: root (cgroups), stress-ng (apt-get install stress-ng).
 """
 import argparse
@@ -52,6 +62,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 
@@ -62,6 +73,12 @@ TAIL_SECS = 45
 # an event opened less than two windows after an antagonist started was
 # abnormal before it: it cannot be that antagonist's doing.
 CAUSAL_SECS = 10
+# What the harness's own /proc/stat reading must show for an event that
+# names the hypervisor to count as the host's doing: 3% of the CPUs' time
+# stolen over the three windows before it opened (a few times this VM's
+# usual 0-1%).
+HOST_STEAL_MIN = 0.03
+HOST_SUSPECT = "hypervisor"
 OPENED = re.compile(
     r"^(\S+)\s+WARN\s.*Noisy-neighbour event opened\..*?resource=\"?(\w+)\"?\s+victim=(\S+)\s+signal=\"?(\w+)\"?\s+suspect=\"?([^\"\s]+)\"?"
 )
@@ -158,6 +175,65 @@ def antagonists(cpus, scratch):
     }
 
 
+class StealSampler(threading.Thread):
+    """Reads /proc/stat once a second: the mean over CPUs of the share of time
+    stolen, per second, as [[unix time, ratio], ...]. Independent of the agent."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples = []
+        self.halt = threading.Event()
+
+    @staticmethod
+    def read():
+        ticks = os.sysconf("SC_CLK_TCK")
+        steal = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                parts = line.split()
+                if parts[0].startswith("cpu") and parts[0] != "cpu" and len(parts) > 8:
+                    steal[parts[0]] = int(parts[8]) / ticks
+        return time.time(), steal
+
+    def run(self):
+        t0, s0 = self.read()
+        while not self.halt.wait(1.0):
+            t1, s1 = self.read()
+            rates = [(s1[c] - s0[c]) / (t1 - t0) for c in s1 if c in s0]
+            if rates:
+                self.samples.append([round(t1, 3), round(sum(rates) / len(rates), 5)])
+            t0, s0 = t1, s1
+
+
+def steal_from_store(data_dir):
+    """The same per-second steal series from a kept store's `cpu` table (the
+    agent's raw /proc/stat counters), for runs from before the sampler."""
+    import pyarrow.parquet as pq
+    per_cpu = {}
+    for root, _, files in os.walk(os.path.join(data_dir, "tables", "cpu")):
+        for name in files:
+            if not name.endswith(".parquet"):
+                continue
+            t = pq.read_table(os.path.join(root, name), columns=["time", "cpu", "steal_seconds"])
+            for ts, cpu, steal in zip(t["time"].to_pylist(), t["cpu"].to_pylist(),
+                                      t["steal_seconds"].to_pylist()):
+                if steal is not None:
+                    per_cpu.setdefault(cpu, []).append((ts.timestamp(), steal))
+    by_second = {}
+    for rows in per_cpu.values():
+        rows.sort()
+        for (t0, s0), (t1, s1) in zip(rows, rows[1:]):
+            if t1 > t0 and s1 >= s0:
+                by_second.setdefault(round(t1), []).append((s1 - s0) / (t1 - t0))
+    return [[t, sum(r) / len(r)] for t, r in sorted(by_second.items())]
+
+
+def steal_before(steal, at, secs=15):
+    """Mean stolen share over (at - secs, at]; None without samples."""
+    window = [r for t, r in steal if at - secs < t <= at]
+    return sum(window) / len(window) if window else None
+
+
 def parse_time(stamp):
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
@@ -178,12 +254,14 @@ def read_events(log_path):
     return events
 
 
-def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS):
+def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS, steal=None):
     """Per trial: the first event opened while the antagonist ran, from
     causal_secs after its start (detection and its latency), and the first of
     them that names a suspect (the ranking); an event whose suspects all
-    scored zero ranks nobody. False events: opened outside every
-    [start + causal_secs, end + TAIL_SECS) after the warm-up."""
+    scored zero ranks nobody. Events opened outside every
+    [start + causal_secs, end + TAIL_SECS) after the warm-up are false, but
+    for host events: named the hypervisor, with the harness's steal reading
+    (`steal`, [[time, ratio]]) at HOST_STEAL_MIN or more before they opened."""
     results = {"trials": [], "false_events": [], "events": events,
                "judged_from": judged_from, "finished": finished}
     for t in trials:
@@ -207,9 +285,14 @@ def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS):
     busy = [(t["start"], t["end"] + TAIL_SECS) for t in trials]
     quiet_secs = (finished - judged_from) - sum(min(b, finished) - a for a, b in busy)
     attributed = [(t["start"] + causal_secs, t["end"] + TAIL_SECS) for t in trials]
+    results["host_events"] = []
     for e in events:
         if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in attributed):
-            results["false_events"].append(e)
+            stolen = steal_before(steal or [], e["time"]) if e["suspect"] == HOST_SUSPECT else None
+            if stolen is not None and stolen >= HOST_STEAL_MIN:
+                results["host_events"].append(dict(e, steal_ratio=round(stolen, 4)))
+            else:
+                results["false_events"].append(e)
     n = len(results["trials"])
     detected = [t for t in results["trials"] if t["detected"]]
     first = [t for t in results["trials"] if t["ranked_first"]]
@@ -224,6 +307,7 @@ def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS):
         "ranked_first_fraction": round(len(first) / n, 3) if n else None,
         "quiet_hours": round(quiet_secs / 3600, 3),
         "false_events": len(results["false_events"]),
+        "host_events": len(results["host_events"]),
         "false_events_per_hour": round(len(results["false_events"]) / (quiet_secs / 3600), 2) if quiet_secs > 0 else None,
     }
     return results
@@ -238,6 +322,9 @@ def report(results):
               f"{t['top_suspect']} ({t['ranked_by']}){mark}")
     for e in results["false_events"]:
         print(f"false event at {e['time']:.0f}: {e['resource']} {e['victim']} {e['signal']} suspect {e['suspect']}")
+    for e in results["host_events"]:
+        print(f"host event at {e['time']:.0f}: {e['resource']} {e['victim']} {e['signal']} suspect {e['suspect']}, "
+              f"steal {100 * e['steal_ratio']:.1f}% over the 15 s before (harness's /proc/stat)")
     print(json.dumps(results["summary"], indent=2))
 
 
@@ -260,6 +347,9 @@ def main():
     ap.add_argument("--events", metavar="JSONL",
                     help="with --rescore: score these events instead of the run's, e.g. what "
                          "`vtax replay-detector` opened over the kept store")
+    ap.add_argument("--data-dir", metavar="DIR",
+                    help="with --rescore of a run from before the harness read steal itself: "
+                         "take the steal series from this kept store's cpu table")
     args = ap.parse_args()
     if args.rescore:
         with open(args.rescore) as f:
@@ -273,7 +363,10 @@ def main():
         if args.events:
             with open(args.events) as f:
                 events = [json.loads(line) for line in f if line.strip()]
-        report(score(trials, events, judged_from, finished, args.causal_secs))
+        steal = old.get("steal")
+        if steal is None and args.data_dir:
+            steal = steal_from_store(args.data_dir)
+        report(score(trials, events, judged_from, finished, args.causal_secs, steal))
         return
     if os.geteuid() != 0:
         sys.exit("needs root: cgroups")
@@ -292,6 +385,8 @@ def main():
     remove_all()
     background, agent = [], None
     trials = []
+    sampler = StealSampler()
+    sampler.start()
     try:
         background.append(start_in("victim", ["stress-ng", "--cpu", "1", "--cpu-load", "50", "--taskset", "0"]))
         background.append(start_in("steady", ["stress-ng", "--cpu", "1", "--cpu-load", "15", "--taskset", str(cpus - 1)]))
@@ -336,8 +431,11 @@ def main():
         time.sleep(1)
         remove_all()
 
+    sampler.halt.set()
     events = read_events(log_path)
-    results = score(trials, events, started + args.warmup, finished, args.causal_secs)
+    results = score(trials, events, started + args.warmup, finished, args.causal_secs,
+                    sampler.samples)
+    results["steal"] = sampler.samples
     report(results)
     if args.out:
         with open(args.out, "w") as f:
