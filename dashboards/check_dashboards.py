@@ -19,9 +19,8 @@ a service whose CPU pressure rises with them), so that the detector opens a real
 and names its suspect. It waits for the scrapes and for that suspect, then runs every
 panel's expression (variables substituted) and every query variable's label_values()
 against /api/v1/query. Each must parse and return at least
-one series with $gpu as All (.*); with $gpu = 0 it must parse. A target may be exempted
-from returning data below, with its reason. Both processes are killed
-at the end, whatever happens.
+one series with $gpu as All (.*); with $gpu = 0 it must parse. No target is exempt.
+Both processes are killed at the end, whatever happens.
 
 Exit status: 0 when everything passes, 1 on any failure (each listed with its dashboard,
 panel and expression), 2 on a usage or setup error.
@@ -49,11 +48,6 @@ FIXTURE = os.path.join(ROOT, "tests", "fixtures", "baremetal-node")
 SCENARIOS = "training,memory-bound,thermal-throttle,power-throttle,pcie-degraded,nvlink-hidden,xid,gpu-lost"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GPU_DASHBOARDS = {"vtax-gpu", "vtax-fabric"}
-
-# (dashboard uid, panel title, metric in the target's expr) -> why that target may return
-# nothing on the fixture. A parse error still fails it. Keep this list empty: each entry
-# is a query the CI cannot show to return data.
-EXEMPT = {}
 
 # Seconds of 1 s scrapes before querying: rate() over 15s needs two samples and the
 # jitter rows appear when the agent's first window (10 s by default) closes.
@@ -304,7 +298,6 @@ def live_checks(dashboards, vtax, keep_going):
     agent = prom = neighbour = None
     failures = []
     checked = 0
-    used = set()
     try:
         # A copy, since the neighbour below writes to it.
         fixture = os.path.join(tmp, "fixture")
@@ -397,22 +390,16 @@ def live_checks(dashboards, vtax, keep_going):
                     continue
                 title = p.get("title")
                 for t in p.get("targets", []):
-                    exempt = [k for k in EXEMPT if k[:2] == (uid, title) and k[2] in t["expr"]]
-                    used.update(exempt)
                     # $gpu as All (.*) must return data; as one GPU ("0", a healthy training
                     # GPU) it must parse, though an event panel may rightly show nothing
                     for gpu in ((".*", "0") if "$gpu" in t["expr"] else (".*",)):
                         expr = substitute(t["expr"], instance, gpu)
                         err = query(addr, expr)
                         checked += 1
-                        if err == "no series" and (exempt or gpu != ".*"):
+                        if err == "no series" and gpu != ".*":
                             continue
-                        if err is None and exempt and gpu == ".*":
-                            err = "exempt, yet returns data: remove the exemption"
                         if err:
                             failures.append((uid, title, expr, err))
-        for k in sorted(set(EXEMPT) - used):
-            failures.append((k[0], k[1], k[2], "exemption matches no target: remove it"))
     finally:
         if neighbour:
             neighbour.stop()
@@ -459,10 +446,7 @@ def main():
         checked, live_failures = live_checks(dashboards, os.path.abspath(args.vtax), args.keep)
         for uid, title, expr, err in live_failures:
             print(f"FAIL {uid}: {title!r}: {err}\n     {expr}")
-        print(f"check_dashboards: {checked} queries against Prometheus, {len(live_failures)} failing, "
-              f"{len(EXEMPT)} target(s) exempt from returning data" + (":" if EXEMPT else ""))
-        for (uid, title, metric), why in sorted(EXEMPT.items()):
-            print(f"  exempt {uid}: {title!r} ({metric}): {why}")
+        print(f"check_dashboards: {checked} queries against Prometheus, {len(live_failures)} failing")
     if errors or live_failures:
         sys.exit(1)
     print("check_dashboards: OK")

@@ -175,13 +175,23 @@ def antagonists(cpus, scratch):
     }
 
 
+def mean_steal_rates(readings):
+    """Per-second steal from cumulative readings [(unix time, {cpu: stolen
+    seconds})]: [[time, mean over CPUs of the share stolen since the last]]."""
+    rates = []
+    for (t0, s0), (t1, s1) in zip(readings, readings[1:]):
+        shares = [(s1[c] - s0[c]) / (t1 - t0) for c in s1 if c in s0 and s1[c] >= s0[c]]
+        if t1 > t0 and shares:
+            rates.append([round(t1, 3), round(sum(shares) / len(shares), 5)])
+    return rates
+
+
 class StealSampler(threading.Thread):
-    """Reads /proc/stat once a second: the mean over CPUs of the share of time
-    stolen, per second, as [[unix time, ratio], ...]. Independent of the agent."""
+    """Reads /proc/stat's per-CPU steal once a second, independent of the agent."""
 
     def __init__(self):
         super().__init__(daemon=True)
-        self.samples = []
+        self.readings = []
         self.halt = threading.Event()
 
     @staticmethod
@@ -196,20 +206,16 @@ class StealSampler(threading.Thread):
         return time.time(), steal
 
     def run(self):
-        t0, s0 = self.read()
+        self.readings.append(self.read())
         while not self.halt.wait(1.0):
-            t1, s1 = self.read()
-            rates = [(s1[c] - s0[c]) / (t1 - t0) for c in s1 if c in s0]
-            if rates:
-                self.samples.append([round(t1, 3), round(sum(rates) / len(rates), 5)])
-            t0, s0 = t1, s1
+            self.readings.append(self.read())
 
 
 def steal_from_store(data_dir):
     """The same per-second steal series from a kept store's `cpu` table (the
     agent's raw /proc/stat counters), for runs from before the sampler."""
     import pyarrow.parquet as pq
-    per_cpu = {}
+    by_time = {}
     for root, _, files in os.walk(os.path.join(data_dir, "tables", "cpu")):
         for name in files:
             if not name.endswith(".parquet"):
@@ -218,14 +224,8 @@ def steal_from_store(data_dir):
             for ts, cpu, steal in zip(t["time"].to_pylist(), t["cpu"].to_pylist(),
                                       t["steal_seconds"].to_pylist()):
                 if steal is not None:
-                    per_cpu.setdefault(cpu, []).append((ts.timestamp(), steal))
-    by_second = {}
-    for rows in per_cpu.values():
-        rows.sort()
-        for (t0, s0), (t1, s1) in zip(rows, rows[1:]):
-            if t1 > t0 and s1 >= s0:
-                by_second.setdefault(round(t1), []).append((s1 - s0) / (t1 - t0))
-    return [[t, sum(r) / len(r)] for t, r in sorted(by_second.items())]
+                    by_time.setdefault(ts.timestamp(), {})[cpu] = steal
+    return mean_steal_rates(sorted(by_time.items()))
 
 
 def steal_before(steal, at, secs=15):
@@ -433,9 +433,9 @@ def main():
 
     sampler.halt.set()
     events = read_events(log_path)
-    results = score(trials, events, started + args.warmup, finished, args.causal_secs,
-                    sampler.samples)
-    results["steal"] = sampler.samples
+    steal = mean_steal_rates(sampler.readings)
+    results = score(trials, events, started + args.warmup, finished, args.causal_secs, steal)
+    results["steal"] = steal
     report(results)
     if args.out:
         with open(args.out, "w") as f:

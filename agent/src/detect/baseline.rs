@@ -72,7 +72,8 @@ impl Summary {
     }
 }
 
-fn median_in_place(values: &mut [f64]) -> f64 {
+/// The median of `values` (the mean of the middle two when even), sorting them.
+pub(super) fn median_in_place(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n % 2 == 1 {

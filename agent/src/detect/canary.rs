@@ -7,6 +7,8 @@
 
 use std::time::Instant;
 
+use super::baseline::median_in_place;
+
 /// Bytes the chase walks, and loads per sample: a sample walks a quarter of
 /// the set, so each line is revisited every 4 s, long enough for a
 /// neighbour's traffic in the shared cache to evict it and short enough that
@@ -89,15 +91,8 @@ impl CacheCanary {
             *slot = started.elapsed().as_secs_f64() / chunk_loads as f64;
         }
         self.position = at;
-        median_of_chunks(&mut per_load)
+        median_in_place(&mut per_load)
     }
-}
-
-/// The median of the chunks' seconds per load (the mean of the middle two).
-fn median_of_chunks(per_load: &mut [f64; CHUNKS_PER_SAMPLE]) -> f64 {
-    per_load.sort_by(f64::total_cmp);
-    let middle = CHUNKS_PER_SAMPLE / 2;
-    (per_load[middle - 1] + per_load[middle]) / 2.0
 }
 
 impl Default for CacheCanary {
@@ -132,14 +127,14 @@ mod tests {
             160e-9, 158e-9, 162e-9, 161e-9, 159e-9, 163e-9, 160e-9, 161e-9,
         ];
         let mut chunks = quiet;
-        let undisturbed = median_of_chunks(&mut chunks);
+        let undisturbed = median_in_place(&mut chunks);
         // A 3 ms preemption inside one 256-load chunk: 12 µs a load there.
         let mut preempted = quiet;
         preempted[3] = 3e-3 / 256.0;
-        assert_eq!(median_of_chunks(&mut preempted), undisturbed);
+        assert_eq!(median_in_place(&mut preempted), undisturbed);
         // A neighbour evicting the set slows every chunk: the sample moves.
         let mut evicted = quiet.map(|v| v * 1.3);
-        assert!(median_of_chunks(&mut evicted) > 1.25 * undisturbed);
+        assert!(median_in_place(&mut evicted) > 1.25 * undisturbed);
     }
 
     #[test]

@@ -1356,13 +1356,7 @@ impl SignalState {
         }
         let mut seconds = seconds.filter(|v| !v.is_empty())?;
         let value = if self.spec.median_of_seconds {
-            seconds.sort_by(f64::total_cmp);
-            let middle = seconds.len() / 2;
-            if seconds.len() % 2 == 0 {
-                (seconds[middle - 1] + seconds[middle]) / 2.0
-            } else {
-                seconds[middle]
-            }
+            baseline::median_in_place(&mut seconds)
         } else {
             seconds.iter().sum::<f64>() / seconds.len() as f64
         };

@@ -189,13 +189,14 @@ fn noise(seed: &mut u64) -> f64 {
 #[test]
 fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
     let mut node = Node::new(config());
-    // The host steals a little, steadily: the hypervisor is a suspect of
-    // every CPU event, and must not outrank the hog.
-    node.steal_rate = Some(0.004);
     let mut seed = 7;
+    // The host steals a little, unevenly: the hypervisor is a suspect of
+    // every CPU event, and must not outrank the hog.
+    let steal = |seed: &mut u64| Some(0.004 + 0.003 * noise(seed));
     let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
     for _ in 0..180 {
         let n = noise(&mut seed);
+        node.steal_rate = steal(&mut seed);
         node.step(
             &[
                 ("/victim", 0.9, quiet(&mut seed)),
@@ -209,6 +210,7 @@ fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
     let onset = START_US / 1_000_000 + node.second;
     for _ in 0..60 {
         let n = noise(&mut seed);
+        node.steal_rate = steal(&mut seed);
         node.step(
             &[
                 ("/victim", 0.6, 0.35 + 0.03 * n),
@@ -268,6 +270,7 @@ fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
     );
 
     for _ in 0..90 {
+        node.steal_rate = steal(&mut seed);
         node.step(
             &[
                 ("/victim", 0.9, quiet(&mut seed)),
