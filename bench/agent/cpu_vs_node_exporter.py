@@ -4,13 +4,15 @@
 Both run at the same time on this machine and are scraped once a second by the
 same scraper (gzip, text format, as Prometheus does). vtax runs the host,
 cgroups and infiniband collectors at 1 s with 50 real cgroups (created under
-the cgroup v1 or v2 hierarchy for the run) and 8 InfiniBand ports (the
+the cgroup v1 or v2 hierarchy for the run, each holding one task: 10 run a
+little every 200 ms, the rest sleep, as most services on a node do in any
+given second) and 8 InfiniBand ports (the
 baremetal-node fixture: this machine has no HCA). node_exporter runs with its
 defaults. After a warm-up, each process's CPU time (utime + stime from
 /proc/<pid>/stat) over the window is divided by the samples it exposed:
 node_exporter's per scraped sample, vtax's per exported sample.
 
-Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--vtax target/release/vtax]
+Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--busy 10] [--vtax target/release/vtax]
 Needs root (to create cgroups) and prometheus-node-exporter installed.
 """
 import argparse
@@ -80,12 +82,16 @@ def scrape(port):
 
 
 def make_cgroups(root):
-    """Creates CGROUP_COUNT cgroups under vtax-bench in every writable hierarchy."""
+    """Creates CGROUP_COUNT cgroups under vtax-bench in every writable hierarchy.
+
+    Returns the directories made (parents first) and, per cgroup, its
+    directories across the hierarchies."""
     made = []
     unified = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
     hierarchies = ["/sys/fs/cgroup"] if unified else [
         f"/sys/fs/cgroup/{c}" for c in ("cpu", "cpuacct", "memory", "unified")
         if os.path.isdir(f"/sys/fs/cgroup/{c}")]
+    jobs = [[] for _ in range(CGROUP_COUNT)]
     for h in hierarchies:
         base = os.path.join(h, root)
         os.makedirs(base, exist_ok=True)
@@ -94,13 +100,35 @@ def make_cgroups(root):
             path = os.path.join(base, f"job{i:02d}")
             os.makedirs(path, exist_ok=True)
             made.append(path)
-    return made
+            jobs[i].append(path)
+    return made, jobs
+
+
+# A service that wakes five times a second and does a little work.
+TICKER = "import time\nwhile True:\n    time.sleep(0.2)\n    sum(range(20000))\n"
+
+
+def populate(jobs, busy):
+    """Puts one task in each cgroup, as on a real node where most services sleep
+    in any given second: the first `busy` run a little every 200 ms, the rest
+    sleep. Returns the processes."""
+    procs = []
+    for i, dirs in enumerate(jobs):
+        argv = [sys.executable, "-c", TICKER] if i < busy else ["sleep", "infinity"]
+        p = subprocess.Popen(argv)
+        for d in dirs:
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(p.pid))
+        procs.append(p)
+    return procs
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--busy", type=int, default=10,
+                        help="cgroups whose task runs every 200 ms (the others' sleeps)")
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or shutil.which("node_exporter"))
     args = parser.parse_args()
@@ -115,7 +143,8 @@ def main():
     os.symlink("/sys/fs/cgroup", os.path.join(sysfs, "fs", "cgroup"))
     shutil.copytree(os.path.join(REPO, "tests/fixtures/baremetal-node/sys/class/infiniband"),
                     os.path.join(sysfs, "class", "infiniband"), symlinks=True)
-    cgroups = make_cgroups("vtax-bench")
+    cgroups, jobs = make_cgroups("vtax-bench")
+    tasks = populate(jobs, min(args.busy, CGROUP_COUNT))
     config = os.path.join(work, "vtax.toml")
     with open(config, "w") as f:
         f.write(
@@ -169,6 +198,9 @@ def main():
             p.send_signal(signal.SIGTERM)
         for p in (vtax, ne):
             p.wait(timeout=30)
+        for p in tasks:
+            p.kill()
+            p.wait()
         for path in reversed(cgroups):
             try:
                 os.rmdir(path)
@@ -176,7 +208,8 @@ def main():
                 pass
     v_per = used[vtax.pid] / samples[vtax.pid]
     n_per = used[ne.pid] / samples[ne.pid]
-    print(f"window_s={wall:.0f} scrapes={scrapes}")
+    print(f"window_s={wall:.0f} scrapes={scrapes} cgroups={CGROUP_COUNT} "
+          f"(a task running every 200 ms in {min(args.busy, CGROUP_COUNT)}, a sleeping one in the rest)")
     print(f"vtax:          cpu_s={used[vtax.pid]:.3f} samples_exported={samples[vtax.pid]} "
           f"({samples[vtax.pid] / scrapes:.0f}/scrape) cpu_us_per_sample={v_per * 1e6:.3f} "
           f"rss_mib={mem['VmRSS'] / 1024:.1f} peak_rss_mib={mem['VmHWM'] / 1024:.1f}")

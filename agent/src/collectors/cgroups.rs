@@ -23,6 +23,21 @@
 //! each rescan (on the tick of each walk) and their values repeated in the
 //! rows in between, so `cpu_quota_cpus` and `memory_limit_bytes` follow a
 //! changed limit within `rescan_interval_secs`.
+//!
+//! Most cgroups on a node are idle in any given second, and the kernel
+//! formats the whole of `memory.stat` (dozens of lines, hierarchical sums
+//! on v1) for each read: it is the dearest file of a tick. So each tick
+//! reads a cgroup's CPU time, memory charge, pressure and settings first.
+//! When the CPU time and the charge both match its last full read, nothing
+//! ran in it and no page was charged or reclaimed. The files that can only
+//! move with one of those are then not read, and their last values are
+//! repeated: `memory.stat`, `memory.events`, `memory.swap.current`, and on
+//! v1 `cpu.stat`, `cpuacct.stat`, `memory.oom_control` and
+//! `memory.kmem.usage_in_bytes`. Pressure is read on every tick, because a
+//! task blocked on I/O or memory stalls without running. The kernel's own
+//! memcg statistics lag by up to 2 s (they are flushed lazily), and the tick
+//! after each walk reads every file of every cgroup. So a repeated value is
+//! never older than `rescan_interval_secs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
@@ -416,6 +431,68 @@ impl Source {
         )
     }
 
+    /// Whether the file's values move only when the cgroup's tasks run or its
+    /// memory charge moves: page faults, charges, reclaim and throttling all
+    /// need one or the other. A quiet cgroup (CPU time and memory usage as at
+    /// its last full read) repeats these values instead of reading the file.
+    fn follows_usage(self) -> bool {
+        matches!(
+            self,
+            Source::MemoryStatV2
+                | Source::MemoryEvents
+                | Source::SwapCurrent
+                | Source::CpuStatV1
+                | Source::CpuacctStat
+                | Source::MemoryStatV1
+                | Source::OomControl
+                | Source::KmemUsage
+        )
+    }
+
+    /// The row fields the file fills (settings that are combined later fill
+    /// none directly).
+    fn fields(self) -> &'static [usize] {
+        match self {
+            Source::CpuStatV2 => &[
+                f::CPU_USAGE,
+                f::CPU_USER,
+                f::CPU_SYSTEM,
+                f::CPU_PERIODS,
+                f::CPU_THROTTLED_PERIODS,
+                f::CPU_THROTTLED,
+            ],
+            Source::CpuMax => &[f::CPU_QUOTA],
+            Source::MemoryCurrent | Source::MemoryUsage => &[f::MEM_USAGE],
+            Source::MemoryMax | Source::MemoryLimit => &[f::MEM_LIMIT],
+            Source::MemoryStatV2 => &[
+                f::MEM_ANON,
+                f::MEM_FILE,
+                f::MEM_KERNEL,
+                f::MEM_SLAB,
+                f::PGFAULT,
+                f::PGMAJFAULT,
+            ],
+            Source::MemoryEvents => &[f::MEM_MAX_EVENTS, f::OOM, f::OOM_KILL],
+            Source::SwapCurrent => &[f::MEM_SWAP],
+            Source::CpuPressure => &[f::CPU_SOME, f::CPU_FULL],
+            Source::MemoryPressure => &[f::MEM_SOME, f::MEM_FULL],
+            Source::IoPressure => &[f::IO_SOME, f::IO_FULL],
+            Source::CpuStatV1 => &[f::CPU_PERIODS, f::CPU_THROTTLED_PERIODS, f::CPU_THROTTLED],
+            Source::CfsQuota | Source::CfsPeriod => &[],
+            Source::CpuacctUsage => &[f::CPU_USAGE],
+            Source::CpuacctStat => &[f::CPU_USER, f::CPU_SYSTEM],
+            Source::MemoryStatV1 => &[
+                f::MEM_ANON,
+                f::MEM_FILE,
+                f::MEM_SWAP,
+                f::PGFAULT,
+                f::PGMAJFAULT,
+            ],
+            Source::OomControl => &[f::OOM_KILL],
+            Source::KmemUsage => &[f::MEM_KERNEL],
+        }
+    }
+
     fn file_name(self) -> &'static str {
         match self {
             Source::CpuStatV2 | Source::CpuStatV1 => "cpu.stat",
@@ -599,6 +676,22 @@ struct Target {
     /// Whether v1 `cpu.cfs_quota_us` was readable at the last rescan (then
     /// the cgroup has a row even when nothing else is readable).
     quota_read: bool,
+    /// The row of the last tick that read every file; `None` until one has.
+    last_full: Option<[Value; f::COUNT]>,
+}
+
+impl Target {
+    /// Whether `row` (read without the usage-following files) shows the cgroup
+    /// as it was at its last full read: the same CPU time and memory charge,
+    /// both read. Without either there is nothing to tell quiet by.
+    fn quiet(&self, row: &Row) -> bool {
+        let Some(last) = &self.last_full else {
+            return false;
+        };
+        [f::CPU_USAGE, f::MEM_USAGE]
+            .iter()
+            .all(|&i| row.values[i] != Value::Null && row.values[i] == last[i])
+    }
 }
 
 /// What a walk found.
@@ -747,6 +840,7 @@ fn walk(layout: &Layout, selection: &Selection) -> Discovery {
                 quota: Value::Null,
                 limit: Value::Null,
                 quota_read: false,
+                last_full: None,
             }
         })
         .collect();
@@ -1220,58 +1314,48 @@ impl Cgroups {
 
     /// Reads every target into a batch; a vanished cgroup forces a walk next
     /// tick. Measurements are read through descriptors kept open; settings only
-    /// on the tick after a walk, their values repeated in between.
+    /// on the tick after a walk, their values repeated in between. A quiet
+    /// cgroup's usage-following files are skipped, their values repeated from
+    /// its last full read; the tick after a walk reads every file of every
+    /// cgroup, so no repeated value is older than `rescan_interval_secs`.
     fn read_all(&mut self, time_us: i64) -> Result<Batch, ParseError> {
         let mut builder = BatchBuilder::new(&CGROUP);
         let mut vanished = false;
         let settings = self.settings_due;
         for target in &mut self.discovery.targets {
             let mut row = Row::new();
-            let mut gone = false;
             // Outside cgroupfs a deleted file stays readable: one fstat per
             // cgroup per tick, on its first file read through a kept descriptor.
             let mut check = target.check_deleted;
-            for slot in &mut target.slots {
-                let setting = slot.source.is_setting();
-                if slot.absent || (setting && !settings) {
+            // The usage (CPU time, memory charge), pressure and settings first:
+            // they say whether the rest is worth reading.
+            let mut gone = false;
+            for slot in target.slots.iter_mut() {
+                if slot.source.follows_usage() {
                     continue;
                 }
-                let was_kept = slot.kept;
-                let mut read = slot.file.read(&mut self.buf);
-                if was_kept && matches!(&read, Err(e) if super::kept::is_gone(e)) {
-                    // The descriptor was of a cgroup removed since; one made
-                    // again at the same path (a restarted service) is opened afresh.
-                    read = slot.file.read(&mut self.buf);
+                gone = read_slot(slot, &mut self.buf, &mut row, self.hz, settings, &mut check)?;
+                if gone {
+                    break;
                 }
-                if setting {
-                    slot.file.close(); // read again at the next rescan only
+            }
+            let quiet = !gone && !settings && target.quiet(&row);
+            if quiet {
+                let last = target.last_full.as_ref().expect("quiet needs a full read");
+                for slot in target.slots.iter().filter(|s| s.source.follows_usage()) {
+                    for &i in slot.source.fields() {
+                        row.values[i] = last[i];
+                    }
                 }
-                slot.kept = !setting && read.is_ok();
-                match read {
-                    Ok(n) => {
-                        if check && was_kept && slot.kept {
-                            check = false;
-                            if slot.file.is_deleted() {
-                                gone = true;
-                                break;
-                            }
-                        }
-                        let path = slot.file.path();
-                        let text = std::str::from_utf8(&self.buf[..n])
-                            .map_err(|_| error(path, 0, "not UTF-8 text"))?;
-                        parse(slot.source, text, path, &mut row, self.hz)?;
+            } else if !gone {
+                for slot in target.slots.iter_mut() {
+                    if !slot.source.follows_usage() {
+                        continue;
                     }
-                    Err(e) if super::kept::is_gone(&e) => {
-                        if slot.file.path().parent().is_some_and(|d| d.is_dir()) {
-                            // The cgroup is there, this file is not (controller
-                            // off, no swap accounting): skip it until the next walk.
-                            slot.absent = true;
-                        } else {
-                            gone = true;
-                            break;
-                        }
+                    gone = read_slot(slot, &mut self.buf, &mut row, self.hz, settings, &mut check)?;
+                    if gone {
+                        break;
                     }
-                    Err(e) => return Err(error(slot.file.path(), 0, e.to_string())),
                 }
             }
             if gone {
@@ -1280,6 +1364,7 @@ impl Cgroups {
                     slot.file.close();
                     slot.kept = false;
                 }
+                target.last_full = None;
                 vanished = true;
                 continue;
             }
@@ -1296,6 +1381,9 @@ impl Cgroups {
                 row.values[f::CPU_QUOTA] = target.quota;
                 row.values[f::MEM_LIMIT] = target.limit;
             }
+            if !quiet {
+                target.last_full = Some(row.values);
+            }
             if row.values.iter().all(|v| *v == Value::Null) && !target.quota_read {
                 continue; // nothing readable: no row rather than a row of nulls
             }
@@ -1308,6 +1396,62 @@ impl Cgroups {
         }
         self.settings_due = false;
         Ok(builder.finish())
+    }
+}
+
+/// Reads one file of a cgroup into `row`; `Ok(true)` when the cgroup is gone.
+/// A setting is read only on a `settings` tick and closed after it; a file
+/// absent since the last walk is skipped. `check` asks for one `fstat` on the
+/// first file read through a kept descriptor (outside cgroupfs, where a
+/// deleted file stays readable) and is cleared once it has been done.
+fn read_slot(
+    slot: &mut Slot,
+    buf: &mut Vec<u8>,
+    row: &mut Row,
+    hz: f64,
+    settings: bool,
+    check: &mut bool,
+) -> Result<bool, ParseError> {
+    let setting = slot.source.is_setting();
+    if slot.absent || (setting && !settings) {
+        return Ok(false);
+    }
+    let was_kept = slot.kept;
+    let mut read = slot.file.read(buf);
+    if was_kept && matches!(&read, Err(e) if super::kept::is_gone(e)) {
+        // The descriptor was of a cgroup removed since; one made again at the
+        // same path (a restarted service) is opened afresh.
+        read = slot.file.read(buf);
+    }
+    if setting {
+        slot.file.close(); // read again at the next rescan only
+    }
+    slot.kept = !setting && read.is_ok();
+    match read {
+        Ok(n) => {
+            if *check && was_kept && slot.kept {
+                *check = false;
+                if slot.file.is_deleted() {
+                    return Ok(true);
+                }
+            }
+            let path = slot.file.path();
+            let text =
+                std::str::from_utf8(&buf[..n]).map_err(|_| error(path, 0, "not UTF-8 text"))?;
+            parse(slot.source, text, path, row, hz)?;
+            Ok(false)
+        }
+        Err(e) if super::kept::is_gone(&e) => {
+            if slot.file.path().parent().is_some_and(|d| d.is_dir()) {
+                // The cgroup is there, this file is not (controller off, no
+                // swap accounting): skip it until the next walk.
+                slot.absent = true;
+                Ok(false)
+            } else {
+                Ok(true)
+            }
+        }
+        Err(e) => Err(error(slot.file.path(), 0, e.to_string())),
     }
 }
 
@@ -1820,6 +1964,149 @@ mod tests {
         std::fs::write(new.join("memory.current"), "4096\n").unwrap();
         assert_eq!(collect_one(&mut c, 9_000_000).len(), 15);
         assert_eq!(collect_one(&mut c, 10_000_000).len(), 16);
+    }
+
+    /// Rewrites the `key value` line of `key` in a cgroup file, in place.
+    fn set_key(file: &Path, key: &str, value: u64) {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines: Vec<String> = text
+            .lines()
+            .map(|line| match line.split_once(' ') {
+                Some((k, _)) if k == key => format!("{key} {value}"),
+                _ => line.to_string(),
+            })
+            .collect();
+        assert!(
+            lines.iter().any(|l| l.starts_with(&format!("{key} "))),
+            "{key}"
+        );
+        std::fs::write(file, lines.join("\n") + "\n").unwrap();
+    }
+
+    #[test]
+    fn a_quiet_cgroup_repeats_what_follows_usage_until_its_usage_moves_or_a_rescan() {
+        // (node, cgroup, its directory per hierarchy: cpu, memory, pressure; the
+        // memory.stat key behind memory_page_faults)
+        for (node, path, cpu_dir, memory_dir, pressure_dir, faults_key) in [
+            (
+                "k8s-node",
+                "/init.scope",
+                "init.scope",
+                "init.scope",
+                "init.scope",
+                "pgfault",
+            ),
+            (
+                "baremetal-node",
+                "/system.slice/slurmd.service",
+                "cpu,cpuacct/system.slice/slurmd.service",
+                "memory/system.slice/slurmd.service",
+                "unified/system.slice/slurmd.service",
+                "total_pgfault",
+            ),
+        ] {
+            let (_dir, roots) = scratch(node);
+            let cgroup = roots.sys("fs/cgroup");
+            let stat = cgroup.join(memory_dir).join("memory.stat");
+            let bump_cpu = |usage: u64| {
+                if node == "k8s-node" {
+                    set_key(&cgroup.join(cpu_dir).join("cpu.stat"), "usage_usec", usage);
+                } else {
+                    let file = cgroup.join(cpu_dir).join("cpuacct.usage");
+                    std::fs::write(file, format!("{}\n", usage * 1000)).unwrap();
+                }
+            };
+            let bump_memory = |bytes: u64| {
+                let file = if node == "k8s-node" {
+                    "memory.current"
+                } else {
+                    "memory.usage_in_bytes"
+                };
+                std::fs::write(cgroup.join(memory_dir).join(file), format!("{bytes}\n")).unwrap();
+            };
+            let mut c = collector(&CgroupsConfig::default(), &roots); // rescans every 10 s
+            let faults = |batch: &Batch| match value(batch, path, "memory_page_faults") {
+                Value::U64(n) => n,
+                other => panic!("{node}: {other:?}"),
+            };
+            let base = faults(&collect_one(&mut c, 0));
+
+            // Nothing ran and no charge moved: memory.stat is not read again,
+            // but pressure (which grows for a blocked task) is.
+            set_key(&stat, faults_key, base + 5);
+            std::fs::write(
+                cgroup.join(pressure_dir).join("cpu.pressure"),
+                "some avg10=0.00 avg60=0.00 avg300=0.00 total=9000000\n\
+                 full avg10=0.00 avg60=0.00 avg300=0.00 total=4000000\n",
+            )
+            .unwrap();
+            let quiet = collect_one(&mut c, 1_000_000);
+            assert_eq!(faults(&quiet), base, "{node}");
+            assert!(
+                close(value(&quiet, path, "cpu_pressure_some_seconds"), 9.0),
+                "{node}"
+            );
+
+            // Its tasks ran: everything is read.
+            bump_cpu(99_000_000);
+            assert_eq!(faults(&collect_one(&mut c, 2_000_000)), base + 5, "{node}");
+            // Its charge moved (reclaim by someone else, say): everything is read.
+            set_key(&stat, faults_key, base + 6);
+            assert_eq!(faults(&collect_one(&mut c, 3_000_000)), base + 5, "{node}");
+            bump_memory(123_456_789);
+            assert_eq!(faults(&collect_one(&mut c, 4_000_000)), base + 6, "{node}");
+            // The tick after a walk reads everything, quiet or not.
+            set_key(&stat, faults_key, base + 7);
+            assert_eq!(faults(&collect_one(&mut c, 9_000_000)), base + 6, "{node}");
+            assert_eq!(faults(&collect_one(&mut c, 10_000_000)), base + 7, "{node}");
+        }
+    }
+
+    #[test]
+    fn each_file_fills_only_the_fields_it_declares() {
+        // A quiet tick copies a skipped file's declared fields from the last
+        // full read: a field it fills but does not declare would go stale.
+        let mut seen = BTreeSet::new();
+        for node in ["k8s-node", "baremetal-node"] {
+            let mut c = collector(&CgroupsConfig::default(), &fixture(node));
+            c.rewalk(0).unwrap();
+            let buf = &mut c.buf;
+            for target in &mut c.discovery.targets {
+                for slot in &mut target.slots {
+                    let Ok(n) = slot.file.read(buf) else {
+                        continue; // a file this cgroup lacks
+                    };
+                    let mut row = Row::new();
+                    let text = std::str::from_utf8(&buf[..n]).unwrap();
+                    parse(slot.source, text, slot.file.path(), &mut row, 100.0).unwrap();
+                    for (i, v) in row.values.iter().enumerate() {
+                        assert!(
+                            *v == Value::Null || slot.source.fields().contains(&i),
+                            "{:?} filled field {i} from {}",
+                            slot.source,
+                            slot.file.path().display()
+                        );
+                    }
+                    seen.insert(format!("{:?}", slot.source));
+                }
+            }
+        }
+        for source in [
+            Source::MemoryStatV2,
+            Source::MemoryEvents,
+            Source::SwapCurrent,
+            Source::CpuStatV1,
+            Source::CpuacctStat,
+            Source::MemoryStatV1,
+            Source::OomControl,
+            Source::KmemUsage,
+        ] {
+            assert!(source.follows_usage());
+            assert!(
+                seen.contains(&format!("{source:?}")),
+                "{source:?} not in a fixture"
+            );
+        }
     }
 
     #[test]
