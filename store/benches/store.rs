@@ -110,6 +110,10 @@ fn main() {
     options.write.data_page_bytes =
         arg("--page-bytes", options.write.data_page_bytes as u64) as usize;
     options.write.zstd_level = arg("--zstd-level", options.write.zstd_level as u64) as i32;
+    options.write.running_page_rows = arg(
+        "--running-page-rows",
+        options.write.running_page_rows as u64,
+    ) as usize;
     let keep = std::env::args().any(|a| a == "--keep");
     let mut store = Store::open(options, catalog.clone()).unwrap();
 

@@ -65,6 +65,11 @@ pub struct WriteOptions {
     /// Most rows per data page. ZSTD compresses each page on its own, so longer
     /// pages let it find the timestamp sequence every series of a scrape shares.
     pub data_page_rows: usize,
+    /// Most rows per data page in a part of an hour still being written. A
+    /// read of the last hour opens every part and decompresses a whole page
+    /// of each column it reads from each, so these pages are short; the merge
+    /// that seals the hour rewrites them at `data_page_rows`.
+    pub running_page_rows: usize,
     /// Per column name, an encoding that overrides the ones above (chosen by
     /// [`choose_encodings`] for the data at hand).
     pub column_encodings: BTreeMap<String, Encoding>,
@@ -97,6 +102,7 @@ impl Default for WriteOptions {
             // share (timestamps, values of identical series); a point read
             // decompresses a whole page, so 100k rows (250k: p99 21 ms).
             data_page_rows: 100_000,
+            running_page_rows: RUNNING_PAGE_ROWS,
             column_encodings: BTreeMap::new(),
             adaptive: true,
             encoding_sample_bytes: ENCODING_SAMPLE_BUFFER_BYTES,
@@ -190,7 +196,19 @@ pub fn choose_encodings(
     Ok(best.into_iter().map(|(k, (_, e))| (k, e)).collect())
 }
 
+/// Default [`WriteOptions::running_page_rows`].
+pub const RUNNING_PAGE_ROWS: usize = 8 * 1024;
+
 impl WriteOptions {
+    /// These options for a part of the hour still being written: pages of at
+    /// most `running_page_rows`.
+    pub fn for_running_hour(&self) -> WriteOptions {
+        WriteOptions {
+            data_page_rows: self.running_page_rows.min(self.data_page_rows),
+            ..self.clone()
+        }
+    }
+
     /// The Parquet writer properties for `table`.
     pub fn properties(
         &self,

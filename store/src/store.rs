@@ -139,6 +139,10 @@ pub struct Store {
     files: BTreeMap<(String, i64), Vec<FileInfo>>,
     stats: StoreStats,
     last_sync: Instant,
+    /// The wall-clock time of the last `tick` or `compact`: what tells a
+    /// part of the running hour from a finished hour's. `None` (an importer
+    /// that never ticks) takes every hour for finished.
+    clock_us: Option<i64>,
     _lock: File,
 }
 
@@ -218,6 +222,7 @@ impl Store {
             files: by_partition,
             stats,
             last_sync: Instant::now(),
+            clock_us: None,
             _lock: lock,
         })
     }
@@ -315,6 +320,7 @@ impl Store {
     /// is over (after the grace) or that push memory over its bound, and drop
     /// WAL segments that are fully published. `now_us` is wall-clock time.
     pub fn tick(&mut self, now_us: i64) -> Result<()> {
+        self.clock_us = Some(now_us);
         if self.last_sync.elapsed() >= self.options.sync_interval {
             self.sync()?;
         }
@@ -385,6 +391,13 @@ impl Store {
         }
         let first_time = bucket.min_time().expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
+        let running_options;
+        let options = if self.is_running(bucket.hour) {
+            running_options = self.options.write.for_running_hour();
+            &running_options
+        } else {
+            &self.options.write
+        };
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
@@ -394,7 +407,7 @@ impl Store {
             &watermarks,
             &[],
             &[],
-            &self.options.write,
+            options,
             &|_| false,
         );
         let info = match published {
@@ -412,6 +425,14 @@ impl Store {
             .push(info);
         self.buckets.remove(&key);
         self.drop_published_wal()
+    }
+
+    /// Whether `hour` may still get rows: not over for longer than the
+    /// publish grace at the last tick.
+    fn is_running(&self, hour: i64) -> bool {
+        let grace_us = self.options.publish_grace.as_micros() as i64;
+        self.clock_us
+            .is_some_and(|now| (hour + 1) * HOUR_US + grace_us > now)
     }
 
     fn drop_published_wal(&mut self) -> Result<()> {
@@ -456,6 +477,7 @@ impl Store {
     /// buffered. Safe to kill at any instant (see the crate docs). Returns the
     /// number of merges.
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
+        self.clock_us = Some(now_us);
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
         for _ in 0..MAX_MERGE_ROUNDS {
@@ -475,7 +497,8 @@ impl Store {
                 .keys()
                 .any(|(t, h)| *t == table && hours.contains(h))
         };
-        let mut merges: Vec<((String, i64), Vec<FileInfo>)> = Vec::new();
+        // (partition, inputs, whether the output is a part of the running hour)
+        let mut merges: Vec<((String, i64), Vec<FileInfo>, bool)> = Vec::new();
         for ((table, day), files) in &self.files {
             if files.len() < 2 {
                 continue;
@@ -483,7 +506,7 @@ impl Store {
             let day_hours = day * 24..(day + 1) * 24;
             if (day + 1) * DAY_US + grace_us <= now_us && !buffered(table, day_hours) {
                 for group in merge_groups(files) {
-                    merges.push(((table.clone(), *day), group));
+                    merges.push(((table.clone(), *day), group, false));
                 }
                 continue;
             }
@@ -498,23 +521,28 @@ impl Store {
                 }
                 if (hour + 1) * HOUR_US + grace_us <= now_us && !buffered(table, hour..hour + 1) {
                     for group in merge_groups(&parts) {
-                        merges.push(((table.clone(), *day), group));
+                        merges.push(((table.clone(), *day), group, false));
                     }
                 } else if let Some(tier) = similar_sized(&parts) {
                     // The running hour: merge parts of like size, so an hour holds a
                     // handful of files at any time, each row rewritten a few times.
-                    merges.push(((table.clone(), *day), tier));
+                    merges.push(((table.clone(), *day), tier, true));
                 }
             }
         }
         let count = merges.len();
-        for (key, inputs) in merges {
-            self.merge_files(&key, &inputs)?;
+        for (key, inputs, running) in merges {
+            self.merge_files(&key, &inputs, running)?;
         }
         Ok(count)
     }
 
-    fn merge_files(&mut self, key: &(String, i64), inputs: &[FileInfo]) -> Result<()> {
+    fn merge_files(
+        &mut self,
+        key: &(String, i64),
+        inputs: &[FileInfo],
+        running: bool,
+    ) -> Result<()> {
         let table = self
             .catalog
             .get(&key.0)
@@ -556,6 +584,7 @@ impl Store {
             .flatten()
             .flat_map(|f| f.compacted_from.iter().cloned())
             .collect();
+        let running_options = self.options.write.for_running_hour();
         let mut merge = crate::merge::MergeColumns::open(table, inputs)?;
         let published = files::publish(
             &self.options.data_dir,
@@ -566,7 +595,11 @@ impl Store {
             &watermarks,
             &names,
             &intermediates,
-            &self.options.write,
+            if running {
+                &running_options
+            } else {
+                &self.options.write
+            },
             &|name| replaced.contains(name),
         );
         let info = match published {

@@ -720,6 +720,72 @@ fn the_running_hours_parts_merge_in_tiers_of_like_size() {
     assert_eq!(all_scraped(&store), expected);
 }
 
+/// The most rows any data page of `path` holds, over every column.
+fn longest_page_rows(path: &Path) -> usize {
+    use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+    use parquet::file::metadata::PageIndexPolicy;
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Required);
+    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
+        fs::File::open(path).unwrap(),
+        options,
+    )
+    .unwrap();
+    let meta = builder.metadata();
+    let mut longest = 0;
+    for (rg, group) in meta.row_groups().iter().enumerate() {
+        let rows = group.num_rows() as usize;
+        let index = meta.page_index_for_row_group(rg);
+        for column in 0..group.num_columns() {
+            let pages = index
+                .offset_index(column)
+                .expect("an offset index")
+                .page_locations();
+            for (p, page) in pages.iter().enumerate() {
+                let end = pages
+                    .get(p + 1)
+                    .map_or(rows, |next| next.first_row_index as usize);
+                longest = longest.max(end - page.first_row_index as usize);
+            }
+        }
+    }
+    longest
+}
+
+#[test]
+fn the_running_hour_is_written_in_short_pages_and_sealed_in_long_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    // The writer checks a page's length every 1024 rows (its write batch).
+    o.write.running_page_rows = 1024;
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap()).unwrap();
+    let mut expected = Vec::new();
+    // Four like-sized parts of hour 0 while it runs, merged as a tier.
+    for part in 0..4 {
+        expected.extend(append_scraped(&mut store, T0 + part * 600_000_000, 2000));
+        store.tick(T0 + part * 600_000_000 + 300_000_000).unwrap();
+        store.flush().unwrap();
+    }
+    for file in parquet_files(dir.path()) {
+        assert!(longest_page_rows(&file) <= 1024, "{}", file.display());
+    }
+    assert_eq!(store.compact(T0 + 40 * 60_000_000).unwrap(), 1);
+    let parts = parquet_files(dir.path());
+    assert_eq!(parts.len(), 1, "the tier merged");
+    assert!(
+        longest_page_rows(&parts[0]) <= 1024,
+        "a running hour's merge"
+    );
+    // One more part, then the hour is over: the seal writes long pages.
+    expected.extend(append_scraped(&mut store, T0 + 50 * 60_000_000, 2000));
+    store.flush().unwrap();
+    assert_eq!(store.compact(T0 + HOUR_US + 120_000_000).unwrap(), 1);
+    let sealed = parquet_files(dir.path());
+    assert_eq!(sealed.len(), 1);
+    assert_eq!(longest_page_rows(&sealed[0]), 10_000, "one page per column");
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+}
+
 /// Which of PLAIN and BYTE_STREAM_SPLIT is smaller depends on the data (a real
 /// node_exporter recording prefers PLAIN, GPU-shaped data BYTE_STREAM_SPLIT: see
 /// docs/benchmarks.md). A publish tries both on a sample and keeps the smaller per
