@@ -14,7 +14,7 @@ use arrow_array::types::Int32Type;
 use arrow_array::{new_null_array, Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{Field, Schema};
 use parquet::arrow::arrow_reader::{
-    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
 };
 use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
@@ -352,10 +352,9 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
     };
     let file = File::open(path).map_err(Error::io("open", path))?;
     let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)
-        .map_err(parquet_err)?;
-    let metadata = builder.metadata().clone();
-    let file_schema = builder.schema().clone();
+    let reader_metadata = ArrowReaderMetadata::load(&file, options).map_err(parquet_err)?;
+    let metadata = reader_metadata.metadata().clone();
+    let file_schema = reader_metadata.schema().clone();
 
     // Which columns this file has (a field added later reads as null).
     let target = if filtered {
@@ -365,9 +364,8 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
     };
     let Projection { wanted, roots } = Projection::of(target, &file_schema);
     let columns = column_positions(&metadata, plan);
+    let mask = ProjectionMask::roots(reader_metadata.parquet_schema(), roots.iter().copied());
 
-    let mut row_groups = Vec::new();
-    let mut selectors: Vec<RowSelector> = Vec::new();
     for (rg_index, rg) in metadata.row_groups().iter().enumerate() {
         if !row_group_may_match(plan, rg, &columns) {
             result.row_groups_skipped += 1;
@@ -381,34 +379,33 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
             continue;
         }
         result.rows_skipped_by_page_index += rows - selected;
-        row_groups.push(rg_index);
-        selectors.extend(
-            RowSelection::from_consecutive_ranges(ranges.into_iter(), rows)
-                .iter()
-                .copied(),
-        );
-    }
-    if row_groups.is_empty() {
-        return Ok(());
-    }
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-    let reader = builder
-        .with_row_groups(row_groups)
-        .with_row_selection(RowSelection::from(selectors))
-        .with_projection(mask)
-        .with_batch_size(64 * 1024)
-        .build()
-        .map_err(parquet_err)?;
-    for batch in reader {
-        let batch = batch.map_err(|e| Error::Parquet {
-            path: path.to_owned(),
-            source: e.into(),
-        })?;
-        let batch = conform(target, &batch, &wanted, &roots)?;
-        if !filtered {
-            result.batches.push(batch);
-        } else if let Some(batch) = plan.filter_project(batch)? {
-            result.batches.push(batch);
+        // One reader per row group: a batch that crossed into the next row
+        // group would meet a new dictionary for each tag column, and the
+        // reader would then re-encode every tag value of the batch by hashing
+        // (most of a one-series read's time when its pages straddled two).
+        let input = file.try_clone().map_err(Error::io("open", path))?;
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(input, reader_metadata.clone())
+                .with_row_groups(vec![rg_index])
+                .with_row_selection(RowSelection::from_consecutive_ranges(
+                    ranges.into_iter(),
+                    rows,
+                ))
+                .with_projection(mask.clone())
+                .with_batch_size(64 * 1024)
+                .build()
+                .map_err(parquet_err)?;
+        for batch in reader {
+            let batch = batch.map_err(|e| Error::Parquet {
+                path: path.to_owned(),
+                source: e.into(),
+            })?;
+            let batch = conform(target, &batch, &wanted, &roots)?;
+            if !filtered {
+                result.batches.push(batch);
+            } else if let Some(batch) = plan.filter_project(batch)? {
+                result.batches.push(batch);
+            }
         }
     }
     Ok(())
