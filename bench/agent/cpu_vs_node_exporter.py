@@ -128,7 +128,7 @@ def main():
     parser.add_argument("--seconds", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--busy", type=int, default=10,
-                        help="cgroups whose task runs every 200 ms (the others' sleeps)")
+                        help="cgroups whose task runs every 200 ms (the others' task sleeps)")
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or shutil.which("node_exporter"))
     args = parser.parse_args()
@@ -143,8 +143,9 @@ def main():
     os.symlink("/sys/fs/cgroup", os.path.join(sysfs, "fs", "cgroup"))
     shutil.copytree(os.path.join(REPO, "tests/fixtures/baremetal-node/sys/class/infiniband"),
                     os.path.join(sysfs, "class", "infiniband"), symlinks=True)
+    busy = min(args.busy, CGROUP_COUNT)
     cgroups, jobs = make_cgroups("vtax-bench")
-    tasks = populate(jobs, min(args.busy, CGROUP_COUNT))
+    tasks = populate(jobs, busy)
     config = os.path.join(work, "vtax.toml")
     with open(config, "w") as f:
         f.write(
@@ -209,7 +210,7 @@ def main():
     v_per = used[vtax.pid] / samples[vtax.pid]
     n_per = used[ne.pid] / samples[ne.pid]
     print(f"window_s={wall:.0f} scrapes={scrapes} cgroups={CGROUP_COUNT} "
-          f"(a task running every 200 ms in {min(args.busy, CGROUP_COUNT)}, a sleeping one in the rest)")
+          f"(a task running every 200 ms in {busy}, a sleeping one in the rest)")
     print(f"vtax:          cpu_s={used[vtax.pid]:.3f} samples_exported={samples[vtax.pid]} "
           f"({samples[vtax.pid] / scrapes:.0f}/scrape) cpu_us_per_sample={v_per * 1e6:.3f} "
           f"rss_mib={mem['VmRSS'] / 1024:.1f} peak_rss_mib={mem['VmHWM'] / 1024:.1f}")

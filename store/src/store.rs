@@ -1,5 +1,6 @@
 //! The writable store: WAL, buckets, publishing, compaction, retention.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -324,11 +325,10 @@ impl Store {
         if self.last_sync.elapsed() >= self.options.sync_interval {
             self.sync()?;
         }
-        let grace_us = self.options.publish_grace.as_micros() as i64;
         let due: Vec<_> = self
             .buckets
             .iter()
-            .filter(|(_, b)| (b.hour + 1) * HOUR_US + grace_us <= now_us)
+            .filter(|(_, b)| self.hour_over(b.hour, now_us))
             .map(|(k, _)| *k)
             .collect();
         for key in due {
@@ -391,13 +391,10 @@ impl Store {
         }
         let first_time = bucket.min_time().expect("a bucket with rows has a time");
         let watermarks = BTreeMap::from([(bucket.hour, bucket.last_seq)]);
-        let running_options;
-        let options = if self.is_running(bucket.hour) {
-            running_options = self.options.write.for_running_hour();
-            &running_options
-        } else {
-            &self.options.write
-        };
+        let running = self
+            .clock_us
+            .is_some_and(|now| !self.hour_over(bucket.hour, now));
+        let options = self.write_options(running);
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
@@ -407,7 +404,7 @@ impl Store {
             &watermarks,
             &[],
             &[],
-            options,
+            &options,
             &|_| false,
         );
         let info = match published {
@@ -427,12 +424,21 @@ impl Store {
         self.drop_published_wal()
     }
 
-    /// Whether `hour` may still get rows: not over for longer than the
-    /// publish grace at the last tick.
-    fn is_running(&self, hour: i64) -> bool {
+    /// Whether `hour` has been over for longer than the publish grace at
+    /// `now_us`: no row of it is expected any more.
+    fn hour_over(&self, hour: i64, now_us: i64) -> bool {
         let grace_us = self.options.publish_grace.as_micros() as i64;
-        self.clock_us
-            .is_some_and(|now| (hour + 1) * HOUR_US + grace_us > now)
+        (hour + 1) * HOUR_US + grace_us <= now_us
+    }
+
+    /// The write options for a part of the running hour (short pages) or
+    /// for a finished hour's file.
+    fn write_options(&self, running: bool) -> Cow<'_, WriteOptions> {
+        if running {
+            Cow::Owned(self.options.write.for_running_hour())
+        } else {
+            Cow::Borrowed(&self.options.write)
+        }
     }
 
     fn drop_published_wal(&mut self) -> Result<()> {
@@ -519,7 +525,7 @@ impl Store {
                 if parts.len() < 2 {
                     continue;
                 }
-                if (hour + 1) * HOUR_US + grace_us <= now_us && !buffered(table, hour..hour + 1) {
+                if self.hour_over(hour, now_us) && !buffered(table, hour..hour + 1) {
                     for group in merge_groups(&parts) {
                         merges.push(((table.clone(), *day), group, false));
                     }
@@ -584,7 +590,7 @@ impl Store {
             .flatten()
             .flat_map(|f| f.compacted_from.iter().cloned())
             .collect();
-        let running_options = self.options.write.for_running_hour();
+        let options = self.write_options(running);
         let mut merge = crate::merge::MergeColumns::open(table, inputs)?;
         let published = files::publish(
             &self.options.data_dir,
@@ -595,11 +601,7 @@ impl Store {
             &watermarks,
             &names,
             &intermediates,
-            if running {
-                &running_options
-            } else {
-                &self.options.write
-            },
+            &options,
             &|name| replaced.contains(name),
         );
         let info = match published {

@@ -1329,16 +1329,16 @@ impl Cgroups {
             let mut check = target.check_deleted;
             // The usage (CPU time, memory charge), pressure and settings first:
             // they say whether the rest is worth reading.
-            let mut gone = false;
-            for slot in target.slots.iter_mut() {
-                if slot.source.follows_usage() {
-                    continue;
+            let mut read = |target: &mut Target, row: &mut Row, follows_usage: bool| {
+                let slots = target.slots.iter_mut();
+                for slot in slots.filter(|s| s.source.follows_usage() == follows_usage) {
+                    if read_slot(slot, &mut self.buf, row, self.hz, settings, &mut check)? {
+                        return Ok(true);
+                    }
                 }
-                gone = read_slot(slot, &mut self.buf, &mut row, self.hz, settings, &mut check)?;
-                if gone {
-                    break;
-                }
-            }
+                Ok::<bool, ParseError>(false)
+            };
+            let mut gone = read(target, &mut row, false)?;
             let quiet = !gone && !settings && target.quiet(&row);
             if quiet {
                 let last = target.last_full.as_ref().expect("quiet needs a full read");
@@ -1348,15 +1348,7 @@ impl Cgroups {
                     }
                 }
             } else if !gone {
-                for slot in target.slots.iter_mut() {
-                    if !slot.source.follows_usage() {
-                        continue;
-                    }
-                    gone = read_slot(slot, &mut self.buf, &mut row, self.hz, settings, &mut check)?;
-                    if gone {
-                        break;
-                    }
-                }
+                gone = read(target, &mut row, true)?;
             }
             if gone {
                 // Let go of its files: a walk that finds the path again opens them afresh.
@@ -1364,7 +1356,6 @@ impl Cgroups {
                     slot.file.close();
                     slot.kept = false;
                 }
-                target.last_full = None;
                 vanished = true;
                 continue;
             }
