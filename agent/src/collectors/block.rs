@@ -563,6 +563,82 @@ mod tests {
         assert_eq!(u64s(rows, "written_bytes")[md], Some(104_812_999_168 * 512));
     }
 
+    /// A tree the kernel wrote (Debian's 6.1 nvme driver on QEMU's emulated
+    /// controllers, `tests/fixtures/capture/capture-nvme.sh`), not one written
+    /// by hand: the model is padded to NVMe's 40 bytes, a namespace's `device`
+    /// link names its controller, and minor numbers follow probe order.
+    #[test]
+    fn nvme_tree_captured_from_the_kernel_reads_as_written() {
+        let mut c = Block::new(&BlockConfig::default(), &roots(&node("nvme-vm-node")));
+        let batches = c.collect(3).unwrap();
+        let (rows, info) = (&batches[0], &batches[1]);
+        assert_eq!(tags(rows, "device"), ["nvme1n1", "nvme0n1"]);
+        assert_eq!(tags(info, "device"), ["nvme1n1", "nvme0n1"]);
+        assert_eq!(tags(info, "transport"), ["nvme", "nvme"]);
+        assert_eq!(tags(info, "model"), ["QEMU NVMe Ctrl", "QEMU NVMe Ctrl"]);
+        assert_eq!(tags(info, "pci_address"), ["0000:00:05.0", "0000:00:04.0"]);
+        // numa_node -1: a machine with one node.
+        assert_eq!(tags(info, "numa_node"), ["", ""]);
+        // `259 0 nvme1n1 3 0 24 0 10 63 8704 12 0 8 18 1 0 2048 1 1 4`
+        assert_eq!(u64s(rows, "reads_completed"), [Some(3), Some(25)]);
+        assert_eq!(u64s(rows, "read_bytes"), [Some(24 * 512), Some(18_664 * 512)]);
+        assert_eq!(u64s(rows, "writes_completed"), [Some(10), Some(0)]);
+        assert_eq!(u64s(rows, "writes_merged"), [Some(63), Some(0)]);
+        assert_eq!(u64s(rows, "written_bytes"), [Some(8_704 * 512), Some(0)]);
+        assert_eq!(f64s(rows, "write_time_seconds"), [Some(0.012), Some(0.0)]);
+        assert_eq!(u64s(rows, "discards_completed"), [Some(1), Some(0)]);
+        assert_eq!(u64s(rows, "discarded_bytes"), [Some(2_048 * 512), Some(0)]);
+        assert_eq!(u64s(rows, "flushes_completed"), [Some(1), Some(0)]);
+        assert_eq!(f64s(rows, "flush_time_seconds"), [Some(0.004), Some(0.0)]);
+
+        let config = BlockConfig {
+            partitions: true,
+            ..BlockConfig::default()
+        };
+        let batches = Block::new(&config, &roots(&node("nvme-vm-node")))
+            .collect(3)
+            .unwrap();
+        let info = &batches[1];
+        assert_eq!(tags(info, "device"), ["nvme1n1", "nvme0n1", "nvme0n1p1"]);
+        assert_eq!(tags(info, "transport")[2], "nvme");
+        assert_eq!(tags(info, "pci_address")[2], "0000:00:04.0");
+        assert_eq!(u64s(&batches[0], "read_bytes")[2], Some(1_248 * 512));
+    }
+
+    /// The hand-written NVMe controllers of `baremetal-node` keep the layout
+    /// the kernel gave the captured ones: attributes padded to the NVMe
+    /// identify fields' widths, and the same links between namespace,
+    /// controller and PCI function.
+    #[test]
+    fn hand_written_nvme_controllers_are_laid_out_as_the_kernel_lays_them() {
+        let layout = |root: &Path, controller: &str| {
+            let sys = root.join("sys");
+            let dir = sys.join("class/nvme").join(controller);
+            let width = |name: &str| std::fs::read(dir.join(name)).unwrap().len();
+            let link = |path: PathBuf| {
+                let target = std::fs::read_link(path).unwrap();
+                // The shape of a link: how many levels it climbs, and what it then names.
+                let ups = target.components().filter(|c| c.as_os_str() == "..").count();
+                let tail = target.file_name().unwrap().to_string_lossy().into_owned();
+                (ups, tail.starts_with(controller), tail.contains(':'))
+            };
+            let namespace = format!("{controller}n1");
+            (
+                [width("model"), width("serial"), width("firmware_rev")],
+                link(dir.join("device")),
+                link(dir.join(&namespace).join("device")),
+                std::fs::read_link(sys.join("block").join(&namespace))
+                    .unwrap()
+                    .ends_with(format!("nvme/{controller}/{namespace}")),
+            )
+        };
+        let kernel = layout(&node("nvme-vm-node"), "nvme0");
+        assert_eq!(kernel.0, [41, 21, 9], "40, 20 and 8 bytes and a newline");
+        for controller in ["nvme0", "nvme1", "nvme2", "nvme3"] {
+            assert_eq!(layout(&node("baremetal-node"), controller), kernel, "{controller}");
+        }
+    }
+
     fn with_diskstats(text: &str) -> (tempfile::TempDir, Block) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("proc")).unwrap();
