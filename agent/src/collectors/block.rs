@@ -581,7 +581,10 @@ mod tests {
         assert_eq!(tags(info, "numa_node"), ["", ""]);
         // `259 0 nvme1n1 3 0 24 0 10 63 8704 12 0 8 18 1 0 2048 1 1 4`
         assert_eq!(u64s(rows, "reads_completed"), [Some(3), Some(25)]);
-        assert_eq!(u64s(rows, "read_bytes"), [Some(24 * 512), Some(18_664 * 512)]);
+        assert_eq!(
+            u64s(rows, "read_bytes"),
+            [Some(24 * 512), Some(18_664 * 512)]
+        );
         assert_eq!(u64s(rows, "writes_completed"), [Some(10), Some(0)]);
         assert_eq!(u64s(rows, "writes_merged"), [Some(63), Some(0)]);
         assert_eq!(u64s(rows, "written_bytes"), [Some(8_704 * 512), Some(0)]);
@@ -618,7 +621,10 @@ mod tests {
             let link = |path: PathBuf| {
                 let target = std::fs::read_link(path).unwrap();
                 // The shape of a link: how many levels it climbs, and what it then names.
-                let ups = target.components().filter(|c| c.as_os_str() == "..").count();
+                let ups = target
+                    .components()
+                    .filter(|c| c.as_os_str() == "..")
+                    .count();
                 let tail = target.file_name().unwrap().to_string_lossy().into_owned();
                 (ups, tail.starts_with(controller), tail.contains(':'))
             };
@@ -635,7 +641,11 @@ mod tests {
         let kernel = layout(&node("nvme-vm-node"), "nvme0");
         assert_eq!(kernel.0, [41, 21, 9], "40, 20 and 8 bytes and a newline");
         for controller in ["nvme0", "nvme1", "nvme2", "nvme3"] {
-            assert_eq!(layout(&node("baremetal-node"), controller), kernel, "{controller}");
+            assert_eq!(
+                layout(&node("baremetal-node"), controller),
+                kernel,
+                "{controller}"
+            );
         }
     }
 
