@@ -189,6 +189,11 @@ fn golden_k8s_node() {
 }
 
 #[test]
+fn golden_nvme_vm_node() {
+    check_golden("nvme-vm-node");
+}
+
+#[test]
 fn golden_simulated_gpus() {
     check_golden("simulated-gpus");
 }
