@@ -6,9 +6,11 @@ collector, pinned to one CPU (--cpu, default the last), at cyclictest's
 default interval (1000 us), its interruption probe off (slice_us = 0: a spin
 on the same CPU would delay cyclictest's wake-ups) and its budget raised to
 10% so that no 1 kHz wake-up is skipped (a wake-up costs 30-40 us of CPU in
-this VM). In every 10 s window of the agent, cyclictest (Debian's rt-tests)
-runs on the same CPU with the same interval from 0.2 s after the window's
-start for 9.5 s (-l 9500 -h 20000: a 1 us histogram up to 20 ms). Per window
+this VM). In every window of the agent (10 s, or --window-secs), cyclictest
+(Debian's rt-tests) runs on the same CPU with the same interval from 0.2 s
+after the window's start until 0.3 s before its end (-l 9500 for 10 s windows,
+-h 20000: a 1 us histogram up to 20 ms). Longer windows hold more wake-ups, so
+that each p99 rests on more of them than a handful of host stalls. Per window
 the agent's p50/p99/max (from its store, table `jitter`) are printed beside
 cyclictest's (from its histogram). The first --quiet windows are quiet; then a
 stress-ng CPU hog pinned to the probed CPU runs for --hog windows: the first
@@ -22,7 +24,7 @@ interrupted and unexplained ratios beside the CPU's steal from /proc/stat read
 by this script at the window's edges; and the probe thread's CPU time, read
 from /proc/<pid>/task/<tid>/schedstat (nanoseconds on CPU), against the budget.
 
-Usage: sudo bench/jitter/vs_cyclictest.py [--vtax target/release/vtax] [--fifo]
+Usage: sudo bench/jitter/vs_cyclictest.py [--vtax target/release/vtax] [--fifo] [--window-secs 10]
 Needs: cyclictest and stress-ng (apt-get install rt-tests stress-ng); root
 for --fifo (both then run SCHED_FIFO priority 1).
 """
@@ -112,14 +114,15 @@ def window_end(row):
 
 
 def cyclictest_window(cpu, fifo):
-    args = ["cyclictest", "-t1", "-a", str(cpu), "-i", "1000", "-l", "9500", "-q", "-h", "20000"]
+    loops = int((WINDOW - 0.5) * 1000)
+    args = ["cyclictest", "-t1", "-a", str(cpu), "-i", "1000", "-l", str(loops), "-q", "-h", "20000"]
     if fifo:
         args += ["-p", "1"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
 def cyclictest_result(proc):
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=WINDOW + 60)
     counts, overflows, maximum = {}, 0, None
     for line in out.splitlines():
         if line.startswith("# Max Latencies:"):
@@ -265,6 +268,7 @@ def part2(vtax, windows):
 
 
 def main():
+    global WINDOW
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     p.add_argument("--cpu", type=int, default=os.cpu_count() - 1)
@@ -273,7 +277,10 @@ def main():
     p.add_argument("--default-windows", type=int, default=6)
     p.add_argument("--fifo", action="store_true", help="both probes SCHED_FIFO priority 1")
     p.add_argument("--skip-part2", action="store_true")
+    p.add_argument("--window-secs", type=int, default=WINDOW,
+                   help="the agent's window_secs, and each cyclictest run's length less 0.5 s")
     a = p.parse_args()
+    WINDOW = a.window_secs
     need("cyclictest")
     need("stress-ng")
     print("load average at start: %.2f %.2f %.2f (other work on this machine shares its CPUs)"
