@@ -113,9 +113,14 @@ def window_end(row):
     return int(time.mktime(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone)
 
 
-def cyclictest_window(cpu, fifo):
+def cyclictest_window(cpu, fifo, laptop):
     loops = int((WINDOW - 0.5) * 1000)
     args = ["cyclictest", "-t1", "-a", str(cpu), "-i", "1000", "-l", str(loops), "-q", "-h", "20000"]
+    if laptop:
+        # Without it cyclictest holds /dev/cpu_dma_latency at 0, which keeps
+        # every CPU out of deep idle while it runs: the agent would then be
+        # measured on a machine that cyclictest changed.
+        args.append("--laptop")
     if fifo:
         args += ["-p", "1"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -149,7 +154,7 @@ def ratio(a, b):
     return a / b if b else float("nan")
 
 
-def part1(vtax, cpu, quiet, hog, fifo):
+def part1(vtax, cpu, quiet, hog, fifo, laptop):
     print(f"== Part 1: wake-up latency beside cyclictest, CPU {cpu}, 1000 us, "
           f"{'SCHED_FIFO 1' if fifo else 'SCHED_OTHER'} ==")
     data = tempfile.mkdtemp(prefix="vtax-jitter-bench-")
@@ -169,7 +174,7 @@ def part1(vtax, cpu, quiet, hog, fifo):
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sleep_until(start + 0.2)
             results[start + WINDOW] = ("hog" if w >= quiet else "quiet",
-                                       cyclictest_result(cyclictest_window(cpu, fifo)))
+                                       cyclictest_result(cyclictest_window(cpu, fifo, laptop)))
         sleep_until(first + (quiet + hog) * WINDOW + 1.5)
     finally:
         if hog_proc:
@@ -277,6 +282,8 @@ def main():
     p.add_argument("--default-windows", type=int, default=6)
     p.add_argument("--fifo", action="store_true", help="both probes SCHED_FIFO priority 1")
     p.add_argument("--skip-part2", action="store_true")
+    p.add_argument("--laptop", action="store_true",
+                   help="cyclictest --laptop: it leaves /dev/cpu_dma_latency alone")
     p.add_argument("--window-secs", type=int, default=WINDOW,
                    help="the agent's window_secs, and each cyclictest run's length less 0.5 s")
     a = p.parse_args()
@@ -285,7 +292,7 @@ def main():
     need("stress-ng")
     print("load average at start: %.2f %.2f %.2f (other work on this machine shares its CPUs)"
           % os.getloadavg())
-    part1(a.vtax, a.cpu, a.quiet, a.hog, a.fifo)
+    part1(a.vtax, a.cpu, a.quiet, a.hog, a.fifo, a.laptop)
     if not a.skip_part2:
         part2(a.vtax, a.default_windows)
     print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
