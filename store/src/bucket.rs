@@ -129,7 +129,7 @@ impl Bucket {
             .zip(&ranks)
             .map(|(tag, (rank, _))| tag.codes.iter().map(|&c| rank[c as usize]).collect())
             .collect();
-        let order = self.file_order(&ranked, &ranks);
+        let order = self.file_order(&ranked);
         SortedBucket {
             bucket: self,
             order,
@@ -137,9 +137,7 @@ impl Bucket {
             dictionaries: ranks.into_iter().map(|(_, d)| d).collect(),
         }
     }
-}
 
-impl Bucket {
     /// Row numbers in file order: by each tag's rank, then time, and in
     /// arrival order among equals.
     ///
@@ -148,10 +146,13 @@ impl Bucket {
     /// one integer beside its row number, so one unstable sort of plain
     /// integers orders rows by series and keeps arrival order within a series;
     /// only a series whose rows arrived out of time order is sorted again.
-    fn file_order(&self, ranked: &[Vec<u32>], ranks: &[(Vec<u32>, Arc<StringArray>)]) -> Vec<u32> {
-        let widths: Vec<u32> = ranks
+    /// `ranked` holds, per tag, each row's rank among the tag's values.
+    fn file_order(&self, ranked: &[Vec<u32>]) -> Vec<u32> {
+        // Bits for a rank below the number of the tag's values.
+        let widths: Vec<u32> = self
+            .tags
             .iter()
-            .map(|(rank, _)| u32::BITS - (rank.len().max(1) as u32 - 1).leading_zeros())
+            .map(|tag| u32::BITS - (tag.dict.len().max(1) as u32 - 1).leading_zeros())
             .collect();
         let series_bits: u32 = widths.iter().sum();
         let series = |row: usize| {

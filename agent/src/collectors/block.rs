@@ -544,13 +544,7 @@ mod tests {
         assert_eq!(tags(info, "pci_address")[2], "0000:9c:00.0");
         assert_eq!(tags(info, "pci_address")[4], "0000:00:17.0");
         // Partitions off by default; on, they come with their disk's identity.
-        let config = BlockConfig {
-            partitions: true,
-            ..BlockConfig::default()
-        };
-        let batches = Block::new(&config, &roots(&node("baremetal-node")))
-            .collect(7)
-            .unwrap();
+        let batches = collect_with_partitions("baremetal-node");
         let info = &batches[1];
         let devices = tags(info, "device");
         let p = devices.iter().position(|d| d == "sda1").expect("sda1");
@@ -594,13 +588,7 @@ mod tests {
         assert_eq!(u64s(rows, "flushes_completed"), [Some(1), Some(0)]);
         assert_eq!(f64s(rows, "flush_time_seconds"), [Some(0.004), Some(0.0)]);
 
-        let config = BlockConfig {
-            partitions: true,
-            ..BlockConfig::default()
-        };
-        let batches = Block::new(&config, &roots(&node("nvme-vm-node")))
-            .collect(3)
-            .unwrap();
+        let batches = collect_with_partitions("nvme-vm-node");
         let info = &batches[1];
         assert_eq!(tags(info, "device"), ["nvme1n1", "nvme0n1", "nvme0n1p1"]);
         assert_eq!(tags(info, "transport")[2], "nvme");
@@ -647,6 +635,17 @@ mod tests {
                 "{controller}"
             );
         }
+    }
+
+    /// One read of `fixture` with partitions on.
+    fn collect_with_partitions(fixture: &str) -> Vec<Batch> {
+        let config = BlockConfig {
+            partitions: true,
+            ..BlockConfig::default()
+        };
+        Block::new(&config, &roots(&node(fixture)))
+            .collect(1)
+            .unwrap()
     }
 
     fn with_diskstats(text: &str) -> (tempfile::TempDir, Block) {
