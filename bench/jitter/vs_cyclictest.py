@@ -17,6 +17,16 @@ stress-ng CPU hog pinned to the probed CPU runs for --hog windows: the first
 window with the hog shows whether the probe's p99 moved within one window.
 Bars: p50 and p99 within +-20% of cyclictest's, max within a factor of 2.
 
+Two 1 ms grids on one CPU interfere: deadlines closer than the timer slack
+(50 us) fire in one interrupt, and beside a hog the sleeper whose deadline
+comes first waits for the other's wake-up more often than the other way round.
+So each window prints the gap between cyclictest's grid and the candidate's
+(from the kernel's timer:hrtimer_start events, through perf), and
+--min-gap-us N restarts each window's cyclictest until the grids lie at least
+N us apart, alternating which of the two comes first. --control puts a second,
+long-lived cyclictest in the agent's place, so the same windows show how far
+cyclictest agrees with itself under the same protocol.
+
 Part 2, the defaults. The agent runs the jitter collector with its defaults
 (every CPU in turn, 10 ms wake-ups, 200 us spins, 1% of one core) for
 --default-windows windows. Per window and CPU: the interruption probe's
@@ -25,12 +35,15 @@ by this script at the window's edges; and the probe thread's CPU time, read
 from /proc/<pid>/task/<tid>/schedstat (nanoseconds on CPU), against the budget.
 
 Usage: sudo bench/jitter/vs_cyclictest.py [--vtax target/release/vtax] [--fifo] [--window-secs 10]
+                                          [--laptop] [--min-gap-us 250] [--control]
 Needs: cyclictest and stress-ng (apt-get install rt-tests stress-ng); root
-for --fifo (both then run SCHED_FIFO priority 1).
+for --fifo (both then run SCHED_FIFO priority 1); perf (linux-perf) for the
+grid gap.
 """
 import argparse
 import csv
 import io
+import math
 import os
 import shutil
 import signal
@@ -115,9 +128,8 @@ def window_end(row):
     return int(time.mktime(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone)
 
 
-def cyclictest_window(cpu, fifo, laptop):
-    loops = int((WINDOW - 0.5) * 1000)
-    args = ["cyclictest", "-t1", "-a", str(cpu), "-i", "1000", "-l", str(loops), "-q", "-h", "20000"]
+def cyclictest_args(cpu, loops, fifo, laptop):
+    args = ["cyclictest", "-t1", "-a", str(cpu), "-i", "1000", "-l", str(loops), "-q"]
     if laptop:
         # Without it cyclictest holds /dev/cpu_dma_latency at 0, which keeps
         # every CPU out of deep idle while it runs: the agent would then be
@@ -125,10 +137,83 @@ def cyclictest_window(cpu, fifo, laptop):
         args.append("--laptop")
     if fifo:
         args += ["-p", "1"]
+    return args
+
+
+def cyclictest_window(cpu, fifo, laptop, window_end):
+    loops = max(1000, int((window_end - 0.3 - time.time()) * 1000))
+    args = cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
-def cyclictest_result(proc):
+def measuring_tid(proc):
+    """cyclictest's measuring thread: its one task other than the main thread."""
+    for task in os.listdir(f"/proc/{proc.pid}/task"):
+        if int(task) != proc.pid:
+            return int(task)
+    return None
+
+
+def grid_phases_ns(cpu, tids, interval_ns=1_000_000):
+    """Where in the interval each thread's absolute-deadline timer falls,
+    from the kernel's own hrtimer_start events (softexpires is the deadline
+    the thread asked for, before timer slack). Two 1 ms grids whose deadlines
+    lie close together take turns delaying each other, so each window prints
+    the gap between the two grids. None without perf."""
+    if shutil.which("perf") is None:
+        return {}
+    fd, trace = tempfile.mkstemp(prefix="vtax-jitter-bench-", suffix=".perf")
+    os.close(fd)
+    try:
+        subprocess.run(["perf", "record", "-q", "-e", "timer:hrtimer_start", "-C", str(cpu),
+                        "-o", trace, "--", "sleep", "0.1"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        out = subprocess.run(["perf", "script", "-i", trace, "-F", "tid,trace"],
+                             capture_output=True, text=True, check=True).stdout
+    except (subprocess.CalledProcessError, OSError):
+        return {}
+    finally:
+        if os.path.exists(trace):
+            os.unlink(trace)
+    phases = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) < 2 or not words[0].isdigit() or int(words[0]) not in tids:
+            continue
+        fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        if fields.get("function") == "hrtimer_wakeup" and "softexpires" in fields:
+            phases.setdefault(int(words[0]), int(fields["softexpires"]) % interval_ns)
+    return phases
+
+
+def signed_gap_us(reference_ns, candidate_ns, interval_ns=1_000_000):
+    """The reference's deadlines relative to the candidate's, in (-interval/2, interval/2]."""
+    gap = (reference_ns - candidate_ns) % interval_ns
+    if gap > interval_ns // 2:
+        gap -= interval_ns
+    return gap / 1000
+
+
+def start_reference(cpu, fifo, laptop, window_start, candidate_tid, min_gap_us, sign):
+    """A fresh cyclictest for one window, restarted while its grid lies
+    within min_gap_us of the candidate's or on the wrong side of it (sign +1:
+    its deadlines after the candidate's; -1: before), for at most the first
+    30% of the window. Returns it and the gap (None without perf)."""
+    while True:
+        proc = cyclictest_window(cpu, fifo, laptop, window_start + WINDOW)
+        time.sleep(0.05)
+        tid = measuring_tid(proc)
+        phases = grid_phases_ns(cpu, {tid, candidate_tid}) if tid else {}
+        gap = (signed_gap_us(phases[tid], phases[candidate_tid])
+               if tid in phases and candidate_tid in phases else None)
+        if (gap is None or not min_gap_us or (abs(gap) >= min_gap_us and gap * sign > 0)
+                or time.time() > window_start + 0.3 * WINDOW):
+            return proc, gap
+        proc.kill()
+        proc.wait()
+
+
+def histogram_result(proc):
     out, _ = proc.communicate(timeout=WINDOW + 60)
     counts, overflows, maximum = {}, 0, None
     for line in out.splitlines():
@@ -156,15 +241,76 @@ def ratio(a, b):
     return a / b if b else float("nan")
 
 
-def part1(vtax, cpu, quiet, hog, fifo, laptop):
-    print(f"== Part 1: wake-up latency beside cyclictest, CPU {cpu}, 1000 us, "
-          f"{'SCHED_FIFO 1' if fifo else 'SCHED_OTHER'} ==")
-    data = tempfile.mkdtemp(prefix="vtax-jitter-bench-")
-    config = (f"[collectors.jitter]\ncpus = [{cpu}]\ninterval_us = 1000\nslice_us = 0\n"
-              f"cpu_budget_ratio = 0.1\nwindow_secs = {WINDOW}\n"
-              f"sched_fifo = {'true' if fifo else 'false'}\n")
-    agent, tid = start_agent(vtax, config, data)
-    first = next_boundary(time.time() + 1)
+def geometric_mean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+class AgentCandidate:
+    """The agent's probe: only the jitter collector, pinned to the CPU."""
+    name = "vtax"
+
+    def __init__(self, vtax, cpu, fifo, laptop):
+        self.vtax, self.cpu = vtax, cpu
+        self.data = tempfile.mkdtemp(prefix="vtax-jitter-bench-")
+        config = (f"[collectors.jitter]\ncpus = [{cpu}]\ninterval_us = 1000\nslice_us = 0\n"
+                  f"cpu_budget_ratio = 0.1\nwindow_secs = {WINDOW}\n"
+                  f"sched_fifo = {'true' if fifo else 'false'}\n")
+        self.agent, self.tid = start_agent(vtax, config, self.data)
+
+    def stop(self):
+        stop_agent(self.agent)
+        rows = {window_end(r): r for r in query(self.vtax, self.data, "jitter")
+                if r["cpu"] == str(self.cpu)}
+        shutil.rmtree(self.data)
+        self.windows = {end: {"n": int(row["wakeups"]),
+                              **{k: float(row[f"wakeup_{k}_seconds"]) * 1e6
+                                 for k in ["p50", "p99", "max"]}}
+                        for end, row in rows.items()}
+
+
+class CyclictestCandidate:
+    """The control: a second cyclictest in the agent's place, living through
+    every window as the agent's probe thread does; per-loop latencies (-v)
+    are cut into the same windows by loop number."""
+    name = "ct2"
+
+    def __init__(self, cpu, fifo, laptop, first, windows):
+        loops = int((first + windows * WINDOW + 1 - time.time()) * 1000)
+        # -v streams the latencies out of a 16384-entry ring: into a file,
+        # since a pipe nobody drains would stall the printer and let the ring wrap.
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cyclictest_args(cpu, loops, fifo, laptop) + ["-v"],
+                                     stdout=self.out, stderr=subprocess.DEVNULL, text=True)
+        self.started = time.time()
+        time.sleep(0.05)
+        self.tid = measuring_tid(self.proc)
+
+    def stop(self):
+        self.proc.wait(timeout=60)
+        self.out.seek(0)
+        per_window = {}
+        for line in self.out:
+            words = line.split(":")
+            if len(words) == 3 and all(w.strip().isdigit() for w in words):
+                at = self.started + (int(words[1]) + 1) / 1000
+                end = (int(at) // WINDOW + 1) * WINDOW
+                per_window.setdefault(end, []).append(int(words[2]))
+        self.windows = {}
+        for end, lat in per_window.items():
+            lat.sort()
+            self.windows[end] = {"n": len(lat), "p50": lat[len(lat) // 2],
+                                 "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+                                 "max": lat[-1]}
+
+
+def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control):
+    who = "a second, long-lived cyclictest (the control)" if control else "the agent"
+    print(f"== Part 1: wake-up latency, {who} beside cyclictest, CPU {cpu}, 1000 us, "
+          f"{'SCHED_FIFO 1' if fifo else 'SCHED_OTHER'}"
+          f"{f', grids at least {min_gap_us} us apart' if min_gap_us else ''} ==")
+    first = next_boundary(time.time() + 2)
+    candidate = (CyclictestCandidate(cpu, fifo, laptop, first, quiet + hog) if control
+                 else AgentCandidate(vtax, cpu, fifo, laptop))
     results, hog_proc = {}, None
     try:
         for w in range(quiet + hog):
@@ -175,45 +321,53 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop):
                                              "--timeout", f"{hog * WINDOW + 5}s"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sleep_until(start + 0.2)
-            results[start + WINDOW] = ("hog" if w >= quiet else "quiet",
-                                       cyclictest_result(cyclictest_window(cpu, fifo, laptop)))
+            # Of two sleepers on one CPU, the one whose deadlines come first
+            # is the one a hog delays more (the other's wake-up rescues it
+            # later in the period): alternate the order so neither side
+            # always takes it.
+            sign = 1 if (w if w < quiet else w - quiet) % 2 == 0 else -1
+            proc, gap = start_reference(cpu, fifo, laptop, start, candidate.tid, min_gap_us, sign)
+            results[start + WINDOW] = ("hog" if w >= quiet else "quiet", gap, histogram_result(proc))
         sleep_until(first + (quiet + hog) * WINDOW + 1.5)
     finally:
         if hog_proc:
             hog_proc.kill()
             hog_proc.wait()
-        stop_agent(agent)
-    rows = {window_end(r): r for r in query(vtax, data, "jitter") if r["cpu"] == str(cpu)}
-    shutil.rmtree(data)
-    print(f"{'window end (UTC)':<20} {'load':<6} {'n vtax':>7} {'n ct':>6} "
-          f"{'p50 vtax':>9} {'p50 ct':>7} {'ratio':>6} {'p99 vtax':>9} {'p99 ct':>7} {'ratio':>6} "
-          f"{'max vtax':>9} {'max ct':>7} {'ratio':>6}")
+        candidate.stop()
+    name = candidate.name
+    print(f"{'window end (UTC)':<17} {'load':<6} {'gap us':>7} {'n ' + name:>7} {'n ct':>6} "
+          f"{'p50 ' + name:>9} {'p50 ct':>7} {'ratio':>6} {'p99 ' + name:>9} {'p99 ct':>7} {'ratio':>6} "
+          f"{'max ' + name:>9} {'max ct':>7} {'ratio':>6}")
     verdicts = []
     for end in sorted(results):
-        load, ct = results[end]
-        row = rows.get(end)
-        if row is None:
-            print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<20} {load:<6} no agent row")
+        load, gap, ct = results[end]
+        v = candidate.windows.get(end)
+        if v is None or ct["p50"] is None:
+            print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<17} {load:<6} "
+                  f"no {name if v is None else 'cyclictest'} result")
             continue
-        v = {k: float(row[f"wakeup_{k}_seconds"]) * 1e6 for k in ["p50", "p99", "max"]}
-        r = {k: ratio(v[k], ct[k]) for k in v}
+        r = {k: ratio(v[k], ct[k]) for k in ["p50", "p99", "max"]}
         verdicts.append((load, r))
-        print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<20} {load:<6} {row['wakeups']:>7} {ct['n']:>6} "
-              f"{v['p50']:>9.1f} {ct['p50']:>7} {r['p50']:>6.2f} {v['p99']:>9.1f} {ct['p99']:>7} {r['p99']:>6.2f} "
-              f"{v['max']:>9.1f} {ct['max']:>7} {r['max']:>6.2f}")
+        gap_text = "-" if gap is None else f"{gap:+.0f}"
+        print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<17} {load:<6} {gap_text:>7} {v['n']:>7} "
+              f"{ct['n']:>6} {v['p50']:>9.1f} {ct['p50']:>7} {r['p50']:>6.2f} {v['p99']:>9.1f} "
+              f"{ct['p99']:>7} {r['p99']:>6.2f} {v['max']:>9.1f} {ct['max']:>7} {r['max']:>6.2f}")
     for load in ["quiet", "hog"]:
         rs = [r for l, r in verdicts if l == load]
+        if not rs:
+            continue
         ok = sum(1 for r in rs if 0.8 <= r["p50"] <= 1.2 and 0.8 <= r["p99"] <= 1.2 and 0.5 <= r["max"] <= 2)
         print(f"{load}: {ok}/{len(rs)} windows meet all three bars "
               f"(p50 {sum(0.8 <= r['p50'] <= 1.2 for r in rs)}, p99 {sum(0.8 <= r['p99'] <= 1.2 for r in rs)}, "
-              f"max {sum(0.5 <= r['max'] <= 2 for r in rs)})")
-    ends = sorted(e for e in results if e in rows)
+              f"max {sum(0.5 <= r['max'] <= 2 for r in rs)}); geometric mean of the ratios: "
+              + ", ".join(f"{k} {geometric_mean([r[k] for r in rs]):.2f}" for k in ["p50", "p99", "max"]))
+    ends = sorted(e for e in results if e in candidate.windows)
     last_quiet = [e for e in ends if results[e][0] == "quiet"][-1:]
     first_hog = [e for e in ends if results[e][0] == "hog"][:1]
     if last_quiet and first_hog:
-        a = float(rows[last_quiet[0]]["wakeup_p99_seconds"]) * 1e6
-        b = float(rows[first_hog[0]]["wakeup_p99_seconds"]) * 1e6
-        print(f"hog pinned to CPU {cpu}: probe p99 {a:.1f} us in the last quiet window -> "
+        a = candidate.windows[last_quiet[0]]["p99"]
+        b = candidate.windows[first_hog[0]]["p99"]
+        print(f"hog pinned to CPU {cpu}: {name} p99 {a:.1f} us in the last quiet window -> "
               f"{b:.1f} us in the first window with the hog ({ratio(b, a):.1f}x)")
 
 
@@ -286,6 +440,11 @@ def main():
     p.add_argument("--skip-part2", action="store_true")
     p.add_argument("--laptop", action="store_true",
                    help="cyclictest --laptop: it leaves /dev/cpu_dma_latency alone")
+    p.add_argument("--min-gap-us", type=int, default=0,
+                   help="restart each window's cyclictest until its 1 ms grid lies at least this "
+                        "far from the candidate's (needs perf)")
+    p.add_argument("--control", action="store_true",
+                   help="part 1 with a second, long-lived cyclictest in the agent's place")
     p.add_argument("--window-secs", type=int, default=WINDOW,
                    help="the agent's window_secs, and each cyclictest run's length less 0.5 s")
     a = p.parse_args()
@@ -294,7 +453,7 @@ def main():
     need("stress-ng")
     print("load average at start: %.2f %.2f %.2f (other work on this machine shares its CPUs)"
           % os.getloadavg())
-    part1(a.vtax, a.cpu, a.quiet, a.hog, a.fifo, a.laptop)
+    part1(a.vtax, a.cpu, a.quiet, a.hog, a.fifo, a.laptop, a.min_gap_us, a.control)
     if not a.skip_part2:
         part2(a.vtax, a.default_windows)
     print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
