@@ -31,41 +31,33 @@ import vs_cyclictest as bench  # noqa: E402  (agent, cyclictest and query helper
 EVENTS = "timer:hrtimer_start,timer:hrtimer_expire_entry,sched:sched_switch"
 
 
-def fields(text):
-    return dict(word.split("=", 1) for word in text.split() if "=" in word)
-
-
-def split_latencies(script_output):
+def split_latencies(events):
     """{tid: [(deadline->fired ns, fired->on CPU ns)]} for every thread that
     slept to an absolute deadline (mode 0x0) on the traced CPU."""
     timer_owner, pending, out = {}, {}, {}
-    for line in script_output.splitlines():
-        words = line.split(None, 3)
-        if len(words) < 4 or not words[0].isdigit():
-            continue
-        tid, at_ns, event, rest = int(words[0]), int(words[1].rstrip(":").replace(".", "")), \
-            words[2].rstrip(":"), fields(words[3])
-        if event == "timer:hrtimer_start" and rest.get("function") == "hrtimer_wakeup" \
-                and rest.get("mode") == "0x0":
-            timer_owner[rest["hrtimer"]] = tid
-            pending[tid] = {"deadline": int(rest["softexpires"])}
-        elif event == "timer:hrtimer_expire_entry" and rest.get("hrtimer") in timer_owner:
-            state = pending.get(timer_owner[rest["hrtimer"]])
+    for tid, at_ns, event, fields in events:
+        if event == "timer:hrtimer_start" and fields.get("function") == "hrtimer_wakeup" \
+                and fields.get("mode") == "0x0":
+            timer_owner[fields["hrtimer"]] = tid
+            pending[tid] = {"deadline": int(fields["softexpires"])}
+        elif event == "timer:hrtimer_expire_entry" and fields.get("hrtimer") in timer_owner:
+            state = pending.get(timer_owner[fields["hrtimer"]])
             if state is not None and "fired" not in state:
-                state["fired"] = int(rest["now"])
+                state["fired"] = int(fields["now"])
         elif event == "sched:sched_switch":
-            state = pending.get(int(rest.get("next_pid", -1)))
+            next_tid = int(fields.get("next_pid", -1))
+            state = pending.get(next_tid)
             if state is not None and "fired" in state:
-                out.setdefault(int(rest["next_pid"]), []).append(
-                    (state["fired"] - state["deadline"], at_ns - state["fired"]))
-                del pending[int(rest["next_pid"])]
+                out.setdefault(next_tid, []).append((state["fired"] - state["deadline"],
+                                                     at_ns - state["fired"]))
+                del pending[next_tid]
     return out
 
 
 def quantiles_us(values):
     values = sorted(values)
-    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))] / 1000  # noqa: E731
-    return f"p50 {pick(0.5):7.1f}  p99 {pick(0.99):7.1f}  max {values[-1] / 1000:7.0f}"
+    return (f"p50 {bench.sorted_quantile(values, 0.5) / 1000:7.1f}  "
+            f"p99 {bench.sorted_quantile(values, 0.99) / 1000:7.1f}  max {values[-1] / 1000:7.0f}")
 
 
 def main():
@@ -90,19 +82,14 @@ def main():
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     time.sleep(2)
     reference_tid = bench.measuring_tid(reference)
-    trace = os.path.join(data, "sched.perf")
     try:
-        subprocess.run(["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-e", EVENTS, "-C", str(a.cpu),
-                        "-o", trace, "--", "sleep", str(a.seconds)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        script = subprocess.run(["perf", "script", "-i", trace, "-F", "tid,time,event,trace", "--ns"],
-                                capture_output=True, text=True, check=True).stdout
+        events = bench.perf_events(a.cpu, EVENTS, a.seconds, monotonic=True)
         whole = bench.histogram_result(reference)
     finally:
         hog.kill()
         hog.wait()
         bench.stop_agent(agent)
-    per_thread = split_latencies(script)
+    per_thread = split_latencies(events)
     print(f"CPU {a.cpu}, a stress-ng hog on it, {a.seconds} s traced; microseconds")
     for name, tid in [("vtax probe", probe_tid), ("cyclictest", reference_tid)]:
         rows = per_thread.get(tid, [])

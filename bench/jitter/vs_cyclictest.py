@@ -18,9 +18,10 @@ window with the hog shows whether the probe's p99 moved within one window.
 Bars: p50 and p99 within +-20% of cyclictest's, max within a factor of 2.
 
 Two 1 ms grids on one CPU interfere: deadlines closer than the timer slack
-(50 us) fire in one interrupt, and beside a hog the sleeper whose deadline
-comes first waits for the other's wake-up more often than the other way round.
-So each window prints the gap between cyclictest's grid and the candidate's
+(50 us) fire in one interrupt, and beside a hog a wake-up that fails to
+preempt the hog often waits for the other sleeper's next one; which of the two
+pays depends on the gap between the grids and on which started first
+(bench/jitter/cyclictest_pairs.py). So each window prints the gap between cyclictest's grid and the candidate's
 (from the kernel's timer:hrtimer_start events, through perf), and
 --min-gap-us N restarts each window's cyclictest until the grids lie at least
 N us apart, alternating which of the two comes first. --control puts a second,
@@ -154,35 +155,42 @@ def measuring_tid(proc):
     return None
 
 
+def perf_events(cpu, events, seconds, monotonic=False):
+    """Kernel tracepoint events on one CPU for `seconds`, through perf, as
+    (tid, time in ns, event name, {field: value}). Empty without perf."""
+    if shutil.which("perf") is None:
+        return []
+    fd, trace = tempfile.mkstemp(prefix="vtax-jitter-bench-", suffix=".perf")
+    os.close(fd)
+    clock = ["-k", "CLOCK_MONOTONIC"] if monotonic else []
+    try:
+        subprocess.run(["perf", "record", "-q", *clock, "-e", events, "-C", str(cpu), "-o", trace,
+                        "--", "sleep", str(seconds)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        out = subprocess.run(["perf", "script", "-i", trace, "-F", "tid,time,event,trace", "--ns"],
+                             capture_output=True, text=True, check=True).stdout
+    except (subprocess.CalledProcessError, OSError):
+        return []
+    finally:
+        os.unlink(trace)
+    parsed = []
+    for line in out.splitlines():
+        words = line.split(None, 3)
+        if len(words) < 4 or not words[0].isdigit():
+            continue
+        parsed.append((int(words[0]), int(words[1].rstrip(":").replace(".", "")), words[2].rstrip(":"),
+                       dict(w.split("=", 1) for w in words[3].split() if "=" in w)))
+    return parsed
+
+
 def grid_phases_ns(cpu, tids, interval_ns=1_000_000):
     """Where in the interval each thread's absolute-deadline timer falls,
     from the kernel's own hrtimer_start events (softexpires is the deadline
-    the thread asked for, before timer slack). Two 1 ms grids whose deadlines
-    lie close together take turns delaying each other, so each window prints
-    the gap between the two grids. None without perf."""
-    if shutil.which("perf") is None:
-        return {}
-    fd, trace = tempfile.mkstemp(prefix="vtax-jitter-bench-", suffix=".perf")
-    os.close(fd)
-    try:
-        subprocess.run(["perf", "record", "-q", "-e", "timer:hrtimer_start", "-C", str(cpu),
-                        "-o", trace, "--", "sleep", "0.1"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        out = subprocess.run(["perf", "script", "-i", trace, "-F", "tid,trace"],
-                             capture_output=True, text=True, check=True).stdout
-    except (subprocess.CalledProcessError, OSError):
-        return {}
-    finally:
-        if os.path.exists(trace):
-            os.unlink(trace)
+    the thread asked for, before timer slack)."""
     phases = {}
-    for line in out.splitlines():
-        words = line.split()
-        if len(words) < 2 or not words[0].isdigit() or int(words[0]) not in tids:
-            continue
-        fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-        if fields.get("function") == "hrtimer_wakeup" and "softexpires" in fields:
-            phases.setdefault(int(words[0]), int(fields["softexpires"]) % interval_ns)
+    for tid, _, event, fields in perf_events(cpu, "timer:hrtimer_start", 0.1):
+        if tid in tids and fields.get("function") == "hrtimer_wakeup" and "softexpires" in fields:
+            phases.setdefault(tid, int(fields["softexpires"]) % interval_ns)
     return phases
 
 
@@ -235,6 +243,11 @@ def histogram_result(proc):
         return maximum
 
     return {"n": total, "p50": quantile(0.5), "p99": quantile(0.99), "max": maximum}
+
+
+def sorted_quantile(values, q):
+    """The q-quantile of an ascending list (the value at rank q * n)."""
+    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def ratio(a, b):
@@ -298,9 +311,8 @@ class CyclictestCandidate:
         self.windows = {}
         for end, lat in per_window.items():
             lat.sort()
-            self.windows[end] = {"n": len(lat), "p50": lat[len(lat) // 2],
-                                 "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-                                 "max": lat[-1]}
+            self.windows[end] = {"n": len(lat), "p50": sorted_quantile(lat, 0.5),
+                                 "p99": sorted_quantile(lat, 0.99), "max": lat[-1]}
 
 
 def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control):
@@ -321,10 +333,9 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control):
                                              "--timeout", f"{hog * WINDOW + 5}s"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sleep_until(start + 0.2)
-            # Of two sleepers on one CPU, the one whose deadlines come first
-            # is the one a hog delays more (the other's wake-up rescues it
-            # later in the period): alternate the order so neither side
-            # always takes it.
+            # Beside a hog, a sleeper's tail depends on where the other's
+            # deadlines fall in its period: alternate which grid comes first
+            # so that the phase does not always favour the same side.
             sign = 1 if (w if w < quiet else w - quiet) % 2 == 0 else -1
             proc, gap = start_reference(cpu, fifo, laptop, start, candidate.tid, min_gap_us, sign)
             results[start + WINDOW] = ("hog" if w >= quiet else "quiet", gap, histogram_result(proc))
@@ -446,7 +457,8 @@ def main():
     p.add_argument("--control", action="store_true",
                    help="part 1 with a second, long-lived cyclictest in the agent's place")
     p.add_argument("--window-secs", type=int, default=WINDOW,
-                   help="the agent's window_secs, and each cyclictest run's length less 0.5 s")
+                   help="the agent's window_secs, and each cyclictest run's length less 0.5 s "
+                        "(less again when --min-gap-us restarts it)")
     a = p.parse_args()
     WINDOW = a.window_secs
     need("cyclictest")
