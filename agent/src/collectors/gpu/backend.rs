@@ -206,7 +206,8 @@ pub struct GpuSample {
     pub remapping_pending: Option<bool>,
     /// A remapping failed.
     pub remapping_failed: Option<bool>,
-    /// PCIe receive throughput (NVML's 20 ms sample).
+    /// PCIe receive throughput (NVML's 20 ms sample); not read where GPM
+    /// gives it, since that read holds the sampling thread for the 20 ms.
     pub pcie_rx_bytes_per_second: Option<f64>,
     /// PCIe transmit throughput.
     pub pcie_tx_bytes_per_second: Option<f64>,
@@ -269,6 +270,25 @@ pub trait GpuBackend: Send {
     fn sample(&mut self, gpu: &GpuIdentity, time_us: i64) -> Result<GpuSample, SampleError>;
     /// XID errors since the last call.
     fn take_xids(&mut self) -> Vec<XidEvent>;
+    /// Turns on timing each driver read, for `vtax doctor --gpu`.
+    fn time_reads(&mut self) {}
+    /// Each driver read of the GPU's last [`GpuBackend::sample`] and what it
+    /// cost, when timing is on; backends that make no driver calls have none.
+    fn read_times(&self, _gpu: u32) -> Vec<ReadTime> {
+        Vec::new()
+    }
+}
+
+/// What one driver read cost the sampling thread.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadTime {
+    /// The read, named after the NVML call (or group of calls).
+    pub read: &'static str,
+    /// Wall-clock time the call took.
+    pub wall_seconds: f64,
+    /// CPU time the calling thread spent in it: below the wall time when the
+    /// driver sleeps, equal to it when the library spins.
+    pub cpu_seconds: f64,
 }
 
 /// NVLink links each product has, from its name; a VM that hides NVLink shows

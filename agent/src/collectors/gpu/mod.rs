@@ -852,6 +852,11 @@ pub fn doctor_lines(config: &GpuConfig, roots: &Roots) -> Vec<String> {
     };
     let mut lines = vec![found];
     let first = collector.collect(crate::timespec::now_us());
+    // The second read is timed: GPM's first tick has no earlier sample to
+    // difference against, so only the second costs what every tick will.
+    if let Some(backend) = collector.backend.as_mut() {
+        backend.time_reads();
+    }
     std::thread::sleep(std::time::Duration::from_secs(1));
     let batches = match first.and_then(|_| collector.collect(crate::timespec::now_us())) {
         Ok(batches) => batches,
@@ -881,11 +886,46 @@ pub fn doctor_lines(config: &GpuConfig, roots: &Roots) -> Vec<String> {
                 };
                 lines.push(format!("  {:<30} {value}", field.name));
             }
+            if let Some(gpu) = collector.gpus.iter().find(|g| g.uuid == tag(1)) {
+                lines.extend(read_time_lines(collector.backend.as_deref(), gpu.index));
+            }
         }
     }
     for problem in collector.problems() {
         lines.push(format!("problem: {problem}"));
     }
+    lines
+}
+
+/// The doctor's table of what each driver read of one GPU cost, slowest first.
+fn read_time_lines(backend: Option<&dyn GpuBackend>, gpu: u32) -> Vec<String> {
+    let mut times = backend.map(|b| b.read_times(gpu)).unwrap_or_default();
+    if times.is_empty() {
+        return Vec::new();
+    }
+    times.sort_by(|a, b| b.wall_seconds.total_cmp(&a.wall_seconds));
+    let ms = |s: f64| format!("{:.3}", s * 1e3);
+    let mut lines = vec![format!(
+        "  {:<48} {:>9} {:>9}",
+        "driver reads, slowest first", "wall ms", "CPU ms"
+    )];
+    for t in &times {
+        lines.push(format!(
+            "    {:<46} {:>9} {:>9}",
+            t.read,
+            ms(t.wall_seconds),
+            ms(t.cpu_seconds)
+        ));
+    }
+    let (wall, cpu) = times.iter().fold((0.0, 0.0), |(w, c), t| {
+        (w + t.wall_seconds, c + t.cpu_seconds)
+    });
+    lines.push(format!(
+        "    {:<46} {:>9} {:>9}",
+        "all reads",
+        ms(wall),
+        ms(cpu)
+    ));
     lines
 }
 
@@ -1094,5 +1134,61 @@ mod tests {
             }
             (Err(e), Availability::Available(found)) => panic!("found {found} without NVML: {e}"),
         }
+    }
+
+    /// A backend whose only driver reads are the times it was given.
+    struct TimedReads(Vec<backend::ReadTime>);
+
+    impl GpuBackend for TimedReads {
+        fn kind(&self) -> &'static str {
+            "timed"
+        }
+        fn driver_version(&self) -> String {
+            String::new()
+        }
+        fn identities(&mut self) -> Result<Vec<GpuIdentity>, String> {
+            Ok(Vec::new())
+        }
+        fn sample(&mut self, _: &GpuIdentity, _: i64) -> Result<GpuSample, SampleError> {
+            Err(SampleError::Failed("no GPU".into()))
+        }
+        fn take_xids(&mut self) -> Vec<backend::XidEvent> {
+            Vec::new()
+        }
+        fn read_times(&self, gpu: u32) -> Vec<backend::ReadTime> {
+            if gpu == 0 {
+                self.0.clone()
+            } else {
+                Vec::new()
+            }
+        }
+    }
+
+    #[test]
+    fn doctor_lists_driver_reads_slowest_first_with_their_sum() {
+        let read = |read, wall_seconds, cpu_seconds| backend::ReadTime {
+            read,
+            wall_seconds,
+            cpu_seconds,
+        };
+        let backend = TimedReads(vec![
+            read("memory_info", 0.000_050, 0.000_010),
+            read("pcie_throughput(rx)", 0.020_100, 0.000_200),
+            read("power_usage", 0.000_400, 0.000_300),
+        ]);
+        let lines = read_time_lines(Some(&backend), 0);
+        let names: Vec<&str> = lines[1..]
+            .iter()
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["pcie_throughput(rx)", "power_usage", "memory_info", "all"]
+        );
+        assert!(lines[1].ends_with("   20.100     0.200"), "{}", lines[1]);
+        assert!(lines[4].ends_with("   20.550     0.510"), "{}", lines[4]);
+        // A GPU that was not timed, and the simulator, print nothing.
+        assert!(read_time_lines(Some(&backend), 1).is_empty());
+        assert!(read_time_lines(None, 0).is_empty());
     }
 }

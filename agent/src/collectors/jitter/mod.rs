@@ -24,6 +24,9 @@
 //! runtime keeps the last window's series on `/metrics` ([`Collector::windowed`]).
 
 mod probe;
+
+/// The calling thread's CPU time, for timing other collectors' calls too.
+pub(crate) use probe::thread_cpu_ns;
 mod procfs;
 
 use std::collections::BTreeMap;
