@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# GPU smoke test, for a machine with a real NVIDIA GPU and PyTorch: runs the
-# agent next to `nvidia-smi --query-gpu ... -lms` and a device-to-device copy
-# that measures its own HBM bandwidth, then prints the three side by side for
-# the copy's window: utilisation, power and clocks (agent vs nvidia-smi) and
-# HBM bytes/s (agent vs the copy). CI has no GPU; this is not part of the tests.
+# GPU smoke test, for a machine with a real NVIDIA GPU and PyTorch. CI has no
+# GPU; this is not part of the tests. In order:
+#   1. `nvidia-smi -q` and `vtax doctor --gpu` on the idle GPU;
+#   2. the agent next to `nvidia-smi --query-gpu ... -lms 1000` and a
+#      device-to-device copy that measures its own HBM bandwidth: utilisation,
+#      power and clocks (agent vs nvidia-smi) and HBM bytes/s (agent vs the
+#      copy) side by side for the copy's window, and whether the copy's pid
+#      shows up in the agent's process series;
+#   3. with `ncu` on the PATH, Nsight Compute profiling a small PyTorch program
+#      while the agent keeps reading GPM: did ncu get its counters, and did the
+#      agent's GPM series stay there (GPM takes no profiling lock);
+#   4. with XID=1 and CuPy, a kernel that writes to an unmapped address: the
+#      driver kills that one context and reports an XID (31, an MMU fault),
+#      which the agent should count and store. It resets nothing, but it does
+#      put an error in the kernel log: opt in;
+#   5. the store the agent wrote, read back: `vtax query` and pyarrow;
+#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real).
 #
 # Usage: scripts/gpu-smoke.sh [seconds of load, default 20]
-# VTAX=path/to/vtax uses a built binary instead of building one.
+# VTAX=path/to/vtax uses a built binary instead of building one; SMOKE_DIR=dir
+# keeps the raw files there (default: a new temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
-out=${OUT:-$(mktemp -d)}
+out=${SMOKE_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 
 if [ -z "${VTAX:-}" ]; then
@@ -21,8 +34,18 @@ command -v nvidia-smi >/dev/null || { echo "gpu-smoke: no nvidia-smi: not a GPU 
 python3 -c 'import torch; assert torch.cuda.is_available()' \
   || { echo "gpu-smoke: PyTorch with CUDA is needed for the bandwidth load" >&2; exit 2; }
 
+# GPU machines built for training often have no curl; Python is there (PyTorch).
+fetch() {
+  curl -sf --max-time 5 "$1" 2>/dev/null \
+    || python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"
+}
+now() { date +%s.%N; }
+
 nvidia-smi -L | tee "$out/nvidia-smi-L.txt"
+nvidia-smi -q > "$out/nvidia-smi-q.txt" 2>&1 || true
 "$VTAX" doctor --gpu --no-collector.cgroups > "$out/doctor-gpu.txt" 2>&1 || true
+sed -n '/^gpus:/,$p' "$out/doctor-gpu.txt"
+
 port=19433
 "$VTAX" run --data-dir "$out/data" --web.listen-address "127.0.0.1:$port" \
   --no-collector.cgroups --no-collector.infiniband > "$out/vtax.log" 2>&1 &
@@ -30,19 +53,21 @@ vtax_pid=$!
 nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,power.draw,clocks.sm,clocks.mem,memory.used,pcie.link.gen.current,pcie.link.width.current \
   --format=csv,noheader,nounits -lms 1000 > "$out/nvidia-smi.csv" &
 smi_pid=$!
-trap 'kill $vtax_pid $smi_pid 2>/dev/null || true' EXIT
+trap 'kill $vtax_pid $smi_pid 2>/dev/null || true; touch "$out/.stop"' EXIT
 
-# Scrape the agent once a second while the load runs.
-( for _ in $(seq $((seconds + 8))); do
-    printf '### %s\n' "$(date +%s.%N)"
-    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^vtax_gpu_(utilization_ratio|power_watts|sm_clock_hertz|memory_clock_hertz|hbm_bytes_per_second|hbm_peak_bytes_per_second|dram_bandwidth_ratio|sm_active_ratio|pcie_link_gen|pcie_link_width)\{' || true
+# Scrape the agent once a second until told to stop; keep the GPU and
+# collector series, stamped with the time of the scrape.
+rm -f "$out/.stop"
+( while [ ! -e "$out/.stop" ]; do
+    printf '### %s\n' "$(now)"
+    fetch "http://127.0.0.1:$port/metrics" | grep -E '^vtax_(gpu_|collector_duration_seconds\{collector="gpu")' || true
     sleep 1
   done ) > "$out/vtax-scrapes.txt" &
 scrape_pid=$!
 sleep 4
 
-python3 - "$seconds" > "$out/copy.txt" <<'PY'
-import sys, time, torch
+python3 - "$seconds" > "$out/copy.txt" <<'PY' &
+import os, sys, time, torch
 seconds = float(sys.argv[1])
 n = 2 << 30  # 2 GiB per buffer
 a = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -56,36 +81,99 @@ while time.time() - start < seconds:
     copies += 20
 end = time.time()
 # A device-to-device copy reads and writes every byte: 2 n bytes of HBM traffic.
-print(f"start={start:.3f} end={end:.3f} hbm_bytes_per_second={2 * n * copies / (end - start):.6e}")
+print(f"pid={os.getpid()} start={start:.3f} end={end:.3f} hbm_bytes_per_second={2 * n * copies / (end - start):.6e}")
 PY
+copy_pid=$!
+sleep $((seconds / 2 + 2))
+fetch "http://127.0.0.1:$port/metrics" > "$out/metrics-under-load.txt" || true
+wait $copy_pid
 sleep 3
+
+# Nsight Compute beside the agent: ncu takes the GPU's profiling counters for
+# each kernel it replays, GPM is meant to go on regardless.
+if command -v ncu >/dev/null && [ "${NSIGHT:-1}" != 0 ]; then
+  cat > "$out/ncu_load.py" <<'PY'
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + 8
+while time.time() < end:
+    (a @ a).sum().item()
+PY
+  echo "start=$(now)" > "$out/ncu-window.txt"
+  set +e
+  timeout 180 ncu --metrics dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+    -c 20 python3 "$out/ncu_load.py" > "$out/ncu.txt" 2>&1
+  echo "rc=$?" >> "$out/ncu-window.txt"
+  set -e
+  echo "end=$(now)" >> "$out/ncu-window.txt"
+  sleep 2
+fi
+
+if [ "${XID:-0}" = 1 ]; then
+  python3 - > "$out/xid.txt" 2>&1 <<'PY' || true
+import cupy
+poke = cupy.RawKernel(r'extern "C" __global__ void poke() { *(volatile int *)0x10 = 1; }', "poke")
+poke((1,), (1,), ())
+try:
+    cupy.cuda.runtime.deviceSynchronize()
+    print("the kernel did not fault")
+except Exception as e:
+    print(f"the kernel faulted, as meant: {e}")
+PY
+  sleep 3
+  fetch "http://127.0.0.1:$port/metrics" | grep -E '^vtax_gpu_(xid|health)' > "$out/xid-metrics.txt" || true
+  dmesg 2>/dev/null | grep -i xid > "$out/dmesg-xid.txt" || true
+fi
+
+touch "$out/.stop"
 wait $scrape_pid || true
 kill $vtax_pid $smi_pid 2>/dev/null || true
 wait $vtax_pid 2>/dev/null || true
 
+for table in gpu gpu_info gpu_process gpu_nvlink gpu_clock_event gpu_health gpu_event gpu_xid; do
+  "$VTAX" query "$table" --data-dir "$out/data" --format csv > "$out/query-$table.csv" 2>&1 || true
+done
+python3 - "$out/data" > "$out/pyarrow.txt" 2>&1 <<'PY' || true
+import collections, glob, sys
+import pyarrow.parquet as pq
+rows = collections.Counter()
+for path in glob.glob(f"{sys.argv[1]}/tables/*/*/*.parquet"):
+    rows[path.split("/tables/")[1].split("/")[0]] += pq.read_table(path).num_rows
+for table, n in sorted(rows.items()):
+    if table.startswith("gpu"):
+        print(f"{table:<18} {n} rows")
+PY
+
 python3 - "$out" <<'PY'
-import csv, re, sys, statistics, datetime
+import csv, datetime, os, re, statistics, sys
 out = sys.argv[1]
 copy = dict(kv.split("=") for kv in open(f"{out}/copy.txt").read().split())
+copy_pid = copy["pid"]
 start, end, copy_bw = float(copy["start"]), float(copy["end"]), float(copy["hbm_bytes_per_second"])
-# Skip the first and last second of the load: both tools average over their own windows.
-lo, hi = start + 2, end - 1
-agent = {}
+
+scrapes = []  # (time, metric, labels, value)
 t = None
 for line in open(f"{out}/vtax-scrapes.txt"):
     if line.startswith("### "):
         t = float(line[4:]); continue
-    if t is None or not (lo <= t <= hi):
-        continue
-    m = re.match(r'(vtax_gpu_\w+)\{gpu="(\d+)".*\} (\S+)', line)
-    if m:
-        agent.setdefault((m.group(1), m.group(2)), []).append(float(m.group(3)))
+    m = re.match(r'(\w+)\{(.*)\} (\S+)$', line.strip())
+    if t is not None and m:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        scrapes.append((t, m.group(1), labels, float(m.group(3))))
+
+def agent(metric, gpu, lo, hi, **want):
+    return [v for (ts, name, labels, v) in scrapes
+            if name == metric and lo <= ts <= hi and labels.get("gpu", gpu) == gpu
+            and all(labels.get(k) == w for k, w in want.items())]
+
+# Skip the first and last second of the load: both tools average over their own windows.
+lo, hi = start + 2, end - 1
 smi = {}
 for row in csv.reader(open(f"{out}/nvidia-smi.csv")):
     row = [c.strip() for c in row]
     try:
         ts = datetime.datetime.strptime(row[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-    except ValueError:
+    except (ValueError, IndexError):
         continue
     if not (lo <= ts <= hi):
         continue
@@ -95,22 +183,66 @@ for row in csv.reader(open(f"{out}/nvidia-smi.csv")):
         except ValueError:
             pass
 mean = lambda v: statistics.fmean(v) if v else float("nan")
-gpus = sorted({g for (_, g) in agent} | {g for (_, g) in smi})
-print(f"load window {hi - lo:.1f} s; the copy measured {copy_bw / 1e12:.3f} TB/s of HBM traffic")
-print(f"{'gpu':>3} {'metric':<22} {'vtax':>14} {'nvidia-smi / copy':>18}")
+gpus = sorted({l.get("gpu") for (_, n, l, _) in scrapes if n == "vtax_gpu_utilization_ratio"})
+print(f"\nload window {hi - lo:.1f} s; the copy measured {copy_bw / 1e12:.3f} TB/s of HBM traffic")
+print(f"{'gpu':>3} {'metric':<24} {'vtax':>14} {'nvidia-smi / copy':>18}")
 for g in gpus:
+    a = lambda metric, **want: mean(agent(metric, g, lo, hi, **want))
+    s = lambda name: mean(smi.get((name, g), []))
     rows = [
-        ("utilisation %", mean(agent.get(("vtax_gpu_utilization_ratio", g), [])) * 100, mean(smi.get(("utilization.gpu", g), []))),
-        ("power W", mean(agent.get(("vtax_gpu_power_watts", g), [])), mean(smi.get(("power.draw", g), []))),
-        ("SM clock MHz", mean(agent.get(("vtax_gpu_sm_clock_hertz", g), [])) / 1e6, mean(smi.get(("clocks.sm", g), []))),
-        ("memory clock MHz", mean(agent.get(("vtax_gpu_memory_clock_hertz", g), [])) / 1e6, mean(smi.get(("clocks.mem", g), []))),
-        ("PCIe gen", mean(agent.get(("vtax_gpu_pcie_link_gen", g), [])), mean(smi.get(("pcie.gen", g), []))),
-        ("HBM TB/s", mean(agent.get(("vtax_gpu_hbm_bytes_per_second", g), [])) / 1e12, copy_bw / 1e12 if g == "0" else float("nan")),
-        ("HBM peak TB/s", mean(agent.get(("vtax_gpu_hbm_peak_bytes_per_second", g), [])) / 1e12, float("nan")),
-        ("DRAM ratio (GPM)", mean(agent.get(("vtax_gpu_dram_bandwidth_ratio", g), [])), float("nan")),
-        ("SM active (GPM)", mean(agent.get(("vtax_gpu_sm_active_ratio", g), [])), float("nan")),
+        ("utilisation %", a("vtax_gpu_utilization_ratio") * 100, s("utilization.gpu")),
+        ("memory busy %", a("vtax_gpu_memory_utilization_ratio") * 100, s("utilization.memory")),
+        ("power W", a("vtax_gpu_power_watts"), s("power.draw")),
+        ("SM clock MHz", a("vtax_gpu_sm_clock_hertz") / 1e6, s("clocks.sm")),
+        ("memory clock MHz", a("vtax_gpu_memory_clock_hertz") / 1e6, s("clocks.mem")),
+        ("memory used MiB", a("vtax_gpu_memory_used_bytes") / 2**20, s("memory.used")),
+        ("PCIe gen", a("vtax_gpu_pcie_link_gen"), s("pcie.gen")),
+        ("PCIe width", a("vtax_gpu_pcie_link_width"), s("pcie.width")),
+        ("HBM TB/s", a("vtax_gpu_hbm_bytes_per_second") / 1e12, copy_bw / 1e12 if g == "0" else float("nan")),
+        ("HBM peak TB/s", a("vtax_gpu_hbm_peak_bytes_per_second") / 1e12, float("nan")),
+        ("DRAM ratio (GPM)", a("vtax_gpu_dram_bandwidth_ratio"), float("nan")),
+        ("SM active (GPM)", a("vtax_gpu_sm_active_ratio"), float("nan")),
+        ("NVLink links up", a("vtax_gpu_nvlink_links_up"), float("nan")),
+        ("NVLink links product", a("vtax_gpu_nvlink_links_product"), float("nan")),
+        ("copy pid's memory GiB", a("vtax_gpu_process_used_memory_bytes", pid=copy_pid) / 2**30, 4.0),
+        ("copy pid's SM share", a("vtax_gpu_process_sm_utilization_ratio", pid=copy_pid), float("nan")),
     ]
-    for name, a, b in rows:
-        print(f"{g:>3} {name:<22} {a:>14.3f} {b:>18.3f}")
+    for name, x, y in rows:
+        print(f"{g:>3} {name:<24} {x:>14.3f} {y:>18.3f}")
+    info = [l for (_, n, l, _) in scrapes if n == "vtax_gpu_info_info" and l.get("gpu") == g]
+    if info:
+        l = info[-1]
+        print(f"{g:>3} {l.get('name')}, {l.get('architecture')}, virtualization {l.get('virtualization_mode')}, MIG {l.get('mig')}, driver {l.get('driver_version')}")
+durations = [v for (_, n, _, v) in scrapes if n == "vtax_collector_duration_seconds"]
+if durations:
+    print(f"gpu collector run: mean {mean(durations) * 1e3:.2f} ms, max {max(durations) * 1e3:.2f} ms over {len(durations)} scrapes")
+
+if os.path.exists(f"{out}/ncu-window.txt"):
+    w = dict(line.strip().split("=") for line in open(f"{out}/ncu-window.txt"))
+    n_lo, n_hi = float(w["start"]), float(w["end"])
+    ncu = open(f"{out}/ncu.txt", errors="replace").read()
+    profiled = len(re.findall(r"dram__throughput\.avg\.pct_of_peak_sustained_elapsed", ncu))
+    errors = [l for l in ncu.splitlines() if "==ERROR==" in l or "==WARNING==" in l]
+    polls = [ts for (ts, n, _, _) in scrapes if n == "vtax_gpu_utilization_ratio" and n_lo <= ts <= n_hi]
+    gpm = [ts for (ts, n, _, _) in scrapes if n == "vtax_gpu_sm_active_ratio" and n_lo <= ts <= n_hi]
+    print(f"\nNsight Compute beside the agent ({n_hi - n_lo:.0f} s): ncu exit {w['rc']}, {profiled} kernels profiled")
+    for l in errors[:5]:
+        print(f"  ncu: {l}")
+    print(f"  agent scrapes in that window: {len(polls)}; with GPM SM activity: {len(gpm)}")
+if os.path.exists(f"{out}/xid.txt"):
+    print("\nXID provoked: " + open(f"{out}/xid.txt").read().strip().splitlines()[-1])
+    for name in ("dmesg-xid.txt", "xid-metrics.txt", "query-gpu_xid.csv"):
+        lines = open(f"{out}/{name}").read().strip().splitlines() if os.path.exists(f"{out}/{name}") else []
+        print(f"  {name}: {len(lines)} lines")
+        for line in lines[:6]:
+            print(f"    {line}")
+print()
+print(open(f"{out}/pyarrow.txt").read().rstrip())
 PY
+
+if [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 0 ]; then
+  echo
+  python3 bench/agent/gpu_overhead.py --real --seconds 45 --vtax "$VTAX" | tee "$out/overhead.txt"
+fi
+grep -iE 'warn|error' "$out/vtax.log" | head -20 || true
 echo "gpu-smoke: raw files in $out"

@@ -15,7 +15,11 @@ The simulated backend costs less than NVML calls do (a real read is a few
 driver ioctls per metric); this measures the agent's side: building, storing
 and exposing the rows of 8 GPUs.
 
-Usage: bench/agent/gpu_overhead.py [--seconds 120] [--vtax target/release/vtax]
+With `--real` the second agent reads this machine's GPUs through NVML instead
+(the first runs with `--no-collector.gpu`): what the real driver calls cost, per
+GPU the machine has. Run it on a GPU machine (scripts/gpu-smoke.sh does).
+
+Usage: bench/agent/gpu_overhead.py [--seconds 120] [--real] [--vtax target/release/vtax]
 """
 import argparse
 import os
@@ -78,15 +82,20 @@ def main():
     parser.add_argument("--seconds", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    parser.add_argument("--real", action="store_true", help="read the real GPUs through NVML")
     args = parser.parse_args()
+    if args.real:
+        base_flags, gpu_flags, gpus_named = ["--no-collector.gpu"], [], "the real GPUs"
+    else:
+        base_flags, gpu_flags, gpus_named = [], ["--simulate-gpus", "8"], "8 simulated GPUs"
     with tempfile.TemporaryDirectory() as tmp:
-        base, base_addr = start(args.vtax, os.path.join(tmp, "base"), [])
-        gpus, gpus_addr = start(args.vtax, os.path.join(tmp, "gpus"), ["--simulate-gpus", "8"])
+        base, base_addr = start(args.vtax, os.path.join(tmp, "base"), base_flags)
+        gpus, gpus_addr = start(args.vtax, os.path.join(tmp, "gpus"), gpu_flags)
         try:
             time.sleep(args.warmup)
             series = (scrape(base_addr), scrape(gpus_addr))
             t0 = time.monotonic()
-            c0 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"))
+            c0 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"), thread_cpu_seconds(gpus.pid, "gpu-xid"))
             next_scrape = t0 + 15
             while time.monotonic() - t0 < args.seconds:
                 time.sleep(max(0.0, min(next_scrape, t0 + args.seconds) - time.monotonic()))
@@ -95,7 +104,7 @@ def main():
                     scrape(gpus_addr)
                     next_scrape += 15
             elapsed = time.monotonic() - t0
-            c1 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"))
+            c1 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"), thread_cpu_seconds(gpus.pid, "gpu-xid"))
         finally:
             for p in (base, gpus):
                 p.send_signal(signal.SIGTERM)
@@ -103,11 +112,12 @@ def main():
     base_pct = 100 * (c1[0] - c0[0]) / elapsed
     gpus_pct = 100 * (c1[1] - c0[1]) / elapsed
     thread_pct = 100 * (c1[2] - c0[2]) / elapsed
-    print(f"window {elapsed:.0f} s, scraped every 15 s; series exposed: {series[0]} without GPUs, {series[1]} with 8")
+    print(f"window {elapsed:.0f} s, scraped every 15 s; series exposed: {series[0]} without GPUs, {series[1]} with {gpus_named}")
     print(f"agent without GPUs      {base_pct:6.3f} % of one core")
-    print(f"agent with 8 GPUs       {gpus_pct:6.3f} % of one core")
-    print(f"added by 8 GPUs         {gpus_pct - base_pct:6.3f} % of one core (bar: 0.3)")
+    print(f"agent with GPUs         {gpus_pct:6.3f} % of one core")
+    print(f"added by {gpus_named:<14} {gpus_pct - base_pct:6.3f} % of one core (bar for 8 simulated: 0.3)")
     print(f"  collector-gpu thread  {thread_pct:6.3f} % of one core")
+    print(f"  gpu-xid thread        {100 * (c1[3] - c0[3]) / elapsed:6.3f} % of one core (NVML only: it waits on the event set)")
 
 
 if __name__ == "__main__":
