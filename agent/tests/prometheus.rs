@@ -354,6 +354,18 @@ fn service_latency_p99_matches_prometheus_histogram_quantile() {
     prometheus.query("count_over_time(vector(1)[1h:100ms])");
     let hours = (0.3 / started.elapsed().as_secs_f64()).clamp(1.0, 24.0) as u32;
     let slow = format!("count_over_time(vector(1)[{hours}h:100ms])");
+    // Prometheus must have scraped the handler's buckets itself before the
+    // window opens, or the `offset` side has nothing to subtract; on a busy
+    // machine its first self-scrape after the first query can come late.
+    let selector = format!("{family}_bucket{{job=\"self\",handler=\"/api/v1/query\"}}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prometheus.query(&selector).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never scraped its own {selector}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let mut window_start = (unix_now() / 10.0).floor() * 10.0 + 10.0;
     if window_start - unix_now() < 3.0 {
         window_start += 10.0;
@@ -399,7 +411,6 @@ fn service_latency_p99_matches_prometheus_histogram_quantile() {
     assert!((window - 10.0).abs() < 0.5, "{window}");
     let vtax_p99 = read("p99_seconds");
 
-    let selector = format!("{family}_bucket{{job=\"self\",handler=\"/api/v1/query\"}}");
     let exact = prometheus.query_at(
         &format!("histogram_quantile(0.99, {selector} - {selector} offset 10s)"),
         window_end,
