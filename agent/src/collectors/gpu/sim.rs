@@ -43,7 +43,9 @@ pub const PROFILES: &[Profile] = &[
     Profile {
         key: "h200",
         name: "NVIDIA H200",
-        memory_bus_width_bits: 6144,
+        // What NVML reports on a real H200 (docs/gpus.md): 6016 bits, not
+        // six stacks × 1024; with 3201 MHz that gives the 4.8 TB/s NVIDIA quotes.
+        memory_bus_width_bits: 6016,
         memory_clock_max_mhz: 3201.0,
         sm_clock_max_mhz: 1980.0,
         memory_total_bytes: 143_771 * MIB,
