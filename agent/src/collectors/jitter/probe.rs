@@ -233,6 +233,32 @@ fn wall_offset_ns() -> i128 {
     i128::from(clock_ns(libc::CLOCK_REALTIME)) - i128::from(monotonic_ns())
 }
 
+/// The deadline after `deadline_ns`, on the same grid: every step is a whole
+/// number of periods, so the grid keeps its phase for the thread's life (a
+/// reference sleeper put on the same deadlines, as the cyclictest bench does,
+/// stays on them).
+fn next_deadline(
+    deadline_ns: u64,
+    now_ns: u64,
+    interval_ns: u64,
+    tokens: f64,
+    budget_ratio: f64,
+) -> u64 {
+    let mut next = deadline_ns + interval_ns;
+    if tokens < 0.0 {
+        // Over budget on wake-ups alone: skip periods until the budget has
+        // caught up.
+        let owed_ns = (-tokens / budget_ratio) as u64;
+        next += owed_ns.div_ceil(interval_ns) * interval_ns;
+    }
+    if next <= now_ns {
+        // Overran (a long stall, a spin, the skip above): back onto the grid
+        // after now, as a missed period is not a late one.
+        next += (now_ns - next) / interval_ns * interval_ns + interval_ns;
+    }
+    next
+}
+
 fn sleep_until(deadline_ns: u64) {
     let ts = libc::timespec {
         tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
@@ -494,17 +520,7 @@ impl Probe {
             if now >= self.window_end_ns {
                 self.close_window(shared);
             }
-            next += interval;
-            if self.tokens < 0.0 {
-                // Over budget on wake-ups alone: skip deadlines until the
-                // budget has caught up.
-                next += (-self.tokens / self.settings.budget_ratio) as u64;
-            }
-            if next <= now {
-                // Overran (a long stall, a spin, the skip above): back onto
-                // the grid after now, as a missed period is not a late one.
-                next += (now - next) / interval * interval + interval;
-            }
+            next = next_deadline(next, now, interval, self.tokens, self.settings.budget_ratio);
         }
     }
 
@@ -645,4 +661,36 @@ pub fn wait_setup(shared: &Shared, timeout: Duration) -> Option<Result<Setup, St
         .wait_timeout_while(state, timeout, |s| s.setup.is_none())
         .expect("not poisoned");
     state.setup.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_deadline;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_next_deadline_is_one_period_on_when_on_time_and_in_budget() {
+        assert_eq!(
+            next_deadline(5 * MS + 123, 5 * MS + 200_000, MS, 10.0, 0.01),
+            6 * MS + 123
+        );
+    }
+
+    #[test]
+    fn an_overrun_skips_to_the_first_deadline_after_now_on_the_same_grid() {
+        // Done almost 4 ms after the deadline: the ones already past are
+        // missed, and the next is the first still ahead, 123 ns after now.
+        let next = next_deadline(5 * MS + 123, 9 * MS, MS, 10.0, 0.01);
+        assert_eq!(next, 9 * MS + 123);
+    }
+
+    #[test]
+    fn a_budget_skip_is_whole_periods_and_keeps_the_phase() {
+        // 25 us over a 1% budget is owed 2.5 ms: three whole periods are
+        // skipped, not 2.5, so the deadlines stay at .123 ms past each ms.
+        let next = next_deadline(5 * MS + 123, 5 * MS + 100_000, MS, -25_000.0, 0.01);
+        assert_eq!(next, 9 * MS + 123);
+        assert_eq!(next % MS, 123);
+    }
 }
