@@ -24,9 +24,14 @@ pays depends on the gap between the grids and on which started first
 (bench/jitter/cyclictest_pairs.py). So each window prints the gap between cyclictest's grid and the candidate's
 (from the kernel's timer:hrtimer_start events, through perf), and
 --min-gap-us N restarts each window's cyclictest until the grids lie at least
-N us apart, alternating which of the two comes first. --control puts a second,
-long-lived cyclictest in the agent's place, so the same windows show how far
-cyclictest agrees with itself under the same protocol.
+N us apart, alternating which of the two comes first. --align instead puts
+each window's cyclictest on the candidate's own deadlines for exactly the
+window's span (cyclictest --secaligned, launched before the window at the
+candidate's phase): both then measure the same wake-ups, one interrupt wakes
+both, and neither waits for the other's wake-up. The probe keeps its grid's
+phase for its whole life, so one measurement of it per window is enough.
+--control puts a second, long-lived cyclictest in the agent's place, so the
+same windows show how far cyclictest agrees with itself under the same protocol.
 
 Part 2, the defaults. The agent runs the jitter collector with its defaults
 (every CPU in turn, 10 ms wake-ups, 200 us spins, 1% of one core) for
@@ -36,7 +41,7 @@ by this script at the window's edges; and the probe thread's CPU time, read
 from /proc/<pid>/task/<tid>/schedstat (nanoseconds on CPU), against the budget.
 
 Usage: sudo bench/jitter/vs_cyclictest.py [--vtax target/release/vtax] [--fifo] [--window-secs 10]
-                                          [--laptop] [--min-gap-us 250] [--control]
+                                          [--laptop] [--min-gap-us 250 | --align] [--control]
 Needs: cyclictest and stress-ng (apt-get install rt-tests stress-ng); root
 for --fifo (both then run SCHED_FIFO priority 1); perf (linux-perf) for the
 grid gap.
@@ -210,10 +215,7 @@ def start_reference(cpu, fifo, laptop, window_start, candidate_tid, min_gap_us, 
     while True:
         proc = cyclictest_window(cpu, fifo, laptop, window_start + WINDOW)
         time.sleep(0.05)
-        tid = measuring_tid(proc)
-        phases = grid_phases_ns(cpu, {tid, candidate_tid}) if tid else {}
-        gap = (signed_gap_us(phases[tid], phases[candidate_tid])
-               if tid in phases and candidate_tid in phases else None)
+        gap = grid_gap_us(cpu, measuring_tid(proc), candidate_tid)
         if (gap is None or not min_gap_us or (abs(gap) >= min_gap_us and gap * sign > 0)
                 or time.time() > window_start + 0.3 * WINDOW):
             return proc, gap
@@ -221,8 +223,48 @@ def start_reference(cpu, fifo, laptop, window_start, candidate_tid, min_gap_us, 
         proc.wait()
 
 
+def launch_aligned_reference(cpu, fifo, laptop, window_start, phase_ns):
+    """A cyclictest whose deadlines are exactly the candidate's deadlines in
+    one window, from the first at or after its start to the last before its
+    end, so both measure the same wake-ups over the same span: one timer
+    interrupt wakes both, and neither's wake-up is the other's reschedule
+    point. cyclictest --secaligned=USEC sleeps until the whole second of
+    CLOCK_MONOTONIC after it starts (the one after that within 0.1 s of it),
+    adds USEC, and wakes one interval later; so it is launched 0.7 s before
+    the whole second it should take, up to 1.7 s before the window. Its
+    histogram goes to a file, read when it ends, so the next window's copy
+    can be launched while this one runs."""
+    wall_minus_monotonic = time.time() - time.monotonic()
+    start_ns = int((window_start - wall_minus_monotonic) * 1e9)
+    end_ns = int((window_start + WINDOW - wall_minus_monotonic) * 1e9)
+    first_ns = start_ns + (phase_ns - start_ns) % 1_000_000
+    loops = (end_ns - first_ns + 999_999) // 1_000_000
+    aligned_ns = first_ns - 1_000_000
+    whole_second = aligned_ns // 1_000_000_000
+    offset_us = round((aligned_ns - whole_second * 1_000_000_000) / 1000)
+    while time.monotonic() < whole_second - 0.7:
+        time.sleep(min(0.5, whole_second - 0.7 - time.monotonic()))
+    out = tempfile.TemporaryFile(mode="w+")
+    args = cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000", f"--secaligned={offset_us}"]
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL, text=True)
+    proc.histogram_file = out
+    return proc
+
+
+def grid_gap_us(cpu, reference_tid, candidate_tid):
+    phases = grid_phases_ns(cpu, {reference_tid, candidate_tid}) if reference_tid else {}
+    if reference_tid in phases and candidate_tid in phases:
+        return signed_gap_us(phases[reference_tid], phases[candidate_tid])
+    return None
+
+
 def histogram_result(proc):
-    out, _ = proc.communicate(timeout=WINDOW + 60)
+    if getattr(proc, "histogram_file", None) is not None:
+        proc.wait(timeout=WINDOW + 60)
+        proc.histogram_file.seek(0)
+        out = proc.histogram_file.read()
+    else:
+        out, _ = proc.communicate(timeout=WINDOW + 60)
     counts, overflows, maximum = {}, 0, None
     for line in out.splitlines():
         if line.startswith("# Max Latencies:"):
@@ -315,11 +357,12 @@ class CyclictestCandidate:
                                  "p99": sorted_quantile(lat, 0.99), "max": lat[-1]}
 
 
-def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control):
+def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
     who = "a second, long-lived cyclictest (the control)" if control else "the agent"
+    grids = (", cyclictest on the candidate's grid" if align
+             else f", grids at least {min_gap_us} us apart" if min_gap_us else "")
     print(f"== Part 1: wake-up latency, {who} beside cyclictest, CPU {cpu}, 1000 us, "
-          f"{'SCHED_FIFO 1' if fifo else 'SCHED_OTHER'}"
-          f"{f', grids at least {min_gap_us} us apart' if min_gap_us else ''} ==")
+          f"{'SCHED_FIFO 1' if fifo else 'SCHED_OTHER'}{grids} ==")
     first = next_boundary(time.time() + 2)
     candidate = (CyclictestCandidate(cpu, fifo, laptop, first, quiet + hog) if control
                  else AgentCandidate(vtax, cpu, fifo, laptop))
@@ -327,19 +370,32 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control):
     try:
         for w in range(quiet + hog):
             start = first + w * WINDOW
+            load = "hog" if w >= quiet else "quiet"
+            phase = (grid_phases_ns(cpu, {candidate.tid}).get(candidate.tid)
+                     if align else None)
+            if phase is not None:
+                proc = launch_aligned_reference(cpu, fifo, laptop, start, phase)
             if w == quiet:
                 sleep_until(start)
                 hog_proc = subprocess.Popen(["stress-ng", "--cpu", "1", "--taskset", str(cpu),
                                              "--timeout", f"{hog * WINDOW + 5}s"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sleep_until(start + 0.2)
+            if phase is not None:
+                # Read when the run is over: the next window's copy starts
+                # before this one ends.
+                results[start + WINDOW] = (load, grid_gap_us(cpu, measuring_tid(proc), candidate.tid), proc)
+                continue
             # Beside a hog, a sleeper's tail depends on where the other's
             # deadlines fall in its period: alternate which grid comes first
             # so that the phase does not always favour the same side.
             sign = 1 if (w if w < quiet else w - quiet) % 2 == 0 else -1
             proc, gap = start_reference(cpu, fifo, laptop, start, candidate.tid, min_gap_us, sign)
-            results[start + WINDOW] = ("hog" if w >= quiet else "quiet", gap, histogram_result(proc))
+            results[start + WINDOW] = (load, gap, histogram_result(proc))
         sleep_until(first + (quiet + hog) * WINDOW + 1.5)
+        for end, (load, gap, ct) in results.items():
+            if isinstance(ct, subprocess.Popen):
+                results[end] = (load, gap, histogram_result(ct))
     finally:
         if hog_proc:
             hog_proc.kill()
@@ -454,6 +510,10 @@ def main():
     p.add_argument("--min-gap-us", type=int, default=0,
                    help="restart each window's cyclictest until its 1 ms grid lies at least this "
                         "far from the candidate's (needs perf)")
+    p.add_argument("--align", action="store_true",
+                   help="each window's cyclictest on the candidate's own deadlines over the "
+                        "whole window (cyclictest --secaligned at the candidate's phase, "
+                        "from perf)")
     p.add_argument("--control", action="store_true",
                    help="part 1 with a second, long-lived cyclictest in the agent's place")
     p.add_argument("--window-secs", type=int, default=WINDOW,
@@ -465,7 +525,7 @@ def main():
     need("stress-ng")
     print("load average at start: %.2f %.2f %.2f (other work on this machine shares its CPUs)"
           % os.getloadavg())
-    part1(a.vtax, a.cpu, a.quiet, a.hog, a.fifo, a.laptop, a.min_gap_us, a.control)
+    part1(a.vtax, a.cpu, a.quiet, a.hog, a.fifo, a.laptop, a.min_gap_us, a.control, a.align)
     if not a.skip_part2:
         part2(a.vtax, a.default_windows)
     print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
