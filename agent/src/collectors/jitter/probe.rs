@@ -233,6 +233,9 @@ fn wall_offset_ns() -> i128 {
     i128::from(clock_ns(libc::CLOCK_REALTIME)) - i128::from(monotonic_ns())
 }
 
+/// The longest a budget skip sleeps.
+const MAX_BUDGET_SKIP_NS: u64 = 10_000_000_000;
+
 /// The deadline after `deadline_ns`, on the same grid: every step is a whole
 /// number of periods, so the grid keeps its phase for the thread's life (a
 /// reference sleeper put on the same deadlines, as the cyclictest bench does,
@@ -247,8 +250,10 @@ fn next_deadline(
     let mut next = deadline_ns + interval_ns;
     if tokens < 0.0 {
         // Over budget on wake-ups alone: skip periods until the budget has
-        // caught up.
-        let owed_ns = (-tokens / budget_ratio) as u64;
+        // caught up. The cap keeps a vanishing budget (below about 4e-6 of a
+        // core, where one wake-up owes more) from sleeping for hours, past
+        // the agent's stop, or overflowing.
+        let owed_ns = ((-tokens / budget_ratio) as u64).min(MAX_BUDGET_SKIP_NS);
         next += owed_ns.div_ceil(interval_ns) * interval_ns;
     }
     if next <= now_ns {
@@ -692,5 +697,20 @@ mod tests {
         let next = next_deadline(5 * MS + 123, 5 * MS + 100_000, MS, -25_000.0, 0.01);
         assert_eq!(next, 9 * MS + 123);
         assert_eq!(next % MS, 123);
+    }
+
+    #[test]
+    fn a_skip_after_an_overrun_lands_on_the_grid_after_now() {
+        // Done 15 ms late and owing 2.5 ms: now is past every skipped deadline.
+        let next = next_deadline(5 * MS + 123, 20 * MS, MS, -25_000.0, 0.01);
+        assert_eq!(next, 20 * MS + 123);
+        // Done exactly on the next deadline: that one is missed, not taken.
+        assert_eq!(next_deadline(5 * MS, 6 * MS, MS, 1.0, 0.01), 7 * MS);
+    }
+
+    #[test]
+    fn a_vanishing_budget_skips_at_most_ten_seconds_and_keeps_the_phase() {
+        let next = next_deadline(5 * MS + 123, 5 * MS + 200_000, MS, -40_000.0, 1e-12);
+        assert_eq!(next, 5 * MS + 123 + MS + 10_000 * MS);
     }
 }
