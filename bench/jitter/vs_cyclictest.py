@@ -225,25 +225,31 @@ def start_reference(cpu, fifo, laptop, window_start, candidate_tid, min_gap_us, 
 
 def launch_aligned_reference(cpu, fifo, laptop, window_start, phase_ns):
     """A cyclictest whose deadlines are exactly the candidate's deadlines in
-    one window, from the first at or after its start to the last before its
-    end, so both measure the same wake-ups over the same span: one timer
-    interrupt wakes both, and neither's wake-up is the other's reschedule
-    point. cyclictest --secaligned=USEC sleeps until the whole second of
-    CLOCK_MONOTONIC after it starts (the one after that within 0.1 s of it),
-    adds USEC, and wakes one interval later; so it is launched 0.7 s before
-    the whole second it should take, up to 1.7 s before the window. Its
-    histogram goes to a file, read when it ends, so the next window's copy
-    can be launched while this one runs."""
+    one window, so both measure the same wake-ups over the same span: one
+    timer interrupt wakes both, and neither's wake-up is the other's
+    reschedule point. The agent counts a window's wake-ups from the one after
+    its first deadline at or after the window's start to the first at or
+    after its end (it records a wake-up before it looks at the clock for the
+    window's end), and so does this cyclictest.
+
+    cyclictest --secaligned=USEC takes the whole second of CLOCK_MONOTONIC
+    after it starts (the one after that within 0.1 s of it), adds USEC, and
+    wakes one interval later; so it is launched 0.7 s before the whole second
+    it should take, up to 1.7 s before the window. Its histogram goes to a
+    file, read when it ends, so the next window's copy can be launched while
+    this one runs. Returns None when it is too late to launch it in time."""
     wall_minus_monotonic = time.time() - time.monotonic()
     start_ns = int((window_start - wall_minus_monotonic) * 1e9)
     end_ns = int((window_start + WINDOW - wall_minus_monotonic) * 1e9)
     first_ns = start_ns + (phase_ns - start_ns) % 1_000_000
     loops = (end_ns - first_ns + 999_999) // 1_000_000
-    aligned_ns = first_ns - 1_000_000
-    whole_second = aligned_ns // 1_000_000_000
-    offset_us = round((aligned_ns - whole_second * 1_000_000_000) / 1000)
-    while time.monotonic() < whole_second - 0.7:
-        time.sleep(min(0.5, whole_second - 0.7 - time.monotonic()))
+    whole_second = first_ns // 1_000_000_000
+    offset_us = round((first_ns - whole_second * 1_000_000_000) / 1000)
+    launch = whole_second - 0.7
+    while (left := launch - time.monotonic()) > 0:
+        time.sleep(min(0.5, left))
+    if time.monotonic() > whole_second - 0.3:
+        return None
     out = tempfile.TemporaryFile(mode="w+")
     args = cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000", f"--secaligned={offset_us}"]
     proc = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL, text=True)
@@ -363,28 +369,37 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
              else f", grids at least {min_gap_us} us apart" if min_gap_us else "")
     print(f"== Part 1: wake-up latency, {who} beside cyclictest, CPU {cpu}, 1000 us, "
           f"{'SCHED_FIFO 1' if fifo else 'SCHED_OTHER'}{grids} ==")
-    first = next_boundary(time.time() + 2)
+    # --align launches each window's cyclictest up to 1.7 s before the window,
+    # after the candidate has started and perf has read its phase.
+    first = next_boundary(time.time() + (6 if align else 2))
     candidate = (CyclictestCandidate(cpu, fifo, laptop, first, quiet + hog) if control
                  else AgentCandidate(vtax, cpu, fifo, laptop))
-    results, hog_proc = {}, None
+    results, hog_proc, pending = {}, None, []
     try:
         for w in range(quiet + hog):
             start = first + w * WINDOW
             load = "hog" if w >= quiet else "quiet"
-            phase = (grid_phases_ns(cpu, {candidate.tid}).get(candidate.tid)
-                     if align else None)
-            if phase is not None:
+            proc = None
+            if align:
+                phase = grid_phases_ns(cpu, {candidate.tid}).get(candidate.tid)
+                if phase is None:
+                    sys.exit("--align needs the candidate's phase from perf (linux-perf)")
                 proc = launch_aligned_reference(cpu, fifo, laptop, start, phase)
+                if proc is None:
+                    print(f"window {w}: too late to launch cyclictest on the candidate's grid; skipped")
+                else:
+                    pending.append(proc)
             if w == quiet:
                 sleep_until(start)
                 hog_proc = subprocess.Popen(["stress-ng", "--cpu", "1", "--taskset", str(cpu),
                                              "--timeout", f"{hog * WINDOW + 5}s"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sleep_until(start + 0.2)
-            if phase is not None:
+            if align:
                 # Read when the run is over: the next window's copy starts
                 # before this one ends.
-                results[start + WINDOW] = (load, grid_gap_us(cpu, measuring_tid(proc), candidate.tid), proc)
+                if proc is not None:
+                    results[start + WINDOW] = (load, grid_gap_us(cpu, measuring_tid(proc), candidate.tid), proc)
                 continue
             # Beside a hog, a sleeper's tail depends on where the other's
             # deadlines fall in its period: alternate which grid comes first
@@ -397,9 +412,10 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
             if isinstance(ct, subprocess.Popen):
                 results[end] = (load, gap, histogram_result(ct))
     finally:
-        if hog_proc:
-            hog_proc.kill()
-            hog_proc.wait()
+        for proc in [hog_proc, *pending]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
         candidate.stop()
     name = candidate.name
     print(f"{'window end (UTC)':<17} {'load':<6} {'gap us':>7} {'n ' + name:>7} {'n ct':>6} "
@@ -520,6 +536,8 @@ def main():
                    help="the agent's window_secs, and each cyclictest run's length less 0.5 s "
                         "(less again when --min-gap-us restarts it)")
     a = p.parse_args()
+    if a.align and a.min_gap_us:
+        p.error("--align puts the grids together; --min-gap-us keeps them apart: choose one")
     WINDOW = a.window_secs
     need("cyclictest")
     need("stress-ng")
