@@ -204,7 +204,7 @@ for g in gpus:
         ("SM active (GPM)", a("vtax_gpu_sm_active_ratio"), float("nan")),
         ("NVLink links up", a("vtax_gpu_nvlink_links_up"), float("nan")),
         ("NVLink links product", a("vtax_gpu_nvlink_links_product"), float("nan")),
-        ("copy pid's memory GiB", a("vtax_gpu_process_used_memory_bytes", pid=copy_pid) / 2**30, 4.0),
+        ("copy pid's memory GiB", a("vtax_gpu_process_used_memory_bytes", pid=copy_pid) / 2**30, 4.0),  # against its buffers alone: NVML adds the CUDA context
         ("copy pid's SM share", a("vtax_gpu_process_sm_utilization_ratio", pid=copy_pid), float("nan")),
     ]
     for name, x, y in rows:
