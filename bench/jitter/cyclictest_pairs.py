@@ -27,11 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vs_cyclictest as bench  # noqa: E402  (the grid and histogram helpers)
 
 
-def start(cpu, seconds):
-    args = bench.cyclictest_args(cpu, seconds * 1000, fifo=False, laptop=True) + ["-h", "20000"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", type=int, default=os.cpu_count() - 1)
@@ -52,15 +47,13 @@ def main():
           f"{'p50 b':>6} {'p99 b':>6} {'max b':>7} {'p99 b/a':>8}")
     try:
         for _ in range(a.trials):
-            first = start(a.cpu, a.seconds)
+            first = bench.start_cyclictest(a.cpu, a.seconds * 1000, False, True)
             time.sleep(random.uniform(0.001, 0.011))
-            second = start(a.cpu, a.seconds)
+            second = bench.start_cyclictest(a.cpu, a.seconds * 1000, False, True)
             time.sleep(0.1)
-            ta, tb = bench.measuring_tid(first), bench.measuring_tid(second)
-            phases = bench.grid_phases_ns(a.cpu, {ta, tb})
+            gap = bench.grid_gap_us(a.cpu, bench.measuring_tid(second), bench.measuring_tid(first))
             ra, rb = bench.histogram_result(first), bench.histogram_result(second)
-            gap = (f"{bench.signed_gap_us(phases[tb], phases[ta]):+.0f}"
-                   if ta in phases and tb in phases else "-")
+            gap = "-" if gap is None else f"{gap:+.0f}"
             print(f"{'hog' if a.hog else 'quiet':<6} {gap:>7} {ra['p50']:>6} {ra['p99']:>6} "
                   f"{ra['max']:>7} {rb['p50']:>6} {rb['p99']:>6} {rb['max']:>7} "
                   f"{bench.ratio(rb['p99'], ra['p99']):>8.2f}", flush=True)

@@ -77,9 +77,7 @@ def main():
     hog = subprocess.Popen(["stress-ng", "--cpu", "1", "--taskset", str(a.cpu), "--timeout", f"{length}s"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2)
-    reference = subprocess.Popen(bench.cyclictest_args(a.cpu, (length - 4) * 1000, False, True)
-                                 + ["-h", "20000"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    reference = bench.start_cyclictest(a.cpu, (length - 4) * 1000, False, True)
     time.sleep(2)
     reference_tid = bench.measuring_tid(reference)
     try:

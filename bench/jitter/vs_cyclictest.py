@@ -146,10 +146,19 @@ def cyclictest_args(cpu, loops, fifo, laptop):
     return args
 
 
+def start_cyclictest(cpu, loops, fifo, laptop, *extra):
+    """cyclictest for `loops` wake-ups with a 1 us histogram up to 20 ms, into
+    a file that histogram_result reads once it has ended: a pipe would hold
+    its 20 000 lines, and it, until someone read them."""
+    out = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000", *extra],
+                            stdout=out, stderr=subprocess.DEVNULL, text=True)
+    proc.histogram_file = out
+    return proc
+
+
 def cyclictest_window(cpu, fifo, laptop, window_end):
-    loops = max(1000, int((window_end - 0.3 - time.time()) * 1000))
-    args = cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return start_cyclictest(cpu, max(1000, int((window_end - 0.3 - time.time()) * 1000)), fifo, laptop)
 
 
 def measuring_tid(proc):
@@ -236,7 +245,7 @@ def launch_aligned_reference(cpu, fifo, laptop, window_start, phase_ns):
     after it starts (the one after that within 0.1 s of it), adds USEC, and
     wakes one interval later; so it is launched 0.7 s before the whole second
     it should take, up to 1.7 s before the window. Its histogram goes to a
-    file, read when it ends, so the next window's copy can be launched while
+    file (start_cyclictest), so the next window's copy can be launched while
     this one runs. Returns None when it is too late to launch it in time."""
     wall_minus_monotonic = time.time() - time.monotonic()
     start_ns = int((window_start - wall_minus_monotonic) * 1e9)
@@ -245,16 +254,10 @@ def launch_aligned_reference(cpu, fifo, laptop, window_start, phase_ns):
     loops = (end_ns - first_ns + 999_999) // 1_000_000
     whole_second = first_ns // 1_000_000_000
     offset_us = round((first_ns - whole_second * 1_000_000_000) / 1000)
-    launch = whole_second - 0.7
-    while (left := launch - time.monotonic()) > 0:
-        time.sleep(min(0.5, left))
+    sleep_until(whole_second - 0.7 + wall_minus_monotonic)
     if time.monotonic() > whole_second - 0.3:
         return None
-    out = tempfile.TemporaryFile(mode="w+")
-    args = cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000", f"--secaligned={offset_us}"]
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL, text=True)
-    proc.histogram_file = out
-    return proc
+    return start_cyclictest(cpu, loops, fifo, laptop, f"--secaligned={offset_us}")
 
 
 def grid_gap_us(cpu, reference_tid, candidate_tid):
@@ -265,12 +268,10 @@ def grid_gap_us(cpu, reference_tid, candidate_tid):
 
 
 def histogram_result(proc):
-    if getattr(proc, "histogram_file", None) is not None:
-        proc.wait(timeout=WINDOW + 60)
-        proc.histogram_file.seek(0)
-        out = proc.histogram_file.read()
-    else:
-        out, _ = proc.communicate(timeout=WINDOW + 60)
+    """p50, p99 and max of a start_cyclictest run, once it has ended."""
+    proc.wait(timeout=WINDOW + 60)
+    proc.histogram_file.seek(0)
+    out = proc.histogram_file.read()
     counts, overflows, maximum = {}, 0, None
     for line in out.splitlines():
         if line.startswith("# Max Latencies:"):
@@ -374,12 +375,14 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
     first = next_boundary(time.time() + (6 if align else 2))
     candidate = (CyclictestCandidate(cpu, fifo, laptop, first, quiet + hog) if control
                  else AgentCandidate(vtax, cpu, fifo, laptop))
-    results, hog_proc, pending = {}, None, []
+    # Window end -> (load, gap, its cyclictest); the histograms are read once
+    # every run has ended, since an aligned copy is launched before the last ends.
+    results, hog_proc = {}, None
     try:
         for w in range(quiet + hog):
             start = first + w * WINDOW
+            end = start + WINDOW
             load = "hog" if w >= quiet else "quiet"
-            proc = None
             if align:
                 phase = grid_phases_ns(cpu, {candidate.tid}).get(candidate.tid)
                 if phase is None:
@@ -388,7 +391,7 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
                 if proc is None:
                     print(f"window {w}: too late to launch cyclictest on the candidate's grid; skipped")
                 else:
-                    pending.append(proc)
+                    results[end] = (load, None, proc)
             if w == quiet:
                 sleep_until(start)
                 hog_proc = subprocess.Popen(["stress-ng", "--cpu", "1", "--taskset", str(cpu),
@@ -396,27 +399,24 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sleep_until(start + 0.2)
             if align:
-                # Read when the run is over: the next window's copy starts
-                # before this one ends.
-                if proc is not None:
-                    results[start + WINDOW] = (load, grid_gap_us(cpu, measuring_tid(proc), candidate.tid), proc)
+                if end in results:
+                    proc = results[end][2]
+                    results[end] = (load, grid_gap_us(cpu, measuring_tid(proc), candidate.tid), proc)
                 continue
             # Beside a hog, a sleeper's tail depends on where the other's
             # deadlines fall in its period: alternate which grid comes first
             # so that the phase does not always favour the same side.
             sign = 1 if (w if w < quiet else w - quiet) % 2 == 0 else -1
             proc, gap = start_reference(cpu, fifo, laptop, start, candidate.tid, min_gap_us, sign)
-            results[start + WINDOW] = (load, gap, histogram_result(proc))
+            results[end] = (load, gap, proc)
         sleep_until(first + (quiet + hog) * WINDOW + 1.5)
-        for end, (load, gap, ct) in results.items():
-            if isinstance(ct, subprocess.Popen):
-                results[end] = (load, gap, histogram_result(ct))
     finally:
-        for proc in [hog_proc, *pending]:
+        for proc in [hog_proc, *(proc for _, _, proc in results.values())]:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
         candidate.stop()
+    results = {end: (load, gap, histogram_result(proc)) for end, (load, gap, proc) in results.items()}
     name = candidate.name
     print(f"{'window end (UTC)':<17} {'load':<6} {'gap us':>7} {'n ' + name:>7} {'n ct':>6} "
           f"{'p50 ' + name:>9} {'p50 ct':>7} {'ratio':>6} {'p99 ' + name:>9} {'p99 ct':>7} {'ratio':>6} "
@@ -534,7 +534,7 @@ def main():
                    help="part 1 with a second, long-lived cyclictest in the agent's place")
     p.add_argument("--window-secs", type=int, default=WINDOW,
                    help="the agent's window_secs, and each cyclictest run's length less 0.5 s "
-                        "(less again when --min-gap-us restarts it)")
+                        "(less again when --min-gap-us restarts it; all of it with --align)")
     a = p.parse_args()
     if a.align and a.min_gap_us:
         p.error("--align puts the grids together; --min-gap-us keeps them apart: choose one")

@@ -868,11 +868,8 @@ pub fn doctor_lines(config: &GpuConfig, roots: &Roots) -> Vec<String> {
                 let column = &batch.tags[t];
                 column.dict[column.codes[row] as usize].as_str()
             };
-            let name = collector
-                .gpus
-                .iter()
-                .find(|g| g.uuid == tag(1))
-                .map_or("", |g| g.name.as_str());
+            let gpu = collector.gpus.iter().find(|g| g.uuid == tag(1));
+            let name = gpu.map_or("", |g| g.name.as_str());
             lines.push(format!("GPU {} {} {name}", tag(0), tag(1)));
             for (field, column) in GPU.fields.iter().zip(&batch.fields) {
                 let value = if !column.is_valid(row) {
@@ -886,7 +883,7 @@ pub fn doctor_lines(config: &GpuConfig, roots: &Roots) -> Vec<String> {
                 };
                 lines.push(format!("  {:<30} {value}", field.name));
             }
-            if let Some(gpu) = collector.gpus.iter().find(|g| g.uuid == tag(1)) {
+            if let Some(gpu) = gpu {
                 lines.extend(read_time_lines(collector.backend.as_deref(), gpu.index));
             }
         }

@@ -24,10 +24,10 @@
 //! runtime keeps the last window's series on `/metrics` ([`Collector::windowed`]).
 
 mod probe;
+mod procfs;
 
 /// The calling thread's CPU time, for timing other collectors' calls too.
 pub(crate) use probe::thread_cpu_ns;
-mod procfs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
