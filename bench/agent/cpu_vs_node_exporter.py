@@ -130,6 +130,8 @@ def main():
     parser.add_argument("--busy", type=int, default=10,
                         help="cgroups whose task runs every 200 ms (the others' task sleeps)")
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    parser.add_argument("--sysfs-parent", default="/dev/shm",
+                        help="where the fixture sysfs tree goes (a RAM filesystem, as sysfs is)")
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or shutil.which("node_exporter"))
     args = parser.parse_args()
     if not args.node_exporter:
@@ -137,7 +139,10 @@ def main():
 
     work = tempfile.mkdtemp(prefix="vtax-bench-")
     # A sysfs root for vtax: the real cgroup filesystem, the fixture's 8 HCA ports.
-    sysfs = os.path.join(work, "sys")
+    # It lives in RAM, as sysfs does: this VM keeps little page cache and drops it
+    # every few seconds, so a copy on disk would charge the collector disk reads
+    # that no sysfs read makes.
+    sysfs = os.path.join(tempfile.mkdtemp(prefix="vtax-bench-sys-", dir=args.sysfs_parent), "sys")
     os.makedirs(os.path.join(sysfs, "fs"))
     os.makedirs(os.path.join(sysfs, "class"))
     os.symlink("/sys/fs/cgroup", os.path.join(sysfs, "fs", "cgroup"))
@@ -202,6 +207,7 @@ def main():
         for p in tasks:
             p.kill()
             p.wait()
+        shutil.rmtree(os.path.dirname(sysfs), ignore_errors=True)
         for path in reversed(cgroups):
             try:
                 os.rmdir(path)
