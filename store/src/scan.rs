@@ -86,9 +86,14 @@ struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     fn new(catalog: &Catalog, request: &'a ScanRequest) -> Result<Self> {
-        let table = catalog
-            .get(&request.table)
-            .ok_or_else(|| Error::Schema(format!("no table {:?}", request.table)))?;
+        let table = catalog.get(&request.table).ok_or_else(|| {
+            let known: Vec<_> = catalog.tables().iter().map(|t| t.name).collect();
+            Error::Schema(format!(
+                "no table {:?} (tables: {})",
+                request.table,
+                known.join(", ")
+            ))
+        })?;
         let fields: Vec<usize> = match &request.fields {
             None => (0..table.fields.len()).collect(),
             Some(names) => names

@@ -589,6 +589,35 @@ fn a_fields_only_scan_returns_just_the_values() {
 }
 
 #[test]
+fn an_unknown_table_or_field_names_what_there_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let table_error = store
+        .scan(&ScanRequest {
+            table: "scrapped".into(),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        table_error.contains("no table \"scrapped\"") && table_error.contains("scraped"),
+        "{table_error}"
+    );
+    let field_error = store
+        .scan(&ScanRequest {
+            table: "scraped".into(),
+            fields: Some(vec!["valu".into()]),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        field_error.contains("no field \"valu\"") && field_error.contains("value"),
+        "{field_error}"
+    );
+}
+
+#[test]
 fn a_finished_hours_parts_are_sealed_into_one_file_while_the_day_runs() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
