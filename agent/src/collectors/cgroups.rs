@@ -2468,6 +2468,11 @@ mod tests {
             rows = c.collect(i).unwrap().first().map_or(0, |b| b.len());
         }
         let tick = start.elapsed() / n as u32;
-        eprintln!("vtax-bench: {rows} cgroups, {n} ticks, one tick {tick:?}");
+        let start = std::time::Instant::now();
+        for _ in 0..200 {
+            c.rewalk(0).unwrap();
+        }
+        let walk = start.elapsed() / 200;
+        eprintln!("vtax-bench: {rows} cgroups, {n} ticks, one tick {tick:?}, one walk {walk:?}");
     }
 }
