@@ -36,10 +36,12 @@ pub struct RunArgs {
 }
 
 /// Rows per Parquet data page in the files the agent writes. A merge holds a
-/// page of each input for the column it copies, and the writer a page of raw
-/// values: at 32k rows an f64 page is 256 KiB. Imports keep the store's 100k
-/// rows, which compress a little better.
-const AGENT_DATA_PAGE_ROWS: usize = 32 * 1024;
+/// decompressed page of each input for the column it copies, and the writer a
+/// page of raw values: at 16k rows an f64 page is 128 KiB. From 32k, this took
+/// a day merge's rise in resident memory from 8.1 to 6.3 MiB
+/// (`store/examples/merge_memory.rs --page-rows`) for files 1% larger. Imports
+/// keep the store's 100k rows, which compress a little better.
+const AGENT_DATA_PAGE_ROWS: usize = 16 * 1024;
 
 /// Bytes of one column a publish or merge buffers (and copies once) to choose
 /// its encoding on: 32k f64 values, the same choice as 1 MiB on the merge
@@ -324,4 +326,83 @@ pub fn compact(args: CompactArgs) -> Result<()> {
     store.close()?;
     eprintln!("Compacted {compacted} day(s); retention removed {removed} file(s).");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vtax_store::{BatchBuilder, FieldType, MetricKind, Value};
+
+    /// Seeds the store at `VTAX_SEED_DATA_DIR` with yesterday's (UTC) 24 hours
+    /// of the `cgroup` table for 50 cgroups, written with the agent's options
+    /// and left as the agent leaves a finished day before its day merge (one
+    /// sealed file an hour). An agent started on that store merges the day at
+    /// its first compaction pass: `bench/agent/cpu_vs_node_exporter.py
+    /// --seed-day` measures its resident peak then. Values are those of
+    /// `store/examples/merge_memory.rs`: counters with random steps, gauges
+    /// drawn at random (the hard case for a writer that holds a column).
+    #[test]
+    #[ignore = "writes a day of rows for a benchmark: VTAX_SEED_DATA_DIR=DIR cargo test --release -p vtax seed_yesterday -- --ignored"]
+    fn seed_yesterday_for_the_day_merge_bench() {
+        const SERIES: usize = 50;
+        const DAY_US: i64 = 86_400_000_000;
+        let Some(dir) = std::env::var_os("VTAX_SEED_DATA_DIR") else {
+            panic!("set VTAX_SEED_DATA_DIR");
+        };
+        let mut config = Config::default();
+        config.store.data_dir = Some(dir.into());
+        let mut options = store_options(&config);
+        // A sync a simulated minute keeps the run short; the rows are the same.
+        options.sync_interval = Duration::from_secs(3600);
+        let mut store = Store::open(options, crate::catalog()).expect("open the store");
+        let table = &crate::collectors::cgroups::CGROUP;
+        let paths: Vec<String> = (0..SERIES)
+            .map(|i| format!("/vtax-bench/job{i:02}"))
+            .collect();
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut random = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut counters = vec![vec![0f64; table.fields.len()]; SERIES];
+        let yesterday = now_us().div_euclid(DAY_US) * DAY_US - DAY_US;
+        for second in 0..86_400i64 {
+            let now = yesterday + second * 1_000_000;
+            let mut rows = BatchBuilder::new(table);
+            for (path, counter) in paths.iter().zip(&mut counters) {
+                let values: Vec<Value> = table
+                    .fields
+                    .iter()
+                    .zip(counter.iter_mut())
+                    .map(|(field, total)| match (field.ty, field.kind) {
+                        (FieldType::F64, MetricKind::Counter) => {
+                            *total += (random() >> 11) as f64 / (1u64 << 53) as f64 * 0.01;
+                            Value::F64(*total)
+                        }
+                        (FieldType::F64, _) => {
+                            Value::F64((random() >> 11) as f64 / (1u64 << 53) as f64)
+                        }
+                        (_, MetricKind::Counter) => {
+                            *total += (random() % 100) as f64;
+                            Value::U64(*total as u64)
+                        }
+                        (FieldType::U64, _) => Value::U64((1 << 28) + (random() % 4096) * 4096),
+                        (FieldType::I64, _) => Value::I64((random() % 8) as i64),
+                    })
+                    .collect();
+                rows.push(now, &[path, "other"], &values).expect("a row");
+            }
+            store.append(&rows.finish()).expect("append");
+            if second % 60 == 59 {
+                store.sync().expect("sync");
+                store.tick(now).expect("tick");
+            }
+            if second % 300 == 299 {
+                store.compact(now).expect("compact");
+            }
+        }
+        store.close().expect("close");
+    }
 }

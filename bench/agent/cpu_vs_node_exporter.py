@@ -12,10 +12,11 @@ defaults. After a warm-up, each process's CPU time (utime + stime from
 /proc/<pid>/stat) over the window is divided by the samples it exposed:
 node_exporter's per scraped sample, vtax's per exported sample.
 
-Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--busy 10] [--vtax target/release/vtax]
+Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--busy 10] [--vtax target/release/vtax] [--seed-day]
 Needs root (to create cgroups) and prometheus-node-exporter installed.
 """
 import argparse
+import glob
 import gzip
 import os
 import shutil
@@ -132,6 +133,9 @@ def main():
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     parser.add_argument("--sysfs-parent", default="/dev/shm",
                         help="where the fixture sysfs tree goes (a RAM filesystem, as sysfs is)")
+    parser.add_argument("--seed-day", action="store_true",
+                        help="seed vtax's store with yesterday's 24 hours of a 50-cgroup table, so that "
+                             "its first compaction pass (5 minutes in) is a day merge; run --seconds 420 or more")
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or shutil.which("node_exporter"))
     args = parser.parse_args()
     if not args.node_exporter:
@@ -163,6 +167,12 @@ def main():
             + "".join(f"[collectors.{name}]\nenabled = false\n" for name in (
                 "platform", "perf", "gpu", "jitter", "block", "netdev", "filesystem"))
         )
+    if args.seed_day:
+        # An ignored test of the agent writes the day with the agent's own store options.
+        subprocess.run(
+            ["cargo", "test", "-q", "--release", "-p", "vtax", "seed_yesterday", "--", "--ignored"],
+            cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+            env=dict(os.environ, VTAX_SEED_DATA_DIR=os.path.join(work, "data")))
     vtax_port, ne_port = free_port(), free_port()
     vtax = subprocess.Popen(
         [args.vtax, "run", "--config", config, "--data-dir", os.path.join(work, "data"),
@@ -231,6 +241,11 @@ def main():
         f"{name} {1000 * cpu / wall:.2f}" for name, cpu in per_thread))
     print("vtax peak resident rises (s into the window, MiB): " + ", ".join(
         f"{t:.0f}s {kib / 1024:.1f}" for t, kib in peaks))
+    if args.seed_day:
+        day_dirs = sorted(glob.glob(os.path.join(work, "data", "tables", "cgroup", "date=*")))
+        seeded = [len(glob.glob(os.path.join(d, "*.parquet"))) for d in day_dirs[:1]]
+        print(f"seeded day: {seeded[0] if seeded else 0} file(s) left in {day_dirs[0] if day_dirs else '-'} "
+              "(1 once the day merge ran)")
     print(f"work dir (logs, store): {work}")
 
 

@@ -5,7 +5,7 @@
 //! compaction the process's peak (`VmHWM`) is reset, so each line is what that
 //! pass alone added to resident memory.
 //!
-//! `cargo run --release -p vtax-store --example merge_memory -- [--series 50] [--hours 24] [--row-group-rows N] [--encoding-sample-bytes N] [--dir DIR]`
+//! `cargo run --release -p vtax-store --example merge_memory -- [--series 50] [--hours 24] [--page-rows N] [--row-group-rows N] [--encoding-sample-bytes N] [--dir DIR]`
 //!
 //! Figures go to `docs/benchmarks.md` with this command.
 
@@ -113,7 +113,8 @@ fn main() {
     let mut options = StoreOptions::new(&dir);
     options.node = "bench".into();
     // What agent/src/run.rs and agent/src/config.rs set; the flags try others.
-    options.write.data_page_rows = 32 * 1024;
+    options.write.data_page_rows =
+        arg("--page-rows").map_or(16 * 1024, |v| v.parse().expect("a number"));
     options.max_buffered_bytes = 2 << 20;
     options.write.encoding_sample_bytes =
         arg("--encoding-sample-bytes").map_or(256 << 10, |v| v.parse().expect("a number"));
