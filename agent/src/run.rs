@@ -335,8 +335,8 @@ mod tests {
 
     /// Seeds the store at `VTAX_SEED_DATA_DIR` with yesterday's (UTC) 24 hours
     /// of the `cgroup` table for 50 cgroups, written with the agent's options
-    /// and left as the agent leaves a finished day before its day merge (one
-    /// sealed file an hour). An agent started on that store merges the day at
+    /// and left as the agent leaves a finished day before its day merge (a
+    /// file an hour, and the last hour's tail). An agent started on that store merges the day at
     /// its first compaction pass: `bench/agent/cpu_vs_node_exporter.py
     /// --seed-day` measures its resident peak then. Values are those of
     /// `store/examples/merge_memory.rs`: counters with random steps, gauges
@@ -347,7 +347,8 @@ mod tests {
         const SERIES: usize = 50;
         const DAY_US: i64 = 86_400_000_000;
         let Some(dir) = std::env::var_os("VTAX_SEED_DATA_DIR") else {
-            panic!("set VTAX_SEED_DATA_DIR");
+            eprintln!("VTAX_SEED_DATA_DIR is not set: nothing seeded");
+            return;
         };
         let mut config = Config::default();
         config.store.data_dir = Some(dir.into());

@@ -242,10 +242,10 @@ def main():
     print("vtax peak resident rises (s into the window, MiB): " + ", ".join(
         f"{t:.0f}s {kib / 1024:.1f}" for t, kib in peaks))
     if args.seed_day:
-        day_dirs = sorted(glob.glob(os.path.join(work, "data", "tables", "cgroup", "date=*")))
-        seeded = [len(glob.glob(os.path.join(d, "*.parquet"))) for d in day_dirs[:1]]
-        print(f"seeded day: {seeded[0] if seeded else 0} file(s) left in {day_dirs[0] if day_dirs else '-'} "
-              "(1 once the day merge ran)")
+        # The seeded day sorts first; one file left there means the day merge ran.
+        seeded_day = sorted(glob.glob(os.path.join(work, "data", "tables", "cgroup", "date=*")))[0]
+        left = len(glob.glob(os.path.join(seeded_day, "*.parquet")))
+        print(f"seeded day: {left} file(s) left in {seeded_day} (1 once the day merge ran)")
     print(f"work dir (logs, store): {work}")
 
 
