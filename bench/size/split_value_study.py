@@ -112,8 +112,7 @@ def check_lossless(split_table, original):
     wrong = sum(
         1
         for got, want in zip(restored, original)
-        if (got is None) != (want is None)
-        or (want is not None and bits(got) != bits(want) and not (math.isnan(got) and math.isnan(want)))
+        if (got is None) != (want is None) or (want is not None and bits(got) != bits(want))
     )
     return wrong
 
