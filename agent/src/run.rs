@@ -367,6 +367,7 @@ mod tests {
             state ^= state << 17;
             state
         };
+        let unit = |bits: u64| (bits >> 11) as f64 / (1u64 << 53) as f64;
         let mut counters = vec![vec![0f64; table.fields.len()]; SERIES];
         let yesterday = now_us().div_euclid(DAY_US) * DAY_US - DAY_US;
         for second in 0..86_400i64 {
@@ -379,12 +380,10 @@ mod tests {
                     .zip(counter.iter_mut())
                     .map(|(field, total)| match (field.ty, field.kind) {
                         (FieldType::F64, MetricKind::Counter) => {
-                            *total += (random() >> 11) as f64 / (1u64 << 53) as f64 * 0.01;
+                            *total += unit(random()) * 0.01;
                             Value::F64(*total)
                         }
-                        (FieldType::F64, _) => {
-                            Value::F64((random() >> 11) as f64 / (1u64 << 53) as f64)
-                        }
+                        (FieldType::F64, _) => Value::F64(unit(random())),
                         (_, MetricKind::Counter) => {
                             *total += (random() % 100) as f64;
                             Value::U64(*total as u64)

@@ -592,25 +592,20 @@ fn a_fields_only_scan_returns_just_the_values() {
 fn an_unknown_table_or_field_names_what_there_is() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let table_error = store
-        .scan(&ScanRequest {
-            table: "scrapped".into(),
-            ..Default::default()
-        })
-        .unwrap_err()
-        .to_string();
+    let scan_error = |request: ScanRequest| store.scan(&request).unwrap_err().to_string();
+    let table_error = scan_error(ScanRequest {
+        table: "scrapped".into(),
+        ..Default::default()
+    });
     assert!(
         table_error.contains("no table \"scrapped\"") && table_error.contains("scraped"),
         "{table_error}"
     );
-    let field_error = store
-        .scan(&ScanRequest {
-            table: "scraped".into(),
-            fields: Some(vec!["valu".into()]),
-            ..Default::default()
-        })
-        .unwrap_err()
-        .to_string();
+    let field_error = scan_error(ScanRequest {
+        table: "scraped".into(),
+        fields: Some(vec!["valu".into()]),
+        ..Default::default()
+    });
     assert!(
         field_error.contains("no field \"valu\"") && field_error.contains("value"),
         "{field_error}"

@@ -2409,6 +2409,15 @@ mod tests {
         }
     }
 
+    /// The mean time of one walk (listing, patterns, reopening) over 200.
+    fn mean_walk(c: &mut Cgroups) -> std::time::Duration {
+        let start = std::time::Instant::now();
+        for _ in 0..200 {
+            c.rewalk(0).unwrap();
+        }
+        start.elapsed() / 200
+    }
+
     /// Cost of one tick over each fixture tree and, when there is one, this
     /// machine's own cgroups: `cargo test -p vtax cgroups::tests::timing -- --ignored --nocapture`.
     #[test]
@@ -2431,11 +2440,7 @@ mod tests {
                 rows = c.collect(i).unwrap().first().map_or(0, |b| b.len());
             }
             let tick = start.elapsed() / n as u32;
-            let start = std::time::Instant::now();
-            for _ in 0..200 {
-                c.rewalk(0).unwrap();
-            }
-            let walk = start.elapsed() / 200;
+            let walk = mean_walk(&mut c);
             eprintln!("{name}: {rows} cgroups, one tick {tick:?}, one walk {walk:?}");
         }
     }
@@ -2468,11 +2473,7 @@ mod tests {
             rows = c.collect(i).unwrap().first().map_or(0, |b| b.len());
         }
         let tick = start.elapsed() / n as u32;
-        let start = std::time::Instant::now();
-        for _ in 0..200 {
-            c.rewalk(0).unwrap();
-        }
-        let walk = start.elapsed() / 200;
+        let walk = mean_walk(&mut c);
         eprintln!("vtax-bench: {rows} cgroups, {n} ticks, one tick {tick:?}, one walk {walk:?}");
     }
 }

@@ -901,28 +901,26 @@ fn read_time_lines(backend: Option<&dyn GpuBackend>, gpu: u32) -> Vec<String> {
         return Vec::new();
     }
     times.sort_by(|a, b| b.wall_seconds.total_cmp(&a.wall_seconds));
-    let ms = |s: f64| format!("{:.3}", s * 1e3);
+    let row = |read: &str, wall_seconds: f64, cpu_seconds: f64| {
+        format!(
+            "    {read:<46} {:>9.3} {:>9.3}",
+            wall_seconds * 1e3,
+            cpu_seconds * 1e3
+        )
+    };
     let mut lines = vec![format!(
         "  {:<48} {:>9} {:>9}",
         "driver reads, slowest first", "wall ms", "CPU ms"
     )];
-    for t in &times {
-        lines.push(format!(
-            "    {:<46} {:>9} {:>9}",
-            t.read,
-            ms(t.wall_seconds),
-            ms(t.cpu_seconds)
-        ));
-    }
+    lines.extend(
+        times
+            .iter()
+            .map(|t| row(t.read, t.wall_seconds, t.cpu_seconds)),
+    );
     let (wall, cpu) = times.iter().fold((0.0, 0.0), |(w, c), t| {
         (w + t.wall_seconds, c + t.cpu_seconds)
     });
-    lines.push(format!(
-        "    {:<46} {:>9} {:>9}",
-        "all reads",
-        ms(wall),
-        ms(cpu)
-    ));
+    lines.push(row("all reads", wall, cpu));
     lines
 }
 
