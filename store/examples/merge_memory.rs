@@ -5,7 +5,7 @@
 //! compaction the process's peak (`VmHWM`) is reset, so each line is what that
 //! pass alone added to resident memory.
 //!
-//! `cargo run --release -p vtax-store --example merge_memory -- [--series 50] [--hours 24] [--page-rows N] [--row-group-rows N] [--encoding-sample-bytes N] [--dir DIR]`
+//! `cargo run --release -p vtax-store --example merge_memory -- [--series 50] [--hours 24] [--page-rows N] [--row-group-rows N] [--encoding-sample-bytes N] [--merge-inputs N] [--dir DIR]`
 //!
 //! Figures go to `docs/benchmarks.md` with this command.
 
@@ -120,6 +120,7 @@ fn main() {
         arg("--encoding-sample-bytes").map_or(256 << 10, |v| v.parse().expect("a number"));
     options.write.row_group_rows =
         arg("--row-group-rows").map_or(128 << 10, |v| v.parse().expect("a number"));
+    options.max_merge_inputs = arg("--merge-inputs").map_or(8, |v| v.parse().expect("a number"));
     options.sync_interval = Duration::from_secs(3600);
     let catalog = Catalog::new(&[&CGROUP_LIKE]).expect("catalog");
     let mut store = Store::open(options, catalog).expect("open store");

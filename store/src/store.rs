@@ -49,6 +49,10 @@ pub struct StoreOptions {
     pub wal_segment_bytes: u64,
     /// Bytes the WAL buffers in memory after writes fail before rejecting rows.
     pub wal_max_backlog_bytes: usize,
+    /// Most files one merge reads (at least 2). A merge holds every input's
+    /// footer, a ZSTD context and a decompressed page each; fewer inputs cost
+    /// more rounds (a day's 24 hours: 24 to 3 to 1 at 8, 24 to 6 to 2 to 1 at 4).
+    pub max_merge_inputs: usize,
 }
 
 impl StoreOptions {
@@ -66,6 +70,7 @@ impl StoreOptions {
             write: WriteOptions::default(),
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
             wal_max_backlog_bytes: wal::DEFAULT_MAX_BACKLOG_BYTES,
+            max_merge_inputs: DEFAULT_MAX_MERGE_INPUTS,
         }
     }
 }
@@ -511,7 +516,7 @@ impl Store {
             }
             let day_hours = day * 24..(day + 1) * 24;
             if (day + 1) * DAY_US + grace_us <= now_us && !buffered(table, day_hours) {
-                for group in merge_groups(files) {
+                for group in merge_groups(files, self.options.max_merge_inputs) {
                     merges.push(((table.clone(), *day), group, false));
                 }
                 continue;
@@ -526,7 +531,7 @@ impl Store {
                     continue;
                 }
                 if self.hour_over(hour, now_us) && !buffered(table, hour..hour + 1) {
-                    for group in merge_groups(&parts) {
+                    for group in merge_groups(&parts, self.options.max_merge_inputs) {
                         merges.push(((table.clone(), *day), group, false));
                     }
                 } else if let Some(tier) = similar_sized(&parts) {
@@ -698,18 +703,18 @@ impl Store {
 /// Bound on merge passes in one `compact` call.
 const MAX_MERGE_ROUNDS: usize = 8;
 
-/// Most files one merge reads. Planning the merge holds the sort-key columns
-/// of every input open at once, a ZSTD context and a page each; a day's 24
-/// hours merge in two rounds (24 to 3 to 1) instead of one.
-const MAX_MERGE_INPUTS: usize = 8;
+/// The store's [`StoreOptions::max_merge_inputs`]. Planning a merge holds the
+/// sort-key columns of every input open at once, a ZSTD context and a page
+/// each; a day's 24 hours merge in two rounds (24 to 3 to 1) instead of one.
+const DEFAULT_MAX_MERGE_INPUTS: usize = 8;
 
-/// `files` in time order, cut into groups of at most [`MAX_MERGE_INPUTS`]
+/// `files` in time order, cut into groups of at most `max_inputs` (2 or more)
 /// neighbours; a group of one has nothing to merge with this round.
-fn merge_groups(files: &[FileInfo]) -> Vec<Vec<FileInfo>> {
+fn merge_groups(files: &[FileInfo], max_inputs: usize) -> Vec<Vec<FileInfo>> {
     let mut sorted = files.to_vec();
     sorted.sort_by_key(|f| (f.time_range_us.map(|r| r.0), f.path.clone()));
     sorted
-        .chunks(MAX_MERGE_INPUTS)
+        .chunks(max_inputs.max(2))
         .filter(|group| group.len() > 1)
         .map(<[FileInfo]>::to_vec)
         .collect()

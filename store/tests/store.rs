@@ -303,24 +303,46 @@ fn sorted_energies(result: &vtax_store::ScanResult) -> Vec<Option<u64>> {
 
 #[test]
 fn a_day_of_hour_files_merges_at_most_eight_at_a_time() {
+    // 24 to 3 to 1: each merge holds the keys of eight inputs open, not 24.
+    let (merges, file) = merge_a_day_of_hour_files(|_| {});
+    assert_eq!(merges, 3 + 1);
+    // It merged three files, and names the hours those merged too.
+    assert_eq!(file.compacted_intermediates.len(), 3);
+    assert_eq!(file.compacted_from.len(), 3 + 24);
+}
+
+#[test]
+fn a_smaller_fan_in_merges_a_day_in_more_rounds() {
+    // 24 to 6 to 2 to 1, as the agent does to hold fewer inputs at once.
+    let (merges, file) = merge_a_day_of_hour_files(|o| o.max_merge_inputs = 4);
+    assert_eq!(merges, 6 + 2 + 1);
+    assert_eq!(file.compacted_intermediates.len(), 6 + 2);
+    assert_eq!(file.compacted_from.len(), 6 + 2 + 24);
+}
+
+/// Writes an hour file for each hour of a day with `configure`'s options and
+/// compacts the day; checks that one file holding every row of every hour is
+/// left. Returns the merges it took and that file.
+fn merge_a_day_of_hour_files(
+    configure: impl Fn(&mut StoreOptions),
+) -> (usize, vtax_store::files::FileInfo) {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = open(dir.path());
+    let mut o = options(dir.path());
+    configure(&mut o);
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
     let mut expected = Vec::new();
     for h in 0..24 {
         expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 8));
         store.flush().unwrap();
     }
     assert_eq!(parquet_files(dir.path()).len(), 24);
-    // 24 to 3 to 1: each merge holds the keys of eight inputs open, not 24.
-    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 4);
-    let files: Vec<_> = store.files().collect();
+    let merges = store.compact(T0 + 2 * DAY_US).unwrap();
+    let files: Vec<_> = store.files().cloned().collect();
     assert_eq!(files.len(), 1);
-    // It merged three files, and names the hours those merged too.
-    assert_eq!(files[0].compacted_intermediates.len(), 3);
-    assert_eq!(files[0].compacted_from.len(), 3 + 24);
     assert_eq!(files[0].watermarks.len(), 24, "it holds every hour");
     expected.sort();
     assert_eq!(all_scraped(&store), expected);
+    (merges, files.into_iter().next().unwrap())
 }
 
 #[test]
