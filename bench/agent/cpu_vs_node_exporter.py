@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -60,14 +61,35 @@ def thread_cpu_seconds(pid):
     return out
 
 
-def memory_kib(pid):
+def memory_kib(pid, keys=("VmRSS", "VmHWM")):
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in keys:
                 out[key] = int(value.split()[0])
     return out
+
+
+class PeakParts(threading.Thread):
+    """Polls the agent's resident size every 20 ms and keeps the split of the
+    largest sample: anonymous memory (heap, stacks, written pages) against the
+    pages of files it maps (its own binary and the libraries)."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = None
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.02):
+            try:
+                now = memory_kib(self.pid, ("VmRSS", "RssAnon", "RssFile"))
+            except OSError:
+                return
+            if self.peak is None or now["VmRSS"] > self.peak["VmRSS"]:
+                self.peak = now
 
 
 def scrape(port):
@@ -190,6 +212,8 @@ def main():
         threads_start = thread_cpu_seconds(vtax.pid)
         peak_kib = 0
         peaks = []
+        peak_parts = PeakParts(vtax.pid)
+        peak_parts.start()
         samples = {vtax.pid: 0, ne.pid: 0}
         scrapes = 0
         t0 = time.monotonic()
@@ -205,6 +229,8 @@ def main():
             next_tick += 1
             time.sleep(max(0.0, next_tick - time.monotonic()))
         wall = time.monotonic() - t0
+        peak_parts.done.set()
+        peak_parts.join()
         used = {pid: cpu_seconds(pid) - start[pid] for pid in start}
         threads_end = thread_cpu_seconds(vtax.pid)
         mem = memory_kib(vtax.pid)
@@ -241,6 +267,10 @@ def main():
         f"{name} {1000 * cpu / wall:.2f}" for name, cpu in per_thread))
     print("vtax peak resident rises (s into the window, MiB): " + ", ".join(
         f"{t:.0f}s {kib / 1024:.1f}" for t, kib in peaks))
+    if peak_parts.peak:
+        p = peak_parts.peak
+        print(f"vtax largest sample (every 20 ms): {p['VmRSS'] / 1024:.1f} MiB = anonymous "
+              f"{p['RssAnon'] / 1024:.1f} + file-backed {p['RssFile'] / 1024:.1f}")
     if args.seed_day:
         # The seeded day sorts first; one file left there means the day merge ran.
         seeded_day = sorted(glob.glob(os.path.join(work, "data", "tables", "cgroup", "date=*")))[0]
