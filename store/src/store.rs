@@ -703,7 +703,7 @@ impl Store {
 /// Bound on merge passes in one `compact` call.
 const MAX_MERGE_ROUNDS: usize = 8;
 
-/// The store's [`StoreOptions::max_merge_inputs`]. Planning a merge holds the
+/// The default of [`StoreOptions::max_merge_inputs`]. Planning a merge holds the
 /// sort-key columns of every input open at once, a ZSTD context and a page
 /// each; a day's 24 hours merge in two rounds (24 to 3 to 1) instead of one.
 const DEFAULT_MAX_MERGE_INPUTS: usize = 8;
