@@ -331,13 +331,13 @@ pub fn compact(args: CompactArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vtax_store::{BatchBuilder, FieldType, MetricKind, Value};
+    use vtax_store::{BatchBuilder, FieldType, MetricKind, Value, DAY_US};
 
     /// Seeds the store at `VTAX_SEED_DATA_DIR` with yesterday's (UTC) 24 hours
     /// of the `cgroup` table for 50 cgroups, written with the agent's options
     /// and left as the agent leaves a finished day before its day merge (a
-    /// file an hour, and the last hour's tail). An agent started on that store merges the day at
-    /// its first compaction pass: `bench/agent/cpu_vs_node_exporter.py
+    /// file an hour, and the last hour's tail). An agent started on that store
+    /// merges the day at its first compaction pass: `bench/agent/cpu_vs_node_exporter.py
     /// --seed-day` measures its resident peak then. Values are those of
     /// `store/examples/merge_memory.rs`: counters with random steps, gauges
     /// drawn at random (the hard case for a writer that holds a column).
@@ -345,7 +345,6 @@ mod tests {
     #[ignore = "writes a day of rows for a benchmark: VTAX_SEED_DATA_DIR=DIR cargo test --release -p vtax seed_yesterday -- --ignored"]
     fn seed_yesterday_for_the_day_merge_bench() {
         const SERIES: usize = 50;
-        const DAY_US: i64 = 86_400_000_000;
         let Some(dir) = std::env::var_os("VTAX_SEED_DATA_DIR") else {
             eprintln!("VTAX_SEED_DATA_DIR is not set: nothing seeded");
             return;

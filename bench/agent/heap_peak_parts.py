@@ -16,7 +16,7 @@ PARTS = [
     ("decompressed input pages", "decode_page"),
     ("ZSTD compression context", "ZSTD_resetCCtx_internal"),
     ("ZSTD decompression contexts", "ZSTD_createDCtx"),
-    ("column chunk being written", "add_data_page"),
+    ("the writer: column chunk and page buffers", "add_data_page"),
     ("write-ahead log buffer", "WalWriter"),
     ("input file metadata", "ArrowReaderMetadata"),
 ]

@@ -313,7 +313,7 @@ fn a_day_of_hour_files_merges_at_most_eight_at_a_time() {
 
 #[test]
 fn a_smaller_fan_in_merges_a_day_in_more_rounds() {
-    // 24 to 6 to 2 to 1, as the agent does to hold fewer inputs at once.
+    // 24 to 6 to 2 to 1: fewer inputs held at once, one more round.
     let (merges, file) = merge_a_day_of_hour_files(|o| o.max_merge_inputs = 4);
     assert_eq!(merges, 6 + 2 + 1);
     assert_eq!(file.compacted_intermediates.len(), 6 + 2);
