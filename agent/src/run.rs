@@ -86,7 +86,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())
         .context("install signal handler")?;
 
-    crate::memory::limit_arenas();
+    crate::memory::tune_allocator();
     let open_files = crate::collectors::kept::raise_open_file_limit();
     tracing::debug!(open_files, "Open-file limit.");
     let data_dir = config.data_dir();
