@@ -146,6 +146,52 @@ def populate(jobs, busy):
     return procs
 
 
+def bench_sysfs(parent):
+    """A sysfs root for vtax: the real cgroup filesystem, the fixture's 8 HCA ports.
+
+    It lives under `parent`, in RAM as sysfs does: this VM keeps little page cache
+    and drops it every few seconds, so a copy on disk would charge the collector
+    disk reads that no sysfs read makes."""
+    sysfs = os.path.join(tempfile.mkdtemp(prefix="vtax-bench-sys-", dir=parent), "sys")
+    os.makedirs(os.path.join(sysfs, "fs"))
+    os.makedirs(os.path.join(sysfs, "class"))
+    os.symlink("/sys/fs/cgroup", os.path.join(sysfs, "fs", "cgroup"))
+    shutil.copytree(os.path.join(REPO, "tests/fixtures/baremetal-node/sys/class/infiniband"),
+                    os.path.join(sysfs, "class", "infiniband"), symlinks=True)
+    return sysfs
+
+
+def write_bar_config(work, cgroup_root, extra=""):
+    """Writes the bar's vtax.toml into `work`; returns its path."""
+    config = os.path.join(work, "vtax.toml")
+    with open(config, "w") as f:
+        f.write(
+            "[collectors.host]\ninterval_secs = 1\n"
+            f"[collectors.cgroups]\ninterval_secs = 1\ninclude = ['^/{cgroup_root}/job']\n"
+            "[collectors.infiniband]\ninterval_secs = 1\n"
+            # The bar's configuration is these three collectors; the others
+            # (the jitter probe above all, which spins a CPU by design) are
+            # off. The detector stays on: it is part of every agent.
+            + "".join(f"[collectors.{name}]\nenabled = false\n" for name in (
+                "platform", "perf", "gpu", "jitter", "block", "netdev", "filesystem"))
+            + extra
+        )
+    return config
+
+
+def tear_down(tasks, sysfs, cgroups):
+    """Stops the cgroups' tasks, removes the sysfs root and the cgroups."""
+    for p in tasks:
+        p.kill()
+        p.wait()
+    shutil.rmtree(os.path.dirname(sysfs), ignore_errors=True)
+    for path in reversed(cgroups):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=120)
@@ -164,31 +210,11 @@ def main():
         sys.exit("prometheus-node-exporter is not installed (apt-get install prometheus-node-exporter)")
 
     work = tempfile.mkdtemp(prefix="vtax-bench-")
-    # A sysfs root for vtax: the real cgroup filesystem, the fixture's 8 HCA ports.
-    # It lives in RAM, as sysfs does: this VM keeps little page cache and drops it
-    # every few seconds, so a copy on disk would charge the collector disk reads
-    # that no sysfs read makes.
-    sysfs = os.path.join(tempfile.mkdtemp(prefix="vtax-bench-sys-", dir=args.sysfs_parent), "sys")
-    os.makedirs(os.path.join(sysfs, "fs"))
-    os.makedirs(os.path.join(sysfs, "class"))
-    os.symlink("/sys/fs/cgroup", os.path.join(sysfs, "fs", "cgroup"))
-    shutil.copytree(os.path.join(REPO, "tests/fixtures/baremetal-node/sys/class/infiniband"),
-                    os.path.join(sysfs, "class", "infiniband"), symlinks=True)
+    sysfs = bench_sysfs(args.sysfs_parent)
     busy = min(args.busy, CGROUP_COUNT)
     cgroups, jobs = make_cgroups("vtax-bench")
     tasks = populate(jobs, busy)
-    config = os.path.join(work, "vtax.toml")
-    with open(config, "w") as f:
-        f.write(
-            "[collectors.host]\ninterval_secs = 1\n"
-            "[collectors.cgroups]\ninterval_secs = 1\ninclude = ['^/vtax-bench/job']\n"
-            "[collectors.infiniband]\ninterval_secs = 1\n"
-            # The bar's configuration is these three collectors; the others
-            # (the jitter probe above all, which spins a CPU by design) are
-            # off. The detector stays on: it is part of every agent.
-            + "".join(f"[collectors.{name}]\nenabled = false\n" for name in (
-                "platform", "perf", "gpu", "jitter", "block", "netdev", "filesystem"))
-        )
+    config = write_bar_config(work, "vtax-bench")
     if args.seed_day:
         # An ignored test of the agent writes the day with the agent's own store options.
         subprocess.run(
@@ -240,15 +266,7 @@ def main():
             p.send_signal(signal.SIGTERM)
         for p in (vtax, ne):
             p.wait(timeout=30)
-        for p in tasks:
-            p.kill()
-            p.wait()
-        shutil.rmtree(os.path.dirname(sysfs), ignore_errors=True)
-        for path in reversed(cgroups):
-            try:
-                os.rmdir(path)
-            except OSError:
-                pass
+        tear_down(tasks, sysfs, cgroups)
     v_per = used[vtax.pid] / samples[vtax.pid]
     n_per = used[ne.pid] / samples[ne.pid]
     print(f"window_s={wall:.0f} scrapes={scrapes} cgroups={CGROUP_COUNT} "
