@@ -8,7 +8,7 @@
 //!
 //! glibc also raises its mmap threshold to the size of each mapped block freed,
 //! up to 32 MiB. A publish or a merge frees blocks of 128 KiB to 1 MiB by the
-//! thousand (ZSTD's contexts, one per column chunk; pages and their buffers),
+//! thousand (ZSTD's workspaces, one per column chunk; growing buffers),
 //! so after the first one every such block comes from the heap, where the
 //! holes they leave keep the heap large until the next trim. Pinned at glibc's
 //! starting value, they are mapped and unmapped whole: about 1 MiB less
