@@ -7,6 +7,8 @@ mod detect;
 mod doctor;
 #[cfg(test)]
 mod golden;
+#[cfg(test)]
+mod hot_text;
 mod import;
 mod memory;
 mod query;

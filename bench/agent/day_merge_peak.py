@@ -11,7 +11,10 @@ For comparing builds or allocator settings, not for the bar's figures: a peak se
 30 s in misses the rows an agent buffers in its first minutes.
 
     sudo bench/agent/day_merge_peak.py [--vtax target/release/vtax] [--compact-secs 30]
-        [--env MALLOC_MMAP_THRESHOLD_=131072 ...]
+        [--env MALLOC_MMAP_THRESHOLD_=131072 ...] [--wrap "valgrind --tool=callgrind"]
+
+--wrap runs the agent under another program (hot_text_profile.py profiles it so);
+the memory figures are then that program's.
 
 The seeded day is written once into --seed-cache (the agent's ignored seed test) and
 copied for each run. Needs root (cgroups).
@@ -55,6 +58,7 @@ def main():
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the agent")
     parser.add_argument("--compact-secs", type=int, default=30)
     parser.add_argument("--after-secs", type=int, default=15, help="how long to run once the day merged")
+    parser.add_argument("--wrap", default="", help="a command line to run the agent under")
     parser.add_argument("--seed-cache", default=os.path.join(tempfile.gettempdir(), "vtax-seeded-day"))
     args = parser.parse_args()
     if not os.path.isdir(args.seed_cache):
@@ -77,7 +81,7 @@ def main():
     port = bench.free_port()
     started = time.monotonic()
     vtax = subprocess.Popen(
-        [args.vtax, "run", "--config", config, "--data-dir", data,
+        args.wrap.split() + [args.vtax, "run", "--config", config, "--data-dir", data,
          "--web.listen-address", f"127.0.0.1:{port}", "--path.sysfs", sysfs],
         stderr=open(os.path.join(work, "vtax.log"), "w"), env=env)
     stop = threading.Event()
