@@ -35,6 +35,13 @@ trap 'dpkg --purge vtax >/dev/null 2>&1 || true' EXIT
 getent passwd vtax >/dev/null || fail "postinst made no vtax user"
 check_installed_agent /
 run_installed_doctor
+# The release build packs the functions agent/hot-text.txt lists ahead of the
+# rest of the code (agent/src/hot_text.rs); the list held about 3.8 MB when it
+# was written. Less than 2 MiB packed means it no longer matches the code.
+hot_text_hex=$(readelf -S -W /usr/bin/vtax \
+  | awk '{for (i = 1; i + 4 <= NF; i++) if ($i == ".text.vtax_hot") print $(i + 4)}')
+[ -n "$hot_text_hex" ] && [ $((16#$hot_text_hex)) -ge $((2 << 20)) ] \
+  || fail "/usr/bin/vtax packs ${hot_text_hex:-no} (hex) bytes of hot code: rerun bench/agent/hot_text_profile.py"
 conffiles=$(dpkg-query -W -f='${Conffiles}\n' vtax)
 grep -q '/etc/vtax/vtax.toml' <<<"$conffiles"
 

@@ -25,7 +25,10 @@ command -v java >/dev/null || need_apt+=(default-jre-headless)
 command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
 if [ -n "$rpm_check" ]; then
   command -v rpm >/dev/null || need_apt+=(rpm)
-  command -v strip >/dev/null || need_apt+=(binutils)
+fi
+# strip for both packages; readelf for the .deb's packed-code check.
+if [ -n "$deb_check" ] || [ -n "$rpm_check" ]; then
+  { command -v strip && command -v readelf; } >/dev/null || need_apt+=(binutils)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} with apt-get"
