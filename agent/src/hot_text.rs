@@ -9,12 +9,14 @@
 //!
 //! The workspace mangles symbols the v0 way (`.cargo/config.toml`), so a
 //! name carries the whole path and the generic arguments, and what changes
-//! from build to build is confined to two parts: each crate's disambiguator
-//! (`Cs<base 62>_`, from the toolchain and the dependencies' versions) and
-//! ThinLTO's `.llvm.<module hash>` suffix (from the code around it). The
-//! script leaves those open, so the list holds across edits, dependency
-//! updates and toolchains; a function renamed or added since the profile
-//! falls back to the ordinary layout.
+//! from build to build is mostly confined to two parts: each crate's
+//! disambiguator (`Cs<base 62>_`, from the crate's version, the toolchain and
+//! the dependencies' versions) and ThinLTO's `.llvm.<module hash>` suffix
+//! (from the code around it). The script leaves those open, so the list holds
+//! across edits and version bumps. Where a disambiguator's length changes,
+//! v0's back-references (`B<offset>_`) after it shift, and those names stop
+//! matching; so does a function renamed since the profile. They fall back to
+//! the ordinary layout, and `scripts/deb-check.sh` fails once too much has.
 //!
 //! This file is included by `build.rs`, and tested as part of the agent.
 

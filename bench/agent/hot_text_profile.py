@@ -170,10 +170,13 @@ def with_aliases(ordered, binary):
 
 
 def write_list(names):
+    # Callgrind also names code it has no symbol for ("(below main)", "0x...").
+    symbol = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.]*$")
     with open(LIST, "w") as f:
         f.write(HEADER)
         for name in names:
-            f.write(name + "\n")
+            if symbol.match(name):
+                f.write(name + "\n")
 
 
 def main():
