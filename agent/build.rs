@@ -2,7 +2,6 @@
 //! `src/hot_text.rs`.
 
 #[path = "src/hot_text.rs"]
-#[allow(dead_code)]
 mod hot_text;
 
 use std::path::PathBuf;
