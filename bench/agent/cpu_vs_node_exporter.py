@@ -179,6 +179,20 @@ def write_bar_config(work, cgroup_root, extra=""):
     return config
 
 
+def seed_day(data_dir):
+    """Writes yesterday's day of the `cgroup` table for 50 cgroups into `data_dir`,
+    through an ignored test of the agent, with the agent's own store options."""
+    subprocess.run(
+        ["cargo", "test", "-q", "--release", "-p", "vtax", "seed_yesterday", "--", "--ignored"],
+        cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+        env=dict(os.environ, VTAX_SEED_DATA_DIR=data_dir))
+
+
+def seeded_day_dir(data_dir):
+    """The seeded day's partition: it sorts first. One file left there means it merged."""
+    return sorted(glob.glob(os.path.join(data_dir, "tables", "cgroup", "date=*")))[0]
+
+
 def tear_down(tasks, sysfs, cgroups):
     """Stops the cgroups' tasks, removes the sysfs root and the cgroups."""
     for p in tasks:
@@ -216,11 +230,7 @@ def main():
     tasks = populate(jobs, busy)
     config = write_bar_config(work, "vtax-bench")
     if args.seed_day:
-        # An ignored test of the agent writes the day with the agent's own store options.
-        subprocess.run(
-            ["cargo", "test", "-q", "--release", "-p", "vtax", "seed_yesterday", "--", "--ignored"],
-            cwd=REPO, check=True, stdout=subprocess.DEVNULL,
-            env=dict(os.environ, VTAX_SEED_DATA_DIR=os.path.join(work, "data")))
+        seed_day(os.path.join(work, "data"))
     vtax_port, ne_port = free_port(), free_port()
     vtax = subprocess.Popen(
         [args.vtax, "run", "--config", config, "--data-dir", os.path.join(work, "data"),
@@ -290,8 +300,7 @@ def main():
         print(f"vtax largest sample (every 20 ms): {p['VmRSS'] / 1024:.1f} MiB = anonymous "
               f"{p['RssAnon'] / 1024:.1f} + file-backed {p['RssFile'] / 1024:.1f}")
     if args.seed_day:
-        # The seeded day sorts first; one file left there means the day merge ran.
-        seeded_day = sorted(glob.glob(os.path.join(work, "data", "tables", "cgroup", "date=*")))[0]
+        seeded_day = seeded_day_dir(os.path.join(work, "data"))
         left = len(glob.glob(os.path.join(seeded_day, "*.parquet")))
         print(f"seeded day: {left} file(s) left in {seeded_day} (1 once the day merge ran)")
     print(f"work dir (logs, store): {work}")

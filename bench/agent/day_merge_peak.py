@@ -62,10 +62,7 @@ def main():
     parser.add_argument("--seed-cache", default=os.path.join(tempfile.gettempdir(), "vtax-seeded-day"))
     args = parser.parse_args()
     if not os.path.isdir(args.seed_cache):
-        subprocess.run(
-            ["cargo", "test", "-q", "--release", "-p", "vtax", "seed_yesterday", "--", "--ignored"],
-            cwd=REPO, check=True, stdout=subprocess.DEVNULL,
-            env=dict(os.environ, VTAX_SEED_DATA_DIR=args.seed_cache))
+        bench.seed_day(args.seed_cache)
     work = tempfile.mkdtemp(prefix="vtax-merge-peak-")
     data = os.path.join(work, "data")
     shutil.copytree(args.seed_cache, data)
@@ -95,7 +92,7 @@ def main():
                 pass  # not listening yet
 
     threading.Thread(target=scrape_every_second, daemon=True).start()
-    seeded_day = sorted(glob.glob(os.path.join(data, "tables", "cgroup", "date=*")))[0]
+    seeded_day = bench.seeded_day_dir(data)
     keys = ("VmRSS", "RssAnon", "RssFile")
     before = peak = None
     merged_at = None

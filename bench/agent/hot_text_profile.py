@@ -34,6 +34,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_vs_node_exporter as bench  # noqa: E402
+import resident_code  # noqa: E402
 
 REPO = bench.REPO
 LIST = os.path.join(REPO, "agent", "hot-text.txt")
@@ -47,8 +48,10 @@ HEADER = """\
 
 
 def build():
+    """A copy of a fresh release build, so the next build cannot replace it mid-run."""
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "vtax"], cwd=REPO, check=True)
-    copy = tempfile.mktemp(prefix="vtax-hot-text-")
+    fd, copy = tempfile.mkstemp(prefix="vtax-hot-text-")
+    os.close(fd)
     shutil.copy(BINARY, copy)
     return copy
 
@@ -67,15 +70,12 @@ def symbols(binary):
     return address_of, names_at
 
 
-def section_range(binary, name):
-    out = subprocess.run(["readelf", "-S", "-W", binary], capture_output=True, text=True,
-                         check=True).stdout
-    for line in out.splitlines():
-        fields = line.replace("[ ", "[").split()
-        if len(fields) > 5 and fields[1] == name:
-            start, size = int(fields[3], 16), int(fields[5], 16)
+def text_range(binary):
+    """Where the ordinary (unpacked) `.text` lies."""
+    for name, start, size in resident_code.sections(binary):
+        if name == ".text":
             return start, start + size
-    return None
+    sys.exit(f"{binary} has no .text section")
 
 
 def run_default(binary, seconds, wrap):
@@ -136,12 +136,11 @@ def callgrind_costs(path, binary_name):
     return costs
 
 
-def cold_faults(perf_data, binary, hot):
+def cold_faults(perf_data, binary, address_of, hot):
     """Functions in the binary outside the packed stretch whose code faulted."""
     out = subprocess.run(["perf", "script", "--no-demangle", "-i", perf_data,
                           "-F", "ip,sym,dso,addr"], capture_output=True, text=True).stdout
-    address_of, _ = symbols(binary)
-    text = section_range(binary, ".text")
+    text = text_range(binary)
     line_spec = re.compile(r"^\s*(\w+) .*? \((.*?)\)\s+(\w+) (.*?) \((.*?)\)$")
     found = set()
     for line in out.splitlines():
@@ -153,14 +152,15 @@ def cold_faults(perf_data, binary, hot):
             continue  # a data fault, or another object's code
         name = re.sub(r"\+0x[0-9a-f]+$", "", symbol)
         at = address_of.get(name)
-        if at is not None and text and text[0] <= at < text[1] and name not in hot:
+        if at is not None and text[0] <= at < text[1] and name not in hot:
             found.add(name)
     return found
 
 
-def with_aliases(ordered, binary):
-    address_of, names_at = symbols(binary)
-    listed, seen = [], set()
+def with_aliases(ordered, table, seen=()):
+    """`ordered` with every other name at each one's address, leaving out `seen`."""
+    address_of, names_at = table
+    listed, seen = [], set(seen)
     for name in ordered:
         for alias in names_at.get(address_of.get(name), [name]):
             if alias not in seen:
@@ -205,7 +205,7 @@ def main():
         for function, cost in callgrind_costs(out, name).items():
             costs[function] = costs.get(function, 0) + cost
     ordered = [f for f, _ in sorted(costs.items(), key=lambda kv: -kv[1])]
-    hot = with_aliases(ordered, binary)
+    hot = with_aliases(ordered, symbols(binary))
     print(f"callgrind: {len(costs)} functions executed, {len(hot)} names with aliases")
     os.unlink(binary)
     for round_number in range(args.native_rounds):
@@ -215,10 +215,11 @@ def main():
         wrap = ["perf", "record", "-q", "-e", "page-faults", "-c", "1", "-d", "-o"]
         run_default(binary, 20, wrap + [faults + ".default", "--"])
         run_day_merge(binary, wrap + [faults + ".day", "--"])
+        table, listed = symbols(binary), set(hot)
         cold = set()
         for data in (faults + ".default", faults + ".day"):
-            cold |= cold_faults(data, binary, set(hot))
-        hot += [f for f in with_aliases(sorted(cold), binary) if f not in set(hot)]
+            cold |= cold_faults(data, binary, table[0], listed)
+        hot += with_aliases(sorted(cold), table, seen=listed)
         print(f"native round {round_number + 1}: {len(cold)} functions faulted outside")
         os.unlink(binary)
         if not cold:
