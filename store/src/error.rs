@@ -54,6 +54,13 @@ pub enum Error {
         /// Who holds it, as written in the lock file.
         holder: String,
     },
+    /// A merge was told to stop (the agent is stopping) before it finished;
+    /// nothing was published and its inputs stay.
+    #[error("the merge was stopped before it finished; its inputs stay")]
+    Stopped,
+    /// A merge panicked on the compaction thread (a bug); its inputs stay.
+    #[error("a merge panicked, its inputs stay: {0}")]
+    Panicked(String),
 }
 
 impl Error {

@@ -30,7 +30,9 @@
 //!    finished day's files into one) by a streaming merge, recording the names of
 //!    the files it replaces in the new file's metadata. Whoever finds a compacted file beside any of its
 //!    inputs ignores the inputs (and a writer deletes them), so a kill at any instant
-//!    leaves every row visible exactly once.
+//!    leaves every row visible exactly once. A merge may run on another thread
+//!    while the writer appends and publishes ([`Compactor`]); the writer lists and
+//!    keeps its inputs until it takes the outcome back.
 //! 6. **Retention** deletes whole files, oldest day first; a deletion is atomic.
 //! 7. **Quarantine.** A file whose footer cannot be read is moved to `quarantine/`,
 //!    never deleted; the rest of the store stays readable.
@@ -42,6 +44,7 @@
 
 pub mod batch;
 mod bucket;
+mod compaction;
 pub mod error;
 pub mod files;
 mod merge;
@@ -53,11 +56,14 @@ pub mod tables;
 pub mod wal;
 
 pub use batch::{Batch, BatchBuilder, Value};
+pub use compaction::{Compactor, CycleReport};
 pub use error::{Error, Result};
 pub use files::WriteOptions;
 pub use scan::{ScanRequest, ScanResult};
 pub use schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
-pub use store::{node_name, Deletable, Store, StoreOptions, StoreStats};
+pub use store::{
+    node_name, Deletable, Merge, MergeOutcome, Store, StoreOptions, StoreStats, MAX_MERGE_ROUNDS,
+};
 
 /// Microseconds in one hour: the width of a bucket.
 pub const HOUR_US: i64 = 3_600_000_000;

@@ -1,10 +1,11 @@
 //! The writable store: WAL, buckets, publishing, compaction, retention.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -486,22 +487,34 @@ impl Store {
     /// a past hour opens one file), and each finished day's files into one. Finished
     /// means over for longer than the publish grace with nothing of it still
     /// buffered. Safe to kill at any instant (see the crate docs). Returns the
-    /// number of merges.
+    /// number of merges. The agent runs the same merges off its main thread
+    /// ([`crate::Compactor`]); this runs them here, one after another.
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
-        self.clock_us = Some(now_us);
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
         for _ in 0..MAX_MERGE_ROUNDS {
-            let merged = self.merge_once(now_us)?;
-            total += merged;
-            if merged == 0 {
+            let merges = self.plan_merges(now_us)?;
+            if merges.is_empty() {
                 break;
+            }
+            total += merges.len();
+            let keep_going = AtomicBool::new(true);
+            for merge in merges {
+                let outcome = merge.run(&keep_going);
+                self.finish_merge(outcome)?;
             }
         }
         Ok(total)
     }
 
-    fn merge_once(&mut self, now_us: i64) -> Result<usize> {
+    /// The merges due at `now_us` (one round of [`Self::compact`]), to run on
+    /// any thread with [`Merge::run`] and hand back to [`Self::finish_merge`].
+    /// Until then the store keeps listing, scanning and keeping their inputs;
+    /// appending and publishing go on meanwhile. Plan the next round only once
+    /// every merge of this one is finished: two merges of one input would
+    /// each replace it.
+    pub fn plan_merges(&mut self, now_us: i64) -> Result<Vec<Merge>> {
+        self.clock_us = Some(now_us);
         let grace_us = self.options.publish_grace.as_micros() as i64;
         let buffered = |table: &str, hours: std::ops::Range<i64>| {
             self.buckets
@@ -509,7 +522,7 @@ impl Store {
                 .any(|(t, h)| *t == table && hours.contains(h))
         };
         // (partition, inputs, whether the output is a part of the running hour)
-        let mut merges: Vec<((String, i64), Vec<FileInfo>, bool)> = Vec::new();
+        let mut groups: Vec<((String, i64), Vec<FileInfo>, bool)> = Vec::new();
         for ((table, day), files) in &self.files {
             if files.len() < 2 {
                 continue;
@@ -517,7 +530,7 @@ impl Store {
             let day_hours = day * 24..(day + 1) * 24;
             if (day + 1) * DAY_US + grace_us <= now_us && !buffered(table, day_hours) {
                 for group in merge_groups(files, self.options.max_merge_inputs) {
-                    merges.push(((table.clone(), *day), group, false));
+                    groups.push(((table.clone(), *day), group, false));
                 }
                 continue;
             }
@@ -532,36 +545,54 @@ impl Store {
                 }
                 if self.hour_over(hour, now_us) && !buffered(table, hour..hour + 1) {
                     for group in merge_groups(&parts, self.options.max_merge_inputs) {
-                        merges.push(((table.clone(), *day), group, false));
+                        groups.push(((table.clone(), *day), group, false));
                     }
                 } else if let Some(tier) = similar_sized(&parts) {
                     // The running hour: merge parts of like size, so an hour holds a
                     // handful of files at any time, each row rewritten a few times.
-                    merges.push(((table.clone(), *day), tier, true));
+                    groups.push(((table.clone(), *day), tier, true));
                 }
             }
         }
-        let count = merges.len();
-        for (key, inputs, running) in merges {
-            self.merge_files(&key, &inputs, running)?;
+        // Names that files of a partition list as replaced are never reused: a
+        // reader would take the new file for a replaced one. Nor are the names
+        // of this round's inputs, which a merge before it may have replaced.
+        let mut replaced: HashMap<(String, i64), Arc<HashSet<String>>> = HashMap::new();
+        for (key, _, _) in &groups {
+            replaced.entry(key.clone()).or_insert_with(|| {
+                let listed = self.files.get(key).into_iter().flatten();
+                let names = listed
+                    .clone()
+                    .flat_map(|f| f.compacted_from.iter().cloned())
+                    .chain(listed.map(|f| f.name().to_string()))
+                    .collect();
+                Arc::new(names)
+            });
         }
-        Ok(count)
+        groups
+            .into_iter()
+            .map(|(key, inputs, running)| {
+                let replaced = replaced[&key].clone();
+                self.plan_merge(key, inputs, running, replaced)
+            })
+            .collect()
     }
 
-    fn merge_files(
-        &mut self,
-        key: &(String, i64),
-        inputs: &[FileInfo],
+    fn plan_merge(
+        &self,
+        partition: (String, i64),
+        inputs: Vec<FileInfo>,
         running: bool,
-    ) -> Result<()> {
+        replaced: Arc<HashSet<String>>,
+    ) -> Result<Merge> {
         let table = self
             .catalog
-            .get(&key.0)
-            .ok_or_else(|| Error::Schema(format!("no declaration for table {}", key.0)))?;
+            .get(&partition.0)
+            .ok_or_else(|| Error::Schema(format!("no declaration for table {}", partition.0)))?;
         let mut watermarks = BTreeMap::new();
         let mut names = Vec::new();
         let mut intermediates = Vec::new();
-        for info in inputs {
+        for info in &inputs {
             for (&hour, &seq) in &info.watermarks {
                 let w = watermarks.entry(hour).or_insert(0);
                 *w = seq.max(*w);
@@ -585,51 +616,57 @@ impl Store {
             .iter()
             .filter_map(|f| f.time_range_us.map(|r| r.0))
             .min()
-            .unwrap_or(key.1 * DAY_US);
-        // Names that files of this partition list as replaced are never reused:
-        // a reader would take the new file for a replaced one.
-        let replaced: std::collections::HashSet<String> = self
-            .files
-            .get(key)
-            .into_iter()
-            .flatten()
-            .flat_map(|f| f.compacted_from.iter().cloned())
-            .collect();
-        let options = self.write_options(running);
-        let mut merge = crate::merge::MergeColumns::open(table, inputs)?;
-        let published = files::publish(
-            &self.options.data_dir,
-            &self.options.node,
+            .unwrap_or(partition.1 * DAY_US);
+        Ok(Merge {
+            data_dir: self.options.data_dir.clone(),
+            node: self.options.node.clone(),
+            options: self.write_options(running).into_owned(),
+            partition,
             table,
+            inputs,
             first_time,
-            &mut merge,
-            &watermarks,
-            &names,
-            &intermediates,
-            &options,
-            &|name| replaced.contains(name),
-        );
-        let info = match published {
+            watermarks,
+            names,
+            intermediates,
+            replaced,
+        })
+    }
+
+    /// Takes a merge's outcome: its output replaces its inputs in the store's
+    /// list, then the inputs are deleted. A merge that failed or was stopped
+    /// changes nothing; its inputs are merged at a later round. Returns the
+    /// merge's error, counted as a write error unless the merge was stopped.
+    pub fn finish_merge(&mut self, outcome: MergeOutcome) -> Result<()> {
+        let MergeOutcome {
+            merge,
+            output,
+            writing,
+        } = outcome;
+        let info = match output {
             Ok(info) => info,
             Err(e) => {
-                self.count_error(&e);
+                if writing && !matches!(e, Error::Stopped) {
+                    self.count_error(&e);
+                }
                 return Err(e);
             }
         };
+        self.stats.files_published += 1;
+        self.stats.last_file_written = Some(SystemTime::now());
+        let dir = info.path.parent().map(Path::to_path_buf);
+        let partition = self.files.entry(merge.partition).or_default();
+        partition.retain(|f| !merge.inputs.iter().any(|i| i.path == f.path));
+        partition.push(info);
         // The merged file is durable and names its inputs; removing them now is
-        // only tidying, and a kill before it is finished at the next open.
-        for input in inputs {
+        // only tidying: readers skip them, and the next open removes what a
+        // failure or a kill here left.
+        for input in &merge.inputs {
             fs::remove_file(&input.path)
                 .map_err(Error::io("remove compacted input", &input.path))?;
         }
-        if let Some(parent) = info.path.parent() {
-            wal::sync_dir(parent)?;
+        if let Some(dir) = dir {
+            wal::sync_dir(&dir)?;
         }
-        self.stats.files_published += 1;
-        self.stats.last_file_written = Some(SystemTime::now());
-        let partition = self.files.entry(key.clone()).or_default();
-        partition.retain(|f| !inputs.iter().any(|i| i.path == f.path));
-        partition.push(info);
         Ok(())
     }
 
@@ -700,8 +737,122 @@ impl Store {
     }
 }
 
-/// Bound on merge passes in one `compact` call.
-const MAX_MERGE_ROUNDS: usize = 8;
+/// A merge [`Store::plan_merges`] planned. Its inputs are published files,
+/// which nothing changes in place, and it writes one new file, so it runs on
+/// any thread while the store appends and publishes.
+pub struct Merge {
+    data_dir: PathBuf,
+    node: String,
+    options: WriteOptions,
+    partition: (String, i64),
+    table: &'static crate::TableDef,
+    inputs: Vec<FileInfo>,
+    first_time: i64,
+    watermarks: BTreeMap<i64, u64>,
+    names: Vec<String>,
+    intermediates: Vec<String>,
+    replaced: Arc<HashSet<String>>,
+}
+
+/// What [`Merge::run`] did, for [`Store::finish_merge`].
+pub struct MergeOutcome {
+    merge: Merge,
+    output: Result<FileInfo>,
+    /// Whether it got as far as writing: only then is a failure a write error
+    /// (an input whose footer cannot be read is not).
+    writing: bool,
+}
+
+impl Merge {
+    /// The files this merge replaces.
+    pub fn inputs(&self) -> &[FileInfo] {
+        &self.inputs
+    }
+
+    /// Writes the merged file, atomically (see [`files::publish`]); its inputs
+    /// stay until [`Store::finish_merge`]. Once `keep_going` turns false the
+    /// merge stops at its next column and publishes nothing.
+    pub fn run(self, keep_going: &AtomicBool) -> MergeOutcome {
+        let (output, writing) = match crate::merge::MergeColumns::open(self.table, &self.inputs) {
+            Ok(merge) => (self.write(merge, keep_going), true),
+            Err(e) => (Err(e), false),
+        };
+        MergeOutcome {
+            merge: self,
+            output,
+            writing,
+        }
+    }
+
+    fn write(
+        &self,
+        merge: crate::merge::MergeColumns,
+        keep_going: &AtomicBool,
+    ) -> Result<FileInfo> {
+        let mut source = Stoppable {
+            source: merge,
+            keep_going,
+        };
+        // A publish beside this merge names its file after a sequence number
+        // above every watermark the inputs hold, so the two never pick one name.
+        files::publish(
+            &self.data_dir,
+            &self.node,
+            self.table,
+            self.first_time,
+            &mut source,
+            &self.watermarks,
+            &self.names,
+            &self.intermediates,
+            &self.options,
+            &|name| self.replaced.contains(name),
+        )
+    }
+}
+
+impl MergeOutcome {
+    /// The merge's error, if it failed or was stopped.
+    pub fn error(&self) -> Option<&Error> {
+        self.output.as_ref().err()
+    }
+}
+
+/// A column source that gives up once told to: a stopping agent does not wait
+/// for a day's merge.
+struct Stoppable<'a, S> {
+    source: S,
+    keep_going: &'a AtomicBool,
+}
+
+impl<S: files::ColumnSource> Stoppable<'_, S> {
+    fn check(&self) -> Result<()> {
+        if self.keep_going.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(Error::Stopped)
+        }
+    }
+}
+
+impl<S: files::ColumnSource> files::ColumnSource for Stoppable<'_, S> {
+    fn next_row_group(&mut self, max_rows: usize) -> Result<usize> {
+        self.check()?;
+        self.source.next_row_group(max_rows)
+    }
+
+    fn column(
+        &mut self,
+        column: usize,
+        sink: &mut dyn FnMut(arrow_array::ArrayRef) -> Result<()>,
+    ) -> Result<()> {
+        self.check()?;
+        self.source.column(column, sink)
+    }
+}
+
+/// Bound on merge rounds in one `compact` call or one cycle of the agent's
+/// background compaction.
+pub const MAX_MERGE_ROUNDS: usize = 8;
 
 /// The default of [`StoreOptions::max_merge_inputs`]. Planning a merge holds the
 /// sort-key columns of every input open at once, a ZSTD context and a page

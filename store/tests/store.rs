@@ -7,9 +7,13 @@ use std::path::Path;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
 use arrow_array::Array;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 use vtax_store::schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
+
 use vtax_store::{
-    scan, tables, BatchBuilder, Catalog, ScanRequest, Store, StoreOptions, Value, DAY_US, HOUR_US,
+    scan, tables, BatchBuilder, Catalog, Compactor, Error, ScanRequest, Store, StoreOptions, Value,
+    DAY_US, HOUR_US,
 };
 
 /// 2025-11-21T00:00:00Z.
@@ -127,20 +131,25 @@ fn all_scraped(store: &Store) -> Vec<(i64, String, u64)> {
     )
 }
 
-fn parquet_files(dir: &Path) -> Vec<std::path::PathBuf> {
+/// Files under `dir`, at any depth, whose names end in `.extension`, sorted.
+fn files_under(dir: &Path, extension: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![dir.join("tables")];
+    let mut stack = vec![dir.to_owned()];
     while let Some(d) = stack.pop() {
         for e in fs::read_dir(&d).into_iter().flatten().flatten() {
             if e.file_type().unwrap().is_dir() {
                 stack.push(e.path());
-            } else if e.path().extension().is_some_and(|x| x == "parquet") {
+            } else if e.path().extension().is_some_and(|x| x == extension) {
                 out.push(e.path());
             }
         }
     }
     out.sort();
     out
+}
+
+fn parquet_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    files_under(&dir.join("tables"), "parquet")
 }
 
 #[test]
@@ -419,13 +428,11 @@ fn compaction_merges_a_day_and_an_interrupted_one_finishes_on_open() {
         fs::write(path, bytes).unwrap();
     }
     assert_eq!(parquet_files(dir.path()).len(), 6);
-    let catalog = Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap();
-    let request = ScanRequest {
-        table: "scraped".into(),
-        ..Default::default()
-    };
-    let rows = scraped_rows(&scan::scan_dir(dir.path(), &catalog, &request).unwrap());
-    assert_eq!(rows, expected, "a reader ignores the replaced files");
+    assert_eq!(
+        scraped_on_disk(dir.path()),
+        expected,
+        "a reader ignores the replaced files"
+    );
     let store = open(dir.path());
     assert_eq!(
         parquet_files(dir.path()).len(),
@@ -1014,19 +1021,10 @@ fn a_file_is_sealed_once_its_hour_settled_and_its_parts_are_merged() {
 }
 
 fn bytes_under(dir: &Path, extension: &str) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let meta = e.metadata().unwrap();
-            if meta.is_dir() {
-                stack.push(e.path());
-            } else if e.path().extension().is_some_and(|x| x == extension) {
-                total += meta.len();
-            }
-        }
-    }
-    total
+    files_under(dir, extension)
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().len())
+        .sum()
 }
 
 #[test]
@@ -1111,4 +1109,202 @@ fn rows_the_store_refuses_are_counted() {
     assert!(e.to_string().contains("not in this store's catalog"), "{e}");
     assert_eq!(store.stats().rows_appended, 10);
     assert_eq!(store.stats().rows_refused, 3);
+}
+
+/// Rows of `scraped` as another process reading the directory sees them.
+fn scraped_on_disk(dir: &Path) -> Vec<(i64, String, u64)> {
+    let catalog = Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap();
+    let request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    scraped_rows(&scan::scan_dir(dir, &catalog, &request).unwrap())
+}
+
+/// What a merge left half written.
+fn temp_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    files_under(dir, "tmp")
+}
+
+/// A store holding an hour file for each of `hours` hours of day 0; returns
+/// the rows.
+fn hour_files(store: &mut Store, hours: i64) -> Vec<(i64, String, u64)> {
+    let mut expected = Vec::new();
+    for h in 0..hours {
+        expected.extend(append_scraped(store, T0 + h * HOUR_US, 8));
+        store.flush().unwrap();
+    }
+    expected
+}
+
+#[test]
+fn a_merge_runs_beside_appends_and_publishes_and_every_row_reads_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = hour_files(&mut store, 5);
+    let merges = store.plan_merges(T0 + 2 * DAY_US).unwrap();
+    assert_eq!(merges.len(), 1);
+    assert_eq!(merges[0].inputs().len(), 5);
+    let merge = merges.into_iter().next().unwrap();
+    let outcome = std::thread::scope(|s| {
+        let worker = s.spawn(move || merge.run(&AtomicBool::new(true)));
+        // A late row of the day being merged is published into its partition
+        // while the merge runs.
+        expected.extend(append_scraped(
+            &mut store,
+            T0 + 3 * HOUR_US + HOUR_US / 2,
+            8,
+        ));
+        store.flush().unwrap();
+        worker.join().unwrap()
+    });
+    assert!(outcome.error().is_none(), "{:?}", outcome.error());
+    expected.sort();
+    // Merged but not handed back: the store still lists the inputs, and the
+    // output, which names them, is on disk beside them.
+    assert_eq!(store.files().count(), 6);
+    assert_eq!(parquet_files(dir.path()).len(), 7);
+    assert_eq!(all_scraped(&store), expected);
+    assert_eq!(scraped_on_disk(dir.path()), expected);
+
+    store.finish_merge(outcome).unwrap();
+    assert_eq!(
+        parquet_files(dir.path()).len(),
+        2,
+        "the merged file and the late one"
+    );
+    assert_eq!(store.files().count(), 2);
+    assert_eq!(all_scraped(&store), expected);
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    assert_eq!(parquet_files(dir.path()).len(), 1);
+    store.close().unwrap();
+    assert_eq!(all_scraped(&open(dir.path())), expected);
+}
+
+#[test]
+fn a_stopped_merge_publishes_nothing_and_its_inputs_merge_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = hour_files(&mut store, 5);
+    expected.sort();
+    let before = parquet_files(dir.path());
+    let merge = store.plan_merges(T0 + 2 * DAY_US).unwrap().remove(0);
+    let outcome = merge.run(&AtomicBool::new(false));
+    assert!(matches!(outcome.error(), Some(Error::Stopped)));
+    assert!(matches!(store.finish_merge(outcome), Err(Error::Stopped)));
+    assert_eq!(
+        store.stats().write_errors,
+        0,
+        "a stop is not a failed write"
+    );
+    assert_eq!(parquet_files(dir.path()), before);
+    assert_eq!(temp_files(dir.path()), Vec::<std::path::PathBuf>::new());
+    assert_eq!(all_scraped(&store), expected);
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    assert_eq!(all_scraped(&store), expected);
+}
+
+#[test]
+fn the_compactor_merges_off_the_callers_thread_then_applies_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.retention_max_age = Some(Duration::from_secs(3 * 86_400));
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    append_scraped(&mut store, T0 - 5 * DAY_US, 8);
+    store.flush().unwrap();
+    let mut expected = hour_files(&mut store, 24);
+    let now = T0 + 2 * DAY_US;
+    let mut compactor = Compactor::new(Duration::ZERO);
+    assert!(compactor.poll(&mut store, now).is_none());
+    assert!(compactor.busy(), "the first round runs on its own thread");
+    let mut turns = 0;
+    let report = loop {
+        // The store takes rows and syncs its WAL while the merges run.
+        expected.extend(append_scraped(&mut store, now + turns * 10_000_000, 4));
+        store.tick(now).unwrap();
+        turns += 1;
+        if let Some(report) = compactor.poll(&mut store, now) {
+            break report;
+        }
+        assert!(turns < 60_000, "the compaction never finished");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(!compactor.busy());
+    assert!(report.merge_error.is_none(), "{:?}", report.merge_error);
+    assert_eq!(report.merges, 3 + 1, "24 to 3 to 1, in two rounds");
+    assert_eq!(report.retention.unwrap(), 1, "the day past the age bound");
+    let files: Vec<_> = store.files().cloned().collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].watermarks.len(), 24);
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+    // With nothing to merge, a cycle ends in the call that starts it.
+    let idle = compactor.poll(&mut store, now).expect("an empty cycle");
+    assert_eq!((idle.merges, idle.retention.unwrap()), (0, 0));
+}
+
+#[test]
+fn a_compactor_stopped_mid_merge_leaves_every_row_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut expected = hour_files(&mut store, 24);
+    expected.sort();
+    let mut compactor = Compactor::new(Duration::ZERO);
+    assert!(compactor.poll(&mut store, T0 + 2 * DAY_US).is_none());
+    compactor.stop(&mut store);
+    // Whether the merges finished or stopped, the store lists what is on disk.
+    let mut listed: Vec<_> = store.files().map(|f| f.path.clone()).collect();
+    listed.sort();
+    assert_eq!(listed, parquet_files(dir.path()));
+    assert_eq!(temp_files(dir.path()), Vec::<std::path::PathBuf>::new());
+    assert_eq!(all_scraped(&store), expected);
+    store.close().unwrap();
+    let mut store = open(dir.path());
+    assert_eq!(all_scraped(&store), expected);
+    store.compact(T0 + 2 * DAY_US).unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 1);
+}
+
+#[test]
+fn retention_runs_even_when_a_merge_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.retention_max_age = Some(Duration::from_secs(2 * 86_400));
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    append_scraped(&mut store, T0, 8);
+    store.flush().unwrap();
+    for h in 0..2 {
+        append_scraped(&mut store, T0 + 3 * DAY_US + h * HOUR_US, 8);
+        store.flush().unwrap();
+    }
+    // One of day 3's files goes bad under the running store.
+    let bad = parquet_files(dir.path())
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("date=2025-11-24"))
+        .unwrap();
+    let mut bytes = fs::read(&bad).unwrap();
+    let n = bytes.len();
+    bytes[n - 12..n - 4].fill(0xff);
+    fs::write(&bad, bytes).unwrap();
+    let mut compactor = Compactor::new(Duration::ZERO);
+    let report = loop {
+        if let Some(report) = compactor.poll(&mut store, T0 + 5 * DAY_US) {
+            break report;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let error = report.merge_error.expect("the merge of day 3 fails");
+    assert!(
+        error.to_string().contains(&*bad.to_string_lossy()),
+        "{error}"
+    );
+    assert_eq!(report.merges, 0);
+    assert_eq!(report.retention.unwrap(), 1, "day 0 goes all the same");
+    assert_eq!(
+        store.stats().write_errors,
+        0,
+        "a bad input is not a failed write"
+    );
+    assert_eq!(parquet_files(dir.path()).len(), 2, "day 3's files stay");
+    assert!(bad.exists());
 }
