@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use vtax_exporters::remote_write::RemoteWriters;
 use vtax_exporters::Exposition;
-use vtax_store::{Batch, Store, StoreOptions};
+use vtax_store::{Batch, Compactor, Store, StoreOptions};
 
 use crate::args::AgentArgs;
 use crate::config::Config;
@@ -130,8 +130,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut detector = start_detector(&config, &store);
 
     let started = Instant::now();
-    let compact_interval = Duration::from_secs(config.store.compact_interval_secs);
-    let mut last_compaction = Instant::now();
+    let mut compactor = Compactor::new(Duration::from_secs(config.store.compact_interval_secs));
     let mut store_report = StoreReport::new(data_dir.clone());
     while !stop.load(Ordering::Relaxed) {
         if args
@@ -207,13 +206,29 @@ pub fn run(args: RunArgs) -> Result<()> {
             exposition.stage(STORE_SOURCE, vec![row.clone()]);
             keep(&mut store, &mut remote, &row);
         }
-        if last_compaction.elapsed() >= compact_interval {
-            last_compaction = Instant::now();
-            let result = store
-                .compact(now_us())
-                .and_then(|_| store.apply_retention(now_us()));
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "Compaction or retention failed; the inputs stay as they were.");
+        if let Some(report) = compactor.poll(&mut store, now_us()) {
+            let retained_away = report.retention.as_ref().copied().unwrap_or(0);
+            // Routine merges of the running hour take milliseconds: only a
+            // day's merge, a slow disk or a deletion is worth a line at info.
+            if report.took >= Duration::from_secs(1) || retained_away > 0 {
+                tracing::info!(
+                    merges = report.merges,
+                    files_retained_away = retained_away,
+                    seconds = report.took.as_secs_f64(),
+                    "Compaction and retention done."
+                );
+            } else if report.merges > 0 {
+                tracing::debug!(
+                    merges = report.merges,
+                    seconds = report.took.as_secs_f64(),
+                    "Compaction done."
+                );
+            }
+            if let Some(e) = &report.merge_error {
+                tracing::warn!(error = %e, merges = report.merges, "Compaction failed; the inputs stay as they were and are merged at a later pass.");
+            }
+            if let Err(e) = &report.retention {
+                tracing::warn!(error = %e, "Retention failed; the files it did not delete stay.");
             }
             crate::memory::release_free_memory();
         }
@@ -224,6 +239,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         "Stopping: publishing buffered rows."
     );
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    compactor.stop(&mut store);
     collectors.stop(&exposition);
     drop(sender);
     // Every collector thread has joined, so everything they sent is queued.

@@ -40,6 +40,21 @@ fn wait_for(agent: &Agent, what: &str, mut check: impl FnMut(&str) -> bool) -> S
     }
 }
 
+/// An agent with `config` and `data` on the `baremetal-node` fixture tree.
+fn start_on_fixture(config: &Path, data: &Path) -> Agent {
+    let fixture = common::fixtures().join("baremetal-node");
+    Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--path.procfs",
+        fixture.join("proc").to_str().unwrap(),
+        "--path.sysfs",
+        fixture.join("sys").to_str().unwrap(),
+    ])
+}
+
 /// Writes zeros to `path` until the filesystem refuses more.
 fn fill(path: &Path) {
     let mut file = std::fs::File::create(path).unwrap();
@@ -64,17 +79,7 @@ fn a_full_data_disk_is_reported_on_metrics_and_no_row_is_lost() {
     let config = dir.path().join("vtax.toml");
     std::fs::write(&config, "[store]\nretention_max_bytes = 8388608\n").unwrap();
     let data = tmpfs.path().join("data");
-    let fixture = common::fixtures().join("baremetal-node");
-    let agent = Agent::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--path.procfs",
-        fixture.join("proc").to_str().unwrap(),
-        "--path.sysfs",
-        fixture.join("sys").to_str().unwrap(),
-    ]);
+    let agent = start_on_fixture(&config, &data);
     let body = wait_for(&agent, "the store's first syncs", |b| {
         sample(b, "vtax_store_wal_syncs_total").is_some_and(|n| n >= 2.0)
     });
@@ -137,15 +142,20 @@ fn a_full_data_disk_is_reported_on_metrics_and_no_row_is_lost() {
         "{} store rows, {while_full} made while the disk was full",
         rows.len()
     );
+    assert_a_row_every_second(&rows, "");
+}
+
+/// Asserts that no two of the `store` table's rows (one a second from the
+/// main loop) are two seconds or more apart; `context` goes in the message.
+fn assert_a_row_every_second(rows: &[serde_json::Value], context: &str) {
     let times: Vec<f64> = rows
         .iter()
-        .map(|r| r["time"].as_str().unwrap().to_string())
-        .map(|t| seconds(&t))
+        .map(|r| seconds(r["time"].as_str().unwrap()))
         .collect();
     for pair in times.windows(2) {
         assert!(
             pair[1] - pair[0] < 2.0,
-            "a gap in the store's rows from {} to {}",
+            "a gap in the store's rows from {} to {}\n{context}",
             pair[0],
             pair[1]
         );
@@ -159,4 +169,93 @@ fn seconds(rfc3339: &str) -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
+}
+
+/// Rows a seeded hour holds: enough that merging a day of them takes a debug
+/// build seconds, far longer than the store's one-second rows may pause.
+const SEEDED_ROWS_PER_HOUR: i64 = 60_000;
+
+/// Writes `hours` hour files of the `scraped` table from `day_start_us`, 40
+/// series, as an agent's store of an earlier run would hold them. Returns the
+/// rows written.
+fn seed_hours(data: &Path, day_start_us: i64, hours: i64) -> usize {
+    let mut options = vtax_store::StoreOptions::new(data);
+    options.node = "seeded".into();
+    let catalog = vtax_store::Catalog::new(vtax_store::tables::BUILTIN).unwrap();
+    let mut store = vtax_store::Store::open(options, catalog).unwrap();
+    let mut rows = 0;
+    for hour in 0..hours {
+        let mut b = vtax_store::BatchBuilder::new(&vtax_store::tables::SCRAPED);
+        for i in 0..SEEDED_ROWS_PER_HOUR {
+            let t = day_start_us + hour * vtax_store::HOUR_US + (i / 40) * 1_000_000;
+            let labels = format!("series=\"{}\"", i % 40);
+            let value = vtax_store::Value::F64((i * 7919 % 1000) as f64 / 3.0);
+            b.push(t, &["", "seeded_metric", &labels], &[value])
+                .unwrap();
+            rows += 1;
+        }
+        store.append(&b.finish()).unwrap();
+        store.flush().unwrap();
+    }
+    store.close().unwrap();
+    rows
+}
+
+#[test]
+fn the_agent_merges_a_finished_day_beside_its_writes_and_applies_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let today = now_us.div_euclid(vtax_store::DAY_US);
+    let finished_day = today - 2;
+    let expired_day = today - 10;
+    let seeded = seed_hours(&data, finished_day * vtax_store::DAY_US, 24);
+    seed_hours(&data, expired_day * vtax_store::DAY_US, 1);
+    let files_of = |day: i64| {
+        vtax_store::files::live_files(&data)
+            .unwrap()
+            .into_iter()
+            .filter(|f| f.table == "scraped" && f.day == day)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(files_of(finished_day).len(), 24);
+
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        "[store]\ncompact_interval_secs = 3\nretention_max_age_days = 5\n",
+    )
+    .unwrap();
+    let agent = start_on_fixture(&config, &data);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while files_of(finished_day).len() > 1 || !files_of(expired_day).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the day was not merged or the old day kept:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A few more of the store's rows after the merge.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = agent.log();
+    assert!(agent.stop(), "a clean stop");
+    let merged = files_of(finished_day);
+    assert_eq!(merged[0].watermarks.len(), 24, "one file of 24 hours");
+    assert_eq!(merged[0].rows as usize, seeded);
+    let done = log
+        .lines()
+        .find(|l| l.contains("Compaction and retention done."))
+        .unwrap_or_else(|| panic!("the day's merge is logged:\n{log}"));
+    assert!(done.contains("files_retained_away=1"), "{done}");
+    eprintln!("{done}");
+
+    // The main loop wrote the store's row every second while the day merged
+    // on the compaction thread.
+    let rows = common::query_rows(&data, "store");
+    assert!(rows.len() >= 5, "{rows:?}");
+    assert_a_row_every_second(&rows, &log);
 }
