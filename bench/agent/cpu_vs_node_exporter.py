@@ -218,6 +218,8 @@ def main():
     parser.add_argument("--seed-day", action="store_true",
                         help="seed vtax's store with yesterday's 24 hours of a 50-cgroup table, so that "
                              "its first compaction pass (5 minutes in) is a day merge; run --seconds 420 or more")
+    parser.add_argument("--keep-store", action="store_true",
+                        help="keep vtax's store in the work dir (a seeded one is 350 MB)")
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or shutil.which("node_exporter"))
     args = parser.parse_args()
     if not args.node_exporter:
@@ -303,7 +305,9 @@ def main():
         seeded_day = seeded_day_dir(os.path.join(work, "data"))
         left = len(glob.glob(os.path.join(seeded_day, "*.parquet")))
         print(f"seeded day: {left} file(s) left in {seeded_day} (1 once the day merge ran)")
-    print(f"work dir (logs, store): {work}")
+    print(f"work dir (logs): {work}")
+    if not args.keep_store:
+        shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,15 @@ For comparing builds or allocator settings, not for the bar's figures: a peak se
 --wrap runs the agent under another program (hot_text_profile.py profiles it so);
 the memory figures are then that program's.
 
+It also prints the longest pause of the agent's main loop: the largest gap between
+rows of the `store` table, which the loop writes every second.
+
 The seeded day is written once into --seed-cache (the agent's ignored seed test) and
 copied for each run. Needs root (cgroups).
 """
 import argparse
 import glob
+import json
 import os
 import shutil
 import signal
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_vs_node_exporter as bench  # noqa: E402
@@ -52,12 +57,26 @@ def rss_by_mapping(pid):
     return parts
 
 
+def longest_store_row_gap(vtax, data):
+    """The longest time between two rows of the `store` table, which the main
+    loop writes once a second: how long the loop stalled. Returns (seconds,
+    how long before the last row the gap ended)."""
+    out = subprocess.run([vtax, "query", "--data-dir", data, "--format", "json", "store"],
+                         check=True, capture_output=True, text=True).stdout
+    times = sorted(datetime.fromisoformat(json.loads(line)["time"].replace("Z", "+00:00"))
+                   .timestamp() for line in out.splitlines())
+    gaps = [(b - a, times[-1] - b) for a, b in zip(times, times[1:])]
+    return max(gaps)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the agent")
     parser.add_argument("--compact-secs", type=int, default=30)
     parser.add_argument("--after-secs", type=int, default=15, help="how long to run once the day merged")
+    parser.add_argument("--keep-store", action="store_true",
+                        help="keep the agent's store (350 MB) in the work dir")
     parser.add_argument("--wrap", default="", help="a command line to run the agent under")
     parser.add_argument("--seed-cache", default=os.path.join(tempfile.gettempdir(), "vtax-seeded-day"))
     args = parser.parse_args()
@@ -120,12 +139,17 @@ def main():
         vtax.wait(timeout=30)
         bench.tear_down(tasks, sysfs, cgroups)
     print(f"vtax={args.vtax} env={args.env} day merged {merged_at:.0f} s in; cpu_s={cpu:.2f}")
+    gap, at = longest_store_row_gap(args.vtax, data)
+    print(f"main loop: longest gap between the store table's rows {gap:.2f} s "
+          f"(ending {at:.0f} s before the stop; the rows are due every second)")
     for label, sample in (("before merge", before), ("peak", peak), ("end", end)):
         largest = sorted(sample["parts"].items(), key=lambda kv: -kv[1])[:6]
         print(f"{label:12s} {sample['at']:5.1f}s  {sample['VmRSS'] / 1024:.1f} MiB = anonymous "
               f"{sample['RssAnon'] / 1024:.1f} + file-backed {sample['RssFile'] / 1024:.1f} | "
               + ", ".join(f"{name} {kib / 1024:.1f}" for name, kib in largest))
-    print(f"work dir (logs, store): {work}")
+    print(f"work dir (logs): {work}")
+    if not args.keep_store:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":
