@@ -188,6 +188,24 @@ def seed_day(data_dir):
         env=dict(os.environ, VTAX_SEED_DATA_DIR=data_dir))
 
 
+def frozen_copy(binary):
+    """The binary to run: a copy when it is cargo's target/release/vtax (the caller
+    deletes it). Seeding runs `cargo test --release`, which builds the agent again
+    with the test dependencies' features and puts that build in target/release/vtax:
+    without a copy, a run with --seed-day measured it. Other paths are kept, so that
+    a profiler's output still names the caller's file."""
+    if os.path.realpath(binary) != os.path.realpath(os.path.join(REPO, "target/release/vtax")):
+        return binary
+    copy = os.path.join(tempfile.mkdtemp(prefix="vtax-bench-bin-"), "vtax")
+    shutil.copy(binary, copy)
+    return copy
+
+
+def remove_frozen_copy(binary, original):
+    if binary != original:
+        shutil.rmtree(os.path.dirname(binary))
+
+
 def seeded_day_dir(data_dir):
     """The seeded day's partition: it sorts first. One file left there means it merged."""
     return sorted(glob.glob(os.path.join(data_dir, "tables", "cgroup", "date=*")))[0]
@@ -226,6 +244,7 @@ def main():
         sys.exit("prometheus-node-exporter is not installed (apt-get install prometheus-node-exporter)")
 
     work = tempfile.mkdtemp(prefix="vtax-bench-")
+    vtax_binary = frozen_copy(args.vtax)
     sysfs = bench_sysfs(args.sysfs_parent)
     busy = min(args.busy, CGROUP_COUNT)
     cgroups, jobs = make_cgroups("vtax-bench")
@@ -235,7 +254,7 @@ def main():
         seed_day(os.path.join(work, "data"))
     vtax_port, ne_port = free_port(), free_port()
     vtax = subprocess.Popen(
-        [args.vtax, "run", "--config", config, "--data-dir", os.path.join(work, "data"),
+        [vtax_binary, "run", "--config", config, "--data-dir", os.path.join(work, "data"),
          "--web.listen-address", f"127.0.0.1:{vtax_port}", "--path.sysfs", sysfs],
         stderr=open(os.path.join(work, "vtax.log"), "w"))
     ne = subprocess.Popen(
@@ -308,6 +327,7 @@ def main():
     print(f"work dir (logs): {work}")
     if not args.keep_store:
         shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
+    remove_frozen_copy(vtax_binary, args.vtax)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ def main():
     parser.add_argument("--wrap", default="", help="a command line to run the agent under")
     parser.add_argument("--seed-cache", default=os.path.join(tempfile.gettempdir(), "vtax-seeded-day"))
     args = parser.parse_args()
+    vtax_binary = bench.frozen_copy(args.vtax)
     if not os.path.isdir(args.seed_cache):
         bench.seed_day(args.seed_cache)
     work = tempfile.mkdtemp(prefix="vtax-merge-peak-")
@@ -97,7 +98,7 @@ def main():
     port = bench.free_port()
     started = time.monotonic()
     vtax = subprocess.Popen(
-        args.wrap.split() + [args.vtax, "run", "--config", config, "--data-dir", data,
+        args.wrap.split() + [vtax_binary, "run", "--config", config, "--data-dir", data,
          "--web.listen-address", f"127.0.0.1:{port}", "--path.sysfs", sysfs],
         stderr=open(os.path.join(work, "vtax.log"), "w"), env=env)
     stop = threading.Event()
@@ -139,7 +140,7 @@ def main():
         vtax.wait(timeout=30)
         bench.tear_down(tasks, sysfs, cgroups)
     print(f"vtax={args.vtax} env={args.env} day merged {merged_at:.0f} s in; cpu_s={cpu:.2f}")
-    gap, at = longest_store_row_gap(args.vtax, data)
+    gap, at = longest_store_row_gap(vtax_binary, data)
     print(f"main loop: longest gap between the store table's rows {gap:.2f} s "
           f"(ending {at:.0f} s before the stop; the rows are due every second)")
     for label, sample in (("before merge", before), ("peak", peak), ("end", end)):
@@ -150,6 +151,7 @@ def main():
     print(f"work dir (logs): {work}")
     if not args.keep_store:
         shutil.rmtree(data, ignore_errors=True)
+    bench.remove_frozen_copy(vtax_binary, args.vtax)
 
 
 if __name__ == "__main__":
