@@ -188,13 +188,14 @@ def seed_day(data_dir):
         env=dict(os.environ, VTAX_SEED_DATA_DIR=data_dir))
 
 
-def frozen_copy(binary):
-    """The binary to run: a copy when it is cargo's target/release/vtax (the caller
-    deletes it). Seeding runs `cargo test --release`, which builds the agent again
-    with the test dependencies' features and puts that build in target/release/vtax:
-    without a copy, a run with --seed-day measured it. Other paths are kept, so that
-    a profiler's output still names the caller's file."""
-    if os.path.realpath(binary) != os.path.realpath(os.path.join(REPO, "target/release/vtax")):
+def frozen_copy(binary, seeding):
+    """The binary to run: a copy when `seeding` will replace it (the caller deletes
+    it). Seeding runs `cargo test --release`, which builds the agent again with the
+    test dependencies' features and puts that build in target/release/vtax: without
+    a copy, a run with --seed-day measured it. Other paths are kept, so that a
+    profiler's output still names the caller's file."""
+    cargo_binary = os.path.realpath(os.path.join(REPO, "target/release/vtax"))
+    if not seeding or os.path.realpath(binary) != cargo_binary:
         return binary
     copy = os.path.join(tempfile.mkdtemp(prefix="vtax-bench-bin-"), "vtax")
     shutil.copy(binary, copy)
@@ -244,7 +245,7 @@ def main():
         sys.exit("prometheus-node-exporter is not installed (apt-get install prometheus-node-exporter)")
 
     work = tempfile.mkdtemp(prefix="vtax-bench-")
-    vtax_binary = frozen_copy(args.vtax)
+    vtax_binary = frozen_copy(args.vtax, args.seed_day)
     sysfs = bench_sysfs(args.sysfs_parent)
     busy = min(args.busy, CGROUP_COUNT)
     cgroups, jobs = make_cgroups("vtax-bench")

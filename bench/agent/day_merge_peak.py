@@ -80,8 +80,9 @@ def main():
     parser.add_argument("--wrap", default="", help="a command line to run the agent under")
     parser.add_argument("--seed-cache", default=os.path.join(tempfile.gettempdir(), "vtax-seeded-day"))
     args = parser.parse_args()
-    vtax_binary = bench.frozen_copy(args.vtax)
-    if not os.path.isdir(args.seed_cache):
+    seeding = not os.path.isdir(args.seed_cache)
+    vtax_binary = bench.frozen_copy(args.vtax, seeding)
+    if seeding:
         bench.seed_day(args.seed_cache)
     work = tempfile.mkdtemp(prefix="vtax-merge-peak-")
     data = os.path.join(work, "data")
@@ -142,7 +143,7 @@ def main():
     print(f"vtax={args.vtax} env={args.env} day merged {merged_at:.0f} s in; cpu_s={cpu:.2f}")
     gap, at = longest_store_row_gap(vtax_binary, data)
     print(f"main loop: longest gap between the store table's rows {gap:.2f} s "
-          f"(ending {at:.0f} s before the stop; the rows are due every second)")
+          f"(ending {at:.0f} s before the last row; the rows are due every second)")
     for label, sample in (("before merge", before), ("peak", peak), ("end", end)):
         largest = sorted(sample["parts"].items(), key=lambda kv: -kv[1])[:6]
         print(f"{label:12s} {sample['at']:5.1f}s  {sample['VmRSS'] / 1024:.1f} MiB = anonymous "

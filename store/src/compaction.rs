@@ -127,15 +127,16 @@ impl Compactor {
                 if merges.is_empty() {
                     return Ok(false);
                 }
-                let worker = match self.worker.take() {
+                let worker = match &mut self.worker {
                     Some(worker) => worker,
-                    None => Worker::start()?,
+                    None => self.worker.insert(Worker::start()?),
                 };
-                let sent = worker.rounds.send(merges).is_ok();
-                self.worker = Some(worker);
-                // The thread takes rounds until it is dropped; a send fails
-                // only once it died, which the next poll reports.
-                Ok(sent)
+                // The thread takes rounds until its sender is dropped, so a
+                // send fails only if it died.
+                if worker.rounds.send(merges).is_err() {
+                    return Err(self.worker.take().expect("just sent to").join());
+                }
+                Ok(true)
             });
             match started {
                 Ok(true) => {

@@ -492,13 +492,13 @@ impl Store {
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
+        let keep_going = AtomicBool::new(true);
         for _ in 0..MAX_MERGE_ROUNDS {
             let merges = self.plan_merges(now_us)?;
             if merges.is_empty() {
                 break;
             }
             total += merges.len();
-            let keep_going = AtomicBool::new(true);
             for merge in merges {
                 let outcome = merge.run(&keep_going);
                 self.finish_merge(outcome)?;
@@ -852,7 +852,7 @@ impl<S: files::ColumnSource> files::ColumnSource for Stoppable<'_, S> {
 
 /// Bound on merge rounds in one `compact` call or one cycle of the agent's
 /// background compaction.
-pub const MAX_MERGE_ROUNDS: usize = 8;
+pub(crate) const MAX_MERGE_ROUNDS: usize = 8;
 
 /// The default of [`StoreOptions::max_merge_inputs`]. Planning a merge holds the
 /// sort-key columns of every input open at once, a ZSTD context and a page

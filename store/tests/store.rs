@@ -339,17 +339,12 @@ fn merge_a_day_of_hour_files(
     let mut o = options(dir.path());
     configure(&mut o);
     let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
-    let mut expected = Vec::new();
-    for h in 0..24 {
-        expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 8));
-        store.flush().unwrap();
-    }
+    let expected = hour_files(&mut store, 24);
     assert_eq!(parquet_files(dir.path()).len(), 24);
     let merges = store.compact(T0 + 2 * DAY_US).unwrap();
     let files: Vec<_> = store.files().cloned().collect();
     assert_eq!(files.len(), 1);
     assert_eq!(files[0].watermarks.len(), 24, "it holds every hour");
-    expected.sort();
     assert_eq!(all_scraped(&store), expected);
     (merges, files.into_iter().next().unwrap())
 }
@@ -1126,14 +1121,15 @@ fn temp_files(dir: &Path) -> Vec<std::path::PathBuf> {
     files_under(dir, "tmp")
 }
 
-/// A store holding an hour file for each of `hours` hours of day 0; returns
-/// the rows.
+/// Publishes an hour file for each of `hours` hours of day 0; returns the
+/// rows, sorted as `scraped_rows` gives them.
 fn hour_files(store: &mut Store, hours: i64) -> Vec<(i64, String, u64)> {
     let mut expected = Vec::new();
     for h in 0..hours {
         expected.extend(append_scraped(store, T0 + h * HOUR_US, 8));
         store.flush().unwrap();
     }
+    expected.sort();
     expected
 }
 
@@ -1185,8 +1181,7 @@ fn a_merge_runs_beside_appends_and_publishes_and_every_row_reads_once() {
 fn a_stopped_merge_publishes_nothing_and_its_inputs_merge_later() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
-    let mut expected = hour_files(&mut store, 5);
-    expected.sort();
+    let expected = hour_files(&mut store, 5);
     let before = parquet_files(dir.path());
     let merge = store.plan_merges(T0 + 2 * DAY_US).unwrap().remove(0);
     let outcome = merge.run(&AtomicBool::new(false));
@@ -1247,8 +1242,7 @@ fn the_compactor_merges_off_the_callers_thread_then_applies_retention() {
 fn a_compactor_stopped_mid_merge_leaves_every_row_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
-    let mut expected = hour_files(&mut store, 24);
-    expected.sort();
+    let expected = hour_files(&mut store, 24);
     let mut compactor = Compactor::new(Duration::ZERO);
     assert!(compactor.poll(&mut store, T0 + 2 * DAY_US).is_none());
     compactor.stop(&mut store);
