@@ -171,16 +171,33 @@ fn seconds(rfc3339: &str) -> f64 {
         .as_secs_f64()
 }
 
+/// Days since the Unix epoch, now.
+fn today() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    now.as_micros() as i64 / vtax_store::DAY_US
+}
+
+/// The `scraped` table's live files of `day`.
+fn scraped_files(data: &Path, day: i64) -> Vec<vtax_store::files::FileInfo> {
+    vtax_store::files::live_files(data)
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.table == "scraped" && f.day == day)
+        .collect()
+}
+
 /// Rows a seeded hour holds: a debug build merges a day of them in about a
 /// second (1.0 s on a 2-vCPU VM), four turns of the main loop. That is too
 /// short for the gap check below to catch a merge on the main loop every time;
 /// the store's `Compactor` tests show where the merge runs.
 const SEEDED_ROWS_PER_HOUR: i64 = 60_000;
 
-/// Writes `hours` hour files of the `scraped` table from `day_start_us`, 40
-/// series, as an agent's store of an earlier run would hold them. Returns the
-/// rows written.
-fn seed_hours(data: &Path, day_start_us: i64, hours: i64) -> usize {
+/// Writes `hours` hour files of `rows_per_hour` rows of the `scraped` table
+/// from `day_start_us`, 40 series, as an agent's store of an earlier run would
+/// hold them. Returns the rows written.
+fn seed_hours(data: &Path, day_start_us: i64, hours: i64, rows_per_hour: i64) -> usize {
     let mut options = vtax_store::StoreOptions::new(data);
     options.node = "seeded".into();
     let catalog = vtax_store::Catalog::new(vtax_store::tables::BUILTIN).unwrap();
@@ -188,7 +205,7 @@ fn seed_hours(data: &Path, day_start_us: i64, hours: i64) -> usize {
     let mut rows = 0;
     for hour in 0..hours {
         let mut b = vtax_store::BatchBuilder::new(&vtax_store::tables::SCRAPED);
-        for i in 0..SEEDED_ROWS_PER_HOUR {
+        for i in 0..rows_per_hour {
             let t = day_start_us + hour * vtax_store::HOUR_US + (i / 40) * 1_000_000;
             let labels = format!("series=\"{}\"", i % 40);
             let value = vtax_store::Value::F64((i * 7919 % 1000) as f64 / 3.0);
@@ -207,22 +224,22 @@ fn seed_hours(data: &Path, day_start_us: i64, hours: i64) -> usize {
 fn the_agent_merges_a_finished_day_beside_its_writes_and_applies_retention() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64;
-    let today = now_us.div_euclid(vtax_store::DAY_US);
+    let today = today();
     let finished_day = today - 2;
     let expired_day = today - 10;
-    let seeded = seed_hours(&data, finished_day * vtax_store::DAY_US, 24);
-    seed_hours(&data, expired_day * vtax_store::DAY_US, 1);
-    let files_of = |day: i64| {
-        vtax_store::files::live_files(&data)
-            .unwrap()
-            .into_iter()
-            .filter(|f| f.table == "scraped" && f.day == day)
-            .collect::<Vec<_>>()
-    };
+    let seeded = seed_hours(
+        &data,
+        finished_day * vtax_store::DAY_US,
+        24,
+        SEEDED_ROWS_PER_HOUR,
+    );
+    seed_hours(
+        &data,
+        expired_day * vtax_store::DAY_US,
+        1,
+        SEEDED_ROWS_PER_HOUR,
+    );
+    let files_of = |day: i64| scraped_files(&data, day);
     assert_eq!(files_of(finished_day).len(), 24);
 
     let config = dir.path().join("vtax.toml");
@@ -260,4 +277,96 @@ fn the_agent_merges_a_finished_day_beside_its_writes_and_applies_retention() {
     let rows = common::query_rows(&data, "store");
     assert!(rows.len() >= 5, "{rows:?}");
     assert_a_row_every_second(&rows, &log);
+}
+
+/// Whether a merge's output is being written in `day`'s partition of the
+/// `scraped` table: the store writes every file as a `.tmp` beside it first.
+fn merge_in_flight(data: &Path, day: i64) -> bool {
+    let dir = vtax_store::files::partition_dir(data, "scraped", day);
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+    })
+}
+
+/// Hours of the day the stop test seeds, and their rows: 1.2M rows, which the
+/// store writes as 9 files and a debug build merges in about 2.3 s (2-vCPU VM),
+/// so a stop that waited for the merge's round would show.
+const STOP_TEST_HOURS: i64 = 3;
+const STOP_TEST_ROWS_PER_HOUR: i64 = 400_000;
+
+#[test]
+fn sigterm_during_a_day_merge_stops_it_promptly_and_loses_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let finished_day = today() - 2;
+    let seeded = seed_hours(
+        &data,
+        finished_day * vtax_store::DAY_US,
+        STOP_TEST_HOURS,
+        STOP_TEST_ROWS_PER_HOUR,
+    ) as u64;
+    let day_files_and_rows = || {
+        let files = scraped_files(&data, finished_day);
+        (files.len(), files.iter().map(|f| f.rows).sum::<u64>())
+    };
+    // The store writes an hour this large as several files.
+    let (seeded_files, rows) = day_files_and_rows();
+    assert_eq!(rows, seeded);
+    assert!(seeded_files >= STOP_TEST_HOURS as usize);
+
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(&config, "[store]\ncompact_interval_secs = 2\n").unwrap();
+    let agent = start_on_fixture(&config, &data);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !merge_in_flight(&data, finished_day) {
+        assert!(
+            Instant::now() < deadline,
+            "no merge of the seeded day began:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let asked = Instant::now();
+    let log_before_stop = agent.log();
+    assert!(agent.stop(), "a clean stop during the merge");
+    let stop_took = asked.elapsed();
+
+    // The merge was given up mid-round: its inputs are all still there, no
+    // temp file is left, and the day holds every row.
+    assert!(!merge_in_flight(&data, finished_day), "a .tmp was left");
+    assert_eq!(
+        day_files_and_rows(),
+        (seeded_files, seeded),
+        "the round was finished, not stopped"
+    );
+    let own_rows = common::query_rows(&data, "store");
+    assert!(!own_rows.is_empty(), "the agent's own rows were flushed");
+    assert_a_row_every_second(&own_rows, &log_before_stop);
+
+    // A second run merges the day, which takes longer than the stop did.
+    let again = start_on_fixture(&config, &data);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !merge_in_flight(&data, finished_day) {
+        assert!(Instant::now() < deadline, "no merge:\n{}", again.log());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let began = Instant::now();
+    while day_files_and_rows().0 > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the interrupted day was not merged on the next run:\n{}",
+            again.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let merge_took = began.elapsed();
+    assert!(again.stop(), "a clean stop");
+    assert_eq!(day_files_and_rows(), (1, seeded));
+    eprintln!("stop took {stop_took:?}, the whole merge {merge_took:?}");
+    assert!(
+        stop_took < merge_took,
+        "stopping ({stop_took:?}) took as long as merging ({merge_took:?})"
+    );
 }
