@@ -16,6 +16,7 @@ Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--busy 10] [--vtax t
 Needs root (to create cgroups) and prometheus-node-exporter installed.
 """
 import argparse
+import atexit
 import glob
 import gzip
 import os
@@ -204,7 +205,17 @@ def frozen_copy(binary, seeding):
 
 def remove_frozen_copy(binary, original):
     if binary != original:
-        shutil.rmtree(os.path.dirname(binary))
+        shutil.rmtree(os.path.dirname(binary), ignore_errors=True)
+
+
+def clean_up_at_exit(data_dir, binary, original, keep_store):
+    """However the script ends (a failed check's sys.exit, an exception, ^C), removes
+    the store (a seeded one is 350 MB) unless keep_store, and the binary's copy."""
+    def clean_up():
+        if not keep_store:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        remove_frozen_copy(binary, original)
+    atexit.register(clean_up)
 
 
 def seeded_day_dir(data_dir):
@@ -246,6 +257,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="vtax-bench-")
     vtax_binary = frozen_copy(args.vtax, args.seed_day)
+    clean_up_at_exit(os.path.join(work, "data"), vtax_binary, args.vtax, args.keep_store)
     sysfs = bench_sysfs(args.sysfs_parent)
     busy = min(args.busy, CGROUP_COUNT)
     cgroups, jobs = make_cgroups("vtax-bench")
@@ -326,9 +338,6 @@ def main():
         left = len(glob.glob(os.path.join(seeded_day, "*.parquet")))
         print(f"seeded day: {left} file(s) left in {seeded_day} (1 once the day merge ran)")
     print(f"work dir (logs): {work}")
-    if not args.keep_store:
-        shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
-    remove_frozen_copy(vtax_binary, args.vtax)
 
 
 if __name__ == "__main__":

@@ -82,10 +82,11 @@ def main():
     args = parser.parse_args()
     seeding = not os.path.isdir(args.seed_cache)
     vtax_binary = bench.frozen_copy(args.vtax, seeding)
-    if seeding:
-        bench.seed_day(args.seed_cache)
     work = tempfile.mkdtemp(prefix="vtax-merge-peak-")
     data = os.path.join(work, "data")
+    bench.clean_up_at_exit(data, vtax_binary, args.vtax, args.keep_store)
+    if seeding:
+        bench.seed_day(args.seed_cache)
     shutil.copytree(args.seed_cache, data)
     sysfs = bench.bench_sysfs("/dev/shm")
     cgroups, jobs = bench.make_cgroups("vtax-merge-peak")
@@ -150,9 +151,6 @@ def main():
               f"{sample['RssAnon'] / 1024:.1f} + file-backed {sample['RssFile'] / 1024:.1f} | "
               + ", ".join(f"{name} {kib / 1024:.1f}" for name, kib in largest))
     print(f"work dir (logs): {work}")
-    if not args.keep_store:
-        shutil.rmtree(data, ignore_errors=True)
-    bench.remove_frozen_copy(vtax_binary, args.vtax)
 
 
 if __name__ == "__main__":
