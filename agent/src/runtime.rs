@@ -67,7 +67,9 @@ impl CollectorSet {
         rows: &Sender<Rows>,
     ) -> CollectorSet {
         let stopper = Arc::new(Stopper::default());
-        let first_tick = next_whole_second();
+        // Every collector's first tick is on the next whole second, whatever
+        // its interval, so each starts with data at once and on one render.
+        let first_tick = next_grid(1_000_000, i64::MIN);
         let mut threads = Vec::new();
         let mut running = Vec::new();
         for &name in NAMES {
@@ -87,21 +89,14 @@ impl CollectorSet {
                 }
             }
             let interval = Duration::from_secs_f64(common.interval_secs());
-            let (stopper, exposition, rows) = (stopper.clone(), exposition.clone(), rows.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("collector-{name}"))
-                .spawn(move || {
-                    collector_loop(
-                        collector,
-                        first_tick,
-                        interval,
-                        &stopper,
-                        &exposition,
-                        &rows,
-                    )
-                })
-                .expect("spawn a collector thread");
-            threads.push(thread);
+            threads.push(spawn_collector(
+                collector,
+                first_tick,
+                interval,
+                stopper.clone(),
+                exposition.clone(),
+                rows.clone(),
+            ));
             running.push(name);
         }
         CollectorSet {
@@ -128,21 +123,65 @@ fn status_source(name: &str) -> String {
     format!("collector/{name}")
 }
 
-/// The instant of the next whole second of wall-clock time. Every collector
-/// ticks on that grid: rows of different tables share timestamps near whole
-/// seconds (on every node with a synchronised clock), and the updates of one
-/// second land together, so `/metrics` is rendered once for all of them.
-fn next_whole_second() -> Instant {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let into_second = Duration::from_nanos(u64::from(since_epoch.subsec_nanos()));
-    Instant::now() + (Duration::from_secs(1) - into_second)
+/// The next wall-clock multiple of `interval_us` that a loop ticking on that
+/// grid should wake for, given the grid point it last woke for (`last_us`;
+/// `i64::MIN` at first): (its time in µs, the instant it falls on).
+///
+/// Every collector ticks on whole multiples of its interval of wall-clock
+/// time, so rows of different tables share timestamps (on every node with a
+/// synchronised clock) and the updates of one second land together and cost
+/// one render of `/metrics`. The grid is read from the wall clock at every
+/// tick rather than stepped on the monotonic clock, so a tick that overran
+/// its interval, a stepped clock or a resumed VM lands back on it.
+pub(crate) fn next_grid(interval_us: i64, last_us: i64) -> (i64, Instant) {
+    let now = now_us();
+    let next = grid_after(interval_us, last_us, now);
+    (
+        next,
+        Instant::now() + Duration::from_micros((next - now) as u64),
+    )
+}
+
+/// The grid point to wake for at `now_us`: the first multiple of `interval_us`
+/// after now and after `last_us`. A wake-up a hair early must not tick one
+/// grid point twice; a clock stepped back by a whole interval or more starts
+/// the grid afresh from now instead of waiting until it passes `last_us`.
+fn grid_after(interval_us: i64, last_us: i64, now_us: i64) -> i64 {
+    let from = if last_us.saturating_sub(now_us) < interval_us {
+        now_us.max(last_us)
+    } else {
+        now_us
+    };
+    (from.div_euclid(interval_us) + 1) * interval_us
+}
+
+/// Runs `collector` on its own thread, named after it, until `stopper` stops.
+fn spawn_collector(
+    collector: Box<dyn Collector>,
+    first_tick: (i64, Instant),
+    interval: Duration,
+    stopper: Arc<Stopper>,
+    exposition: Arc<Exposition>,
+    rows: Sender<Rows>,
+) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(format!("collector-{}", collector.name()))
+        .spawn(move || {
+            collector_loop(
+                collector,
+                first_tick,
+                interval,
+                &stopper,
+                &exposition,
+                &rows,
+            )
+        })
+        .expect("spawn a collector thread")
 }
 
 fn collector_loop(
     mut collector: Box<dyn Collector>,
-    first_tick: Instant,
+    first_tick: (i64, Instant),
     interval: Duration,
     stopper: &Stopper,
     exposition: &Exposition,
@@ -150,8 +189,9 @@ fn collector_loop(
 ) {
     let name = collector.name();
     let mut failing = false;
-    let mut next = first_tick;
-    if stopper.sleep_until(next) {
+    let interval_us = (interval.as_micros() as i64).max(1);
+    let (mut grid_us, first) = first_tick;
+    if stopper.sleep_until(first) {
         return;
     }
     loop {
@@ -197,13 +237,10 @@ fn collector_loop(
         exposition.update(&status_source(name), vec![status.clone()]);
         let _ = rows.send(vec![status]);
 
-        next += interval;
-        let now = Instant::now();
-        if next < now {
-            // Overran its interval (a slow source): skip the missed ticks rather
-            // than firing them back to back.
-            next = now + interval;
-        }
+        // A tick that overran its interval (a slow source) skips the grid
+        // points it missed rather than firing them back to back.
+        let next;
+        (grid_us, next) = next_grid(interval_us, grid_us);
         if stopper.sleep_until(next) {
             return;
         }
@@ -223,4 +260,132 @@ fn status_row(name: &str, time_us: i64, duration: Duration, success: bool) -> Ba
         )
         .expect("the row matches the declaration");
     builder.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND_US: i64 = 1_000_000;
+
+    #[test]
+    fn the_first_grid_point_is_the_next_multiple_of_the_interval() {
+        assert_eq!(
+            grid_after(SECOND_US, i64::MIN, 10 * SECOND_US + 3),
+            11 * SECOND_US
+        );
+        assert_eq!(
+            grid_after(SECOND_US, i64::MIN, 11 * SECOND_US),
+            12 * SECOND_US
+        );
+        assert_eq!(
+            grid_after(15 * SECOND_US, i64::MIN, 16 * SECOND_US),
+            30 * SECOND_US
+        );
+    }
+
+    #[test]
+    fn a_wake_up_a_hair_early_does_not_tick_its_grid_point_twice() {
+        let woke_for = 11 * SECOND_US;
+        assert_eq!(
+            grid_after(SECOND_US, woke_for, woke_for - 100),
+            12 * SECOND_US
+        );
+    }
+
+    #[test]
+    fn an_overrun_skips_the_points_it_missed_and_stays_on_the_grid() {
+        let woke_for = 11 * SECOND_US;
+        let done = woke_for + 2 * SECOND_US + 700_000;
+        assert_eq!(grid_after(SECOND_US, woke_for, done), 14 * SECOND_US);
+    }
+
+    #[test]
+    fn a_stepped_clock_lands_back_on_the_grid() {
+        let woke_for = 3611 * SECOND_US;
+        // Back by an hour: the next whole second from now, not in an hour.
+        let stepped_back = woke_for - 3600 * SECOND_US + 200_000;
+        assert_eq!(
+            grid_after(SECOND_US, woke_for, stepped_back),
+            12 * SECOND_US
+        );
+        // Back by less than an interval: the point after the one just ticked.
+        assert_eq!(
+            grid_after(SECOND_US, woke_for, woke_for - 300_000),
+            3612 * SECOND_US
+        );
+        // Forward by an hour: the next whole second from now.
+        let stepped_on = woke_for + 3600 * SECOND_US + 5;
+        assert_eq!(
+            grid_after(SECOND_US, woke_for, stepped_on),
+            7212 * SECOND_US
+        );
+    }
+
+    /// Ticks every 200 ms, and its second tick takes 550 ms: a loop that
+    /// stepped on from where the overrun ended would tick 150 ms off the grid.
+    struct Overrunning {
+        ticks_us: Arc<Mutex<Vec<i64>>>,
+    }
+
+    impl Collector for Overrunning {
+        fn name(&self) -> &'static str {
+            "overrunning"
+        }
+        fn probe(&mut self) -> Availability {
+            Availability::Available(String::new())
+        }
+        fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+            let mut ticks = self.ticks_us.lock().unwrap();
+            ticks.push(time_us);
+            if ticks.len() == 2 {
+                std::thread::sleep(Duration::from_millis(550));
+            }
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn a_collector_that_overran_its_interval_ticks_on_the_grid_again() {
+        let ticks_us = Arc::new(Mutex::new(Vec::new()));
+        let collector = Box::new(Overrunning {
+            ticks_us: ticks_us.clone(),
+        });
+        let stopper = Arc::new(Stopper::default());
+        let (rows, _received) = std::sync::mpsc::channel();
+        let first_tick = next_grid(1_000_000, i64::MIN);
+        let thread = spawn_collector(
+            collector,
+            first_tick,
+            Duration::from_millis(200),
+            stopper.clone(),
+            Exposition::new(&[]),
+            rows,
+        );
+        while ticks_us.lock().unwrap().len() < 8 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stopper.stop();
+        thread.join().unwrap();
+
+        let ticks_us = ticks_us.lock().unwrap().clone();
+        let interval_us = 200_000;
+        // How late each tick came after its grid point: the wake-up's and the
+        // scheduler's delay only, before the overrun and after it.
+        let lateness_ms: Vec<i64> = ticks_us
+            .iter()
+            .map(|t| t.rem_euclid(interval_us) / 1000)
+            .collect();
+        assert!(
+            lateness_ms.iter().all(|&late| late < 100),
+            "ticks off the 200 ms grid, ms after a grid point: {lateness_ms:?}"
+        );
+        // The overrun skipped the points it missed, and fired none twice.
+        let points: Vec<i64> = ticks_us.iter().map(|t| t / interval_us).collect();
+        assert!(
+            points.windows(2).all(|p| p[1] > p[0]),
+            "grid points ticked: {points:?}"
+        );
+        assert!(points[2] - points[1] >= 3, "grid points ticked: {points:?}");
+    }
 }

@@ -28,7 +28,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{tables, Batch, BatchBuilder, Value};
 
 use super::{Availability, Collector, CollectorConfig, Roots};
-use crate::runtime::Stopper;
+use crate::runtime::{next_grid, Stopper};
 use crate::timespec::now_us;
 
 /// Default seconds between two scrapes of a target.
@@ -769,24 +769,6 @@ impl Collector for Scrape {
                 .collect(),
         )
     }
-}
-
-/// The next wall-clock multiple of `interval_us` after now and after
-/// `last_us` (a wake-up a hair early must not scrape one grid point twice;
-/// a clock stepped back by more than an interval starts the grid afresh):
-/// (its time in µs, the instant it falls on).
-fn next_grid(interval_us: i64, last_us: i64) -> (i64, Instant) {
-    let now = now_us();
-    let from = if last_us.saturating_sub(now) < interval_us {
-        now.max(last_us)
-    } else {
-        now
-    };
-    let next = (from.div_euclid(interval_us) + 1) * interval_us;
-    (
-        next,
-        Instant::now() + Duration::from_micros((next - now) as u64),
-    )
 }
 
 /// One target's thread: scrape on its grid until stopped.
