@@ -243,11 +243,7 @@ impl Worker {
         drop(self.rounds);
         let message = match self.thread.join() {
             Ok(()) => "the compaction thread ended".to_string(),
-            Err(payload) => payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_default(),
+            Err(payload) => crate::error::panic_message(payload.as_ref()),
         };
         Error::Panicked(message)
     }

@@ -98,3 +98,12 @@ impl Error {
 
 /// Result with the store's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The message a panic carried, for an error that reports it.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}

@@ -9,12 +9,13 @@ use arrow_array::types::Int32Type;
 use arrow_array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_buffer::Buffer;
 use arrow_schema::{FieldRef, Schema};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 use parquet::arrow::arrow_writer::{
     compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
 use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::{KeyValue, SortingColumn};
+use parquet::file::metadata::{KeyValue, ParquetMetaData, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
@@ -701,6 +702,7 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
     let bytes = file.metadata().map_err(Error::io("stat", path))?.len();
     let reader = SerializedFileReader::new(file).map_err(|e| corrupt(e.to_string()))?;
     let meta = reader.metadata();
+    check_layout(meta, bytes).map_err(corrupt)?;
     let kv: BTreeMap<&str, &str> = meta
         .file_metadata()
         .key_value_metadata()
@@ -890,6 +892,116 @@ pub(crate) fn index_files(
         }
     }
     Ok(index)
+}
+
+/// Checks that a file's metadata describes a layout that fits the file: every
+/// column chunk inside its `file_bytes`, and, where the page index was read,
+/// every page inside its column chunk, in order, with a page of statistics
+/// for each. The Parquet reader trusts these numbers and panics on some
+/// nonsense ones (a negative offset, a page before its chunk), so a file whose
+/// footer decoded but was damaged must be caught here, with its reason.
+pub fn check_layout(meta: &ParquetMetaData, file_bytes: u64) -> std::result::Result<(), String> {
+    // Pages lie after the leading magic and before the footer's length and magic.
+    let data_end = file_bytes.saturating_sub(8) as i64;
+    let page_index = meta.page_index();
+    let mut rows_in_groups: i64 = 0;
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        if rg.num_rows() < 0 {
+            return Err(format!("row group {g} has {} rows", rg.num_rows()));
+        }
+        rows_in_groups = rows_in_groups.saturating_add(rg.num_rows());
+        for (c, chunk) in rg.columns().iter().enumerate() {
+            let at = || format!("row group {g}, column {c}");
+            let data = chunk.data_page_offset();
+            let start = chunk.dictionary_page_offset().unwrap_or(data);
+            let len = chunk.compressed_size();
+            let end = start.checked_add(len).unwrap_or(i64::MAX);
+            if start < 4 || len < 0 || data < start || data >= end || end > data_end {
+                return Err(format!(
+                    "{}: bytes {start}..{end} (data pages from {data}) do not fit the \
+                     file's {file_bytes} bytes",
+                    at()
+                ));
+            }
+            if chunk.num_values() < 0 {
+                return Err(format!("{}: {} values", at(), chunk.num_values()));
+            }
+            let Some(index) = page_index else { continue };
+            let offsets = index.offset_index(g, c);
+            if let Some(offsets) = offsets {
+                let mut next_byte = data;
+                let mut next_row = 0;
+                for (p, page) in offsets.page_locations().iter().enumerate() {
+                    let page_end = page
+                        .offset
+                        .saturating_add(i64::from(page.compressed_page_size));
+                    let first_row_fits = if p == 0 {
+                        page.first_row_index == 0
+                    } else {
+                        page.first_row_index >= next_row && page.first_row_index < rg.num_rows()
+                    };
+                    if page.offset < next_byte
+                        || page.compressed_page_size <= 0
+                        || page_end > end
+                        || !first_row_fits
+                    {
+                        return Err(format!(
+                            "{}, page {p}: bytes {}..{page_end} from row {} do not fit \
+                             the column chunk's bytes {data}..{end} and its {} rows",
+                            at(),
+                            page.offset,
+                            page.first_row_index,
+                            rg.num_rows()
+                        ));
+                    }
+                    next_byte = page_end;
+                    next_row = page.first_row_index + 1;
+                }
+            }
+            if let (Some(stats), Some(offsets)) = (index.column_index(g, c), offsets) {
+                let pages = offsets.page_locations().len() as u64;
+                if stats.num_pages() != pages {
+                    return Err(format!(
+                        "{}: page statistics for {} pages, locations for {pages}",
+                        at(),
+                        stats.num_pages()
+                    ));
+                }
+            }
+        }
+    }
+    if rows_in_groups != meta.file_metadata().num_rows() {
+        return Err(format!(
+            "its row groups hold {rows_in_groups} rows, its footer says {}",
+            meta.file_metadata().num_rows()
+        ));
+    }
+    Ok(())
+}
+
+/// The next batch `reader` reads from the file at `path`. The Parquet reader
+/// trusts each page's header and panics on some damaged ones (a count that
+/// overruns its page); that panic becomes the file's `Corrupt` error, so a
+/// damaged page fails the scan or merge that met it, naming the file, instead
+/// of taking the agent or `vtax query` down.
+pub(crate) fn next_batch(
+    reader: &mut ParquetRecordBatchReader,
+    path: &Path,
+) -> Option<Result<RecordBatch>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
+        Ok(None) => None,
+        Ok(Some(batch)) => Some(batch.map_err(|e| Error::Parquet {
+            path: path.to_owned(),
+            source: e.into(),
+        })),
+        Err(payload) => Some(Err(Error::Corrupt {
+            path: path.to_owned(),
+            reason: format!(
+                "a page could not be decoded: {}",
+                crate::error::panic_message(payload.as_ref())
+            ),
+        })),
+    }
 }
 
 #[cfg(test)]

@@ -34,8 +34,9 @@
 //!    while the writer appends and publishes ([`Compactor`]); the writer lists and
 //!    keeps its inputs until it takes the outcome back.
 //! 6. **Retention** deletes whole files, oldest day first; a deletion is atomic.
-//! 7. **Quarantine.** A file whose footer cannot be read is moved to `quarantine/`,
-//!    never deleted; the rest of the store stays readable.
+//! 7. **Quarantine.** A file whose footer cannot be read or describes a layout the
+//!    file does not have, at open, or whose pages a merge cannot read, is moved to
+//!    `quarantine/`, never deleted; the rest of the store stays readable.
 //!
 //! Partitions are by date only: a compacted day would have no place in an hour
 //! partition, and Hive readers reject files at mixed partition depths. Time filters

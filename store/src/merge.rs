@@ -98,6 +98,13 @@ impl MergeColumns {
             let options =
                 ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
             let metadata = ArrowReaderMetadata::load(&file, options).map_err(parquet_err(path))?;
+            let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
+            crate::files::check_layout(metadata.metadata(), file_bytes).map_err(|reason| {
+                Error::Corrupt {
+                    path: path.clone(),
+                    reason,
+                }
+            })?;
             let rows = metadata.metadata().file_metadata().num_rows().max(0) as usize;
             inputs.push(Input {
                 path: path.clone(),
@@ -232,10 +239,10 @@ impl KeyCursor {
     fn load(&mut self, merge: &MergeColumns) -> Result<bool> {
         let path = &merge.inputs[self.input].path;
         loop {
-            let Some(batch) = self.reader.next() else {
+            let Some(batch) = crate::files::next_batch(&mut self.reader, path) else {
                 return Ok(false);
             };
-            let batch = batch.map_err(|e| parquet_err(path)(e.into()))?;
+            let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
@@ -272,13 +279,12 @@ impl ColumnCursor {
     fn take(&mut self, target: &SchemaRef, path: &Path, max: usize) -> Result<ArrayRef> {
         if self.array.as_ref().is_none_or(|a| self.pos == a.len()) {
             let batch = match &mut self.reader {
-                Some(reader) => reader
-                    .next()
-                    .ok_or_else(|| Error::Corrupt {
+                Some(reader) => {
+                    crate::files::next_batch(reader, path).ok_or_else(|| Error::Corrupt {
                         path: path.to_owned(),
                         reason: "fewer rows than its footer says".into(),
-                    })?
-                    .map_err(|e| parquet_err(path)(e.into()))?,
+                    })??
+                }
                 None => {
                     let rows = self.remaining.min(CHUNK_ROWS);
                     RecordBatch::try_new_with_options(

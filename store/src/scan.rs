@@ -359,6 +359,11 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
     let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
     let reader_metadata = ArrowReaderMetadata::load(&file, options).map_err(parquet_err)?;
     let metadata = reader_metadata.metadata().clone();
+    let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
+    crate::files::check_layout(&metadata, file_bytes).map_err(|reason| Error::Corrupt {
+        path: path.to_owned(),
+        reason,
+    })?;
     let file_schema = reader_metadata.schema().clone();
 
     // Which columns this file has (a field added later reads as null).
@@ -389,7 +394,7 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
         // reader would then re-encode every tag value of the batch by hashing
         // (most of a one-series read's time when its pages straddled two).
         let input = file.try_clone().map_err(Error::io("open", path))?;
-        let reader =
+        let mut reader =
             ParquetRecordBatchReaderBuilder::new_with_metadata(input, reader_metadata.clone())
                 .with_row_groups(vec![rg_index])
                 .with_row_selection(RowSelection::from_consecutive_ranges(
@@ -400,11 +405,8 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
                 .with_batch_size(64 * 1024)
                 .build()
                 .map_err(parquet_err)?;
-        for batch in reader {
-            let batch = batch.map_err(|e| Error::Parquet {
-                path: path.to_owned(),
-                source: e.into(),
-            })?;
+        while let Some(batch) = crate::files::next_batch(&mut reader, path) {
+            let batch = batch?;
             let batch = conform(target, &batch, &wanted, &roots)?;
             if !filtered {
                 result.batches.push(batch);

@@ -645,7 +645,16 @@ impl Store {
         let info = match output {
             Ok(info) => info,
             Err(e) => {
-                if writing && !matches!(e, Error::Stopped) {
+                if let Some(damaged) = damaged_input(&e, &merge.inputs) {
+                    // Left in place it would fail this merge at every pass, and
+                    // the rest of its day would never be merged.
+                    quarantine(&self.options.data_dir, &damaged.path)?;
+                    if let Some(partition) = self.files.get_mut(&merge.partition) {
+                        partition.retain(|f| f.path != damaged.path);
+                    }
+                    self.stats.files_quarantined += 1;
+                    tracing::error!(path = %damaged.path.display(), error = %e, "Moved a file that a merge could not read to quarantine.");
+                } else if writing && !matches!(e, Error::Stopped) {
                     self.count_error(&e);
                 }
                 return Err(e);
@@ -967,6 +976,27 @@ fn lock(dir: &Path) -> Result<File> {
         .map_err(Error::io("write lock file", &path))?;
     write!(file, "{}", std::process::id()).map_err(Error::io("write lock file", &path))?;
     Ok(file)
+}
+
+/// The input a merge's error says is damaged: one whose layout or pages could
+/// not be read. An error of the OS (a failed read, a missing file) is not
+/// the file's fault and leaves it where it is.
+fn damaged_input<'a>(e: &Error, inputs: &'a [FileInfo]) -> Option<&'a FileInfo> {
+    let path = match e {
+        Error::Corrupt { path, .. } => path,
+        Error::Parquet { path, source } if !is_os_error(source) => path,
+        _ => return None,
+    };
+    inputs.iter().find(|i| &i.path == path)
+}
+
+fn is_os_error(e: &parquet::errors::ParquetError) -> bool {
+    match e {
+        parquet::errors::ParquetError::External(source) => source
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error().is_some()),
+        _ => false,
+    }
 }
 
 fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
