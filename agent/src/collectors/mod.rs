@@ -13,6 +13,8 @@
 
 pub mod block;
 pub mod cgroups;
+#[cfg(test)]
+mod damage_tests;
 pub mod filesystem;
 pub mod gpu;
 pub mod host;
