@@ -139,15 +139,68 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vtax: error: {e:#}");
+            eprintln!("vtax: error: {}", error_chain(&e));
             ExitCode::from(1)
         }
     }
 }
 
+/// An error and its causes, joined by ": " as `{:#}` joins them, less each
+/// cause whose text is already in the line: libraries that print their cause
+/// in their own message (the Parquet reader's errors do) would otherwise
+/// repeat it once for every level.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error that prints its cause in its own message and also gives it
+    /// as its source, as the Parquet reader's `External` errors do.
+    #[derive(Debug)]
+    struct External(std::io::Error);
+
+    impl std::fmt::Display for External {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "External: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for External {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let cause = External(std::io::Error::other("Unexpected struct field type 15"));
+        let e = anyhow::Error::new(cause).context("scan cpu in /data");
+        assert_eq!(
+            format!("{e:#}"),
+            "scan cpu in /data: External: Unexpected struct field type 15: \
+             Unexpected struct field type 15"
+        );
+        assert_eq!(
+            error_chain(&e),
+            "scan cpu in /data: External: Unexpected struct field type 15"
+        );
+        let plain = anyhow::anyhow!("no such table").context("query");
+        assert_eq!(error_chain(&plain), "query: no such table");
+    }
 
     /// `docs/metrics.md` is generated from the declarations; this catches drift.
     #[test]
