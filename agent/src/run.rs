@@ -225,7 +225,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 );
             }
             if let Some(e) = &report.merge_error {
-                tracing::warn!(error = %e, merges = report.merges, "Compaction failed; the inputs stay as they were and are merged at a later pass.");
+                tracing::warn!(error = %e, merges = report.merges, "Compaction failed; its inputs are merged at a later pass, less any the store found damaged and moved to quarantine.");
             }
             if let Err(e) = &report.retention {
                 tracing::warn!(error = %e, "Retention failed; the files it did not delete stay.");
