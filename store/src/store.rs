@@ -979,8 +979,10 @@ fn lock(dir: &Path) -> Result<File> {
 }
 
 /// The input a merge's error says is damaged: one whose layout or pages could
-/// not be read. An error of the OS (a failed read, a missing file) is not
-/// the file's fault and leaves it where it is.
+/// not be read. An error of the OS while opening it or reading its footer (a
+/// missing file, a failed read) is not the file's fault and leaves it where it
+/// is. One that fails a read of its pages counts as damage: the reader hands
+/// it back as text, no longer saying it came from the OS.
 fn damaged_input<'a>(e: &Error, inputs: &'a [FileInfo]) -> Option<&'a FileInfo> {
     let path = match e {
         Error::Corrupt { path, .. } => path,
