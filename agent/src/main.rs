@@ -66,6 +66,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Merge each finished day's files into one and apply retention.
     Compact(run::CompactArgs),
+    /// Read every page of the store's files; report (or quarantine) damaged ones.
+    Verify(run::VerifyArgs),
     /// Upload the store's sealed Parquet files to object storage, once.
     Upload(upload::UploadArgs),
     /// Print the metric catalogue generated from the table declarations.
@@ -125,6 +127,7 @@ fn main() -> ExitCode {
         Command::Import(args) => import::import(args),
         Command::Query(args) => query::query(args),
         Command::Compact(args) => run::compact(args),
+        Command::Verify(args) => run::verify(args),
         Command::Report(args) => report::report(args),
         Command::Upload(args) => upload::upload(args),
         Command::ReplayDetector(args) => detect::replay::replay_detector(args),

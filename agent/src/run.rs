@@ -344,6 +344,62 @@ pub fn compact(args: CompactArgs) -> Result<()> {
     Ok(())
 }
 
+/// Arguments of `vtax verify`.
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// Data directory of the store.
+    #[arg(long, env = "VTAX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Move damaged files to `<data_dir>/quarantine/`. Takes the store's lock,
+    /// so the agent must be stopped; without it, verifying works beside one.
+    #[arg(long)]
+    quarantine: bool,
+}
+
+/// Runs `vtax verify`: every published file read whole. Fails while a damaged
+/// file is left among the tables, so that a script notices.
+pub fn verify(args: VerifyArgs) -> Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    if !args.quarantine {
+        let verified = vtax_store::files::verify_store(&data_dir)
+            .with_context(|| format!("verify the store at {}", data_dir.display()))?;
+        for e in &verified.damaged {
+            eprintln!("damaged: {e}");
+        }
+        let damaged = verified.damaged.len();
+        eprintln!("{} file(s) sound, {damaged} damaged.", verified.sound);
+        if damaged > 0 {
+            anyhow::bail!(
+                "{damaged} damaged file(s) in {}; `vtax verify --quarantine`, with the agent \
+                 stopped, moves them to quarantine/",
+                data_dir.display()
+            );
+        }
+        return Ok(());
+    }
+    let mut options = StoreOptions::new(&data_dir);
+    if let Some(node) = vtax_store::files::node_of_store(&data_dir)? {
+        options.node = node;
+    }
+    // Opening moves files whose footer or layout is damaged; then every page.
+    let mut store = Store::open(options, crate::catalog())
+        .with_context(|| format!("open store {}", data_dir.display()))?;
+    let at_open = store.stats().files_quarantined;
+    let moved = store.quarantine_damaged()?;
+    let sound = store.files().count();
+    store.close()?;
+    for (_, e) in &moved {
+        eprintln!("damaged, moved to quarantine: {e}");
+    }
+    eprintln!(
+        "{sound} file(s) sound; {} damaged moved to {} ({at_open} of them on opening the store, \
+         named in the log above).",
+        at_open + moved.len() as u64,
+        data_dir.join("quarantine").display()
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -266,3 +266,57 @@ fn run_samples_cpus_and_publishes_on_sigterm() {
         std::fs::read_dir(data.join("tables/cpu")).expect("published to Parquet on SIGTERM");
     assert!(partitions.count() >= 1);
 }
+
+#[test]
+fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.om");
+    write_input(&input, 500);
+    let data = dir.path().join("data");
+    assert!(import(&data, &[&input]).status.success());
+    let files = {
+        let mut files: Vec<_> = vtax_store::files::live_files(&data)
+            .unwrap()
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        files.sort();
+        files
+    };
+    assert_eq!(files.len(), 2, "one file a date partition");
+    // The first page of the first column starts after the 4-byte magic: its
+    // header smashed, the footer whole. The second file loses its footer's end.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[4..28].fill(0xff);
+    std::fs::write(&files[0], bytes).unwrap();
+    let bytes = std::fs::read(&files[1]).unwrap();
+    std::fs::write(&files[1], &bytes[..bytes.len() - 5]).unwrap();
+
+    let verify = |quarantine: bool| {
+        let mut command = Command::new(VTAX);
+        command.args(["verify", "--data-dir"]).arg(&data);
+        if quarantine {
+            command.arg("--quarantine");
+        }
+        let out = command.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = verify(false);
+    assert!(!ok, "damage fails the command:\n{stderr}");
+    for file in &files {
+        assert!(stderr.contains(&*file.to_string_lossy()), "{stderr}");
+        assert!(file.exists(), "a plain verify moves nothing");
+    }
+    assert!(stderr.contains("0 file(s) sound, 2 damaged."), "{stderr}");
+
+    let (ok, stderr) = verify(true);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("2 damaged moved to"), "{stderr}");
+    assert!(files.iter().all(|f| !f.exists()));
+    let (ok, stderr) = verify(false);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("0 file(s) sound, 0 damaged."), "{stderr}");
+}

@@ -648,11 +648,7 @@ impl Store {
                 if let Some(damaged) = damaged_input(&e, &merge.inputs) {
                     // Left in place it would fail this merge at every pass, and
                     // the rest of its day would never be merged.
-                    quarantine(&self.options.data_dir, &damaged.path)?;
-                    if let Some(partition) = self.files.get_mut(&merge.partition) {
-                        partition.retain(|f| f.path != damaged.path);
-                    }
-                    self.stats.files_quarantined += 1;
+                    self.quarantine_published(&merge.partition, &damaged.path)?;
                     tracing::error!(path = %damaged.path.display(), error = %e, "Moved a file that a merge could not read to quarantine.");
                 } else if writing && !matches!(e, Error::Stopped) {
                     self.count_error(&e);
@@ -677,6 +673,42 @@ impl Store {
             wal::sync_dir(&dir)?;
         }
         Ok(())
+    }
+
+    /// Moves a published file of `partition` to `quarantine/` and out of the
+    /// store's list.
+    fn quarantine_published(&mut self, partition: &(String, i64), path: &Path) -> Result<()> {
+        quarantine(&self.options.data_dir, path)?;
+        if let Some(files) = self.files.get_mut(partition) {
+            files.retain(|f| f.path != path);
+        }
+        self.stats.files_quarantined += 1;
+        Ok(())
+    }
+
+    /// Reads every page of every published file ([`files::verify_file`]) and
+    /// moves each that is damaged to `quarantine/`. Returns the files moved,
+    /// with what was wrong. An error that is not a file's damage (a failed
+    /// read of the disk) is returned and nothing is moved.
+    pub fn quarantine_damaged(&mut self) -> Result<Vec<(PathBuf, Error)>> {
+        let mut damaged = Vec::new();
+        for (partition, files) in &self.files {
+            for info in files {
+                if let Err(e) = files::verify_file(&info.path, info.rows) {
+                    if damaged_file(&e).is_none() {
+                        return Err(e);
+                    }
+                    damaged.push((partition.clone(), info.path.clone(), e));
+                }
+            }
+        }
+        let mut moved = Vec::new();
+        for (partition, path, e) in damaged {
+            self.quarantine_published(&partition, &path)?;
+            tracing::error!(path = %path.display(), error = %e, "Moved a damaged file to quarantine.");
+            moved.push((path, e));
+        }
+        Ok(moved)
     }
 
     /// Deletes whole files, oldest day first, while they are older than the age
@@ -978,18 +1010,23 @@ fn lock(dir: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// The input a merge's error says is damaged: one whose layout or pages could
-/// not be read. An error of the OS while opening it or reading its footer (a
-/// missing file, a failed read) is not the file's fault and leaves it where it
-/// is. One that fails a read of its pages counts as damage: the reader hands
-/// it back as text, no longer saying it came from the OS.
+/// The input a merge's error says is damaged (see [`damaged_file`]).
 fn damaged_input<'a>(e: &Error, inputs: &'a [FileInfo]) -> Option<&'a FileInfo> {
-    let path = match e {
-        Error::Corrupt { path, .. } => path,
-        Error::Parquet { path, source } if !is_os_error(source) => path,
-        _ => return None,
-    };
-    inputs.iter().find(|i| &i.path == path)
+    let path = damaged_file(e)?;
+    inputs.iter().find(|i| i.path == path)
+}
+
+/// The file an error says is damaged: one whose layout or pages could not be
+/// read. An error of the OS while opening it or reading its footer (a missing
+/// file, a failed read) is not the file's fault and names none. One that fails
+/// a read of its pages counts as damage: the reader hands it back as text, no
+/// longer saying it came from the OS.
+fn damaged_file(e: &Error) -> Option<&Path> {
+    match e {
+        Error::Corrupt { path, .. } => Some(path),
+        Error::Parquet { path, source } if !is_os_error(source) => Some(path),
+        _ => None,
+    }
 }
 
 fn is_os_error(e: &parquet::errors::ParquetError) -> bool {

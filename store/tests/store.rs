@@ -1510,3 +1510,35 @@ fn damaged_files_give_errors_never_panics() {
     assert!(errors > 100, "the damage was seen: {errors} errors");
     assert!(panics.is_empty(), "panicked in rounds {panics:?}");
 }
+
+#[test]
+fn verifying_finds_a_damaged_page_that_opening_does_not_and_quarantines_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hours = published_hours_without_wal(dir.path(), 3, 40);
+    let damaged = parquet_files(dir.path())[2].clone();
+    damage_a_page(&damaged, 2);
+    hours.remove(2);
+    let mut kept: Vec<_> = hours.into_iter().flatten().collect();
+    kept.sort();
+
+    // Read-only, beside a writer: it names the file and moves nothing.
+    let verified = vtax_store::files::verify_store(dir.path()).unwrap();
+    assert_eq!(verified.sound, 2);
+    assert_eq!(verified.damaged.len(), 1);
+    let named = verified.damaged[0].to_string();
+    assert!(named.contains(&*damaged.to_string_lossy()), "{named}");
+    assert!(damaged.exists());
+
+    let mut store = open(dir.path());
+    assert_eq!(store.stats().files_quarantined, 0, "its footer is whole");
+    let moved = store.quarantine_damaged().unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(moved[0].0, damaged);
+    assert_eq!(store.stats().files_quarantined, 1);
+    assert_eq!(all_scraped(&store), kept);
+    assert!(store.quarantine_damaged().unwrap().is_empty());
+    assert_eq!(
+        files_under(&dir.path().join("quarantine"), "parquet").len(),
+        1
+    );
+}
