@@ -44,6 +44,12 @@ pub mod keys {
     pub const COMPACTED_INTERMEDIATES: &str = "vtax.compacted_intermediates";
     /// `column=unit` pairs.
     pub const UNITS: &str = "vtax.units";
+    /// `<bytes>:<crc32 in hex>`: the CRC-32 of the file's first `bytes` bytes,
+    /// its magic and every page, everything before the page index and footer.
+    /// Parquet's own page checksums are optional and this writer's library
+    /// never writes them; without one a flipped bit in a compressed page can
+    /// decode to a wrong value without an error.
+    pub const PAGES_CRC32: &str = "vtax.pages_crc32";
 }
 
 /// How files are encoded. The defaults are what `docs/benchmarks.md` measured best.
@@ -295,6 +301,9 @@ pub struct FileInfo {
     pub compacted_intermediates: Vec<String>,
     /// Smallest and largest time in the file, from its statistics.
     pub time_range_us: Option<(i64, i64)>,
+    /// Bytes from the start that `vtax.pages_crc32` covers, and their CRC-32;
+    /// none in files written before it was recorded.
+    pub pages_crc32: Option<(u64, u32)>,
 }
 
 impl FileInfo {
@@ -423,7 +432,7 @@ pub fn publish(
     }
     let mut rows = 0u64;
     let mut last_time = first_time;
-    let write = || -> Result<u64> {
+    let write = || -> Result<(u64, (u64, u32))> {
         let parquet_err = |source| Error::Parquet {
             path: tmp.clone(),
             source,
@@ -435,6 +444,7 @@ pub fn publish(
             .convert(&schema)
             .map_err(parquet_err)?;
         let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
+        let file = Checksummed::new(file);
         let mut writer =
             SerializedFileWriter::new(file, parquet_schema.root_schema_ptr(), Arc::new(file_props))
                 .map_err(parquet_err)?;
@@ -486,12 +496,22 @@ pub fn publish(
         if rows == 0 {
             return Err(Error::Schema("publishing an empty file".into()));
         }
-        let file = writer.into_inner().map_err(parquet_err)?;
+        // Every page is out of the writer's buffer now; the page index and
+        // the footer, which holds the sum, come after.
+        writer.flush().map_err(Error::io("write", &tmp))?;
+        let pages_crc32 = writer.inner().sum();
+        debug_assert_eq!(pages_crc32.0, writer.bytes_written() as u64);
+        writer.append_key_value_metadata(KeyValue::new(
+            keys::PAGES_CRC32.into(),
+            format!("{}:{:08x}", pages_crc32.0, pages_crc32.1),
+        ));
+        let file = writer.into_inner().map_err(parquet_err)?.into_inner();
         file.sync_all().map_err(Error::io("fsync", &tmp))?;
-        Ok(file.metadata().map_err(Error::io("stat", &tmp))?.len())
+        let bytes = file.metadata().map_err(Error::io("stat", &tmp))?.len();
+        Ok((bytes, pages_crc32))
     };
-    let bytes = match write() {
-        Ok(bytes) => bytes,
+    let (bytes, pages_crc32) = match write() {
+        Ok(written) => written,
         Err(e) => {
             let _ = fs::remove_file(&tmp);
             return Err(e);
@@ -513,7 +533,77 @@ pub fn publish(
         compacted_from: compacted_from.to_vec(),
         compacted_intermediates: compacted_intermediates.to_vec(),
         time_range_us: Some((first_time, last_time)),
+        pages_crc32: Some(pages_crc32),
     })
+}
+
+/// A file being written, keeping the CRC-32 of what went through it.
+struct Checksummed {
+    file: File,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl Checksummed {
+    fn new(file: File) -> Self {
+        Checksummed {
+            file,
+            crc: crc32fast::Hasher::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Bytes written so far and their CRC-32.
+    fn sum(&self) -> (u64, u32) {
+        (self.bytes, self.crc.clone().finalize())
+    }
+
+    fn into_inner(self) -> File {
+        self.file
+    }
+}
+
+impl std::io::Write for Checksummed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// Checks the file at `path` against its `vtax.pages_crc32`: reads the bytes
+/// it covers again and sums them.
+pub(crate) fn check_pages_crc32(path: &Path, (bytes, crc): (u64, u32)) -> Result<()> {
+    use std::io::Read;
+    let file = File::open(path).map_err(Error::io("open", path))?;
+    let mut covered = file.take(bytes);
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buffer = vec![0u8; 256 << 10];
+    let mut read = 0u64;
+    loop {
+        let n = covered.read(&mut buffer).map_err(Error::io("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        read += n as u64;
+    }
+    let found = hasher.finalize();
+    if read != bytes || found != crc {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            reason: format!(
+                "its first {bytes} bytes (magic and pages) sum to CRC-32 {found:08x} over \
+                 {read} bytes read, not the {crc:08x} written: a byte changed since"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// One column of one row group being encoded. In a file's first row group a
@@ -747,6 +837,15 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
             }
         }
     }
+    let pages_crc32 = match kv.get(keys::PAGES_CRC32) {
+        None => None,
+        Some(text) => Some(
+            text.split_once(':')
+                .and_then(|(n, crc)| Some((n.parse().ok()?, u32::from_str_radix(crc, 16).ok()?)))
+                .filter(|&(n, _)| n <= bytes)
+                .ok_or_else(|| corrupt(format!("bad {}: {text:?}", keys::PAGES_CRC32)))?,
+        ),
+    };
     Ok(FileInfo {
         path: path.to_owned(),
         table: table.to_owned(),
@@ -758,6 +857,7 @@ pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
         compacted_from,
         compacted_intermediates,
         time_range_us,
+        pages_crc32,
     })
 }
 
@@ -983,7 +1083,11 @@ pub fn check_layout(meta: &ParquetMetaData, file_bytes: u64) -> std::result::Res
 /// of it would, and checks it holds the `rows` its footer promised. A file
 /// whose footer is whole can still hold a damaged page that only a read of
 /// that page meets; this finds it before a query does.
-pub fn verify_file(path: &Path, rows: u64) -> Result<()> {
+pub fn verify_file(info: &FileInfo) -> Result<()> {
+    let (path, rows) = (info.path.as_path(), info.rows);
+    if let Some(sum) = info.pages_crc32 {
+        check_pages_crc32(path, sum)?;
+    }
     let file = File::open(path).map_err(Error::io("open", path))?;
     let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
     let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
@@ -1045,7 +1149,7 @@ pub fn verify_store(data_dir: &Path) -> Result<Verified> {
     })?;
     let mut sound = 0;
     for info in index.live.values().flatten() {
-        match verify_file(&info.path, info.rows) {
+        match verify_file(info) {
             Ok(()) => sound += 1,
             Err(e) if gone(&e) => {}
             Err(e) => damaged.push(e),

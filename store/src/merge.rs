@@ -93,6 +93,11 @@ impl MergeColumns {
         let mut inputs = Vec::with_capacity(files.len());
         for info in files {
             let path = &info.path;
+            // A flipped bit that still decodes would otherwise go into the
+            // merged file, under a checksum of its own.
+            if let Some(sum) = info.pages_crc32 {
+                crate::files::check_pages_crc32(path, sum)?;
+            }
             let file = File::open(path).map_err(Error::io("open", path))?;
             // The offset index lets a reader that starts mid-file skip whole pages.
             let options =

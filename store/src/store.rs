@@ -694,7 +694,7 @@ impl Store {
         let mut damaged = Vec::new();
         for (partition, files) in &self.files {
             for info in files {
-                if let Err(e) = files::verify_file(&info.path, info.rows) {
+                if let Err(e) = files::verify_file(info) {
                     if damaged_file(&e).is_none() {
                         return Err(e);
                     }
