@@ -1,7 +1,7 @@
 //! `vtax run`: sample this node with every enabled collector, keep every sample
 //! in the store, and serve the latest values on `/metrics`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -321,14 +321,21 @@ pub struct CompactArgs {
     now: Option<String>,
 }
 
+/// Options for a command that opens the store at `data_dir` for writing while
+/// the agent is stopped. Files it writes keep the name the agent gave
+/// (`store.node`), not the host's.
+fn offline_store_options(data_dir: &Path) -> Result<StoreOptions> {
+    let mut options = StoreOptions::new(data_dir);
+    if let Some(node) = vtax_store::files::node_of_store(data_dir)? {
+        options.node = node;
+    }
+    Ok(options)
+}
+
 /// Runs `vtax compact`.
 pub fn compact(args: CompactArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    let mut options = StoreOptions::new(&data_dir);
-    // Merged files keep the name the agent gave (`store.node`), not the host's.
-    if let Some(node) = vtax_store::files::node_of_store(&data_dir)? {
-        options.node = node;
-    }
+    let mut options = offline_store_options(&data_dir)?;
     options.retention_max_age = args.max_age;
     options.retention_max_bytes = args.max_bytes;
     let now = match &args.now {
@@ -377,12 +384,8 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let mut options = StoreOptions::new(&data_dir);
-    if let Some(node) = vtax_store::files::node_of_store(&data_dir)? {
-        options.node = node;
-    }
     // Opening moves files whose footer or layout is damaged; then every page.
-    let mut store = Store::open(options, crate::catalog())
+    let mut store = Store::open(offline_store_options(&data_dir)?, crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;
     let at_open = store.stats().files_quarantined;
     let moved = store.quarantine_damaged()?;

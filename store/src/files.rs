@@ -9,13 +9,16 @@ use arrow_array::types::Int32Type;
 use arrow_array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_buffer::Buffer;
 use arrow_schema::{FieldRef, Schema};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::arrow_writer::{
     compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
 use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::{KeyValue, ParquetMetaData, SortingColumn};
+use parquet::file::metadata::{KeyValue, PageIndexPolicy, ParquetMetaData, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
@@ -1079,6 +1082,26 @@ pub fn check_layout(meta: &ParquetMetaData, file_bytes: u64) -> std::result::Res
     Ok(())
 }
 
+/// Opens the file at `path` for a reader: its footer and page index, with
+/// their layout checked against the file ([`check_layout`]) before the Parquet
+/// reader, which trusts them, is given them. Every scan, merge and
+/// verification opens a file through here.
+pub(crate) fn open_for_reading(path: &Path) -> Result<(File, ArrowReaderMetadata)> {
+    let file = File::open(path).map_err(Error::io("open", path))?;
+    let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
+    // The offset index lets a reader that starts mid-file skip whole pages.
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+    let metadata = ArrowReaderMetadata::load(&file, options).map_err(|source| Error::Parquet {
+        path: path.to_owned(),
+        source,
+    })?;
+    check_layout(metadata.metadata(), file_bytes).map_err(|reason| Error::Corrupt {
+        path: path.to_owned(),
+        reason,
+    })?;
+    Ok((file, metadata))
+}
+
 /// Reads every page of every column of the file at `path`, as a scan of all
 /// of it would, and checks it holds the `rows` its footer promised. A file
 /// whose footer is whole can still hold a damaged page that only a read of
@@ -1088,23 +1111,8 @@ pub fn verify_file(info: &FileInfo) -> Result<()> {
     if let Some(sum) = info.pages_crc32 {
         check_pages_crc32(path, sum)?;
     }
-    let file = File::open(path).map_err(Error::io("open", path))?;
-    let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
-    let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
-        .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
-    let metadata = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&file, options)
-        .map_err(|source| Error::Parquet {
-            path: path.to_owned(),
-            source,
-        })?;
-    check_layout(metadata.metadata(), file_bytes).map_err(|reason| Error::Corrupt {
-        path: path.to_owned(),
-        reason,
-    })?;
-    let mut reader =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
-            file, metadata,
-        )
+    let (file, metadata) = open_for_reading(path)?;
+    let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata)
         .with_batch_size(64 * 1024)
         .build()
         .map_err(|source| Error::Parquet {

@@ -17,11 +17,10 @@ use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{Schema, SchemaRef};
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
-    ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
 };
 use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::PageIndexPolicy;
 
 use crate::error::{Error, Result};
 use crate::files::{ColumnSource, FileInfo};
@@ -98,18 +97,7 @@ impl MergeColumns {
             if let Some(sum) = info.pages_crc32 {
                 crate::files::check_pages_crc32(path, sum)?;
             }
-            let file = File::open(path).map_err(Error::io("open", path))?;
-            // The offset index lets a reader that starts mid-file skip whole pages.
-            let options =
-                ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-            let metadata = ArrowReaderMetadata::load(&file, options).map_err(parquet_err(path))?;
-            let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
-            crate::files::check_layout(metadata.metadata(), file_bytes).map_err(|reason| {
-                Error::Corrupt {
-                    path: path.clone(),
-                    reason,
-                }
-            })?;
+            let (_, metadata) = crate::files::open_for_reading(path)?;
             let rows = metadata.metadata().file_metadata().num_rows().max(0) as usize;
             inputs.push(Input {
                 path: path.clone(),

@@ -4,7 +4,6 @@
 //! beside a running writer).
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -13,11 +12,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
 use arrow_array::{new_null_array, Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{Field, Schema};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
-};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection};
 use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use parquet::file::metadata::ParquetMetaData;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::statistics::Statistics;
 
@@ -355,15 +352,8 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
         path: path.to_owned(),
         source,
     };
-    let file = File::open(path).map_err(Error::io("open", path))?;
-    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-    let reader_metadata = ArrowReaderMetadata::load(&file, options).map_err(parquet_err)?;
+    let (file, reader_metadata) = crate::files::open_for_reading(path)?;
     let metadata = reader_metadata.metadata().clone();
-    let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
-    crate::files::check_layout(&metadata, file_bytes).map_err(|reason| Error::Corrupt {
-        path: path.to_owned(),
-        reason,
-    })?;
     let file_schema = reader_metadata.schema().clone();
 
     // Which columns this file has (a field added later reads as null).

@@ -645,7 +645,9 @@ impl Store {
         let info = match output {
             Ok(info) => info,
             Err(e) => {
-                if let Some(damaged) = damaged_input(&e, &merge.inputs) {
+                let damaged =
+                    damaged_file(&e).and_then(|p| merge.inputs.iter().find(|i| i.path == p));
+                if let Some(damaged) = damaged {
                     // Left in place it would fail this merge at every pass, and
                     // the rest of its day would never be merged.
                     self.quarantine_published(&merge.partition, &damaged.path)?;
@@ -1008,12 +1010,6 @@ fn lock(dir: &Path) -> Result<File> {
         .map_err(Error::io("write lock file", &path))?;
     write!(file, "{}", std::process::id()).map_err(Error::io("write lock file", &path))?;
     Ok(file)
-}
-
-/// The input a merge's error says is damaged (see [`damaged_file`]).
-fn damaged_input<'a>(e: &Error, inputs: &'a [FileInfo]) -> Option<&'a FileInfo> {
-    let path = damaged_file(e)?;
-    inputs.iter().find(|i| i.path == path)
 }
 
 /// The file an error says is damaged: one whose layout or pages could not be

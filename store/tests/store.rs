@@ -1199,12 +1199,18 @@ fn a_stopped_merge_publishes_nothing_and_its_inputs_merge_later() {
     assert_eq!(all_scraped(&store), expected);
 }
 
+/// A store of `scraped` at `dir` whose retention deletes days that ended
+/// `days` or more days ago.
+fn open_keeping_days(dir: &Path, days: u64) -> Store {
+    let mut o = options(dir);
+    o.retention_max_age = Some(Duration::from_secs(days * 86_400));
+    Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap()
+}
+
 #[test]
 fn the_compactor_merges_off_the_callers_thread_then_applies_retention() {
     let dir = tempfile::tempdir().unwrap();
-    let mut o = options(dir.path());
-    o.retention_max_age = Some(Duration::from_secs(3 * 86_400));
-    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    let mut store = open_keeping_days(dir.path(), 3);
     append_scraped(&mut store, T0 - 5 * DAY_US, 8);
     store.flush().unwrap();
     let mut expected = hour_files(&mut store, 24);
@@ -1262,9 +1268,7 @@ fn a_compactor_stopped_mid_merge_leaves_every_row_once() {
 #[test]
 fn retention_runs_even_when_a_merge_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let mut o = options(dir.path());
-    o.retention_max_age = Some(Duration::from_secs(2 * 86_400));
-    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    let mut store = open_keeping_days(dir.path(), 2);
     append_scraped(&mut store, T0, 8);
     store.flush().unwrap();
     for h in 0..2 {
