@@ -119,7 +119,8 @@ pub struct StoreStats {
     pub rows_replayed: u64,
     /// Files published (including compactions).
     pub files_published: u64,
-    /// Files moved to quarantine.
+    /// Files put in quarantine: Parquet files moved there, damaged WAL segments
+    /// copied there.
     pub files_quarantined: u64,
     /// Failed writes (WAL or Parquet), e.g. disk full.
     pub write_errors: u64,
@@ -194,9 +195,20 @@ impl Store {
             Ok(())
         })?;
         stats.wal_torn_bytes = report.torn_bytes;
-        for path in &report.corrupt_segments {
-            tracing::error!(path = %path.display(), "A WAL segment is corrupt before its end; rows after the damage are lost. Moved to quarantine.");
-            quarantine(&dir, path)?;
+        if !report.damaged_segments.is_empty() {
+            tracing::error!(
+                segments = report.damaged_segments.len(),
+                damaged_bytes = report.damaged_bytes,
+                "WAL segments are damaged: the rows of their damaged frames are lost; every intact frame was replayed."
+            );
+        }
+        for path in &report.damaged_segments {
+            // The segment stays where it is until its intact frames are
+            // published; the copy keeps the damage for whoever looks into it.
+            if copy_to_quarantine(&dir, path)? {
+                stats.files_quarantined += 1;
+                tracing::error!(path = %path.display(), "Copied a damaged WAL segment to quarantine.");
+            }
         }
         // A publish can run ahead of the WAL (rows appended, published, never
         // written to the log before a crash), so sequence numbers resume above
@@ -1034,10 +1046,33 @@ fn is_os_error(e: &parquet::errors::ParquetError) -> bool {
     }
 }
 
-fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
+/// Copies `path` to where [`quarantine`] would move it, unless a copy of the
+/// same length is there already (an earlier open copied it). True when copied.
+fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {
+    let target = quarantine_path(data_dir, path);
+    let len = fs::metadata(path).map_err(Error::io("stat", path))?.len();
+    if fs::metadata(&target).is_ok_and(|m| m.len() == len) {
+        return Ok(false);
+    }
+    let parent = target.parent().expect("a quarantine path has a parent");
+    fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+    let partial = target.with_extension("copying");
+    fs::copy(path, &partial)
+        .and_then(|_| File::open(&partial)?.sync_all())
+        .map_err(Error::io("copy to quarantine", path))?;
+    fs::rename(&partial, &target).map_err(Error::io("rename into quarantine", &target))?;
+    wal::sync_dir(parent)?;
+    Ok(true)
+}
+
+fn quarantine_path(data_dir: &Path, path: &Path) -> PathBuf {
     let relative = path.strip_prefix(data_dir).unwrap_or(path);
     let relative = relative.strip_prefix("tables").unwrap_or(relative);
-    let target = data_dir.join("quarantine").join(relative);
+    data_dir.join("quarantine").join(relative)
+}
+
+fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
+    let target = quarantine_path(data_dir, path);
     if let Some(parent) = target.parent() {
         fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
     }

@@ -332,15 +332,52 @@ pub struct ReplayReport {
     pub frames: u64,
     /// Bytes cut off torn tails (a crash mid-write).
     pub torn_bytes: u64,
-    /// Segments that were corrupt before their end; the intact prefix was used.
-    pub corrupt_segments: Vec<PathBuf>,
+    /// Segments damaged before their end: every intact frame in them was still
+    /// read (replay steps over a damaged frame whose length is intact), but
+    /// some bytes could not be.
+    pub damaged_segments: Vec<PathBuf>,
+    /// Bytes of those segments that held no intact frame.
+    pub damaged_bytes: u64,
     /// The sequence number after the last intact frame.
     pub next_seq: u64,
 }
 
+/// Where the payload of the intact frame starting at `offset` lies, if one does.
+fn intact_frame(bytes: &[u8], offset: usize) -> Option<std::ops::Range<usize>> {
+    let header = bytes.get(offset..offset.checked_add(FRAME_HEADER_BYTES)?)?;
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    // A zero length is not a frame (every payload has a header): it is a tail
+    // of zeros, as a file extended before its data landed leaves.
+    if len == 0 || len > MAX_FRAME_BYTES {
+        return None;
+    }
+    let start = offset + FRAME_HEADER_BYTES;
+    let payload = bytes.get(start..start + len)?;
+    (crc32fast::hash(payload) == crc).then_some(start..start + len)
+}
+
+/// Where the frame after a damaged one at `offset` starts, when the damaged
+/// frame's length field still leads to an intact frame: the damage then lay
+/// in that one frame's payload or checksum, and every frame after it is good.
+/// A length that leads elsewhere cannot be told from garbage, so the rest of
+/// the segment is given up.
+fn step_over_damage(bytes: &[u8], offset: usize) -> Option<usize> {
+    let header = bytes.get(offset..offset + FRAME_HEADER_BYTES)?;
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    if len == 0 || len > MAX_FRAME_BYTES {
+        return None;
+    }
+    let next = offset + FRAME_HEADER_BYTES + len;
+    intact_frame(bytes, next).map(|_| next)
+}
+
 /// Reads every segment in order, calling `on_frame` for each intact frame. With
-/// `repair`, a torn tail is cut off the file and empty torn segments removed;
-/// without, the files are left alone (a reader beside a live writer).
+/// `repair`, a torn tail of the last segment is cut off the file and empty torn
+/// segments removed; without, the files are left alone (a reader beside a live
+/// writer). A damaged segment is left in place either way: its intact frames
+/// are still needed until they are published, and the caller decides what to
+/// keep of it ([`ReplayReport::damaged_segments`]).
 pub fn replay(
     dir: &Path,
     catalog: &Catalog,
@@ -364,53 +401,57 @@ pub fn replay(
                 }
                 continue;
             }
-            report.corrupt_segments.push(path.clone());
-            continue;
+            // A damaged magic alone would hide every frame behind it: read on.
+            report.damaged_bytes += MAGIC.len().min(bytes.len()) as u64;
+            report.damaged_segments.push(path.clone());
         }
         let mut offset = MAGIC.len();
         let mut good_end = offset;
+        let mut damaged_here = 0;
         while offset < bytes.len() {
-            let Some(frame) = bytes.get(offset..offset + FRAME_HEADER_BYTES) else {
-                break;
+            let Some(payload) = intact_frame(&bytes, offset) else {
+                match step_over_damage(&bytes, offset) {
+                    Some(next) => {
+                        damaged_here += next - offset;
+                        offset = next;
+                        continue;
+                    }
+                    None => break,
+                }
             };
-            let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
-            let crc = u32::from_le_bytes(frame[4..8].try_into().unwrap());
-            let start = offset + FRAME_HEADER_BYTES;
-            // A zero length is not a frame (every payload has a header): it is a
-            // tail of zeros, as a file extended before its data landed leaves.
-            if len == 0 || len > MAX_FRAME_BYTES {
-                break;
-            }
-            let Some(payload) = bytes.get(start..start + len) else {
-                break;
-            };
-            if crc32fast::hash(payload) != crc {
-                break;
-            }
-            let decoded = decode_frame(payload, catalog).map_err(|reason| Error::Corrupt {
-                path: path.clone(),
-                reason: format!("frame at byte {offset}: {reason}"),
+            let decoded = decode_frame(&bytes[payload.clone()], catalog).map_err(|reason| {
+                Error::Corrupt {
+                    path: path.clone(),
+                    reason: format!("frame at byte {offset}: {reason}"),
+                }
             })?;
             report.next_seq = report.next_seq.max(decoded.seq + 1);
             report.frames += 1;
             on_frame(decoded)?;
-            offset = start + len;
+            offset = payload.end;
             good_end = offset;
         }
-        if good_end < bytes.len() {
-            if i == last_index {
-                report.torn_bytes += (bytes.len() - good_end) as u64;
-                if repair {
-                    let file = OpenOptions::new()
-                        .write(true)
-                        .open(path)
-                        .map_err(Error::io("open WAL segment", path))?;
-                    file.set_len(good_end as u64)
-                        .and_then(|()| file.sync_all())
-                        .map_err(Error::io("cut torn WAL tail", path))?;
-                }
-            } else {
-                report.corrupt_segments.push(path.clone());
+        let tail = bytes.len().saturating_sub(good_end);
+        if i == last_index && tail > 0 {
+            // Frames after the last intact one were being written at a crash.
+            report.torn_bytes += tail as u64;
+            if repair {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(Error::io("open WAL segment", path))?;
+                file.set_len(good_end as u64)
+                    .and_then(|()| file.sync_all())
+                    .map_err(Error::io("cut torn WAL tail", path))?;
+            }
+        } else {
+            // A segment before the last was complete when the next began.
+            damaged_here += tail;
+        }
+        if damaged_here > 0 {
+            report.damaged_bytes += damaged_here as u64;
+            if report.damaged_segments.last() != Some(path) {
+                report.damaged_segments.push(path.clone());
             }
         }
     }
@@ -677,21 +718,85 @@ mod tests {
         assert_eq!(again.torn_bytes, 0, "the cut was made on disk");
     }
 
-    #[test]
-    fn a_flipped_bit_ends_the_segment_and_is_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut wal = WalWriter::create(dir.path(), 1, 1 << 20, 1 << 20).unwrap();
-        for i in 0..3 {
+    /// Where each frame of a segment starts, and where the last one ends.
+    fn frame_offsets(bytes: &[u8]) -> Vec<usize> {
+        let mut offsets = vec![MAGIC.len()];
+        while let Some(payload) = intact_frame(bytes, *offsets.last().unwrap()) {
+            offsets.push(payload.end);
+        }
+        offsets
+    }
+
+    fn one_segment_of_frames(dir: &Path, frames: i64) -> (PathBuf, Vec<u8>) {
+        let mut wal = WalWriter::create(dir, 1, 1 << 20, 1 << 20).unwrap();
+        for i in 0..frames {
             wal.append(1, &batch(5, i * 10)).unwrap();
         }
         wal.sync().unwrap();
-        let path = list_segments(dir.path()).unwrap()[0].1.clone();
-        let mut bytes = fs::read(&path).unwrap();
-        let at = bytes.len() - 30;
-        bytes[at] ^= 0x10;
+        let path = list_segments(dir).unwrap()[0].1.clone();
+        let bytes = fs::read(&path).unwrap();
+        (path, bytes)
+    }
+
+    #[test]
+    fn a_flipped_bit_loses_its_frame_only_and_the_segment_is_left_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut bytes) = one_segment_of_frames(dir.path(), 4);
+        let offsets = frame_offsets(&bytes);
+        assert_eq!(offsets.len(), 5);
+        bytes[offsets[1] + FRAME_HEADER_BYTES + 20] ^= 0x10;
         fs::write(&path, &bytes).unwrap();
-        let (frames, _) = read_all(dir.path(), false);
-        assert_eq!(frames.len(), 2, "frames before the damage survive");
+        let (frames, report) = read_all(dir.path(), true);
+        let seqs: Vec<u64> = frames.iter().map(|f| f.seq).collect();
+        assert_eq!(seqs, [1, 3, 4], "the frames on either side of the damage");
+        assert_eq!(report.damaged_segments, std::slice::from_ref(&path));
+        assert_eq!(report.damaged_bytes, (offsets[2] - offsets[1]) as u64);
+        assert_eq!(report.torn_bytes, 0);
+        assert_eq!(report.next_seq, 5);
+        assert_eq!(fs::read(&path).unwrap(), bytes, "repair cuts no damage");
+    }
+
+    #[test]
+    fn a_damaged_length_gives_up_the_rest_of_its_segment_not_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = WalWriter::create(dir.path(), 1, 400, 1 << 20).unwrap();
+        for i in 0..6 {
+            wal.append(1, &batch(5, i * 10)).unwrap();
+            wal.sync().unwrap();
+        }
+        let segments = list_segments(dir.path()).unwrap();
+        assert!(segments.len() >= 3);
+        let (first_seq, path) = &segments[0];
+        let mut bytes = fs::read(path).unwrap();
+        let offsets = frame_offsets(&bytes);
+        assert!(offsets.len() >= 3, "two frames in the first segment");
+        bytes[offsets[1] + 2] ^= 0x40;
+        fs::write(path, &bytes).unwrap();
+        let (frames, report) = read_all(dir.path(), true);
+        let lost = offsets.len() as u64 - 2;
+        assert_eq!(report.frames, 6 - lost);
+        assert!(frames
+            .iter()
+            .all(|f| f.seq == *first_seq || f.seq > first_seq + lost));
+        assert_eq!(report.damaged_segments, std::slice::from_ref(path));
+        assert_eq!(report.damaged_bytes, (bytes.len() - offsets[1]) as u64);
+        assert_eq!(
+            report.torn_bytes, 0,
+            "a segment before the last is not torn"
+        );
+        assert_eq!(fs::read(path).unwrap(), bytes);
+    }
+
+    #[test]
+    fn a_damaged_magic_hides_no_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut bytes) = one_segment_of_frames(dir.path(), 3);
+        bytes[0] = b'X';
+        fs::write(&path, &bytes).unwrap();
+        let (frames, report) = read_all(dir.path(), true);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(report.damaged_segments, [path]);
+        assert_eq!(report.damaged_bytes, MAGIC.len() as u64);
     }
 
     #[test]

@@ -160,7 +160,7 @@ pub static STORE: TableDef = TableDef {
             "files_quarantined",
             FieldType::U64,
             Unit::None,
-            "Files that failed verification when the store opened, moved to quarantine/.",
+            "Store files put in quarantine/ since the agent started: Parquet files that failed verification at open or in a merge (moved), and damaged WAL segments (copied).",
         ),
         FieldDef::counter(
             "files_deleted_by_retention",
