@@ -115,7 +115,7 @@ fn assert_sizes_match_disk(store: &Store, data_dir: &Path, context: &str) {
 fn assert_wal_replays_cleanly(data_dir: &Path, context: &str) {
     match wal::replay(&data_dir.join("wal"), &catalog(), false, |_| Ok(())) {
         Ok(report) => assert!(
-            report.torn_bytes == 0 && report.corrupt_segments.is_empty(),
+            report.torn_bytes == 0 && report.damaged_segments.is_empty(),
             "{context}: the WAL holds partial or corrupt frames: {report:?}"
         ),
         Err(e) => panic!("{context}: the WAL does not replay: {e}"),
