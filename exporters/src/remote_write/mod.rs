@@ -140,7 +140,7 @@ impl RemoteWriters {
                     source,
                 }
             })?;
-            tracing::info!(remote = %config.name, url = %config.url, pending_samples = report.pending_samples, segments = report.segments, "Remote write started.");
+            tracing::info!(remote = %config.name, url = %config.url, pending_samples = report.pending_samples, segments = report.segments, damaged_segments = report.damaged_segments.len(), "Remote write started.");
             let queue = Arc::new(Mutex::new(queue));
             let stats = Arc::new(Stats {
                 oldest_pending_ms: AtomicI64::new(i64::MAX),
@@ -417,6 +417,17 @@ impl SenderTask {
                     continue;
                 }
             };
+            if pending.samples == 0 {
+                // Only damaged records were read: nothing to send, move past them.
+                let acked = self.queue.lock().expect("not poisoned").ack(&pending);
+                if let Err(e) = acked {
+                    tracing::error!(remote = %self.config.name, error = %e, "Remote write queue: could not record its position; retrying.");
+                    if self.pause(Duration::from_secs(5)).await {
+                        break;
+                    }
+                }
+                continue;
+            }
             self.stats
                 .oldest_pending_ms
                 .store(pending.min_time_ms, Ordering::Relaxed);
