@@ -48,6 +48,10 @@ pub struct QueryArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: OutputFormat,
+    /// Leave out files whose pages turn out damaged, naming each on stderr,
+    /// instead of failing. Files whose footer is damaged are always left out.
+    #[arg(long)]
+    skip_damaged: bool,
 }
 
 /// Runs `vtax query`.
@@ -79,9 +83,18 @@ pub fn query(args: QueryArgs) -> Result<()> {
         tag_equals,
         fields: args.fields,
         fields_only: false,
+        skip_damaged: args.skip_damaged,
     };
-    let result = scan_dir(&data_dir, &crate::catalog(), &request)
-        .with_context(|| format!("scan {} in {}", args.table, data_dir.display()))?;
+    let scanning = || format!("scan {} in {}", args.table, data_dir.display());
+    let result = match scan_dir(&data_dir, &crate::catalog(), &request) {
+        Ok(result) => result,
+        Err(e) if e.damaged_file().is_some() => bail!(
+            "{}: {e}\nThe file is damaged: --skip-damaged reads the rest without it; \
+             `vtax verify --quarantine`, with the agent stopped, finds every damaged file and moves it aside.",
+            scanning()
+        ),
+        Err(e) => return Err(e).with_context(scanning),
+    };
     let batches = plain_batches(&result.batches)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -292,6 +292,35 @@ fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     let bytes = std::fs::read(&files[1]).unwrap();
     std::fs::write(&files[1], &bytes[..bytes.len() - 5]).unwrap();
 
+    // A query fails on the damaged page, naming the file and the ways on; told
+    // to, it leaves both files out and names them.
+    let query = |skip: bool| {
+        let mut command = Command::new(VTAX);
+        command
+            .args(["query", "scraped", "--format", "csv", "--data-dir"])
+            .arg(&data);
+        if skip {
+            command.arg("--skip-damaged");
+        }
+        command.output().unwrap()
+    };
+    let out = query(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&*files[0].to_string_lossy()), "{stderr}");
+    assert!(stderr.contains("--skip-damaged reads the rest"), "{stderr}");
+    let out = query(true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for file in &files {
+        assert!(stderr.contains(&*file.to_string_lossy()), "{stderr}");
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        1,
+        "the header only"
+    );
+
     let verify = |quarantine: bool| {
         let mut command = Command::new(VTAX);
         command.args(["verify", "--data-dir"]).arg(&data);

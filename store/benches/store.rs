@@ -173,6 +173,7 @@ fn main() {
                 ],
                 fields: None,
                 fields_only: false,
+                skip_damaged: false,
             };
             let start = Instant::now();
             let result = store.scan(&request).unwrap();

@@ -72,6 +72,16 @@ impl Error {
         move |source| Error::Io { op, path, source }
     }
 
+    /// The file an error shows to be damaged: one that is not what the store
+    /// wrote, as opposed to one the OS failed to read.
+    pub fn damaged_file(&self) -> Option<&std::path::Path> {
+        match self {
+            Error::Corrupt { path, .. } => Some(path),
+            Error::Parquet { path, source } if !is_os_error(source) => Some(path),
+            _ => None,
+        }
+    }
+
     /// Whether the error is the disk being full (ENOSPC, or EDQUOT for a quota).
     pub fn is_disk_full(&self) -> bool {
         let full =
@@ -106,4 +116,13 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_default()
+}
+
+fn is_os_error(e: &parquet::errors::ParquetError) -> bool {
+    match e {
+        parquet::errors::ParquetError::External(source) => source
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error().is_some()),
+        _ => false,
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -41,6 +41,10 @@ pub struct ScanRequest {
     /// Return only the fields, not time and tags. When no filter needs them
     /// either, they are not even decoded: a single-column scan reads one column.
     pub fields_only: bool,
+    /// Leave out a file whose pages turn out damaged, naming it in
+    /// [`ScanResult::damaged_files`], instead of failing the scan. A file
+    /// whose footer fails is left out either way.
+    pub skip_damaged: bool,
 }
 
 /// What a scan returned and how much it could skip.
@@ -59,6 +63,9 @@ pub struct ScanResult {
     pub row_groups_skipped: usize,
     /// Rows skipped by the page index without decoding.
     pub rows_skipped_by_page_index: usize,
+    /// Files left out as damaged, with what was wrong: those whose footer
+    /// failed, and with [`ScanRequest::skip_damaged`] those whose pages did.
+    pub damaged_files: Vec<(PathBuf, String)>,
 }
 
 impl ScanResult {
@@ -293,15 +300,17 @@ fn scan_listed(plan: &Plan, listed: Vec<files::Listed>) -> Result<(ScanResult, f
         .into_iter()
         .filter(|f| f.table == plan.table.name)
         .partition(|f| plan.day_may_match(f.day));
-    let mut skipped = pruned.len();
+    let mut damaged = Vec::new();
     let index = files::index_files(listed, |file, e| {
-        skipped += 1;
         tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
+        damaged.push((file.path.clone(), e.to_string()));
         Ok(())
     })?;
     let live: Vec<&FileInfo> = index.live.values().flatten().collect();
     let mut result = scan_files(plan, &live)?;
-    result.files_skipped += skipped;
+    result.files_skipped += pruned.len() + damaged.len();
+    damaged.append(&mut result.damaged_files);
+    result.damaged_files = damaged;
     Ok((result, index))
 }
 
@@ -337,12 +346,24 @@ fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
             continue;
         }
         result.files_read += 1;
-        scan_file(
+        let batches_before = result.batches.len();
+        let scanned = scan_file(
             plan,
             &info.path,
             plan.needs_filter_columns(info.time_range_us),
             &mut result,
-        )?;
+        );
+        match scanned {
+            Ok(()) => {}
+            Err(e) if plan.request.skip_damaged && e.damaged_file().is_some() => {
+                tracing::warn!(path = %info.path.display(), error = %e, "Left a damaged file out of a scan.");
+                result.batches.truncate(batches_before);
+                result
+                    .damaged_files
+                    .push((info.path.clone(), e.to_string()));
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(result)
 }

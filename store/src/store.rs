@@ -657,8 +657,9 @@ impl Store {
         let info = match output {
             Ok(info) => info,
             Err(e) => {
-                let damaged =
-                    damaged_file(&e).and_then(|p| merge.inputs.iter().find(|i| i.path == p));
+                let damaged = e
+                    .damaged_file()
+                    .and_then(|p| merge.inputs.iter().find(|i| i.path == p));
                 if let Some(damaged) = damaged {
                     // Left in place it would fail this merge at every pass, and
                     // the rest of its day would never be merged.
@@ -709,7 +710,7 @@ impl Store {
         for (partition, files) in &self.files {
             for info in files {
                 if let Err(e) = files::verify_file(info) {
-                    if damaged_file(&e).is_none() {
+                    if e.damaged_file().is_none() {
                         return Err(e);
                     }
                     damaged.push((partition.clone(), info.path.clone(), e));
@@ -1029,23 +1030,6 @@ fn lock(dir: &Path) -> Result<File> {
 /// file, a failed read) is not the file's fault and names none. One that fails
 /// a read of its pages counts as damage: the reader hands it back as text, no
 /// longer saying it came from the OS.
-fn damaged_file(e: &Error) -> Option<&Path> {
-    match e {
-        Error::Corrupt { path, .. } => Some(path),
-        Error::Parquet { path, source } if !is_os_error(source) => Some(path),
-        _ => None,
-    }
-}
-
-fn is_os_error(e: &parquet::errors::ParquetError) -> bool {
-    match e {
-        parquet::errors::ParquetError::External(source) => source
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.raw_os_error().is_some()),
-        _ => false,
-    }
-}
-
 /// Copies `path` to where [`quarantine`] would move it, unless a copy of the
 /// same length is there already (an earlier open copied it). True when copied.
 fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {

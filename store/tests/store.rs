@@ -189,6 +189,7 @@ fn rows_spanning_hours_become_one_file_per_hour() {
             tag_equals: vec![("labels".into(), "cpu=\"2\"".into())],
             fields: None,
             fields_only: false,
+            skip_damaged: false,
         })
         .unwrap();
     assert_eq!(one_hour.rows(), 3600);
@@ -371,6 +372,19 @@ fn a_corrupt_file_is_quarantined_and_the_rest_stays_readable() {
     let wal = dir.path().join("wal");
     let saved_wal = dir.path().join("wal.saved");
     fs::rename(&wal, &saved_wal).unwrap();
+    // A reader beside the store leaves it out and names it.
+    let beside = scan::scan_dir(
+        dir.path(),
+        &Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap(),
+        &ScanRequest {
+            table: "scraped".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(beside.rows(), 40);
+    assert_eq!(beside.damaged_files.len(), 1);
+    assert_eq!(&beside.damaged_files[0].0, bad);
     {
         let store = open(dir.path());
         assert_eq!(store.stats().files_quarantined, 1);
@@ -1423,6 +1437,30 @@ fn a_damaged_page_fails_a_scan_naming_its_file_and_a_merge_quarantines_it() {
         error.to_string().contains(&*damaged.to_string_lossy()),
         "{error}"
     );
+    // Told to, a scan leaves the file out, names it, and returns the rest
+    // whole: the writer's and a reader's beside it alike.
+    kept.sort();
+    let request = ScanRequest {
+        table: "scraped".into(),
+        skip_damaged: true,
+        ..Default::default()
+    };
+    for (who, result) in [
+        ("writer", store.scan(&request).unwrap()),
+        (
+            "reader",
+            scan::scan_dir(
+                dir.path(),
+                &Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap(),
+                &request,
+            )
+            .unwrap(),
+        ),
+    ] {
+        assert_eq!(scraped_rows(&result), kept, "{who}");
+        assert_eq!(result.damaged_files.len(), 1, "{who}");
+        assert_eq!(result.damaged_files[0].0, damaged, "{who}");
+    }
 
     // The day's merge meets the page, moves the file aside and merges the
     // rest at the next pass.
@@ -1440,7 +1478,6 @@ fn a_damaged_page_fails_a_scan_naming_its_file_and_a_merge_quarantines_it() {
     );
     store.compact(T0 + 2 * DAY_US).unwrap();
     assert_eq!(parquet_files(dir.path()).len(), 1);
-    kept.sort();
     assert_eq!(all_scraped(&store), kept);
 }
 

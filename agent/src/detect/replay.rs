@@ -273,6 +273,7 @@ fn load_canary(
         ],
         fields: Some(vec!["value".into()]),
         fields_only: false,
+        skip_damaged: false,
     };
     let result = scan_dir(data_dir, &crate::catalog(), &request)
         .with_context(|| format!("scan detector_signal in {}", data_dir.display()))?;
