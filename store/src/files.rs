@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use arrow_array::types::Int32Type;
@@ -1112,15 +1113,9 @@ pub fn verify_file(info: &FileInfo) -> Result<()> {
         check_pages_crc32(path, sum)?;
     }
     let (file, metadata) = open_for_reading(path)?;
-    let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata)
-        .with_batch_size(64 * 1024)
-        .build()
-        .map_err(|source| Error::Parquet {
-            path: path.to_owned(),
-            source,
-        })?;
+    let mut reader = FileBatches::new(file, path, metadata, |b| b.with_batch_size(64 * 1024))?;
     let mut read = 0u64;
-    while let Some(batch) = next_batch(&mut reader, path) {
+    while let Some(batch) = reader.next(path) {
         read += batch?.num_rows() as u64;
     }
     if read != rows {
@@ -1166,34 +1161,173 @@ pub fn verify_store(data_dir: &Path) -> Result<Verified> {
     Ok(Verified { sound, damaged })
 }
 
-/// The next batch `reader` reads from the file at `path`. The Parquet reader
-/// trusts each page's header and panics on some damaged ones (a count that
-/// overruns its page); that panic becomes the file's `Corrupt` error, so a
-/// damaged page fails the scan or merge that met it, naming the file, instead
-/// of taking the agent or `vtax query` down.
-pub(crate) fn next_batch(
-    reader: &mut ParquetRecordBatchReader,
-    path: &Path,
-) -> Option<Result<RecordBatch>> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
-        Ok(None) => None,
-        Ok(Some(batch)) => Some(batch.map_err(|e| Error::Parquet {
-            path: path.to_owned(),
-            source: e.into(),
-        })),
-        Err(payload) => Some(Err(Error::Corrupt {
-            path: path.to_owned(),
-            reason: format!(
-                "a page could not be decoded: {}",
-                crate::error::panic_message(payload.as_ref())
-            ),
-        })),
+/// Where the Parquet reader reads a file's pages from. The reader passes an
+/// OS error on only as text, like a damaged page's; this keeps the OS's error
+/// code, so that a disk failing a read is not taken for a damaged file (and
+/// the file is not quarantined for it).
+pub(crate) struct PageSource {
+    file: File,
+    os_error: Arc<AtomicI32>,
+}
+
+impl PageSource {
+    fn note(os_error: &AtomicI32, e: &std::io::Error) {
+        if let Some(code) = e.raw_os_error() {
+            os_error.store(code, Ordering::Relaxed);
+        }
+    }
+
+    fn note_parquet(&self, e: &parquet::errors::ParquetError) {
+        if let parquet::errors::ParquetError::External(source) = e {
+            if let Some(io) = source.downcast_ref::<std::io::Error>() {
+                Self::note(&self.os_error, io);
+            }
+        }
+    }
+}
+
+impl parquet::file::reader::Length for PageSource {
+    fn len(&self) -> u64 {
+        self.file.len()
+    }
+}
+
+impl parquet::file::reader::ChunkReader for PageSource {
+    type T = WatchedRead<std::io::BufReader<File>>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let inner = self
+            .file
+            .get_read(start)
+            .inspect_err(|e| self.note_parquet(e))?;
+        Ok(WatchedRead {
+            inner,
+            os_error: self.os_error.clone(),
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        self.file
+            .get_bytes(start, length)
+            .inspect_err(|e| self.note_parquet(e))
+    }
+}
+
+/// A reader of page headers that keeps the OS's error code of a failed read.
+pub(crate) struct WatchedRead<R> {
+    inner: R,
+    os_error: Arc<AtomicI32>,
+}
+
+impl<R: std::io::Read> std::io::Read for WatchedRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner
+            .read(buf)
+            .inspect_err(|e| PageSource::note(&self.os_error, e))
+    }
+}
+
+/// Batches of one Parquet file, read through a [`PageSource`].
+pub(crate) struct FileBatches {
+    reader: ParquetRecordBatchReader,
+    os_error: Arc<AtomicI32>,
+}
+
+impl FileBatches {
+    /// A reader of `file` (the file at `path`, whose footer is `metadata`),
+    /// set up by `configure`: row groups, selection, projection, batch size.
+    pub(crate) fn new(
+        file: File,
+        path: &Path,
+        metadata: ArrowReaderMetadata,
+        configure: impl FnOnce(
+            ParquetRecordBatchReaderBuilder<PageSource>,
+        ) -> ParquetRecordBatchReaderBuilder<PageSource>,
+    ) -> Result<FileBatches> {
+        let os_error = Arc::new(AtomicI32::new(0));
+        let source = PageSource {
+            file,
+            os_error: os_error.clone(),
+        };
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(source, metadata);
+        let reader = configure(builder)
+            .build()
+            .map_err(|source| Error::Parquet {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(FileBatches { reader, os_error })
+    }
+
+    /// The next batch of the file at `path`. The Parquet reader trusts each
+    /// page's header and panics on some damaged ones (a count that overruns
+    /// its page); that panic becomes the file's `Corrupt` error, so a damaged
+    /// page fails the scan or merge that met it, naming the file, instead of
+    /// taking the agent or `vtax query` down. A failed read of the disk is
+    /// an `Io` error, not damage.
+    pub(crate) fn next(&mut self, path: &Path) -> Option<Result<RecordBatch>> {
+        let reader = &mut self.reader;
+        let batch = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
+            Ok(None) => return None,
+            Ok(Some(batch)) => batch,
+            Err(payload) => {
+                return Some(Err(Error::Corrupt {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "a page could not be decoded: {}",
+                        crate::error::panic_message(payload.as_ref())
+                    ),
+                }))
+            }
+        };
+        Some(
+            batch.map_err(|e| match self.os_error.load(Ordering::Relaxed) {
+                0 => Error::Parquet {
+                    path: path.to_owned(),
+                    source: e.into(),
+                },
+                code => Error::Io {
+                    op: "read pages of",
+                    path: path.to_owned(),
+                    source: std::io::Error::from_raw_os_error(code),
+                },
+            }),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A disk that fails a read mid-file: the file's footer was read, then
+    /// its pages cannot be (a directory's descriptor stands in: every read of
+    /// it fails with EISDIR). That is an OS error, not a damaged file.
+    #[test]
+    fn a_failed_read_of_pages_is_an_io_error_not_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("one.parquet");
+        let values = arrow_array::Int64Array::from_iter_values(0..10_000);
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(values) as ArrayRef)]).unwrap();
+        let mut writer =
+            ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let (file, metadata) = open_for_reading(&path).unwrap();
+
+        let mut whole =
+            FileBatches::new(file, &path, metadata.clone(), |b| b.with_batch_size(10_000)).unwrap();
+        assert_eq!(whole.next(&path).unwrap().unwrap().num_rows(), 10_000);
+
+        let failing = File::open(dir.path()).unwrap();
+        let mut reader = FileBatches::new(failing, &path, metadata, |b| b).unwrap();
+        let error = reader.next(&path).unwrap().unwrap_err();
+        assert!(
+            matches!(&error, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EISDIR)),
+            "{error:?}"
+        );
+        assert!(error.damaged_file().is_none(), "{error}");
+    }
 
     #[test]
     fn strings_that_are_all_empty_get_bytes_in_allocated_memory_and_keep_their_values() {

@@ -16,14 +16,11 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use parquet::arrow::ProjectionMask;
 
 use crate::error::{Error, Result};
-use crate::files::{ColumnSource, FileInfo};
+use crate::files::{ColumnSource, FileBatches, FileInfo};
 use crate::scan::{conform, Projection};
 use crate::schema::TableDef;
 
@@ -64,13 +61,6 @@ pub(crate) struct MergeColumns {
     inputs: Vec<Input>,
     /// The current row group's order.
     plan: Vec<Run>,
-}
-
-fn parquet_err(path: &Path) -> impl Fn(parquet::errors::ParquetError) -> Error + '_ {
-    move |source| Error::Parquet {
-        path: path.to_owned(),
-        source,
-    }
 }
 
 impl MergeColumns {
@@ -125,22 +115,20 @@ impl MergeColumns {
         projection: &Projection,
         rows: usize,
         batch_rows: usize,
-    ) -> Result<ParquetRecordBatchReader> {
+    ) -> Result<FileBatches> {
         let file = File::open(&input.path).map_err(Error::io("open", &input.path))?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, input.metadata.clone());
-        let mask =
-            ProjectionMask::roots(builder.parquet_schema(), projection.roots.iter().copied());
-        let selection = RowSelection::from(vec![
-            RowSelector::skip(input.start),
-            RowSelector::select(rows),
-        ]);
-        builder
-            .with_projection(mask)
-            .with_row_selection(selection)
-            .with_batch_size(batch_rows)
-            .build()
-            .map_err(parquet_err(&input.path))
+        FileBatches::new(file, &input.path, input.metadata.clone(), |builder| {
+            let mask =
+                ProjectionMask::roots(builder.parquet_schema(), projection.roots.iter().copied());
+            let selection = RowSelection::from(vec![
+                RowSelector::skip(input.start),
+                RowSelector::select(rows),
+            ]);
+            builder
+                .with_projection(mask)
+                .with_row_selection(selection)
+                .with_batch_size(batch_rows)
+        })
     }
 
     /// Plans the next `max_rows` rows of the merged order.
@@ -217,7 +205,7 @@ impl MergeColumns {
 /// The sort keys of one input during planning.
 struct KeyCursor {
     input: usize,
-    reader: ParquetRecordBatchReader,
+    reader: FileBatches,
     projection: Projection,
     rows: Rows,
     pos: usize,
@@ -232,7 +220,7 @@ impl KeyCursor {
     fn load(&mut self, merge: &MergeColumns) -> Result<bool> {
         let path = &merge.inputs[self.input].path;
         loop {
-            let Some(batch) = crate::files::next_batch(&mut self.reader, path) else {
+            let Some(batch) = self.reader.next(path) else {
                 return Ok(false);
             };
             let batch = batch?;
@@ -260,7 +248,7 @@ impl KeyCursor {
 /// One column of one input during a copy.
 struct ColumnCursor {
     /// None when the input lacks the column: it reads as nulls (or empty tags).
-    reader: Option<ParquetRecordBatchReader>,
+    reader: Option<FileBatches>,
     projection: Projection,
     remaining: usize,
     array: Option<ArrayRef>,
@@ -272,12 +260,10 @@ impl ColumnCursor {
     fn take(&mut self, target: &SchemaRef, path: &Path, max: usize) -> Result<ArrayRef> {
         if self.array.as_ref().is_none_or(|a| self.pos == a.len()) {
             let batch = match &mut self.reader {
-                Some(reader) => {
-                    crate::files::next_batch(reader, path).ok_or_else(|| Error::Corrupt {
-                        path: path.to_owned(),
-                        reason: "fewer rows than its footer says".into(),
-                    })??
-                }
+                Some(reader) => reader.next(path).ok_or_else(|| Error::Corrupt {
+                    path: path.to_owned(),
+                    reason: "fewer rows than its footer says".into(),
+                })??,
                 None => {
                     let rows = self.remaining.min(CHUNK_ROWS);
                     RecordBatch::try_new_with_options(

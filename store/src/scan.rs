@@ -12,7 +12,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
 use arrow_array::{new_null_array, Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{Field, Schema};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection};
+use parquet::arrow::arrow_reader::RowSelection;
 use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
@@ -20,7 +20,7 @@ use parquet::file::statistics::Statistics;
 
 use crate::bucket::Bucket;
 use crate::error::{Error, Result};
-use crate::files::{self, FileInfo};
+use crate::files::{self, FileBatches, FileInfo};
 use crate::schema::{tag_type, TableDef, TIME_COLUMN};
 use crate::store::{is_published, watermarks_by_bucket, Store};
 use crate::{wal, Catalog, DAY_US};
@@ -369,10 +369,6 @@ fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
 }
 
 fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) -> Result<()> {
-    let parquet_err = |source| Error::Parquet {
-        path: path.to_owned(),
-        source,
-    };
     let (file, reader_metadata) = crate::files::open_for_reading(path)?;
     let metadata = reader_metadata.metadata().clone();
     let file_schema = reader_metadata.schema().clone();
@@ -405,8 +401,8 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
         // reader would then re-encode every tag value of the batch by hashing
         // (most of a one-series read's time when its pages straddled two).
         let input = file.try_clone().map_err(Error::io("open", path))?;
-        let mut reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(input, reader_metadata.clone())
+        let mut reader = FileBatches::new(input, path, reader_metadata.clone(), |builder| {
+            builder
                 .with_row_groups(vec![rg_index])
                 .with_row_selection(RowSelection::from_consecutive_ranges(
                     ranges.into_iter(),
@@ -414,9 +410,8 @@ fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) 
                 ))
                 .with_projection(mask.clone())
                 .with_batch_size(64 * 1024)
-                .build()
-                .map_err(parquet_err)?;
-        while let Some(batch) = crate::files::next_batch(&mut reader, path) {
+        })?;
+        while let Some(batch) = reader.next(path) {
             let batch = batch?;
             let batch = conform(target, &batch, &wanted, &roots)?;
             if !filtered {
