@@ -43,6 +43,7 @@ pub static TABLE: TableDef = TableDef {
         FieldDef::counter("samples_dropped_queue_full", FieldType::U64, Unit::None, "Samples dropped unsent because the on-disk queue reached queue_max_bytes (its oldest segment goes), since the agent started."),
         FieldDef::counter("samples_dropped_rejected", FieldType::U64, Unit::None, "Samples dropped because the receiver refused them for good (a 4xx other than 429), since the agent started."),
         FieldDef::counter("samples_dropped_unwritten", FieldType::U64, Unit::None, "Samples dropped because they could not be written to the queue (a full or failing disk), since the agent started."),
+        FieldDef::counter("queue_damaged_bytes", FieldType::U64, Unit::Bytes, "Bytes of the on-disk queue found damaged since the agent started (at its start, or read since): records whose checksum fails, whose samples are lost. Each damaged segment is copied to quarantine/ in the queue's directory."),
         FieldDef::counter("requests_failed", FieldType::U64, Unit::None, "Requests that did not succeed: errors, timeouts and non-2xx answers, since the agent started."),
         FieldDef::gauge("queue_bytes", FieldType::U64, Unit::Bytes, "Bytes of samples in the on-disk queue not yet acknowledged by the receiver."),
         FieldDef::gauge("oldest_pending_age_seconds", FieldType::F64, Unit::Seconds, "Age of the oldest sample not yet acknowledged by the receiver; 0 when the queue is empty."),
@@ -312,9 +313,13 @@ type StatsView = (String, Arc<Mutex<Queue>>, Arc<Stats>);
 fn stats_batch(views: &[StatsView], time_us: i64) -> Batch {
     let mut builder = BatchBuilder::new(&TABLE);
     for (name, queue, stats) in views {
-        let (queue_bytes, dropped_full) = {
+        let (queue_bytes, dropped_full, damaged_bytes) = {
             let queue = queue.lock().expect("not poisoned");
-            (queue.pending_bytes(), queue.dropped_samples())
+            (
+                queue.pending_bytes(),
+                queue.dropped_samples(),
+                queue.damaged_bytes(),
+            )
         };
         let oldest = stats.oldest_pending_ms.load(Ordering::Relaxed);
         let age = if oldest == i64::MAX {
@@ -333,6 +338,7 @@ fn stats_batch(views: &[StatsView], time_us: i64) -> Batch {
                     Value::U64(dropped_full),
                     counter(&stats.dropped_rejected),
                     counter(&stats.dropped_unwritten),
+                    Value::U64(damaged_bytes),
                     counter(&stats.requests_failed),
                     Value::U64(queue_bytes),
                     Value::F64(age),
