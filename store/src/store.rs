@@ -202,12 +202,16 @@ impl Store {
                 "WAL segments are damaged: the rows of their damaged frames are lost; every intact frame was replayed."
             );
         }
-        for path in &report.damaged_segments {
+        for (path, reason) in &report.set_aside_segments {
+            tracing::error!(path = %path.display(), reason = %reason, frames_skipped = report.frames_skipped, "A WAL segment holds rows this build's tables cannot hold in full (written by another vtax?); a copy is kept in quarantine.");
+        }
+        let set_aside = report.set_aside_segments.iter().map(|(path, _)| path);
+        for path in report.damaged_segments.iter().chain(set_aside) {
             // The segment stays where it is until its intact frames are
             // published; the copy keeps the damage for whoever looks into it.
             if copy_to_quarantine(&dir, path)? {
                 stats.files_quarantined += 1;
-                tracing::error!(path = %path.display(), "Copied a damaged WAL segment to quarantine.");
+                tracing::error!(path = %path.display(), "Copied a WAL segment to quarantine.");
             }
         }
         // A publish can run ahead of the WAL (rows appended, published, never

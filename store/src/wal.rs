@@ -338,6 +338,14 @@ pub struct ReplayReport {
     pub damaged_segments: Vec<PathBuf>,
     /// Bytes of those segments that held no intact frame.
     pub damaged_bytes: u64,
+    /// Segments with intact frames that this build's tables cannot hold in
+    /// full (a table or tag it does not declare, a field of another type:
+    /// written by another vtax, as after a downgrade), each with the first
+    /// reason. Such a frame is skipped; a field it does not declare is
+    /// dropped from rows replayed. The caller keeps a copy.
+    pub set_aside_segments: Vec<(PathBuf, String)>,
+    /// Intact frames skipped for that.
+    pub frames_skipped: u64,
     /// The sequence number after the last intact frame.
     pub next_seq: u64,
 }
@@ -419,15 +427,39 @@ pub fn replay(
                     None => break,
                 }
             };
-            let decoded = decode_frame(&bytes[payload.clone()], catalog).map_err(|reason| {
-                Error::Corrupt {
-                    path: path.clone(),
-                    reason: format!("frame at byte {offset}: {reason}"),
+            let mut dropped = Vec::new();
+            let set_aside = |report: &mut ReplayReport, reason: String| {
+                if !report.set_aside_segments.iter().any(|(p, _)| p == path) {
+                    let reason = format!("frame at byte {offset}: {reason}");
+                    report.set_aside_segments.push((path.clone(), reason));
                 }
-            })?;
-            report.next_seq = report.next_seq.max(decoded.seq + 1);
-            report.frames += 1;
-            on_frame(decoded)?;
+            };
+            match decode_frame(&bytes[payload.clone()], catalog, &mut dropped) {
+                Ok(decoded) => {
+                    if !dropped.is_empty() {
+                        let reason = format!(
+                            "table {} does not declare field(s) {}: dropped from the rows replayed",
+                            decoded.batch.table.name,
+                            dropped.join(", ")
+                        );
+                        set_aside(&mut report, reason);
+                    }
+                    report.next_seq = report.next_seq.max(decoded.seq + 1);
+                    report.frames += 1;
+                    on_frame(decoded)?;
+                }
+                Err(reason) => {
+                    // Its checksum holds: not damage, but rows this build has no
+                    // place for. Its number still counts, so no new frame reuses it.
+                    let seq = bytes[payload.start..payload.start + 8]
+                        .try_into()
+                        .map(u64::from_le_bytes)
+                        .unwrap_or(0);
+                    report.next_seq = report.next_seq.max(seq + 1);
+                    report.frames_skipped += 1;
+                    set_aside(&mut report, format!("{reason}: skipped"));
+                }
+            }
             offset = payload.end;
             good_end = offset;
         }
@@ -548,9 +580,14 @@ impl<'a> Reader<'a> {
 }
 
 /// Decodes a frame, mapping its columns onto the current declaration by name: a
-/// field the frame lacks becomes null; a column the declaration no longer has is
-/// an error, since dropping it would lose data silently.
-fn decode_frame(payload: &[u8], catalog: &Catalog) -> Result<Frame, String> {
+/// field the frame lacks becomes null; a field the declaration does not have is
+/// left out and named in `dropped`; a tag or table it does not have, or a field
+/// of another type, is an error.
+fn decode_frame(
+    payload: &[u8],
+    catalog: &Catalog,
+    dropped: &mut Vec<String>,
+) -> Result<Frame, String> {
     let mut r = Reader {
         bytes: payload,
         at: 0,
@@ -599,10 +636,16 @@ fn decode_frame(payload: &[u8], catalog: &Catalog) -> Result<Frame, String> {
     let mut seen = vec![false; table.fields.len()];
     for _ in 0..nfields {
         let name = r.str()?;
-        let index = table
-            .field_index(name)
-            .ok_or_else(|| format!("table {} has no field {name:?}", table.name))?;
+        let index = table.field_index(name);
         let ty = FieldType::from_code(r.u8()?).ok_or("bad field type")?;
+        let Some(index) = index else {
+            if r.u8()? != 0 {
+                r.take(rows)?;
+            }
+            r.take(rows.checked_mul(8).ok_or("row count overflow")?)?;
+            dropped.push(name.to_owned());
+            continue;
+        };
         if ty != table.fields[index].ty {
             return Err(format!(
                 "field {name} was {ty:?}, is now {:?}",

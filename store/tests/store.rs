@@ -1772,3 +1772,67 @@ fn damaged_wal_segments_lose_only_their_damaged_frames() {
         400 * total
     );
 }
+
+/// A WAL written by a build whose `gpu` table has a field more (a downgrade
+/// went back to one without it): the store opens, replays the rows as far as
+/// its tables hold them (the field dropped) and keeps a copy of the segment in
+/// quarantine. A build without the table at all skips its frames, the same way.
+#[test]
+fn wal_rows_of_another_build_are_replayed_as_far_as_they_fit_and_kept_in_quarantine() {
+    let newer = [&tables::SCRAPED, &GPU_V2];
+    for (older, gpu_rows) in [
+        (vec![&tables::SCRAPED, &GPU_V1], 3),
+        (vec![&tables::SCRAPED], 0),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let scraped;
+        {
+            let mut store =
+                Store::open(options(dir.path()), Catalog::new(&newer).unwrap()).unwrap();
+            scraped = append_scraped(&mut store, T0, 8);
+            let mut b = BatchBuilder::new(&GPU_V2);
+            for g in 0..3u64 {
+                b.push(T0, &[&g.to_string()], &[Value::F64(1.5), Value::U64(g)])
+                    .unwrap();
+            }
+            store.append(&b.finish()).unwrap();
+            store.sync().unwrap();
+            // Killed: the rows are in the WAL only.
+        }
+        let catalog = Catalog::new(&older).unwrap();
+        let store = Store::open(options(dir.path()), catalog).unwrap();
+        let mut scraped = scraped;
+        scraped.sort();
+        assert_eq!(all_scraped(&store), scraped);
+        if gpu_rows > 0 {
+            let gpu = store
+                .scan(&ScanRequest {
+                    table: "gpu".into(),
+                    ..Default::default()
+                })
+                .unwrap();
+            assert_eq!(gpu.rows(), gpu_rows);
+        }
+        assert_eq!(store.stats().files_quarantined, 1);
+        let kept = files_under(&dir.path().join("quarantine/wal"), "wal");
+        assert_eq!(kept.len(), 1);
+        assert!(
+            dir.path()
+                .join("wal")
+                .join(kept[0].file_name().unwrap())
+                .exists(),
+            "the segment stays until its rows are published"
+        );
+        drop(store);
+        // The newer build, back again, finds every row of the segment.
+        let store = Store::open(options(dir.path()), Catalog::new(&newer).unwrap()).unwrap();
+        let gpu = store
+            .scan(&ScanRequest {
+                table: "gpu".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(gpu.rows(), 3);
+        assert_eq!(store.stats().files_quarantined, 0, "copied once");
+    }
+}
