@@ -359,6 +359,12 @@ impl Queue {
         let mut decoder = snap::raw::Decoder::new();
         // Damage met on the way: where, how many bytes, what.
         let mut met: Vec<(Position, u64, &'static str)> = Vec::new();
+        let mut gave_up_on_last = false;
+        let last = self
+            .segments
+            .back()
+            .expect("one segment is always open")
+            .seq;
         let first = position.segment;
         'segments: for segment in self.segments.iter().filter(|s| s.seq >= first) {
             if segment.seq > position.segment {
@@ -400,6 +406,7 @@ impl Queue {
                         segment.bytes - position.offset,
                         "the rest of a segment damaged since the queue was opened",
                     ));
+                    gave_up_on_last |= segment.seq == last;
                     position.offset = segment.bytes;
                     pending.end = position;
                     pending.end_samples_in_segment = segment.samples;
@@ -433,6 +440,11 @@ impl Queue {
                     None => {}
                 }
             }
+        }
+        // Records appended after damage in the segment being written would be
+        // cut with it, as a torn tail, at the next open: append to a new one.
+        if gave_up_on_last {
+            self.rotate()?;
         }
         // A short request is read again until it is due: count and tell each
         // damage once.
@@ -1056,6 +1068,27 @@ mod tests {
             "the first record, then the next segments' records"
         );
         assert_eq!(q.pending_samples(), 0);
+    }
+
+    #[test]
+    fn records_appended_after_damage_to_the_open_segment_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
+        for n in 0..3u8 {
+            q.append(&payload(n, 4), 1, 0).unwrap();
+        }
+        let seg = segment_path(dir.path(), 0);
+        let mut bytes = fs::read(&seg).unwrap();
+        let second = record_offsets(&bytes)[1];
+        bytes[second + 3] ^= 0x80;
+        fs::write(&seg, &bytes).unwrap();
+        assert_eq!(drain_records(&mut q), [vec![0; 4]]);
+        q.append(&payload(7, 4), 1, 0).unwrap();
+        q.sync().unwrap();
+        drop(q);
+        let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(report.pending_samples, 1);
+        assert_eq!(drain_records(&mut q), [vec![7; 4]]);
     }
 
     /// Damages one segment of a queue at random (flipped bytes, a run of
