@@ -301,14 +301,18 @@ fn scan_listed(plan: &Plan, listed: Vec<files::Listed>) -> Result<(ScanResult, f
         .filter(|f| f.table == plan.table.name)
         .partition(|f| plan.day_may_match(f.day));
     let mut damaged = Vec::new();
+    let mut unreadable = 0;
     let index = files::index_files(listed, |file, e| {
         tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
-        damaged.push((file.path.clone(), e.to_string()));
+        unreadable += 1;
+        if e.damaged_file().is_some() {
+            damaged.push((file.path.clone(), e.to_string()));
+        }
         Ok(())
     })?;
     let live: Vec<&FileInfo> = index.live.values().flatten().collect();
     let mut result = scan_files(plan, &live)?;
-    result.files_skipped += pruned.len() + damaged.len();
+    result.files_skipped += pruned.len() + unreadable;
     damaged.append(&mut result.damaged_files);
     result.damaged_files = damaged;
     Ok((result, index))
