@@ -77,7 +77,7 @@ impl Error {
     pub fn damaged_file(&self) -> Option<&std::path::Path> {
         match self {
             Error::Corrupt { path, .. } => Some(path),
-            Error::Parquet { path, source } if !is_os_error(source) => Some(path),
+            Error::Parquet { path, source } if os_error(source).is_none() => Some(path),
             _ => None,
         }
     }
@@ -118,11 +118,12 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
-fn is_os_error(e: &parquet::errors::ParquetError) -> bool {
+/// The OS's error a Parquet error carries, if it carries one.
+pub(crate) fn os_error(e: &parquet::errors::ParquetError) -> Option<&std::io::Error> {
     match e {
         parquet::errors::ParquetError::External(source) => source
             .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.raw_os_error().is_some()),
-        _ => false,
+            .filter(|io| io.raw_os_error().is_some()),
+        _ => None,
     }
 }

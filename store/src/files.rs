@@ -1178,10 +1178,8 @@ impl PageSource {
     }
 
     fn note_parquet(&self, e: &parquet::errors::ParquetError) {
-        if let parquet::errors::ParquetError::External(source) = e {
-            if let Some(io) = source.downcast_ref::<std::io::Error>() {
-                Self::note(&self.os_error, io);
-            }
+        if let Some(io) = crate::error::os_error(e) {
+            Self::note(&self.os_error, io);
         }
     }
 }

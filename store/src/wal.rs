@@ -350,19 +350,21 @@ pub struct ReplayReport {
     pub next_seq: u64,
 }
 
-/// Where the payload of the intact frame starting at `offset` lies, if one does.
-fn intact_frame(bytes: &[u8], offset: usize) -> Option<std::ops::Range<usize>> {
+/// The payload length a frame header at `offset` gives, if it could be a
+/// frame's. A zero length is not a frame (every payload has a header): it is
+/// a tail of zeros, as a file extended before its data landed leaves.
+fn frame_len(bytes: &[u8], offset: usize) -> Option<usize> {
     let header = bytes.get(offset..offset.checked_add(FRAME_HEADER_BYTES)?)?;
     let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-    // A zero length is not a frame (every payload has a header): it is a tail
-    // of zeros, as a file extended before its data landed leaves.
-    if len == 0 || len > MAX_FRAME_BYTES {
-        return None;
-    }
+    (len != 0 && len <= MAX_FRAME_BYTES).then_some(len)
+}
+
+/// Where the payload of the intact frame starting at `offset` lies, if one does.
+fn intact_frame(bytes: &[u8], offset: usize) -> Option<std::ops::Range<usize>> {
     let start = offset + FRAME_HEADER_BYTES;
-    let payload = bytes.get(start..start + len)?;
-    (crc32fast::hash(payload) == crc).then_some(start..start + len)
+    let payload = start..start + frame_len(bytes, offset)?;
+    let crc = u32::from_le_bytes(bytes[offset + 4..start].try_into().expect("4 bytes"));
+    (crc32fast::hash(bytes.get(payload.clone())?) == crc).then_some(payload)
 }
 
 /// Where the frame after a damaged one at `offset` starts, when the damaged
@@ -371,12 +373,7 @@ fn intact_frame(bytes: &[u8], offset: usize) -> Option<std::ops::Range<usize>> {
 /// A length that leads elsewhere cannot be told from garbage, so the rest of
 /// the segment is given up.
 fn step_over_damage(bytes: &[u8], offset: usize) -> Option<usize> {
-    let header = bytes.get(offset..offset + FRAME_HEADER_BYTES)?;
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    if len == 0 || len > MAX_FRAME_BYTES {
-        return None;
-    }
-    let next = offset + FRAME_HEADER_BYTES + len;
+    let next = offset + FRAME_HEADER_BYTES + frame_len(bytes, offset)?;
     intact_frame(bytes, next).map(|_| next)
 }
 

@@ -136,9 +136,15 @@ impl Queue {
             let scan = scan_segment(&path)?;
             let tail = scan.file_len - scan.valid_bytes;
             let torn = Some(seq) == last_seq;
-            let damaged_bytes = scan.damaged_bytes + if torn { 0 } else { tail };
+            let bad_magic_bytes = if scan.bad_magic {
+                MAGIC.len() as u64
+            } else {
+                0
+            };
+            let cut_bytes = bad_magic_bytes + if torn { 0 } else { tail };
             // Records stepped over stay in the segment and count when read.
-            cut_damage += damaged_bytes - scan.stepped_over_bytes;
+            cut_damage += cut_bytes;
+            let damaged_bytes = cut_bytes + scan.stepped_over_bytes;
             if damaged_bytes > 0 {
                 // Kept as found before anything is cut or mended.
                 copy_to_quarantine(dir, &path)?;
@@ -170,13 +176,10 @@ impl Queue {
         // Resume after the last acknowledged record, if its segment is still
         // here. The samples before it are counted again from the records (the
         // file's count would include a record since found damaged).
-        let mut acked = read_ack(dir).map_or(
-            Position {
-                segment: 0,
-                offset: MAGIC.len() as u64,
-            },
-            |(position, _)| position,
-        );
+        let mut acked = read_ack(dir).unwrap_or(Position {
+            segment: 0,
+            offset: MAGIC.len() as u64,
+        });
         let acked_samples;
         match segments.iter().position(|s| s.seq == acked.segment) {
             Some(i) if acked.offset <= segments[i].bytes => {
@@ -225,9 +228,7 @@ impl Queue {
         report.segments = segments.len();
         report.pending_samples = segments.iter().map(|s| s.samples).sum::<u64>() - acked_samples;
         let total_bytes = segments.iter().map(|s| s.bytes).sum();
-        let in_flight = read_position(dir, IN_FLIGHT_FILE)
-            .map(|(position, _)| position)
-            .filter(|position| *position > acked);
+        let in_flight = read_position(dir, IN_FLIGHT_FILE).filter(|position| *position > acked);
         Ok((
             Queue {
                 dir: dir.to_owned(),
@@ -381,24 +382,7 @@ impl Queue {
             file.seek(SeekFrom::Start(position.offset))?;
             let mut reader = io::BufReader::new(file.take(segment.bytes - position.offset));
             while position.offset < segment.bytes {
-                let record = match read_record(&mut reader)? {
-                    Record::Intact(record) => Some(record),
-                    Record::Damaged { bytes } => match read_record(&mut reader)? {
-                        // The damage lay in that one record (open steps over such too).
-                        Record::Intact(record) => {
-                            met.push((
-                                position,
-                                bytes,
-                                "a record whose checksum fails; stepped over",
-                            ));
-                            position.offset += bytes;
-                            Some(record)
-                        }
-                        _ => None,
-                    },
-                    Record::End => None,
-                };
-                let Some(record) = record else {
+                let Some((stepped_over, record)) = next_intact_record(&mut reader)? else {
                     // Damaged since open, past finding the next record: the
                     // reader moves on to the next segment rather than stop.
                     met.push((
@@ -412,6 +396,15 @@ impl Queue {
                     pending.end_samples_in_segment = segment.samples;
                     continue;
                 };
+                if stepped_over > 0 {
+                    // Open steps over such a record too; it is counted when met.
+                    met.push((
+                        position,
+                        stepped_over,
+                        "a record whose checksum fails; stepped over",
+                    ));
+                    position.offset += stepped_over;
+                }
                 let record_bytes = (RECORD_HEADER_BYTES + record.payload.len()) as u64;
                 let at = position;
                 position.offset += record_bytes;
@@ -603,17 +596,29 @@ struct SegmentScan {
     /// Where each intact record ends, and its samples.
     record_ends: Vec<(u64, u32)>,
     /// Bytes of damaged records stepped over (not the tail after the last
-    /// intact record), and of a damaged magic.
-    damaged_bytes: u64,
-    /// Of those, the records stepped over.
+    /// intact record).
     stepped_over_bytes: u64,
     bad_magic: bool,
     file_len: u64,
 }
 
-/// Reads a segment's records. A record whose checksum fails is stepped over
-/// when the record its length field points to is intact (the damage lay in
-/// that one record); otherwise the segment's intact part ends there.
+/// The next intact record and the bytes of a damaged one stepped over to
+/// reach it: a record whose checksum fails is stepped over when the record
+/// its length field points to is intact (the damage lay in that one record).
+/// `None` at the end, or where damage leaves no next record to find.
+fn next_intact_record(reader: &mut impl Read) -> io::Result<Option<(u64, IntactRecord)>> {
+    Ok(match read_record(reader)? {
+        Record::Intact(record) => Some((0, record)),
+        Record::Damaged { bytes } => match read_record(reader)? {
+            Record::Intact(record) => Some((bytes, record)),
+            _ => None,
+        },
+        Record::End => None,
+    })
+}
+
+/// Reads a segment's records ([`next_intact_record`]); the segment's intact
+/// part ends where no next record can be found.
 fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
     let file = File::open(path)?;
     let file_len = file.metadata()?.len();
@@ -623,7 +628,6 @@ fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
     let mut scan = SegmentScan {
         valid_bytes: MAGIC.len() as u64,
         record_ends: Vec::new(),
-        damaged_bytes: 0,
         stepped_over_bytes: 0,
         bad_magic: false,
         file_len,
@@ -639,18 +643,8 @@ fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
     if &magic != MAGIC {
         // A damaged magic alone would hide every record behind it: read on.
         scan.bad_magic = true;
-        scan.damaged_bytes += MAGIC.len() as u64;
     }
-    loop {
-        let (stepped_over, record) = match read_record(&mut reader)? {
-            Record::Intact(record) => (0, record),
-            Record::Damaged { bytes } => match read_record(&mut reader)? {
-                Record::Intact(record) => (bytes, record),
-                _ => break,
-            },
-            Record::End => break,
-        };
-        scan.damaged_bytes += stepped_over;
+    while let Some((stepped_over, record)) = next_intact_record(&mut reader)? {
         scan.stepped_over_bytes += stepped_over;
         scan.valid_bytes += stepped_over + (RECORD_HEADER_BYTES + record.payload.len()) as u64;
         scan.record_ends.push((scan.valid_bytes, record.samples));
@@ -672,7 +666,7 @@ fn copy_to_quarantine(dir: &Path, path: &Path) -> io::Result<()> {
     File::open(&target)?.sync_all()
 }
 
-fn read_ack(dir: &Path) -> Option<(Position, u64)> {
+fn read_ack(dir: &Path) -> Option<Position> {
     let found = read_position(dir, ACK_FILE);
     if found.is_none() && dir.join(ACK_FILE).exists() {
         tracing::warn!(dir = %dir.display(), "Remote write queue: acknowledged position unreadable; resending from the oldest segment.");
@@ -680,19 +674,18 @@ fn read_ack(dir: &Path) -> Option<(Position, u64)> {
     found
 }
 
-fn read_position(dir: &Path, name: &str) -> Option<(Position, u64)> {
+/// The position in a position file; the samples count written after it is
+/// not read back (open counts the samples from the records).
+fn read_position(dir: &Path, name: &str) -> Option<Position> {
     let bytes = fs::read(dir.join(name)).ok()?;
     if bytes.len() != 28 || crc32fast::hash(&bytes[..24]).to_le_bytes() != bytes[24..28] {
         return None;
     }
     let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-    Some((
-        Position {
-            segment: word(0),
-            offset: word(8),
-        },
-        word(16),
-    ))
+    Some(Position {
+        segment: word(0),
+        offset: word(8),
+    })
 }
 
 fn write_ack(dir: &Path, position: Position, samples: u64) -> io::Result<()> {
