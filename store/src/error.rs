@@ -61,6 +61,17 @@ pub enum Error {
     /// A merge panicked on the compaction thread (a bug); its inputs stay.
     #[error("a merge panicked, its inputs stay: {0}")]
     Panicked(String),
+    /// A reader beside a writer met the store changed under it (a file
+    /// published or removed, a WAL segment retired) at every attempt.
+    #[error("the store at {path} changed under the read {attempts} times in a row (last: {last}); try again")]
+    Changing {
+        /// The data directory.
+        path: PathBuf,
+        /// Attempts made.
+        attempts: usize,
+        /// What changed at the last attempt.
+        last: String,
+    },
 }
 
 impl Error {
@@ -80,6 +91,12 @@ impl Error {
             Error::Parquet { path, source } if os_error(source).is_none() => Some(path),
             _ => None,
         }
+    }
+
+    /// Whether the error is a file or directory that is not there (to a reader
+    /// beside a writer: removed since it was listed).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
     }
 
     /// Whether the error is the disk being full (ENOSPC, or EDQUOT for a quota).

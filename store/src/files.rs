@@ -1,6 +1,6 @@
 //! Parquet files of the store: how they are encoded, published and described.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -788,11 +788,15 @@ fn parse_watermarks(text: &str) -> Option<BTreeMap<i64, u64>> {
 
 /// Reads a file's footer and checks that it is a file of `table` in partition `day`.
 pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
+    let file = File::open(path).map_err(Error::io("open", path))?;
+    read_info_of(file, path, table, day)
+}
+
+fn read_info_of(file: File, path: &Path, table: &str, day: i64) -> Result<FileInfo> {
     let corrupt = |reason: String| Error::Corrupt {
         path: path.to_owned(),
         reason,
     };
-    let file = File::open(path).map_err(Error::io("open", path))?;
     let bytes = file.metadata().map_err(Error::io("stat", path))?.len();
     let reader = SerializedFileReader::new(file).map_err(|e| corrupt(e.to_string()))?;
     let meta = reader.metadata();
@@ -962,13 +966,36 @@ pub(crate) struct FileIndex {
 /// footer fails goes to `on_unreadable`, which decides what becomes of it.
 pub(crate) fn index_files(
     listed: Vec<Listed>,
-    mut on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
+    on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
 ) -> Result<FileIndex> {
+    Ok(index_files_kept(listed, false, on_unreadable)?.0)
+}
+
+/// [`index_files`], and with `keep_open`, each file read stays open: a reader
+/// beside a writer then reads it even if a merge removes it meanwhile.
+pub(crate) fn index_files_kept(
+    listed: Vec<Listed>,
+    keep_open: bool,
+    mut on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
+) -> Result<(FileIndex, HashMap<PathBuf, File>)> {
     let mut infos = Vec::new();
+    let mut kept = HashMap::new();
     for file in listed {
-        match read_info(&file.path, &file.table, file.day) {
+        let opened = File::open(&file.path)
+            .map_err(Error::io("open", &file.path))
+            .and_then(|f| {
+                if keep_open {
+                    let copy = f.try_clone().map_err(Error::io("open", &file.path))?;
+                    kept.insert(file.path.clone(), copy);
+                }
+                read_info_of(f, &file.path, &file.table, file.day)
+            });
+        match opened {
             Ok(info) => infos.push(info),
-            Err(e) => on_unreadable(&file, e)?,
+            Err(e) => {
+                kept.remove(&file.path);
+                on_unreadable(&file, e)?
+            }
         }
     }
     let replaced_names: std::collections::HashSet<(String, i64, String)> = infos
@@ -995,7 +1022,7 @@ pub(crate) fn index_files(
                 .push(info);
         }
     }
-    Ok(index)
+    Ok((index, kept))
 }
 
 /// Checks that a file's metadata describes a layout that fits the file: every
@@ -1088,7 +1115,11 @@ pub fn check_layout(meta: &ParquetMetaData, file_bytes: u64) -> std::result::Res
 /// reader, which trusts them, is given them. Every scan, merge and
 /// verification opens a file through here.
 pub(crate) fn open_for_reading(path: &Path) -> Result<(File, ArrowReaderMetadata)> {
-    let file = File::open(path).map_err(Error::io("open", path))?;
+    load_for_reading(File::open(path).map_err(Error::io("open", path))?, path)
+}
+
+/// [`open_for_reading`] of a file already open.
+pub(crate) fn load_for_reading(file: File, path: &Path) -> Result<(File, ArrowReaderMetadata)> {
     let file_bytes = file.metadata().map_err(Error::io("stat", path))?.len();
     // The offset index lets a reader that starts mid-file skip whole pages.
     let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
@@ -1141,11 +1172,10 @@ pub struct Verified {
 /// Takes no lock, so it runs beside an agent; a file that a merge removes
 /// meanwhile is passed over.
 pub fn verify_store(data_dir: &Path) -> Result<Verified> {
-    let gone = |e: &Error| matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
     let (listed, _) = list_files(data_dir)?;
     let mut damaged = Vec::new();
     let index = index_files(listed, |_, e| {
-        if !gone(&e) {
+        if !e.is_not_found() {
             damaged.push(e);
         }
         Ok(())
@@ -1154,7 +1184,7 @@ pub fn verify_store(data_dir: &Path) -> Result<Verified> {
     for info in index.live.values().flatten() {
         match verify_file(info) {
             Ok(()) => sound += 1,
-            Err(e) if gone(&e) => {}
+            Err(e) if e.is_not_found() => {}
             Err(e) => damaged.push(e),
         }
     }

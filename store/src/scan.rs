@@ -3,7 +3,8 @@
 //! rows not yet published (buffered in the writer, or in the WAL for a reader
 //! beside a running writer).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -223,16 +224,54 @@ impl<'a> Plan<'a> {
     }
 }
 
+/// How many times [`scan_dir`] starts over when the store changes under it.
+const SCAN_ATTEMPTS: usize = 8;
+
 /// Scans a data directory without opening it for writing: published files plus
 /// the rows still in the WAL, so a reader beside the running agent sees them all.
+///
+/// The writer goes on meanwhile: it publishes files, merges them (removing
+/// the inputs) and retires WAL segments once their rows are published. So
+/// the WAL's segments are opened before the files are listed (a row no listed
+/// file holds yet is in one of them), and each file stays open from the read
+/// of its footer to the read of its rows. A file removed between its listing
+/// and that first read starts the scan over. Every row is read once.
 pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
+    let mut attempt = 1;
+    loop {
+        match scan_dir_once(&plan, data_dir, catalog) {
+            Ok(result) => return Ok(result),
+            Err(e) if e.is_not_found() && attempt < SCAN_ATTEMPTS => {
+                tracing::debug!(attempt, error = %e, "A file went under a scan: starting over.");
+                // The writer's merges come in bursts: let one finish.
+                std::thread::sleep(std::time::Duration::from_millis(1 << attempt));
+                attempt += 1;
+            }
+            Err(e) if e.is_not_found() => {
+                return Err(Error::Changing {
+                    path: data_dir.to_owned(),
+                    attempts: attempt,
+                    last: e.to_string(),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One try of [`scan_dir`]: fails with a not-found error when a listed file
+/// was removed before it was opened.
+fn scan_dir_once(plan: &Plan, data_dir: &Path, catalog: &Catalog) -> Result<ScanResult> {
+    let wal_segments = wal::open_segments(&data_dir.join("wal"))?;
     let (listed, _) = files::list_files(data_dir)?;
-    let (mut result, index) = scan_listed(&plan, listed)?;
+    // Each file stays open from its footer's read: one a merge removes
+    // meanwhile is read all the same.
+    let (mut result, index) = scan_listed(plan, listed, true)?;
 
     let watermarks = watermarks_by_bucket(&index.live);
     let mut buckets: BTreeMap<i64, Bucket> = BTreeMap::new();
-    wal::replay(&data_dir.join("wal"), catalog, false, |frame| {
+    wal::replay_open(wal_segments, catalog, |frame| {
         let table = frame.batch.table;
         if table.name != plan.table.name
             || is_published(&watermarks, table.name, frame.hour, frame.seq)
@@ -246,7 +285,7 @@ pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Re
         Ok(())
     })?;
     for bucket in buckets.values() {
-        scan_bucket(&plan, bucket, &mut result)?;
+        scan_bucket(plan, bucket, &mut result)?;
     }
     Ok(result)
 }
@@ -290,19 +329,27 @@ pub fn scan_fleet_node(
 ) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
     let (listed, _) = files::list_node_files(root, Some(node))?;
-    Ok(scan_listed(&plan, listed)?.0)
+    Ok(scan_listed(&plan, listed, false)?.0)
 }
 
 /// Scans the live files among `listed`, pruned by partition before any footer
 /// is read (replaced files are found within their own partition).
-fn scan_listed(plan: &Plan, listed: Vec<files::Listed>) -> Result<(ScanResult, files::FileIndex)> {
+fn scan_listed(
+    plan: &Plan,
+    listed: Vec<files::Listed>,
+    keep_open: bool,
+) -> Result<(ScanResult, files::FileIndex)> {
     let (listed, pruned): (Vec<_>, Vec<_>) = listed
         .into_iter()
         .filter(|f| f.table == plan.table.name)
         .partition(|f| plan.day_may_match(f.day));
     let mut damaged = Vec::new();
     let mut unreadable = 0;
-    let index = files::index_files(listed, |file, e| {
+    let (index, mut kept) = files::index_files_kept(listed, keep_open, |file, e| {
+        if e.is_not_found() {
+            // Removed since it was listed: the caller starts over.
+            return Err(e);
+        }
         tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
         unreadable += 1;
         if e.damaged_file().is_some() {
@@ -311,7 +358,7 @@ fn scan_listed(plan: &Plan, listed: Vec<files::Listed>) -> Result<(ScanResult, f
         Ok(())
     })?;
     let live: Vec<&FileInfo> = index.live.values().flatten().collect();
-    let mut result = scan_files(plan, &live)?;
+    let mut result = scan_files(plan, &live, &mut kept)?;
     result.files_skipped += pruned.len() + unreadable;
     damaged.append(&mut result.damaged_files);
     result.damaged_files = damaged;
@@ -335,7 +382,12 @@ fn scan_bucket(plan: &Plan, bucket: &Bucket, result: &mut ScanResult) -> Result<
     Ok(())
 }
 
-fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
+/// Scans `files`, each through its handle in `kept` if it has one there.
+fn scan_files(
+    plan: &Plan,
+    files: &[&FileInfo],
+    kept: &mut HashMap<PathBuf, File>,
+) -> Result<ScanResult> {
     let mut result = ScanResult {
         schema: Some(plan.out_schema.clone()),
         ..Default::default()
@@ -354,6 +406,7 @@ fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
         let scanned = scan_file(
             plan,
             &info.path,
+            kept.remove(&info.path),
             plan.needs_filter_columns(info.time_range_us),
             &mut result,
         );
@@ -372,8 +425,17 @@ fn scan_files(plan: &Plan, files: &[&FileInfo]) -> Result<ScanResult> {
     Ok(result)
 }
 
-fn scan_file(plan: &Plan, path: &Path, filtered: bool, result: &mut ScanResult) -> Result<()> {
-    let (file, reader_metadata) = crate::files::open_for_reading(path)?;
+fn scan_file(
+    plan: &Plan,
+    path: &Path,
+    kept: Option<File>,
+    filtered: bool,
+    result: &mut ScanResult,
+) -> Result<()> {
+    let (file, reader_metadata) = match kept {
+        Some(file) => crate::files::load_for_reading(file, path)?,
+        None => crate::files::open_for_reading(path)?,
+    };
     let metadata = reader_metadata.metadata().clone();
     let file_schema = reader_metadata.schema().clone();
 
@@ -619,7 +681,7 @@ impl Store {
     pub fn scan(&self, request: &ScanRequest) -> Result<ScanResult> {
         let plan = Plan::new(self.catalog(), request)?;
         let files: Vec<&FileInfo> = self.file_infos(plan.table.name).collect();
-        let mut result = scan_files(&plan, &files)?;
+        let mut result = scan_files(&plan, &files, &mut HashMap::new())?;
         for bucket in self.buffered(plan.table.name) {
             scan_bucket(&plan, bucket, &mut result)?;
         }
