@@ -363,29 +363,122 @@ pub struct VerifyArgs {
     quarantine: bool,
 }
 
-/// Runs `vtax verify`: every published file read whole. Fails while a damaged
-/// file is left among the tables, so that a script notices.
+/// Runs `vtax verify`: every published file read whole, every WAL frame and
+/// every remote-write queue record checked. Fails while damage is left, so
+/// that a script notices.
 pub fn verify(args: VerifyArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    if !args.quarantine {
-        let verified = vtax_store::files::verify_store(&data_dir)
-            .with_context(|| format!("verify the store at {}", data_dir.display()))?;
-        for e in &verified.damaged {
-            eprintln!("damaged: {e}");
+    if args.quarantine {
+        return quarantine(&data_dir);
+    }
+    let verified = vtax_store::files::verify_store(&data_dir)
+        .with_context(|| format!("verify the store at {}", data_dir.display()))?;
+    for e in &verified.damaged {
+        eprintln!("damaged: {e}");
+    }
+    let mut damaged = verified.damaged.len();
+    eprintln!("{} file(s) sound, {damaged} damaged.", verified.sound);
+
+    let wal_dir = data_dir.join("wal");
+    let segments = vtax_store::wal::open_segments(&wal_dir)
+        .with_context(|| format!("list the WAL at {}", wal_dir.display()))?;
+    let opened = segments.len();
+    let wal = vtax_store::wal::replay_open(segments, &crate::catalog(), |_| Ok(()))
+        .with_context(|| format!("read the WAL at {}", wal_dir.display()))?;
+    eprintln!(
+        "wal: {opened} segment(s), {} intact frame(s).",
+        wal.frames + wal.frames_skipped
+    );
+    // Damage the agent has met already (it copies the segment to quarantine
+    // when it starts, and keeps it until its intact frames are published) is
+    // reported but does not fail the command.
+    let mut wal_damaged = 0;
+    for path in &wal.damaged_segments {
+        if vtax_store::kept_in_quarantine(&data_dir, path) {
+            eprintln!(
+                "damaged, a copy kept in quarantine: WAL segment {}",
+                path.display()
+            );
+        } else {
+            eprintln!("damaged: WAL segment {}", path.display());
+            wal_damaged += 1;
         }
-        let damaged = verified.damaged.len();
-        eprintln!("{} file(s) sound, {damaged} damaged.", verified.sound);
-        if damaged > 0 {
-            anyhow::bail!(
-                "{damaged} damaged file(s) in {}; `vtax verify --quarantine`, with the agent \
-                 stopped, moves them to quarantine/",
-                data_dir.display()
+    }
+    if !wal.damaged_segments.is_empty() {
+        eprintln!(
+            "wal: {} byte(s) of those segments hold no intact frame: their rows are lost.",
+            wal.damaged_bytes
+        );
+    }
+    for (path, reason) in &wal.set_aside_segments {
+        eprintln!(
+            "wal: {} holds rows this build's tables cannot hold in full ({reason}): written \
+             by another vtax?",
+            path.display()
+        );
+    }
+    if wal.torn_bytes > 0 {
+        eprintln!(
+            "wal: {} byte(s) after the newest segment's last intact frame: a frame being \
+             written, or one torn by a crash (cut at the next start).",
+            wal.torn_bytes
+        );
+    }
+    damaged += wal_damaged;
+
+    for (name, dir) in remote_write_queues(&data_dir)? {
+        let queue = vtax_exporters::remote_write::queue::verify(&dir)
+            .with_context(|| format!("verify the remote write queue at {}", dir.display()))?;
+        eprintln!(
+            "remote_write/{name}: {} segment(s), {} intact record(s), {} sample(s) not yet \
+             acknowledged by the receiver.",
+            queue.segments, queue.records, queue.pending_samples
+        );
+        for segment in &queue.damaged {
+            eprintln!(
+                "damaged{}: remote write queue segment {}: {} byte(s) hold no intact record; \
+                 their samples are lost.",
+                if segment.kept_in_quarantine {
+                    ", a copy kept in quarantine"
+                } else {
+                    ""
+                },
+                segment.path.display(),
+                segment.bytes
             );
         }
-        return Ok(());
+        if queue.tail_bytes > 0 {
+            eprintln!(
+                "remote_write/{name}: {} byte(s) after the newest segment's last intact \
+                 record: a record being appended, or one torn by a crash (cut at the next \
+                 start).",
+                queue.tail_bytes
+            );
+        }
+        damaged += queue
+            .damaged
+            .iter()
+            .filter(|d| !d.kept_in_quarantine)
+            .count();
     }
-    // Opening moves files whose footer or layout is damaged; then every page.
-    let mut store = Store::open(offline_store_options(&data_dir)?, crate::catalog())
+    if damaged > 0 {
+        anyhow::bail!(
+            "{damaged} damaged file(s) in {}. `vtax verify --quarantine`, with the agent \
+             stopped, moves damaged Parquet files to quarantine/ and copies damaged WAL and \
+             queue segments there, keeping every intact frame and record (the agent does \
+             the same for segments when it starts).",
+            data_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `vtax verify --quarantine`: the store opened (which moves files whose
+/// footer or layout is damaged and copies damaged WAL segments), every page
+/// read, and each remote-write queue opened (which copies damaged segments
+/// and cuts what cannot be read).
+fn quarantine(data_dir: &Path) -> Result<()> {
+    let mut store = Store::open(offline_store_options(data_dir)?, crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;
     let at_open = store.stats().files_quarantined;
     let moved = store.quarantine_damaged()?;
@@ -395,12 +488,46 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
         eprintln!("damaged, moved to quarantine: {e}");
     }
     eprintln!(
-        "{sound} file(s) sound; {} damaged moved to {} ({at_open} of them on opening the store, \
-         named in the log above).",
+        "{sound} file(s) sound; {} damaged moved or copied to {} ({at_open} of them on opening \
+         the store, named in the log above).",
         at_open + moved.len() as u64,
         data_dir.join("quarantine").display()
     );
+    for (name, dir) in remote_write_queues(data_dir)? {
+        let (_, report) = vtax_exporters::remote_write::queue::Queue::open(&dir, u64::MAX)
+            .with_context(|| format!("open the remote write queue at {}", dir.display()))?;
+        eprintln!(
+            "remote_write/{name}: {} segment(s), {} sample(s) to send; {} damaged segment(s) \
+             copied to {}.",
+            report.segments,
+            report.pending_samples,
+            report.damaged_segments.len(),
+            dir.join("quarantine").display()
+        );
+    }
     Ok(())
+}
+
+/// Each remote's queue directory under `<data_dir>/remote_write/`, by name.
+fn remote_write_queues(data_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let root = data_dir.join("remote_write");
+    let entries = match std::fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("list {}", root.display())),
+    };
+    let mut queues = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("list {}", root.display()))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            queues.push((
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.path(),
+            ));
+        }
+    }
+    queues.sort();
+    Ok(queues)
 }
 
 #[cfg(test)]

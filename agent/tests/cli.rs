@@ -267,6 +267,20 @@ fn run_samples_cpus_and_publishes_on_sigterm() {
     assert!(partitions.count() >= 1);
 }
 
+/// Runs `vtax verify` on `data`: whether it succeeded, and what it printed.
+fn verify_store(data: &Path, quarantine: bool) -> (bool, String) {
+    let mut command = Command::new(VTAX);
+    command.args(["verify", "--data-dir"]).arg(data);
+    if quarantine {
+        command.arg("--quarantine");
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     let dir = tempfile::tempdir().unwrap();
@@ -321,18 +335,7 @@ fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
         "the header only"
     );
 
-    let verify = |quarantine: bool| {
-        let mut command = Command::new(VTAX);
-        command.args(["verify", "--data-dir"]).arg(&data);
-        if quarantine {
-            command.arg("--quarantine");
-        }
-        let out = command.output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let verify = |quarantine: bool| verify_store(&data, quarantine);
     let (ok, stderr) = verify(false);
     assert!(!ok, "damage fails the command:\n{stderr}");
     for file in &files {
@@ -343,9 +346,119 @@ fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
 
     let (ok, stderr) = verify(true);
     assert!(ok, "{stderr}");
-    assert!(stderr.contains("2 damaged moved to"), "{stderr}");
+    assert!(stderr.contains("2 damaged moved or copied to"), "{stderr}");
     assert!(files.iter().all(|f| !f.exists()));
     let (ok, stderr) = verify(false);
     assert!(ok, "{stderr}");
     assert!(stderr.contains("0 file(s) sound, 0 damaged."), "{stderr}");
+}
+
+/// Offsets of the frames of a pristine WAL segment (an 8-byte magic, then
+/// `[len: u32][crc32: u32][payload]`).
+fn wal_frame_offsets(bytes: &[u8]) -> Vec<usize> {
+    let mut offsets = Vec::new();
+    let mut at = 8;
+    while at < bytes.len() {
+        offsets.push(at);
+        at += 8 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    }
+    offsets
+}
+
+#[test]
+fn verify_checks_the_wal_and_remote_write_queues() {
+    use vtax_exporters::remote_write::queue::Queue;
+    use vtax_store::{BatchBuilder, Store, StoreOptions, Value};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Three WAL frames, left unpublished as a killed agent leaves them.
+    {
+        let mut options = StoreOptions::new(&data);
+        options.node = "verify".into();
+        let mut store = Store::open(options, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+        for i in 0..3 {
+            let mut batch = BatchBuilder::new(&tables::SCRAPED);
+            batch
+                .push(START_MS * 1000 + i, &["", "m", ""], &[Value::F64(i as f64)])
+                .unwrap();
+            store.append(&batch.finish()).unwrap();
+            store.sync().unwrap();
+        }
+    }
+    let segment = vtax_store::wal::list_segments(&data.join("wal"))
+        .unwrap()
+        .pop()
+        .unwrap()
+        .1;
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let frames = wal_frame_offsets(&bytes);
+    assert_eq!(frames.len(), 3);
+    bytes[frames[1] + 12] ^= 1;
+    std::fs::write(&segment, &bytes).unwrap();
+    // A remote's queue of three records, the second damaged.
+    let queue_dir = data.join("remote_write").join("central");
+    {
+        let (mut queue, _) = Queue::open(&queue_dir, 1 << 20).unwrap();
+        for i in 0..3 {
+            queue.append(&[i; 16], 10, 0).unwrap();
+        }
+        queue.sync().unwrap();
+    }
+    let queue_segment = queue_dir.join(format!("{:020}.seg", 0));
+    let mut bytes = std::fs::read(&queue_segment).unwrap();
+    bytes[8 + (20 + 16) + 20 + 3] ^= 1;
+    std::fs::write(&queue_segment, &bytes).unwrap();
+
+    let verify = |quarantine: bool| verify_store(&data, quarantine);
+    let (ok, stderr) = verify(false);
+    assert!(!ok, "damage fails the command:\n{stderr}");
+    for expected in [
+        "wal: 1 segment(s), 2 intact frame(s).",
+        &format!("damaged: WAL segment {}", segment.display()),
+        "remote_write/central: 1 segment(s), 2 intact record(s), 20 sample(s) not yet \
+         acknowledged by the receiver.",
+        &format!(
+            "damaged: remote write queue segment {}: 36 byte(s)",
+            queue_segment.display()
+        ),
+        "2 damaged file(s)",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} in:\n{stderr}");
+    }
+    assert_eq!(
+        std::fs::read(&queue_segment).unwrap(),
+        bytes,
+        "verify writes nothing"
+    );
+
+    // Quarantine keeps copies; the store's close publishes the WAL's intact
+    // rows, and the queue's damaged record stays stepped over in place.
+    let (ok, stderr) = verify(true);
+    assert!(ok, "{stderr}");
+    assert!(data
+        .join("quarantine/wal")
+        .join(segment.file_name().unwrap())
+        .exists());
+    assert!(queue_dir
+        .join("quarantine/00000000000000000000.seg")
+        .exists());
+    let (ok, stderr) = verify(false);
+    assert!(ok, "damage kept in quarantine passes:\n{stderr}");
+    assert!(stderr.contains(" 0 intact frame(s)."), "{stderr}");
+    assert!(
+        stderr.contains("damaged, a copy kept in quarantine: remote write queue segment"),
+        "{stderr}"
+    );
+    let rows = scan_dir(
+        &data,
+        &Catalog::new(&[&tables::SCRAPED]).unwrap(),
+        &ScanRequest {
+            table: "scraped".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .rows();
+    assert_eq!(rows, 2, "the intact frames' rows are in the tables");
 }

@@ -62,7 +62,9 @@ pub use error::{Error, Result};
 pub use files::WriteOptions;
 pub use scan::{ScanRequest, ScanResult};
 pub use schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
-pub use store::{node_name, Deletable, Merge, MergeOutcome, Store, StoreOptions, StoreStats};
+pub use store::{
+    kept_in_quarantine, node_name, Deletable, Merge, MergeOutcome, Store, StoreOptions, StoreStats,
+};
 
 /// Microseconds in one hour: the width of a bucket.
 pub const HOUR_US: i64 = 3_600_000_000;

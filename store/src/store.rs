@@ -1053,6 +1053,17 @@ fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {
     Ok(true)
 }
 
+/// Whether a copy of `path` (a WAL segment or a file of the store at
+/// `data_dir`) as long as it is now lies in `quarantine/`: its damage was
+/// found and kept for whoever looks into it.
+pub fn kept_in_quarantine(data_dir: &Path, path: &Path) -> bool {
+    let target = quarantine_path(data_dir, path);
+    matches!(
+        (fs::metadata(path), fs::metadata(target)),
+        (Ok(now), Ok(copy)) if now.len() == copy.len()
+    )
+}
+
 fn quarantine_path(data_dir: &Path, path: &Path) -> PathBuf {
     let relative = path.strip_prefix(data_dir).unwrap_or(path);
     let relative = relative.strip_prefix("tables").unwrap_or(relative);

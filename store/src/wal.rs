@@ -401,6 +401,18 @@ pub fn replay(
 /// row no file it lists holds yet is in one of these.
 pub struct OpenSegments(Vec<(u64, PathBuf, Option<File>)>);
 
+impl OpenSegments {
+    /// Segments opened.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there were none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// Lists and opens the segments in `dir`. One removed between the two was
 /// retired, every row of it published, and is left out.
 pub fn open_segments(dir: &Path) -> Result<OpenSegments> {

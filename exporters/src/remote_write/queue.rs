@@ -118,14 +118,7 @@ impl Queue {
     /// from the persisted acknowledged position.
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<(Queue, OpenReport)> {
         fs::create_dir_all(dir)?;
-        let mut seqs: Vec<u64> = fs::read_dir(dir)?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                name.strip_suffix(".seg")?.parse().ok()
-            })
-            .collect();
-        seqs.sort_unstable();
+        let seqs = segment_seqs(dir)?;
         let mut report = OpenReport::default();
         let mut segments = VecDeque::new();
         let mut record_ends = Vec::new();
@@ -133,18 +126,20 @@ impl Queue {
         let last_seq = seqs.last().copied();
         for seq in seqs {
             let path = segment_path(dir, seq);
-            let scan = scan_segment(&path)?;
-            let tail = scan.file_len - scan.valid_bytes;
+            let mut scan = scan_segment(&path)?;
+            if scan.torn_magic {
+                // Torn while being created: start it over.
+                let mut file = OpenOptions::new().write(true).open(&path)?;
+                file.set_len(0)?;
+                file.write_all(MAGIC)?;
+                scan.file_len = MAGIC.len() as u64;
+            }
+            let tail = scan.tail_bytes();
             let torn = Some(seq) == last_seq;
-            let bad_magic_bytes = if scan.bad_magic {
-                MAGIC.len() as u64
-            } else {
-                0
-            };
-            let cut_bytes = bad_magic_bytes + if torn { 0 } else { tail };
+            let cut_bytes = scan.cut_damage_bytes(torn);
             // Records stepped over stay in the segment and count when read.
             cut_damage += cut_bytes;
-            let damaged_bytes = cut_bytes + scan.stepped_over_bytes;
+            let damaged_bytes = scan.damaged_bytes(torn);
             if damaged_bytes > 0 {
                 // Kept as found before anything is cut or mended.
                 copy_to_quarantine(dir, &path)?;
@@ -598,8 +593,142 @@ struct SegmentScan {
     /// Bytes of damaged records stepped over (not the tail after the last
     /// intact record).
     stepped_over_bytes: u64,
+    /// Where the last record stepped over ends (0 if none).
+    stepped_over_end: u64,
     bad_magic: bool,
+    /// Shorter than the magic: torn while being created.
+    torn_magic: bool,
     file_len: u64,
+}
+
+impl SegmentScan {
+    /// Bytes after the last intact record.
+    fn tail_bytes(&self) -> u64 {
+        self.file_len - self.valid_bytes
+    }
+
+    /// Damaged bytes that no read will step over: a damaged magic, and the
+    /// tail of a segment before the last (a complete segment has none; the
+    /// last one's is taken for a torn append).
+    fn cut_damage_bytes(&self, last: bool) -> u64 {
+        let bad_magic_bytes = if self.bad_magic {
+            MAGIC.len() as u64
+        } else {
+            0
+        };
+        bad_magic_bytes + if last { 0 } else { self.tail_bytes() }
+    }
+
+    /// Every byte of the segment that held no intact record, but a torn tail.
+    fn damaged_bytes(&self, last: bool) -> u64 {
+        self.cut_damage_bytes(last) + self.stepped_over_bytes
+    }
+
+    /// Where the last damaged byte ends: a copy at least this long holds
+    /// the damage as found (segments are only appended to after it).
+    fn damage_end(&self, last: bool) -> u64 {
+        let cut_end = if last { 0 } else { self.file_len };
+        let magic_end = if self.bad_magic {
+            MAGIC.len() as u64
+        } else {
+            0
+        };
+        cut_end.max(self.stepped_over_end).max(magic_end)
+    }
+}
+
+/// The sequence numbers of the segments in `dir`, in order.
+fn segment_seqs(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut seqs: Vec<u64> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".seg")?.parse().ok()
+        })
+        .collect();
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// What [`verify`] found in a queue.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Verified {
+    /// Segments read.
+    pub segments: usize,
+    /// Intact records.
+    pub records: u64,
+    /// Samples in them that the receiver has not acknowledged.
+    pub pending_samples: u64,
+    /// Damaged segments (their damaged records' samples are lost; open
+    /// copies the segment to `quarantine/` and sends every intact record).
+    pub damaged: Vec<DamagedSegment>,
+    /// Bytes after the last intact record of the newest segment: a record
+    /// being appended, or one torn by a crash (the next open cuts it).
+    pub tail_bytes: u64,
+}
+
+/// A segment [`verify`] found damaged.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DamagedSegment {
+    /// The segment.
+    pub path: PathBuf,
+    /// Its bytes that held no intact record.
+    pub bytes: u64,
+    /// Whether a copy that holds the damage lies in `quarantine/` (open made it).
+    pub kept_in_quarantine: bool,
+}
+
+/// Reads every record of the queue in `dir` and checks it, changing nothing:
+/// it runs beside an agent that appends and sends. A segment removed
+/// meanwhile (acknowledged whole, or dropped for room) is passed over.
+pub fn verify(dir: &Path) -> io::Result<Verified> {
+    let seqs = segment_seqs(dir)?;
+    let acked = read_position(dir, ACK_FILE);
+    let mut verified = Verified::default();
+    let last_seq = seqs.last().copied();
+    for seq in seqs {
+        let path = segment_path(dir, seq);
+        let scan = match scan_segment(&path) {
+            Ok(scan) => scan,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let last = Some(seq) == last_seq;
+        verified.segments += 1;
+        if scan.torn_magic {
+            // Torn while being created: nothing in it yet (open starts it over).
+            continue;
+        }
+        verified.records += scan.record_ends.len() as u64;
+        verified.pending_samples += scan
+            .record_ends
+            .iter()
+            .filter(|&&(end, _)| {
+                acked.is_none_or(|a| {
+                    Position {
+                        segment: seq,
+                        offset: end,
+                    } > a
+                })
+            })
+            .map(|&(_, samples)| u64::from(samples))
+            .sum::<u64>();
+        let bytes = scan.damaged_bytes(last);
+        if bytes > 0 {
+            let copy = quarantine_path(dir, &path);
+            let kept_in_quarantine =
+                fs::metadata(copy).is_ok_and(|m| m.len() >= scan.damage_end(last));
+            verified.damaged.push(DamagedSegment {
+                path,
+                bytes,
+                kept_in_quarantine,
+            });
+        }
+        if last {
+            verified.tail_bytes = scan.tail_bytes();
+        }
+    }
+    Ok(verified)
 }
 
 /// The next intact record and the bytes of a damaged one stepped over to
@@ -629,15 +758,14 @@ fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
         valid_bytes: MAGIC.len() as u64,
         record_ends: Vec::new(),
         stepped_over_bytes: 0,
+        stepped_over_end: 0,
         bad_magic: false,
+        torn_magic: false,
         file_len,
     };
     if read_magic.is_err() {
-        // Torn while being created: start it over.
-        let mut file = OpenOptions::new().write(true).open(path)?;
-        file.set_len(0)?;
-        file.write_all(MAGIC)?;
-        scan.file_len = MAGIC.len() as u64;
+        // Torn while being created: it holds nothing.
+        scan.torn_magic = true;
         return Ok(scan);
     }
     if &magic != MAGIC {
@@ -646,6 +774,9 @@ fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
     }
     while let Some((stepped_over, record)) = next_intact_record(&mut reader)? {
         scan.stepped_over_bytes += stepped_over;
+        if stepped_over > 0 {
+            scan.stepped_over_end = scan.valid_bytes + stepped_over;
+        }
         scan.valid_bytes += stepped_over + (RECORD_HEADER_BYTES + record.payload.len()) as u64;
         scan.record_ends.push((scan.valid_bytes, record.samples));
     }
@@ -655,15 +786,19 @@ fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
 /// Copies a segment to `<dir>/quarantine/`, unless a copy of the same length
 /// is there already.
 fn copy_to_quarantine(dir: &Path, path: &Path) -> io::Result<()> {
-    let quarantine = dir.join("quarantine");
-    fs::create_dir_all(&quarantine)?;
-    let target = quarantine.join(path.file_name().expect("a segment has a name"));
+    let target = quarantine_path(dir, path);
+    fs::create_dir_all(target.parent().expect("in quarantine/"))?;
     let len = fs::metadata(path)?.len();
     if fs::metadata(&target).is_ok_and(|m| m.len() == len) {
         return Ok(());
     }
     fs::copy(path, &target)?;
     File::open(&target)?.sync_all()
+}
+
+fn quarantine_path(dir: &Path, segment: &Path) -> PathBuf {
+    dir.join("quarantine")
+        .join(segment.file_name().expect("a segment has a name"))
 }
 
 fn read_ack(dir: &Path) -> Option<Position> {
@@ -995,6 +1130,18 @@ mod tests {
         );
         assert_eq!(q.damaged_bytes(), 0, "counted when the reader meets it");
         q.append(&payload(9, 1), 1, 9).unwrap();
+        // Beside the running queue, `vtax verify` still sees the damage, and
+        // its copy, though the segment has grown since.
+        let verified = verify(dir.path()).unwrap();
+        assert_eq!(
+            verified.damaged,
+            [DamagedSegment {
+                path: seg.clone(),
+                bytes: (offsets[2] - offsets[1]) as u64,
+                kept_in_quarantine: true
+            }]
+        );
+        assert_eq!((verified.records, verified.pending_samples), (4, 31));
         // A short request is read again and again until it is due.
         for _ in 0..3 {
             q.read(1000).unwrap().unwrap();
@@ -1183,10 +1330,35 @@ mod tests {
                 })
                 .collect();
 
+            // `vtax verify` reads what open will find, and changes nothing.
+            let verified =
+                verify(dir.path()).unwrap_or_else(|e| panic!("round {round}: verify failed: {e}"));
+            assert_eq!(
+                fs::read(segment_path(dir.path(), *seq)).unwrap(),
+                bytes,
+                "round {round}: verify wrote"
+            );
             let (mut q, report) = std::panic::catch_unwind(|| Queue::open(dir.path(), 1 << 20))
                 .unwrap_or_else(|_| panic!("round {round}: open panicked"))
                 .unwrap_or_else(|e| panic!("round {round}: open failed: {e}"));
             let pending = report.pending_samples;
+            let verified_damage: Vec<&PathBuf> = verified.damaged.iter().map(|d| &d.path).collect();
+            assert!(verified.damaged.iter().all(|d| !d.kept_in_quarantine));
+            assert_eq!(
+                (
+                    verified_damage,
+                    verified.damaged.iter().map(|d| d.bytes).sum::<u64>(),
+                    verified.pending_samples,
+                    verified.tail_bytes
+                ),
+                (
+                    report.damaged_segments.iter().collect(),
+                    report.damaged_bytes,
+                    pending,
+                    report.truncated_bytes
+                ),
+                "round {round}: verify and open disagree"
+            );
             let got: Vec<usize> = drain_records(&mut q)
                 .iter()
                 .map(|r| {
@@ -1223,6 +1395,11 @@ mod tests {
             drop(q);
             let (_, again) = Queue::open(dir.path(), 1 << 20).unwrap();
             assert_eq!(again.pending_samples, 0, "round {round}: all sent");
+            let after = verify(dir.path()).unwrap();
+            assert!(
+                after.damaged.iter().all(|d| d.kept_in_quarantine),
+                "round {round}: damage left after open is in quarantine: {after:?}"
+            );
         }
         eprintln!(
             "300 damaged queues: {lost} of {} records lost",
