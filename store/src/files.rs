@@ -968,14 +968,14 @@ pub(crate) fn index_files(
     listed: Vec<Listed>,
     on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
 ) -> Result<FileIndex> {
-    Ok(index_files_kept(listed, false, on_unreadable)?.0)
+    Ok(index_files_kept(listed, 0, on_unreadable)?.0)
 }
 
-/// [`index_files`], and with `keep_open`, each file read stays open: a reader
-/// beside a writer then reads it even if a merge removes it meanwhile.
+/// [`index_files`], and the first `keep_open` files read stay open: a reader
+/// beside a writer then reads them even if a merge removes them meanwhile.
 pub(crate) fn index_files_kept(
     listed: Vec<Listed>,
-    keep_open: bool,
+    keep_open: usize,
     mut on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
 ) -> Result<(FileIndex, HashMap<PathBuf, File>)> {
     let mut infos = Vec::new();
@@ -984,7 +984,7 @@ pub(crate) fn index_files_kept(
         let opened = File::open(&file.path)
             .map_err(Error::io("open", &file.path))
             .and_then(|f| {
-                if keep_open {
+                if kept.len() < keep_open {
                     let copy = f.try_clone().map_err(Error::io("open", &file.path))?;
                     kept.insert(file.path.clone(), copy);
                 }

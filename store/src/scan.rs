@@ -227,6 +227,12 @@ impl<'a> Plan<'a> {
 /// How many times [`scan_dir`] starts over when the store changes under it.
 const SCAN_ATTEMPTS: usize = 8;
 
+/// Files [`scan_dir`] keeps open from the read of their footer to the read
+/// of their rows: a year of daily files, well inside the usual limit of 1024
+/// descriptors. A longer scan opens the rest when it reads them, and starts
+/// over if one went meanwhile.
+const MAX_KEPT_OPEN: usize = 512;
+
 /// Scans a data directory without opening it for writing: published files plus
 /// the rows still in the WAL, so a reader beside the running agent sees them all.
 ///
@@ -234,8 +240,9 @@ const SCAN_ATTEMPTS: usize = 8;
 /// the inputs) and retires WAL segments once their rows are published. So
 /// the WAL's segments are opened before the files are listed (a row no listed
 /// file holds yet is in one of them), and each file stays open from the read
-/// of its footer to the read of its rows. A file removed between its listing
-/// and that first read starts the scan over. Every row is read once.
+/// of its footer to the read of its rows (the first [`MAX_KEPT_OPEN`] files).
+/// A file removed before it was opened starts the scan over. Every row is
+/// read once.
 pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
     let mut attempt = 1;
@@ -267,7 +274,7 @@ fn scan_dir_once(plan: &Plan, data_dir: &Path, catalog: &Catalog) -> Result<Scan
     let (listed, _) = files::list_files(data_dir)?;
     // Each file stays open from its footer's read: one a merge removes
     // meanwhile is read all the same.
-    let (mut result, index) = scan_listed(plan, listed, true)?;
+    let (mut result, index) = scan_listed(plan, listed, MAX_KEPT_OPEN)?;
 
     let watermarks = watermarks_by_bucket(&index.live);
     let mut buckets: BTreeMap<i64, Bucket> = BTreeMap::new();
@@ -329,7 +336,7 @@ pub fn scan_fleet_node(
 ) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
     let (listed, _) = files::list_node_files(root, Some(node))?;
-    Ok(scan_listed(&plan, listed, false)?.0)
+    Ok(scan_listed(&plan, listed, 0)?.0)
 }
 
 /// Scans the live files among `listed`, pruned by partition before any footer
@@ -337,7 +344,7 @@ pub fn scan_fleet_node(
 fn scan_listed(
     plan: &Plan,
     listed: Vec<files::Listed>,
-    keep_open: bool,
+    keep_open: usize,
 ) -> Result<(ScanResult, files::FileIndex)> {
     let (listed, pruned): (Vec<_>, Vec<_>) = listed
         .into_iter()
