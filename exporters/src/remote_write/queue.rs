@@ -197,6 +197,24 @@ impl Queue {
                 acked_samples = 0;
             }
         }
+        // The request in flight ended at a record's end. Where damage or a
+        // torn tail cut the queue below it, it ends at the last record left
+        // before that: a resend is never larger than the request was (new
+        // records appended past the cut would otherwise join it, unbounded).
+        let in_flight = read_position(dir, IN_FLIGHT_FILE)
+            .and_then(|mark| {
+                let i = segments.iter().position(|s| s.seq == mark.segment)?;
+                let end = record_ends[i]
+                    .iter()
+                    .map(|&(end, _)| end)
+                    .take_while(|&end| end <= mark.offset)
+                    .last()?;
+                Some(Position {
+                    segment: mark.segment,
+                    offset: end,
+                })
+            })
+            .filter(|position| *position > acked);
         // Fully acknowledged segments before the position are of no more use.
         while segments.front().is_some_and(|s| s.seq < acked.segment) {
             let s = segments.pop_front().expect("checked");
@@ -223,7 +241,6 @@ impl Queue {
         report.segments = segments.len();
         report.pending_samples = segments.iter().map(|s| s.samples).sum::<u64>() - acked_samples;
         let total_bytes = segments.iter().map(|s| s.bytes).sum();
-        let in_flight = read_position(dir, IN_FLIGHT_FILE).filter(|position| *position > acked);
         Ok((
             Queue {
                 dir: dir.to_owned(),
@@ -956,6 +973,49 @@ mod tests {
         // An acknowledged mark left on disk is not a resend at the next start.
         let (q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
         assert!(!q.resending());
+    }
+
+    #[test]
+    fn a_resend_after_its_records_were_cut_is_no_larger_than_the_request_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
+        for i in 0..4 {
+            q.append(&noise(2_000, 2 * i + 1), 10, 0).unwrap();
+        }
+        let sent = q.read(20).unwrap().unwrap();
+        assert_eq!(sent.samples, 20, "two records");
+        q.mark_in_flight(&sent).unwrap();
+        q.sync().unwrap();
+        drop(q);
+        // The segment loses its end from inside the second record on.
+        let seg = segment_path(dir.path(), 0);
+        let offsets = record_offsets(&fs::read(&seg).unwrap());
+        OpenOptions::new()
+            .write(true)
+            .open(&seg)
+            .unwrap()
+            .set_len(offsets[2] as u64 - 3)
+            .unwrap();
+        let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(report.pending_samples, 10);
+        // Small records arrive where the lost ones lay.
+        for n in 0..40u8 {
+            q.append(&payload(n, 1), 10, 0).unwrap();
+        }
+        assert!(q.resending());
+        let again = q.read(20).unwrap().unwrap();
+        assert_eq!(again.samples, 10, "the record left of the request only");
+        assert!(
+            again.protobuf == raw(1, 2_000),
+            "the first record's samples"
+        );
+        q.ack(&again).unwrap();
+        assert!(!q.resending());
+        assert_eq!(
+            q.read(20).unwrap().unwrap().samples,
+            20,
+            "back to the bound"
+        );
     }
 
     #[test]
