@@ -195,24 +195,44 @@ impl Store {
             Ok(())
         })?;
         stats.wal_torn_bytes = report.torn_bytes;
-        if !report.damaged_segments.is_empty() {
-            tracing::error!(
-                segments = report.damaged_segments.len(),
-                damaged_bytes = report.damaged_bytes,
-                "WAL segments are damaged: the rows of their damaged frames are lost; every intact frame was replayed."
-            );
-        }
-        for (path, reason) in &report.set_aside_segments {
-            tracing::error!(path = %path.display(), reason = %reason, frames_skipped = report.frames_skipped, "A WAL segment holds rows this build's tables cannot hold in full (written by another vtax?); a copy is kept in quarantine.");
-        }
         let set_aside = report.set_aside_segments.iter().map(|(path, _)| path);
+        let mut met_before = Vec::new();
+        let mut copied = Vec::new();
         for path in report.damaged_segments.iter().chain(set_aside) {
+            if copied.contains(&path) {
+                continue;
+            }
+            copied.push(path);
             // The segment stays where it is until its intact frames are
             // published; the copy keeps the damage for whoever looks into it.
             if copy_to_quarantine(&dir, path)? {
                 stats.files_quarantined += 1;
                 tracing::error!(path = %path.display(), "Copied a WAL segment to quarantine.");
+            } else {
+                met_before.push(path);
             }
+        }
+        // A segment copied at an earlier start was reported then: it stays
+        // until its hour is published, and is only noted again.
+        let new_damage = report
+            .damaged_segments
+            .iter()
+            .filter(|p| !met_before.contains(p))
+            .count();
+        if new_damage > 0 {
+            tracing::error!(
+                segments = new_damage,
+                damaged_bytes = report.damaged_bytes,
+                "WAL segments are damaged: the rows of their damaged frames are lost; every intact frame was replayed."
+            );
+        }
+        for (path, reason) in &report.set_aside_segments {
+            if !met_before.contains(&path) {
+                tracing::error!(path = %path.display(), reason = %reason, frames_skipped = report.frames_skipped, "A WAL segment holds rows this build's tables cannot hold in full (written by another vtax?); a copy is kept in quarantine.");
+            }
+        }
+        for path in met_before {
+            tracing::info!(path = %path.display(), "A WAL segment still holds the damage (or other build's rows) copied to quarantine at an earlier start; its intact frames were replayed.");
         }
         // A publish can run ahead of the WAL (rows appended, published, never
         // written to the log before a crash), so sequence numbers resume above
