@@ -371,14 +371,49 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
     if args.quarantine {
         return quarantine(&data_dir);
     }
-    let verified = vtax_store::files::verify_store(&data_dir)
+    let damaged = verify_tables(&data_dir)? + verify_wal(&data_dir)? + verify_queues(&data_dir)?;
+    if damaged > 0 {
+        anyhow::bail!(
+            "{damaged} damaged file(s) in {}. `vtax verify --quarantine`, with the agent \
+             stopped, moves damaged Parquet files to quarantine/ and copies damaged WAL and \
+             queue segments there, keeping every intact frame and record (the agent does \
+             the same for segments when it starts).",
+            data_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Reads every published file whole; the number damaged.
+fn verify_tables(data_dir: &Path) -> Result<usize> {
+    let verified = vtax_store::files::verify_store(data_dir)
         .with_context(|| format!("verify the store at {}", data_dir.display()))?;
     for e in &verified.damaged {
         eprintln!("damaged: {e}");
     }
-    let mut damaged = verified.damaged.len();
+    let damaged = verified.damaged.len();
     eprintln!("{} file(s) sound, {damaged} damaged.", verified.sound);
+    Ok(damaged)
+}
 
+/// Names a damaged segment. Damage the agent has met already (it copies the
+/// segment to quarantine when it starts, and keeps it until its intact
+/// frames or records are used) is reported but not counted: 0 or 1.
+fn damaged_segment(what: &str, path: &Path, kept_in_quarantine: bool, detail: &str) -> usize {
+    if kept_in_quarantine {
+        eprintln!(
+            "damaged, a copy kept in quarantine: {what} {}{detail}",
+            path.display()
+        );
+        0
+    } else {
+        eprintln!("damaged: {what} {}{detail}", path.display());
+        1
+    }
+}
+
+/// Checks every WAL frame; the number of damaged segments no copy holds.
+fn verify_wal(data_dir: &Path) -> Result<usize> {
     let wal_dir = data_dir.join("wal");
     let segments = vtax_store::wal::open_segments(&wal_dir)
         .with_context(|| format!("list the WAL at {}", wal_dir.display()))?;
@@ -389,21 +424,14 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
         "wal: {opened} segment(s), {} intact frame(s).",
         wal.frames + wal.frames_skipped
     );
-    // Damage the agent has met already (it copies the segment to quarantine
-    // when it starts, and keeps it until its intact frames are published) is
-    // reported but does not fail the command.
-    let mut wal_damaged = 0;
-    for path in &wal.damaged_segments {
-        if vtax_store::kept_in_quarantine(&data_dir, path) {
-            eprintln!(
-                "damaged, a copy kept in quarantine: WAL segment {}",
-                path.display()
-            );
-        } else {
-            eprintln!("damaged: WAL segment {}", path.display());
-            wal_damaged += 1;
-        }
-    }
+    let damaged = wal
+        .damaged_segments
+        .iter()
+        .map(|path| {
+            let kept = vtax_store::kept_in_quarantine(data_dir, path);
+            damaged_segment("WAL segment", path, kept, "")
+        })
+        .sum();
     if !wal.damaged_segments.is_empty() {
         eprintln!(
             "wal: {} byte(s) of those segments hold no intact frame: their rows are lost.",
@@ -424,9 +452,14 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
             wal.torn_bytes
         );
     }
-    damaged += wal_damaged;
+    Ok(damaged)
+}
 
-    for (name, dir) in remote_write_queues(&data_dir)? {
+/// Checks every record of each remote's queue; the number of damaged
+/// segments no copy holds.
+fn verify_queues(data_dir: &Path) -> Result<usize> {
+    let mut damaged = 0;
+    for (name, dir) in remote_write_queues(data_dir)? {
         let queue = vtax_exporters::remote_write::queue::verify(&dir)
             .with_context(|| format!("verify the remote write queue at {}", dir.display()))?;
         eprintln!(
@@ -435,16 +468,15 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
             queue.segments, queue.records, queue.pending_samples
         );
         for segment in &queue.damaged {
-            eprintln!(
-                "damaged{}: remote write queue segment {}: {} byte(s) hold no intact record; \
-                 their samples are lost.",
-                if segment.kept_in_quarantine {
-                    ", a copy kept in quarantine"
-                } else {
-                    ""
-                },
-                segment.path.display(),
+            let detail = format!(
+                ": {} byte(s) hold no intact record; their samples are lost.",
                 segment.bytes
+            );
+            damaged += damaged_segment(
+                "remote write queue segment",
+                &segment.path,
+                segment.kept_in_quarantine,
+                &detail,
             );
         }
         if queue.tail_bytes > 0 {
@@ -455,22 +487,8 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 queue.tail_bytes
             );
         }
-        damaged += queue
-            .damaged
-            .iter()
-            .filter(|d| !d.kept_in_quarantine)
-            .count();
     }
-    if damaged > 0 {
-        anyhow::bail!(
-            "{damaged} damaged file(s) in {}. `vtax verify --quarantine`, with the agent \
-             stopped, moves damaged Parquet files to quarantine/ and copies damaged WAL and \
-             queue segments there, keeping every intact frame and record (the agent does \
-             the same for segments when it starts).",
-            data_dir.display()
-        );
-    }
-    Ok(())
+    Ok(damaged)
 }
 
 /// `vtax verify --quarantine`: the store opened (which moves files whose
@@ -510,7 +528,7 @@ fn quarantine(data_dir: &Path) -> Result<()> {
 
 /// Each remote's queue directory under `<data_dir>/remote_write/`, by name.
 fn remote_write_queues(data_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let root = data_dir.join("remote_write");
+    let root = vtax_exporters::remote_write::queues_dir(data_dir);
     let entries = match std::fs::read_dir(&root) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -61,15 +61,15 @@ pub enum Error {
     /// A merge panicked on the compaction thread (a bug); its inputs stay.
     #[error("a merge panicked, its inputs stay: {0}")]
     Panicked(String),
-    /// A reader beside a writer met the store changed under it (a file
-    /// published or removed, a WAL segment retired) at every attempt.
+    /// A reader beside a writer found a listed file removed (merged away,
+    /// quarantined, retired) before it could open it, at every attempt.
     #[error("the store at {path} changed under the read {attempts} times in a row (last: {last}); try again")]
     Changing {
         /// The data directory.
         path: PathBuf,
         /// Attempts made.
         attempts: usize,
-        /// What changed at the last attempt.
+        /// The last attempt's error, naming the file.
         last: String,
     },
 }

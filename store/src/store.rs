@@ -197,12 +197,9 @@ impl Store {
         stats.wal_torn_bytes = report.torn_bytes;
         let set_aside = report.set_aside_segments.iter().map(|(path, _)| path);
         let mut met_before = Vec::new();
-        let mut copied = Vec::new();
-        for path in report.damaged_segments.iter().chain(set_aside) {
-            if copied.contains(&path) {
-                continue;
-            }
-            copied.push(path);
+        let segments: std::collections::BTreeSet<&PathBuf> =
+            report.damaged_segments.iter().chain(set_aside).collect();
+        for path in segments {
             // The segment stays where it is until its intact frames are
             // published; the copy keeps the damage for whoever looks into it.
             if copy_to_quarantine(&dir, path)? {
@@ -1057,11 +1054,10 @@ fn lock(dir: &Path) -> Result<File> {
 /// Copies `path` to where [`quarantine`] would move it, unless a copy of the
 /// same length is there already (an earlier open copied it). True when copied.
 fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {
-    let target = quarantine_path(data_dir, path);
-    let len = fs::metadata(path).map_err(Error::io("stat", path))?.len();
-    if fs::metadata(&target).is_ok_and(|m| m.len() == len) {
+    if kept_in_quarantine(data_dir, path) {
         return Ok(false);
     }
+    let target = quarantine_path(data_dir, path);
     let parent = target.parent().expect("a quarantine path has a parent");
     fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
     let partial = target.with_extension("copying");

@@ -389,17 +389,13 @@ pub fn replay(
     repair: bool,
     on_frame: impl FnMut(Frame) -> Result<()>,
 ) -> Result<ReplayReport> {
-    let segments = list_segments(dir)?
-        .into_iter()
-        .map(|(first_seq, path)| (first_seq, path, None))
-        .collect();
-    replay_segments(segments, catalog, repair, on_frame)
+    replay_segments(open_segments(dir)?, catalog, repair, on_frame)
 }
 
 /// The WAL's segments, listed and opened, for [`replay_open`]: a reader
 /// beside the writer opens them before it lists the published files, so a
 /// row no file it lists holds yet is in one of these.
-pub struct OpenSegments(Vec<(u64, PathBuf, Option<File>)>);
+pub struct OpenSegments(Vec<(u64, PathBuf, File)>);
 
 impl OpenSegments {
     /// Segments opened.
@@ -419,7 +415,7 @@ pub fn open_segments(dir: &Path) -> Result<OpenSegments> {
     let mut open = Vec::new();
     for (first_seq, path) in list_segments(dir)? {
         match File::open(&path) {
-            Ok(file) => open.push((first_seq, path, Some(file))),
+            Ok(file) => open.push((first_seq, path, file)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("open WAL segment", &path)(e)),
         }
@@ -434,28 +430,24 @@ pub fn replay_open(
     catalog: &Catalog,
     on_frame: impl FnMut(Frame) -> Result<()>,
 ) -> Result<ReplayReport> {
-    replay_segments(segments.0, catalog, false, on_frame)
+    replay_segments(segments, catalog, false, on_frame)
 }
 
-/// Replays segments in order, each read through its handle if it has one.
+/// Replays segments in order, each through the handle opened with it.
 fn replay_segments(
-    segments: Vec<(u64, PathBuf, Option<File>)>,
+    segments: OpenSegments,
     catalog: &Catalog,
     repair: bool,
     mut on_frame: impl FnMut(Frame) -> Result<()>,
 ) -> Result<ReplayReport> {
     let mut report = ReplayReport::default();
     let last_index = segments.len().saturating_sub(1);
-    for (i, (first_seq, path, file)) in segments.into_iter().enumerate() {
+    for (i, (first_seq, path, mut file)) in segments.0.into_iter().enumerate() {
         let path = &path;
         report.next_seq = report.next_seq.max(first_seq);
         let mut bytes = Vec::new();
-        match file {
-            Some(file) => Ok(file),
-            None => File::open(path),
-        }
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(Error::io("read WAL segment", path))?;
+        file.read_to_end(&mut bytes)
+            .map_err(Error::io("read WAL segment", path))?;
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             // A segment torn while being created holds no frames.
             if bytes.len() < MAGIC.len() && MAGIC.starts_with(&bytes) {

@@ -13,7 +13,7 @@ pub mod encode;
 pub mod queue;
 pub mod send;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,12 @@ use queue::Queue;
 use send::{Backoff, Client, Outcome};
 
 use crate::Exposition;
+
+/// Where the remotes' queues lie in a data directory: a directory each, by
+/// the remote's name.
+pub fn queues_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("remote_write")
+}
 
 /// The counters of every remote, one row per remote per second.
 pub static TABLE: TableDef = TableDef {
@@ -133,7 +139,7 @@ impl RemoteWriters {
                 message,
             };
             let client = Client::new(config).map_err(config_error)?;
-            let dir = data_dir.join("remote_write").join(&config.name);
+            let dir = queues_dir(data_dir).join(&config.name);
             let (queue, report) = Queue::open(&dir, config.queue_max_bytes).map_err(|source| {
                 RemoteWriteError::Queue {
                     name: config.name.clone(),

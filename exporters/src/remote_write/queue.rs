@@ -628,12 +628,16 @@ impl SegmentScan {
     /// tail of a segment before the last (a complete segment has none; the
     /// last one's is taken for a torn append).
     fn cut_damage_bytes(&self, last: bool) -> u64 {
-        let bad_magic_bytes = if self.bad_magic {
+        self.bad_magic_bytes() + if last { 0 } else { self.tail_bytes() }
+    }
+
+    /// The magic's bytes when it is damaged (they end where they count).
+    fn bad_magic_bytes(&self) -> u64 {
+        if self.bad_magic {
             MAGIC.len() as u64
         } else {
             0
-        };
-        bad_magic_bytes + if last { 0 } else { self.tail_bytes() }
+        }
     }
 
     /// Every byte of the segment that held no intact record, but a torn tail.
@@ -645,12 +649,9 @@ impl SegmentScan {
     /// the damage as found (segments are only appended to after it).
     fn damage_end(&self, last: bool) -> u64 {
         let cut_end = if last { 0 } else { self.file_len };
-        let magic_end = if self.bad_magic {
-            MAGIC.len() as u64
-        } else {
-            0
-        };
-        cut_end.max(self.stepped_over_end).max(magic_end)
+        cut_end
+            .max(self.stepped_over_end)
+            .max(self.bad_magic_bytes())
     }
 }
 
@@ -975,6 +976,16 @@ mod tests {
         assert!(!q.resending());
     }
 
+    /// Cuts the file at `path` to `len` bytes, as a crash or a bad copy would.
+    fn cut(path: &Path, len: u64) {
+        OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+
     #[test]
     fn a_resend_after_its_records_were_cut_is_no_larger_than_the_request_was() {
         let dir = tempfile::tempdir().unwrap();
@@ -990,12 +1001,7 @@ mod tests {
         // The segment loses its end from inside the second record on.
         let seg = segment_path(dir.path(), 0);
         let offsets = record_offsets(&fs::read(&seg).unwrap());
-        OpenOptions::new()
-            .write(true)
-            .open(&seg)
-            .unwrap()
-            .set_len(offsets[2] as u64 - 3)
-            .unwrap();
+        cut(&seg, offsets[2] as u64 - 3);
         let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
         assert_eq!(report.pending_samples, 10);
         // Small records arrive where the lost ones lay.
@@ -1027,12 +1033,7 @@ mod tests {
         drop(q);
         let seg = segment_path(dir.path(), 0);
         let len = fs::metadata(&seg).unwrap().len();
-        OpenOptions::new()
-            .write(true)
-            .open(&seg)
-            .unwrap()
-            .set_len(len - 3)
-            .unwrap();
+        cut(&seg, len - 3);
 
         let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
         assert_eq!(report.pending_samples, 2);
