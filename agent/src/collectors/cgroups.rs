@@ -9,8 +9,12 @@
 //!
 //! The walk (directory listings, depth, include/exclude patterns, the
 //! cardinality bound, the workload kind) runs on the first tick, after a
-//! cgroup vanished, and every `rescan_interval_secs`; a tick in between reads
-//! only the files of the cgroups it found, each once, into one reused buffer.
+//! cgroup vanished, and when the inotify watch over the directories it listed
+//! ([`super::cgroup_watch`]) reports a cgroup made, removed or renamed or a
+//! limit written; at least every `WATCHED_WALK_INTERVAL_SECS` as a net, and
+//! every `rescan_interval_secs` where there is no watch. A tick in between
+//! reads only the files of the cgroups it found, each once, into one reused
+//! buffer.
 //!
 //! Measurement files are kept open from tick to tick ([`KeptFile`]) and
 //! re-read with one `pread` at offset 0, which makes the kernel regenerate
@@ -19,10 +23,11 @@
 //! answers ENODEV, read as the cgroup being gone (or, when its directory is
 //! there again, as a new cgroup at the same path, opened afresh). Limits are
 //! settings rather than measurements: `cpu.max`, `cpu.cfs_quota_us`,
-//! `cpu.cfs_period_us`, `memory.max` and `memory.limit_in_bytes` are read at
-//! each rescan (on the tick of each walk) and their values repeated in the
-//! rows in between, so `cpu_quota_cpus` and `memory_limit_bytes` follow a
-//! changed limit within `rescan_interval_secs`.
+//! `cpu.cfs_period_us`, `memory.max` and `memory.limit_in_bytes` are read on
+//! the tick of each walk and their values repeated in the rows in between; a
+//! write to one is a change the watch reports, so `cpu_quota_cpus` and
+//! `memory_limit_bytes` follow a changed limit at the next tick (within
+//! `rescan_interval_secs` without a watch).
 //!
 //! Most cgroups on a node are idle in any given second, and the kernel
 //! formats the whole of `memory.stat` (dozens of lines, hierarchical sums
@@ -36,8 +41,8 @@
 //! `memory.kmem.usage_in_bytes`. Pressure is read on every tick, because a
 //! task blocked on I/O or memory stalls without running. The kernel's own
 //! memcg statistics lag by up to 2 s (they are flushed lazily), and the tick
-//! after each walk reads every file of every cgroup. So a repeated value is
-//! never older than `rescan_interval_secs`.
+//! after each walk and a tick every `rescan_interval_secs` read every file of
+//! every cgroup. So a repeated value is never older than that.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
@@ -48,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
+use super::cgroup_watch::CgroupWatch;
 use super::kept::KeptFile;
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
@@ -55,7 +61,8 @@ use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 pub const DEFAULT_MAX_DEPTH: u32 = 4;
 /// Default bound on the number of cgroups sampled.
 pub const DEFAULT_MAX_CGROUPS: u32 = 500;
-/// Default seconds between two walks of the hierarchy.
+/// Default seconds between two full reads of quiet cgroups (and between two
+/// walks of the hierarchy where inotify cannot watch it).
 pub const DEFAULT_RESCAN_INTERVAL_SECS: f64 = 10.0;
 
 /// `[collectors.cgroups]`.
@@ -75,7 +82,8 @@ pub struct CgroupsConfig {
     pub exclude: Vec<String>,
     /// At most this many cgroups are sampled; the rest are skipped and reported.
     pub max_cgroups: u32,
-    /// Seconds between two walks of the hierarchy to find new cgroups.
+    /// Seconds between two full reads of quiet cgroups, and between two
+    /// walks of the hierarchy where inotify cannot watch it.
     pub rescan_interval_secs: f64,
 }
 
@@ -122,7 +130,7 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "rescan_interval_secs",
-        "Seconds between two walks of the hierarchy that find new cgroups (a vanished one triggers a walk at once); 0 walks on every read.",
+        "Seconds between two reads of every file of a quiet cgroup (one whose CPU time and memory charge did not move, which otherwise repeats its memory.stat and kin). The hierarchy is walked, and limits read, when inotify reports a cgroup made, removed or renamed or a limit written, and at least every 60 s; where inotify is unavailable, every rescan_interval_secs. 0 walks and reads everything on every read.",
     ),
 ];
 
@@ -559,6 +567,22 @@ struct Layout {
     hierarchies: Vec<Hierarchy>,
 }
 
+impl Layout {
+    /// The names of the limit files read at each walk.
+    fn limit_files(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self
+            .hierarchies
+            .iter()
+            .flat_map(|h| &h.sources)
+            .filter(|s| s.is_setting())
+            .map(|s| s.file_name())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
 fn detect(root: &Path) -> Result<Layout, String> {
     let controllers = root.join("cgroup.controllers");
     if let Ok(text) = std::fs::read_to_string(&controllers) {
@@ -725,13 +749,19 @@ impl Selection {
 
     /// Every cgroup below each of `dirs` (hierarchy roots), down to
     /// `max_depth`: its path relative to the root (`/a/b`) to the indexes of
-    /// the dirs that have it.
-    pub(super) fn list(&self, dirs: &[&Path]) -> BTreeMap<String, Vec<usize>> {
+    /// the dirs that have it. `visit` is shown each directory (the roots and
+    /// every cgroup found) before it is listed.
+    pub(super) fn list(
+        &self,
+        dirs: &[&Path],
+        visit: &mut dyn FnMut(&Path),
+    ) -> BTreeMap<String, Vec<usize>> {
         let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (idx, root) in dirs.iter().enumerate() {
             let mut stack: Vec<(String, PathBuf, u32)> =
                 vec![(String::new(), root.to_path_buf(), 0)];
             while let Some((rel, dir, depth)) = stack.pop() {
+                visit(&dir);
                 if depth > 0 {
                     out.entry(rel.clone()).or_default().push(idx);
                 }
@@ -801,9 +831,24 @@ fn depth_of(path: &str) -> usize {
     path.bytes().filter(|&b| b == b'/').count()
 }
 
-fn walk(layout: &Layout, selection: &Selection) -> Discovery {
+/// Walks the hierarchies; with a `watch`, every directory listed is watched
+/// first. A watch that could not take every directory is dropped (one that
+/// misses some would miss their changes) and the reason returned.
+fn walk(
+    layout: &Layout,
+    selection: &Selection,
+    watch: &mut Option<CgroupWatch>,
+) -> (Discovery, Option<String>) {
     let dirs: Vec<&Path> = layout.hierarchies.iter().map(|h| h.dir.as_path()).collect();
-    let found = selection.list(&dirs);
+    let mut watch_failed = None;
+    let found = selection.list(&dirs, &mut |dir| {
+        if let Some(w) = watch.as_mut() {
+            if let Err(e) = w.add(dir) {
+                watch_failed = Some(e);
+                *watch = None;
+            }
+        }
+    });
     // Pressure-only paths (hybrid `unified/`) are not workloads of their own.
     let pressure_only = |idxs: &[usize]| {
         idxs.iter()
@@ -846,7 +891,7 @@ fn walk(layout: &Layout, selection: &Selection) -> Discovery {
         .collect();
     // Rows in path order: stable from tick to tick, easy to read.
     targets.sort_by(|a, b| a.path.cmp(&b.path));
-    Discovery { targets, skipped }
+    (Discovery { targets, skipped }, watch_failed)
 }
 
 /// Moves the descriptors held for `old`'s cgroups into the same files of
@@ -1269,6 +1314,11 @@ fn parse(
     }
 }
 
+/// With the hierarchy watched, the longest time between two walks: a net
+/// under the watch for changes it cannot see (a cgroup made through a mount
+/// of another cgroup namespace, should the kernel not report it here).
+pub const WATCHED_WALK_INTERVAL_SECS: f64 = 60.0;
+
 /// The cgroups collector.
 pub struct Cgroups {
     root: PathBuf,
@@ -1280,6 +1330,18 @@ pub struct Cgroups {
     walked_at: Option<i64>,
     /// Whether the next tick reads the settings (limits): set by each walk.
     settings_due: bool,
+    /// When the last tick that read every file of every cgroup ran.
+    full_read_at: Option<i64>,
+    /// Whether walks wait for the watch to see a change (on unless
+    /// `rescan_interval_secs` is 0, which walks on every read).
+    watch_changes: bool,
+    /// The watch over the directories of the last walk; `None` when there is
+    /// none (then the hierarchy is walked every `rescan_interval_secs`).
+    watch: Option<CgroupWatch>,
+    /// Why the hierarchy is not watched, once that is known.
+    unwatched: Option<String>,
+    /// Walks since the collector was made.
+    walks: u64,
     /// One buffer for every file of a tick.
     buf: Vec<u8>,
 }
@@ -1295,6 +1357,11 @@ impl Cgroups {
             discovery: Discovery::default(),
             walked_at: None,
             settings_due: true,
+            full_read_at: None,
+            watch_changes: config.rescan_interval_secs > 0.0,
+            watch: None,
+            unwatched: None,
+            walks: 0,
             buf: vec![0; 8192],
         }
     }
@@ -1304,12 +1371,53 @@ impl Cgroups {
             self.layout = Some(detect(&self.root).map_err(anyhow::Error::msg)?);
         }
         let layout = self.layout.as_ref().expect("set above");
+        // A fresh watch each walk: closing the old one drops its watches,
+        // including those of cgroups gone since.
+        self.watch = None;
+        let mut watch = None;
+        let mut unwatched = None;
+        if self.watch_changes {
+            match CgroupWatch::new(layout.limit_files()) {
+                Ok(w) => watch = Some(w),
+                Err(e) => unwatched = Some(e),
+            }
+        }
         let old = std::mem::take(&mut self.discovery);
-        self.discovery = walk(layout, &self.selection);
+        let (discovery, watch_failed) = walk(layout, &self.selection, &mut watch);
+        self.discovery = discovery;
         keep_open(&mut self.discovery.targets, old.targets);
+        unwatched = unwatched.or(watch_failed);
+        if self.watch_changes && unwatched.is_some() && self.unwatched != unwatched {
+            tracing::info!(
+                reason = unwatched.as_deref().unwrap_or_default(),
+                rescan_interval_secs = self.selection.rescan_us as f64 / 1e6,
+                "Cgroup changes are not watched; the hierarchy is walked every rescan_interval_secs instead."
+            );
+        }
+        self.unwatched = unwatched;
+        self.watch = watch;
         self.walked_at = Some(time_us);
         self.settings_due = true;
+        self.walks += 1;
         Ok(())
+    }
+
+    /// Whether this tick walks: the first, after a cgroup vanished, when the
+    /// watch saw a change or has watched for `WATCHED_WALK_INTERVAL_SECS`,
+    /// and without a watch every `rescan_interval_secs`.
+    fn walk_due(&mut self, time_us: i64) -> bool {
+        let Some(watch) = self.watch.as_mut() else {
+            return self.selection.rescan_due(self.walked_at, time_us);
+        };
+        let Some(at) = self.walked_at else {
+            return true;
+        };
+        let net_us = self
+            .selection
+            .rescan_us
+            .max((WATCHED_WALK_INTERVAL_SECS * 1e6) as i64);
+        // Events are read on every tick, so that they do not pile up.
+        watch.changed() || time_us < at || time_us - at >= net_us
     }
 
     /// Reads every target into a batch; a vanished cgroup forces a walk next
@@ -1322,6 +1430,12 @@ impl Cgroups {
         let mut builder = BatchBuilder::new(&CGROUP);
         let mut vanished = false;
         let settings = self.settings_due;
+        // Quiet cgroups are read whole after each walk and every
+        // `rescan_interval_secs`, so that no repeated value is older.
+        let full = settings || self.selection.rescan_due(self.full_read_at, time_us);
+        if full {
+            self.full_read_at = Some(time_us);
+        }
         for target in &mut self.discovery.targets {
             let mut row = Row::new();
             // Outside cgroupfs a deleted file stays readable: one fstat per
@@ -1339,7 +1453,7 @@ impl Cgroups {
                 Ok::<bool, ParseError>(false)
             };
             let mut gone = read(target, &mut row, false)?;
-            let quiet = !gone && !settings && target.quiet(&row);
+            let quiet = !gone && !full && target.quiet(&row);
             if quiet {
                 let last = target.last_full.as_ref().expect("quiet needs a full read");
                 for slot in target.slots.iter().filter(|s| s.source.follows_usage()) {
@@ -1468,16 +1582,30 @@ impl Collector for Cgroups {
                 String::new()
             }
         );
+        let walks = match (&self.watch, &self.unwatched) {
+            (Some(watch), _) => format!(
+                "; walked when inotify reports a change ({} directories watched)",
+                watch.watched
+            ),
+            (None, Some(reason)) => format!(
+                "; walked every {} s ({reason})",
+                self.selection.rescan_us as f64 / 1e6
+            ),
+            (None, None) => "; walked on every read".to_string(),
+        };
         Availability::Available(if layout.unified {
-            format!("cgroup v2 (controllers: {}), {found}", layout.controllers)
+            format!(
+                "cgroup v2 (controllers: {}), {found}{walks}",
+                layout.controllers
+            )
         } else {
             let names: Vec<&str> = layout.hierarchies.iter().map(|h| h.name.as_str()).collect();
-            format!("cgroup v1 ({}), {found}", names.join(" "))
+            format!("cgroup v1 ({}), {found}{walks}", names.join(" "))
         })
     }
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
-        if self.selection.rescan_due(self.walked_at, time_us) {
+        if self.walk_due(time_us) {
             self.rewalk(time_us)?;
         }
         let batch = self.read_all(time_us)?;
@@ -1624,7 +1752,8 @@ mod tests {
         };
         assert_eq!(
             summary,
-            "cgroup v2 (controllers: cpuset cpu io memory hugetlb pids rdma misc), 15 cgroups within depth 4"
+            "cgroup v2 (controllers: cpuset cpu io memory hugetlb pids rdma misc), 15 cgroups within depth 4; \
+             walked when inotify reports a change (16 directories watched)"
         );
         let batch = collect_one(&mut c, 7);
         assert_eq!(batch.len(), 15, "{:?}", paths(&batch));
@@ -1706,7 +1835,8 @@ mod tests {
         // `cpu` and `cpuacct` link to `cpu,cpuacct`: walked once.
         assert_eq!(
             summary,
-            "cgroup v1 (cpu,cpuacct memory unified), 10 cgroups within depth 4"
+            "cgroup v1 (cpu,cpuacct memory unified), 10 cgroups within depth 4; \
+             walked when inotify reports a change (26 directories watched)"
         );
         let batch = collect_one(&mut c, 1);
         assert_eq!(
@@ -1883,7 +2013,7 @@ mod tests {
             panic!()
         };
         assert!(
-            summary.ends_with("5 cgroups within depth 4 (10 over max_cgroups skipped)"),
+            summary.contains("5 cgroups within depth 4 (10 over max_cgroups skipped);"),
             "{summary}"
         );
     }
@@ -1945,11 +2075,58 @@ mod tests {
         }
     }
 
+    /// Walks cost a third of the collector's CPU at one every 10 s; with the
+    /// hierarchy watched, one runs when a cgroup comes or a limit changes,
+    /// and the change is in the next read instead of up to 10 s later.
     #[test]
-    fn new_cgroups_are_found_at_the_rescan_interval() {
+    fn a_new_cgroup_or_a_changed_limit_is_read_at_the_next_tick_and_quiet_ticks_do_not_walk() {
         let (_dir, roots) = scratch("k8s-node");
         let mut c = collector(&CgroupsConfig::default(), &roots);
         assert_eq!(collect_one(&mut c, 0).len(), 15);
+        assert!(c.watch.as_ref().is_some_and(|w| w.watched > 15));
+        for second in 1..=30 {
+            assert_eq!(collect_one(&mut c, second * 1_000_000).len(), 15);
+        }
+        assert_eq!(c.walks, 1, "nothing changed, nothing to walk for");
+
+        let new = roots.sys("fs/cgroup/system.slice/late.service");
+        std::fs::create_dir_all(&new).unwrap();
+        std::fs::write(new.join("memory.current"), "4096\n").unwrap();
+        let batch = collect_one(&mut c, 31_000_000);
+        assert_eq!(batch.len(), 16);
+        assert_eq!(
+            value(&batch, "/system.slice/late.service", "memory_usage_bytes"),
+            Value::U64(4096)
+        );
+        assert_eq!(c.walks, 2);
+
+        let pods = "/kubepods.slice/kubepods-burstable.slice";
+        std::fs::write(
+            roots.sys(format!("fs/cgroup{pods}/memory.max")),
+            "1073741824\n",
+        )
+        .unwrap();
+        let batch = collect_one(&mut c, 32_000_000);
+        assert_eq!(
+            value(&batch, pods, "memory_limit_bytes"),
+            Value::U64(1 << 30)
+        );
+        assert_eq!(c.walks, 3);
+
+        // The net under the watch: a walk a minute after the last.
+        collect_one(&mut c, 91_000_000);
+        assert_eq!(c.walks, 3);
+        collect_one(&mut c, 92_000_000);
+        assert_eq!(c.walks, 4);
+    }
+
+    #[test]
+    fn without_a_watch_new_cgroups_are_found_at_the_rescan_interval() {
+        let (_dir, roots) = scratch("k8s-node");
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        c.watch_changes = false; // as where inotify cannot be had
+        assert_eq!(collect_one(&mut c, 0).len(), 15);
+        assert!(c.watch.is_none());
         let new = roots.sys("fs/cgroup/system.slice/late.service");
         std::fs::create_dir_all(&new).unwrap();
         std::fs::write(new.join("memory.current"), "4096\n").unwrap();
@@ -2101,7 +2278,7 @@ mod tests {
     }
 
     #[test]
-    fn limits_are_read_at_each_rescan_and_measurements_on_every_tick() {
+    fn limits_are_read_at_each_walk_and_measurements_on_every_tick() {
         for (node, usage, limit, quota) in [
             (
                 "k8s-node",
@@ -2127,11 +2304,15 @@ mod tests {
                 "/docker"
             };
             let mut c = collector(&CgroupsConfig::default(), &roots);
+            // Without a watch (as where inotify cannot be had) the hierarchy
+            // is walked, and limits read, every rescan_interval_secs; the
+            // watched case is in the test of the watch.
+            c.watch_changes = false;
             let first = collect_one(&mut c, 0);
             let limit_before = value(&first, path, "memory_limit_bytes");
             let quota_before = value(&first, path, "cpu_quota_cpus");
             // Rewritten in place, as the kernel's files are: a measurement is
-            // new on the next tick, a limit at the next rescan.
+            // new on the next tick, a limit at the next walk.
             std::fs::write(cgroup.join(usage), "12345\n").unwrap();
             std::fs::write(cgroup.join(limit), "1048576\n").unwrap();
             for (file, text) in &quota {

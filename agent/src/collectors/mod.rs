@@ -12,6 +12,7 @@
 //!   and `/metrics` know them before the first row.
 
 pub mod block;
+mod cgroup_watch;
 pub mod cgroups;
 #[cfg(test)]
 mod damage_tests;

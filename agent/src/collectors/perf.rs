@@ -544,7 +544,9 @@ impl Perf {
     /// The leaf cgroups to count, in the selection's order, and how many the
     /// selection itself left out.
     fn select(&self, hierarchy: &Path) -> (Vec<String>, usize) {
-        let (selected, skipped) = self.selection.bound(self.selection.list(&[hierarchy]));
+        let (selected, skipped) = self
+            .selection
+            .bound(self.selection.list(&[hierarchy], &mut |_| {}));
         let paths: Vec<&str> = selected.iter().map(|(p, _)| p.as_str()).collect();
         let leaves = leaves(&paths);
         let chosen = selected
