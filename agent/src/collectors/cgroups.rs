@@ -130,7 +130,7 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "rescan_interval_secs",
-        "Seconds between two reads of every file of a quiet cgroup (one whose CPU time and memory charge did not move, which otherwise repeats its memory.stat and kin). The hierarchy is walked, and limits read, when inotify reports a cgroup made, removed or renamed or a limit written, and at least every 60 s; where inotify is unavailable, every rescan_interval_secs. 0 walks and reads everything on every read.",
+        "Seconds between two reads of every file of a quiet cgroup (one whose CPU time and memory charge did not move, which otherwise repeats its memory.stat and kin). The hierarchy is walked, and limits read, when inotify reports a cgroup made, removed or renamed or a limit written, and at least every 60 s (or rescan_interval_secs, if longer); where inotify is unavailable, every rescan_interval_secs. 0 walks and reads everything on every read.",
     ),
 ];
 
@@ -1314,9 +1314,10 @@ fn parse(
     }
 }
 
-/// With the hierarchy watched, the longest time between two walks: a net
-/// under the watch for changes it cannot see (a cgroup made through a mount
-/// of another cgroup namespace, should the kernel not report it here).
+/// With the hierarchy watched, the longest time between two walks (or
+/// `rescan_interval_secs`, if longer): a net under the watch for changes it
+/// cannot see (a cgroup made through a mount of another cgroup namespace,
+/// should the kernel not report it here).
 pub const WATCHED_WALK_INTERVAL_SECS: f64 = 60.0;
 
 /// The cgroups collector.
