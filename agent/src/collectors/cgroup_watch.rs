@@ -133,4 +133,52 @@ mod tests {
         assert!(watch.changed(), "a cgroup removed");
         assert!(!watch.changed());
     }
+
+    /// What the collector rests on, on this machine's own cgroup filesystem:
+    /// kernfs reports a `mkdir`, a write to a limit file and an `rmdir`.
+    /// Making a cgroup needs root (as CI runs); elsewhere the refusal must be
+    /// a permission error, as in the perf collector's test of the real kernel.
+    #[test]
+    fn the_kernels_cgroup_filesystem_reports_cgroups_made_and_removed_and_limits_written() {
+        let root = Path::new("/sys/fs/cgroup");
+        let parent = if root.join("cgroup.controllers").exists() {
+            root.to_path_buf()
+        } else {
+            ["cpu,cpuacct", "cpu", "memory", "pids"]
+                .iter()
+                .map(|h| root.join(h))
+                .find(|h| h.join("cgroup.procs").exists())
+                .expect("a cgroup v1 hierarchy with a cpu, memory or pids controller")
+        };
+        let limits = ["cpu.max", "memory.max", "pids.max", "cpu.cfs_quota_us"];
+        let mut watch = CgroupWatch::new(limits.to_vec()).unwrap();
+        watch.add(&parent).unwrap();
+        assert_eq!(watch.watched, 1);
+        let cgroup = parent.join(format!("vtax-watch-test-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&cgroup) {
+            let errno = e.raw_os_error();
+            assert!(
+                matches!(errno, Some(libc::EACCES | libc::EPERM | libc::EROFS)),
+                "{e}"
+            );
+            return;
+        }
+        let changed_after_mkdir = watch.changed();
+        watch.add(&cgroup).unwrap();
+        // Writing a limit's own value back changes nothing but is a write.
+        let limit = limits.iter().map(|l| cgroup.join(l)).find(|l| l.exists());
+        let rewritten = limit.as_ref().map(|l| {
+            let value = std::fs::read_to_string(l).unwrap();
+            std::fs::write(l, value.trim()).map_err(|e| e.to_string())
+        });
+        let changed_after_write = watch.changed();
+        let removed = std::fs::remove_dir(&cgroup);
+        let changed_after_rmdir = watch.changed();
+        removed.unwrap();
+        assert!(changed_after_mkdir, "mkdir in {}", parent.display());
+        let limit = limit.expect("a cgroup has a limit file");
+        rewritten.unwrap().unwrap();
+        assert!(changed_after_write, "write to {}", limit.display());
+        assert!(changed_after_rmdir, "rmdir in {}", parent.display());
+    }
 }
