@@ -2076,7 +2076,7 @@ mod tests {
         }
     }
 
-    /// Walks cost a third of the collector's CPU at one every 10 s; with the
+    /// Walks cost 12-15% of the collector's CPU at one every 10 s; with the
     /// hierarchy watched, one runs when a cgroup comes or a limit changes,
     /// and the change is in the next read instead of up to 10 s later.
     #[test]
