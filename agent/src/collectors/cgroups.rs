@@ -807,10 +807,12 @@ impl Selection {
     /// Whether a walk is due at `time_us` after one at `walked_at` (`None`:
     /// never walked, or a cgroup vanished since).
     pub(super) fn rescan_due(&self, walked_at: Option<i64>, time_us: i64) -> bool {
-        match walked_at {
-            None => true,
-            Some(at) => time_us < at || time_us - at >= self.rescan_us,
-        }
+        due(walked_at, time_us, self.rescan_us)
+    }
+
+    /// `rescan_interval_secs`, as configured (never below 0).
+    fn rescan_interval_secs(&self) -> f64 {
+        self.rescan_us as f64 / 1e6
     }
 
     /// Why nothing is sampled, when the patterns do not compile.
@@ -824,6 +826,15 @@ impl Selection {
 
     pub(super) fn max_cgroups(&self) -> usize {
         self.max_cgroups
+    }
+}
+
+/// Whether something last done at `last` (`None`: never) is due again at
+/// `time_us`, every `interval_us`; a clock stepped back makes it due.
+fn due(last: Option<i64>, time_us: i64, interval_us: i64) -> bool {
+    match last {
+        None => true,
+        Some(at) => time_us < at || time_us - at >= interval_us,
     }
 }
 
@@ -1391,7 +1402,7 @@ impl Cgroups {
         if self.watch_changes && unwatched.is_some() && self.unwatched != unwatched {
             tracing::info!(
                 reason = unwatched.as_deref().unwrap_or_default(),
-                rescan_interval_secs = self.selection.rescan_us as f64 / 1e6,
+                rescan_interval_secs = self.selection.rescan_interval_secs(),
                 "Cgroup changes are not watched; the hierarchy is walked every rescan_interval_secs instead."
             );
         }
@@ -1410,15 +1421,12 @@ impl Cgroups {
         let Some(watch) = self.watch.as_mut() else {
             return self.selection.rescan_due(self.walked_at, time_us);
         };
-        let Some(at) = self.walked_at else {
-            return true;
-        };
         let net_us = self
             .selection
             .rescan_us
             .max((WATCHED_WALK_INTERVAL_SECS * 1e6) as i64);
         // Events are read on every tick, so that they do not pile up.
-        watch.changed() || time_us < at || time_us - at >= net_us
+        watch.changed() || due(self.walked_at, time_us, net_us)
     }
 
     /// Reads every target into a batch; a vanished cgroup forces a walk next
@@ -1590,7 +1598,7 @@ impl Collector for Cgroups {
             ),
             (None, Some(reason)) => format!(
                 "; walked every {} s ({reason})",
-                self.selection.rescan_us as f64 / 1e6
+                self.selection.rescan_interval_secs()
             ),
             (None, None) => "; walked on every read".to_string(),
         };
