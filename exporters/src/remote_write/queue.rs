@@ -13,9 +13,11 @@
 //! - `quarantine/`: copies of segments found damaged, as they were found.
 //!
 //! Guarantees: a record is appended whole or, after a crash, cut off as a torn
-//! tail on open; nothing is dropped while the segments fit in `max_bytes`;
-//! when an append would exceed it, the oldest segments are deleted (their
-//! unsent samples counted as dropped), never the one being written. Records
+//! tail on open; nothing is dropped while the records not yet acknowledged
+//! fit in `max_bytes`; when an append would exceed it, the oldest segments are
+//! deleted (their unsent samples counted as dropped), never the one being
+//! written, and of a segment written under a larger bound before a restart,
+//! only the oldest records that exceed the bound. Records
 //! are read back in append order from the acknowledged position, so a restart
 //! resends at most the request that was in flight. A record whose checksum
 //! fails is stepped over when its length field leads to an intact record, so
@@ -269,13 +271,11 @@ impl Queue {
         let record_bytes = (RECORD_HEADER_BYTES + payload.len()) as u64;
         let current = self.segments.back().expect("one segment is always open");
         if current.bytes + record_bytes > self.segment_bytes && current.bytes > MAGIC.len() as u64
-            || self.total_bytes + record_bytes > self.max_bytes && self.segments.len() == 1
+            || self.held_bytes() + record_bytes > self.max_bytes && self.segments.len() == 1
         {
             self.rotate()?;
         }
-        while self.total_bytes + record_bytes > self.max_bytes && self.segments.len() > 1 {
-            self.drop_oldest();
-        }
+        self.make_room(record_bytes)?;
         let mut record = Vec::with_capacity(record_bytes as usize);
         record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         record.extend_from_slice(&[0; 4]);
@@ -316,6 +316,70 @@ impl Queue {
         });
         self.total_bytes += MAGIC.len() as u64;
         self.new_segment_unsynced = true;
+        Ok(())
+    }
+
+    /// Bytes the queue holds against its bound: its segments less the
+    /// acknowledged records at the head of the first. Those stay on disk until
+    /// the sender leaves their segment; counting them would make a restart
+    /// with a smaller bound drop records that were never over it.
+    fn held_bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.segments.front().map(|s| s.seq),
+            Some(self.acked.segment)
+        );
+        self.total_bytes - (self.acked.offset - MAGIC.len() as u64)
+    }
+
+    /// Drops the oldest records until `record_bytes` more fit in the bound:
+    /// whole segments (a sixteenth of the bound each), but from a segment
+    /// written under a larger bound only the records that exceed this one,
+    /// so that a smaller bound at restart does not drop what fits under it.
+    fn make_room(&mut self, record_bytes: u64) -> io::Result<()> {
+        while self.held_bytes() + record_bytes > self.max_bytes && self.segments.len() > 1 {
+            let excess = self.held_bytes() + record_bytes - self.max_bytes;
+            let front = &self.segments[0];
+            if front.bytes - self.acked.offset <= excess || front.bytes <= self.segment_bytes {
+                self.drop_oldest();
+                continue;
+            }
+            self.drop_head_records(excess)?;
+        }
+        Ok(())
+    }
+
+    /// Drops records from the acknowledged position of the first segment
+    /// until at least `bytes` are dropped, by moving that position on; the
+    /// whole segment goes if damage leaves no next record to step to.
+    fn drop_head_records(&mut self, bytes: u64) -> io::Result<()> {
+        let front = &self.segments[0];
+        let (seq, end) = (front.seq, front.bytes);
+        let start = self.acked.offset;
+        let mut file = File::open(segment_path(&self.dir, seq))?;
+        file.seek(SeekFrom::Start(start))?;
+        let mut reader = io::BufReader::new(file.take(end - start));
+        let (mut offset, mut lost) = (start, 0u64);
+        while offset - start < bytes && offset < end {
+            let Some((stepped_over, record)) = next_intact_record(&mut reader)? else {
+                self.drop_oldest();
+                return Ok(());
+            };
+            offset += stepped_over + (RECORD_HEADER_BYTES + record.payload.len()) as u64;
+            lost += u64::from(record.samples);
+        }
+        self.acked.offset = offset;
+        self.acked_samples_in_segment += lost;
+        self.dropped_samples += lost;
+        if self.in_flight.is_some_and(|end| end <= self.acked) {
+            self.in_flight = None;
+            self.resending = false;
+        }
+        write_ack(&self.dir, self.acked, self.acked_samples_in_segment)?;
+        tracing::warn!(
+            dir = %self.dir.display(),
+            dropped_samples = lost,
+            "Remote write queue full: dropped its oldest records."
+        );
         Ok(())
     }
 
@@ -1096,6 +1160,75 @@ mod tests {
             })
             .count();
         assert_eq!(segments, 1, "sent segments are deleted");
+    }
+
+    /// Appends `records` records of 100 samples each, about 10 KB apiece.
+    fn fill(q: &mut Queue, records: u64) {
+        let record = noise(10_000, 11);
+        for i in 0..records {
+            q.append(&record, 100, i as i64).unwrap();
+        }
+    }
+
+    /// A restart with a smaller bound, while the queue holds less than it,
+    /// drops nothing: the acknowledged records still in the segment that was
+    /// written under the larger bound do not count against it.
+    #[test]
+    fn a_smaller_bound_at_restart_keeps_what_fits_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut q, _) = Queue::open(dir.path(), 256 << 20).unwrap();
+        fill(&mut q, 500); // 5 MB in one 16 MiB segment
+        while q.pending_samples() > 300 {
+            let p = q.read(100).unwrap().unwrap();
+            q.ack(&p).unwrap();
+        }
+        q.sync().unwrap();
+        assert_eq!(q.pending_samples(), 300);
+        drop(q);
+        let (mut q, report) = Queue::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(report.pending_samples, 300);
+        fill(&mut q, 1);
+        assert_eq!(q.dropped_samples(), 0, "30 KB pending is under 1 MiB");
+        assert_eq!(q.pending_samples(), 400);
+        let mut read = 0;
+        while let Some(p) = q.read(1000).unwrap() {
+            read += p.samples;
+            q.ack(&p).unwrap();
+        }
+        assert_eq!(read, 400);
+    }
+
+    /// A restart with a bound smaller than what is pending drops the oldest
+    /// records down to the bound, counted, and keeps the newest.
+    #[test]
+    fn a_smaller_bound_at_restart_drops_only_what_exceeds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut q, _) = Queue::open(dir.path(), 256 << 20).unwrap();
+        fill(&mut q, 300); // 3 MB pending in one segment
+        q.sync().unwrap();
+        drop(q);
+        let max = 1 << 20;
+        let (mut q, _) = Queue::open(dir.path(), max).unwrap();
+        fill(&mut q, 1);
+        let dropped = q.dropped_samples();
+        let kept = q.pending_samples();
+        assert_eq!(dropped + kept, 301 * 100, "every sample kept or counted");
+        assert!(q.held_bytes() <= max, "{}", q.held_bytes());
+        let record_bytes = (RECORD_HEADER_BYTES + noise(10_000, 11).len()) as u64;
+        assert!(
+            q.pending_bytes() + record_bytes > max - 16,
+            "no more dropped than exceeds the bound: {} pending",
+            q.pending_bytes()
+        );
+        let mut read = 0;
+        while let Some(p) = q.read(1000).unwrap() {
+            read += p.samples;
+            q.ack(&p).unwrap();
+        }
+        assert_eq!(read, kept, "what was not dropped arrives");
+        drop(q);
+        let (q, report) = Queue::open(dir.path(), max).unwrap();
+        assert_eq!((report.pending_samples, q.pending_samples()), (0, 0));
     }
 
     #[test]
