@@ -261,12 +261,11 @@ pub static INFO: TableDef = TableDef {
 /// Whether each GPU answers.
 pub static HEALTH: TableDef = TableDef {
     name: "gpu_health",
-    help: "One row per GPU per tick: whether it answered, its failed reads and its XID errors.",
+    help: "One row per GPU per tick: whether it answered, its failed reads and its last XID (the counts by code are in gpu_xid).",
     tags: &[GPU_TAG, UUID_TAG],
     fields: &[
         count("up", "1 when the GPU answered this tick; 0 when it is lost (fell off the bus) or its read failed."),
         events("sample_errors", "Ticks on which reading the GPU failed, since the agent started."),
-        events("xid_errors", "XID errors the driver reported for the GPU since the agent started."),
         count("last_xid", "Code of the last XID error since the agent started; null when none."),
     ],
     exported: true,
@@ -397,7 +396,6 @@ struct GpuState {
     virtualization_mode: &'static str,
     mig: &'static str,
     sample_errors: u64,
-    xid_errors: u64,
     last_xid: Option<u64>,
     xid_by_code: BTreeMap<u64, u64>,
     problems: Vec<String>,
@@ -778,7 +776,6 @@ impl Collector for Gpu {
             rows.event
                 .push(x.time_us, &[&index, &x.uuid, "xid"], &[Value::U64(x.xid)])?;
             let state = &mut self.states[at];
-            state.xid_errors += 1;
             state.last_xid = Some(x.xid);
             *state.xid_by_code.entry(x.xid).or_default() += 1;
         }
@@ -809,7 +806,6 @@ impl Collector for Gpu {
                 &[
                     Value::U64(u64::from(answered[at])),
                     Value::U64(state.sample_errors),
-                    Value::U64(state.xid_errors),
                     u64v(state.last_xid),
                 ],
             )?;
@@ -834,7 +830,9 @@ impl Collector for Gpu {
             if let Some(code) = s.last_xid {
                 problems.push(format!(
                     "GPU {} ({}): {} XID error(s), the last XID {code}",
-                    g.index, g.uuid, s.xid_errors
+                    g.index,
+                    g.uuid,
+                    s.xid_by_code.values().sum::<u64>()
                 ));
             }
         }
@@ -1091,11 +1089,9 @@ mod tests {
                 "{field}"
             );
         }
-        assert_eq!(
-            value(&b, &HEALTH, &["0"], "xid_errors"),
-            Some(2.0),
-            "31 then 13"
-        );
+        let uuid = gpu.gpus[0].uuid.clone();
+        assert_eq!(value(&b, &XID, &["0", &uuid, "31"], "errors"), Some(1.0));
+        assert_eq!(value(&b, &XID, &["0", &uuid, "13"], "errors"), Some(1.0));
         assert_eq!(value(&b, &HEALTH, &["0"], "last_xid"), Some(13.0));
     }
 
