@@ -582,15 +582,29 @@ impl std::io::Write for Checksummed {
 
 /// Checks the file at `path` against its `vtax.pages_crc32`: reads the bytes
 /// it covers again and sums them.
-pub(crate) fn check_pages_crc32(path: &Path, (bytes, crc): (u64, u32)) -> Result<()> {
-    use std::io::Read;
+pub(crate) fn check_pages_crc32(path: &Path, sum: (u64, u32)) -> Result<()> {
     let file = File::open(path).map_err(Error::io("open", path))?;
-    let mut covered = file.take(bytes);
+    check_pages_crc32_of(&file, path, sum)
+}
+
+/// [`check_pages_crc32`] on a file already open (a reader keeps each file
+/// open from its footer to its rows, so a merge that removes it meanwhile
+/// does not fail the check). Reads at offsets: the handle's position, which
+/// its clones share, is left alone.
+pub(crate) fn check_pages_crc32_of(
+    file: &File,
+    path: &Path,
+    (bytes, crc): (u64, u32),
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
     let mut hasher = crc32fast::Hasher::new();
     let mut buffer = vec![0u8; 256 << 10];
     let mut read = 0u64;
-    loop {
-        let n = covered.read(&mut buffer).map_err(Error::io("read", path))?;
+    while read < bytes {
+        let want = buffer.len().min((bytes - read) as usize);
+        let n = file
+            .read_at(&mut buffer[..want], read)
+            .map_err(Error::io("read", path))?;
         if n == 0 {
             break;
         }

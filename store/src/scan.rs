@@ -42,9 +42,9 @@ pub struct ScanRequest {
     /// Return only the fields, not time and tags. When no filter needs them
     /// either, they are not even decoded: a single-column scan reads one column.
     pub fields_only: bool,
-    /// Leave out a file whose pages turn out damaged, naming it in
-    /// [`ScanResult::damaged_files`], instead of failing the scan. A file
-    /// whose footer fails is left out either way.
+    /// Leave out a damaged file (its footer, its pages' CRC-32 or a page
+    /// fails), naming it in [`ScanResult::damaged_files`], instead of
+    /// failing the scan.
     pub skip_damaged: bool,
 }
 
@@ -64,8 +64,8 @@ pub struct ScanResult {
     pub row_groups_skipped: usize,
     /// Rows skipped by the page index without decoding.
     pub rows_skipped_by_page_index: usize,
-    /// Files left out as damaged, with what was wrong: those whose footer
-    /// failed, and with [`ScanRequest::skip_damaged`] those whose pages did.
+    /// Files left out as damaged with [`ScanRequest::skip_damaged`], with
+    /// what was wrong.
     pub damaged_files: Vec<(PathBuf, String)>,
 }
 
@@ -352,16 +352,18 @@ fn scan_listed(
         .partition(|f| plan.day_may_match(f.day));
     let mut damaged = Vec::new();
     let mut unreadable = 0;
+    let skip_damaged = plan.request.skip_damaged;
     let (index, mut kept) = files::index_files_kept(listed, keep_open, |file, e| {
-        if e.is_not_found() {
-            // Removed since it was listed: the caller starts over.
+        // Removed since it was listed: the caller starts over. Any other
+        // error fails the scan (a scan that left a file out without being
+        // asked to would return a partial answer as a whole one), except
+        // damage the request asked to step over.
+        if !skip_damaged || e.damaged_file().is_none() {
             return Err(e);
         }
-        tracing::warn!(path = %file.path.display(), error = %e, "Skipping a file that fails verification.");
+        tracing::warn!(path = %file.path.display(), error = %e, "Left a damaged file out of a scan.");
         unreadable += 1;
-        if e.damaged_file().is_some() {
-            damaged.push((file.path.clone(), e.to_string()));
-        }
+        damaged.push((file.path.clone(), e.to_string()));
         Ok(())
     })?;
     let live: Vec<&FileInfo> = index.live.values().flatten().collect();
@@ -412,7 +414,7 @@ fn scan_files(
         let batches_before = result.batches.len();
         let scanned = scan_file(
             plan,
-            &info.path,
+            info,
             kept.remove(&info.path),
             plan.needs_filter_columns(info.time_range_us),
             &mut result,
@@ -434,11 +436,12 @@ fn scan_files(
 
 fn scan_file(
     plan: &Plan,
-    path: &Path,
+    info: &FileInfo,
     kept: Option<File>,
     filtered: bool,
     result: &mut ScanResult,
 ) -> Result<()> {
+    let path = info.path.as_path();
     let (file, reader_metadata) = match kept {
         Some(file) => crate::files::load_for_reading(file, path)?,
         None => crate::files::open_for_reading(path)?,
@@ -456,6 +459,11 @@ fn scan_file(
     let columns = column_positions(&metadata, plan);
     let mask = ProjectionMask::roots(reader_metadata.parquet_schema(), roots.iter().copied());
 
+    // Parquet's decoders take a flipped bit inside a page for a different
+    // value as often as for an error, so every read checks the CRC-32 the
+    // writer kept of the file's pages, once, before the first row it
+    // returns: a damaged file is named, never read as good.
+    let mut pages_checked = info.pages_crc32.is_none();
     for (rg_index, rg) in metadata.row_groups().iter().enumerate() {
         if !row_group_may_match(plan, rg, &columns) {
             result.row_groups_skipped += 1;
@@ -469,6 +477,10 @@ fn scan_file(
             continue;
         }
         result.rows_skipped_by_page_index += rows - selected;
+        if let (false, Some(sum)) = (pages_checked, info.pages_crc32) {
+            crate::files::check_pages_crc32_of(&file, path, sum)?;
+            pages_checked = true;
+        }
         // One reader per row group: a batch that crossed into the next row
         // group would meet a new dictionary for each tag column, and the
         // reader would then re-encode every tag value of the batch by hashing

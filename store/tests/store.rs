@@ -372,16 +372,17 @@ fn a_corrupt_file_is_quarantined_and_the_rest_stays_readable() {
     let wal = dir.path().join("wal");
     let saved_wal = dir.path().join("wal.saved");
     fs::rename(&wal, &saved_wal).unwrap();
-    // A reader beside the store leaves it out and names it.
-    let beside = scan::scan_dir(
-        dir.path(),
-        &Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap(),
-        &ScanRequest {
-            table: "scraped".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    // A reader beside the store fails, naming it; told to, it leaves it
+    // out and names it.
+    let catalog = Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap();
+    let mut request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let error = scan::scan_dir(dir.path(), &catalog, &request).unwrap_err();
+    assert_eq!(error.damaged_file(), Some(bad.as_path()), "{error}");
+    request.skip_damaged = true;
+    let beside = scan::scan_dir(dir.path(), &catalog, &request).unwrap();
     assert_eq!(beside.rows(), 40);
     assert_eq!(beside.damaged_files.len(), 1);
     assert_eq!(&beside.damaged_files[0].0, bad);
@@ -1481,6 +1482,64 @@ fn a_damaged_page_fails_a_scan_naming_its_file_and_a_merge_quarantines_it() {
     assert_eq!(all_scraped(&store), kept);
 }
 
+/// Sixteen bytes flipped in the middle of a column chunk: whether or not
+/// the page still decodes (a flipped bit in a value is another value), every
+/// read checks the file's CRC-32 of its pages and fails naming the file; a
+/// merge (the day's compaction) quarantines it rather than carry the damage
+/// into a merged file under a checksum of its own.
+#[test]
+fn flipped_bytes_in_a_page_fail_every_read_instead_of_returning_other_values() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut hours = published_hours_without_wal(dir.path(), 3, 40);
+    hours.remove(1);
+    let mut kept: Vec<_> = hours.into_iter().flatten().collect();
+    kept.sort();
+    let damaged = parquet_files(dir.path())[1].clone();
+    {
+        let reader = SerializedFileReader::new(fs::File::open(&damaged).unwrap()).unwrap();
+        let columns = reader.metadata().row_group(0).num_columns();
+        let chunk = reader.metadata().row_group(0).column(columns - 1);
+        let (start, len) = chunk.byte_range();
+        let mut bytes = fs::read(&damaged).unwrap();
+        let at = (start + len / 2) as usize;
+        for b in &mut bytes[at..at + 16] {
+            *b ^= 0x01;
+        }
+        fs::write(&damaged, bytes).unwrap();
+    }
+    let catalog = Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap();
+    let mut request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let named = |error: &vtax_store::Error| {
+        assert_eq!(error.damaged_file(), Some(damaged.as_path()), "{error}");
+        assert!(error.to_string().contains("CRC-32"), "{error}");
+    };
+    named(&scan::scan_dir(dir.path(), &catalog, &request).unwrap_err());
+    let mut store = open(dir.path());
+    named(&store.scan(&request).unwrap_err());
+    // Only the damaged column asked for: still the whole file's check.
+    request.fields = Some(vec!["value".into()]);
+    named(&scan::scan_dir(dir.path(), &catalog, &request).unwrap_err());
+    request.fields = None;
+    request.skip_damaged = true;
+    for result in [
+        store.scan(&request).unwrap(),
+        scan::scan_dir(dir.path(), &catalog, &request).unwrap(),
+    ] {
+        assert_eq!(scraped_rows(&result), kept);
+        assert_eq!(result.damaged_files.len(), 1);
+        assert_eq!(result.damaged_files[0].0, damaged);
+    }
+    let error = store.compact(T0 + 2 * DAY_US).unwrap_err();
+    named(&error);
+    assert_eq!(store.stats().files_quarantined, 1);
+    store.compact(T0 + 2 * DAY_US).unwrap();
+    assert_eq!(all_scraped(&store), kept);
+}
+
 /// Flips, overwrites and truncates bytes of one of a store's files at random
 /// (a seeded generator, so a failure repeats): opening the store, scanning
 /// and merging each give a result or an error, never a panic.
@@ -1596,9 +1655,14 @@ fn a_changed_byte_that_still_decodes_is_caught_by_the_pages_checksum() {
     fs::write(&changed, bytes).unwrap();
 
     let mut store = open(dir.path());
-    let mut all: Vec<_> = hours.iter().flatten().cloned().collect();
-    all.sort();
-    assert_eq!(all_scraped(&store), all, "the reader sees nothing wrong");
+    // The Parquet reader would see nothing wrong; every read checks the sum.
+    let error = store
+        .scan(&ScanRequest {
+            table: "scraped".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(error.to_string().contains("CRC-32"), "{error}");
     let verified = vtax_store::files::verify_store(dir.path()).unwrap();
     assert_eq!(verified.sound, 1);
     let named = verified.damaged[0].to_string();
