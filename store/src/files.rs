@@ -949,23 +949,26 @@ pub(crate) fn list_node_files(
     Ok((files, temps))
 }
 
-/// The node that wrote a store: the name its newest file (highest sequence
-/// number) starts with, for commands that write beside the agent (`vtax
-/// compact`) and readers that label a store. `None` for a store without files.
+/// The node that wrote a store, as its newest file's footer (`vtax.node`)
+/// names it, for commands that write beside the agent (`vtax compact`) and
+/// readers that label a store. `None` for a store without readable files.
+///
+/// The newest file is the one last written (modification time): file names
+/// are `<node>-<first_time_us>-<max_seq>[-<n>].parquet`, and since a node
+/// name may hold '-' and end in digits (`gpu-node-17`), a name alone does not
+/// say where the node ends, so the footer says which node wrote it.
 pub fn node_of_store(data_dir: &Path) -> Result<Option<String>> {
     let (files, _) = list_files(data_dir)?;
-    // <node>-<first_time_us>-<max_seq>[-<n>].parquet; node names have no '-'.
-    let newest = files
+    let mut newest: Vec<(std::time::SystemTime, &Listed)> = files
         .iter()
-        .filter_map(|f| {
-            let name = f.path.file_name()?.to_str()?.strip_suffix(".parquet")?;
-            let mut parts = name.split('-');
-            let node = parts.next()?;
-            let seq: u64 = parts.nth(1)?.parse().ok()?;
-            Some((seq, node.to_owned()))
-        })
-        .max();
-    Ok(newest.map(|(_, node)| node))
+        .filter_map(|f| Some((f.path.metadata().ok()?.modified().ok()?, f)))
+        .collect();
+    newest.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.path.cmp(&a.1.path)));
+    // A file merged away or damaged since the listing: the next newest says.
+    Ok(newest
+        .into_iter()
+        .find_map(|(_, f)| read_info(&f.path, &f.table, f.day).ok())
+        .map(|info| info.node))
 }
 
 /// Published files by partition (table, day), and the files that a merged file
