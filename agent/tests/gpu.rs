@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::Agent;
@@ -85,5 +86,141 @@ fn simulated_gpus_are_served_stored_and_a_lost_one_stops_nothing() {
     assert!(
         query("gpu", "gpu=7").lines().count() <= 1,
         "no sample of a lost GPU"
+    );
+}
+
+/// The value of each series of the metric `name` in a text exposition, by
+/// its labels as written (`{gpu="1",...}`).
+fn series_of(body: &str, name: &str) -> BTreeMap<String, String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|rest| rest.starts_with('{'))
+        .filter_map(|rest| rest.rsplit_once(' '))
+        .map(|(labels, value)| (labels.to_string(), value.to_string()))
+        .collect()
+}
+
+/// The XID alert rule (`dashboards/alerts/vtax-rules.yml`) run by promtool
+/// over XID series recorded from the agent: none before it starts, a code's
+/// series born at 1 with its first XID, gone while the agent is stopped, and
+/// born at 1 again after its restart. Each recorded scrape is one minute of
+/// the rule's test. A rule of `increase()` alone never fired on these.
+#[test]
+fn the_xid_alert_fires_on_the_series_the_agent_exports() {
+    const METRIC: &str = "vtax_gpu_xid_errors_total";
+    /// Minutes without the agent: before its first start, and between runs.
+    const ABSENT_MINUTES: usize = 12;
+    /// Scrapes recorded of each run.
+    const SCRAPES_PER_RUN: usize = 15;
+    let promtool = common::require_program("promtool");
+    let dir = tempfile::tempdir().unwrap();
+    // One scrape's series each minute; `None` while no agent runs.
+    let mut minutes: Vec<Option<BTreeMap<String, String>>> = vec![None; ABSENT_MINUTES];
+    let mut first_scrapes = Vec::new();
+    for run in 0..2 {
+        if run > 0 {
+            minutes.extend(std::iter::repeat_n(None, ABSENT_MINUTES));
+        }
+        let data = dir.path().join("data");
+        let agent = Agent::start(&[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--simulate-gpus",
+            "2",
+            "--simulate-gpu-scenarios",
+            "training,xid",
+            "--no-collector.cgroups",
+        ]);
+        agent.wait_for_metric(
+            "vtax_collector_success{collector=\"gpu\"} 1",
+            Duration::from_secs(20),
+        );
+        first_scrapes.push(minutes.len());
+        for _ in 0..SCRAPES_PER_RUN {
+            minutes.push(Some(series_of(&agent.get("/metrics", &[]).text(), METRIC)));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(agent.stop());
+    }
+    let labels: Vec<String> = minutes
+        .iter()
+        .flatten()
+        .flat_map(|m| m.keys().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let xid31 = labels
+        .iter()
+        .find(|l| l.contains("gpu=\"1\"") && l.contains("xid=\"31\""))
+        .unwrap_or_else(|| panic!("no XID 31 series on GPU 1 in {labels:?}"));
+    for &first in &first_scrapes {
+        assert_eq!(
+            minutes[first]
+                .as_ref()
+                .and_then(|m| m.get(xid31))
+                .map(String::as_str),
+            Some("1"),
+            "the series is born at 1 with the XID, as the rule must expect"
+        );
+    }
+
+    let mut test = format!(
+        "rule_files:\n  - {}/../dashboards/alerts/vtax-rules.yml\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    for l in &labels {
+        // As Prometheus stores them: a series gone from a scrape, or whose
+        // scrape failed, gets a stale marker, then nothing.
+        let mut values = Vec::new();
+        let mut present = false;
+        for minute in &minutes {
+            match minute.as_ref().and_then(|m| m.get(l)) {
+                Some(value) => values.push(value.as_str()),
+                None if present => values.push("stale"),
+                None => values.push("_"),
+            }
+            present = minute.as_ref().is_some_and(|m| m.contains_key(l));
+        }
+        let l = l.replacen('{', "{instance=\"n1\",", 1);
+        test += &format!(
+            "      - series: '{METRIC}{l}'\n        values: '{}'\n",
+            values.join(" ")
+        );
+    }
+    let uuid = xid31
+        .split("gpu_uuid=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap();
+    let firing = format!(
+        "        exp_alerts:\n          - exp_labels: {{severity: warning, instance: n1, gpu: \"1\", gpu_uuid: {uuid}, xid: \"31\"}}\n            exp_annotations:\n              summary: \"XID 31 on GPU 1 of n1\"\n              description: \"The driver reported XID 31 on GPU 1 ({uuid}) in the last 10 minutes.\"\n              runbook_url: \"docs/runbook.md#vtaxgpuxiderrors\"\n"
+    );
+    test += "    alert_rule_test:\n";
+    let mut eval = |minute: usize, fires: bool| {
+        test += &format!("      - eval_time: {minute}m\n        alertname: VtaxGpuXidErrors\n");
+        test += if fires {
+            &firing
+        } else {
+            "        exp_alerts: []\n"
+        };
+    };
+    eval(first_scrapes[0] - 1, false);
+    for &first in &first_scrapes {
+        eval(first, true);
+        eval(first + 9, true);
+    }
+    // Ten minutes after the first run's XID, with the series unchanged.
+    eval(first_scrapes[0] + 11, false);
+    let path = dir.path().join("xid.test.yml");
+    std::fs::write(&path, &test).unwrap();
+    let out = std::process::Command::new(promtool)
+        .args(["test", "rules", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}\n{test}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
