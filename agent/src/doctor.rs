@@ -23,18 +23,16 @@ pub struct CheckConfigArgs {
 /// Validates the config file and flags, and the web config file they name.
 pub fn check_config(args: CheckConfigArgs) -> Result<()> {
     if args.print_defaults {
-        print!("{}", crate::config::render_example());
-        return Ok(());
+        return crate::print_stdout(&crate::config::render_example());
     }
     let config = args.agent.resolve()?;
     if let Some(web) = &config.web.config_file {
         vtax_exporters::web::check_web_config(web)?;
     }
-    match args.agent.config_path() {
-        Some(path) => println!("{}: valid", path.display()),
-        None => println!("no config file: the defaults are valid"),
-    }
-    Ok(())
+    crate::print_stdout(&match args.agent.config_path() {
+        Some(path) => format!("{}: valid\n", path.display()),
+        None => "no config file: the defaults are valid\n".to_string(),
+    })
 }
 
 /// Arguments of `vtax doctor`.
@@ -54,14 +52,14 @@ pub fn doctor(args: DoctorArgs) -> Result<()> {
         Some(path) => path.display().to_string(),
         None => "none (defaults and flags)".into(),
     };
-    print!("{}", report(&config, &source));
+    let mut out = report(&config, &source);
     if args.gpu {
-        println!("\ngpus:");
+        out.push_str("\ngpus:\n");
         for line in crate::collectors::gpu::doctor_lines(&config.collectors.gpu, &config.roots()) {
-            println!("  {line}");
+            out.push_str(&format!("  {line}\n"));
         }
     }
-    Ok(())
+    crate::print_stdout(&out)
 }
 
 /// The report: each collector on or off and why, what it found, and problems.

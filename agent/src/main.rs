@@ -39,6 +39,55 @@ pub fn default_data_dir() -> PathBuf {
     }
 }
 
+/// The store a command reads: `--data-dir`, else the default, which must
+/// exist. Only `vtax run` and `vtax import` create a store: a mistyped path
+/// is an error here, not an empty store that verifies or compacts clean.
+pub fn existing_store_dir(data_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let dir = data_dir.unwrap_or_else(default_data_dir);
+    if !dir.is_dir() {
+        anyhow::bail!("no store at {} (set --data-dir)", dir.display());
+    }
+    Ok(dir)
+}
+
+/// Set once a write to stdout found its reader gone (`vtax catalogue |
+/// head`): `main` then ends quietly, whatever error the write became on its
+/// way up (a CSV writer keeps only the text of the I/O error).
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Stdout for the commands' output: where `print!` would panic on a closed
+/// pipe, its writes return the error and note it in [`STDOUT_CLOSED`].
+pub struct Stdout;
+
+impl Stdout {
+    fn note<T>(result: std::io::Result<T>) -> std::io::Result<T> {
+        if let Err(e) = &result {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        result
+    }
+}
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Self::note(std::io::stdout().lock().write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Self::note(std::io::stdout().lock().flush())
+    }
+}
+
+/// Writes a command's output to stdout, through [`Stdout`].
+pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    Stdout.write_all(text.as_bytes())?;
+    Stdout.flush()?;
+    Ok(())
+}
+
 #[derive(Parser)]
 #[command(
     name = "vtax",
@@ -132,15 +181,13 @@ fn main() -> ExitCode {
         Command::Upload(args) => upload::upload(args),
         Command::ReplayDetector(args) => detect::replay::replay_detector(args),
         Command::Catalogue => {
-            print!(
-                "{}",
-                vtax_store::schema::render_catalogue(catalog().tables())
-            );
-            Ok(())
+            print_stdout(&vtax_store::schema::render_catalogue(catalog().tables()))
         }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout closed it: what it did not read is not wanted.
+        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vtax: error: {}", error_chain(&e));
             ExitCode::from(1)

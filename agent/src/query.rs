@@ -96,8 +96,7 @@ pub fn query(args: QueryArgs) -> Result<()> {
         Err(e) => return Err(e).with_context(scanning),
     };
     let batches = plain_batches(&result.batches)?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = crate::Stdout;
     match args.format {
         OutputFormat::Table => {
             writeln!(

@@ -334,7 +334,7 @@ fn offline_store_options(data_dir: &Path) -> Result<StoreOptions> {
 
 /// Runs `vtax compact`.
 pub fn compact(args: CompactArgs) -> Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    let data_dir = crate::existing_store_dir(args.data_dir)?;
     let mut options = offline_store_options(&data_dir)?;
     options.retention_max_age = args.max_age;
     options.retention_max_bytes = args.max_bytes;
@@ -367,7 +367,7 @@ pub struct VerifyArgs {
 /// every remote-write queue record checked. Fails while damage is left, so
 /// that a script notices.
 pub fn verify(args: VerifyArgs) -> Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    let data_dir = crate::existing_store_dir(args.data_dir)?;
     if args.quarantine {
         return quarantine(&data_dir);
     }

@@ -463,3 +463,100 @@ fn verify_checks_the_wal_and_remote_write_queues() {
     .rows();
     assert_eq!(rows, 2, "the intact frames' rows are in the tables");
 }
+
+/// Runs vtax with its stdout a pipe whose reader closes before the first
+/// write (`vtax catalogue | head` once head has had its lines).
+fn run_into_closed_pipe(args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(VTAX)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+/// Every command that prints ends quietly, and successfully, when the
+/// reader of its output goes away, rather than panic on EPIPE.
+#[test]
+fn printing_commands_exit_quietly_on_a_closed_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.om");
+    let data = dir.path().join("data");
+    write_input(&input, 20);
+    assert!(import(&data, &[&input]).status.success());
+    let data = data.to_str().unwrap();
+    let commands: &[&[&str]] = &[
+        &["catalogue"],
+        &["check-config", "--print-defaults"],
+        &["check-config"],
+        &["doctor", "--no-collector.jitter"],
+        &["query", "--data-dir", data, "scraped"],
+        &["query", "--data-dir", data, "scraped", "--format", "csv"],
+        &["query", "--data-dir", data, "scraped", "--format", "json"],
+        &["report", "--data-dir", data, "--output", "-"],
+        &["verify", "--data-dir", data],
+        &[
+            "replay-detector",
+            "--data-dir",
+            data,
+            "--since",
+            "2025-11-21",
+            "--until",
+            "2025-11-23",
+        ],
+    ];
+    for args in commands {
+        let out = run_into_closed_pipe(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked") && !stderr.contains("error"),
+            "vtax {}: {:?}\n{stderr}",
+            args.join(" "),
+            out.status
+        );
+    }
+}
+
+/// Commands that read a store fail on a data directory that is not there,
+/// rather than report an empty store; `vtax run` creates it.
+#[test]
+fn store_commands_fail_on_a_missing_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nonexistent");
+    let missing = missing.to_str().unwrap();
+    let target = format!("file://{}", dir.path().join("bucket").display());
+    let commands: &[&[&str]] = &[
+        &["verify", "--data-dir", missing],
+        &["verify", "--data-dir", missing, "--quarantine"],
+        &["compact", "--data-dir", missing],
+        &["query", "--data-dir", missing, "cpu"],
+        &["report", "--data-dir", missing, "--output", "-"],
+        &["upload", "--data-dir", missing, "--url", &target],
+        &[
+            "replay-detector",
+            "--data-dir",
+            missing,
+            "--since",
+            "1h",
+            "--until",
+            "0h",
+        ],
+    ];
+    for args in commands {
+        let out = Command::new(VTAX).args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(&format!("no store at {missing}")),
+            "vtax {}: {:?}\n{stderr}",
+            args.join(" "),
+            out.status
+        );
+        assert!(
+            !Path::new(missing).exists(),
+            "vtax {} made the directory",
+            args.join(" ")
+        );
+    }
+}

@@ -94,8 +94,7 @@ pub fn replay_detector(args: ReplayArgs) -> Result<()> {
         None => DetectConfig::default(),
     };
     let events = replay(&data_dir, config, from_us, until_us)?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = crate::Stdout;
     for event in &events {
         serde_json::to_writer(&mut out, event)?;
         writeln!(out)?;

@@ -38,7 +38,7 @@ pub struct ReportArgs {
     /// Latest time, exclusive, in the same forms.
     #[arg(long)]
     until: Option<String>,
-    /// The HTML file to write.
+    /// The HTML file to write; `-` writes the page to stdout.
     #[arg(long, short)]
     output: PathBuf,
     /// Points per plotted line at most; longer ranges are averaged (maxima for latency).
@@ -220,6 +220,9 @@ pub fn report(args: ReportArgs) -> Result<()> {
         events_known: catalog.get(EVENTS_TABLE).is_some(),
     };
     let html = render(&context, &data);
+    if args.output.as_os_str() == "-" {
+        return crate::print_stdout(&html);
+    }
     let tmp = args.output.with_extension("html.tmp");
     std::fs::write(&tmp, &html).with_context(|| format!("write {}", tmp.display()))?;
     std::fs::rename(&tmp, &args.output)

@@ -710,7 +710,7 @@ pub struct UploadArgs {
 /// Runs `vtax upload`: one pass, then a summary on stderr. Fails when any
 /// file or replaced object is left to do.
 pub fn upload(args: UploadArgs) -> Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    let data_dir = crate::existing_store_dir(args.data_dir)?;
     let config = UploadConfig {
         url: Some(args.url),
         endpoint: args.endpoint,
