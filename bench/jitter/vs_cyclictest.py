@@ -15,7 +15,10 @@ the agent's p50/p99/max (from its store, table `jitter`) are printed beside
 cyclictest's (from its histogram). The first --quiet windows are quiet; then a
 stress-ng CPU hog pinned to the probed CPU runs for --hog windows: the first
 window with the hog shows whether the probe's p99 moved within one window.
-Bars: p50 and p99 within +-20% of cyclictest's, max within a factor of 2.
+Bars: p50, p90 and p99 within +-20% of cyclictest's, max within a factor of 2.
+The probe sets its timer slack to 1 ns, as cyclictest does: with the
+default 50 us slack of a SCHED_OTHER thread its sleeps end up to 50 us late
+by policy, and its p50 read about three times cyclictest's.
 
 Two 1 ms grids on one CPU interfere: deadlines closer than the timer slack
 (50 us) fire in one interrupt, and beside a hog a wake-up that fails to
@@ -268,7 +271,7 @@ def grid_gap_us(cpu, reference_tid, candidate_tid):
 
 
 def histogram_result(proc):
-    """p50, p99 and max of a start_cyclictest run, once it has ended."""
+    """p50, p90, p99 and max of a start_cyclictest run, once it has ended."""
     proc.wait(timeout=WINDOW + 60)
     proc.histogram_file.seek(0)
     out = proc.histogram_file.read()
@@ -291,7 +294,8 @@ def histogram_result(proc):
                 return us
         return maximum
 
-    return {"n": total, "p50": quantile(0.5), "p99": quantile(0.99), "max": maximum}
+    return {"n": total, "p50": quantile(0.5), "p90": quantile(0.9), "p99": quantile(0.99),
+            "max": maximum}
 
 
 def sorted_quantile(values, q):
@@ -326,7 +330,7 @@ class AgentCandidate:
         shutil.rmtree(self.data)
         self.windows = {end: {"n": int(row["wakeups"]),
                               **{k: float(row[f"wakeup_{k}_seconds"]) * 1e6
-                                 for k in ["p50", "p99", "max"]}}
+                                 for k in ["p50", "p90", "p99", "max"]}}
                         for end, row in rows.items()}
 
 
@@ -361,6 +365,7 @@ class CyclictestCandidate:
         for end, lat in per_window.items():
             lat.sort()
             self.windows[end] = {"n": len(lat), "p50": sorted_quantile(lat, 0.5),
+                                 "p90": sorted_quantile(lat, 0.9),
                                  "p99": sorted_quantile(lat, 0.99), "max": lat[-1]}
 
 
@@ -419,7 +424,8 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
     results = {end: (load, gap, histogram_result(proc)) for end, (load, gap, proc) in results.items()}
     name = candidate.name
     print(f"{'window end (UTC)':<17} {'load':<6} {'gap us':>7} {'n ' + name:>7} {'n ct':>6} "
-          f"{'p50 ' + name:>9} {'p50 ct':>7} {'ratio':>6} {'p99 ' + name:>9} {'p99 ct':>7} {'ratio':>6} "
+          f"{'p50 ' + name:>9} {'p50 ct':>7} {'ratio':>6} {'p90 ' + name:>9} {'p90 ct':>7} {'ratio':>6} "
+          f"{'p99 ' + name:>9} {'p99 ct':>7} {'ratio':>6} "
           f"{'max ' + name:>9} {'max ct':>7} {'ratio':>6}")
     verdicts = []
     for end in sorted(results):
@@ -429,21 +435,25 @@ def part1(vtax, cpu, quiet, hog, fifo, laptop, min_gap_us, control, align):
             print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<17} {load:<6} "
                   f"no {name if v is None else 'cyclictest'} result")
             continue
-        r = {k: ratio(v[k], ct[k]) for k in ["p50", "p99", "max"]}
+        r = {k: ratio(v[k], ct[k]) for k in ["p50", "p90", "p99", "max"]}
         verdicts.append((load, r))
         gap_text = "-" if gap is None else f"{gap:+.0f}"
         print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<17} {load:<6} {gap_text:>7} {v['n']:>7} "
-              f"{ct['n']:>6} {v['p50']:>9.1f} {ct['p50']:>7} {r['p50']:>6.2f} {v['p99']:>9.1f} "
+              f"{ct['n']:>6} {v['p50']:>9.1f} {ct['p50']:>7} {r['p50']:>6.2f} {v['p90']:>9.1f} "
+              f"{ct['p90']:>7} {r['p90']:>6.2f} {v['p99']:>9.1f} "
               f"{ct['p99']:>7} {r['p99']:>6.2f} {v['max']:>9.1f} {ct['max']:>7} {r['max']:>6.2f}")
     for load in ["quiet", "hog"]:
         rs = [r for l, r in verdicts if l == load]
         if not rs:
             continue
-        ok = sum(1 for r in rs if 0.8 <= r["p50"] <= 1.2 and 0.8 <= r["p99"] <= 1.2 and 0.5 <= r["max"] <= 2)
-        print(f"{load}: {ok}/{len(rs)} windows meet all three bars "
-              f"(p50 {sum(0.8 <= r['p50'] <= 1.2 for r in rs)}, p99 {sum(0.8 <= r['p99'] <= 1.2 for r in rs)}, "
+        within = {k: sum(0.8 <= r[k] <= 1.2 for r in rs) for k in ["p50", "p90", "p99"]}
+        ok = sum(1 for r in rs if all(0.8 <= r[k] <= 1.2 for k in ["p50", "p90", "p99"])
+                 and 0.5 <= r["max"] <= 2)
+        print(f"{load}: {ok}/{len(rs)} windows meet all four bars "
+              f"(p50 {within['p50']}, p90 {within['p90']}, p99 {within['p99']}, "
               f"max {sum(0.5 <= r['max'] <= 2 for r in rs)}); geometric mean of the ratios: "
-              + ", ".join(f"{k} {geometric_mean([r[k] for r in rs]):.2f}" for k in ["p50", "p99", "max"]))
+              + ", ".join(f"{k} {geometric_mean([r[k] for r in rs]):.2f}"
+                          for k in ["p50", "p90", "p99", "max"]))
     ends = sorted(e for e in results if e in candidate.windows)
     last_quiet = [e for e in ends if results[e][0] == "quiet"][-1:]
     first_hog = [e for e in ends if results[e][0] == "hog"][:1]

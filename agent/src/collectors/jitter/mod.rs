@@ -605,8 +605,14 @@ impl Collector for Jitter {
             1 => "pinned".to_string(),
             _ => format!("rotating every {} ms", self.config.rotate_ms),
         };
+        let slack = match &setup.timer_slack {
+            Ok(ns) => format!("timer slack {ns} ns"),
+            Err(e) => {
+                format!("timer slack not set ({e}): wake-ups late by up to the default 50 µs")
+            }
+        };
         Availability::Available(format!(
-            "wake-up every {} µs{} on CPUs {} ({placement}), {}, budget {}% of one core{}",
+            "wake-up every {} µs{} on CPUs {} ({placement}), {}, {slack}, budget {}% of one core{}",
             self.config.interval_us,
             if self.config.slice_us > 0 {
                 format!(", {} µs spins", self.config.slice_us)
@@ -954,6 +960,24 @@ mod tests {
             );
         }
         assert!(found.contains("(pinned)"), "{found}");
+    }
+
+    /// The probe measures the platform's lateness, not the default 50 µs
+    /// timer slack a SCHED_OTHER thread's sleeps are allowed to add.
+    #[test]
+    fn the_probe_thread_sleeps_with_a_timer_slack_of_one_nanosecond() {
+        let mut jitter = Jitter::new(&config(10), &roots());
+        let Availability::Available(found) = jitter.probe() else {
+            panic!("the probe runs here");
+        };
+        assert!(found.contains("timer slack 1 ns"), "{found}");
+        let tid = jitter.probe_tid().unwrap();
+        // Reading another thread's slack needs CAP_SYS_NICE (CI runs as
+        // root); where refused, the probe's own report above stands.
+        match std::fs::read_to_string(format!("/proc/{tid}/timerslack_ns")) {
+            Ok(slack) => assert_eq!(slack.trim(), "1"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
+        }
     }
 
     /// A procfs root in a tempdir with only `stat`.

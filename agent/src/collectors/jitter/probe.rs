@@ -91,6 +91,9 @@ pub struct Setup {
     pub policy: String,
     /// Whether the run delay can be read (`thread-self/schedstat` exists).
     pub run_delay: bool,
+    /// The thread's timer slack after [`set_timer_slack`], in nanoseconds
+    /// (`PR_GET_TIMERSLACK`), or why it could not be set.
+    pub timer_slack: Result<u64, String>,
 }
 
 /// What the thread and the collector share.
@@ -309,6 +312,34 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// The timer slack the probe asks for: the least the kernel takes.
+const PROBE_TIMER_SLACK_NS: libc::c_ulong = 1;
+
+/// Sets the calling thread's timer slack to [`PROBE_TIMER_SLACK_NS`] and
+/// returns the slack the kernel then reports.
+///
+/// A SCHED_OTHER thread's `clock_nanosleep` may end up to its timer slack
+/// (50 µs by default) after the deadline, so that the kernel can fire
+/// nearby timers in one interrupt. That lateness is a scheduling policy of
+/// this thread, not the platform's: with the default slack the probe's
+/// wake-up latency is the platform's plus up to 50 µs, and disagrees with
+/// cyclictest (which also sets it; bench/jitter/vs_cyclictest.py). A
+/// SCHED_FIFO thread has no slack whatever is set.
+fn set_timer_slack() -> Result<u64, String> {
+    // SAFETY: PR_SET_TIMERSLACK and PR_GET_TIMERSLACK act on the calling
+    // thread and take plain integers.
+    unsafe {
+        if libc::prctl(libc::PR_SET_TIMERSLACK, PROBE_TIMER_SLACK_NS, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        let slack = libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0);
+        if slack < 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        Ok(slack as u64)
+    }
+}
+
 /// Asks for SCHED_FIFO when configured; says what the thread got.
 fn set_policy(settings: &Settings) -> String {
     if !settings.sched_fifo {
@@ -407,6 +438,7 @@ pub fn run(settings: Settings, shared: &Shared) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     let policy = set_policy(&settings);
+    let timer_slack = set_timer_slack();
     let mut sources = Sources {
         stat: KeptFile::new(settings.stat_path.clone()),
         // The descriptor names this thread's task: open it here, not in the
@@ -428,6 +460,7 @@ pub fn run(settings: Settings, shared: &Shared) {
             tid,
             policy,
             run_delay,
+            timer_slack,
         });
     let started = setup.is_ok();
     {
