@@ -126,12 +126,12 @@ pub static PORT: TableDef = TableDef {
         counter(
             "xmit_data_bytes",
             Unit::Bytes,
-            "Data bytes sent on all VLs: port_xmit_data (kernel counts 4-byte words) times 4, from the 64-bit counter where there is one.",
+            "Data bytes sent on all VLs: port_xmit_data (kernel counts 4-byte words) times 4; from the legacy counters_ext/ only where counters/ is stuck at 2^32-1.",
         ),
         counter(
             "rcv_data_bytes",
             Unit::Bytes,
-            "Data bytes received on all VLs: port_rcv_data (kernel counts 4-byte words) times 4, from the 64-bit counter where there is one.",
+            "Data bytes received on all VLs: port_rcv_data (kernel counts 4-byte words) times 4; from the legacy counters_ext/ only where counters/ is stuck at 2^32-1.",
         ),
         counter("xmit_packets", Unit::None, "Packets sent on all VLs."),
         counter("rcv_packets", Unit::None, "Packets received on all VLs."),
@@ -223,30 +223,39 @@ mod col {
 
 /// Where each counter of [`PORT`] comes from: candidate files under the port
 /// directory in order of preference, and the factor to bytes or packets.
+///
+/// `counters/` comes first, as node_exporter reads it: on current kernels
+/// its traffic counters are 64-bit (the kernel asks the HCA for the extended
+/// PMA counters where it has them). The legacy `counters_ext/` (mlx4 only)
+/// is read only where `counters/` lacks the file or is stuck at 2^32-1 (an
+/// old kernel's 32-bit counter that saturated), and then only while it reads
+/// at least as much: a ConnectX-3 may leave every `counters_ext/` file at 0
+/// while `counters/` counts billions, and a source stuck at zero must never
+/// replace one that counts.
 static COUNTER_SOURCES: &[(usize, &[&str], u64)] = &[
     (
         col::XMIT_DATA,
-        &["counters_ext/port_xmit_data_64", "counters/port_xmit_data"],
+        &["counters/port_xmit_data", "counters_ext/port_xmit_data_64"],
         4,
     ),
     (
         col::RCV_DATA,
-        &["counters_ext/port_rcv_data_64", "counters/port_rcv_data"],
+        &["counters/port_rcv_data", "counters_ext/port_rcv_data_64"],
         4,
     ),
     (
         5,
         &[
-            "counters_ext/port_xmit_packets_64",
             "counters/port_xmit_packets",
+            "counters_ext/port_xmit_packets_64",
         ],
         1,
     ),
     (
         6,
         &[
-            "counters_ext/port_rcv_packets_64",
             "counters/port_rcv_packets",
+            "counters_ext/port_rcv_packets_64",
         ],
         1,
     ),
@@ -420,17 +429,22 @@ struct HwCounter {
     file: KeptFile,
 }
 
-/// A PMA counter of [`PORT`] and the file chosen for it at the walk.
+/// A PMA counter of [`PORT`] and the files chosen for it at the walk.
 #[derive(Debug)]
 struct Counter {
     /// Field index in [`PORT`].
     field: usize,
+    /// The first candidate of [`COUNTER_SOURCES`] that exists.
     file: KeptFile,
+    /// A later candidate (`counters_ext/`), read only while `file` is
+    /// stuck at 2^32-1.
+    fallback: Option<KeptFile>,
     /// To bytes (4 for the data counters, in 4-byte words) or packets (1).
     factor: u64,
-    /// Read from `counters/` (32 bits for the data counters), not `counters_ext/`.
-    from_32_bits: bool,
 }
+
+/// What a 32-bit PMA counter reads once it saturated.
+const SATURATED_32_BITS: u64 = u32::MAX as u64;
 
 /// What `fstat` says of a port directory; any change means entries came or
 /// went (on a regular filesystem, where a file deleted under an open
@@ -980,16 +994,16 @@ fn walk_device(
         };
         let mut counters = Vec::with_capacity(COUNTER_SOURCES.len());
         for (field, candidates, factor) in COUNTER_SOURCES {
-            if let Some((rel, path)) = candidates
+            let mut found = candidates
                 .iter()
-                .map(|rel| (rel, pdir.join(rel)))
-                .find(|(_, path)| path.is_file())
-            {
+                .map(|rel| pdir.join(rel))
+                .filter(|path| path.is_file());
+            if let Some(path) = found.next() {
                 counters.push(Counter {
                     field: *field,
                     file: KeptFile::new(path),
+                    fallback: found.next().map(KeptFile::new),
                     factor: *factor,
-                    from_32_bits: rel.starts_with("counters/"),
                 });
             }
         }
@@ -1107,23 +1121,42 @@ fn read_port(
         let Some(text) = read!(&mut counter.file) else {
             continue;
         };
-        let Some(n) = parse_counter(text).map_err(|e| named(&counter.file, e))? else {
+        let Some(mut n) = parse_counter(text).map_err(|e| named(&counter.file, e))? else {
             continue;
         };
-        let factor = counter.factor;
-        let scaled = n.checked_mul(factor).ok_or_else(|| {
-            named(
-                &counter.file,
-                format!("{n} times {factor} overflows 64 bits"),
-            )
-        })?;
-        values[counter.field] = Value::U64(scaled);
-        if factor == 4 && counter.from_32_bits && n == u64::from(u32::MAX) {
-            problems.push(format!(
-                "{}: stuck at 2^32-1 (a 32-bit counter that saturated; this kernel or driver lacks the 64-bit extended counters)",
-                counter.file.path().display()
-            ));
+        let mut source = &counter.file;
+        if n == SATURATED_32_BITS {
+            match &mut counter.fallback {
+                Some(fallback) => {
+                    let wider = match read!(fallback) {
+                        Some(text) => parse_counter(text).map_err(|e| named(fallback, e))?,
+                        None => None,
+                    };
+                    match wider {
+                        Some(m) if m >= n => {
+                            n = m;
+                            source = &*fallback;
+                        }
+                        Some(m) => problems.push(format!(
+                            "{}: stuck at 2^32-1, and {} reads {m}, less: neither counts",
+                            counter.file.path().display(),
+                            fallback.path().display()
+                        )),
+                        None => {}
+                    }
+                }
+                None if counter.factor == 4 => problems.push(format!(
+                    "{}: stuck at 2^32-1 (a 32-bit counter that saturated; this kernel or driver lacks the 64-bit extended counters)",
+                    counter.file.path().display()
+                )),
+                None => {}
+            }
         }
+        let factor = counter.factor;
+        let scaled = n
+            .checked_mul(factor)
+            .ok_or_else(|| named(source, format!("{n} times {factor} overflows 64 bits")))?;
+        values[counter.field] = Value::U64(scaled);
     }
     Ok(Some(link))
 }
@@ -1392,16 +1425,16 @@ mod tests {
             Some(col::LINK_ERROR_RECOVERY)
         );
         assert_eq!(PORT.field_index("link_downed"), Some(col::LINK_DOWNED));
-        // Every counter field has a source, once; the sources name the
-        // kernel file the field is named after.
+        // Every counter field has a source, once; the first (preferred)
+        // source is the `counters/` file the field is named after.
         let mut fields: Vec<usize> = COUNTER_SOURCES.iter().map(|s| s.0).collect();
         fields.sort_unstable();
         assert_eq!(fields, (col::XMIT_DATA..col::COUNT).collect::<Vec<_>>());
         for (field, sources, _) in COUNTER_SOURCES {
             let name = PORT.fields[*field].name.trim_end_matches("_bytes");
-            let last = sources.last().unwrap().rsplit('/').next().unwrap();
+            let first = sources[0].strip_prefix("counters/").unwrap();
             assert_eq!(
-                last.trim_start_matches("port_").to_ascii_lowercase(),
+                first.trim_start_matches("port_").to_ascii_lowercase(),
                 name,
                 "{sources:?}"
             );
@@ -1527,6 +1560,72 @@ mod tests {
             "{problems:?}"
         );
         assert_eq!(problems.len(), 4, "{problems:?}");
+    }
+
+    /// A ConnectX-3 (mlx4) on a current kernel: `counters/` counts in 64
+    /// bits while every legacy `counters_ext/` file reads 0.
+    #[test]
+    fn mlx4_counters_ext_stuck_at_zero_never_replaces_counters() {
+        let node = fixture().join("../mlx4-node");
+        let mut c = collector(&node);
+        let batches = c.collect(7).unwrap();
+        let ports = batch(&batches, &PORT);
+        let r = row(ports, "mlx4_0", "1");
+        assert_eq!(u64_at(ports, "rcv_packets", r), Some(6_812_093_417));
+        assert_eq!(u64_at(ports, "xmit_packets", r), Some(5_219_384_401));
+        assert_eq!(
+            u64_at(ports, "rcv_data_bytes", r),
+            Some(2_718_428_417_305 * 4)
+        );
+        assert_eq!(
+            u64_at(ports, "xmit_data_bytes", r),
+            Some(1_904_827_361_192 * 4)
+        );
+        assert_eq!(u64_at(ports, "unicast_rcv_packets", r), Some(6_812_090_012));
+        assert_eq!(u64_at(ports, "multicast_xmit_packets", r), Some(4284));
+        assert_eq!(u64_at(ports, "xmit_wait", r), Some(88_231));
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+    }
+
+    /// `counters/` saturated at 2^32-1: the `counters_ext/` value is taken
+    /// only while it is at least as large; a stuck one is reported, and the
+    /// saturated value stands.
+    #[test]
+    fn a_saturated_counter_falls_back_only_to_a_source_that_counts_more() {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(&fixture().join("../mlx4-node/sys"), &dir.path().join("sys"));
+        let port = dir.path().join("sys/class/infiniband/mlx4_0/ports/1");
+        std::fs::write(port.join("counters/port_rcv_packets"), "4294967295\n").unwrap();
+        std::fs::write(port.join("counters/port_xmit_packets"), "4294967295\n").unwrap();
+        std::fs::write(
+            port.join("counters_ext/port_xmit_packets_64"),
+            "9000000000\n",
+        )
+        .unwrap();
+        let mut c = collector(dir.path());
+        let batches = c.collect(7).unwrap();
+        let ports = batch(&batches, &PORT);
+        let r = row(ports, "mlx4_0", "1");
+        assert_eq!(u64_at(ports, "xmit_packets", r), Some(9_000_000_000));
+        assert_eq!(u64_at(ports, "rcv_packets", r), Some(4_294_967_295));
+        let problems = c.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("counters/port_rcv_packets: stuck at 2^32-1")
+                && problems[0].contains("counters_ext/port_rcv_packets_64 reads 0"),
+            "{problems:?}"
+        );
+        // Once the legacy file counts past it, it is read.
+        std::fs::write(
+            port.join("counters_ext/port_rcv_packets_64"),
+            "7000000000\n",
+        )
+        .unwrap();
+        let batches = c.collect(8).unwrap();
+        let ports = batch(&batches, &PORT);
+        let r = row(ports, "mlx4_0", "1");
+        assert_eq!(u64_at(ports, "rcv_packets", r), Some(7_000_000_000));
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
     }
 
     #[test]
