@@ -76,6 +76,20 @@ const SUSPECTS_STORED: usize = 5;
 /// the guest's steal time in CPUs: time the host gave our vCPUs' physical
 /// cores to someone else, counted by the guest kernel itself.
 pub const HYPERVISOR_SUSPECT: &str = "hypervisor";
+/// The suspect that stands for CPU time the guest spends outside every leaf
+/// workload cgroup (processes in the root cgroup, kernel threads): the node's
+/// busy CPUs less what the leaf cgroups used. Named, it says the guest cannot
+/// tell whose load it is, rather than blaming the host or a bystander.
+pub const OUTSIDE_SUSPECT: &str = "unattributed: load outside any workload cgroup";
+/// Share of the node's CPU time the host must steal, over the seconds the
+/// steal was high, before the hypervisor is named: the operator takes that
+/// accusation to the cloud provider, and a guest loaded by itself sees a
+/// little steal rise with its own load on almost any VM.
+pub const MIN_HYPERVISOR_STEAL_RATIO: f64 = 0.01;
+/// Share of a CPU signal's rise that the steal's rise must match before the
+/// hypervisor is named for it: the steal must carry a material part of what
+/// the victim lost, not only move with it.
+const MIN_HYPERVISOR_SHARE: f64 = 0.25;
 
 /// `[detect]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -539,6 +553,8 @@ enum Pool {
     GpuProcess,
     /// The host, through steal time: a suspect for CPU signals only.
     Hypervisor,
+    /// CPU time outside every leaf cgroup ([`OUTSIDE_SUSPECT`]).
+    Outside,
 }
 
 struct SuspectSeries {
@@ -559,6 +575,17 @@ pub struct Detector {
     facts: Facts,
     jitter: Option<JitterWindow>,
     steal_ratio: Option<f64>,
+    /// CPUs the steal ratio was taken over.
+    node_cpus: Option<usize>,
+    /// CPUs the node's CPUs were busy (not idle, iowait or stolen) each second.
+    node_busy: VecDeque<(i64, f64)>,
+    /// CPUs the leaf cgroups used each second, summed.
+    leaf_busy: VecDeque<(i64, f64)>,
+    /// The first second the detector saw the cgroups' rows, and the GPUs'
+    /// rows (whose processes it then sees too): from then on, a suspect
+    /// that has no usage in a second did not exist, which is no usage.
+    cgroups_watched_since: Option<i64>,
+    gpus_watched_since: Option<i64>,
     canary: Option<canary::CacheCanary>,
     last_canary_second: i64,
     /// Start of the oldest window not yet judged.
@@ -590,6 +617,11 @@ impl Detector {
             facts: Facts::default(),
             jitter: None,
             steal_ratio: None,
+            node_cpus: None,
+            node_busy: VecDeque::new(),
+            leaf_busy: VecDeque::new(),
+            cgroups_watched_since: None,
+            gpus_watched_since: None,
             canary,
             last_canary_second: i64::MIN,
             next_window: None,
@@ -781,15 +813,52 @@ impl Detector {
     }
 
     fn observe_cpu(&mut self, view: &View) {
+        self.observe_node_busy(view);
         if let Some((steal, cpus)) =
             self.observe_node_mean(view, "cpu", "steal_seconds", Resource::Cpu, "steal_ratio")
         {
             self.steal_ratio = Some(steal);
+            self.node_cpus = Some(cpus);
             self.usage(
                 HYPERVISOR_SUSPECT,
                 Pool::Hypervisor,
                 view.time_us(0),
                 steal * cpus as f64,
+            );
+        }
+    }
+
+    /// The node's busy CPUs this second: the rate of every CPU's non-idle,
+    /// non-stolen time, summed. Seconds where any CPU lacks a field are left
+    /// out rather than undercounted.
+    fn observe_node_busy(&mut self, view: &View) {
+        // user_seconds holds guest time already.
+        const BUSY: [&str; 5] = [
+            "user_seconds",
+            "nice_seconds",
+            "system_seconds",
+            "irq_seconds",
+            "softirq_seconds",
+        ];
+        let Some(cpu) = view.tag_column("cpu") else {
+            return;
+        };
+        let (mut total, mut complete) = (0.0, true);
+        for row in 0..view.rows() {
+            let busy: Option<f64> = BUSY.iter().map(|f| view.value(row, f)).sum();
+            let key = format!("cpu|{}|busy", view.tag_at(cpu, row));
+            match busy.and_then(|b| self.rate(key, view.time_us(row), b)) {
+                Some(r) => total += r,
+                None => complete = false,
+            }
+        }
+        if complete {
+            let lookback = self.config.lookback_secs as i64;
+            push_second(
+                &mut self.node_busy,
+                second_of(view.time_us(0)),
+                total,
+                lookback,
             );
         }
     }
@@ -816,6 +885,9 @@ impl Detector {
             return;
         };
         self.leaf_cgroups = leaves(&paths);
+        self.cgroups_watched_since
+            .get_or_insert(second_of(view.time_us(0)));
+        let mut leaf_busy = Some(0.0);
         const PRESSURES: [(&str, Resource); 3] = [
             ("cpu_pressure_some_seconds", Resource::Cpu),
             ("memory_pressure_some_seconds", Resource::Memory),
@@ -823,11 +895,18 @@ impl Detector {
         ];
         for (row, path) in paths.iter().enumerate() {
             let time_us = view.time_us(row);
-            if let Some(usage) = view.value(row, "cpu_usage_seconds") {
-                if let Some(r) = self.rate(format!("cgroup|{path}|cpu"), time_us, usage) {
-                    if self.leaf_cgroups.contains(*path) {
+            let rate = view
+                .value(row, "cpu_usage_seconds")
+                .and_then(|usage| self.rate(format!("cgroup|{path}|cpu"), time_us, usage));
+            if self.leaf_cgroups.contains(*path) {
+                match rate {
+                    Some(r) => {
                         self.usage(path, Pool::Cgroup, time_us, r);
+                        leaf_busy = leaf_busy.map(|sum| sum + r);
                     }
+                    // A leaf seen for the first time (no rate yet) or
+                    // without its usage: the sum is unknown this second.
+                    None => leaf_busy = None,
                 }
             }
             if !is_victim(path, workloads[row], &self.leaf_cgroups) {
@@ -841,6 +920,15 @@ impl Detector {
                     view.value(row, field),
                 );
             }
+        }
+        if let Some(sum) = leaf_busy {
+            let lookback = self.config.lookback_secs as i64;
+            push_second(
+                &mut self.leaf_busy,
+                second_of(view.time_us(0)),
+                sum,
+                lookback,
+            );
         }
     }
 
@@ -916,6 +1004,8 @@ impl Detector {
     }
 
     fn observe_gpus(&mut self, view: &View) {
+        self.gpus_watched_since
+            .get_or_insert(second_of(view.time_us(0)));
         let seen = self.facts.observe_gpu(view);
         let time_us = view.time_us(0);
         type Derived = fn(&GpuFacts) -> Option<f64>;
@@ -1197,15 +1287,87 @@ impl Detector {
                     && !same_lineage(name, &key.victim)
             }
             Pool::Hypervisor => key.resource == Resource::Cpu,
+            Pool::Outside => guest && key.resource == Resource::Cpu,
         };
         let victim = state.seconds_since(since_second);
-        let suspects: BTreeMap<String, BTreeMap<i64, f64>> = self
+        let mut suspects: BTreeMap<String, BTreeMap<i64, f64>> = self
             .suspects
             .iter()
             .filter(|(name, s)| eligible(name, s.pool))
-            .map(|(name, s)| (name.clone(), s.seconds.iter().copied().collect()))
+            .map(|(name, s)| (name.clone(), self.observed_usage(s, &victim)))
             .collect();
-        rank::rank(&victim, &suspects, key.resource.usage_scale())
+        if eligible(OUTSIDE_SUSPECT, Pool::Outside) {
+            suspects.insert(OUTSIDE_SUSPECT.to_string(), self.outside_usage());
+        }
+        let mut ranked = rank::rank(&victim, &suspects, key.resource.usage_scale());
+        for suspect in &mut ranked {
+            if suspect.name == HYPERVISOR_SUSPECT && !self.steal_is_material(suspect, key) {
+                suspect.score = 0.0;
+            }
+        }
+        rank::sort(&mut ranked);
+        ranked
+    }
+
+    /// A suspect's per-second usage, with the seconds before it first
+    /// appeared, while the detector was already watching its kind, as zero:
+    /// a container or job started at the onset did not exist before it, so
+    /// it used nothing then. Counting only the seconds it existed would see
+    /// a newcomer busy throughout, flat, and uncorrelated with the onset.
+    fn observed_usage(
+        &self,
+        suspect: &SuspectSeries,
+        victim: &BTreeMap<i64, f64>,
+    ) -> BTreeMap<i64, f64> {
+        let mut usage: BTreeMap<i64, f64> = suspect.seconds.iter().copied().collect();
+        let watched_since = match suspect.pool {
+            Pool::Cgroup => self.cgroups_watched_since,
+            Pool::GpuProcess => self.gpus_watched_since,
+            Pool::Hypervisor | Pool::Outside => None,
+        };
+        if let (Some(watched), Some(&first)) = (watched_since, usage.keys().next()) {
+            // A usage is a rate: the first comes a second after the first
+            // sight, in the first second watched as in a newcomer's. The
+            // second before the first usage is when it appeared: unknown.
+            for &second in victim.keys() {
+                if second > watched && second < first - 1 {
+                    usage.insert(second, 0.0);
+                }
+            }
+        }
+        usage
+    }
+
+    /// CPUs busy outside every leaf cgroup, per second both are known.
+    fn outside_usage(&self) -> BTreeMap<i64, f64> {
+        let leaves: BTreeMap<i64, f64> = self.leaf_busy.iter().copied().collect();
+        self.node_busy
+            .iter()
+            .filter_map(|(second, busy)| leaves.get(second).map(|l| (*second, (busy - l).max(0.0))))
+            .collect()
+    }
+
+    /// Whether the host's steal is a material cause of `key`'s signal, as
+    /// the hypervisor's ranking found it: the steal, in the seconds it was
+    /// high, reaches [`MIN_HYPERVISOR_STEAL_RATIO`] of the node's CPU time,
+    /// and for a ratio signal its rise is at least [`MIN_HYPERVISOR_SHARE`]
+    /// of the signal's. Steal that merely rises a little with the guest's
+    /// own load (a busy loop makes the host preempt the vCPU more often)
+    /// correlates well and explains nothing.
+    fn steal_is_material(&self, hypervisor: &Suspect, key: &SignalKey) -> bool {
+        let Some(series) = self.suspects.get(HYPERVISOR_SUSPECT) else {
+            return false;
+        };
+        let cpus = self.node_cpus.unwrap_or(1).max(1) as f64;
+        let stolen: Vec<f64> = series.seconds.iter().map(|(_, v)| v / cpus).collect();
+        let Some(peak_quarter) = upper_quartile_mean(&stolen) else {
+            return false;
+        };
+        if peak_quarter < MIN_HYPERVISOR_STEAL_RATIO {
+            return false;
+        }
+        let ratio_signal = key.signal.ends_with("_ratio");
+        !ratio_signal || hypervisor.usage_change / cpus >= MIN_HYPERVISOR_SHARE * hypervisor.effect
     }
 
     /// Whether a cgroup's own usage rose with its signal: a workload that
@@ -1431,6 +1593,18 @@ fn push_second(series: &mut VecDeque<(i64, f64)>, second: i64, value: f64, lookb
 }
 
 /// The first suspect with a positive score, for the log.
+/// The mean of the largest quarter of `values` (at least one); `None` when
+/// there are none.
+fn upper_quartile_mean(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let top = &sorted[..sorted.len().div_ceil(4)];
+    Some(top.iter().sum::<f64>() / top.len() as f64)
+}
+
 fn top_suspect(suspects: &[Suspect]) -> &str {
     suspects
         .first()

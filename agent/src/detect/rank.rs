@@ -82,13 +82,18 @@ pub fn rank(
             })
         })
         .collect();
+    sort(&mut ranked);
+    ranked
+}
+
+/// Orders suspects best first: by score, then correlation, then name.
+pub fn sort(ranked: &mut [Suspect]) {
     ranked.sort_by(|a, b| {
         b.score
             .total_cmp(&a.score)
             .then(b.correlation.total_cmp(&a.correlation))
             .then(a.name.cmp(&b.name))
     });
-    ranked
 }
 
 /// Splits the seconds at the midpoint of the suspect's usage range into busy

@@ -40,6 +40,9 @@ struct Node {
     /// Steal per CPU of the next seconds, when the node reports /proc/stat.
     steal_rate: Option<f64>,
     steal: f64,
+    /// Busy CPU time (user) per CPU of the next seconds, reported with steal.
+    busy_rate: Option<f64>,
+    busy: f64,
     out: Vec<Batch>,
     /// Every batch the detector was given, as a store would have kept it.
     observed: Vec<Batch>,
@@ -55,6 +58,8 @@ impl Node {
             node_stall: 0.0,
             steal_rate: None,
             steal: 0.0,
+            busy_rate: None,
+            busy: 0.0,
             out: Vec::new(),
             observed: Vec::new(),
         }
@@ -91,9 +96,18 @@ impl Node {
         self.observed.push(pressure);
         if let Some(rate) = self.steal_rate {
             self.steal += rate;
+            let busy = self.busy_rate.map(|rate| {
+                self.busy += rate;
+                self.busy
+            });
             let mut cpus = BatchBuilder::new(&CPU);
-            let steal = CPU.fields.iter().map(|f| match f.name {
-                "steal_seconds" => Value::F64(self.steal),
+            let steal = CPU.fields.iter().map(|f| match (f.name, busy) {
+                ("steal_seconds", _) => Value::F64(self.steal),
+                ("user_seconds", Some(busy)) => Value::F64(busy),
+                (
+                    "nice_seconds" | "system_seconds" | "irq_seconds" | "softirq_seconds",
+                    Some(_),
+                ) => Value::F64(0.0),
                 _ => Value::Null,
             });
             let steal: Vec<Value> = steal.collect();
@@ -283,6 +297,102 @@ fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
     let closed = node.events("closed");
     assert!(closed.iter().any(|e| e.1 == "/victim"), "{closed:?}");
     assert!(node.detector.open.is_empty());
+}
+
+/// A victim runs alone; then an antagonist starts in a cgroup made at that
+/// moment (a new container, a new Slurm job). Before its first row it used
+/// nothing: counted so, its rise with the victim's stall names it.
+#[test]
+fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
+    let mut node = Node::new(config());
+    let mut seed = 11;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..120 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
+            quiet(&mut seed),
+        );
+    }
+    assert!(node.events("open").is_empty(), "no event while quiet");
+    for _ in 0..60 {
+        // The newcomer's own noise: over the seconds it existed alone it
+        // does not move with the victim's stall.
+        let (n, m) = (noise(&mut seed), noise(&mut seed));
+        node.step(
+            &[
+                ("/victim", 0.3 + 0.02 * n, 0.35 + 0.03 * n),
+                ("/newcomer", 1.9 + 0.05 * m, 0.2 + 0.03 * m),
+            ],
+            0.4 + 0.03 * n,
+        );
+    }
+    let opened = node.events("open");
+    let victim = opened
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .expect("the victim's event opened");
+    assert!(
+        victim.2.starts_with("/newcomer "),
+        "the newcomer ranks first: {opened:?}"
+    );
+    let node_event = opened.iter().find(|e| e.1 == "node").expect("node event");
+    assert!(node_event.2.starts_with("/newcomer "), "{opened:?}");
+}
+
+/// A busy loop outside every workload cgroup, on a VM whose host steals a
+/// little more as the guest gets busier (0.2% to 0.4% of the CPU time): the
+/// steal correlates with the stall but explains none of it. The hypervisor
+/// is not accused; the event says the load is outside any workload cgroup.
+#[test]
+fn load_outside_any_cgroup_is_unattributed_and_a_little_steal_accuses_no_one() {
+    let mut node = Node::new(config());
+    let mut seed = 3;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    let second = |node: &mut Node, seed: &mut u64, loop_cpus: f64| {
+        let n = noise(seed);
+        node.steal_rate = Some(0.002 + 0.002 * loop_cpus + 0.0005 * n);
+        // Per CPU of two: the victim's 0.4 CPUs and the loop's, halved.
+        node.busy_rate = Some((0.4 + loop_cpus) / 2.0 + 0.01 * n);
+        let stall = if loop_cpus > 0.0 {
+            0.3 + 0.03 * n
+        } else {
+            quiet(seed)
+        };
+        node.step(
+            &[("/victim", 0.4 + 0.01 * n, stall), ("/idle", 0.01, 0.0)],
+            stall,
+        );
+    };
+    for _ in 0..120 {
+        second(&mut node, &mut seed, 0.0);
+    }
+    assert!(node.events("open").is_empty(), "no event while quiet");
+    for _ in 0..60 {
+        second(&mut node, &mut seed, 1.0);
+    }
+    let opened = event_rows(&node.out, "open");
+    assert!(!opened.is_empty(), "the stall opened events");
+    for event in &opened {
+        assert!(
+            !event.suspects.contains(HYPERVISOR_SUSPECT),
+            "{} {}: {}",
+            event.victim,
+            event.signal,
+            event.suspects
+        );
+    }
+    let node_cpu = opened
+        .iter()
+        .find(|e| e.victim == "node" && e.signal == "pressure_some_ratio")
+        .expect("the node's CPU pressure event");
+    assert!(
+        node_cpu
+            .suspects
+            .starts_with(&format!("{OUTSIDE_SUSPECT} ")),
+        "{}",
+        node_cpu.suspects
+    );
 }
 
 #[test]
