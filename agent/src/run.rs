@@ -151,9 +151,12 @@ pub fn run(args: RunArgs) -> Result<()> {
                             "Reloaded: [web], [store], [[remote_write]] and [upload] changes take effect at the next restart."
                         );
                     }
-                    collectors.stop(&exposition);
-                    collectors =
-                        CollectorSet::start(&new.collectors, &new.roots(), &exposition, &sender);
+                    collectors = collectors.reload(
+                        (&config.collectors, &config.roots()),
+                        (&new.collectors, &new.roots()),
+                        &exposition,
+                        &sender,
+                    );
                     if new.detect != config.detect {
                         exposition.remove(DETECTOR_SOURCE);
                         detector = start_detector(&new, &store);

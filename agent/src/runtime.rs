@@ -49,10 +49,24 @@ impl Stopper {
 /// Rows on their way from a collector to the store.
 pub type Rows = Vec<Arc<Batch>>;
 
+/// One collector's thread, which hands the collector back when it stops.
+struct Running {
+    name: &'static str,
+    stopper: Arc<Stopper>,
+    thread: JoinHandle<Box<dyn Collector>>,
+}
+
+impl Running {
+    /// Stops the thread and waits for it; the collector, unless it panicked.
+    fn stop(self) -> Option<Box<dyn Collector>> {
+        self.stopper.stop();
+        self.thread.join().ok()
+    }
+}
+
 /// The running collectors of one configuration.
 pub struct CollectorSet {
-    stopper: Arc<Stopper>,
-    threads: Vec<JoinHandle<()>>,
+    collectors: Vec<Running>,
     /// Names of the collectors running.
     pub running: Vec<&'static str>,
 }
@@ -66,19 +80,85 @@ impl CollectorSet {
         exposition: &Arc<Exposition>,
         rows: &Sender<Rows>,
     ) -> CollectorSet {
-        let stopper = Arc::new(Stopper::default());
+        let mut set = CollectorSet {
+            collectors: Vec::new(),
+            running: Vec::new(),
+        };
+        set.start_missing(config, roots, exposition, rows, Vec::new());
+        set
+    }
+
+    /// Applies a reloaded configuration. A collector whose settings (and the
+    /// root paths) did not change keeps running untouched: its thread, its
+    /// open files, the counts it keeps and its series on `/metrics`. One
+    /// whose settings changed is stopped and built anew, taking over from
+    /// the old one (`Collector::take_over`); its series stay on `/metrics`
+    /// until its first tick replaces them, so a scrape in between sees no
+    /// gap. Only a collector now disabled, or whose source is gone, leaves.
+    pub fn reload(
+        mut self,
+        old: (&CollectorsConfig, &Roots),
+        new: (&CollectorsConfig, &Roots),
+        exposition: &Arc<Exposition>,
+        rows: &Sender<Rows>,
+    ) -> CollectorSet {
+        let (old_config, old_roots) = old;
+        let (config, roots) = new;
+        let mut replaced = Vec::new();
+        let mut kept = Vec::new();
+        for running in std::mem::take(&mut self.collectors) {
+            let name = running.name;
+            let unchanged = old_roots == roots
+                && config.same_settings(old_config, name)
+                && config.common(name).is_some_and(|c| c.enabled());
+            if unchanged {
+                tracing::debug!(
+                    collector = name,
+                    "Collector unchanged by the reload: it keeps running."
+                );
+                kept.push(running);
+            } else if let Some(previous) = running.stop() {
+                replaced.push(previous);
+            }
+        }
+        self.running = kept.iter().map(|r| r.name).collect();
+        self.collectors = kept;
+        let was_running: Vec<&'static str> = replaced.iter().map(|c| c.name()).collect();
+        self.start_missing(config, roots, exposition, rows, replaced);
+        for name in was_running {
+            if !self.running.contains(&name) {
+                remove_series(exposition, name);
+            }
+        }
+        self
+    }
+
+    /// Starts every enabled collector not running yet; each takes over from
+    /// its entry in `previous`, if any.
+    fn start_missing(
+        &mut self,
+        config: &CollectorsConfig,
+        roots: &Roots,
+        exposition: &Arc<Exposition>,
+        rows: &Sender<Rows>,
+        mut previous: Vec<Box<dyn Collector>>,
+    ) {
         // Every collector's first tick is on the next whole second, whatever
         // its interval, so each starts with data at once and on one render.
         let first_tick = next_grid(1_000_000, i64::MIN);
-        let mut threads = Vec::new();
-        let mut running = Vec::new();
         for &name in NAMES {
+            if self.running.contains(&name) {
+                continue;
+            }
             let common = config.common(name).expect("every name has settings");
             if !common.enabled() {
                 tracing::info!(collector = name, "Collector disabled by configuration.");
                 continue;
             }
             let mut collector = config.build(name, roots).expect("every name builds");
+            if let Some(at) = previous.iter().position(|p| p.name() == name) {
+                collector.take_over(previous.swap_remove(at));
+            }
             match collector.probe() {
                 Availability::Absent(reason) => {
                     tracing::info!(collector = name, %reason, "Collector disabled: its source is absent.");
@@ -89,34 +169,41 @@ impl CollectorSet {
                 }
             }
             let interval = Duration::from_secs_f64(common.interval_secs());
-            threads.push(spawn_collector(
+            let stopper = Arc::new(Stopper::default());
+            let thread = spawn_collector(
                 collector,
                 first_tick,
                 interval,
                 stopper.clone(),
                 exposition.clone(),
                 rows.clone(),
-            ));
-            running.push(name);
-        }
-        CollectorSet {
-            stopper,
-            threads,
-            running,
+            );
+            self.collectors.push(Running {
+                name,
+                stopper,
+                thread,
+            });
+            self.running.push(name);
         }
     }
 
     /// Stops every collector thread and waits for them; their series leave `/metrics`.
     pub fn stop(self, exposition: &Exposition) {
-        self.stopper.stop();
-        for thread in self.threads {
-            let _ = thread.join();
+        for running in &self.collectors {
+            running.stopper.stop();
         }
-        for name in self.running {
-            exposition.remove(name);
-            exposition.remove(&status_source(name));
+        for running in self.collectors {
+            let name = running.name;
+            let _ = running.thread.join();
+            remove_series(exposition, name);
         }
     }
+}
+
+/// Takes a collector's series, and its status row, off `/metrics`.
+fn remove_series(exposition: &Exposition, name: &str) {
+    exposition.remove(name);
+    exposition.remove(&status_source(name));
 }
 
 fn status_source(name: &str) -> String {
@@ -163,7 +250,7 @@ fn spawn_collector(
     stopper: Arc<Stopper>,
     exposition: Arc<Exposition>,
     rows: Sender<Rows>,
-) -> JoinHandle<()> {
+) -> JoinHandle<Box<dyn Collector>> {
     std::thread::Builder::new()
         .name(format!("collector-{}", collector.name()))
         .spawn(move || {
@@ -179,6 +266,7 @@ fn spawn_collector(
         .expect("spawn a collector thread")
 }
 
+/// Ticks `collector` until `stopper` stops; hands it back.
 fn collector_loop(
     mut collector: Box<dyn Collector>,
     first_tick: (i64, Instant),
@@ -186,13 +274,13 @@ fn collector_loop(
     stopper: &Stopper,
     exposition: &Exposition,
     rows: &Sender<Rows>,
-) {
+) -> Box<dyn Collector> {
     let name = collector.name();
     let mut failing = false;
     let interval_us = (interval.as_micros() as i64).max(1);
     let (mut grid_us, first) = first_tick;
     if stopper.sleep_until(first) {
-        return;
+        return collector;
     }
     loop {
         let time_us = now_us();
@@ -242,7 +330,7 @@ fn collector_loop(
         let next;
         (grid_us, next) = next_grid(interval_us, grid_us);
         if stopper.sleep_until(next) {
-            return;
+            return collector;
         }
     }
 }
@@ -320,6 +408,26 @@ mod tests {
             grid_after(SECOND_US, woke_for, stepped_on),
             7212 * SECOND_US
         );
+    }
+
+    /// A reload keeps a collector running only when nothing it is built
+    /// from changed: every name is compared, and perf with the cgroup
+    /// selection it shares.
+    #[test]
+    fn a_reload_rebuilds_only_the_collectors_whose_settings_changed() {
+        let old = CollectorsConfig::default();
+        assert!(NAMES.iter().all(|name| old.same_settings(&old, name)));
+        let mut new = old.clone();
+        new.cgroups.interval_secs = 5.0;
+        let changed: Vec<&str> = NAMES
+            .iter()
+            .copied()
+            .filter(|name| !new.same_settings(&old, name))
+            .collect();
+        assert_eq!(changed, ["cgroups", "perf"]);
+        let mut new = old.clone();
+        new.gpu.processes = false;
+        assert!(!new.same_settings(&old, "gpu") && new.same_settings(&old, "perf"));
     }
 
     /// Ticks every 200 ms, and its second tick takes 550 ms: a loop that

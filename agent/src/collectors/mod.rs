@@ -97,11 +97,25 @@ pub enum Availability {
     Absent(String),
 }
 
+/// A boxed collector as `Any`, so that the one built on a reload can take
+/// over from the one of its own type it replaces ([`Collector::take_over`]).
+pub trait IntoAny {
+    /// The collector, to downcast.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
+impl<T: std::any::Any> IntoAny for T {
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
 /// One source of rows.
-pub trait Collector: Send {
+pub trait Collector: Send + IntoAny {
     /// The collector's name: its config section, its flags and its label.
     fn name(&self) -> &'static str;
-    /// Checks the source; called once at start and on every config reload.
+    /// Checks the source; called once when the collector is built: at start,
+    /// and on a reload that changed its settings.
     fn probe(&mut self) -> Availability;
     /// Reads the source once, stamping every row with `time_us`.
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>>;
@@ -121,6 +135,15 @@ pub trait Collector: Send {
     /// (`scrape`'s targets) keeps each source's latest rows on display.
     fn exposed(&self) -> Option<Vec<std::sync::Arc<Batch>>> {
         None
+    }
+    /// On a reload that changed this collector's settings, the collector
+    /// built for the new ones is handed the one it replaces (stopped), before
+    /// its probe. One that counts events itself (since the agent started)
+    /// carries those counts on, so that no counter on `/metrics` goes back
+    /// and no series it had leaves. Counters read from a source (the
+    /// kernel's, the driver's) need nothing: the source keeps them.
+    fn take_over(&mut self, previous: Box<dyn Collector>) {
+        let _ = previous;
     }
 }
 
@@ -196,6 +219,25 @@ impl CollectorsConfig {
             "scrape" => &self.scrape,
             _ => return None,
         })
+    }
+
+    /// Whether the named collector is built the same from `other`: its own
+    /// section and, for `perf`, the cgroup selection it shares.
+    pub fn same_settings(&self, other: &CollectorsConfig, name: &str) -> bool {
+        match name {
+            "host" => self.host == other.host,
+            "cgroups" => self.cgroups == other.cgroups,
+            "perf" => self.perf == other.perf && self.cgroups == other.cgroups,
+            "infiniband" => self.infiniband == other.infiniband,
+            "platform" => self.platform == other.platform,
+            "gpu" => self.gpu == other.gpu,
+            "jitter" => self.jitter == other.jitter,
+            "block" => self.block == other.block,
+            "netdev" => self.netdev == other.netdev,
+            "filesystem" => self.filesystem == other.filesystem,
+            "scrape" => self.scrape == other.scrape,
+            _ => false,
+        }
     }
 
     /// Turns the named collector on or off (the `--collector.<name>` flags).

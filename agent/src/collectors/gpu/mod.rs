@@ -104,6 +104,15 @@ impl GpuConfig {
         Ok(())
     }
 
+    /// Whether `other` builds the same backend: the same simulated GPUs, or
+    /// NVML read the same way.
+    fn same_backend(&self, other: &GpuConfig) -> bool {
+        self.simulate_gpus == other.simulate_gpus
+            && self.simulate_profile == other.simulate_profile
+            && self.simulate_scenarios == other.simulate_scenarios
+            && self.gpm == other.gpm
+    }
+
     fn backend(&self) -> Result<Box<dyn GpuBackend>, String> {
         if self.simulate_gpus > 0 {
             let profile = sim::profile(&self.simulate_profile)
@@ -409,6 +418,9 @@ pub struct Gpu {
     states: Vec<GpuState>,
     driver_version: String,
     owners: Owners,
+    /// What the collector this one replaced on a reload knew of each GPU,
+    /// by UUID, until the probe finds the GPUs again.
+    carried: BTreeMap<String, GpuState>,
 }
 
 impl Gpu {
@@ -421,6 +433,7 @@ impl Gpu {
             states: Vec::new(),
             driver_version: String::new(),
             owners: Owners::new(roots),
+            carried: BTreeMap::new(),
         }
     }
 }
@@ -674,10 +687,13 @@ impl Collector for Gpu {
     }
 
     fn probe(&mut self) -> Availability {
-        // A new backend on every probe: a reload may switch between NVML and
-        // the simulator, and an old XID thread stops with its backend.
-        self.backend = None;
-        let backend = match self.config.backend() {
+        // The backend taken over on a reload goes on (its XID thread with
+        // the XIDs it holds, the simulator's clock); otherwise a new one.
+        let backend = match self
+            .backend
+            .take()
+            .map_or_else(|| self.config.backend(), Ok)
+        {
             Ok(b) => self.backend.insert(b),
             Err(reason) => return Availability::Absent(reason),
         };
@@ -689,13 +705,16 @@ impl Collector for Gpu {
             Err(reason) => return Availability::Absent(reason),
         };
         self.driver_version = backend.driver_version();
+        let mut carried = std::mem::take(&mut self.carried);
         self.states = self
             .gpus
             .iter()
-            .map(|_| GpuState {
-                virtualization_mode: "unknown",
-                mig: "unknown",
-                ..GpuState::default()
+            .map(|g| {
+                carried.remove(&g.uuid).unwrap_or_else(|| GpuState {
+                    virtualization_mode: "unknown",
+                    mig: "unknown",
+                    ..GpuState::default()
+                })
             })
             .collect();
         let mut names: BTreeMap<&str, usize> = BTreeMap::new();
@@ -818,6 +837,26 @@ impl Collector for Gpu {
             }
         }
         Ok(rows.finish())
+    }
+
+    /// Carries on each GPU's counts (failed reads, XIDs by code) and, when
+    /// the backend settings are the same, the backend itself: a new one
+    /// would start its counts, and the simulator its clock, from zero.
+    fn take_over(&mut self, previous: Box<dyn Collector>) {
+        let Ok(previous) = previous.into_any().downcast::<Gpu>() else {
+            return;
+        };
+        let Gpu {
+            config,
+            backend,
+            gpus,
+            states,
+            ..
+        } = *previous;
+        if config.same_backend(&self.config) {
+            self.backend = backend;
+        }
+        self.carried = gpus.into_iter().map(|g| g.uuid).zip(states).collect();
     }
 
     fn problems(&self) -> Vec<String> {
@@ -1076,6 +1115,84 @@ mod tests {
             !problems.contains("GPU 0 ("),
             "a healthy GPU has no problem:\n{problems}"
         );
+    }
+
+    /// Every counter series of `batches` as (table, tags, field) → value.
+    fn counters(batches: &[Batch]) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for b in batches.iter().filter(|b| b.table.exported) {
+            for (f, field) in b.table.fields.iter().enumerate() {
+                if field.kind != vtax_store::MetricKind::Counter {
+                    continue;
+                }
+                for row in (0..b.len()).filter(|&r| b.fields[f].is_valid(r)) {
+                    let tags: Vec<&str> = b
+                        .tags
+                        .iter()
+                        .map(|c| c.dict[c.codes[row] as usize].as_str())
+                        .collect();
+                    let v = match &b.fields[f].values {
+                        Values::F64(v) => v[row],
+                        Values::I64(v) => v[row] as f64,
+                        Values::U64(v) => v[row] as f64,
+                    };
+                    out.insert(format!("{} {tags:?} {}", b.table.name, field.name), v);
+                }
+            }
+        }
+        out
+    }
+
+    /// A reload that changes the collector's settings builds it anew; the
+    /// new one carries on the counts of the old, so none goes back or
+    /// leaves (an XID counter once fell from 6 to 1 on SIGHUP).
+    #[test]
+    fn a_rebuilt_collector_takes_over_the_counts_of_the_old() {
+        let mut old = simulated(&["xid", "gpu-lost", "training"]);
+        old.collect(1_000_000).unwrap();
+        let before = counters(&old.collect(122_000_000).unwrap());
+        assert_eq!(
+            before
+                .iter()
+                .filter(|(k, _)| k.starts_with("gpu_xid "))
+                .count(),
+            3,
+            "31 and 13 on GPU 0, 79 on GPU 1: {before:?}"
+        );
+        let roots = Roots {
+            procfs: "/nonexistent/proc".into(),
+            sysfs: "/nonexistent/sys".into(),
+            ..Roots::default()
+        };
+        // The same backend settings (the backend goes on), then other ones
+        // (a new simulator, whose clock starts again).
+        let changes: [fn(&mut GpuConfig); 2] = [
+            |c| c.processes = false,
+            |c| c.simulate_profile = "h200".into(),
+        ];
+        for change in changes {
+            let mut config = old.config.clone();
+            change(&mut config);
+            let mut new = Gpu::new(&config, &roots);
+            new.take_over(Box::new(old));
+            assert!(matches!(new.probe(), Availability::Available(_)));
+            let after = counters(&new.collect(123_000_000).unwrap());
+            for (series, value) in &before {
+                let now = after.get(series);
+                // The driver's own counters, which a new simulator starts
+                // again as a reloaded driver would.
+                let kept_by_the_backend =
+                    series.starts_with("gpu ") || series.starts_with("gpu_nvlink ");
+                if kept_by_the_backend && config.simulate_profile == "h200" {
+                    continue;
+                }
+                assert!(
+                    now.is_some_and(|now| now >= value),
+                    "{series}: {value} before, {now:?} after ({config:?})"
+                );
+            }
+            old = new;
+        }
     }
 
     #[test]
