@@ -46,6 +46,14 @@ pub enum Error {
         /// The write error that started the backlog.
         last_error: String,
     },
+    /// A node name that cannot name the store's files (`check_node_name`).
+    #[error("node name {name:?}: {reason}")]
+    NodeName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Another process holds the store open for writing.
     #[error("the store at {path} is open for writing by another process ({holder})")]
     Locked {

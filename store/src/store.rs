@@ -86,24 +86,70 @@ impl std::fmt::Debug for Deletable {
     }
 }
 
-/// The host name, made safe for a file name.
+/// Most characters in a node name: a DNS name's, and so a Kubernetes node's.
+pub const NODE_NAME_MAX_CHARS: usize = 253;
+
+/// Checks a node name, which names the store's files
+/// (`<node>-<first_time_us>-<max_seq>.parquet`), a fleet copy's `node=`
+/// partition and, by default, remote write's `instance` label: 1 to 253 ASCII
+/// letters, digits, '-', '.' and '_', starting and ending with a letter or
+/// digit. Host names and Kubernetes node names (RFC 1123: lower-case letters,
+/// digits, '-' and '.') pass as they are, and so do names of the earlier rule
+/// (letters, digits, '.' and '_'), which already name files on disk. The
+/// message says what is wrong.
+pub fn check_node_name(name: &str) -> std::result::Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    if name.is_empty() {
+        return Err("a node name cannot be empty".into());
+    }
+    if name.len() > NODE_NAME_MAX_CHARS {
+        return Err(format!(
+            "{} characters, more than {NODE_NAME_MAX_CHARS}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name.chars().find(|&c| !allowed(c)) {
+        return Err(format!(
+            "{bad:?} is not allowed: use letters, digits, '-', '.' and '_' (it names files and the node= partition)"
+        ));
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(name.chars().next()) || !alnum(name.chars().next_back()) {
+        return Err("it must start and end with a letter or digit".into());
+    }
+    Ok(())
+}
+
+/// The host name, the node's name unless one is configured. A host name that
+/// [`check_node_name`] refuses (rare: the kernel takes any bytes) has each
+/// character outside the rule replaced with '-' and its ends trimmed to a
+/// letter or digit; "node" when nothing is left.
 pub fn node_name() -> String {
-    let raw = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "node".into());
+    let raw = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    node_name_from_host(&raw)
+}
+
+fn node_name_from_host(raw: &str) -> String {
+    let raw = raw.trim();
+    if check_node_name(raw).is_ok() {
+        return raw.to_string();
+    }
     let clean: String = raw
-        .trim()
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_') {
                 c
             } else {
-                '_'
+                '-'
             }
         })
+        .take(NODE_NAME_MAX_CHARS)
         .collect();
+    let clean = clean.trim_matches(|c: char| !c.is_ascii_alphanumeric());
     if clean.is_empty() {
         "node".into()
     } else {
-        clean
+        clean.to_string()
     }
 }
 
@@ -159,6 +205,10 @@ impl Store {
     /// files, verifies every file's footer (quarantining failures), finishes any
     /// interrupted compaction, and replays the WAL.
     pub fn open(options: StoreOptions, catalog: Catalog) -> Result<Self> {
+        check_node_name(&options.node).map_err(|reason| Error::NodeName {
+            name: options.node.clone(),
+            reason,
+        })?;
         let dir = options.data_dir.clone();
         fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
         let lock = lock(&dir)?;
@@ -1096,4 +1146,32 @@ fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
         wal::sync_dir(parent)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod node_name_tests {
+    use super::*;
+
+    #[test]
+    fn a_host_name_names_the_node_as_it_is() {
+        assert_eq!(node_name_from_host("gpu-node-17\n"), "gpu-node-17");
+        assert_eq!(
+            node_name_from_host("ip-10-0-1-17.ec2.internal\n"),
+            "ip-10-0-1-17.ec2.internal"
+        );
+        assert_eq!(node_name_from_host("GPU-Node-17"), "GPU-Node-17");
+    }
+
+    #[test]
+    fn a_host_name_the_rule_refuses_is_made_to_fit() {
+        assert_eq!(node_name_from_host("rack 3/gpu 7"), "rack-3-gpu-7");
+        assert_eq!(node_name_from_host("-gpü-"), "gp");
+        assert_eq!(node_name_from_host(""), "node");
+        assert_eq!(node_name_from_host("..."), "node");
+        let long = node_name_from_host(&format!("{}!", "a".repeat(300)));
+        assert_eq!(long.len(), NODE_NAME_MAX_CHARS);
+        for name in ["rack-3-gpu-7", "gp", "node", long.as_str()] {
+            assert_eq!(check_node_name(name), Ok(()), "{name}");
+        }
+    }
 }
