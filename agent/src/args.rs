@@ -18,8 +18,9 @@ pub struct AgentArgs {
     /// Data directory of the store (default: /var/lib/vtax when it exists, else ./vtax-data).
     #[arg(long, env = "VTAX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Node name in the store's files (default: the host name).
-    #[arg(long = "store.node", value_name = "NAME")]
+    /// The node's name in the store's files, a fleet copy and remote write's
+    /// instance label (default: the host name).
+    #[arg(long = "store.node", value_name = "NAME", env = "VTAX_NODE")]
     pub node: Option<String>,
     /// Address to serve /metrics on (default :9433).
     #[arg(long = "web.listen-address")]

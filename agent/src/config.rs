@@ -144,7 +144,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("paths.sysfs", "sysfs mount point; cgroups are read under <sysfs>/fs/cgroup."),
     ("paths.rootfs", "Where the host's root filesystem is mounted (/host when the agent runs in a container with the host's / bind-mounted there and the host's PID namespace): the filesystem collector then reads the host's mounts from <procfs>/1/mountinfo and stats each under this path."),
     ("store.data_dir", "Where the store lives. Unset: /var/lib/vtax when it exists, else ./vtax-data."),
-    ("store.node", "Node name in the store's file names and metadata, and the node= partition of a fleet copy. Unset: the host name."),
+    ("store.node", "The node's name, one identity everywhere: the store's file names and metadata, the node= partition of a fleet copy, remote write's instance label (unless external_labels sets one), vtax report and vtax query --where node=. 1 to 253 letters, digits, '-', '.' and '_', starting and ending with a letter or digit, so host names and Kubernetes node names fit as they are. --store.node or VTAX_NODE overrides it. Unset: the host name."),
     ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose."),
     ("store.max_buffered_bytes", "Bytes of rows held in memory before they are published early as a part file."),
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
@@ -264,13 +264,12 @@ impl Config {
             ));
         }
         if let Some(node) = &self.store.node {
-            let safe = |c: char| c.is_ascii_alphanumeric() || c == '.' || c == '_';
-            if node.is_empty() || !node.chars().all(safe) {
-                return Err((
-                    "store.node".into(),
-                    format!("store.node = {node:?}: use letters, digits, '.' and '_' only (it names files)"),
-                ));
-            }
+            vtax_store::check_node_name(node).map_err(|e| {
+                (
+                    "store.node".to_string(),
+                    format!("store.node = {node:?}: {e}"),
+                )
+            })?;
         }
         if self.store.compact_interval_secs == 0 {
             return Err((
@@ -305,6 +304,16 @@ impl Config {
             sysfs: self.paths.sysfs.clone(),
             rootfs: self.paths.rootfs.clone(),
         }
+    }
+
+    /// The node's name: `store.node`, else the host name. It names the
+    /// store's files, the fleet copy's `node=` partition and remote write's
+    /// default `instance` label.
+    pub fn node_name(&self) -> String {
+        self.store
+            .node
+            .clone()
+            .unwrap_or_else(vtax_store::node_name)
     }
 
     /// The data directory: the configured one, else the default.
@@ -403,7 +412,7 @@ fn remote_write_example() -> String {
          # At most one of basic_auth, bearer_token, bearer_token_file; files are read per request.\n\
          # basic_auth = {{ username = \"vtax\", password_file = \"/etc/vtax/remote-password\" }}\n\
          # bearer_token_file = \"/etc/vtax/remote-token\"\n\
-         # Labels on every series sent; instance (the host name) and job (vtax) unless set here.\n\
+         # Labels on every series sent; instance (the node's name, store.node) and job (vtax) unless set here.\n\
          # external_labels = {{ cluster = \"train-a\", instance = \"gpu-node-17\" }}\n\
          # TLS for https: CAs to trust (unset: the system's), a client certificate if asked for.\n\
          # tls = {{ ca_file = \"/etc/vtax/ca.crt\", cert_file = \"/etc/vtax/client.crt\", key_file = \"/etc/vtax/client.key\", insecure_skip_verify = false }}\n\

@@ -70,7 +70,7 @@ pub fn report(config: &Config, config_source: &str) -> String {
         out,
         "vtax {} on {}",
         env!("CARGO_PKG_VERSION"),
-        vtax_store::node_name()
+        config.node_name()
     );
     let _ = writeln!(out, "config: {config_source}");
     let _ = writeln!(

@@ -3,14 +3,15 @@
 //! and sees rows still in the WAL.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema};
-use vtax_store::scan::scan_dir;
-use vtax_store::ScanRequest;
+use vtax_store::files::node_of_store;
+use vtax_store::scan::{fleet_nodes, scan_dir, scan_fleet_node};
+use vtax_store::{ScanRequest, ScanResult};
 
 use crate::timespec::{now_us, parse_time};
 
@@ -68,6 +69,18 @@ pub fn query(args: QueryArgs) -> Result<()> {
         };
         tag_equals.push((tag.to_string(), value.to_string()));
     }
+    // `node` is no table's tag: it names the store, or a fleet copy's partition.
+    let (nodes, tag_equals): (Vec<_>, Vec<_>) =
+        tag_equals.into_iter().partition(|(tag, _)| tag == NODE_TAG);
+    let node = match nodes.as_slice() {
+        [] => None,
+        [(_, node), rest @ ..] => {
+            if let Some((_, other)) = rest.iter().find(|(_, other)| other != node) {
+                bail!("--where node={node} and --where node={other}: a query reads one node");
+            }
+            Some(node.clone())
+        }
+    };
     let request = ScanRequest {
         table: args.table.clone(),
         from_us: args
@@ -86,14 +99,19 @@ pub fn query(args: QueryArgs) -> Result<()> {
         skip_damaged: args.skip_damaged,
     };
     let scanning = || format!("scan {} in {}", args.table, data_dir.display());
-    let result = match scan_dir(&data_dir, &crate::catalog(), &request) {
+    let result = match scan_node(&data_dir, node.as_deref(), &request) {
         Ok(result) => result,
-        Err(e) if e.damaged_file().is_some() => bail!(
+        Err(e)
+            if e.downcast_ref::<vtax_store::Error>()
+                .is_some_and(|e| e.damaged_file().is_some()) =>
+        {
+            bail!(
             "{}: {e}\nThe file is damaged: --skip-damaged reads the rest without it; \
              `vtax verify --quarantine`, with the agent stopped, finds every damaged file and moves it aside.",
             scanning()
-        ),
-        Err(e) => return Err(e).with_context(scanning),
+        )
+        }
+        Err(e) => return Err(e.context(scanning())),
     };
     let batches = plain_batches(&result.batches)?;
     let mut out = crate::Stdout;
@@ -131,6 +149,49 @@ pub fn query(args: QueryArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `--where node=NAME` selects: a node's store, or one node of a fleet copy.
+const NODE_TAG: &str = "node";
+
+/// Scans a node's store at `dir`, or with `node`, that node of the fleet copy
+/// at `dir` (`tables/<table>/node=<node>/date=.../`). On a node's store,
+/// `node` must be the store's own node: the one its files name.
+pub(crate) fn scan_node(
+    dir: &Path,
+    node: Option<&str>,
+    request: &ScanRequest,
+) -> Result<ScanResult> {
+    let catalog = crate::catalog();
+    let fleet = fleet_nodes(dir).with_context(|| format!("list {}", dir.display()))?;
+    if fleet.is_empty() {
+        if let Some(node) = node {
+            let own = node_of_store(dir).with_context(|| format!("list {}", dir.display()))?;
+            if let Some(own) = own.filter(|own| own != node) {
+                bail!(
+                    "--where node={node}: the store at {} is node {own}'s",
+                    dir.display()
+                );
+            }
+        }
+        return Ok(scan_dir(dir, &catalog, request)?);
+    }
+    let Some(node) = node else {
+        bail!(
+            "{} is a fleet copy of {} node(s): choose one with --where node=NAME ({})",
+            dir.display(),
+            fleet.len(),
+            fleet.join(", ")
+        );
+    };
+    if !fleet.iter().any(|n| n == node) {
+        bail!(
+            "--where node={node}: the fleet copy at {} has no such node; it has {}",
+            dir.display(),
+            fleet.join(", ")
+        );
+    }
+    Ok(scan_fleet_node(dir, node, &catalog, request)?)
 }
 
 /// Tags as plain strings: every output format prints those the same way.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use vtax_exporters::remote_write::RemoteWriters;
+use vtax_exporters::remote_write::{RemoteWriteConfig, RemoteWriters};
 use vtax_exporters::Exposition;
 use vtax_store::{Batch, Compactor, Store, StoreOptions};
 
@@ -57,9 +57,7 @@ const AGENT_ROW_GROUP_ROWS: usize = 128 * 1024;
 
 fn store_options(config: &Config) -> StoreOptions {
     let mut options = StoreOptions::new(config.data_dir());
-    if let Some(node) = &config.store.node {
-        options.node = node.clone();
-    }
+    options.node = config.node_name();
     options.write.data_page_rows = AGENT_DATA_PAGE_ROWS;
     options.write.row_group_rows = AGENT_ROW_GROUP_ROWS;
     options.write.encoding_sample_bytes = AGENT_ENCODING_SAMPLE_BYTES;
@@ -106,7 +104,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         CollectorSet::start(&config.collectors, &config.roots(), &exposition, &sender);
     let sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
     let mut remote = RemoteWriters::start(
-        &config.remote_write,
+        &remote_write_configs(&config),
         &data_dir,
         sync_interval,
         &exposition,
@@ -322,6 +320,22 @@ pub struct CompactArgs {
     /// import of today's data be compacted at once.
     #[arg(long)]
     now: Option<String>,
+}
+
+/// The remote write targets, each with the node's name as its `instance`
+/// label unless `external_labels` sets one (or removes it, set empty): the
+/// name the node's files and fleet copy carry, not the pod's host name that
+/// changes at every rollout.
+fn remote_write_configs(config: &Config) -> Vec<RemoteWriteConfig> {
+    let node = config.node_name();
+    let mut configs = config.remote_write.clone();
+    for remote in &mut configs {
+        remote
+            .external_labels
+            .entry("instance".into())
+            .or_insert_with(|| node.clone());
+    }
+    configs
 }
 
 /// Options for a command that opens the store at `data_dir` for writing while
@@ -626,5 +640,36 @@ mod tests {
             }
         }
         store.close().expect("close");
+    }
+
+    #[test]
+    fn remote_write_says_instance_with_the_node_name_the_files_carry() {
+        let mut config = Config::default();
+        config.store.node = Some("ip-10-0-1-17.ec2.internal".into());
+        let mut own = RemoteWriteConfig::new("central", "https://prom.example/api/v1/write");
+        own.external_labels
+            .insert("instance".into(), "rack3-gpu7".into());
+        let mut removed = RemoteWriteConfig::new("other", "https://prom.example/api/v1/write");
+        removed.external_labels.insert("instance".into(), "".into());
+        config.remote_write = vec![
+            RemoteWriteConfig::new("plain", "https://prom.example/api/v1/write"),
+            own,
+            removed,
+        ];
+        let instance = |c: &RemoteWriteConfig| {
+            c.series_labels("pod-name-abc12")
+                .into_iter()
+                .find(|l| l.name == "instance")
+                .map(|l| l.value)
+        };
+        let configs = remote_write_configs(&config);
+        assert_eq!(
+            instance(&configs[0]).as_deref(),
+            Some("ip-10-0-1-17.ec2.internal"),
+            "the node's name, not the pod's host name"
+        );
+        assert_eq!(instance(&configs[1]).as_deref(), Some("rack3-gpu7"));
+        assert_eq!(instance(&configs[2]), None, "an empty value removes it");
+        assert_eq!(store_options(&config).node, "ip-10-0-1-17.ec2.internal");
     }
 }

@@ -244,14 +244,34 @@ fn a_node_name_that_cannot_name_files_is_refused() {
             name.as_ref(),
         ])
     };
+    for (name, says) in [
+        (
+            "rack 3/gpu-7",
+            "' ' is not allowed: use letters, digits, '-', '.' and '_'",
+        ),
+        ("rack3/gpu-7", "'/' is not allowed"),
+        ("..", "it must start and end with a letter or digit"),
+        ("", "a node name cannot be empty"),
+    ] {
+        let said = check(name);
+        assert!(
+            said.contains(&format!("store.node = {name:?}: {says}")),
+            "{name:?}: {said}"
+        );
+    }
+    // Host names and Kubernetes node names as they are, and names of the
+    // earlier rule that already name files on disk.
+    for name in ["gpu-node-17", "ip-10-0-1-17.ec2.internal", "rack3.gpu_7"] {
+        assert_eq!(check(name), "", "{name}");
+    }
+    // The DaemonSet passes the Kubernetes node name in VTAX_NODE.
+    let out = Command::new(VTAX)
+        .args(["check-config"])
+        .env("VTAX_NODE", "rack 3")
+        .output()
+        .unwrap();
     assert!(
-        check("rack 3/gpu-7")
-            .contains("store.node = \"rack 3/gpu-7\": use letters, digits, '.' and '_' only"),
-        "a name with a space and a slash"
-    );
-    assert_eq!(
-        check("rack3.gpu_7"),
-        "",
-        "letters, digits, dots and underscores"
+        String::from_utf8_lossy(&out.stderr).contains("store.node = \"rack 3\""),
+        "{out:?}"
     );
 }

@@ -318,3 +318,46 @@ fn the_manifest_forgets_files_long_gone_and_keeps_what_matters() {
         "day 0's object stays remote"
     );
 }
+
+const NODE: &str = "gpu-node-17";
+
+#[test]
+fn a_node_of_a_fleet_copy_is_queried_by_its_name() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut options = StoreOptions::new(data.path());
+    options.node = NODE.into();
+    let mut store = Store::open(options, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
+    part(&mut store, T0, 100);
+    part(&mut store, T0 + HOUR_US, 100);
+    store.close().unwrap();
+    let mut u = uploader(data.path(), target.path());
+    pass(&mut u, T0 + DAY_US);
+    let request = vtax_store::ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let rows = |dir: &Path, node: Option<&str>| {
+        crate::query::scan_node(dir, node, &request).map(|r| r.rows())
+    };
+    assert_eq!(rows(target.path(), Some(NODE)).unwrap(), 200);
+    assert_eq!(rows(data.path(), Some(NODE)).unwrap(), 200);
+    assert_eq!(rows(data.path(), None).unwrap(), 200);
+    let err = |dir: &Path, node: Option<&str>| format!("{:#}", rows(dir, node).unwrap_err());
+    assert!(
+        err(target.path(), None)
+            .contains("fleet copy of 1 node(s): choose one with --where node=NAME (gpu-node-17)"),
+        "{}",
+        err(target.path(), None)
+    );
+    assert!(
+        err(target.path(), Some("gpu_node_17")).contains("has no such node; it has gpu-node-17"),
+        "{}",
+        err(target.path(), Some("gpu_node_17"))
+    );
+    assert!(
+        err(data.path(), Some("gpu-node-18")).contains("is node gpu-node-17's"),
+        "{}",
+        err(data.path(), Some("gpu-node-18"))
+    );
+}
