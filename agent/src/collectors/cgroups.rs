@@ -110,6 +110,19 @@ impl CollectorConfig for CgroupsConfig {
     }
 }
 
+/// Ranges of this collector's own numeric keys.
+pub static KEY_RANGES: crate::config::KeyRanges = &[
+    ("max_depth", crate::config::KeyRange::between(1.0, 32.0)),
+    (
+        "max_cgroups",
+        crate::config::KeyRange::between(1.0, 100_000.0),
+    ),
+    (
+        "rescan_interval_secs",
+        crate::config::KeyRange::between(0.0, 86_400.0),
+    ),
+];
+
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[
     (

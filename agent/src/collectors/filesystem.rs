@@ -116,6 +116,12 @@ impl FilesystemConfig {
     }
 }
 
+/// Ranges of this collector's own numeric keys.
+pub static KEY_RANGES: crate::config::KeyRanges = &[(
+    "stat_timeout_ms",
+    crate::config::KeyRange::between(1.0, 60_000.0),
+)];
+
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[
     (

@@ -283,12 +283,12 @@ impl CollectorsConfig {
         for name in NAMES {
             let common = self.common(name).expect("every name has settings");
             let interval = common.interval_secs();
-            if !(0.01..=86_400.0).contains(&interval) {
+            let key = format!("collectors.{name}.interval_secs");
+            let range = crate::config::range_of(&key).expect("interval_secs has a range");
+            if !range.contains(interval) {
                 return Err((
-                    format!("collectors.{name}.interval_secs"),
-                    format!(
-                        "collectors.{name}.interval_secs = {interval}: must be between 0.01 and 86400"
-                    ),
+                    key.clone(),
+                    format!("{key} = {interval}: must be {}", range.describe()),
                 ));
             }
         }
@@ -343,6 +343,23 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         _ => return None,
     };
     docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
+}
+
+/// The declared range of a collector-specific numeric key
+/// (`collectors.<name>.<key>`); each collector module lists its own in
+/// `KEY_RANGES`. `interval_secs`, every collector's, is in the config's.
+pub fn key_range(path: &str) -> Option<crate::config::KeyRange> {
+    let rest = path.strip_prefix("collectors.")?;
+    let (name, key) = rest.split_once('.')?;
+    let ranges: crate::config::KeyRanges = match name {
+        "cgroups" => cgroups::KEY_RANGES,
+        "perf" => perf::KEY_RANGES,
+        "gpu" => gpu::KEY_RANGES,
+        "jitter" => jitter::KEY_RANGES,
+        "filesystem" => filesystem::KEY_RANGES,
+        _ => &[],
+    };
+    ranges.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
 }
 
 /// Why a read failed: the file, the line (1-based; 0 for the file as a whole)

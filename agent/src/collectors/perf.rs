@@ -83,6 +83,12 @@ impl CollectorConfig for PerfConfig {
     }
 }
 
+/// Ranges of this collector's own numeric keys (at least one cgroup's counters).
+pub static KEY_RANGES: crate::config::KeyRanges = &[(
+    "max_counters",
+    crate::config::KeyRange::between(3.0, 1_000_000.0),
+)];
+
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[(
     "max_counters",

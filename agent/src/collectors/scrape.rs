@@ -119,6 +119,7 @@ pub fn example_target() -> String {
             .find(|(k, _)| k == key)
             .map(|(_, d)| *d)
             .unwrap_or_else(|| panic!("scrape.{key} has no comment"));
+        let doc = crate::config::doc_with_range(doc, &format!("scrape.{key}"));
         out.push_str(&format!("# {doc}\n# {key} = {value}\n"));
     }
     out
@@ -236,6 +237,23 @@ impl CollectorConfig for ScrapeConfig {
         self.interval_secs
     }
 }
+
+/// Ranges of the numeric keys of each `[[scrape]]` table (`timeout_secs`
+/// must also be under `interval_secs`, and `window_secs` at least it).
+pub static TARGET_KEY_RANGES: crate::config::KeyRanges = &[
+    (
+        "interval_secs",
+        crate::config::KeyRange::between(0.1, 86_400.0),
+    ),
+    (
+        "timeout_secs",
+        crate::config::KeyRange::above(0.0, 86_400.0),
+    ),
+    (
+        "window_secs",
+        crate::config::KeyRange::between(1.0, 86_400.0),
+    ),
+];
 
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[(

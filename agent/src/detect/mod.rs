@@ -199,6 +199,38 @@ impl DetectConfig {
     }
 }
 
+/// Ranges of the numeric keys of `[detect]`: the baselines and the history
+/// are held in memory, so their lengths are bounded.
+pub const KEY_RANGES: crate::config::KeyRanges = &[
+    ("window_secs", crate::config::KeyRange::between(1.0, 300.0)),
+    (
+        "open_windows",
+        crate::config::KeyRange::between(1.0, 1000.0),
+    ),
+    (
+        "close_windows",
+        crate::config::KeyRange::between(1.0, 1000.0),
+    ),
+    (
+        "baseline_windows",
+        crate::config::KeyRange::between(3.0, 100_000.0),
+    ),
+    (
+        "min_baseline_windows",
+        crate::config::KeyRange::between(3.0, 100_000.0),
+    ),
+    (
+        "learn_abnormal_after_windows",
+        crate::config::KeyRange::between(1.0, 1_000_000.0),
+    ),
+    ("z_open", crate::config::KeyRange::above(0.0, 1000.0)),
+    ("z_close", crate::config::KeyRange::above(0.0, 1000.0)),
+    (
+        "lookback_secs",
+        crate::config::KeyRange::between(1.0, 86_400.0),
+    ),
+];
+
 /// Comments for the example config.
 pub const KEY_DOCS: &[(&str, &str)] = &[
     ("detect.enabled", "Whether the noisy-neighbour detector and the platform verdict run."),

@@ -132,6 +132,10 @@ impl GpuConfig {
     }
 }
 
+/// Ranges of this collector's own numeric keys.
+pub static KEY_RANGES: crate::config::KeyRanges =
+    &[("simulate_gpus", crate::config::KeyRange::between(0.0, 64.0))];
+
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[
     (

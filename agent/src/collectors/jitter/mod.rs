@@ -220,6 +220,31 @@ impl JitterConfig {
     }
 }
 
+/// Ranges of this collector's own numeric keys; `cpus` is each CPU listed (Linux pins to at most 1024).
+pub static KEY_RANGES: crate::config::KeyRanges = &[
+    ("cpus", crate::config::KeyRange::between(0.0, 1023.0)),
+    (
+        "interval_us",
+        crate::config::KeyRange::between(50.0, 1_000_000.0),
+    ),
+    ("slice_us", crate::config::KeyRange::between(0.0, 500_000.0)),
+    (
+        "gap_threshold_us",
+        crate::config::KeyRange::between(1.0, 1_000_000.0),
+    ),
+    ("window_secs", crate::config::KeyRange::between(1.0, 3600.0)),
+    (
+        "rotate_ms",
+        crate::config::KeyRange::between(10.0, 3_600_000.0),
+    ),
+    ("cpu_budget_ratio", crate::config::KeyRange::above(0.0, 1.0)),
+    ("fifo_priority", crate::config::KeyRange::between(1.0, 99.0)),
+    (
+        "max_gaps_per_window",
+        crate::config::KeyRange::between(0.0, 10_000.0),
+    ),
+];
+
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[
     (
