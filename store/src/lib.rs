@@ -63,8 +63,8 @@ pub use files::WriteOptions;
 pub use scan::{ScanRequest, ScanResult};
 pub use schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 pub use store::{
-    check_node_name, kept_in_quarantine, node_name, Deletable, Merge, MergeOutcome, Store,
-    StoreOptions, StoreStats,
+    check_node_name, kept_in_quarantine, node_name, open_for_writing, Deletable, Merge,
+    MergeOutcome, Store, StoreOptions, StoreStats,
 };
 
 /// Microseconds in one hour: the width of a bucket.

@@ -1067,6 +1067,35 @@ fn select_rows(batch: &Batch, rows: &[usize]) -> Batch {
     out
 }
 
+/// Whether a process holds the store at `dir` open for writing (its lock is
+/// taken), without taking it. A reader that finds no writer knows that
+/// nothing will publish, merge or delete files until one starts.
+pub fn open_for_writing(dir: &Path) -> Result<bool> {
+    let path = dir.join("LOCK");
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io("open lock file", &path)(e)),
+    };
+    // SAFETY: flock on an fd we own; no memory is touched. A shared lock
+    // fails only against the writer's exclusive one, and goes with the fd.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::LOCK_SH | libc::LOCK_NB,
+        )
+    };
+    if rc == 0 {
+        return Ok(false);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        Ok(true)
+    } else {
+        Err(Error::io("probe lock file", &path)(e))
+    }
+}
+
 fn lock(dir: &Path) -> Result<File> {
     let path = dir.join("LOCK");
     let mut file = OpenOptions::new()

@@ -70,7 +70,7 @@ pub static UPLOAD: TableDef = TableDef {
             "pending_files",
             FieldType::U64,
             Unit::None,
-            "Sealed files not yet uploaded after the last pass.",
+            "Files of finished hours not yet uploaded after the last pass: after a failed upload, or parts of an hour the running store has yet to merge. Files of hours not yet ended are not counted.",
         ),
         FieldDef::gauge(
             "oldest_pending_age_seconds",

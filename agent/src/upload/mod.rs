@@ -27,7 +27,7 @@ use object_store::{ObjectStore, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use vtax_exporters::Exposition;
 use vtax_store::files::FileInfo;
-use vtax_store::{date_string, BatchBuilder, Deletable, Value};
+use vtax_store::{date_string, BatchBuilder, Deletable, Value, HOUR_US};
 
 use crate::config::Config;
 use crate::runtime::Rows;
@@ -247,6 +247,19 @@ impl Remote {
     }
 }
 
+/// Whether every hour a file holds ended at least `settle_us` before
+/// `now_us` (its watermarks' hours, else its rows' times), as
+/// [`FileInfo::is_sealed`] asks first.
+fn hours_ended(file: &FileInfo, now_us: i64, settle_us: i64) -> bool {
+    let last_hour = file
+        .watermarks
+        .keys()
+        .next_back()
+        .copied()
+        .or_else(|| file.time_range_us.map(|(_, last)| last.div_euclid(HOUR_US)));
+    last_hour.is_none_or(|hour| (hour + 1) * HOUR_US + settle_us <= now_us)
+}
+
 /// A local file's name in the manifest: `<table>/date=<day>/<name>`.
 fn file_id(table: &str, day: i64, name: &str) -> String {
     format!("{table}/date={}/{name}", date_string(day))
@@ -265,10 +278,19 @@ pub struct UploadStats {
     pub replaced_deleted: u64,
     /// Failed puts, checks and deletes.
     pub failures: u64,
-    /// Sealed files not yet remote after the last pass.
+    /// Files of finished hours not yet remote after the last pass: those of
+    /// `pending_failed_files` and `pending_unmerged_files`.
     pub pending_files: u64,
     /// Seconds since the oldest of those was written.
     pub oldest_pending_age_seconds: f64,
+    /// Of `pending_files`: files whose put failed, or came after a failed one.
+    pub pending_failed_files: u64,
+    /// Of `pending_files`: parts of a finished hour that the running writer
+    /// has yet to merge into one file (its next compaction pass).
+    pub pending_unmerged_files: u64,
+    /// Files of hours not yet ended [`SETTLE`] before the pass's time: they
+    /// go once they have. Not in `pending_files`.
+    pub pending_open_files: u64,
 }
 
 /// Uploads a data directory's sealed files to one target.
@@ -319,13 +341,28 @@ impl Uploader {
                 .or_default()
                 .push(file);
         }
+        // Parts of a finished hour wait for the writer to merge them into
+        // one file; with no writer (a stopped store, `vtax upload` on a
+        // backfill) nothing ever will, so they go as they are. Should a writer
+        // merge them later, the merged file only covers their objects.
+        let writer_running = vtax_store::open_for_writing(&self.data_dir)
+            .with_context(|| format!("check whether {} is open", self.data_dir.display()))?;
         let mut sealed: Vec<&FileInfo> = Vec::new();
+        let (mut open_files, mut unmerged_files) = (Vec::new(), Vec::new());
         for files in partitions.values() {
-            sealed.extend(
-                files
-                    .iter()
-                    .filter(|f| f.is_sealed(files, now_us, self.settle_us)),
-            );
+            for file in files {
+                if file.is_sealed(files, now_us, self.settle_us) {
+                    sealed.push(file);
+                } else if self.remote_has(file) {
+                    // An open hour's file from a pass with a later `now`.
+                } else if !hours_ended(file, now_us, self.settle_us) {
+                    open_files.push(file);
+                } else if writer_running && file.watermarks.len() == 1 {
+                    unmerged_files.push(file);
+                } else {
+                    sealed.push(file);
+                }
+            }
         }
         sealed.sort_by_key(|f| (f.day, f.time_range_us, f.path.clone()));
         // What the manifest may be asked about again: live files and the
@@ -342,6 +379,7 @@ impl Uploader {
         let mut pending = Vec::new();
         for file in sealed {
             if !pending.is_empty() {
+                // After a failed put the target is likely down.
                 pending.push(file);
                 continue;
             }
@@ -401,10 +439,14 @@ impl Uploader {
                 "Uploaded sealed files."
             );
         }
-        self.stats.pending_files = pending.len() as u64;
+        self.stats.pending_failed_files = pending.len() as u64;
+        self.stats.pending_unmerged_files = unmerged_files.len() as u64;
+        self.stats.pending_open_files = open_files.len() as u64;
+        self.stats.pending_files = (pending.len() + unmerged_files.len()) as u64;
         let now = std::time::SystemTime::now();
         self.stats.oldest_pending_age_seconds = pending
             .iter()
+            .chain(&unmerged_files)
             .filter_map(|f| f.path.metadata().ok()?.modified().ok())
             .filter_map(|written| now.duration_since(written).ok())
             .map(|age| age.as_secs_f64())
@@ -412,16 +454,19 @@ impl Uploader {
         Ok(())
     }
 
+    /// Whether the manifest has the file, as it is now, at this target.
+    fn remote_has(&self, file: &FileInfo) -> bool {
+        self.manifest
+            .covered(&file_id(&file.table, file.day, file.name()))
+            .is_some_and(|c| c.bytes == file.bytes)
+    }
+
     /// Makes one sealed file remote: nothing when the manifest has it, a
     /// `cover` line when it merges files that are all remote, else a put
     /// and a `put` line that lists the objects it replaces.
     async fn ship(&mut self, file: &FileInfo, now_us: i64) -> Result<()> {
         let id = file_id(&file.table, file.day, file.name());
-        if self
-            .manifest
-            .covered(&id)
-            .is_some_and(|c| c.bytes == file.bytes)
-        {
+        if self.remote_has(file) {
             return Ok(());
         }
         let covered = |name: &String| self.manifest.covered(&file_id(&file.table, file.day, name));
@@ -731,13 +776,49 @@ pub fn upload(args: UploadArgs) -> Result<()> {
     runtime.block_on(uploader.pass(now))?;
     let s = &uploader.stats;
     eprintln!(
-        "Uploaded {} file(s), {} bytes; {} merged file(s) already remote; {} replaced object(s) deleted; {} file(s) pending.",
-        s.files, s.bytes, s.covered, s.replaced_deleted, s.pending_files
+        "Uploaded {} file(s), {} bytes; {} merged file(s) already remote; {} replaced object(s) deleted; {}.",
+        s.files,
+        s.bytes,
+        s.covered,
+        s.replaced_deleted,
+        pending_summary(s)
     );
     if s.failures > 0 {
         bail!("{} upload step(s) failed; run again to retry", s.failures);
     }
     Ok(())
+}
+
+/// How many files are not remote, and why: "3 file(s) pending: 2 of hours
+/// not ended 5 minutes before --now, 1 after a failed upload".
+fn pending_summary(s: &UploadStats) -> String {
+    let total = s.pending_files + s.pending_open_files;
+    let reasons: Vec<String> = [
+        (
+            s.pending_open_files,
+            format!(
+                "of hours not ended {} minutes before --now (they go once they have)",
+                SETTLE.as_secs() / 60
+            ),
+        ),
+        (
+            s.pending_unmerged_files,
+            "parts of finished hours the running agent has yet to merge".to_string(),
+        ),
+        (
+            s.pending_failed_files,
+            "after a failed upload (run again to retry)".to_string(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, why)| format!("{n} {why}"))
+    .collect();
+    if reasons.is_empty() {
+        format!("{total} file(s) pending")
+    } else {
+        format!("{total} file(s) pending: {}", reasons.join(", "))
+    }
 }
 
 #[cfg(test)]

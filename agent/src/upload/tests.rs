@@ -319,7 +319,175 @@ fn the_manifest_forgets_files_long_gone_and_keeps_what_matters() {
     );
 }
 
+/// A second table, so that a pass handles several partitions.
+static GPU: vtax_store::TableDef = vtax_store::TableDef {
+    name: "gpu",
+    help: "Test table.",
+    tags: &[vtax_store::TagDef {
+        name: "gpu",
+        help: "Index.",
+    }],
+    fields: &[vtax_store::FieldDef {
+        name: "power_watts",
+        ty: vtax_store::FieldType::F64,
+        kind: vtax_store::MetricKind::Gauge,
+        unit: vtax_store::Unit::Watts,
+        help: "Power.",
+    }],
+    exported: true,
+};
+
 const NODE: &str = "gpu-node-17";
+
+fn two_tables() -> Catalog {
+    Catalog::new(&[&tables::SCRAPED, &GPU]).unwrap()
+}
+
+/// Appends `n` rows of `gpu`, one a second from `start`, as a part.
+fn gpu_part(store: &mut Store, start: i64, n: i64) {
+    let mut b = BatchBuilder::new(&GPU);
+    for i in 0..n {
+        b.push(
+            start + i * 1_000_000,
+            &[&(i % 4).to_string()],
+            &[Value::F64(i as f64)],
+        )
+        .unwrap();
+    }
+    store.append(&b.finish()).unwrap();
+    store.flush().unwrap();
+}
+
+/// Rows of `table` before `until_us` in the node's store and in the fleet copy.
+fn rows_here_and_there(data: &Path, target: &Path, table: &str, until_us: i64) -> (usize, usize) {
+    let request = vtax_store::ScanRequest {
+        table: table.into(),
+        until_us: Some(until_us),
+        ..Default::default()
+    };
+    let here = vtax_store::scan::scan_dir(data, &two_tables(), &request).unwrap();
+    let there = vtax_store::scan::scan_fleet_node(target, NODE, &two_tables(), &request).unwrap();
+    (here.rows(), there.rows())
+}
+
+#[test]
+fn a_stopped_store_uploads_every_part_and_the_fleet_copy_holds_every_row() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let open = || {
+        let mut options = StoreOptions::new(data.path());
+        options.node = NODE.into();
+        Store::open(options, two_tables()).unwrap()
+    };
+    let mut store = open();
+    // Hour 0 of both tables in several parts (published early), hour 1 in
+    // one; hour 2 is still open at the first pass. The agent stops before
+    // its compaction merges any of them.
+    for minute in [0, 10, 20] {
+        part(&mut store, T0 + minute * 60_000_000, 100);
+    }
+    part(&mut store, T0 + HOUR_US, 50);
+    for minute in [0, 30] {
+        gpu_part(&mut store, T0 + minute * 60_000_000, 80);
+    }
+    gpu_part(&mut store, T0 + 2 * HOUR_US, 40);
+    store.close().unwrap();
+    assert_eq!(local_files(data.path()).len(), 7);
+
+    let mut u = uploader(data.path(), target.path());
+    let now = T0 + 2 * HOUR_US + 10 * 60_000_000;
+    pass(&mut u, now);
+    assert_eq!(u.stats.files, 6, "every part of the finished hours");
+    assert_eq!(u.stats.pending_files, 0);
+    assert_eq!(u.stats.pending_open_files, 1, "gpu's hour 2");
+    assert_eq!(
+        pending_summary(&u.stats),
+        "1 file(s) pending: 1 of hours not ended 5 minutes before --now (they go once they have)"
+    );
+    for table in ["scraped", "gpu"] {
+        let (here, there) =
+            rows_here_and_there(data.path(), target.path(), table, T0 + 2 * HOUR_US);
+        assert_eq!(here, there, "{table}: the finished hours' rows");
+    }
+    assert_eq!(
+        rows_here_and_there(data.path(), target.path(), "scraped", T0 + DAY_US),
+        (350, 350)
+    );
+    for key in objects(target.path()).keys() {
+        let table = key.split('/').nth(1).unwrap();
+        assert!(
+            key.starts_with(&format!(
+                "tables/{table}/node={NODE}/date=2025-11-21/{NODE}-"
+            )),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        vtax_store::scan::fleet_nodes(target.path()).unwrap(),
+        [NODE]
+    );
+
+    // Once the hour ends, its file goes too: every row is remote.
+    pass(&mut u, T0 + DAY_US);
+    assert_eq!(
+        (
+            u.stats.files,
+            u.stats.pending_files,
+            u.stats.pending_open_files
+        ),
+        (7, 0, 0)
+    );
+    assert_eq!(pending_summary(&u.stats), "0 file(s) pending");
+    for table in ["scraped", "gpu"] {
+        let (here, there) = rows_here_and_there(data.path(), target.path(), table, T0 + DAY_US);
+        assert_eq!(here, there, "{table}");
+    }
+    assert_eq!(
+        rows_here_and_there(data.path(), target.path(), "gpu", T0 + DAY_US),
+        (200, 200)
+    );
+
+    // The agent starts again and merges the parts: the merged files' rows
+    // are remote already, so they are only recorded.
+    let mut store = open();
+    store.compact(T0 + DAY_US / 2).unwrap();
+    store.close().unwrap();
+    let objects_before = objects(target.path());
+    pass(&mut u, T0 + DAY_US);
+    assert_eq!(u.stats.files, 7, "nothing put twice");
+    assert!(u.stats.covered >= 2, "{:?}", u.stats);
+    assert_eq!(objects(target.path()), objects_before);
+    for table in ["scraped", "gpu"] {
+        let (here, there) = rows_here_and_there(data.path(), target.path(), table, T0 + DAY_US);
+        assert_eq!(here, there, "{table}");
+    }
+}
+
+#[test]
+fn parts_a_running_store_has_yet_to_merge_are_pending_with_their_reason() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    part(&mut store, T0, 100);
+    part(&mut store, T0 + 600_000_000, 100);
+    let mut u = uploader(data.path(), target.path());
+    let now = T0 + HOUR_US + 10 * 60_000_000;
+    pass(&mut u, now);
+    assert_eq!(u.stats.files, 0, "the writer merges them first");
+    assert_eq!(
+        (u.stats.pending_files, u.stats.pending_unmerged_files),
+        (2, 2)
+    );
+    assert!(
+        pending_summary(&u.stats)
+            .contains("2 parts of finished hours the running agent has yet to merge"),
+        "{}",
+        pending_summary(&u.stats)
+    );
+    store.compact(now).unwrap();
+    pass(&mut u, now);
+    assert_eq!((u.stats.files, u.stats.pending_files), (1, 0));
+}
 
 #[test]
 fn a_node_of_a_fleet_copy_is_queried_by_its_name() {
