@@ -16,9 +16,11 @@ cyclictest's (from its histogram). The first --quiet windows are quiet; then a
 stress-ng CPU hog pinned to the probed CPU runs for --hog windows: the first
 window with the hog shows whether the probe's p99 moved within one window.
 Bars: p50, p90 and p99 within +-20% of cyclictest's, max within a factor of 2.
-The probe sets its timer slack to 1 ns, as cyclictest does: with the
-default 50 us slack of a SCHED_OTHER thread its sleeps end up to 50 us late
-by policy, and its p50 read about three times cyclictest's.
+The probe sets its timer slack to 1 ns: with the default 50 us slack of a
+SCHED_OTHER thread its sleeps end up to 50 us late by policy. cyclictest's
+measuring thread is given a slack of 1 ns too (Debian's cyclictest resets
+it to the default when it sets its policy); run with
+--reference-default-slack to see what the slack alone adds to it.
 
 Two 1 ms grids on one CPU interfere: deadlines closer than the timer slack
 (50 us) fire in one interrupt, and beside a hog a wake-up that fails to
@@ -137,6 +139,44 @@ def window_end(row):
     return int(time.mktime(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone)
 
 
+# Whether cyclictest's measuring thread gets a timer slack of 1 ns
+# (--reference-default-slack turns it off).
+REFERENCE_LEAST_SLACK = True
+
+
+def least_timer_slack(proc):
+    """Gives cyclictest's measuring thread a timer slack of 1 ns, as the
+    probe has. Debian's cyclictest calls sched_setscheduler(SCHED_OTHER) in
+    that thread, which puts the slack back to the default 50 us (a slack set
+    before exec does not survive it), so its sleeps end up to 50 us late by
+    policy; both must measure the platform's lateness. Written through
+    /proc/<tid>/timerslack_ns (root) once the thread exists, again until it
+    reads back 1 twice in a row: the first few wake-ups may carry the old
+    slack, a few in the thousands of a window."""
+    if not REFERENCE_LEAST_SLACK:
+        return
+    deadline, settled = time.time() + 1.0, 0
+    while time.time() < deadline and settled < 2 and proc.poll() is None:
+        tid = None
+        try:
+            tid = next((int(t) for t in os.listdir(f"/proc/{proc.pid}/task")
+                        if int(t) != proc.pid), None)
+            if tid is not None:
+                path = f"/proc/{tid}/timerslack_ns"
+                with open(path) as f:
+                    if f.read().strip() == "1":
+                        settled += 1
+                    else:
+                        settled = 0
+                        with open(path, "w") as w:
+                            w.write("1")
+        except FileNotFoundError:
+            return
+        time.sleep(0.002)
+    if settled < 2 and proc.poll() is None:
+        sys.exit("could not set cyclictest's timer slack to 1 ns (needs root)")
+
+
 def cyclictest_args(cpu, loops, fifo, laptop):
     args = ["cyclictest", "-t1", "-a", str(cpu), "-i", "1000", "-l", str(loops), "-q"]
     if laptop:
@@ -156,6 +196,7 @@ def start_cyclictest(cpu, loops, fifo, laptop, *extra):
     out = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cyclictest_args(cpu, loops, fifo, laptop) + ["-h", "20000", *extra],
                             stdout=out, stderr=subprocess.DEVNULL, text=True)
+    least_timer_slack(proc)
     proc.histogram_file = out
     return proc
 
@@ -347,6 +388,7 @@ class CyclictestCandidate:
         self.out = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cyclictest_args(cpu, loops, fifo, laptop) + ["-v"],
                                      stdout=self.out, stderr=subprocess.DEVNULL, text=True)
+        least_timer_slack(self.proc)
         self.started = time.time()
         time.sleep(0.05)
         self.tid = measuring_tid(self.proc)
@@ -522,7 +564,7 @@ def part2(vtax, windows):
 
 
 def main():
-    global WINDOW
+    global WINDOW, REFERENCE_LEAST_SLACK
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     p.add_argument("--cpu", type=int, default=os.cpu_count() - 1)
@@ -542,6 +584,9 @@ def main():
                         "from perf)")
     p.add_argument("--control", action="store_true",
                    help="part 1 with a second, long-lived cyclictest in the agent's place")
+    p.add_argument("--reference-default-slack", action="store_true",
+                   help="leave cyclictest at the default 50 us timer slack of a SCHED_OTHER "
+                        "thread instead of 1 ns (shows what the slack alone adds)")
     p.add_argument("--window-secs", type=int, default=WINDOW,
                    help="the agent's window_secs, and each cyclictest run's length less 0.5 s "
                         "(less again when --min-gap-us restarts it; all of it with --align)")
@@ -549,6 +594,7 @@ def main():
     if a.align and a.min_gap_us:
         p.error("--align puts the grids together; --min-gap-us keeps them apart: choose one")
     WINDOW = a.window_secs
+    REFERENCE_LEAST_SLACK = not a.reference_default_slack
     need("cyclictest")
     need("stress-ng")
     print("load average at start: %.2f %.2f %.2f (other work on this machine shares its CPUs)"
