@@ -2,6 +2,13 @@
 //!
 //! Every file is parsed once in full before anything is written, so a malformed
 //! line is reported with its file and line number and leaves the store untouched.
+//!
+//! An import is idempotent: run again (after it was killed, or by mistake), a
+//! file adds nothing it already added. A series holds one value per instant,
+//! and the store's merges keep one copy of rows whose tags and time are equal
+//! (store/src/merge.rs); the import merges the hours it wrote before it
+//! exits, and a sample without a timestamp gets its file's modification time,
+//! the same at every run.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -27,7 +34,8 @@ pub struct ImportArgs {
     no_progress: bool,
     /// OpenMetrics (`# EOF`-terminated, timestamps in seconds) or Prometheus text
     /// (timestamps in milliseconds) files. Samples without a timestamp get the
-    /// time the import started.
+    /// file's modification time. Importing a file again adds nothing it
+    /// already added (after a killed import, run it again).
     #[arg(required = true)]
     files: Vec<PathBuf>,
 }
@@ -118,10 +126,21 @@ fn progress_bar(total_bytes: u64, hidden: bool, what: &str) -> ProgressBar {
     bar
 }
 
+/// The time of a file's samples that carry none: its modification time, so
+/// that importing it again gives them the same time.
+fn default_time_us(path: &Path) -> Result<i64> {
+    let modified = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .with_context(|| format!("stat {}", path.display()))?;
+    Ok(match modified.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_micros() as i64,
+        Err(e) => -(e.duration().as_micros() as i64),
+    })
+}
+
 /// Runs `vtax import`.
 pub fn import(args: ImportArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    let start_us = crate::timespec::now_us();
     let total_bytes: u64 = args
         .files
         .iter()
@@ -136,7 +155,7 @@ pub fn import(args: ImportArgs) -> Result<()> {
     let bar = progress_bar(total_bytes, args.no_progress, "checking");
     let mut expected = 0;
     for path in &args.files {
-        expected += for_each_sample(path, start_us, &bar, |_, _, _, _| Ok(()))?;
+        expected += for_each_sample(path, default_time_us(path)?, &bar, |_, _, _, _| Ok(()))?;
     }
     bar.finish_and_clear();
 
@@ -149,18 +168,23 @@ pub fn import(args: ImportArgs) -> Result<()> {
     let started = Instant::now();
     let mut imported = 0;
     for path in &args.files {
-        imported += for_each_sample(path, start_us, &bar, |metric, labels, value, time_us| {
-            builder.push(time_us, &["", metric, labels], &[Value::F64(value)])?;
-            if builder.len() >= IMPORT_BATCH_ROWS {
-                store.append(&builder.finish())?;
-                store.publish_over_budget()?;
-                if last_sync.elapsed() >= Duration::from_secs(1) {
-                    store.sync()?;
-                    last_sync = Instant::now();
+        imported += for_each_sample(
+            path,
+            default_time_us(path)?,
+            &bar,
+            |metric, labels, value, time_us| {
+                builder.push(time_us, &["", metric, labels], &[Value::F64(value)])?;
+                if builder.len() >= IMPORT_BATCH_ROWS {
+                    store.append(&builder.finish())?;
+                    store.publish_over_budget()?;
+                    if last_sync.elapsed() >= Duration::from_secs(1) {
+                        store.sync()?;
+                        last_sync = Instant::now();
+                    }
                 }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            },
+        )?;
     }
     if !builder.is_empty() {
         store.append(&builder.finish())?;
@@ -170,7 +194,7 @@ pub fn import(args: ImportArgs) -> Result<()> {
     // steady shape at once.
     store.flush().context("publish imported rows")?;
     store
-        .compact(crate::timespec::now_us())
+        .compact_all(crate::timespec::now_us())
         .context("merge imported hours")?;
     store.close().context("close the store")?;
     bar.finish_and_clear();

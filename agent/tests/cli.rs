@@ -182,6 +182,63 @@ fn hex_le(bits: u64) -> String {
         .collect()
 }
 
+/// Every row of the store's `scraped` table, read as a reader beside it.
+fn scraped_count(data: &Path) -> usize {
+    let request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let catalog = Catalog::new(&[&tables::SCRAPED]).unwrap();
+    scan_dir(data, &catalog, &request).unwrap().rows()
+}
+
+/// An import killed part-way (and one killed after it finished), run again,
+/// leaves each sample once: the store merges equal rows into one, and the
+/// import merges the hours it wrote. Samples without a timestamp get their
+/// file's modification time, the same at every run.
+#[test]
+fn an_import_run_again_after_a_kill_adds_each_sample_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("history.prom");
+    let untimed = dir.path().join("untimed.prom");
+    let mut text = String::new();
+    // 4 series, one sample a second for 30 hours of 2025-11-21 and -22.
+    let series = 4;
+    let seconds = 30 * 3600;
+    for t in 0..seconds {
+        for s in 0..series {
+            let ms = 1_763_683_200_000_i64 + t * 1000;
+            writeln!(text, "node_cpu_seconds_total{{cpu=\"{s}\"}} {}.5 {ms}", t + s).unwrap();
+        }
+    }
+    std::fs::write(&input, &text).unwrap();
+    std::fs::write(&untimed, "up 1\nvtax_demo_bytes 42\n").unwrap();
+    let expected = (series * seconds) as usize + 2;
+    let data = dir.path().join("data");
+    for kill_after_ms in [300, 900, 60_000] {
+        let mut child = Command::new(VTAX)
+            .args(["import", "--no-progress", "--data-dir"])
+            .arg(&data)
+            .args([&input, &untimed])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none()
+            && started.elapsed() < Duration::from_millis(kill_after_ms)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        child.wait().unwrap();
+    }
+    for _ in 0..2 {
+        let out = import(&data, &[&input, &untimed]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(scraped_count(&data), expected);
+    }
+}
+
 #[test]
 fn malformed_input_names_the_line_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,12 @@
 //! one column per input while copying: never every column of every input, which
 //! with ZSTD costs a decompression context (about 96 KB) and a page buffer per
 //! column per input.
+//!
+//! A row whose sort key (tags and time) equals the previous row's is left out:
+//! one series holds one value per instant, and the same rows written twice
+//! (an import run again after it was killed, a file appended twice) merge back
+//! into one copy, as a TSDB's compaction drops duplicate samples. The first in
+//! the inputs' order is kept.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -32,11 +38,13 @@ const CHUNK_ROWS: usize = 4 * 1024;
 /// every row: at 4k rows, eight inputs of cgroup paths held 3.6 MB of it.
 const KEY_CHUNK_ROWS: usize = 1024;
 
-/// Rows taken from one input in a row of the plan.
+/// Rows taken from one input in a row of the plan, or, with `keep` false,
+/// read past: duplicates of the row before them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Run {
     input: u32,
     rows: u32,
+    keep: bool,
 }
 
 struct Input {
@@ -61,6 +69,11 @@ pub(crate) struct MergeColumns {
     inputs: Vec<Input>,
     /// The current row group's order.
     plan: Vec<Run>,
+    /// The sort key of the last row kept, across row groups: a row equal to
+    /// it is a duplicate.
+    last_kept: Option<arrow_row::OwnedRow>,
+    /// Rows left out as duplicates so far.
+    duplicates: u64,
 }
 
 impl MergeColumns {
@@ -104,7 +117,14 @@ impl MergeColumns {
             converter,
             inputs,
             plan: Vec::new(),
+            last_kept: None,
+            duplicates: 0,
         })
+    }
+
+    /// Rows left out as duplicates of the row before them so far.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
     }
 
     /// A reader of `rows` of `input`'s rows from `start` on, of the columns
@@ -171,27 +191,43 @@ impl MergeColumns {
                     second = Some(i);
                 }
             }
-            // Take the run of rows from `best` that sort before the runner-up's head.
+            // Take the run of rows from `best` that sort before the runner-up's
+            // head, or that equal it (the runner-up's equal row is then a
+            // duplicate); within it, rows equal to the row before them are
+            // duplicates, read past.
             let cursor = &cursors[best];
             let limit = second.map(|s| cursors[s].head());
-            let mut end = cursor.pos + 1;
+            let input = cursor.input;
+            let mut end = cursor.pos;
             while end < cursor.rows.num_rows()
-                && planned + (end - cursor.pos) < max_rows
-                && limit.is_none_or(|l| cursor.rows.row(end) <= l)
+                && planned < max_rows
+                && (end == cursor.pos || limit.is_none_or(|l| cursor.rows.row(end) <= l))
             {
+                let row = cursor.rows.row(end);
+                let duplicate = if end == cursor.pos {
+                    self.last_kept.as_ref().is_some_and(|k| k.row() == row)
+                } else {
+                    cursor.rows.row(end - 1) == row
+                };
+                match self.plan.last_mut() {
+                    Some(run) if run.input as usize == input && run.keep != duplicate => {
+                        run.rows += 1
+                    }
+                    _ => self.plan.push(Run {
+                        input: input as u32,
+                        rows: 1,
+                        keep: !duplicate,
+                    }),
+                }
+                if duplicate {
+                    self.duplicates += 1;
+                } else {
+                    planned += 1;
+                }
                 end += 1;
             }
-            let rows = end - cursor.pos;
-            let input = cursor.input;
-            match self.plan.last_mut() {
-                Some(run) if run.input as usize == input => run.rows += rows as u32,
-                _ => self.plan.push(Run {
-                    input: input as u32,
-                    rows: rows as u32,
-                }),
-            }
-            self.inputs[input].taken += rows;
-            planned += rows;
+            self.last_kept = Some(cursor.rows.row(end - 1).owned());
+            self.inputs[input].taken += end - cursor.pos;
             let cursor = &mut cursors[best];
             cursor.pos = end;
             if end == cursor.rows.num_rows() && !cursor.load(self)? {
@@ -345,6 +381,9 @@ impl ColumnSource for MergeColumns {
                 .as_mut()
                 .expect("planned inputs have cursors");
             let mut rows = run.rows as usize;
+            while rows > 0 && !run.keep {
+                rows -= cursor.take(&target, path, rows)?.len();
+            }
             while rows > 0 {
                 let piece = cursor.take(&target, path, rows.min(CHUNK_ROWS - piece_rows))?;
                 rows -= piece.len();

@@ -573,11 +573,24 @@ impl Store {
     /// number of merges. The agent runs the same merges off its main thread
     /// ([`crate::Compactor`]); this runs them here, one after another.
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
+        self.compact_with(now_us, false)
+    }
+
+    /// [`Self::compact`], and the parts of each running hour into one file
+    /// too, not only those of like size: for `vtax import`, which wrote
+    /// everything it will write and leaves no part behind holding a second
+    /// copy of rows it wrote again (a merge keeps one row per series and
+    /// instant).
+    pub fn compact_all(&mut self, now_us: i64) -> Result<usize> {
+        self.compact_with(now_us, true)
+    }
+
+    fn compact_with(&mut self, now_us: i64, whole_running_hours: bool) -> Result<usize> {
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
         let keep_going = AtomicBool::new(true);
         for _ in 0..MAX_MERGE_ROUNDS {
-            let merges = self.plan_merges(now_us)?;
+            let merges = self.plan_merges_with(now_us, whole_running_hours)?;
             if merges.is_empty() {
                 break;
             }
@@ -597,6 +610,10 @@ impl Store {
     /// every merge of this one is finished: two merges of one input would
     /// each replace it.
     pub fn plan_merges(&mut self, now_us: i64) -> Result<Vec<Merge>> {
+        self.plan_merges_with(now_us, false)
+    }
+
+    fn plan_merges_with(&mut self, now_us: i64, whole_running_hours: bool) -> Result<Vec<Merge>> {
         self.clock_us = Some(now_us);
         let grace_us = self.options.publish_grace.as_micros() as i64;
         let buffered = |table: &str, hours: std::ops::Range<i64>| {
@@ -629,6 +646,10 @@ impl Store {
                 if self.hour_over(hour, now_us) && !buffered(table, hour..hour + 1) {
                     for group in merge_groups(&parts, self.options.max_merge_inputs) {
                         groups.push(((table.clone(), *day), group, false));
+                    }
+                } else if whole_running_hours {
+                    for group in merge_groups(&parts, self.options.max_merge_inputs) {
+                        groups.push(((table.clone(), *day), group, true));
                     }
                 } else if let Some(tier) = similar_sized(&parts) {
                     // The running hour: merge parts of like size, so an hour holds a
