@@ -172,7 +172,9 @@ pub static PRESSURE: TableDef = TableDef {
     name: "pressure",
     help: "One row per resource per tick: pressure stall information from /proc/pressure \
            (kernels with PSI enabled). `some`: at least one task stalled on the resource; \
-           `full`: all non-idle tasks stalled at once.",
+           `full`: all non-idle tasks stalled at once. The kernel's microseconds are divided \
+           by 1e6, correctly rounded; node_exporter multiplies by 1e-6 and can differ in the \
+           last bit.",
     tags: &[TagDef {
         name: "resource",
         help: "Resource: cpu, memory, io, or irq (kernels with IRQ time accounting).",
