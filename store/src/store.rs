@@ -357,16 +357,16 @@ impl Store {
         if batch.is_empty() {
             return Ok(self.wal.next_seq().saturating_sub(1));
         }
+        // Once for the batch: refused part way through its hours, a batch
+        // would be kept in part and reported refused in full.
+        if let Err(e) = self.wal.admit() {
+            self.count_error(&e);
+            return Err(e);
+        }
         let mut last = 0;
         for (hour, part) in split_by_hour(batch) {
             let part = part.as_ref().unwrap_or(batch);
-            let seq = match self.wal.append(hour, part) {
-                Ok(seq) => seq,
-                Err(e) => {
-                    self.count_error(&e);
-                    return Err(e);
-                }
-            };
+            let seq = self.wal.append(hour, part);
             self.buckets
                 .entry((batch.table.name, hour))
                 .or_insert_with(|| Bucket::new(batch.table, hour))
@@ -564,6 +564,12 @@ impl Store {
     /// Bytes of the WAL's segments on disk.
     pub fn wal_bytes(&self) -> u64 {
         self.wal.disk_bytes()
+    }
+
+    /// Bytes of WAL frames appended but not yet written: after failed writes
+    /// (a full disk), the backlog that each sync writes what fits of.
+    pub fn wal_backlog_bytes(&self) -> usize {
+        self.wal.pending_bytes()
     }
 
     /// Merges files: the parts of each finished hour into one file (so a read of

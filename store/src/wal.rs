@@ -4,9 +4,11 @@
 //! `[payload_len: u32 LE][crc32(payload): u32 LE][payload]`. Every frame holds rows of
 //! one table within one hour (the store's bucket), with a sequence number that grows
 //! by one per frame across segments. Appends go to memory; [`WalWriter::sync`] writes
-//! them and fsyncs (group commit). A write that fails (disk full) is cut back off the
-//! file, so a segment never holds a partial frame except a torn tail after a crash,
-//! which replay cuts at the last good frame.
+//! them and fsyncs (group commit). A write that fails (disk full) keeps the whole frames
+//! that fit, and the part of a frame after them is cut back off the file, so a segment
+//! never holds a partial frame except a torn tail after a crash, which replay cuts at
+//! the last good frame. The frames that did not fit wait in memory and are written as
+//! space appears, so a backlog drains by what the disk takes, not all at once.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -48,7 +50,13 @@ pub struct WalWriter {
     file: File,
     path: PathBuf,
     file_len: u64,
+    /// Frames appended, whole, in sequence order; the first `pending_written`
+    /// bytes of them are already in the file.
     pending: Vec<u8>,
+    /// Bytes at the head of `pending` written by a write that then failed:
+    /// the whole frames that fitted. Dropped from `pending` lazily, so that a
+    /// backlog draining a little at a time is not copied down at every write.
+    pending_written: usize,
     /// Sequence number the next frame gets.
     next_seq: u64,
     /// Every frame with a smaller sequence number is on disk and fsynced.
@@ -88,6 +96,7 @@ impl WalWriter {
             path,
             file_len: MAGIC.len() as u64,
             pending: Vec::with_capacity(1 << 20),
+            pending_written: 0,
             next_seq,
             durable_below: next_seq,
             written_below: next_seq,
@@ -99,17 +108,24 @@ impl WalWriter {
         })
     }
 
+    /// Whether the WAL takes more rows: not once failed writes have left
+    /// `max_backlog_bytes` unwritten. Checked once for a batch, before
+    /// [`Self::append`] takes its frames, so that a batch split into frames
+    /// (one per hour) is taken whole or not at all.
+    pub fn admit(&self) -> Result<()> {
+        match &self.last_write_error {
+            Some(err) if self.pending_bytes() >= self.max_backlog_bytes => Err(Error::Backlogged {
+                pending_bytes: self.pending_bytes(),
+                last_error: err.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Frames the batch (all rows in `hour`) and returns its sequence number. The
     /// frame is durable once [`Self::sync`] has returned `Ok` after this call.
-    pub fn append(&mut self, hour: i64, batch: &Batch) -> Result<u64> {
-        if let Some(err) = &self.last_write_error {
-            if self.pending.len() >= self.max_backlog_bytes {
-                return Err(Error::Backlogged {
-                    pending_bytes: self.pending.len(),
-                    last_error: err.clone(),
-                });
-            }
-        }
+    /// The caller asks [`Self::admit`] first.
+    pub fn append(&mut self, hour: i64, batch: &Batch) -> u64 {
         let seq = self.next_seq;
         let start = self.pending.len();
         self.pending.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
@@ -120,41 +136,74 @@ impl WalWriter {
         self.pending[start..start + 4].copy_from_slice(&len.to_le_bytes());
         self.pending[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
         self.next_seq += 1;
-        if self.pending.len() >= WRITE_THROUGH_BYTES && self.last_write_error.is_none() {
+        if self.pending_bytes() >= WRITE_THROUGH_BYTES && self.last_write_error.is_none() {
             // A failure here is kept for `sync` to report; the frames stay pending.
             let _ = self.write_pending();
         }
-        Ok(seq)
+        seq
     }
 
-    /// Writes pending frames to the file without fsync. On failure the partial
-    /// write is cut off so the segment ends at a frame boundary, and the frames
-    /// stay pending for a retry.
+    /// Writes pending frames to the file without fsync. On failure the whole
+    /// frames that landed stay written and the part of a frame after them is
+    /// cut off, so the segment ends at a frame boundary; the other frames stay
+    /// pending for a retry.
     fn write_pending(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+        let unwritten = &self.pending[self.pending_written..];
+        if unwritten.is_empty() {
             return Ok(());
         }
-        if let Err(source) = self.file.write_all(&self.pending) {
-            // Cut the part that landed and move the write position back with it,
+        // `write_all` would not say how much landed before an error.
+        let mut landed = 0;
+        let failed = loop {
+            if landed == unwritten.len() {
+                break None;
+            }
+            match self.file.write(&unwritten[landed..]) {
+                Ok(0) => break Some(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => landed += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Some(e),
+            }
+        };
+        let (whole_bytes, frames) = match failed {
+            None => (landed, self.next_seq - self.written_below),
+            Some(_) => whole_frames(unwritten, landed),
+        };
+        if whole_bytes < landed {
+            // Cut the partial frame and move the write position back with it,
             // or the retry would leave a gap of zeros before its frames.
-            let _ = self.file.set_len(self.file_len);
-            let _ = self.file.seek(SeekFrom::Start(self.file_len));
-            self.last_write_error = Some(source.to_string());
-            return Err(Error::Io {
-                op: "write WAL segment",
-                path: self.path.clone(),
-                source,
-            });
+            let end = self.file_len + whole_bytes as u64;
+            let _ = self.file.set_len(end);
+            let _ = self.file.seek(SeekFrom::Start(end));
         }
-        self.file_len += self.pending.len() as u64;
-        self.pending.clear();
-        self.written_below = self.next_seq;
-        Ok(())
+        self.file_len += whole_bytes as u64;
+        self.written_below += frames;
+        self.pending_written += whole_bytes;
+        if self.pending_written == self.pending.len() {
+            self.pending.clear();
+            self.pending_written = 0;
+        } else if self.pending_written >= self.pending.len() / 2 {
+            self.pending.drain(..self.pending_written);
+            self.pending_written = 0;
+        }
+        match failed {
+            None => Ok(()),
+            Some(source) => {
+                self.last_write_error = Some(source.to_string());
+                Err(Error::Io {
+                    op: "write WAL segment",
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        }
     }
 
     /// Writes pending frames and fsyncs. Returns the sequence number below which
-    /// every frame is durable. On a failed write nothing partial stays in the file,
-    /// the frames stay pending, and a later call retries them.
+    /// every frame is durable. On a failed write the whole frames that fitted are
+    /// fsynced (and [`Self::durable_below`] moves past them) before the error is
+    /// returned, nothing partial stays in the file, the other frames stay
+    /// pending, and a later call writes what fits of them.
     pub fn sync(&mut self) -> Result<u64> {
         if self.fsync_failed {
             return Err(Error::Io {
@@ -164,20 +213,24 @@ impl WalWriter {
             });
         }
         if self.durable_below < self.next_seq {
-            self.write_pending()?;
-            if let Err(source) = self.file.sync_data() {
-                // The kernel may have dropped the dirty pages: a later fsync of this
-                // file that succeeds would prove nothing. See `abandon_segment`.
-                self.fsync_failed = true;
-                self.last_write_error = Some(source.to_string());
-                return Err(Error::Io {
-                    op: "fsync WAL segment",
-                    path: self.path.clone(),
-                    source,
-                });
+            let written = self.write_pending();
+            if self.durable_below < self.written_below {
+                if let Err(source) = self.file.sync_data() {
+                    // The kernel may have dropped the dirty pages: a later fsync of
+                    // this file that succeeds would prove nothing. See
+                    // `abandon_segment`.
+                    self.fsync_failed = true;
+                    self.last_write_error = Some(source.to_string());
+                    return Err(Error::Io {
+                        op: "fsync WAL segment",
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+                self.durable_below = self.written_below;
             }
+            written?;
             self.last_write_error = None;
-            self.durable_below = self.written_below;
         }
         if self.file_len >= self.segment_bytes {
             self.start_segment()?;
@@ -221,6 +274,7 @@ impl WalWriter {
     pub fn abandon_segment(&mut self) -> Result<()> {
         self.start_segment()?;
         self.pending.clear();
+        self.pending_written = 0;
         self.fsync_failed = false;
         self.last_write_error = None;
         self.written_below = self.next_seq;
@@ -238,9 +292,9 @@ impl WalWriter {
         self.next_seq
     }
 
-    /// Bytes appended but not yet written.
+    /// Bytes appended but not yet written: after failed writes, the backlog.
     pub fn pending_bytes(&self) -> usize {
-        self.pending.len()
+        self.pending.len() - self.pending_written
     }
 
     /// Bytes of every segment on disk, the open one included; frames still
@@ -268,6 +322,21 @@ impl WalWriter {
         }
         Ok(removed)
     }
+}
+
+/// Of `frames` (whole frames, back to back), the bytes and the count of the
+/// frames that lie whole within the first `landed` bytes.
+fn whole_frames(frames: &[u8], landed: usize) -> (usize, u64) {
+    let (mut end, mut count) = (0, 0);
+    while let Some(header) = frames.get(end..end + FRAME_HEADER_BYTES) {
+        let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let next = end + FRAME_HEADER_BYTES + payload_len;
+        if next > landed {
+            break;
+        }
+        (end, count) = (next, count + 1);
+    }
+    (end, count)
 }
 
 fn new_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf)> {
@@ -768,7 +837,7 @@ mod tests {
         let mut wal = WalWriter::create(dir.path(), 1, 300, 1 << 20).unwrap();
         let written: Vec<Batch> = (0..5).map(|i| batch(10, i * 100)).collect();
         for b in &written {
-            wal.append(7, b).unwrap();
+            wal.append(7, b);
             wal.sync().unwrap();
         }
         assert!(
@@ -786,11 +855,33 @@ mod tests {
     }
 
     #[test]
+    fn a_write_that_stops_partway_keeps_only_the_frames_that_landed_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = WalWriter::create(dir.path(), 1, 1 << 20, 1 << 20).unwrap();
+        for i in 0..3 {
+            wal.append(1, &batch(5 + i, i as i64 * 10));
+        }
+        let pending = wal.pending.clone();
+        let mut with_magic = MAGIC.to_vec();
+        with_magic.extend_from_slice(&pending);
+        let ends: Vec<usize> = frame_offsets(&with_magic)[1..]
+            .iter()
+            .map(|end| end - MAGIC.len())
+            .collect();
+        assert_eq!(ends.len(), 3);
+        assert_eq!(whole_frames(&pending, 0), (0, 0));
+        assert_eq!(whole_frames(&pending, ends[0] - 1), (0, 0));
+        assert_eq!(whole_frames(&pending, ends[0]), (ends[0], 1));
+        assert_eq!(whole_frames(&pending, ends[1] + 9), (ends[1], 2));
+        assert_eq!(whole_frames(&pending, pending.len()), (pending.len(), 3));
+    }
+
+    #[test]
     fn a_torn_tail_is_cut_at_the_last_good_frame() {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = WalWriter::create(dir.path(), 1, 1 << 20, 1 << 20).unwrap();
-        wal.append(1, &batch(5, 0)).unwrap();
-        wal.append(1, &batch(5, 10)).unwrap();
+        wal.append(1, &batch(5, 0));
+        wal.append(1, &batch(5, 10));
         wal.sync().unwrap();
         let path = list_segments(dir.path()).unwrap()[0].1.clone();
         let full = fs::metadata(&path).unwrap().len();
@@ -820,7 +911,7 @@ mod tests {
     fn one_segment_of_frames(dir: &Path, frames: i64) -> (PathBuf, Vec<u8>) {
         let mut wal = WalWriter::create(dir, 1, 1 << 20, 1 << 20).unwrap();
         for i in 0..frames {
-            wal.append(1, &batch(5, i * 10)).unwrap();
+            wal.append(1, &batch(5, i * 10));
         }
         wal.sync().unwrap();
         let path = list_segments(dir).unwrap()[0].1.clone();
@@ -851,7 +942,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = WalWriter::create(dir.path(), 1, 400, 1 << 20).unwrap();
         for i in 0..6 {
-            wal.append(1, &batch(5, i * 10)).unwrap();
+            wal.append(1, &batch(5, i * 10));
             wal.sync().unwrap();
         }
         let segments = list_segments(dir.path()).unwrap();
@@ -894,7 +985,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = WalWriter::create(dir.path(), 1, 100, 1 << 20).unwrap();
         for i in 0..4 {
-            wal.append(1, &batch(5, i)).unwrap();
+            wal.append(1, &batch(5, i));
             wal.sync().unwrap();
         }
         let before = list_segments(dir.path()).unwrap().len();
@@ -919,7 +1010,7 @@ mod tests {
         let mut wal = WalWriter::create(dir.path(), 1, 400, 1 << 20).unwrap();
         assert_eq!(wal.disk_bytes(), MAGIC.len() as u64);
         for i in 0..6 {
-            wal.append(1, &batch(5, i)).unwrap();
+            wal.append(1, &batch(5, i));
             assert!(wal.pending_bytes() > 0);
             assert_eq!(
                 wal.disk_bytes(),

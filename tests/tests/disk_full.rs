@@ -417,3 +417,140 @@ fn rows_past_the_backlog_bound_are_refused_and_counted() {
     let ids = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
     assert_exactly_once(&ids, &accepted, "every row taken before the refusals");
 }
+
+/// A backlog drains by what the disk takes: once a little space is freed
+/// (less than the backlog, more than a few frames), the next sync writes the
+/// whole frames that fit and fsyncs them, so acknowledged rows and WAL bytes
+/// grow and the backlog shrinks at once, though the sync still reports the
+/// full disk; no partial frame is ever left in the segment. Once enough is
+/// freed the backlog is written in full, and after a clean close every row
+/// taken is there exactly once.
+#[test]
+fn a_backlog_drains_by_what_the_disk_takes_as_space_is_freed() {
+    let Some(tmpfs) = Tmpfs::mount_or_skip("2m") else {
+        return;
+    };
+    let mount = tmpfs.path().to_owned();
+    let data_dir = mount.join("store");
+    let mut o = options(&data_dir);
+    o.wal_segment_bytes = 64 << 20;
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    let ballast_path = mount.join("ballast");
+    let mut ballast_bytes = tmpfs.free_bytes() - (32 << 10);
+    fs::write(&ballast_path, vec![0x5a; ballast_bytes as usize]).unwrap();
+    let ballast = fs::OpenOptions::new()
+        .write(true)
+        .open(&ballast_path)
+        .unwrap();
+    // Frees `bytes` of the ballast (all of it if fewer are left): space
+    // appearing while the store runs.
+    let mut free_some = |bytes: u64| {
+        ballast_bytes = ballast_bytes.saturating_sub(bytes);
+        ballast.set_len(ballast_bytes).unwrap();
+    };
+
+    // Each append's last sequence number and the rows it took.
+    let mut appends: Vec<(u64, std::ops::Range<u64>)> = Vec::new();
+    let mut next = 0;
+    let mut append_and_sync = |store: &mut Store, appends: &mut Vec<(u64, _)>| {
+        let ids = next..next + 500;
+        let seq = store.append(&batch(ids.clone())).expect("rows are held");
+        appends.push((seq, ids));
+        next += 500;
+        store.sync()
+    };
+    // Rows whose every frame is below `durable_below`: acknowledged.
+    let acknowledged = |appends: &[(u64, std::ops::Range<u64>)], durable_below: u64| -> Vec<u64> {
+        appends
+            .iter()
+            .filter(|(seq, _)| *seq < durable_below)
+            .flat_map(|(_, ids)| ids.clone())
+            .collect()
+    };
+    let all = |appends: &[(u64, std::ops::Range<u64>)]| -> Vec<u64> {
+        appends.iter().flat_map(|(_, ids)| ids.clone()).collect()
+    };
+
+    // 1. The disk fills and a backlog of more than 512 KiB builds up.
+    while store.wal_backlog_bytes() < 512 << 10 {
+        assert!(appends.len() < 2_000, "no backlog built up");
+        if let Err(e) = append_and_sync(&mut store, &mut appends) {
+            assert_disk_full_error(&e, &mount, "sync on a full disk");
+        }
+    }
+    let e = append_and_sync(&mut store, &mut appends).expect_err("the disk is full");
+    assert_disk_full_error(&e, &mount, "sync on a full disk");
+    assert_wal_replays_cleanly(&data_dir, "with a backlog");
+
+    // 2. A little space appears, three times: each time the next sync writes
+    //    what fits, whole frames only, and fsyncs it.
+    for round in 1..=3 {
+        let context = format!("after freeing 96 KiB, round {round}");
+        let (durable, backlog, wal_bytes) = (
+            store.durable_below(),
+            store.wal_backlog_bytes(),
+            store.wal_bytes(),
+        );
+        free_some(96 << 10);
+        let e = store
+            .sync()
+            .expect_err("96 KiB freed is less than the backlog");
+        assert_disk_full_error(&e, &mount, &context);
+        assert!(
+            store.durable_below() > durable,
+            "{context}: no frame was written: durable below {durable} then {}",
+            store.durable_below()
+        );
+        let drained = backlog - store.wal_backlog_bytes();
+        assert!(
+            drained >= 48 << 10,
+            "{context}: the backlog fell from {backlog} to {} bytes only",
+            store.wal_backlog_bytes()
+        );
+        assert_eq!(
+            store.wal_bytes() - wal_bytes,
+            drained as u64,
+            "{context}: what left the backlog is in the WAL"
+        );
+        assert_sizes_match_disk(&store, &data_dir, &context);
+        assert_wal_replays_cleanly(&data_dir, &context);
+        // Nothing is published here: the WAL holds every frame below
+        // `durable_below` and no other, each once (a batch that spans two
+        // hours is two frames, so a batch may be half acknowledged).
+        let acked = acknowledged(&appends, store.durable_below());
+        assert_reader_sees(&data_dir, &all(&appends), acked.len(), &context);
+        let mut seqs = Vec::new();
+        wal::replay(&data_dir.join("wal"), &catalog(), false, |frame| {
+            seqs.push(frame.seq);
+            Ok(())
+        })
+        .unwrap();
+        let expected: Vec<u64> = (1..store.durable_below()).collect();
+        assert_eq!(seqs, expected, "{context}: frames in the WAL");
+        eprintln!(
+            "{context}: {drained} bytes of the backlog written, {} left",
+            store.wal_backlog_bytes()
+        );
+        // Rows keep coming while the disk is still full.
+        let _ = append_and_sync(&mut store, &mut appends);
+    }
+
+    // 3. Enough is freed: the backlog is written in full by the next sync.
+    free_some(u64::MAX);
+    store.sync().expect("sync succeeds once the backlog fits");
+    assert_eq!(store.wal_backlog_bytes(), 0);
+    assert_wal_replays_cleanly(&data_dir, "after the backlog drained");
+    let accepted = all(&appends);
+    assert_reader_sees(
+        &data_dir,
+        &accepted,
+        accepted.len(),
+        "after the backlog drained",
+    );
+    // Publishing a file per hour of rows needs more than the 2 MiB.
+    tmpfs.resize("64m").unwrap();
+    store.close().unwrap();
+    let store = Store::open(o, catalog()).unwrap();
+    let ids = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
+    assert_exactly_once(&ids, &accepted, "after a clean close and reopening");
+}
