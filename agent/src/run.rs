@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use vtax_exporters::remote_write::{RemoteWriteConfig, RemoteWriters};
 use vtax_exporters::Exposition;
+use vtax_store::log_limit::Repeats;
 use vtax_store::{Batch, Compactor, Store, StoreOptions};
 
 use crate::args::AgentArgs;
@@ -130,6 +131,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let mut compactor = Compactor::new(Duration::from_secs(config.store.compact_interval_secs));
     let mut store_report = StoreReport::new(data_dir.clone());
+    let mut failures = FailureLogs::default();
     while !stop.load(Ordering::Relaxed) {
         if args
             .duration_secs
@@ -177,14 +179,14 @@ pub fn run(args: RunArgs) -> Result<()> {
                 if let Some(detector) = detector.as_mut() {
                     detector.observe(batch);
                 }
-                keep(&mut store, &mut remote, batch);
+                keep(&mut store, &mut remote, &mut failures.refused, batch);
             }
         }
         if let Some(detector) = detector.as_mut() {
             let judged = detector.tick(now_us());
             if !judged.is_empty() {
                 for batch in &judged {
-                    keep(&mut store, &mut remote, batch);
+                    keep(&mut store, &mut remote, &mut failures.refused, batch);
                 }
                 let exported = judged
                     .into_iter()
@@ -196,7 +198,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         let published = store.stats().files_published;
         if let Err(e) = store.tick(now_us()) {
-            tracing::error!(error = %e, "Store maintenance failed; rows stay buffered and are retried.");
+            if let Some(not_logged) = failures.maintenance.occurred(&e.kind()) {
+                tracing::error!(error = %e, repeats_not_logged = not_logged, backlog_bytes = store.wal_backlog_bytes(), "Store maintenance failed; rows stay buffered and are retried.");
+            }
         }
         if store.stats().files_published != published {
             crate::memory::release_free_memory();
@@ -205,7 +209,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             let row = Arc::new(row);
             // Off the collectors' grid: shown with their next render.
             exposition.stage(STORE_SOURCE, vec![row.clone()]);
-            keep(&mut store, &mut remote, &row);
+            keep(&mut store, &mut remote, &mut failures.refused, &row);
         }
         if let Some(report) = compactor.poll(&mut store, now_us()) {
             let retained_away = report.retention.as_ref().copied().unwrap_or(0);
@@ -226,10 +230,14 @@ pub fn run(args: RunArgs) -> Result<()> {
                 );
             }
             if let Some(e) = &report.merge_error {
-                tracing::warn!(error = %e, merges = report.merges, "Compaction failed; its inputs are merged at a later pass, less any the store found damaged and moved to quarantine.");
+                if let Some(not_logged) = failures.compaction.occurred(&e.kind()) {
+                    tracing::warn!(error = %e, merges = report.merges, repeats_not_logged = not_logged, "Compaction failed; its inputs are merged at a later pass, less any the store found damaged and moved to quarantine.");
+                }
             }
             if let Err(e) = &report.retention {
-                tracing::warn!(error = %e, "Retention failed; the files it did not delete stay.");
+                if let Some(not_logged) = failures.retention.occurred(&e.kind()) {
+                    tracing::warn!(error = %e, repeats_not_logged = not_logged, "Retention failed; the files it did not delete stay.");
+                }
             }
             crate::memory::release_free_memory();
         }
@@ -246,7 +254,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Every collector thread has joined, so everything they sent is queued.
     for batches in receiver.try_iter() {
         for batch in &batches {
-            keep(&mut store, &mut remote, batch);
+            keep(&mut store, &mut remote, &mut failures.refused, batch);
         }
     }
     drop(remote); // stops the senders; what they did not send goes at the next start
@@ -257,14 +265,27 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The main loop's log lines for failures of the store, each rate-limited
+/// (`vtax_store::log_limit`): a full disk fails every sync and publish, every
+/// merge, and every append once the WAL's backlog bound is reached.
+#[derive(Default)]
+struct FailureLogs {
+    maintenance: Repeats,
+    refused: Repeats,
+    compaction: Repeats,
+    retention: Repeats,
+}
+
 /// Appends a batch to the store and, once stored, queues it for remote write;
-/// rows the store refuses are logged (the store counts them: `rows_refused`),
-/// and go nowhere else.
-fn keep(store: &mut Store, remote: &mut RemoteWriters, batch: &Batch) {
+/// rows the store refuses are logged (the store counts them: `rows_refused`;
+/// `refused` rate-limits the lines), and go nowhere else.
+fn keep(store: &mut Store, remote: &mut RemoteWriters, refused: &mut Repeats, batch: &Batch) {
     match store.append(batch) {
         Ok(_) => remote.append(batch),
         Err(e) => {
-            tracing::error!(error = %e, table = batch.table.name, rows_refused = store.stats().rows_refused, "Dropped rows: the store refused them.");
+            if let Some(not_logged) = refused.occurred(&e.kind()) {
+                tracing::error!(error = %e, table = batch.table.name, rows_refused = store.stats().rows_refused, repeats_not_logged = not_logged, "Dropped rows: the store refused them.");
+            }
         }
     }
 }

@@ -129,6 +129,31 @@ impl Error {
             _ => false,
         }
     }
+
+    /// What kind of fault this is, without the file it met it on: the same
+    /// for every write that a full disk fails, whichever file it was. Log
+    /// lines that repeat are rate-limited by it ([`crate::log_limit`]).
+    pub fn kind(&self) -> String {
+        if self.is_disk_full() {
+            return "disk full".into();
+        }
+        match self {
+            Error::Io { op, source, .. } => format!("{op}: {:?}", source.kind()),
+            Error::Parquet { source, .. } => match os_error(source) {
+                Some(io) => format!("parquet: {:?}", io.kind()),
+                None => "parquet".into(),
+            },
+            Error::Schema(_) => "schema".into(),
+            Error::Corrupt { .. } => "corrupt".into(),
+            Error::Arrow(_) => "arrow".into(),
+            Error::Backlogged { .. } => "backlogged".into(),
+            Error::NodeName { .. } => "node name".into(),
+            Error::Locked { .. } => "locked".into(),
+            Error::Stopped => "stopped".into(),
+            Error::Panicked(_) => "panicked".into(),
+            Error::Changing { .. } => "changing".into(),
+        }
+    }
 }
 
 /// Result with the store's error.

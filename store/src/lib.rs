@@ -48,6 +48,7 @@ mod bucket;
 mod compaction;
 pub mod error;
 pub mod files;
+pub mod log_limit;
 mod merge;
 pub mod openmetrics;
 pub mod scan;

@@ -13,6 +13,7 @@ use crate::batch::Batch;
 use crate::bucket::Bucket;
 use crate::error::{Error, Result};
 use crate::files::{self, FileInfo, WriteOptions};
+use crate::log_limit::Repeats;
 use crate::wal::{self, WalWriter};
 use crate::{Catalog, DAY_US, HOUR_US};
 
@@ -197,6 +198,8 @@ pub struct Store {
     /// part of the running hour from a finished hour's. `None` (an importer
     /// that never ticks) takes every hour for finished.
     clock_us: Option<i64>,
+    /// Failed WAL fsyncs logged: a failing disk fails one every sync.
+    fsync_failures_logged: Repeats,
     _lock: File,
 }
 
@@ -313,6 +316,7 @@ impl Store {
             stats,
             last_sync: Instant::now(),
             clock_us: None,
+            fsync_failures_logged: Repeats::default(),
             _lock: lock,
         })
     }
@@ -389,7 +393,9 @@ impl Store {
             Err(e) => {
                 self.count_error(&e);
                 if self.wal.fsync_failed() {
-                    tracing::error!(error = %e, "A WAL fsync failed; publishing every buffered row to Parquet and starting a new WAL segment.");
+                    if let Some(not_logged) = self.fsync_failures_logged.occurred(&e.kind()) {
+                        tracing::error!(error = %e, repeats_not_logged = not_logged, "A WAL fsync failed; publishing every buffered row to Parquet and starting a new WAL segment.");
+                    }
                     // Each published file is fsynced on its own, so once every bucket
                     // is out, no row depends on the suspect segment any more.
                     self.publish_all()?;
