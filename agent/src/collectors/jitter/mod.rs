@@ -655,6 +655,18 @@ impl Collector for Jitter {
         ))
     }
 
+    /// Carries on each CPU's cumulative latency histogram: the rebuilt
+    /// probe would start them from zero, and
+    /// `vtax_jitter_wakeup_latency_seconds` would go back on `/metrics`. The
+    /// buckets are fixed ([`BUCKETS`]), so the counts add up whatever
+    /// settings changed.
+    fn take_over(&mut self, previous: Box<dyn Collector>) {
+        let Ok(mut previous) = previous.into_any().downcast::<Jitter>() else {
+            return;
+        };
+        self.histograms = std::mem::take(&mut previous.histograms);
+    }
+
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
         let windows: Vec<Window> = {
             let mut state = self.shared.state.lock().expect("not poisoned");
@@ -985,6 +997,36 @@ mod tests {
             );
         }
         assert!(found.contains("(pinned)"), "{found}");
+    }
+
+    /// A reload that changes the jitter settings rebuilds the collector; its
+    /// histogram counts carry on, so no bucket goes back on `/metrics`.
+    #[test]
+    fn a_rebuilt_collector_carries_on_its_histograms() {
+        let plus_inf = |batches: &[Batch]| -> u64 {
+            let hist = &batches[1];
+            (0..hist.len())
+                .filter(|&r| tag_at(hist, 1, r) == "+Inf")
+                .map(|r| u64_at(hist, "latency_seconds", r))
+                .sum()
+        };
+        let mut old = Jitter::new(&config(1), &roots());
+        assert!(matches!(old.probe(), Availability::Available(_)));
+        let before = plus_inf(&harvest(&mut old, 20, Duration::from_secs(20)));
+        assert!(before > 0);
+        let mut new = Jitter::new(
+            &JitterConfig {
+                interval_us: 5_000,
+                ..config(1)
+            },
+            &roots(),
+        );
+        let carried = old.histograms.clone();
+        new.take_over(Box::new(old));
+        assert_eq!(new.histograms, carried);
+        assert!(matches!(new.probe(), Availability::Available(_)));
+        let after = plus_inf(&harvest(&mut new, 20, Duration::from_secs(20)));
+        assert!(after > before, "{after} after a rebuild, {before} before");
     }
 
     /// The probe measures the platform's lateness, not the default 50 µs
