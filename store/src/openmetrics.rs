@@ -60,6 +60,37 @@ pub struct ParseError {
     pub reason: String,
     /// The offending line, truncated to 200 chars.
     pub text: String,
+    /// Set when the line is well formed but goes past a limit of [`Parser::with_limits`], so
+    /// that a caller can tell an oversized exposition from a broken one.
+    pub limit: Option<LimitExceeded>,
+}
+
+/// Bounds on one sample's label set, as Prometheus' `label_limit` and
+/// `label_value_length_limit_bytes` of a scrape config. A line past one is an error (see
+/// [`ParseError::limit`]); exemplar labels are not bounded (they are not kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most labels on one sample.
+    pub label_limit: usize,
+    /// Longest label value, in bytes once unescaped (`\\`, `\"` and `\n` are one byte).
+    pub label_value_length_limit_bytes: usize,
+}
+
+impl Limits {
+    /// No bounds: what [`Parser::new`] applies.
+    pub const NONE: Limits = Limits {
+        label_limit: usize::MAX,
+        label_value_length_limit_bytes: usize::MAX,
+    };
+}
+
+/// The limit a line went past, with the limit's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitExceeded {
+    /// More labels than [`Limits::label_limit`].
+    LabelLimit(usize),
+    /// A label value longer than [`Limits::label_value_length_limit_bytes`].
+    LabelValueLengthLimit(usize),
 }
 
 /// Prometheus' `value.NormalNaN`, the bit pattern of Go's `math.NaN()`.
@@ -80,6 +111,8 @@ pub struct Parser {
     saw_timestamp: bool,
     /// First non-blank line after `# EOF` (OpenMetrics), reported again by `finish`.
     after_eof: Option<(u64, String)>,
+    /// Bounds on each sample's labels.
+    limits: Limits,
 }
 
 impl Parser {
@@ -91,6 +124,16 @@ impl Parser {
             eof_line: None,
             saw_timestamp: false,
             after_eof: None,
+            limits: Limits::NONE,
+        }
+    }
+
+    /// A parser that also refuses a sample whose labels go past `limits`. The check is made
+    /// while the label set is scanned, before anything is copied.
+    pub fn with_limits(format: Format, limits: Limits) -> Self {
+        Parser {
+            limits,
+            ..Parser::new(format)
         }
     }
 
@@ -185,7 +228,7 @@ impl Parser {
             }
             return Ok(None);
         }
-        match parse_sample(line, start, end, self.format) {
+        match parse_sample(line, start, end, self.format, &self.limits) {
             Ok(sample) => {
                 if sample.timestamp_us.is_some() && !self.saw_timestamp {
                     self.saw_timestamp = true;
@@ -195,7 +238,11 @@ impl Parser {
                 }
                 Ok(Some(sample))
             }
-            Err(reason) => Err(self.error(reason, line)),
+            Err(SampleError::Syntax(reason)) => Err(self.error(reason, line)),
+            Err(SampleError::Limit(reason, limit)) => Err(ParseError {
+                limit: Some(limit),
+                ..self.error(reason, line)
+            }),
         }
     }
 
@@ -210,6 +257,7 @@ impl Parser {
                 line: *line,
                 reason: "content after `# EOF`".to_string(),
                 text: text.clone(),
+                limit: None,
             });
         }
         if self.eof_line.is_none() {
@@ -217,6 +265,7 @@ impl Parser {
                 line: self.line,
                 reason: "OpenMetrics input ends without `# EOF` (truncated file?)".to_string(),
                 text: String::new(),
+                limit: None,
             });
         }
         Ok(())
@@ -233,6 +282,7 @@ impl Parser {
             line: self.line,
             reason: reason.into(),
             text: truncate_chars(line, MAX_ERROR_TEXT_CHARS).to_string(),
+            limit: None,
         }
     }
 
@@ -299,13 +349,34 @@ fn token_end(b: &[u8], mut i: usize, end: usize) -> usize {
     i
 }
 
+/// Why a sample line was refused: bad syntax, or a limit of [`Limits`].
+enum SampleError {
+    Syntax(String),
+    Limit(String, LimitExceeded),
+}
+
+impl From<String> for SampleError {
+    fn from(reason: String) -> Self {
+        SampleError::Syntax(reason)
+    }
+}
+
+impl SampleError {
+    fn reason(self) -> String {
+        match self {
+            SampleError::Syntax(reason) | SampleError::Limit(reason, _) => reason,
+        }
+    }
+}
+
 /// Parses a sample line; `line[start..end]` is the trimmed, non-empty, non-comment content.
-fn parse_sample(
-    line: &str,
+fn parse_sample<'a>(
+    line: &'a str,
     start: usize,
     end: usize,
     format: Format,
-) -> Result<Sample<'_>, String> {
+    limits: &Limits,
+) -> Result<Sample<'a>, SampleError> {
     let b = line.as_bytes();
     let mut i = start;
     if !is_metric_start(b[i]) {
@@ -314,7 +385,8 @@ fn parse_sample(
                 .to_string()
         } else {
             "expected metric name".to_string()
-        });
+        }
+        .into());
     }
     i += 1;
     while i < end && is_metric_char(b[i]) {
@@ -324,20 +396,17 @@ fn parse_sample(
     let after_name = i;
     i = skip_ws(b, i, end);
     let labels = if i < end && b[i] == b'{' {
-        let (labels, next) = parse_labels(line, i + 1, end, true)?;
+        let (labels, next) = parse_labels(line, i + 1, end, Some(limits))?;
         i = skip_ws(b, next, end);
         labels
     } else {
         if i == after_name && i < end {
-            return Err(format!(
-                "invalid character {:?} in metric name",
-                char_at(line, i)
-            ));
+            return Err(format!("invalid character {:?} in metric name", char_at(line, i)).into());
         }
         Cow::Borrowed("")
     };
     if i == end {
-        return Err("missing value".to_string());
+        return Err("missing value".to_string().into());
     }
     let value_end = token_end(b, i, end);
     let value = parse_value(&line[i..value_end])
@@ -358,10 +427,7 @@ fn parse_sample(
         if b[i] == b'#' {
             check_exemplar(line, i + 1, end)?;
         } else {
-            return Err(format!(
-                "unexpected content after timestamp: {:?}",
-                &line[i..end]
-            ));
+            return Err(format!("unexpected content after timestamp: {:?}", &line[i..end]).into());
         }
     }
     Ok(Sample {
@@ -383,7 +449,8 @@ fn check_exemplar(line: &str, i: usize, end: usize) -> Result<(), String> {
     if j == i || j == end || b[j] != b'{' {
         return Err("expected exemplar `# {labels} value [timestamp]` after `#`".to_string());
     }
-    let (_, next) = parse_labels(line, j + 1, end, false).map_err(|e| format!("exemplar: {e}"))?;
+    let (_, next) =
+        parse_labels(line, j + 1, end, None).map_err(|e| format!("exemplar: {}", e.reason()))?;
     let mut k = skip_ws(b, next, end);
     if k == end {
         return Err("exemplar: missing value".to_string());
@@ -410,16 +477,37 @@ fn check_exemplar(line: &str, i: usize, end: usize) -> Result<(), String> {
 }
 
 /// Parses `name="value",...}` starting just after `{`. Returns the canonical label string and
-/// the index just after `}`. With `canonicalize == false` only validates (returns "").
-fn parse_labels(
-    line: &str,
+/// the index just after `}`. With `limits` (a sample's labels) checks them, before any copy;
+/// without (an exemplar's) only validates (returns "").
+fn parse_labels<'a>(
+    line: &'a str,
     start: usize,
     end: usize,
-    canonicalize: bool,
-) -> Result<(Cow<'_, str>, usize), String> {
-    let (close, canonical) = scan_labels(line, start, end, None)?;
-    if !canonicalize {
+    limits: Option<&Limits>,
+) -> Result<(Cow<'a, str>, usize), SampleError> {
+    let (close, canonical, stats) = scan_labels(line, start, end, None)?;
+    let Some(limits) = limits else {
         return Ok((Cow::Borrowed(""), close + 1));
+    };
+    if stats.count > limits.label_limit {
+        return Err(SampleError::Limit(
+            format!(
+                "{} labels, more than label_limit {}",
+                stats.count, limits.label_limit
+            ),
+            LimitExceeded::LabelLimit(limits.label_limit),
+        ));
+    }
+    if stats.longest_value_bytes > limits.label_value_length_limit_bytes {
+        return Err(SampleError::Limit(
+            format!(
+                "label {:?} has a value of {} bytes, longer than label_value_length_limit_bytes {}",
+                stats.longest_value_name,
+                stats.longest_value_bytes,
+                limits.label_value_length_limit_bytes
+            ),
+            LimitExceeded::LabelValueLengthLimit(limits.label_value_length_limit_bytes),
+        ));
     }
     if canonical {
         return Ok((Cow::Borrowed(&line[start..close]), close + 1));
@@ -429,7 +517,7 @@ fn parse_labels(
     pairs.sort_unstable_by_key(|&(name, _)| name);
     for w in pairs.windows(2) {
         if w[0].0 == w[1].0 {
-            return Err(format!("duplicate label name {:?}", w[0].0));
+            return Err(format!("duplicate label name {:?}", w[0].0).into());
         }
     }
     let mut out = String::with_capacity(close - start + 4);
@@ -474,22 +562,36 @@ fn push_canonical_escaped(out: &mut String, raw: &str) {
     out.push_str(&raw[run..]);
 }
 
-/// Scans a label set starting just after `{`. Returns the index of the closing `}` and whether
+/// What [`scan_labels`] counted, for [`Limits`].
+struct LabelStats<'a> {
+    count: usize,
+    /// The longest value, unescaped, and its label's name.
+    longest_value_bytes: usize,
+    longest_value_name: &'a str,
+}
+
+/// Scans a label set starting just after `{`. Returns the index of the closing `}`, whether
 /// `line[start..close]` is already canonical (sorted strictly by name, no whitespace, no
-/// trailing comma, only canonical escapes). Pushes `(name, raw value)` pairs when given a Vec.
-/// Duplicate names are reported here only when adjacent in the text; when the names are not
-/// strictly increasing the set is not canonical and the caller checks after sorting.
+/// trailing comma, only canonical escapes), and the label count and longest value. Pushes
+/// `(name, raw value)` pairs when given a Vec. Duplicate names are reported here only when
+/// adjacent in the text; when the names are not strictly increasing the set is not canonical
+/// and the caller checks after sorting.
 fn scan_labels<'a>(
     line: &'a str,
     start: usize,
     end: usize,
     mut pairs: Option<&mut Vec<(&'a str, &'a str)>>,
-) -> Result<(usize, bool), String> {
+) -> Result<(usize, bool, LabelStats<'a>), String> {
     let b = line.as_bytes();
     let mut i = start;
     let mut canonical = true;
     let mut prev_name: &str = "";
     let mut after_comma = false;
+    let mut stats = LabelStats {
+        count: 0,
+        longest_value_bytes: 0,
+        longest_value_name: "",
+    };
     loop {
         let j = skip_ws(b, i, end);
         canonical &= j == i;
@@ -499,7 +601,7 @@ fn scan_labels<'a>(
         }
         if b[i] == b'}' {
             canonical &= !after_comma;
-            return Ok((i, canonical));
+            return Ok((i, canonical, stats));
         }
         // Label name.
         let name_start = i;
@@ -526,6 +628,8 @@ fn scan_labels<'a>(
         }
         i += 1;
         let value_start = i;
+        // Escapes that stand for one byte; any other backslash is a byte of its own.
+        let mut one_byte_escapes = 0;
         loop {
             if i >= end {
                 return Err(format!("unterminated value of label {name:?}"));
@@ -536,7 +640,9 @@ fn scan_labels<'a>(
                     if i + 1 >= end {
                         return Err(format!("unterminated value of label {name:?}"));
                     }
-                    canonical &= matches!(b[i + 1], b'\\' | b'"' | b'n');
+                    let known = matches!(b[i + 1], b'\\' | b'"' | b'n');
+                    canonical &= known;
+                    one_byte_escapes += usize::from(known);
                     i += 2;
                 }
                 b'\n' => return Err(format!("raw newline in value of label {name:?}")),
@@ -544,6 +650,12 @@ fn scan_labels<'a>(
             }
         }
         let raw = &line[value_start..i];
+        stats.count += 1;
+        let value_bytes = raw.len() - one_byte_escapes;
+        if value_bytes > stats.longest_value_bytes {
+            stats.longest_value_bytes = value_bytes;
+            stats.longest_value_name = name;
+        }
         i += 1;
         if name.as_bytes() <= prev_name.as_bytes() {
             if name == prev_name {
@@ -784,6 +896,64 @@ mod tests {
         assert_eq!((s.metric, &*s.labels), ("up", ""));
         let s = prom("ns:rule:rate5m 0.5");
         assert_eq!(s.metric, "ns:rule:rate5m");
+    }
+
+    /// Scrape limits: a label set past `label_limit` or a value past
+    /// `label_value_length_limit_bytes` is a limit error, in any label order and with escapes
+    /// counted as the bytes they stand for; a set at the limits parses as before.
+    #[test]
+    fn label_limits_are_errors_of_their_own() {
+        let limits = Limits {
+            label_limit: 3,
+            label_value_length_limit_bytes: 4,
+        };
+        fn parse(limits: Limits, line: &str) -> Result<Option<Sample<'_>>, ParseError> {
+            Parser::with_limits(Format::PrometheusText, limits).parse_line(line)
+        }
+        let parse = |line| parse(limits, line);
+        // At the limits: three labels, a value of four bytes (`\"` is one).
+        for line in [
+            "m{a=\"1\",b=\"x\\\"yz\",c=\"\"} 1",
+            "m{c=\"\",b=\"x\\\"yz\",a=\"1\"} 1",
+        ] {
+            let sample = parse(line).unwrap().unwrap();
+            assert_eq!(sample.labels, "a=\"1\",b=\"x\\\"yz\",c=\"\"");
+        }
+        for line in [
+            "m{a=\"1\",b=\"2\",c=\"3\",d=\"4\"} 1",
+            "m{d=\"4\",c=\"3\",b=\"2\",a=\"1\"} 1",
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.limit, Some(LimitExceeded::LabelLimit(3)), "{e}");
+            assert!(
+                e.reason.contains("4 labels, more than label_limit 3"),
+                "{e}"
+            );
+        }
+        // An unknown escape is two bytes (a literal backslash and the letter).
+        for line in ["m{b=\"12345\"} 1", "m{z=\"\\t123\",a=\"1\"} 1"] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(
+                e.limit,
+                Some(LimitExceeded::LabelValueLengthLimit(4)),
+                "{e}"
+            );
+            assert!(
+                e.reason
+                    .contains("longer than label_value_length_limit_bytes 4"),
+                "{e}"
+            );
+        }
+        // Syntax errors stay syntax errors; exemplars are not bounded.
+        assert_eq!(parse("m{a=\"1\"").unwrap_err().limit, None);
+        assert!(parse("m 1 # {a=\"1\",b=\"2\",c=\"3\",d=\"123456\"} 1")
+            .unwrap()
+            .is_some());
+        // Without limits, as for `vtax import`, nothing is bounded.
+        let long = format!("m{{a=\"{}\"}} 1", "x".repeat(1 << 20));
+        assert!(Parser::new(Format::PrometheusText)
+            .parse_line(&long)
+            .is_ok());
     }
 
     #[test]
