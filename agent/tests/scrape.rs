@@ -242,3 +242,193 @@ fn bad_targets_are_counters_and_one_log_line_and_stall_nothing() {
     );
     drop(hang);
 }
+
+/// Serves each path's body, whole, to every request; a client that hangs up
+/// early (a scrape past its limit) ends that answer.
+fn serve_bodies(bodies: Vec<(&'static str, String)>) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies = Arc::new(bodies);
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let bodies = bodies.clone();
+            std::thread::spawn(move || {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&request);
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                let Some((_, body)) = bodies.iter().find(|(p, _)| *p == path) else {
+                    return;
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                     Connection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(body.as_bytes());
+            });
+        }
+    });
+    addr
+}
+
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in\n{status}"))
+}
+
+/// A target with a million series (a 20.8 MB body) drove the agent's RSS to
+/// 403 MB, and the kernel killed it under the unit's `MemoryMax=256M`. A
+/// scrape past any of a target's limits is now refused whole (no rows),
+/// counted under `failures_limit` and logged once; a target at every limit is
+/// stored in full, and the agent keeps running.
+#[test]
+fn scrapes_past_a_limit_are_refused_whole_and_counted() {
+    let series = |n: usize, name: &str| -> String {
+        (0..n)
+            .map(|i| format!("{name}{{i=\"{i}\"}} {i}\n"))
+            .collect()
+    };
+    let labels = |n: usize, value: &str| -> String {
+        (0..n)
+            .map(|i| format!("l{i:03}=\"{value}\""))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let server = serve_bodies(vec![
+        ("/million", series(1_000_000, "huge")),
+        ("/over", series(1001, "over")),
+        ("/at", series(1000, "at")),
+        (
+            "/long",
+            format!("long{{v=\"{}\"}} 1\n", "x".repeat(64 << 10)),
+        ),
+        ("/labels", format!("wide{{{}}} 1\n", labels(65, "x"))),
+        (
+            "/at_labels",
+            format!("wide{{{},v=\"{}\"}} 1\n", labels(63, "x"), "x".repeat(2048)),
+        ),
+    ]);
+    let config: String = [
+        ("million", "/million", ""),
+        ("over", "/over", "sample_limit = 1000\n"),
+        ("at", "/at", "sample_limit = 1000\n"),
+        ("long", "/long", ""),
+        ("labels", "/labels", ""),
+        ("at_labels", "/at_labels", ""),
+    ]
+    .iter()
+    .map(|(name, path, extra)| {
+        format!(
+            "[[scrape]]\nname = \"{name}\"\nurl = \"http://{server}{path}\"\n\
+             interval_secs = 1\ntimeout_secs = 0.9\n{extra}\n"
+        )
+    })
+    .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("vtax.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let data = dir.path().join("data");
+    let mut agent = Agent::start(&[
+        "--config",
+        config_path.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.jitter",
+    ]);
+    agent.wait_for_metric(
+        "vtax_scrape_target_failures_limit_total{target=\"million\"} 5",
+        Duration::from_secs(60),
+    );
+    let body = agent.get("/metrics", &[]).text();
+    let get = |m: &str| metric(&body, m).unwrap_or_else(|| panic!("no {m} in\n{body}"));
+    for refused in ["million", "over", "long", "labels"] {
+        assert_eq!(
+            get(&format!("vtax_scrape_target_up{{target=\"{refused}\"}}")),
+            0.0
+        );
+        assert!(
+            get(&format!(
+                "vtax_scrape_target_failures_limit_total{{target=\"{refused}\"}}"
+            )) >= 3.0,
+            "{refused}"
+        );
+        assert_eq!(
+            get(&format!(
+                "vtax_scrape_target_failures_invalid_total{{target=\"{refused}\"}}"
+            )),
+            0.0
+        );
+    }
+    for accepted in ["at", "at_labels"] {
+        assert_eq!(
+            get(&format!("vtax_scrape_target_up{{target=\"{accepted}\"}}")),
+            1.0
+        );
+        assert_eq!(
+            get(&format!(
+                "vtax_scrape_target_failures_limit_total{{target=\"{accepted}\"}}"
+            )),
+            0.0
+        );
+    }
+    assert_eq!(get("vtax_scrape_target_samples{target=\"at\"}"), 1000.0);
+    // Still running, and well inside the unit's MemoryMax=256M.
+    assert!(agent.child.try_wait().unwrap().is_none());
+    let peak_kib = vm_kib(agent.child.id(), "VmHWM:");
+    assert!(peak_kib < 128 << 10, "peak resident {peak_kib} kB");
+
+    let log = agent.log();
+    assert!(agent.stop(), "clean exit");
+    let failing = |name: &str| -> Vec<&str> {
+        log.lines()
+            .filter(|l| {
+                l.contains("Scrape target failing")
+                    && l.contains(&format!("target_name=\"{name}\""))
+            })
+            .collect()
+    };
+    for (name, says) in [
+        (
+            "million",
+            "more than sample_limit 50000 samples (line 50001)",
+        ),
+        ("over", "more than sample_limit 1000 samples (line 1001)"),
+        (
+            "long",
+            "has a value of 65536 bytes, longer than label_value_length_limit_bytes 2048",
+        ),
+        ("labels", "65 labels, more than label_limit 64"),
+    ] {
+        let lines = failing(name);
+        assert_eq!(lines.len(), 1, "{name}:\n{log}");
+        assert!(lines[0].contains(says), "{name}: {}", lines[0]);
+        assert!(
+            lines[0].contains("reason=\"limit\"") || lines[0].contains("reason=limit"),
+            "{}",
+            lines[0]
+        );
+        // Rejected whole: not one of its samples was stored.
+        assert_eq!(
+            query_csv(&data, &["scraped", "--where", &format!("target={name}")]).len(),
+            1,
+            "{name}"
+        );
+    }
+    let stored = query_csv(&data, &["scraped", "--where", "target=at"]).len() - 1;
+    assert!(
+        stored >= 3000 && stored.is_multiple_of(1000),
+        "{stored} rows of target at"
+    );
+    assert!(query_csv(&data, &["scraped", "--where", "target=at_labels"]).len() >= 4);
+}

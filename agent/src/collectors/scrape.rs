@@ -14,16 +14,25 @@
 //! timeout, never the other targets or the other collectors: it becomes a
 //! failure counter (by reason) and one log line when its state changes.
 //!
+//! A target is bounded as Prometheus bounds one (`sample_limit`, `label_limit`,
+//! `label_value_length_limit_bytes`, `body_size_limit_bytes`): the body is
+//! parsed line by line as it arrives, samples go straight into the batch, and
+//! the first line past a limit ends the scrape. Such a scrape is rejected
+//! whole (no rows) and counted as a `limit` failure, so that a target with a
+//! million series costs one line buffer and at most `sample_limit` rows, not
+//! the agent's memory.
+//!
 //! Quantiles are computed as PromQL's `histogram_quantile` computes them, over
 //! the increase of the cumulative buckets between the scrapes that open and
 //! close the window ([`bucket_quantile`], [`window_delta`]).
 
 use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use vtax_store::openmetrics::{Format, Parser};
+use vtax_store::openmetrics::{Format, Limits, Parser};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{tables, Batch, BatchBuilder, Value};
 
@@ -39,12 +48,29 @@ pub const DEFAULT_SCRAPE_INTERVAL_SECS: f64 = 10.0;
 pub const DEFAULT_SCRAPE_TIMEOUT_SECS: f64 = 2.0;
 /// Default quantile window: the jitter collector's, so both line up.
 pub const DEFAULT_SCRAPE_WINDOW_SECS: u64 = super::jitter::DEFAULT_WINDOW_SECS;
-/// Largest response body read from a target; a bigger one is a failure
-/// (`invalid`), not an unbounded allocation.
-pub const MAX_BODY_BYTES: u64 = 32 << 20;
+/// Default most samples in one scrape; a scrape with more is rejected whole.
+/// An inference server's own `/metrics` holds hundreds to a few thousand
+/// series (vLLM with every histogram: about 1,500 per model), so this leaves
+/// room for many models or adapters while bounding what one scrape holds in
+/// memory (about 16 MiB of rows at 300 bytes a sample) and writes per interval.
+pub const DEFAULT_SAMPLE_LIMIT: u64 = 50_000;
+/// Default most labels on one sample.
+pub const DEFAULT_LABEL_LIMIT: u64 = 64;
+/// Default longest label value, in bytes.
+pub const DEFAULT_LABEL_VALUE_LENGTH_LIMIT_BYTES: u64 = 2048;
+/// Default largest response body: 50,000 samples of 160 bytes. The body is
+/// parsed as it arrives, never held whole; this bounds the label text one
+/// scrape can hold and the time it takes.
+pub const DEFAULT_BODY_SIZE_LIMIT_BYTES: u64 = 8 << 20;
 /// Scrapes queued for the store per target before the oldest are dropped
 /// (only if the collector thread stopped harvesting); drops are counted.
 const MAX_PENDING_PER_TARGET: usize = 64;
+/// Least time between two warnings of one target.
+const LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// Rows queued per target, in units of its `sample_limit`, before the oldest
+/// scrapes are dropped: so that what waits for the store stays a few scrapes'
+/// worth of memory even when each is at the limit.
+const MAX_PENDING_SCRAPES_AT_LIMIT: u64 = 4;
 /// What the agent asks for: Prometheus text first, OpenMetrics accepted.
 const ACCEPT: &str =
     "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1";
@@ -72,6 +98,36 @@ pub struct ScrapeTarget {
     /// Seconds per quantile window, on wall-clock multiples.
     #[serde(default = "default_window")]
     pub window_secs: u64,
+    /// Most samples in one scrape; more rejects the scrape whole.
+    #[serde(default = "default_sample_limit")]
+    pub sample_limit: u64,
+    /// Most labels on one sample; more rejects the scrape whole.
+    #[serde(default = "default_label_limit")]
+    pub label_limit: u64,
+    /// Longest label value in bytes; longer rejects the scrape whole.
+    #[serde(default = "default_label_value_length_limit_bytes")]
+    pub label_value_length_limit_bytes: u64,
+    /// Largest response body in bytes; larger rejects the scrape whole.
+    #[serde(default = "default_body_size_limit_bytes")]
+    pub body_size_limit_bytes: u64,
+}
+
+impl ScrapeTarget {
+    /// A target with every optional key at its default.
+    pub fn new(name: &str, url: &str) -> Self {
+        ScrapeTarget {
+            name: name.into(),
+            url: url.into(),
+            interval_secs: DEFAULT_SCRAPE_INTERVAL_SECS,
+            timeout_secs: DEFAULT_SCRAPE_TIMEOUT_SECS,
+            histograms: Vec::new(),
+            window_secs: DEFAULT_SCRAPE_WINDOW_SECS,
+            sample_limit: DEFAULT_SAMPLE_LIMIT,
+            label_limit: DEFAULT_LABEL_LIMIT,
+            label_value_length_limit_bytes: DEFAULT_LABEL_VALUE_LENGTH_LIMIT_BYTES,
+            body_size_limit_bytes: DEFAULT_BODY_SIZE_LIMIT_BYTES,
+        }
+    }
 }
 
 fn default_interval() -> f64 {
@@ -83,6 +139,18 @@ fn default_timeout() -> f64 {
 fn default_window() -> u64 {
     DEFAULT_SCRAPE_WINDOW_SECS
 }
+fn default_sample_limit() -> u64 {
+    DEFAULT_SAMPLE_LIMIT
+}
+fn default_label_limit() -> u64 {
+    DEFAULT_LABEL_LIMIT
+}
+fn default_label_value_length_limit_bytes() -> u64 {
+    DEFAULT_LABEL_VALUE_LENGTH_LIMIT_BYTES
+}
+fn default_body_size_limit_bytes() -> u64 {
+    DEFAULT_BODY_SIZE_LIMIT_BYTES
+}
 
 /// Comments for the example config's commented `[[scrape]]` table.
 pub static TARGET_KEY_DOCS: &[(&str, &str)] = &[
@@ -92,20 +160,20 @@ pub static TARGET_KEY_DOCS: &[(&str, &str)] = &[
     ("timeout_secs", "Limit of one scrape, connect to last byte; later is a `timeout` failure (default 2, must be under interval_secs)."),
     ("histograms", "Histogram families (without _bucket) whose p50/p99/p99.9 go to service_latency."),
     ("window_secs", "Seconds per quantile window, on wall-clock multiples like the jitter windows (default 10, at least interval_secs)."),
+    ("sample_limit", "Most samples in one scrape; a scrape with more stores nothing and counts a `limit` failure (default 50000)."),
+    ("label_limit", "Most labels on one sample; more rejects the scrape the same way (default 64)."),
+    ("label_value_length_limit_bytes", "Longest label value in bytes, unescaped; longer rejects the scrape the same way (default 2048)."),
+    ("body_size_limit_bytes", "Largest response body in bytes, parsed as it arrives; larger rejects the scrape the same way (default 8 MiB). Counts towards the agent's memory bound (see store.wal_max_backlog_bytes)."),
 ];
 
 /// The example's commented-out `[[scrape]]` table.
 pub fn example_target() -> String {
     let example = ScrapeTarget {
-        name: "vllm".into(),
-        url: "http://127.0.0.1:8000/metrics".into(),
-        interval_secs: DEFAULT_SCRAPE_INTERVAL_SECS,
-        timeout_secs: DEFAULT_SCRAPE_TIMEOUT_SECS,
         histograms: vec![
             "vllm:e2e_request_latency_seconds".into(),
             "vllm:time_to_first_token_seconds".into(),
         ],
-        window_secs: DEFAULT_SCRAPE_WINDOW_SECS,
+        ..ScrapeTarget::new("vllm", "http://127.0.0.1:8000/metrics")
     };
     let table = toml::Table::try_from(&example).expect("a target serialises");
     let mut out = String::from(
@@ -253,6 +321,19 @@ pub static TARGET_KEY_RANGES: crate::config::KeyRanges = &[
         "window_secs",
         crate::config::KeyRange::between(1.0, 86_400.0),
     ),
+    (
+        "sample_limit",
+        crate::config::KeyRange::between(1.0, 1_000_000.0),
+    ),
+    ("label_limit", crate::config::KeyRange::between(1.0, 1024.0)),
+    (
+        "label_value_length_limit_bytes",
+        crate::config::KeyRange::between(16.0, 1_048_576.0),
+    ),
+    (
+        "body_size_limit_bytes",
+        crate::config::KeyRange::between(4096.0, 67_108_864.0),
+    ),
 ];
 
 /// Comments for this collector's own keys in the example config.
@@ -316,7 +397,8 @@ pub static SCRAPE_TARGET: TableDef = TableDef {
         failures("failures_connect", "Scrapes that failed because the target could not be reached (refused, reset, no such host): it is down."),
         failures("failures_timeout", "Scrapes that did not finish within timeout_secs: the target is slow or hangs."),
         failures("failures_http", "Scrapes answered with an HTTP status other than 2xx."),
-        failures("failures_invalid", "Scrapes whose body was not a valid exposition (not UTF-8, too large, or a line the parser rejects)."),
+        failures("failures_invalid", "Scrapes whose body was not a valid exposition (not UTF-8, or a line the parser rejects)."),
+        failures("failures_limit", "Scrapes rejected whole, nothing stored, for going past one of the target's limits: sample_limit, label_limit, label_value_length_limit_bytes or body_size_limit_bytes."),
     ],
     exported: true,
 };
@@ -332,6 +414,8 @@ pub enum Reason {
     Http,
     /// Not a valid exposition.
     Invalid,
+    /// Past one of the target's limits.
+    Limit,
 }
 
 impl Reason {
@@ -342,6 +426,7 @@ impl Reason {
             Reason::Timeout => "timeout",
             Reason::Http => "http",
             Reason::Invalid => "invalid",
+            Reason::Limit => "limit",
         }
     }
 
@@ -491,54 +576,104 @@ pub fn split_le(labels: &str) -> Option<(String, &str)> {
     le.map(|le| (rest, le))
 }
 
-/// One parsed scrape: its samples and the histogram series asked for.
+/// One parsed scrape: its rows and the histogram series asked for.
 pub struct Scraped {
-    /// (metric, canonical labels, value) of every sample.
-    pub samples: Vec<(String, String, f64)>,
+    /// One `scraped` row per sample.
+    pub rows: Batch,
     /// The series of the `histograms` families.
     pub histograms: Snapshot,
 }
 
-/// Parses an exposition body; `histograms` are the families to pick out.
-pub fn parse_body(body: &str, format: Format, histograms: &[String]) -> Result<Scraped, Failure> {
-    let mut parser = Parser::new(format);
-    let mut samples = Vec::new();
+/// Parses an exposition as it is read, into `scraped` rows of `target` at
+/// `time_us`, picking out the histogram series `target` lists. Memory holds
+/// one line and the rows so far; the first line past one of the target's
+/// limits ends the parse (a `limit` failure), as does the first invalid one
+/// (`invalid`). A read error is classified as a fetch's would be.
+pub fn parse_stream(
+    mut body: impl BufRead,
+    format: Format,
+    target: &ScrapeTarget,
+    time_us: i64,
+) -> Result<Scraped, Failure> {
+    let limits = Limits {
+        label_limit: usize::try_from(target.label_limit).unwrap_or(usize::MAX),
+        label_value_length_limit_bytes: usize::try_from(target.label_value_length_limit_bytes)
+            .unwrap_or(usize::MAX),
+    };
+    let mut parser = Parser::with_limits(format, limits);
+    let mut rows = BatchBuilder::new(&tables::SCRAPED);
     let mut series: Snapshot = BTreeMap::new();
-    for line in body.split('\n') {
-        match parser.parse_line(line) {
-            Ok(Some(sample)) => {
-                if let Some(family) = sample.metric.strip_suffix("_bucket") {
-                    if histograms.iter().any(|h| h == family) {
-                        let (rest, le) = split_le(&sample.labels).ok_or_else(|| {
-                            fail(
-                                Reason::Invalid,
-                                format!(
-                                    "line {}: bucket without a valid le label",
-                                    parser.line_number()
-                                ),
-                            )
-                        })?;
-                        let bound: f64 = le.parse().map_err(|_| {
-                            fail(
-                                Reason::Invalid,
-                                format!("line {}: le={le:?} is not a number", parser.line_number()),
-                            )
-                        })?;
-                        series
-                            .entry((family.to_string(), rest))
-                            .or_default()
-                            .push((bound, sample.value));
-                    }
-                }
-                samples.push((
-                    sample.metric.to_string(),
-                    sample.labels.into_owned(),
-                    sample.value,
-                ));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(fail(Reason::Invalid, e.to_string())),
+    let mut line = Vec::new();
+    let mut offset_bytes = 0u64;
+    loop {
+        line.clear();
+        let read = body
+            .read_until(b'\n', &mut line)
+            .map_err(|e| classify(ureq::Error::from(e)))?;
+        if read == 0 {
+            break;
         }
+        let text = std::str::from_utf8(&line).map_err(|e| {
+            fail(
+                Reason::Invalid,
+                format!(
+                    "body is not UTF-8 (at byte {})",
+                    offset_bytes + e.valid_up_to() as u64
+                ),
+            )
+        })?;
+        offset_bytes += read as u64;
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        let sample = match parser.parse_line(text) {
+            Ok(Some(sample)) => sample,
+            Ok(None) => continue,
+            Err(e) => {
+                let reason = match e.limit {
+                    Some(_) => Reason::Limit,
+                    None => Reason::Invalid,
+                };
+                return Err(fail(reason, e.to_string()));
+            }
+        };
+        if rows.len() as u64 >= target.sample_limit {
+            return Err(fail(
+                Reason::Limit,
+                format!(
+                    "more than sample_limit {} samples (line {})",
+                    target.sample_limit,
+                    parser.line_number()
+                ),
+            ));
+        }
+        if let Some(family) = sample.metric.strip_suffix("_bucket") {
+            if target.histograms.iter().any(|h| h == family) {
+                let (rest, le) = split_le(&sample.labels).ok_or_else(|| {
+                    fail(
+                        Reason::Invalid,
+                        format!(
+                            "line {}: bucket without a valid le label",
+                            parser.line_number()
+                        ),
+                    )
+                })?;
+                let bound: f64 = le.parse().map_err(|_| {
+                    fail(
+                        Reason::Invalid,
+                        format!("line {}: le={le:?} is not a number", parser.line_number()),
+                    )
+                })?;
+                series
+                    .entry((family.to_string(), rest))
+                    .or_default()
+                    .push((bound, sample.value));
+            }
+        }
+        rows.push(
+            time_us,
+            &[&target.name, sample.metric, &sample.labels],
+            &[Value::F64(sample.value)],
+        )
+        .expect("the row matches the declaration");
     }
     parser
         .finish()
@@ -547,15 +682,15 @@ pub fn parse_body(body: &str, format: Format, histograms: &[String]) -> Result<S
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     Ok(Scraped {
-        samples,
+        rows: rows.finish(),
         histograms: series,
     })
 }
 
-/// Fetches a target once: the body and its format, or why not.
-fn fetch(agent: &ureq::Agent, url: &str) -> Result<(String, Format), Failure> {
+/// Scrapes a target once: fetches it and parses the body as it arrives.
+fn scrape(agent: &ureq::Agent, target: &ScrapeTarget, time_us: i64) -> Result<Scraped, Failure> {
     let mut response = agent
-        .get(url)
+        .get(&target.url)
         .header("Accept", ACCEPT)
         .call()
         .map_err(classify)?;
@@ -567,22 +702,34 @@ fn fetch(agent: &ureq::Agent, url: &str) -> Result<(String, Format), Failure> {
         Some(v) if v.as_bytes().starts_with(b"application/openmetrics-text") => Format::OpenMetrics,
         _ => Format::PrometheusText,
     };
-    let body = response
+    // A declared length past the limit is refused before a byte is read.
+    let declared_bytes = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if let Some(bytes) = declared_bytes.filter(|&b| b > target.body_size_limit_bytes) {
+        return Err(body_too_large(bytes, target.body_size_limit_bytes));
+    }
+    // ureq's limit errs on the read after `limit` bytes even at the body's
+    // end: one byte more lets a body of exactly the limit read to its end.
+    let reader = response
         .body_mut()
         .with_config()
-        .limit(MAX_BODY_BYTES)
-        .read_to_vec()
-        .map_err(classify)?;
-    let body = String::from_utf8(body).map_err(|e| {
-        fail(
-            Reason::Invalid,
-            format!(
-                "body is not UTF-8 (at byte {})",
-                e.utf8_error().valid_up_to()
-            ),
-        )
-    })?;
-    Ok((body, format))
+        .limit(target.body_size_limit_bytes.saturating_add(1))
+        .reader();
+    parse_stream(
+        std::io::BufReader::with_capacity(64 << 10, reader),
+        format,
+        target,
+        time_us,
+    )
+}
+
+fn body_too_large(bytes: u64, limit_bytes: u64) -> Failure {
+    fail(
+        Reason::Limit,
+        format!("body of {bytes} bytes or more, larger than body_size_limit_bytes {limit_bytes}"),
+    )
 }
 
 fn classify(e: ureq::Error) -> Failure {
@@ -596,6 +743,10 @@ fn classify(e: ureq::Error) -> Failure {
             Reason::Connect
         }
         ureq::Error::StatusCode(_) => Reason::Http,
+        // The reader was given the limit plus one byte (see `scrape`).
+        ureq::Error::BodyExceedsLimit(read_bytes) => {
+            return body_too_large(*read_bytes, read_bytes.saturating_sub(1))
+        }
         _ => Reason::Invalid,
     };
     fail(reason, e.to_string())
@@ -800,7 +951,8 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
     let interval_us = ((target.interval_secs * 1e6) as i64).max(1);
     let mut windows = Windows::new(target.window_secs);
     let mut scrapes = 0u64;
-    let mut failures = [0u64; 4];
+    let mut failures = [0u64; 5];
+    let mut log = TransitionLog::default();
     let scale = |family: &str| seconds_per_unit(family);
     let mut last_grid_us = i64::MIN;
     loop {
@@ -811,31 +963,22 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
         }
         let time_us = now_us();
         let started = Instant::now();
-        let result = fetch(&agent, &target.url)
-            .and_then(|(body, format)| parse_body(&body, format, &target.histograms));
+        let result = scrape(&agent, target, time_us);
         let duration = started.elapsed().as_secs_f64();
         scrapes += 1;
         let mut batches: Vec<Batch> = Vec::new();
         let mut latency = None;
-        let (up, samples, missing) = match &result {
+        let (up, samples, missing, failure) = match result {
             Ok(scraped) => {
-                let mut rows = BatchBuilder::new(&tables::SCRAPED);
-                for (metric, labels, value) in &scraped.samples {
-                    rows.push(
-                        time_us,
-                        &[&target.name, metric, labels],
-                        &[Value::F64(*value)],
-                    )
-                    .expect("the row matches the declaration");
-                }
-                batches.push(rows.finish());
+                let samples = scraped.rows.len() as u64;
+                batches.push(scraped.rows);
                 let missing: Vec<String> = target
                     .histograms
                     .iter()
                     .filter(|h| !scraped.histograms.keys().any(|(f, _)| f == *h))
                     .cloned()
                     .collect();
-                let closed = windows.advance(grid_us, time_us, scraped.histograms.clone());
+                let closed = windows.advance(grid_us, time_us, scraped.histograms);
                 if !closed.is_empty() {
                     let mut rows = BatchBuilder::new(&SERVICE_LATENCY);
                     for (family, labels, delta, span) in &closed {
@@ -862,11 +1005,11 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
                     latency = Some(rows.clone());
                     batches.push(rows);
                 }
-                (1, Some(scraped.samples.len() as u64), missing)
+                (1, Some(samples), missing, None)
             }
             Err(f) => {
                 failures[f.reason.index()] += 1;
-                (0, None, Vec::new())
+                (0, None, Vec::new(), Some(f))
             }
         };
         let mut status = BatchBuilder::new(&SCRAPE_TARGET);
@@ -886,8 +1029,8 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
         let Some(state) = all.get_mut(&target.name) else {
             return;
         };
-        log_transition(&target.name, &state.failing, result.as_ref().err());
-        state.failing = result.err();
+        log.transition(&target.name, &state.failing, failure.as_ref());
+        state.failing = failure;
         state.missing = missing;
         state.status = Some(status.clone());
         match latency {
@@ -896,35 +1039,84 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             None if up == 0 => state.latency = None,
             None => {}
         }
+        let this_scrape = batches.len() + 1;
         state.pending.extend(batches.into_iter().map(Arc::new));
         state.pending.push(status);
-        if state.pending.len() > MAX_PENDING_PER_TARGET * 3 {
-            let excess = state.pending.len() - MAX_PENDING_PER_TARGET * 3;
-            state.pending.drain(..excess);
-            state.dropped += excess as u64;
+        // Oldest first, never this scrape's: by count, and by rows so that
+        // scrapes at the sample limit cannot pile up in memory.
+        let max_rows = target
+            .sample_limit
+            .saturating_mul(MAX_PENDING_SCRAPES_AT_LIMIT);
+        let mut rows: u64 = state.pending.iter().map(|b| b.len() as u64).sum();
+        let mut excess = 0;
+        while state.pending.len() - excess > this_scrape
+            && (state.pending.len() - excess > MAX_PENDING_PER_TARGET * 3 || rows > max_rows)
+        {
+            rows -= state.pending[excess].len() as u64;
+            excess += 1;
         }
+        state.pending.drain(..excess);
+        state.dropped += excess as u64;
     }
 }
 
-/// One log line when a target starts failing, changes reason, or recovers.
-fn log_transition(name: &str, before: &Option<Failure>, now: Option<&Failure>) {
-    match (before, now) {
-        (None, Some(f)) => tracing::warn!(
-            target_name = name,
-            reason = f.reason.as_str(),
-            error = %f.message,
-            "Scrape target failing; counted in vtax_scrape_target_failures_*, retried every interval."
-        ),
-        (Some(old), Some(f)) if old.reason != f.reason => tracing::warn!(
-            target_name = name,
-            reason = f.reason.as_str(),
-            error = %f.message,
-            "Scrape target still failing, for another reason."
-        ),
-        (Some(_), None) => {
-            tracing::info!(target_name = name, "Scrape target recovered.")
+/// A target's log lines: one when its state changes (failing, another
+/// reason, recovered), but at most one warning per [`LOG_INTERVAL`] (a target
+/// flapping around its sample_limit), the next one saying how many changes
+/// went unlogged. A failure that was not logged has no recovery line.
+#[derive(Default)]
+struct TransitionLog {
+    last_warning: Option<Instant>,
+    /// Whether the failure going on was logged.
+    failure_logged: bool,
+    /// Warnings not logged since the last one.
+    unlogged: u64,
+}
+
+impl TransitionLog {
+    fn transition(&mut self, name: &str, before: &Option<Failure>, now: Option<&Failure>) {
+        let f = match (before, now) {
+            (Some(_), None) => {
+                if self.failure_logged {
+                    tracing::info!(target_name = name, "Scrape target recovered.");
+                }
+                self.failure_logged = false;
+                return;
+            }
+            (None, Some(f)) => f,
+            (Some(old), Some(f)) if old.reason != f.reason => f,
+            _ => return,
+        };
+        if self
+            .last_warning
+            .is_some_and(|at| at.elapsed() < LOG_INTERVAL)
+        {
+            if before.is_none() {
+                self.failure_logged = false;
+            }
+            self.unlogged += 1;
+            return;
         }
-        _ => {}
+        let unlogged = std::mem::take(&mut self.unlogged);
+        self.last_warning = Some(Instant::now());
+        self.failure_logged = true;
+        if before.is_none() {
+            tracing::warn!(
+                target_name = name,
+                reason = f.reason.as_str(),
+                error = %f.message,
+                unlogged_changes = unlogged,
+                "Scrape target failing; counted in vtax_scrape_target_failures_*, retried every interval."
+            );
+        } else {
+            tracing::warn!(
+                target_name = name,
+                reason = f.reason.as_str(),
+                error = %f.message,
+                unlogged_changes = unlogged,
+                "Scrape target still failing, for another reason."
+            );
+        }
     }
 }
 
@@ -1058,13 +1250,33 @@ req_seconds_count{path=\"/a\"} 5
 other_total 7
 ";
 
+    fn target(histograms: &[&str]) -> ScrapeTarget {
+        ScrapeTarget {
+            histograms: histograms.iter().map(|h| h.to_string()).collect(),
+            ..ScrapeTarget::new("t", "http://127.0.0.1:1/metrics")
+        }
+    }
+
+    fn parse(body: &str, format: Format, target: &ScrapeTarget) -> Result<Scraped, Failure> {
+        parse_stream(body.as_bytes(), format, target, 7)
+    }
+
+    /// (metric, labels, value) of row `i`.
+    fn row(rows: &Batch, i: usize) -> (String, String, f64) {
+        let tag = |t: usize| rows.tags[t].dict[rows.tags[t].codes[i] as usize].clone();
+        let vtax_store::batch::Values::F64(values) = &rows.fields[0].values else {
+            panic!("value is f64");
+        };
+        (tag(1), tag(2), values[i])
+    }
+
     #[test]
     fn bodies_are_parsed_and_histograms_picked_out() {
-        let scraped =
-            parse_body(BODY, Format::PrometheusText, &["req_seconds".to_string()]).unwrap();
-        assert_eq!(scraped.samples.len(), 6);
+        let scraped = parse(BODY, Format::PrometheusText, &target(&["req_seconds"])).unwrap();
+        assert_eq!(scraped.rows.len(), 6);
+        assert_eq!(scraped.rows.time_us, vec![7; 6]);
         assert_eq!(
-            scraped.samples[2],
+            row(&scraped.rows, 2),
             (
                 "req_seconds_bucket".to_string(),
                 r#"le="+Inf",path="/a""#.to_string(),
@@ -1073,16 +1285,91 @@ other_total 7
         );
         let series = &scraped.histograms[&("req_seconds".to_string(), r#"path="/a""#.to_string())];
         assert_eq!(series, &vec![(0.1, 3.0), (1.0, 4.0), (INF, 5.0)]);
-        let garbage = parse_body("<html>oops</html>\n", Format::PrometheusText, &[]);
-        assert_eq!(garbage.err().unwrap().reason, Reason::Invalid);
-        let bad_le = parse_body(
+        let invalid = |body: &str, format, t: &ScrapeTarget| {
+            let f = parse(body, format, t).err().expect("a failure");
+            assert_eq!(f.reason, Reason::Invalid, "{}", f.message);
+            f.message
+        };
+        invalid("<html>oops</html>\n", Format::PrometheusText, &target(&[]));
+        invalid(
             "x_bucket{le=\"fast\"} 1\n",
             Format::PrometheusText,
-            &["x".into()],
+            &target(&["x"]),
         );
-        assert_eq!(bad_le.err().unwrap().reason, Reason::Invalid);
-        let truncated = parse_body("x 1\n", Format::OpenMetrics, &[]);
-        assert_eq!(truncated.err().unwrap().reason, Reason::Invalid);
+        invalid("x 1\n", Format::OpenMetrics, &target(&[]));
+        let not_utf8 = parse_stream(
+            &b"x 1\ny{a=\"\xc3\xa9\xff\"} 2\n"[..],
+            Format::PrometheusText,
+            &target(&[]),
+            7,
+        );
+        let message = not_utf8.err().expect("a failure").message;
+        assert!(message.contains("at byte 11"), "{message}");
+        // Without a final newline the last line counts all the same.
+        assert_eq!(
+            parse("a 1\nb 2", Format::PrometheusText, &target(&[]))
+                .unwrap()
+                .rows
+                .len(),
+            2
+        );
+    }
+
+    /// A 1M-series target drove the agent past the unit's MemoryMax=256M: a
+    /// scrape past a limit is now refused whole, at the first line past it.
+    #[test]
+    fn a_scrape_past_a_limit_is_refused_whole() {
+        let lines =
+            |n: usize| -> String { (0..n).map(|i| format!("m{{i=\"{i}\"}} {i}\n")).collect() };
+        let t = ScrapeTarget {
+            sample_limit: 100,
+            label_limit: 3,
+            label_value_length_limit_bytes: 16,
+            ..target(&[])
+        };
+        // At every limit: accepted.
+        let at_limit = format!(
+            "{}big{{a=\"{}\",b=\"\",c=\"\"}} 1\n# EOF\n",
+            lines(99),
+            "x".repeat(16)
+        );
+        assert_eq!(
+            parse(&at_limit, Format::OpenMetrics, &t)
+                .unwrap()
+                .rows
+                .len(),
+            100
+        );
+        let limit = |body: &str| {
+            let f = parse(body, Format::PrometheusText, &t)
+                .err()
+                .expect("a failure");
+            assert_eq!(f.reason, Reason::Limit, "{}", f.message);
+            f.message
+        };
+        let message = limit(&lines(1_000_000));
+        assert!(
+            message.contains("more than sample_limit 100 samples (line 101)"),
+            "{message}"
+        );
+        let message = limit(&format!(
+            "{}m{{a=\"1\",b=\"2\",c=\"3\",d=\"4\"}} 1\n",
+            lines(5)
+        ));
+        assert!(
+            message.contains("line 6: 4 labels, more than label_limit 3"),
+            "{message}"
+        );
+        let message = limit(&format!("m{{a=\"{}\"}} 1\n", "x".repeat(8 << 20)));
+        assert!(
+            message.contains("label \"a\" has a value of 8388608 bytes"),
+            "{message}"
+        );
+        // A bad line before the limit is still `invalid`.
+        let f = parse(&format!("{}oops\n", lines(5)), Format::PrometheusText, &t)
+            .err()
+            .unwrap();
+        assert_eq!(f.reason, Reason::Invalid);
     }
 
     #[test]
@@ -1111,12 +1398,8 @@ other_total 7
     #[test]
     fn targets_are_validated() {
         let t = ScrapeTarget {
-            name: "a".into(),
-            url: "http://127.0.0.1:1/metrics".into(),
-            interval_secs: 10.0,
-            timeout_secs: 2.0,
             histograms: vec!["x_seconds".into()],
-            window_secs: 10,
+            ..ScrapeTarget::new("a", "http://127.0.0.1:1/metrics")
         };
         assert!(validate_targets(std::slice::from_ref(&t)).is_ok());
         let with = |f: &dyn Fn(&mut ScrapeTarget)| {
