@@ -30,6 +30,23 @@ pub const DEFAULT_SYNC_INTERVAL_SECS: f64 = 1.0;
 pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 2 << 20;
 /// Seconds between two compaction and retention passes.
 pub const DEFAULT_COMPACT_INTERVAL_SECS: u64 = 300;
+/// Bytes of rows the write-ahead log holds in memory while writes fail (a
+/// full disk) before new rows are refused. The store's own default (256 MiB)
+/// is the whole of the shipped unit's `MemoryMax=256M`: the agent would be
+/// killed before it refused a row.
+pub const DEFAULT_WAL_MAX_BACKLOG_BYTES: u64 = 32 << 20;
+/// What the memory bounds of the file may add up to:
+/// `store.wal_max_backlog_bytes + store.max_buffered_bytes` and, per
+/// `[[scrape]]` target, `body_size_limit_bytes +` [`SCRAPE_BYTES_PER_SAMPLE`]
+/// `x sample_limit`. The shipped unit's `MemoryMax=256M` less 64 MiB for the
+/// rest of the agent: about 30 MiB resident with every collector, a merge's
+/// 8 MiB, the exposition and the allocator's slack (docs/benchmarks.md).
+pub const MEMORY_BOUNDS_MAX_BYTES: u64 = 192 << 20;
+/// Memory one scraped sample takes on its way to the store (its row, its
+/// interned label text, the store's buffer and WAL frame): a 50,000-sample
+/// scrape every 2 s peaked 19 MiB above the agent's own 25 MiB (debug build,
+/// docs/benchmarks.md), about 400 bytes a sample.
+pub const SCRAPE_BYTES_PER_SAMPLE: u64 = 384;
 
 /// The whole config file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -113,6 +130,9 @@ pub struct StoreConfig {
     pub sync_interval_secs: f64,
     /// Bytes of rows held in memory before they are published early.
     pub max_buffered_bytes: u64,
+    /// Bytes of rows held in memory while WAL writes fail, before new rows
+    /// are refused.
+    pub wal_max_backlog_bytes: u64,
     /// Seconds between two compaction and retention passes.
     pub compact_interval_secs: u64,
     /// Delete days older than this many days; 0 keeps them.
@@ -128,6 +148,7 @@ impl Default for StoreConfig {
             node: None,
             sync_interval_secs: DEFAULT_SYNC_INTERVAL_SECS,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            wal_max_backlog_bytes: DEFAULT_WAL_MAX_BACKLOG_BYTES,
             compact_interval_secs: DEFAULT_COMPACT_INTERVAL_SECS,
             retention_max_age_days: 0,
             retention_max_bytes: 0,
@@ -147,6 +168,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("store.node", "The node's name, one identity everywhere: the store's file names and metadata, the node= partition of a fleet copy, remote write's instance label (unless external_labels sets one), vtax report and vtax query --where node=. 1 to 253 letters, digits, '-', '.' and '_', starting and ending with a letter or digit, so host names and Kubernetes node names fit as they are. --store.node or VTAX_NODE overrides it. Unset: the host name."),
     ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose."),
     ("store.max_buffered_bytes", "Bytes of rows held in memory before they are published early as a part file."),
+    ("store.wal_max_backlog_bytes", "Bytes of rows held in memory while write-ahead log writes fail (a full disk) before new rows are refused and counted. With max_buffered_bytes and each [[scrape]] target's body_size_limit_bytes + 384 x sample_limit it must fit in 201326592 bytes (192 MiB): the systemd unit's MemoryMax=256M less the rest of the agent."),
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
     ("store.retention_max_age_days", "Delete days older than this; 0 keeps everything."),
     ("store.retention_max_bytes", "Delete the oldest files while the tables hold more bytes than this; 0 for no bound."),
@@ -172,6 +194,10 @@ const KEY_RANGES: KeyRanges = &[
     (
         "store.max_buffered_bytes",
         KeyRange::between(65_536.0, 1_073_741_824.0),
+    ),
+    (
+        "store.wal_max_backlog_bytes",
+        KeyRange::between(1_048_576.0, 134_217_728.0),
     ),
     (
         "store.compact_interval_secs",
@@ -454,6 +480,7 @@ impl Config {
                 )
             })?;
         }
+        self.check_memory_bounds()?;
         self.upload.validate()?;
         self.collectors.validate()?;
         self.detect.validate()?;
@@ -472,6 +499,38 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The memory bounds together must fit under [`MEMORY_BOUNDS_MAX_BYTES`].
+    fn check_memory_bounds(&self) -> Result<(), (String, String)> {
+        let scrape_bytes: u64 = self
+            .scrape
+            .iter()
+            .map(|t| {
+                t.sample_limit
+                    .saturating_mul(SCRAPE_BYTES_PER_SAMPLE)
+                    .saturating_add(t.body_size_limit_bytes)
+            })
+            .fold(0, u64::saturating_add);
+        let total_bytes = self
+            .store
+            .wal_max_backlog_bytes
+            .saturating_add(self.store.max_buffered_bytes)
+            .saturating_add(scrape_bytes);
+        if total_bytes <= MEMORY_BOUNDS_MAX_BYTES {
+            return Ok(());
+        }
+        Err((
+            "store.wal_max_backlog_bytes".to_string(),
+            format!(
+                "store.wal_max_backlog_bytes = {} + store.max_buffered_bytes = {} + the {} [[scrape]] targets' body_size_limit_bytes + {SCRAPE_BYTES_PER_SAMPLE} x sample_limit ({}) = {total_bytes} bytes: \
+                 must be at most {MEMORY_BOUNDS_MAX_BYTES} (192 MiB), to stay under the systemd unit's MemoryMax=256M with the rest of the agent; lower one of them",
+                self.store.wal_max_backlog_bytes,
+                self.store.max_buffered_bytes,
+                self.scrape.len(),
+                scrape_bytes,
+            ),
+        ))
     }
 
     /// The pseudo-filesystem roots.
@@ -685,6 +744,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 3"), "{err}");
+    }
+
+    /// The store's WAL backlog bound (256 MiB) was the whole of the unit's
+    /// MemoryMax=256M; with the scrape bodies the bounds must fit under it.
+    #[test]
+    fn memory_bounds_together_fit_the_unit() {
+        use crate::collectors::scrape::{DEFAULT_BODY_SIZE_LIMIT_BYTES, DEFAULT_SAMPLE_LIMIT};
+        let defaults = Config::default();
+        let target_bytes =
+            DEFAULT_BODY_SIZE_LIMIT_BYTES + SCRAPE_BYTES_PER_SAMPLE * DEFAULT_SAMPLE_LIMIT;
+        // Defaults leave room for six targets.
+        assert!(
+            defaults.store.wal_max_backlog_bytes
+                + defaults.store.max_buffered_bytes
+                + 6 * target_bytes
+                <= MEMORY_BOUNDS_MAX_BYTES
+        );
+        let targets = |n: usize| -> String {
+            (0..n)
+                .map(|i| format!("[[scrape]]\nname = \"t{i}\"\nurl = \"http://127.0.0.1:1/\"\n"))
+                .collect()
+        };
+        let file = |n| format!("[store]\nwal_max_backlog_bytes = 134217728\n{}", targets(n));
+        // 128 + 2 MiB and two default targets fit; a third does not.
+        Config::parse(&file(2), "v.toml").unwrap();
+        let err = Config::parse(&file(3), "v.toml").unwrap_err().to_string();
+        assert!(
+            err.starts_with("v.toml:2: store.wal_max_backlog_bytes = 134217728 + store.max_buffered_bytes = 2097152 + the 3 [[scrape]] targets' body_size_limit_bytes + 384 x sample_limit (82765824) = 219080704 bytes: must be at most 201326592"),
+            "{err}"
+        );
+        // Lowering a target's bounds is another way to fit.
+        let smaller = format!(
+            "{}sample_limit = 1000\nbody_size_limit_bytes = 1048576\n",
+            file(3)
+        );
+        Config::parse(&smaller, "v.toml").unwrap();
+        let err = Config::parse("[store]\nwal_max_backlog_bytes = 268435456\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("must be between 1048576 and 134217728"),
+            "{err}"
+        );
     }
 
     #[test]
