@@ -32,8 +32,8 @@ pub struct QueryArgs {
     /// Data directory of the store.
     #[arg(long, env = "VTAX_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Table to read (see `vtax catalogue`).
-    table: String,
+    /// Table to read; without one, the tables are listed with what each holds.
+    table: Option<String>,
     /// Earliest time, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
     #[arg(long)]
     since: Option<String>,
@@ -49,14 +49,40 @@ pub struct QueryArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: OutputFormat,
-    /// Leave out files whose pages turn out damaged, naming each on stderr,
-    /// instead of failing. Files whose footer is damaged are always left out.
+    /// Leave out damaged files (a footer that does not read, pages whose
+    /// CRC-32 fails or that do not decode), naming each on stderr, instead
+    /// of failing.
     #[arg(long)]
     skip_damaged: bool,
 }
 
+/// The tables, one a line: name, then the first sentence of what it holds.
+fn list_tables() -> Result<()> {
+    let mut out = crate::Stdout;
+    let catalog = crate::catalog();
+    let width = catalog
+        .tables()
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(0);
+    for table in catalog.tables() {
+        let first = table.help.split(". ").next().unwrap_or(table.help);
+        let first = first.trim_end_matches('.');
+        writeln!(out, "{:width$}  {first}.", table.name)?;
+    }
+    writeln!(
+        out,
+        "\nvtax query TABLE prints one; `vtax catalogue` has every field."
+    )?;
+    Ok(())
+}
+
 /// Runs `vtax query`.
 pub fn query(args: QueryArgs) -> Result<()> {
+    let Some(table) = args.table.clone() else {
+        return list_tables();
+    };
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     if !data_dir.is_dir() {
         bail!("no store at {} (set --data-dir)", data_dir.display());
@@ -81,24 +107,35 @@ pub fn query(args: QueryArgs) -> Result<()> {
             Some(node.clone())
         }
     };
+    let from_us = args
+        .since
+        .as_deref()
+        .map(|s| parse_time(s, now))
+        .transpose()?;
+    let until_us = args
+        .until
+        .as_deref()
+        .map(|s| parse_time(s, now))
+        .transpose()?;
+    if let (Some(from), Some(until)) = (from_us, until_us) {
+        if from >= until {
+            bail!(
+                "--since {} is not before --until {}: the range holds nothing (`1h` means an hour ago)",
+                args.since.as_deref().unwrap_or_default(),
+                args.until.as_deref().unwrap_or_default()
+            );
+        }
+    }
     let request = ScanRequest {
-        table: args.table.clone(),
-        from_us: args
-            .since
-            .as_deref()
-            .map(|s| parse_time(s, now))
-            .transpose()?,
-        until_us: args
-            .until
-            .as_deref()
-            .map(|s| parse_time(s, now))
-            .transpose()?,
+        table: table.clone(),
+        from_us,
+        until_us,
         tag_equals,
         fields: args.fields,
         fields_only: false,
         skip_damaged: args.skip_damaged,
     };
-    let scanning = || format!("scan {} in {}", args.table, data_dir.display());
+    let scanning = || format!("scan {table} in {}", data_dir.display());
     let result = match scan_node(&data_dir, node.as_deref(), &request) {
         Ok(result) => result,
         Err(e)

@@ -208,7 +208,12 @@ fn an_import_run_again_after_a_kill_adds_each_sample_once() {
     for t in 0..seconds {
         for s in 0..series {
             let ms = 1_763_683_200_000_i64 + t * 1000;
-            writeln!(text, "node_cpu_seconds_total{{cpu=\"{s}\"}} {}.5 {ms}", t + s).unwrap();
+            writeln!(
+                text,
+                "node_cpu_seconds_total{{cpu=\"{s}\"}} {}.5 {ms}",
+                t + s
+            )
+            .unwrap();
         }
     }
     std::fs::write(&input, &text).unwrap();
@@ -234,9 +239,56 @@ fn an_import_run_again_after_a_kill_adds_each_sample_once() {
     }
     for _ in 0..2 {
         let out = import(&data, &[&input, &untimed]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(scraped_count(&data), expected);
     }
+}
+
+/// `vtax query` without a table lists the tables; a range that holds
+/// nothing and a tag the table lacks are errors that say what would do.
+#[test]
+fn query_lists_tables_and_refuses_empty_ranges_and_unknown_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("up.prom");
+    std::fs::write(&input, "up 1 1763766000000\n").unwrap();
+    let data = dir.path().join("data");
+    assert!(import(&data, &[&input]).status.success());
+    let run = |args: &[&str]| {
+        Command::new(VTAX)
+            .arg("query")
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert!(out.status.success());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for table in ["scraped", "cpu", "gpu", "jitter", "neighbor_events"] {
+        assert!(
+            listed.lines().any(|l| l.starts_with(&format!("{table} "))),
+            "{table} listed:\n{listed}"
+        );
+    }
+    let out = run(&["scraped", "--since", "1m", "--until", "2h"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--since 1m is not before --until 2h"),
+        "{stderr}"
+    );
+    let out = run(&["scraped", "--where", "host=a"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has no tag \"host\" (tags: target, metric, labels)"),
+        "{stderr}"
+    );
 }
 
 #[test]

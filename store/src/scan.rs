@@ -123,7 +123,12 @@ impl<'a> Plan<'a> {
                     .tag_index(name)
                     .map(|i| (i, value.as_str()))
                     .ok_or_else(|| {
-                        Error::Schema(format!("table {} has no tag {name:?}", table.name))
+                        let known: Vec<_> = table.tags.iter().map(|t| t.name).collect();
+                        Error::Schema(format!(
+                            "table {} has no tag {name:?} (tags: {})",
+                            table.name,
+                            known.join(", ")
+                        ))
                     })
             })
             .collect::<Result<_>>()?;
