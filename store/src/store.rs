@@ -955,7 +955,7 @@ impl Merge {
         };
         // A publish beside this merge names its file after a sequence number
         // above every watermark the inputs hold, so the two never pick one name.
-        files::publish(
+        let info = files::publish(
             &self.data_dir,
             &self.node,
             self.table,
@@ -966,7 +966,12 @@ impl Merge {
             &self.intermediates,
             &self.options,
             &|name| self.replaced.contains(name),
-        )
+        )?;
+        let duplicates = source.source.duplicates();
+        if duplicates > 0 {
+            tracing::info!(path = %info.path.display(), duplicates, "Merged rows written twice into one copy.");
+        }
+        Ok(info)
     }
 }
 
