@@ -3,7 +3,7 @@
 //! scrape only copies bytes: it never reads /proc or /sys, and never waits for
 //! a render or a compression.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -94,8 +94,8 @@ struct State {
     sources: BTreeMap<String, Vec<Arc<Batch>>>,
     /// Bumped on every change; the renderer renders when it moves.
     generation: u64,
-    /// Rows were staged (`stage`) since the last render snapshot.
-    staged: bool,
+    /// Sources whose rows were staged (`stage`) since the last render snapshot.
+    staged: BTreeSet<String>,
     closed: bool,
 }
 
@@ -197,14 +197,16 @@ impl Exposition {
     /// Replaces a source's latest rows without asking for a render of their
     /// own: they go out with the next render another change or a scrape
     /// causes. For rows made off the collectors' whole-second grid (the main
-    /// loop's), which would otherwise cost a second render every second when
-    /// Prometheus scrapes every second. If the rows staged before were never
-    /// rendered (no collector ticked in between), this one asks for a render,
-    /// so staged rows are at most one call late.
+    /// loop's, the web server's), which would otherwise cost a second render
+    /// every second when Prometheus scrapes every second. If this source's
+    /// rows staged before were never rendered (no collector ticked in
+    /// between), this one asks for a render, so staged rows are at most one
+    /// call late; other sources' staged rows do not count, so that two
+    /// sources staging once a second cost no render of their own.
     pub fn stage(&self, source: &str, batches: Vec<Arc<Batch>>) {
         let mut state = self.state.lock().expect("not poisoned");
         state.sources.insert(source.to_string(), batches);
-        if std::mem::replace(&mut state.staged, true) {
+        if !state.staged.insert(source.to_string()) {
             state.generation += 1;
             self.changed.notify_all();
         }
@@ -263,7 +265,7 @@ impl Exposition {
         let mut scratch = self.render_lock.lock().expect("not poisoned");
         let (generation, sources) = {
             let mut state = self.state.lock().expect("not poisoned");
-            state.staged = false;
+            state.staged.clear();
             (state.generation, state.sources.clone())
         };
         tracing::trace!(generation, thread = ?std::thread::current().name(), "render");
@@ -841,6 +843,18 @@ mod tests {
         );
         e.render_pending();
         assert!(text().contains("{gpu=\"1\"} 9\n"));
+
+        // Two sources staged once each between renders: no render asked.
+        let before = generation();
+        e.stage("b", vec![batch(&[("1", Value::F64(10.0), Value::U64(1))])]);
+        e.stage("c", vec![batch(&[("2", Value::F64(1.0), Value::U64(1))])]);
+        assert_eq!(
+            generation(),
+            before,
+            "another source's staged rows ask for no render"
+        );
+        e.stage("c", vec![batch(&[("2", Value::F64(2.0), Value::U64(1))])]);
+        assert_eq!(generation(), before + 1);
     }
 
     #[test]
