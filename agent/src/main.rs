@@ -129,6 +129,7 @@ enum Command {
 pub fn catalog() -> vtax_store::Catalog {
     let mut tables: Vec<&'static vtax_store::TableDef> = vtax_store::tables::BUILTIN.to_vec();
     tables.extend(collectors::tables());
+    tables.push(&vtax_exporters::web::TABLE);
     tables.extend(detect::tables::TABLES);
     vtax_store::Catalog::new(&tables).expect("the built-in table declarations are valid")
 }

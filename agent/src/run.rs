@@ -100,8 +100,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             .spawn(move || exposition.run_renderer(RENDER_COALESCE))
             .context("spawn the renderer")?
     };
-    let web = crate::web::start(&config.web, exposition.clone())?;
     let (sender, receiver) = std::sync::mpsc::channel::<Rows>();
+    let web = crate::web::start(&config.web, exposition.clone(), sender.clone())?;
     let mut collectors =
         CollectorSet::start(&config.collectors, &config.roots(), &exposition, &sender);
     let sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);

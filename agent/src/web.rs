@@ -1,14 +1,23 @@
 //! Starts the `/metrics` server from `[web]`.
 
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use anyhow::Result;
 use vtax_exporters::{Exposition, WebServer};
+use vtax_store::Batch;
 
 use crate::config::{parse_listen_address, WebConfig};
 
-/// Serves `exposition` as `[web]` says.
-pub fn start(config: &WebConfig, exposition: Arc<Exposition>) -> Result<WebServer> {
+/// Serves `exposition` as `[web]` says; the server's own counters go to
+/// `exposition` and, as rows of the `web` table, to `rows`.
+pub fn start(
+    config: &WebConfig,
+    exposition: Arc<Exposition>,
+    rows: Sender<Vec<Arc<Batch>>>,
+) -> Result<WebServer> {
     let address = parse_listen_address(&config.listen_address).map_err(anyhow::Error::msg)?;
-    vtax_exporters::serve(address, config.config_file.clone(), exposition)
+    let server = vtax_exporters::serve(address, config.config_file.clone(), exposition)?;
+    server.publish_stats(rows);
+    Ok(server)
 }

@@ -16,13 +16,28 @@
 //! The file is read again when it changes (checked on each new connection), so
 //! rotated certificates and users need no restart; a changed file that does
 //! not load is logged and the previous one stays in force.
+//!
+//! Clients get bounded shares of the server ([`WebLimits`]): a cap on open
+//! connections, timeouts on the TLS handshake, on each request head (the wait
+//! for the next request on a kept-alive connection included) and on any
+//! transfer that stalls, and one bcrypt verification at a time, run off the
+//! threads that serve scrapes. A credential verified once is served from a
+//! cache, so wrong passwords arriving in bulk cost scrapers with a good one
+//! nothing but their share of the two serving threads; new credentials that
+//! find the verification slot taken are answered 503 at once. An unknown user
+//! is verified against a real user's hash, so that it costs what a known one
+//! does and user names cannot be told apart by timing.
 
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -30,10 +45,124 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use vtax_store::schema::{FieldDef, FieldType, TableDef, Unit};
+use vtax_store::{Batch, BatchBuilder, Value};
 
 use crate::exposition::{Exposition, Format};
+
+/// The server's own counters, one row a second (published by the agent's
+/// main loop from [`WebServer::stats`]).
+pub static TABLE: TableDef = TableDef {
+    name: "web",
+    help: "One row a second: what the /metrics server holds and what it refused since the agent started.",
+    tags: &[],
+    fields: &[
+        FieldDef::gauge("connections_open", FieldType::U64, Unit::None, "Connections open now, TLS handshakes included; at most max connections (128)."),
+        FieldDef::counter("connections_refused", FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, since the agent started."),
+        FieldDef::counter("connections_timed_out", FieldType::U64, Unit::None, "Connections closed because a TLS handshake (10 s), a request head (30 s, the wait for the next request on a kept-alive connection included) or a stalled transfer (30 s without a byte) ran past its timeout, since the agent started."),
+        FieldDef::counter("auth_failures", FieldType::U64, Unit::None, "Requests answered 401 under basic auth: no credentials, or a user name or password that basic_auth_users does not hold, since the agent started."),
+        FieldDef::counter("auth_busy", FieldType::U64, Unit::None, "Requests answered 503 at once because their credentials were not verified yet and the bcrypt verification slot was taken, since the agent started."),
+    ],
+    exported: true,
+};
+
+/// Bounds on what clients can hold of the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebLimits {
+    /// A TLS handshake not done by then closes the connection.
+    pub tls_handshake_timeout: Duration,
+    /// A request head not wholly read by then closes the connection. The
+    /// clock starts when the connection waits for a request, so it also ends
+    /// kept-alive connections that stay idle this long (a scraper that
+    /// scrapes less often opens a new connection per scrape).
+    pub header_read_timeout: Duration,
+    /// A connection on which no byte moved either way for this long is
+    /// closed: a client that stops reading its response, or stops sending.
+    pub idle_timeout: Duration,
+    /// Connections open at once; those accepted beyond it are closed at once
+    /// and counted.
+    pub max_connections: usize,
+}
+
+/// Default [`WebLimits::tls_handshake_timeout`].
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`WebLimits::header_read_timeout`] (hyper's own default).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`WebLimits::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`WebLimits::max_connections`]: a node has a few scrapers.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
+
+impl Default for WebLimits {
+    fn default() -> Self {
+        WebLimits {
+            tls_handshake_timeout: DEFAULT_TLS_HANDSHAKE_TIMEOUT,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// bcrypt verifications running at once. Each takes tens of milliseconds of a
+/// core by design; one at a time leaves the other core of a small node to the
+/// serving threads, and a flood of wrong passwords gets 503s, not a queue.
+const BCRYPT_SLOTS: usize = 1;
+
+/// Verified credentials kept; past it the cache starts again (each scraper
+/// then pays one bcrypt). Only credentials that verified get in.
+const VERIFIED_MAX: usize = 64;
+
+/// What the server holds and refused since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WebStats {
+    /// Connections open now.
+    pub connections_open: u64,
+    /// Connections closed at once for want of a slot.
+    pub connections_refused: u64,
+    /// Connections closed by a timeout.
+    pub connections_timed_out: u64,
+    /// Requests answered 401.
+    pub auth_failures: u64,
+    /// Requests answered 503 because the bcrypt slot was taken.
+    pub auth_busy: u64,
+}
+
+impl WebStats {
+    /// The row of [`TABLE`] at `time_us`.
+    pub fn row(&self, time_us: i64) -> Batch {
+        let mut builder = BatchBuilder::new(&TABLE);
+        builder
+            .push(
+                time_us,
+                &[],
+                &[
+                    Value::U64(self.connections_open),
+                    Value::U64(self.connections_refused),
+                    Value::U64(self.connections_timed_out),
+                    Value::U64(self.auth_failures),
+                    Value::U64(self.auth_busy),
+                ],
+            )
+            .expect("the row matches the declaration");
+        builder.finish()
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    connections_refused: AtomicU64,
+    connections_timed_out: AtomicU64,
+    auth_failures: AtomicU64,
+    auth_busy: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
 
 /// Why a web config file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +224,8 @@ struct Loaded {
     /// sends the same header every few seconds.
     verified: Mutex<HashSet<u64>>,
     hasher: std::collections::hash_map::RandomState,
+    /// The hash an unknown user is verified against: the costliest user's.
+    decoy: Option<String>,
 }
 
 /// Parses and loads a web config file, certificates included.
@@ -128,12 +259,7 @@ fn load(path: &Path) -> Result<Loaded, WebConfigError> {
         None => None,
         Some(tls) => Some(tls_acceptor(tls, base).map_err(invalid)?),
     };
-    Ok(Loaded {
-        tls,
-        users: file.basic_auth_users,
-        verified: Mutex::new(HashSet::new()),
-        hasher: Default::default(),
-    })
+    Ok(Loaded::new(tls, file.basic_auth_users))
 }
 
 fn tls_acceptor(tls: &TlsServerConfig, base: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -208,39 +334,94 @@ fn tls_acceptor(tls: &TlsServerConfig, base: &Path) -> Result<tokio_rustls::TlsA
 }
 
 impl Loaded {
-    /// Whether a request may see the metrics.
-    fn authorized(&self, authorization: Option<&HeaderValue>) -> bool {
+    fn new(tls: Option<tokio_rustls::TlsAcceptor>, users: BTreeMap<String, String>) -> Loaded {
+        let decoy = users
+            .values()
+            .max_by_key(|hash| {
+                hash.parse::<bcrypt::HashParts>()
+                    .map_or(0, |p| p.get_cost())
+            })
+            .cloned();
+        Loaded {
+            tls,
+            users,
+            verified: Mutex::new(HashSet::new()),
+            hasher: Default::default(),
+            decoy,
+        }
+    }
+
+    /// What a request's `Authorization` header needs before it may see the
+    /// metrics. Cheap: no bcrypt here.
+    fn check(&self, authorization: Option<&HeaderValue>) -> Check {
         if self.users.is_empty() {
-            return true;
+            return Check::Allowed;
         }
         let Some(value) = authorization.and_then(|v| v.to_str().ok()) else {
-            return false;
+            return Check::Denied;
         };
         let key = self.hasher.hash_one(value);
         if self.verified.lock().expect("not poisoned").contains(&key) {
-            return true;
+            return Check::Allowed;
         }
         let Some(encoded) = value.strip_prefix("Basic ") else {
-            return false;
+            return Check::Denied;
         };
         let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
-            return false;
+            return Check::Denied;
         };
         let Ok(decoded) = String::from_utf8(decoded) else {
-            return false;
+            return Check::Denied;
         };
         let Some((user, password)) = decoded.split_once(':') else {
-            return false;
+            return Check::Denied;
         };
-        let ok = self
-            .users
-            .get(user)
-            .is_some_and(|hash| bcrypt::verify(password, hash).unwrap_or(false));
+        let (hash, known) = match (self.users.get(user), &self.decoy) {
+            (Some(hash), _) => (hash.clone(), true),
+            (None, Some(decoy)) => (decoy.clone(), false),
+            (None, None) => return Check::Denied,
+        };
+        Check::Verify(Credential {
+            key,
+            password: password.to_string(),
+            hash,
+            known,
+        })
+    }
+
+    /// Runs bcrypt (tens of milliseconds by design, so never on a serving
+    /// thread) and caches a success.
+    fn verify(&self, credential: Credential) -> bool {
+        // An unknown user is verified against the decoy and refused whatever
+        // the outcome: it costs what a known user does.
+        let matches = bcrypt::verify(&credential.password, &credential.hash).unwrap_or(false);
+        let ok = matches && credential.known;
         if ok {
-            self.verified.lock().expect("not poisoned").insert(key);
+            let mut verified = self.verified.lock().expect("not poisoned");
+            if verified.len() >= VERIFIED_MAX {
+                verified.clear();
+            }
+            verified.insert(credential.key);
         }
         ok
     }
+}
+
+/// What a request's credentials need.
+enum Check {
+    Allowed,
+    Denied,
+    /// Well formed but not verified yet: bcrypt decides.
+    Verify(Credential),
+}
+
+struct Credential {
+    /// The keyed hash of the whole header, the cache's key.
+    key: u64,
+    password: String,
+    /// The user's hash, or the decoy for an unknown user.
+    hash: String,
+    known: bool,
 }
 
 /// The web config in force, re-read when its file changes.
@@ -252,15 +433,7 @@ struct WebConfig {
 impl WebConfig {
     fn open(path: Option<PathBuf>) -> Result<WebConfig, WebConfigError> {
         let (mtime, loaded) = match &path {
-            None => (
-                None,
-                Loaded {
-                    tls: None,
-                    users: BTreeMap::new(),
-                    verified: Mutex::new(HashSet::new()),
-                    hasher: Default::default(),
-                },
-            ),
+            None => (None, Loaded::new(None, BTreeMap::new())),
             Some(p) => (modified(p), load(p)?),
         };
         Ok(WebConfig {
@@ -304,12 +477,43 @@ pub struct WebServer {
     runtime: Option<tokio::runtime::Runtime>,
     local_addr: SocketAddr,
     shutdown: Arc<tokio::sync::Notify>,
+    shared: Arc<Shared>,
 }
 
 impl WebServer {
     /// The address it listens on (the real port when asked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// What it holds and refused since it started.
+    pub fn stats(&self) -> WebStats {
+        self.shared.stats()
+    }
+
+    /// Publishes [`WebServer::stats`] once a second as a row of [`TABLE`]:
+    /// staged in the exposition (shown with the collectors' next render) and
+    /// sent on `rows` (the store's channel), so it is stored like any table.
+    pub fn publish_stats(&self, rows: std::sync::mpsc::Sender<Vec<Arc<Batch>>>) {
+        let Some(runtime) = &self.runtime else {
+            return;
+        };
+        let shared = self.shared.clone();
+        runtime.spawn(async move {
+            let mut every = tokio::time::interval(STATS_INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let time_us = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64);
+                let row = Arc::new(shared.stats().row(time_us));
+                shared.exposition.stage(STATS_SOURCE, vec![row.clone()]);
+                if rows.send(vec![row]).is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     /// Stops accepting and drops open connections.
@@ -324,11 +528,51 @@ impl WebServer {
 /// Threads serving HTTP: scrapes only copy ready bytes, so two are plenty.
 const WEB_THREADS: usize = 2;
 
-/// Starts serving `exposition` on `address`, with the web config file if any.
+/// How often [`WebServer::publish_stats`] publishes.
+const STATS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The exposition's source name of the server's own rows.
+const STATS_SOURCE: &str = "web";
+
+/// What every connection of a server shares.
+struct Shared {
+    exposition: Arc<Exposition>,
+    counters: Counters,
+    /// One permit per open connection.
+    connections: Arc<tokio::sync::Semaphore>,
+    max_connections: usize,
+    bcrypt_slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Shared {
+    fn stats(&self) -> WebStats {
+        let counter = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WebStats {
+            connections_open: (self.max_connections - self.connections.available_permits()) as u64,
+            connections_refused: counter(&self.counters.connections_refused),
+            connections_timed_out: counter(&self.counters.connections_timed_out),
+            auth_failures: counter(&self.counters.auth_failures),
+            auth_busy: counter(&self.counters.auth_busy),
+        }
+    }
+}
+
+/// Starts serving `exposition` on `address`, with the web config file if any,
+/// under the default [`WebLimits`].
 pub fn serve(
     address: SocketAddr,
     web_config_file: Option<PathBuf>,
     exposition: Arc<Exposition>,
+) -> anyhow::Result<WebServer> {
+    serve_with(address, web_config_file, exposition, WebLimits::default())
+}
+
+/// Starts serving `exposition` on `address` under `limits`.
+pub fn serve_with(
+    address: SocketAddr,
+    web_config_file: Option<PathBuf>,
+    exposition: Arc<Exposition>,
+    limits: WebLimits,
 ) -> anyhow::Result<WebServer> {
     let web_config = Arc::new(WebConfig::open(web_config_file)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -343,7 +587,16 @@ pub fn serve(
     let local_addr = listener.local_addr()?;
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let stop = shutdown.clone();
+    let shared = Arc::new(Shared {
+        exposition,
+        counters: Counters::default(),
+        connections: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
+        max_connections: limits.max_connections,
+        bcrypt_slots: Arc::new(tokio::sync::Semaphore::new(BCRYPT_SLOTS)),
+    });
+    let server_shared = shared.clone();
     runtime.spawn(async move {
+        let shared = server_shared;
         loop {
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -356,31 +609,19 @@ pub fn serve(
                 },
                 _ = stop.notified() => return,
             };
+            let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
+                bump(&shared.counters.connections_refused);
+                tracing::debug!(%peer, "Connection refused: max connections open.");
+                drop(stream);
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let loaded = web_config.current();
-            let exposition = exposition.clone();
+            let shared = shared.clone();
+            let limits = limits.clone();
             tokio::spawn(async move {
-                let service = {
-                    let loaded = loaded.clone();
-                    hyper::service::service_fn(move |request| {
-                        let response = respond(&request, &exposition, &loaded);
-                        async move { Ok::<_, std::convert::Infallible>(response) }
-                    })
-                };
-                let http = hyper::server::conn::http1::Builder::new();
-                let result = match &loaded.tls {
-                    None => http.serve_connection(TokioIo::new(stream), service).await,
-                    Some(acceptor) => match acceptor.accept(stream).await {
-                        Ok(tls) => http.serve_connection(TokioIo::new(tls), service).await,
-                        Err(e) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                    },
-                };
-                if let Err(e) = result {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
+                let _slot = slot;
+                serve_connection(stream, peer, loaded, shared, &limits).await;
             });
         }
     });
@@ -388,30 +629,206 @@ pub fn serve(
         runtime: Some(runtime),
         local_addr,
         shutdown,
+        shared,
     })
 }
 
-const LANDING_PAGE: &str = "<html><head><title>vtax</title></head><body>\
-<h1>vtax</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n";
-
-fn respond(
-    request: &Request<Incoming>,
-    exposition: &Exposition,
-    loaded: &Loaded,
-) -> Response<Full<Bytes>> {
-    let plain = |status: StatusCode, body: &'static str| {
-        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-        *r.status_mut() = status;
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        r
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    loaded: Arc<Loaded>,
+    shared: Arc<Shared>,
+    limits: &WebLimits,
+) {
+    let idle = Arc::new(AtomicBool::new(false));
+    let stream = IdleTimeout::new(stream, limits.idle_timeout, idle.clone());
+    let service = {
+        let loaded = loaded.clone();
+        let shared = shared.clone();
+        hyper::service::service_fn(move |request| {
+            let loaded = loaded.clone();
+            let shared = shared.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(request, &loaded, &shared).await) }
+        })
     };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let (result, handshake_timed_out) = match &loaded.tls {
+        None => (
+            http.serve_connection(TokioIo::new(stream), service).await,
+            false,
+        ),
+        Some(acceptor) => {
+            match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(stream)).await
+            {
+                Ok(Ok(tls)) => (
+                    http.serve_connection(TokioIo::new(tls), service).await,
+                    false,
+                ),
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    (Ok(()), false)
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    (Ok(()), true)
+                }
+            }
+        }
+    };
+    // hyper reports the header read timeout; an idle timeout while no
+    // request is under way ends the connection as quietly as a client's
+    // close would, so the stream says whether it fired.
+    let header_timed_out = result.as_ref().is_err_and(|e| e.is_timeout());
+    if handshake_timed_out || header_timed_out || idle.load(Ordering::Relaxed) {
+        bump(&shared.counters.connections_timed_out);
+    }
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// A stream that fails with `TimedOut` once no byte moved either way for
+/// `timeout` while a read or a write waits: hyper has no such timeout of its
+/// own, and its header read timeout does not cover a client that stops
+/// reading a response.
+struct IdleTimeout<T> {
+    io: T,
+    timeout: Duration,
+    last_progress: Instant,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Set once the timeout fired.
+    expired: Arc<AtomicBool>,
+}
+
+impl<T> IdleTimeout<T> {
+    fn new(io: T, timeout: Duration, expired: Arc<AtomicBool>) -> Self {
+        IdleTimeout {
+            io,
+            timeout,
+            last_progress: Instant::now(),
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+            expired,
+        }
+    }
+
+    /// Passes a poll of the inner stream on; while it waits, fails it once
+    /// the stream has been idle for the timeout.
+    fn progress<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if poll.is_ready() {
+            self.last_progress = Instant::now();
+            return poll;
+        }
+        // The timer moves on lazily, when it fires before the deadline,
+        // rather than at every read and write.
+        let deadline = tokio::time::Instant::from_std(self.last_progress + self.timeout);
+        if self.sleep.deadline() != deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.expired.store(true, Ordering::Relaxed);
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no byte moved either way for the idle timeout",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.progress(cx, poll)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.progress(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.progress(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_flush(cx);
+        this.progress(cx, poll)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.progress(cx, poll)
+    }
+}
+
+/// Answers one request: the method, then the credentials, then the path.
+async fn handle(
+    request: Request<Incoming>,
+    loaded: &Arc<Loaded>,
+    shared: &Shared,
+) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "Only GET and HEAD.\n");
     }
-    if !loaded.authorized(request.headers().get(header::AUTHORIZATION)) {
+    let allowed = match loaded.check(request.headers().get(header::AUTHORIZATION)) {
+        Check::Allowed => true,
+        Check::Denied => false,
+        Check::Verify(credential) => {
+            let Ok(slot) = shared.bcrypt_slots.clone().try_acquire_owned() else {
+                bump(&shared.counters.auth_busy);
+                let mut r = plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Busy verifying other credentials; retry.\n",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            };
+            let loaded = loaded.clone();
+            // The slot goes with the verification: a client that hangs up
+            // does not free it before bcrypt is done.
+            tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                loaded.verify(credential)
+            })
+            .await
+            .unwrap_or(false)
+        }
+    };
+    if !allowed {
+        bump(&shared.counters.auth_failures);
         let mut r = plain(StatusCode::UNAUTHORIZED, "Unauthorized.\n");
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -419,6 +836,24 @@ fn respond(
         );
         return r;
     }
+    respond(&request, &shared.exposition)
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+const LANDING_PAGE: &str = "<html><head><title>vtax</title></head><body>\
+<h1>vtax</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n";
+
+/// The answer to an allowed GET or HEAD.
+fn respond(request: &Request<Incoming>, exposition: &Exposition) -> Response<Full<Bytes>> {
     match request.uri().path() {
         "/metrics" => {
             let headers = request.headers();
@@ -531,6 +966,20 @@ mod tests {
         assert!(err.contains("missing.crt"), "{err}");
     }
 
+    /// `check`, then `verify` when it asks for bcrypt.
+    fn authorized(loaded: &Loaded, header: Option<&HeaderValue>) -> bool {
+        match loaded.check(header) {
+            Check::Allowed => true,
+            Check::Denied => false,
+            Check::Verify(credential) => loaded.verify(credential),
+        }
+    }
+
+    fn basic(user: &str, pass: &str) -> HeaderValue {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+        HeaderValue::from_str(&format!("Basic {token}")).unwrap()
+    }
+
     #[test]
     fn basic_auth_checks_bcrypt_and_caches_success() {
         let dir = tempfile::tempdir().unwrap();
@@ -541,15 +990,52 @@ mod tests {
             &format!("basic_auth_users:\n  prom: {hash}\n"),
         ))
         .unwrap();
-        let header = |user: &str, pass: &str| {
-            let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
-            HeaderValue::from_str(&format!("Basic {token}")).unwrap()
-        };
-        assert!(!loaded.authorized(None));
-        assert!(!loaded.authorized(Some(&header("prom", "wrong"))));
-        assert!(!loaded.authorized(Some(&header("eve", "s3cret"))));
-        assert!(loaded.authorized(Some(&header("prom", "s3cret"))));
+        assert!(!authorized(&loaded, None));
+        assert!(!authorized(&loaded, Some(&basic("prom", "wrong"))));
+        assert!(!authorized(&loaded, Some(&basic("eve", "s3cret"))));
+        assert!(authorized(&loaded, Some(&basic("prom", "s3cret"))));
         assert_eq!(loaded.verified.lock().unwrap().len(), 1);
-        assert!(loaded.authorized(Some(&header("prom", "s3cret"))));
+        assert!(matches!(
+            loaded.check(Some(&basic("prom", "s3cret"))),
+            Check::Allowed
+        ));
+    }
+
+    /// An unknown user goes through bcrypt like a known one (against the
+    /// costliest user's hash), and is refused even with that user's password.
+    #[test]
+    fn unknown_users_are_verified_against_the_costliest_hash() {
+        let mut users = BTreeMap::new();
+        users.insert("cheap".to_string(), bcrypt::hash("pw", 4).unwrap());
+        users.insert("dear".to_string(), bcrypt::hash("pw", 5).unwrap());
+        let loaded = Loaded::new(None, users);
+        let Check::Verify(credential) = loaded.check(Some(&basic("eve", "pw"))) else {
+            panic!("an unknown user is not refused before bcrypt");
+        };
+        assert!(!credential.known);
+        assert!(
+            credential.hash.starts_with("$2b$05$"),
+            "{}",
+            credential.hash
+        );
+        assert!(!loaded.verify(credential));
+        assert!(loaded.verified.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_verified_cache_is_bounded() {
+        let mut users = BTreeMap::new();
+        users.insert("prom".to_string(), bcrypt::hash("pw", 4).unwrap());
+        let loaded = Loaded::new(None, users);
+        let token = base64::engine::general_purpose::STANDARD.encode("prom:pw");
+        for spaces in 0..=VERIFIED_MAX {
+            // Distinct header values that carry the same credential.
+            let value = format!("Basic {}{token}", " ".repeat(spaces));
+            assert!(authorized(
+                &loaded,
+                Some(&HeaderValue::from_str(&value).unwrap())
+            ));
+            assert!(loaded.verified.lock().unwrap().len() <= VERIFIED_MAX);
+        }
     }
 }
