@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use crate::args::AgentArgs;
-use crate::collectors::{Availability, NAMES};
+use crate::collectors::{Availability, ABSENT_REPROBE_SECS, FAILED_REPROBE_MAX_SECS, NAMES};
 use crate::config::Config;
 use crate::timespec::now_us;
 
@@ -100,7 +100,17 @@ pub fn report(config: &Config, config_source: &str) -> String {
             .expect("every name builds");
         match collector.probe() {
             Availability::Absent(reason) => {
-                let _ = writeln!(out, "  {name:<11} off  {reason}");
+                let _ = writeln!(
+                    out,
+                    "  {name:<11} off  {reason} (probed again every {ABSENT_REPROBE_SECS} s)"
+                );
+            }
+            Availability::Failed(error) => {
+                let _ = writeln!(
+                    out,
+                    "  {name:<11} off  its source reads badly (probed again, backing off to {FAILED_REPROBE_MAX_SECS} s)"
+                );
+                problems.push(format!("{name}: {error}"));
             }
             Availability::Available(found) => {
                 let _ = writeln!(
@@ -122,6 +132,11 @@ pub fn report(config: &Config, config_source: &str) -> String {
                         );
                     }
                     Err(e) => problems.push(format!("{name}: {e:#}")),
+                }
+                for error in collector.source_errors() {
+                    problems.push(format!(
+                        "{name}: {error} (this file's rows are left out, the others are read)"
+                    ));
                 }
                 for problem in collector.problems() {
                     problems.push(format!("{name}: {problem}"));

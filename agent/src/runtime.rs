@@ -3,6 +3,7 @@
 //! HTTP server. Collectors hand rows to the store over a channel and to the
 //! exposition directly; a collector that fails loses only its own tick.
 
+use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -11,7 +12,10 @@ use std::time::{Duration, Instant};
 use vtax_exporters::Exposition;
 use vtax_store::{Batch, BatchBuilder, Value};
 
-use crate::collectors::{runtime_tables, Availability, Collector, CollectorsConfig, Roots, NAMES};
+use crate::collectors::{
+    runtime_tables, Availability, Collector, CollectorsConfig, ParseError, Roots,
+    ABSENT_REPROBE_SECS, FAILED_REPROBE_FIRST_SECS, FAILED_REPROBE_MAX_SECS, NAMES,
+};
 use crate::timespec::now_us;
 
 /// A stop signal that sleeping threads wake up for.
@@ -67,13 +71,16 @@ impl Running {
 /// The running collectors of one configuration.
 pub struct CollectorSet {
     collectors: Vec<Running>,
-    /// Names of the collectors running.
+    /// Names of the collectors with a thread: reading their source, or
+    /// waiting for it to appear or mend (probed again on their thread).
     pub running: Vec<&'static str>,
 }
 
 impl CollectorSet {
-    /// Probes every enabled collector and starts a thread for each one whose
-    /// source exists; the others are logged once, with the reason.
+    /// Probes every enabled collector and starts a thread for each: one whose
+    /// source is there reads it; one whose source is absent or reads badly
+    /// is logged with the reason and probed again on its thread until it is
+    /// there (`wait_for_source`), so no source is given up until a restart.
     pub fn start(
         config: &CollectorsConfig,
         roots: &Roots,
@@ -94,7 +101,8 @@ impl CollectorSet {
     /// whose settings changed is stopped and built anew, taking over from
     /// the old one (`Collector::take_over`); its series stay on `/metrics`
     /// until its first tick replaces them, so a scrape in between sees no
-    /// gap. Only a collector now disabled, or whose source is gone, leaves.
+    /// gap. Only a collector now disabled, or whose source is gone (it then
+    /// waits for it), leaves.
     pub fn reload(
         mut self,
         old: (&CollectorsConfig, &Roots),
@@ -159,19 +167,43 @@ impl CollectorSet {
             if let Some(at) = previous.iter().position(|p| p.name() == name) {
                 collector.take_over(previous.swap_remove(at));
             }
-            match collector.probe() {
-                Availability::Absent(reason) => {
-                    tracing::info!(collector = name, %reason, "Collector disabled: its source is absent.");
-                    continue;
-                }
+            let time_us = now_us();
+            let started = Instant::now();
+            let probed = collector.probe();
+            match &probed {
                 Availability::Available(found) => {
                     tracing::info!(collector = name, %found, "Collector enabled.");
+                }
+                Availability::Absent(reason) => {
+                    remove_series(exposition, name);
+                    tracing::info!(
+                        collector = name,
+                        %reason,
+                        reprobe_secs = ABSENT_REPROBE_SECS,
+                        "Collector waiting: its source is absent; it is probed again every reprobe_secs."
+                    );
+                }
+                Availability::Failed(error) => {
+                    exposition.remove(name);
+                    tracing::warn!(
+                        collector = name,
+                        %error,
+                        reprobe_max_secs = FAILED_REPROBE_MAX_SECS,
+                        "Collector's source reads badly; it is probed again, backing off to reprobe_max_secs, the rest of the agent carries on."
+                    );
+                    publish_status(
+                        exposition,
+                        rows,
+                        name,
+                        status_row(name, time_us, started.elapsed(), false, 0),
+                    );
                 }
             }
             let interval = Duration::from_secs_f64(common.interval_secs());
             let stopper = Arc::new(Stopper::default());
             let thread = spawn_collector(
                 collector,
+                probed,
                 first_tick,
                 interval,
                 stopper.clone(),
@@ -210,6 +242,13 @@ fn status_source(name: &str) -> String {
     format!("collector/{name}")
 }
 
+/// Puts a collector's status row on `/metrics` and sends it to the store.
+fn publish_status(exposition: &Exposition, rows: &Sender<Rows>, name: &str, status: Batch) {
+    let status = Arc::new(status);
+    exposition.update(&status_source(name), vec![status.clone()]);
+    let _ = rows.send(vec![status]);
+}
+
 /// The next wall-clock multiple of `interval_us` that a loop ticking on that
 /// grid should wake for, given the grid point it last woke for (`last_us`;
 /// `i64::MIN` at first): (its time in µs, the instant it falls on).
@@ -242,9 +281,12 @@ fn grid_after(interval_us: i64, last_us: i64, now_us: i64) -> i64 {
     (from.div_euclid(interval_us) + 1) * interval_us
 }
 
-/// Runs `collector` on its own thread, named after it, until `stopper` stops.
+/// Runs `collector` on its own thread, named after it, until `stopper` stops;
+/// `probed` is what its probe said: a collector whose source was not there
+/// waits for it first.
 fn spawn_collector(
     collector: Box<dyn Collector>,
+    probed: Availability,
     first_tick: (i64, Instant),
     interval: Duration,
     stopper: Arc<Stopper>,
@@ -256,6 +298,7 @@ fn spawn_collector(
         .spawn(move || {
             collector_loop(
                 collector,
+                probed,
                 first_tick,
                 interval,
                 &stopper,
@@ -266,9 +309,84 @@ fn spawn_collector(
         .expect("spawn a collector thread")
 }
 
+/// How long to wait before probing again a collector whose probe said
+/// `probed`, the last wait for a failed source having been `failed_wait`.
+fn reprobe_wait(probed: &Availability, failed_wait: Duration) -> Duration {
+    match probed {
+        Availability::Available(_) => Duration::ZERO,
+        Availability::Absent(_) => Duration::from_secs(ABSENT_REPROBE_SECS),
+        Availability::Failed(_) => failed_wait,
+    }
+}
+
+/// The wait after `wait` before probing again a source that still fails.
+fn next_failed_wait(wait: Duration) -> Duration {
+    (wait * 2).min(Duration::from_secs(FAILED_REPROBE_MAX_SECS))
+}
+
+/// Probes `collector`, whose source was absent or read badly (`probed`),
+/// again until it is there: every [`ABSENT_REPROBE_SECS`] while absent (a
+/// probe of nothing costs next to nothing), and while it fails after
+/// [`FAILED_REPROBE_FIRST_SECS`], doubling to [`FAILED_REPROBE_MAX_SECS`]
+/// (a source that broke at start is often mended within seconds; one that
+/// stays broken costs a probe a minute). A failing source writes a status
+/// row with `success` 0 at each probe, so `vtax_collector_success` says the
+/// collector is failing; an absent one writes none. Returns whether stopped.
+fn wait_for_source(
+    collector: &mut dyn Collector,
+    mut probed: Availability,
+    stopper: &Stopper,
+    exposition: &Exposition,
+    rows: &Sender<Rows>,
+) -> bool {
+    let name = collector.name();
+    let first = Duration::from_secs(FAILED_REPROBE_FIRST_SECS);
+    let mut failed_wait = first;
+    loop {
+        let wait = reprobe_wait(&probed, failed_wait);
+        failed_wait = match probed {
+            Availability::Failed(_) => next_failed_wait(failed_wait),
+            _ => first,
+        };
+        if stopper.sleep_until(Instant::now() + wait) {
+            return true;
+        }
+        let time_us = now_us();
+        let started = Instant::now();
+        let now = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.probe()))
+            .unwrap_or_else(|_| {
+                Availability::Failed("the collector panicked while probing".into())
+            });
+        match (&probed, &now) {
+            (_, Availability::Available(found)) => {
+                tracing::info!(collector = name, %found, "Collector enabled: its source is there and reads well.");
+                return false;
+            }
+            (Availability::Failed(_), Availability::Absent(reason)) => {
+                exposition.remove(&status_source(name));
+                tracing::info!(collector = name, %reason, "Collector waiting: its source is now absent.");
+            }
+            (_, Availability::Failed(error)) => {
+                if matches!(probed, Availability::Failed(_)) {
+                    tracing::debug!(collector = name, %error, "Collector's source still reads badly.");
+                } else {
+                    tracing::warn!(collector = name, %error, "Collector's source appeared but reads badly; it is probed again.");
+                }
+                let status = status_row(name, time_us, started.elapsed(), false, 0);
+                publish_status(exposition, rows, name, status);
+            }
+            (_, Availability::Absent(reason)) => {
+                tracing::debug!(collector = name, %reason, "Collector's source still absent.");
+            }
+        }
+        probed = now;
+    }
+}
+
 /// Ticks `collector` until `stopper` stops; hands it back.
 fn collector_loop(
     mut collector: Box<dyn Collector>,
+    probed: Availability,
     first_tick: (i64, Instant),
     interval: Duration,
     stopper: &Stopper,
@@ -277,8 +395,15 @@ fn collector_loop(
 ) -> Box<dyn Collector> {
     let name = collector.name();
     let mut failing = false;
+    let mut sources = SourceLog::default();
     let interval_us = (interval.as_micros() as i64).max(1);
-    let (mut grid_us, first) = first_tick;
+    let (mut grid_us, mut first) = first_tick;
+    if !matches!(probed, Availability::Available(_)) {
+        if wait_for_source(collector.as_mut(), probed, stopper, exposition, rows) {
+            return collector;
+        }
+        (grid_us, first) = next_grid(1_000_000, i64::MIN);
+    }
     if stopper.sleep_until(first) {
         return collector;
     }
@@ -291,6 +416,7 @@ fn collector_loop(
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.collect(time_us)))
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the collector panicked")));
         let duration = started.elapsed();
+        let mut failed_sources = 0;
         let success = match result {
             Ok(batches) => {
                 if failing {
@@ -308,6 +434,9 @@ fn collector_loop(
                     exposition.update(name, exposed.unwrap_or_else(|| batches.clone()));
                     let _ = rows.send(batches);
                 }
+                let errors = collector.source_errors();
+                failed_sources = errors.len();
+                sources.note(name, &errors, Instant::now());
                 true
             }
             Err(e) => {
@@ -321,9 +450,8 @@ fn collector_loop(
                 false
             }
         };
-        let status = Arc::new(status_row(name, time_us, duration, success));
-        exposition.update(&status_source(name), vec![status.clone()]);
-        let _ = rows.send(vec![status]);
+        let status = status_row(name, time_us, duration, success, failed_sources);
+        publish_status(exposition, rows, name, status);
 
         // A tick that overran its interval (a slow source) skips the grid
         // points it missed rather than firing them back to back.
@@ -335,7 +463,13 @@ fn collector_loop(
     }
 }
 
-fn status_row(name: &str, time_us: i64, duration: Duration, success: bool) -> Batch {
+fn status_row(
+    name: &str,
+    time_us: i64,
+    duration: Duration,
+    success: bool,
+    failed_sources: usize,
+) -> Batch {
     let mut builder = BatchBuilder::new(&runtime_tables::COLLECTOR);
     builder
         .push(
@@ -344,10 +478,85 @@ fn status_row(name: &str, time_us: i64, duration: Duration, success: bool) -> Ba
             &[
                 Value::F64(duration.as_secs_f64()),
                 Value::I64(i64::from(success)),
+                Value::U64(failed_sources as u64),
             ],
         )
         .expect("the row matches the declaration");
     builder.finish()
+}
+
+/// The longest a source that flaps (fails, mends, fails again) goes between
+/// two log lines about its failing.
+const SOURCE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Which of a collector's sources read badly, so that each is logged when
+/// it starts failing and when it mends, not at every tick: a source that
+/// flaps is logged failing at most once every [`SOURCE_LOG_EVERY`].
+#[derive(Default)]
+struct SourceLog {
+    sources: HashMap<String, SourceState>,
+}
+
+struct SourceState {
+    /// Whether it failed at the last tick.
+    failing: bool,
+    /// Whether its failing was logged and its mending is to be.
+    announced: bool,
+    /// When its failing was last logged.
+    warned_at: Option<Instant>,
+}
+
+impl SourceLog {
+    /// Notes the sources that failed at a tick at `now`; returns what was
+    /// logged: each source, and whether it was logged failing or mended.
+    fn note(
+        &mut self,
+        collector: &str,
+        errors: &[ParseError],
+        now: Instant,
+    ) -> Vec<(String, bool)> {
+        let mut logged = Vec::new();
+        for error in errors {
+            let state = self
+                .sources
+                .entry(error.path.clone())
+                .or_insert(SourceState {
+                    failing: false,
+                    announced: false,
+                    warned_at: None,
+                });
+            if state.failing {
+                continue;
+            }
+            state.failing = true;
+            if state
+                .warned_at
+                .is_none_or(|at| now.duration_since(at) >= SOURCE_LOG_EVERY)
+            {
+                tracing::warn!(collector, source = %error.path, error = %error, "Source reads badly: its rows are left out, the collector's other rows are written.");
+                state.warned_at = Some(now);
+                state.announced = true;
+                logged.push((error.path.clone(), true));
+            } else {
+                tracing::debug!(collector, source = %error.path, error = %error, "Source reads badly again.");
+            }
+        }
+        for (path, state) in &mut self.sources {
+            if state.failing && !errors.iter().any(|e| &e.path == path) {
+                state.failing = false;
+                if std::mem::take(&mut state.announced) {
+                    tracing::info!(collector, source = %path, "Source reads well again.");
+                    logged.push((path.clone(), false));
+                }
+            }
+        }
+        self.sources.retain(|_, s| {
+            s.failing
+                || s.warned_at
+                    .is_some_and(|at| now.duration_since(at) < SOURCE_LOG_EVERY)
+        });
+        logged
+    }
 }
 
 #[cfg(test)]
@@ -454,6 +663,129 @@ mod tests {
     }
 
     #[test]
+    fn an_absent_source_is_probed_every_minute_a_failed_one_backing_off() {
+        let absent = Availability::Absent(String::new());
+        let failed = Availability::Failed(String::new());
+        let mut wait = Duration::from_secs(FAILED_REPROBE_FIRST_SECS);
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            assert_eq!(reprobe_wait(&absent, wait), Duration::from_secs(60));
+            waits.push(reprobe_wait(&failed, wait).as_secs());
+            wait = next_failed_wait(wait);
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60]);
+    }
+
+    /// Its source reads badly at the first `failing` probes, then well.
+    struct Mending {
+        probes: usize,
+        failing: usize,
+        ticks: Arc<Mutex<usize>>,
+    }
+
+    impl Collector for Mending {
+        fn name(&self) -> &'static str {
+            "mending"
+        }
+        fn probe(&mut self) -> Availability {
+            self.probes += 1;
+            if self.probes <= self.failing {
+                Availability::Failed("/proc/mending:1: junk".into())
+            } else {
+                Availability::Available(String::new())
+            }
+        }
+        fn collect(&mut self, _time_us: i64) -> anyhow::Result<Vec<Batch>> {
+            *self.ticks.lock().unwrap() += 1;
+            Ok(Vec::new())
+        }
+    }
+
+    /// A collector whose source failed at start is not off for good: it is
+    /// failing on `/metrics` meanwhile, is probed again on its own thread,
+    /// and reads from the probe that finds its source mended.
+    #[test]
+    fn a_source_that_failed_at_start_is_read_once_it_mends() {
+        let ticks = Arc::new(Mutex::new(0));
+        let mut collector = Box::new(Mending {
+            probes: 0,
+            failing: 2,
+            ticks: ticks.clone(),
+        });
+        let probed = collector.probe();
+        assert!(matches!(probed, Availability::Failed(_)));
+        let exposition = Exposition::new(&[&runtime_tables::COLLECTOR]);
+        let stopper = Arc::new(Stopper::default());
+        let (rows, received) = std::sync::mpsc::channel();
+        let thread = spawn_collector(
+            collector,
+            probed,
+            next_grid(1_000_000, i64::MIN),
+            Duration::from_millis(100),
+            stopper.clone(),
+            exposition.clone(),
+            rows,
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while *ticks.lock().unwrap() < 3 {
+            assert!(Instant::now() < deadline, "never read after it mended");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stopper.stop();
+        thread.join().unwrap();
+        let successes: Vec<i64> = received
+            .try_iter()
+            .flatten()
+            .filter(|b| b.table.name == "collector")
+            .map(|b| match &b.fields[1].values {
+                vtax_store::batch::Values::I64(v) => v[0],
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // The second probe (after 2 s) still failed; the third (4 s later) found it.
+        assert_eq!(successes[0], 0, "{successes:?}");
+        assert!(successes.ends_with(&[1, 1, 1]), "{successes:?}");
+    }
+
+    #[test]
+    fn a_bad_source_is_logged_when_it_fails_and_mends_not_every_tick() {
+        let bad = |path: &str| ParseError {
+            path: path.into(),
+            line: 1,
+            reason: "junk".into(),
+        };
+        let mut log = SourceLog::default();
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let failing = |p: &str| vec![(p.to_string(), true)];
+        let mended = |p: &str| vec![(p.to_string(), false)];
+        assert_eq!(
+            log.note("host", &[bad("/proc/meminfo")], at(0)),
+            failing("/proc/meminfo")
+        );
+        for s in 1..100 {
+            assert!(log.note("host", &[bad("/proc/meminfo")], at(s)).is_empty());
+        }
+        assert_eq!(log.note("host", &[], at(100)), mended("/proc/meminfo"));
+        assert!(log.note("host", &[], at(101)).is_empty());
+        // Flapping: failing again within a minute of the last line is quiet,
+        // and so is its mending; a minute on, it is logged again.
+        assert_eq!(
+            log.note("host", &[bad("/proc/loadavg")], at(102)),
+            failing("/proc/loadavg")
+        );
+        assert_eq!(log.note("host", &[], at(103)), mended("/proc/loadavg"));
+        for s in (104..160).step_by(2) {
+            assert!(log.note("host", &[bad("/proc/loadavg")], at(s)).is_empty());
+            assert!(log.note("host", &[], at(s + 1)).is_empty());
+        }
+        assert_eq!(
+            log.note("host", &[bad("/proc/loadavg")], at(163)),
+            failing("/proc/loadavg")
+        );
+    }
+
+    #[test]
     fn a_collector_that_overran_its_interval_ticks_on_the_grid_again() {
         let ticks_us = Arc::new(Mutex::new(Vec::new()));
         let collector = Box::new(Overrunning {
@@ -464,6 +796,7 @@ mod tests {
         let first_tick = next_grid(1_000_000, i64::MIN);
         let thread = spawn_collector(
             collector,
+            Availability::Available(String::new()),
             first_tick,
             Duration::from_millis(200),
             stopper.clone(),

@@ -135,7 +135,7 @@ mod tests {
                 .push(
                     T0 + hour * HOUR_US + i * 1_000_000,
                     &["host"],
-                    &[Value::F64(0.001 * i as f64), Value::I64(1)],
+                    &[Value::F64(0.001 * i as f64), Value::I64(1), Value::U64(0)],
                 )
                 .unwrap();
         }

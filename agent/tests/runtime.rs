@@ -342,6 +342,117 @@ fn success(body: &str, collector: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+fn failed_sources(body: &str, collector: &str) -> Option<String> {
+    let prefix = format!("vtax_collector_failed_sources{{collector=\"{collector}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(str::to_string)
+}
+
+/// Sources that read badly when the agent starts do not switch their
+/// collector off until a restart: block, netdev and filesystem are failing
+/// on `/metrics` (and in `vtax doctor`), are probed again, and read once the
+/// files are mended; an empty `pressure/cpu` costs the host only that row.
+#[test]
+fn sources_bad_at_start_are_read_once_mended_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    copy_tree(&common::fixtures().join("baremetal-node"), &root);
+    let config = dir.path().join("vtax.toml");
+    let collectors = ["host", "block", "netdev", "filesystem"];
+    let fast = collectors
+        .iter()
+        .map(|c| format!("[collectors.{c}]\ninterval_secs = 0.2\n"))
+        .collect::<String>();
+    std::fs::write(&config, fast).unwrap();
+    let damage = [
+        ("proc/diskstats", "259 0 nvme0n1 1 2 three\n"),
+        ("proc/self/mountinfo", "junk\n"),
+        (
+            "sys/devices/pci0000:00/0000:00:1c.0/0000:03:00.0/net/eno1/statistics/rx_bytes",
+            "lots\n",
+        ),
+        ("proc/pressure/cpu", ""),
+    ];
+    let good: Vec<Vec<u8>> = damage
+        .iter()
+        .map(|(file, junk)| {
+            let path = root.join(file);
+            let good = std::fs::read(&path).unwrap();
+            std::fs::write(&path, junk).unwrap();
+            good
+        })
+        .collect();
+    let procfs = root.join("proc");
+    let sysfs = root.join("sys");
+    let paths = [
+        "--config",
+        config.to_str().unwrap(),
+        "--path.procfs",
+        procfs.to_str().unwrap(),
+        "--path.sysfs",
+        sysfs.to_str().unwrap(),
+    ];
+    let (_, doctor, _) = vtax(&[&["doctor"][..], &paths[..]].concat());
+    for name in ["block", "netdev", "filesystem"] {
+        assert!(
+            doctor.contains(&format!("{name:<11} off  its source reads badly")),
+            "{doctor}"
+        );
+    }
+    assert!(
+        doctor.contains("proc/diskstats:1")
+            && doctor.contains("proc/pressure/cpu: no some or full line"),
+        "{doctor}"
+    );
+
+    let data = dir.path().join("data");
+    let agent = Agent::start(&[&paths[..], &["--data-dir", data.to_str().unwrap()]].concat());
+    wait_until(
+        "the damaged sources to show",
+        Duration::from_secs(20),
+        || {
+            let body = agent.get("/metrics", &[]).text();
+            ["block", "netdev", "filesystem"]
+                .iter()
+                .all(|c| success(&body, c).as_deref() == Some("0"))
+                && success(&body, "host").as_deref() == Some("1")
+                && failed_sources(&body, "host").as_deref() == Some("1")
+        },
+    );
+    let body = agent.get("/metrics", &[]).text();
+    assert!(
+        body.contains("vtax_cpu_steal_seconds_total{cpu=\"0\"}"),
+        "{body}"
+    );
+    assert!(body.contains("vtax_pressure_some_stalled_seconds_total{resource=\"memory\"}"));
+    assert!(!body.contains("vtax_pressure_some_stalled_seconds_total{resource=\"cpu\"}"));
+
+    for ((file, _), good) in damage.iter().zip(good) {
+        std::fs::write(root.join(file), good).unwrap();
+    }
+    wait_until("every collector to read", Duration::from_secs(30), || {
+        let body = agent.get("/metrics", &[]).text();
+        collectors
+            .iter()
+            .all(|c| success(&body, c).as_deref() == Some("1"))
+            && failed_sources(&body, "host").as_deref() == Some("0")
+            && body.contains("vtax_block_read_bytes_total{device=\"nvme0n1\"}")
+            && body.contains("vtax_netdev_rx_bytes_total{interface=\"eno1\"}")
+            && body.contains("vtax_pressure_some_stalled_seconds_total{resource=\"cpu\"}")
+    });
+    let log = agent.log();
+    assert!(log.contains("Collector's source reads badly"), "{log}");
+    assert_eq!(
+        log.matches("Collector enabled: its source is there")
+            .count(),
+        3,
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(agent.stop());
+}
+
 /// Garbage in one source fails that collector's ticks only; a port that
 /// disappears just loses its series; the agent never panics, and recovers
 /// when the source is sane again.
@@ -399,11 +510,12 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     std::fs::write(&diskstats, "259 0 nvme0n1 1 2 three\n").unwrap();
     std::fs::remove_file(root.join("sys/class/net/ens22f0np0")).unwrap();
     wait_until(
-        "host and block to fail, mlx5_2 and ens22f0np0 to go",
+        "stat to fail, block to fail, mlx5_2 and ens22f0np0 to go",
         Duration::from_secs(20),
         || {
             let body = agent.get("/metrics", &[]).text();
-            success(&body, "host").as_deref() == Some("0")
+            failed_sources(&body, "host").as_deref() == Some("1")
+                && success(&body, "host").as_deref() == Some("1")
                 && success(&body, "block").as_deref() == Some("0")
                 && success(&body, "infiniband").as_deref() == Some("1")
                 && success(&body, "cgroups").as_deref() == Some("1")
@@ -415,7 +527,11 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     let body = agent.get("/metrics", &[]).text();
     assert!(
         !body.contains("vtax_cpu_user_seconds_total"),
-        "a failed collector's series leave"
+        "a bad file's series leave"
+    );
+    assert!(
+        body.contains("vtax_load_load1 ") && body.contains("vtax_memory_total_bytes "),
+        "the host's other files are still read"
     );
     assert!(body.contains("vtax_infiniband_port_xmit_wait_total{device=\"mlx5_0\""));
     assert!(!body.contains("vtax_block_read_bytes_total"));
@@ -424,15 +540,23 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     std::fs::write(&stat, good_stat).unwrap();
     std::fs::write(&diskstats, good_diskstats).unwrap();
     wait_until("host to recover", Duration::from_secs(20), || {
-        all_up(&agent.get("/metrics", &[]).text())
+        let body = agent.get("/metrics", &[]).text();
+        all_up(&body) && failed_sources(&body, "host").as_deref() == Some("0")
     });
     let log = agent.log();
     assert!(
-        log.contains("Collector failed")
+        log.contains("Source reads badly")
             && log.contains("proc/stat:1")
+            && log.contains("Collector failed")
             && log.contains("proc/diskstats:1"),
         "{log}"
     );
+    assert_eq!(
+        log.matches("Source reads badly").count(),
+        1,
+        "logged once, not every tick: {log}"
+    );
+    assert!(log.contains("Source reads well again"), "{log}");
     assert!(log.contains("Collector recovered"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
     assert!(agent.stop());

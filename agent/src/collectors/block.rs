@@ -444,7 +444,13 @@ impl Collector for Block {
     fn probe(&mut self) -> Availability {
         self.known.clear();
         if let Err(e) = self.collect(0) {
-            return Availability::Absent(format!("{e:#}"));
+            // No diskstats is a node without it; one that reads badly is
+            // probed again until it mends.
+            let reason = format!("{e:#}");
+            return match self.diskstats.path().exists() {
+                false => Availability::Absent(reason),
+                true => Availability::Failed(reason),
+            };
         }
         if self.seen.is_empty() {
             return Availability::Absent(format!(

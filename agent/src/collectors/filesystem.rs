@@ -512,7 +512,13 @@ impl Collector for Filesystem {
 
     fn probe(&mut self) -> Availability {
         if let Err(e) = self.collect(0) {
-            return Availability::Absent(format!("{e:#}"));
+            // No mount table is a root without one; one that reads badly is
+            // probed again until it mends.
+            let reason = format!("{e:#}");
+            return match self.mountinfo.path().exists() {
+                false => Availability::Absent(reason),
+                true => Availability::Failed(reason),
+            };
         }
         if self.seen.is_empty() {
             return Availability::Absent(format!(

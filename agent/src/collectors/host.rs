@@ -6,7 +6,10 @@
 //!
 //! Counters are stored raw (seconds or counts since boot); rates are taken
 //! downstream. Pressure and schedstat are optional: a kernel without them just
-//! has no rows in those tables, and `problems` says why.
+//! has no rows in those tables, and `problems` says why. Each file is read on
+//! its own: one that reads badly (an empty `pressure/cpu`, junk in `meminfo`)
+//! costs only the rows that come from it, and is named in `source_errors`;
+//! the tick fails only when no file gave a row.
 
 use std::num::IntErrorKind;
 use std::path::Path;
@@ -50,6 +53,7 @@ pub struct Host {
     roots: Roots,
     hz: f64,
     problems: Vec<String>,
+    errors: Vec<ParseError>,
 }
 
 impl Host {
@@ -59,6 +63,7 @@ impl Host {
             roots: roots.clone(),
             hz: super::user_hz(),
             problems: Vec::new(),
+            errors: Vec::new(),
         }
     }
 }
@@ -71,27 +76,37 @@ impl Collector for Host {
     fn probe(&mut self) -> Availability {
         let stat = self.roots.proc("stat");
         if let Err(e) = std::fs::read_to_string(&stat) {
-            return Availability::Absent(format!("{}: {e}", stat.display()));
+            let reason = format!("{}: {e}", stat.display());
+            return match e.kind() {
+                std::io::ErrorKind::NotFound => Availability::Absent(reason),
+                _ => Availability::Failed(reason),
+            };
         }
         match sample(&self.roots, 0, self.hz) {
             Ok(sample) => {
                 self.problems = sample.problems.clone();
+                self.errors = sample.errors.clone();
                 Availability::Available(sample.summary())
             }
-            // The source is there but reads badly: the collector runs and its
-            // ticks fail with this error until the source mends.
-            Err(e) => Availability::Available(format!("first read failed: {e}")),
+            // Every file reads badly: probed again until one mends.
+            Err(e) => Availability::Failed(e.to_string()),
         }
     }
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        self.errors.clear();
         let sample = sample(&self.roots, time_us, self.hz)?;
         self.problems = sample.problems;
+        self.errors = sample.errors;
         Ok(sample.batches)
     }
 
     fn problems(&self) -> Vec<String> {
         self.problems.clone()
+    }
+
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
     }
 }
 
@@ -453,6 +468,8 @@ pub struct Sample {
     pub batches: Vec<Batch>,
     /// What an operator should know (optional sources missing).
     pub problems: Vec<String>,
+    /// Files that read badly, one error each: their rows are left out.
+    pub errors: Vec<ParseError>,
     cpus: usize,
     pressure: Vec<&'static str>,
     schedstat: Schedstat,
@@ -504,63 +521,98 @@ fn read_optional(path: &Path, problems: &mut Vec<String>) -> Result<Option<Strin
 }
 
 /// Reads every host source under `roots` once, stamping rows with `time_us`;
-/// `hz` is the kernel's `USER_HZ`.
+/// `hz` is the kernel's `USER_HZ`. Each file is read on its own: one that
+/// reads badly is in [`Sample::errors`] and costs only its own rows (for
+/// `/proc/stat`, the CPU lines and the kernel lines each). Fails only when
+/// no file gave a row, with the first error.
 pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError> {
     let mut batches = Vec::new();
     let mut problems = Vec::new();
+    let mut errors = Vec::new();
+    // One error per file: the source the runtime counts and logs.
+    fn failed(error: ParseError, errors: &mut Vec<ParseError>) {
+        if !errors.iter().any(|e| e.path == error.path) {
+            errors.push(error);
+        }
+    }
 
     let path = roots.proc("stat");
-    let text = read(&path)?;
     let shown = path.display().to_string();
-    let cpu = parse(&text, &shown, time_us, hz)?;
-    let cpus = cpu.len();
-    batches.push(cpu);
-    batches.push(parse_kernel(&text, &shown, time_us)?);
+    let mut cpus = 0;
+    match read(&path) {
+        Ok(text) => {
+            match parse(&text, &shown, time_us, hz) {
+                Ok(cpu) => {
+                    cpus = cpu.len();
+                    batches.push(cpu);
+                }
+                Err(e) => failed(e, &mut errors),
+            }
+            match parse_kernel(&text, &shown, time_us) {
+                Ok(kernel) => batches.push(kernel),
+                Err(e) => failed(e, &mut errors),
+            }
+        }
+        Err(e) => failed(e, &mut errors),
+    }
 
     let path = roots.proc("loadavg");
-    batches.push(parse_loadavg(
-        &read(&path)?,
-        &path.display().to_string(),
-        time_us,
-    )?);
+    match read(&path).and_then(|text| parse_loadavg(&text, &path.display().to_string(), time_us)) {
+        Ok(load) => batches.push(load),
+        Err(e) => failed(e, &mut errors),
+    }
 
     let path = roots.proc("meminfo");
-    batches.push(parse_meminfo(
-        &read(&path)?,
-        &path.display().to_string(),
-        time_us,
-    )?);
+    match read(&path).and_then(|text| parse_meminfo(&text, &path.display().to_string(), time_us)) {
+        Ok(memory) => batches.push(memory),
+        Err(e) => failed(e, &mut errors),
+    }
 
     // A file we may not read is noted as such, not as a kernel without it.
     let denied_before = problems.len();
+    let errors_before = errors.len();
     let mut pressure = Vec::new();
     let mut builder = BatchBuilder::new(&PRESSURE);
     for resource in PRESSURE_RESOURCES {
         let path = roots.proc("pressure").join(resource);
-        let Some(text) = read_optional(&path, &mut problems)? else {
-            continue;
-        };
         let shown = path.display().to_string();
-        let values = parse_pressure(&text, &shown)?;
-        builder
-            .push(time_us, &[resource], &values)
-            .map_err(|e| fail(&shown, 0, e.to_string()))?;
-        pressure.push(resource);
+        let values = match read_optional(&path, &mut problems) {
+            Ok(None) => continue,
+            Ok(Some(text)) => parse_pressure(&text, &shown),
+            Err(e) => Err(e),
+        };
+        let pushed = values.and_then(|values| {
+            builder
+                .push(time_us, &[resource], &values)
+                .map_err(|e| fail(&shown, 0, e.to_string()))
+        });
+        match pushed {
+            Ok(()) => pressure.push(resource),
+            Err(e) => failed(e, &mut errors),
+        }
     }
-    if pressure.is_empty() && problems.len() == denied_before {
+    if pressure.is_empty() && problems.len() == denied_before && errors.len() == errors_before {
         problems.push(format!(
             "no {}: kernel built without PSI (CONFIG_PSI) or booted with psi=0; no pressure rows",
             roots.proc("pressure").display()
         ));
-    } else {
+    } else if !pressure.is_empty() {
         batches.push(builder.finish());
     }
 
     let path = roots.proc("schedstat");
     let shown = path.display().to_string();
     let denied_before = problems.len();
-    let schedstat = match read_optional(&path, &mut problems)? {
-        None => {
+    let read_schedstat = read_optional(&path, &mut problems).and_then(|text| match text {
+        None => Ok(None),
+        Some(text) => parse_schedstat(&text, &shown, time_us).map(Some),
+    });
+    let schedstat = match read_schedstat {
+        Err(e) => {
+            failed(e, &mut errors);
+            Schedstat::Absent
+        }
+        Ok(None) => {
             if problems.len() == denied_before {
                 problems.push(format!(
                     "no {shown}: kernel built without CONFIG_SCHEDSTATS; no per-CPU run delay (cpu_sched rows)"
@@ -568,8 +620,7 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
             }
             Schedstat::Absent
         }
-        Some(text) => {
-            let (schedstat, batch) = parse_schedstat(&text, &shown, time_us)?;
+        Ok(Some((schedstat, batch))) => {
             if let Schedstat::Unsupported(v) = schedstat {
                 problems.push(format!(
                     "{shown} is version {v}; only {SCHEDSTAT_MIN_VERSION} and later are read: no cpu_sched rows"
@@ -580,9 +631,13 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
         }
     };
 
+    if batches.is_empty() && !errors.is_empty() {
+        return Err(errors.swap_remove(0));
+    }
     Ok(Sample {
         batches,
         problems,
+        errors,
         cpus,
         pressure,
         schedstat,
@@ -1276,20 +1331,121 @@ mod tests {
     // ---- garbage ----
 
     /// Writes `content` over `file` in a copy of the vm-node tree and checks
-    /// that the read fails with an error naming the file (and the line).
+    /// that the read names the file (and the line) in its one error, and
+    /// that the file costs only its own rows: every other table is there,
+    /// the CPU rows with their steal time unless the CPU lines are the bad ones.
     fn assert_garbage(file: &str, content: &str, want: &str) {
         let (dir, roots) = copy_of("vm-node", VM_FILES);
         let path = dir.path().join("proc").join(file);
         std::fs::write(&path, content).unwrap();
-        let err = match sample(&roots, 7, 100.0) {
-            Ok(_) => panic!("{file} {content:?}: no error"),
-            Err(e) => e.to_string(),
-        };
+        let sample = sample(&roots, 7, 100.0)
+            .unwrap_or_else(|e| panic!("{file} {content:?}: the whole read failed: {e}"));
+        let errors: Vec<String> = sample.errors.iter().map(ToString::to_string).collect();
         let expected = format!("{}{want}", path.display());
         assert!(
-            err.starts_with(&expected),
-            "{file} {content:?}: {err:?} does not start with {expected:?}"
+            errors.len() == 1 && errors[0].starts_with(&expected),
+            "{file} {content:?}: {errors:?} is not one error starting with {expected:?}"
         );
+        let from_file: &[&TableDef] = match file {
+            "stat" => &[&CPU, &KERNEL],
+            "loadavg" => &[&LOAD],
+            "meminfo" => &[&MEMORY],
+            "schedstat" => &[&CPU_SCHED],
+            _ => &[],
+        };
+        for def in [&CPU, &KERNEL, &LOAD, &MEMORY, &PRESSURE] {
+            if !from_file.iter().any(|d| d.name == def.name) {
+                assert!(
+                    table(&sample, def).is_some(),
+                    "{file} {content:?}: no {} rows",
+                    def.name
+                );
+            }
+        }
+        if let Some(resource) = file.strip_prefix("pressure/") {
+            let pressure = table(&sample, &PRESSURE).unwrap();
+            assert!(!pressure.tags[0].dict.iter().any(|r| r == resource));
+            assert_eq!(pressure.len(), 2, "the other two resources' rows");
+        }
+        if file != "stat" {
+            assert_eq!(
+                f64_of(table(&sample, &CPU).unwrap(), Some("1"), "steal_seconds"),
+                554.0 / 100.0
+            );
+        }
+    }
+
+    /// An empty `pressure/cpu`, junk in `meminfo` or in `loadavg` on the
+    /// bare-metal tree: the CPU rows (steal included) and every other
+    /// table's rows are still written, the collector's tick succeeds, and
+    /// the bad file is its one source error until it mends.
+    #[test]
+    fn one_bad_file_costs_only_its_own_rows() {
+        let files = [
+            "stat",
+            "loadavg",
+            "meminfo",
+            "schedstat",
+            "pressure/cpu",
+            "pressure/memory",
+            "pressure/io",
+        ];
+        let damage = [
+            ("pressure/cpu", "", PRESSURE.name),
+            ("meminfo", "MemTotal: junk kB\nMemFree: 1 kB\n", MEMORY.name),
+            ("loadavg", "0.5 zz\n", LOAD.name),
+        ];
+        for (file, junk, lost) in damage {
+            let (dir, roots) = copy_of("baremetal-node", &files);
+            let path = dir.path().join("proc").join(file);
+            let good = std::fs::read(&path).unwrap();
+            let mut host = Host::new(&HostConfig::default(), &roots);
+            host.hz = 100.0;
+            std::fs::write(&path, junk).unwrap();
+            assert!(matches!(host.probe(), Availability::Available(_)), "{file}");
+            let batches = host.collect(42).unwrap();
+            let names: Vec<&str> = batches.iter().map(|b| b.table.name).collect();
+            let cpu = batches.iter().find(|b| b.table.name == "cpu").unwrap();
+            assert_eq!(cpu.len(), 8, "{file}");
+            assert_eq!(f64_of(cpu, Some("7"), "steal_seconds"), 0.0, "{file}");
+            for def in TABLES {
+                let pressure_row_left = def.name == "pressure" && file == "pressure/cpu";
+                assert_eq!(
+                    names.contains(&def.name),
+                    def.name != lost || pressure_row_left,
+                    "{file}: {names:?}"
+                );
+            }
+            if file == "pressure/cpu" {
+                let pressure = batches.iter().find(|b| b.table.name == "pressure").unwrap();
+                assert_eq!(pressure.tags[0].dict, ["memory", "io"]);
+            }
+            let errors = host.source_errors();
+            assert_eq!(errors.len(), 1, "{file}: {errors:?}");
+            assert_eq!(errors[0].path, path.display().to_string());
+
+            std::fs::write(&path, good).unwrap();
+            assert_eq!(host.collect(43).unwrap().len(), TABLES.len(), "{file}");
+            assert!(host.source_errors().is_empty(), "{file} mended");
+        }
+    }
+
+    /// Only when no file gives a row does the tick fail, and the probe then
+    /// says the source reads badly rather than that it is absent.
+    #[test]
+    fn every_file_bad_fails_the_tick_and_the_probe() {
+        let (dir, roots) = copy_of("vm-node", VM_FILES);
+        for file in VM_FILES {
+            std::fs::write(dir.path().join("proc").join(file), "junk\n").unwrap();
+        }
+        let mut host = Host::new(&HostConfig::default(), &roots);
+        match host.probe() {
+            Availability::Failed(error) => {
+                assert!(error.ends_with("proc/stat: no per-CPU lines"), "{error}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(host.collect(1).is_err());
     }
 
     #[test]

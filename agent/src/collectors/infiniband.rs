@@ -767,7 +767,9 @@ impl Collector for Infiniband {
     fn probe(&mut self) -> Availability {
         self.stale = true;
         if let Err(e) = self.collect(0) {
-            return Availability::Absent(format!("{e:#}"));
+            // No class dir lists as none (`absent_reason`); an error here is
+            // a source that reads badly, probed again until it mends.
+            return Availability::Failed(format!("{e:#}"));
         }
         if let Some(reason) = self.absent_reason() {
             return Availability::Absent(reason);

@@ -3,11 +3,15 @@
 //! under `tests/fixtures/`.
 //!
 //! The contract every collector keeps:
-//! - `probe` says whether its source exists on this node and what it found; an
-//!   absent source disables the collector with one log line, never the agent;
+//! - `probe` says whether its source exists on this node and what it found,
+//!   and tells a source that is absent (no HCA, no driver) from one that is
+//!   there but reads badly; neither disables the collector for good: the
+//!   runtime probes it again until its source appears or mends;
 //! - `collect` reads the source once and returns rows (possibly none this tick)
 //!   or an error that names the file and what was wrong; it never panics on
-//!   what it reads, and one bad file fails only this collector's tick;
+//!   what it reads. Where a tick reads several independent files, one that
+//!   reads badly costs only the rows or fields that come from it: the others
+//!   are returned, and the bad file is named in `source_errors`;
 //! - every table it may write is listed in `tables`, so the catalogue, the store
 //!   and `/metrics` know them before the first row.
 
@@ -93,9 +97,27 @@ pub enum Availability {
     /// The source exists; a one-line summary of what it holds for `vtax doctor`
     /// (e.g. "2 CPUs, pressure: cpu memory io").
     Available(String),
-    /// The source is absent on this node; the reason, for the log and the doctor.
+    /// The source is absent on this node (no such device, driver or file);
+    /// the reason, for the log and the doctor. The runtime probes again every
+    /// [`ABSENT_REPROBE_SECS`], so a source that appears later (a driver
+    /// loaded, a device plugged in) is read from then on.
     Absent(String),
+    /// The source is there but reads badly (an I/O error, text the parser
+    /// refuses); the error, naming the file. The runtime reports the collector
+    /// failing and probes again, after [`FAILED_REPROBE_FIRST_SECS`] at first
+    /// and backing off to [`FAILED_REPROBE_MAX_SECS`].
+    Failed(String),
 }
+
+/// Seconds between two probes of a collector whose source is absent.
+pub const ABSENT_REPROBE_SECS: u64 = 60;
+
+/// Seconds before the first probe again of a collector whose source failed;
+/// each failure after doubles the wait, up to [`FAILED_REPROBE_MAX_SECS`].
+pub const FAILED_REPROBE_FIRST_SECS: u64 = 2;
+
+/// The longest wait between two probes of a collector whose source failed.
+pub const FAILED_REPROBE_MAX_SECS: u64 = 60;
 
 /// A boxed collector as `Any`, so that the one built on a reload can take
 /// over from the one of its own type it replaces ([`Collector::take_over`]).
@@ -114,14 +136,23 @@ impl<T: std::any::Any> IntoAny for T {
 pub trait Collector: Send + IntoAny {
     /// The collector's name: its config section, its flags and its label.
     fn name(&self) -> &'static str;
-    /// Checks the source; called once when the collector is built: at start,
-    /// and on a reload that changed its settings.
+    /// Checks the source; called when the collector is built (at start, and
+    /// on a reload that changed its settings), and again on its thread while
+    /// it says the source is absent or reads badly.
     fn probe(&mut self) -> Availability;
     /// Reads the source once, stamping every row with `time_us`.
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>>;
     /// What an operator should know about this source (a port down, IOMMU
     /// off), for `vtax doctor`; asked after a `collect`.
     fn problems(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The sources (files, devices) that read badly on the last `collect`
+    /// while the others were read: each costs only the rows or fields that
+    /// come from it. The runtime counts them in `vtax_collector_failed_sources`
+    /// and logs each when it starts failing and when it mends; `vtax doctor`
+    /// lists them.
+    fn source_errors(&self) -> Vec<ParseError> {
         Vec::new()
     }
     /// Whether rows come once per window rather than every tick (`jitter`):
@@ -364,7 +395,7 @@ pub fn key_range(path: &str) -> Option<crate::config::KeyRange> {
 
 /// Why a read failed: the file, the line (1-based; 0 for the file as a whole)
 /// and what was wrong. Collectors return it so every error names its source.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParseError {
     /// The file.
     pub path: String,

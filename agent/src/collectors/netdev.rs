@@ -447,7 +447,9 @@ impl Collector for Netdev {
     fn probe(&mut self) -> Availability {
         self.stale = true;
         if let Err(e) = self.collect(0) {
-            return Availability::Absent(format!("{e:#}"));
+            // No class/net lists as none below; an error here is a source
+            // that reads badly, probed again until it mends.
+            return Availability::Failed(format!("{e:#}"));
         }
         let dir = self.class_dir.display();
         if self.listed.is_none() {

@@ -983,7 +983,9 @@ mod tests {
         );
         match perf.probe() {
             Availability::Available(summary) => (perf, summary),
-            Availability::Absent(reason) => panic!("absent with a working PMU: {reason}"),
+            Availability::Absent(reason) | Availability::Failed(reason) => {
+                panic!("absent with a working PMU: {reason}")
+            }
         }
     }
 
@@ -1388,6 +1390,7 @@ mod tests {
                     );
                 }
             }
+            Availability::Failed(reason) => panic!("perf never reports a failed source: {reason}"),
         }
     }
 

@@ -24,8 +24,14 @@ pub static COLLECTOR: TableDef = TableDef {
             ty: FieldType::I64,
             kind: MetricKind::Gauge,
             unit: Unit::None,
-            help: "1 if the collector's last run succeeded, 0 if it failed.",
+            help: "1 if the collector's last run succeeded, 0 if it failed or its source reads badly since the start (probed again until it mends). A run that read some of its sources succeeded: see failed_sources.",
         },
+        FieldDef::gauge(
+            "failed_sources",
+            FieldType::U64,
+            Unit::None,
+            "Sources (files, devices) that read badly in the collector's last run while it read the others: their rows or fields are left out. The log and vtax doctor name them.",
+        ),
     ],
     exported: true,
 };

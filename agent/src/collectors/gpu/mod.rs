@@ -897,7 +897,9 @@ const DOCTOR_GPU_READS: usize = 3;
 pub fn doctor_lines(config: &GpuConfig, roots: &Roots) -> Vec<String> {
     let mut collector = Gpu::new(config, roots);
     let found = match collector.probe() {
-        Availability::Absent(reason) => return vec![format!("no GPU: {reason}")],
+        Availability::Absent(reason) | Availability::Failed(reason) => {
+            return vec![format!("no GPU: {reason}")]
+        }
         Availability::Available(found) => found,
     };
     let mut lines = vec![found];
@@ -1263,6 +1265,7 @@ mod tests {
                 assert!(reason.contains("sees no GPU"), "{reason}")
             }
             (Err(e), Availability::Available(found)) => panic!("found {found} without NVML: {e}"),
+            (_, Availability::Failed(reason)) => panic!("a driver read failed: {reason}"),
         }
     }
 

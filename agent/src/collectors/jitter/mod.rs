@@ -604,6 +604,9 @@ impl Collector for Jitter {
             }
             self.cpus = cpus.clone();
             let settings = self.settings(cpus);
+            // A probe again after a failed start: the stopped thread's stop
+            // flag and setup error must not reach the new one.
+            self.shared = Arc::new(Shared::default());
             let shared = self.shared.clone();
             match std::thread::Builder::new()
                 .name(THREAD_NAME.into())
