@@ -130,6 +130,9 @@ pub struct StoreConfig {
     pub sync_interval_secs: f64,
     /// Bytes of rows held in memory before they are published early.
     pub max_buffered_bytes: u64,
+    /// Most seconds a row waits before it is in a Parquet file; 0 waits for
+    /// its hour's end.
+    pub max_publish_delay_secs: u64,
     /// Bytes of rows held in memory while WAL writes fail, before new rows
     /// are refused.
     pub wal_max_backlog_bytes: u64,
@@ -148,6 +151,7 @@ impl Default for StoreConfig {
             node: None,
             sync_interval_secs: DEFAULT_SYNC_INTERVAL_SECS,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            max_publish_delay_secs: vtax_store::DEFAULT_MAX_PUBLISH_DELAY.as_secs(),
             wal_max_backlog_bytes: DEFAULT_WAL_MAX_BACKLOG_BYTES,
             compact_interval_secs: DEFAULT_COMPACT_INTERVAL_SECS,
             retention_max_age_days: 0,
@@ -168,6 +172,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("store.node", "The node's name, one identity everywhere: the store's file names and metadata, the node= partition of a fleet copy, remote write's instance label (unless external_labels sets one), vtax report and vtax query --where node=. 1 to 253 letters, digits, '-', '.' and '_', starting and ending with a letter or digit, so host names and Kubernetes node names fit as they are. --store.node or VTAX_NODE overrides it. Unset: the host name."),
     ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose."),
     ("store.max_buffered_bytes", "Bytes of rows held in memory before they are published early as a part file."),
+    ("store.max_publish_delay_secs", "Most seconds a row waits in memory and the write-ahead log before it is in a Parquet file that DuckDB, Polars or Spark read (a part of the running hour; parts merge as the hour goes on and into one when it ends). 0 waits for the hour's end."),
     ("store.wal_max_backlog_bytes", "Bytes of rows held in memory while write-ahead log writes fail (a full disk) before new rows are refused and counted. With max_buffered_bytes and each [[scrape]] target's body_size_limit_bytes + 384 x sample_limit it must fit in 201326592 bytes (192 MiB): the systemd unit's MemoryMax=256M less the rest of the agent."),
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
     ("store.retention_max_age_days", "Delete days older than this; 0 keeps everything."),
@@ -194,6 +199,10 @@ const KEY_RANGES: KeyRanges = &[
     (
         "store.max_buffered_bytes",
         KeyRange::between(65_536.0, 1_073_741_824.0),
+    ),
+    (
+        "store.max_publish_delay_secs",
+        KeyRange::between(0.0, 3_600.0),
     ),
     (
         "store.wal_max_backlog_bytes",

@@ -64,6 +64,10 @@ fn store_options(config: &Config) -> StoreOptions {
     options.write.encoding_sample_bytes = AGENT_ENCODING_SAMPLE_BYTES;
     options.sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
     options.max_buffered_bytes = config.store.max_buffered_bytes as usize;
+    options.max_publish_delay = match config.store.max_publish_delay_secs {
+        0 => None,
+        secs => Some(std::time::Duration::from_secs(secs)),
+    };
     options.wal_max_backlog_bytes = config.store.wal_max_backlog_bytes as usize;
     options.retention_max_age = (config.store.retention_max_age_days > 0)
         .then(|| Duration::from_secs(config.store.retention_max_age_days * 86_400));

@@ -65,7 +65,7 @@ pub use scan::{ScanRequest, ScanResult};
 pub use schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 pub use store::{
     check_node_name, kept_in_quarantine, node_name, open_for_writing, Deletable, Merge,
-    MergeOutcome, Store, StoreOptions, StoreStats,
+    MergeOutcome, Store, StoreOptions, StoreStats, DEFAULT_MAX_PUBLISH_DELAY,
 };
 
 /// Microseconds in one hour: the width of a bucket.

@@ -24,6 +24,11 @@ pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 32 << 20;
 /// Default wait after an hour ends before its buckets are published, for late rows.
 pub const DEFAULT_PUBLISH_GRACE: Duration = Duration::from_secs(60);
 
+/// Default of [`StoreOptions::max_publish_delay`]: rows reach the Parquet
+/// files that DuckDB, Polars or Spark read within five minutes, and the
+/// running hour's parts (twelve an hour at most, per table) merge in tiers.
+pub const DEFAULT_MAX_PUBLISH_DELAY: Duration = Duration::from_secs(300);
+
 /// How to open a store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -37,6 +42,10 @@ pub struct StoreOptions {
     pub max_buffered_bytes: usize,
     /// Wait after an hour ends before publishing it.
     pub publish_grace: Duration,
+    /// Most time a row waits in memory (and the WAL) before [`Store::tick`]
+    /// publishes its bucket as a part file, so that readers of the files see
+    /// it; `None` waits for the hour's end (or the memory bound).
+    pub max_publish_delay: Option<Duration>,
     /// Delete files whose whole day is older than this.
     pub retention_max_age: Option<Duration>,
     /// Delete the oldest files while the tables hold more bytes than this.
@@ -66,6 +75,7 @@ impl StoreOptions {
             sync_interval: DEFAULT_SYNC_INTERVAL,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             publish_grace: DEFAULT_PUBLISH_GRACE,
+            max_publish_delay: Some(DEFAULT_MAX_PUBLISH_DELAY),
             retention_max_age: None,
             retention_max_bytes: None,
             retention_deletable: None,
@@ -190,6 +200,9 @@ pub struct Store {
     catalog: Catalog,
     wal: WalWriter,
     buckets: BTreeMap<(&'static str, i64), Bucket>,
+    /// When [`Self::tick`] first saw each bucket: its oldest row has waited
+    /// at least since then.
+    buffered_since: HashMap<(&'static str, i64), Instant>,
     /// Published files, by table then day.
     files: BTreeMap<(String, i64), Vec<FileInfo>>,
     stats: StoreStats,
@@ -312,6 +325,7 @@ impl Store {
             catalog,
             wal,
             buckets,
+            buffered_since: HashMap::new(),
             files: by_partition,
             stats,
             last_sync: Instant::now(),
@@ -413,17 +427,29 @@ impl Store {
     }
 
     /// Periodic work: fsync when the interval is due, publish buckets whose hour
-    /// is over (after the grace) or that push memory over its bound, and drop
-    /// WAL segments that are fully published. `now_us` is wall-clock time.
+    /// is over (after the grace), that waited [`StoreOptions::max_publish_delay`]
+    /// or that push memory over its bound, and drop WAL segments that are fully
+    /// published. `now_us` is wall-clock time.
     pub fn tick(&mut self, now_us: i64) -> Result<()> {
         self.clock_us = Some(now_us);
         if self.last_sync.elapsed() >= self.options.sync_interval {
             self.sync()?;
         }
+        let now = Instant::now();
+        for key in self.buckets.keys() {
+            self.buffered_since.entry(*key).or_insert(now);
+        }
+        let waited_enough = |key: &(&'static str, i64)| {
+            self.options.max_publish_delay.is_some_and(|delay| {
+                self.buffered_since
+                    .get(key)
+                    .is_some_and(|since| now.duration_since(*since) >= delay)
+            })
+        };
         let due: Vec<_> = self
             .buckets
             .iter()
-            .filter(|(_, b)| self.hour_over(b.hour, now_us))
+            .filter(|(k, b)| self.hour_over(b.hour, now_us) || waited_enough(k))
             .map(|(k, _)| *k)
             .collect();
         for key in due {
@@ -482,6 +508,7 @@ impl Store {
         };
         if bucket.rows() == 0 {
             self.buckets.remove(&key);
+            self.buffered_since.remove(&key);
             return Ok(());
         }
         let first_time = bucket.min_time().expect("a bucket with rows has a time");
@@ -516,6 +543,7 @@ impl Store {
             .or_default()
             .push(info);
         self.buckets.remove(&key);
+        self.buffered_since.remove(&key);
         self.drop_published_wal()
     }
 

@@ -1928,11 +1928,69 @@ fn a_merge_keeps_one_row_per_series_and_instant() {
     assert_eq!(all_scraped(&store), rows);
     // A second series at the same instants is no duplicate.
     let mut b = BatchBuilder::new(&tables::SCRAPED);
-    b.push(T0, &["", "node_cpu_seconds_total", "cpu=\"9\""], &[Value::F64(1.0)])
-        .unwrap();
+    b.push(
+        T0,
+        &["", "node_cpu_seconds_total", "cpu=\"9\""],
+        &[Value::F64(1.0)],
+    )
+    .unwrap();
     store.append(&b.finish()).unwrap();
     store.flush().unwrap();
     store.compact(T0 + 2 * DAY_US).unwrap();
     assert_eq!(all_scraped(&store).len(), rows.len() + 1);
 }
 
+/// Rows of the running hour reach a Parquet file once they waited
+/// `max_publish_delay`, not at the hour's end: a plain reader of the files
+/// (DuckDB's glob) sees them, and a reader beside the store sees each once.
+#[test]
+fn rows_of_the_running_hour_are_published_after_the_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.max_publish_delay = Some(std::time::Duration::from_millis(200));
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap()).unwrap();
+    let mut rows = append_scraped(&mut store, T0, 40);
+    let running = T0 + 60_000_000;
+    store.tick(running).unwrap();
+    assert!(
+        parquet_files(dir.path()).is_empty(),
+        "not yet: it just arrived"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    store.tick(running).unwrap();
+    assert_eq!(
+        parquet_files(dir.path()).len(),
+        1,
+        "published while the hour runs"
+    );
+    assert_eq!(store.buffered_rows(), 0);
+    // Later rows wait their own delay.
+    rows.extend(append_scraped(&mut store, T0 + 10_000_000, 40));
+    store.tick(running).unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 1);
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    store.tick(running).unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 2);
+    rows.sort();
+    let beside = scan::scan_dir(
+        dir.path(),
+        &Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap(),
+        &ScanRequest {
+            table: "scraped".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(scraped_rows(&beside), rows);
+
+    // Without a delay, the running hour stays in memory and the WAL.
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.max_publish_delay = None;
+    let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED, &GPU_V1]).unwrap()).unwrap();
+    append_scraped(&mut store, T0, 40);
+    store.tick(running).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    store.tick(running).unwrap();
+    assert!(parquet_files(dir.path()).is_empty());
+}
