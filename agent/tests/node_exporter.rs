@@ -103,6 +103,31 @@ fn label_values(body: &str, metric: &str, label: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Every collector of the agent.
+const COLLECTORS: &[&str] = &[
+    "host",
+    "cgroups",
+    "perf",
+    "infiniband",
+    "platform",
+    "gpu",
+    "jitter",
+    "block",
+    "netdev",
+    "filesystem",
+    "scrape",
+];
+
+/// `vtax run` with `args` and only the collectors in `only` on.
+fn agent_with_only(only: &[&str], args: &[String]) -> Agent {
+    let mut all = args.to_vec();
+    for collector in COLLECTORS.iter().filter(|c| !only.contains(c)) {
+        all.push(format!("--no-collector.{collector}"));
+    }
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    Agent::start(&all)
+}
+
 /// (vtax metric, node_exporter metric): vtax's label is `device` or
 /// `interface`, node_exporter's always `device`.
 const BLOCK_PAIRS: &[(&str, &str)] = &[
@@ -153,17 +178,13 @@ fn block_and_netdev_counters_match_node_exporter_within_one_scrape_window() {
          [collectors.filesystem]\ninterval_secs = 0.1\n",
     )
     .unwrap();
-    let mut args = vec![
+    let args = [
         "--config".to_string(),
         config.display().to_string(),
         "--data-dir".to_string(),
         dir.path().join("data").display().to_string(),
     ];
-    for other in ["host", "cgroups", "infiniband", "platform"] {
-        args.push(format!("--no-collector.{other}"));
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let agent = Agent::start(&args);
+    let agent = agent_with_only(&["block", "netdev", "filesystem"], &args);
     agent.wait_for_metric("vtax_block_read_bytes_total", Duration::from_secs(20));
     agent.wait_for_metric("vtax_netdev_rx_bytes_total", Duration::from_secs(20));
 
@@ -393,27 +414,13 @@ fn infiniband_matches_node_exporter_on_fixture_trees() {
             &format!("--path.sysfs={}", sysfs.display()),
         ]);
         let dir = tempfile::tempdir().unwrap();
-        let mut args = vec![
+        let args = [
             "--data-dir".to_string(),
             dir.path().join("data").display().to_string(),
             "--path.sysfs".to_string(),
             sysfs.display().to_string(),
         ];
-        for other in [
-            "host",
-            "cgroups",
-            "perf",
-            "platform",
-            "gpu",
-            "jitter",
-            "block",
-            "netdev",
-            "filesystem",
-        ] {
-            args.push(format!("--no-collector.{other}"));
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let agent = Agent::start(&args);
+        let agent = agent_with_only(&["infiniband"], &args);
         let vtax = agent.wait_for_metric(
             "vtax_infiniband_port_link_downed_total",
             Duration::from_secs(20),
@@ -530,32 +537,15 @@ fn host_matches_node_exporter_on_fixture_trees() {
             &format!("--path.sysfs={}", sysfs.display()),
         ]);
         let dir = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = [
-            "--data-dir",
-            &dir.path().join("data").display().to_string(),
-            "--path.procfs",
-            &procfs.display().to_string(),
-            "--path.sysfs",
-            &sysfs.display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        for other in [
-            "cgroups",
-            "perf",
-            "infiniband",
-            "platform",
-            "gpu",
-            "jitter",
-            "block",
-            "netdev",
-            "filesystem",
-        ] {
-            args.push(format!("--no-collector.{other}"));
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let agent = Agent::start(&args);
+        let args = [
+            "--data-dir".to_string(),
+            dir.path().join("data").display().to_string(),
+            "--path.procfs".to_string(),
+            procfs.display().to_string(),
+            "--path.sysfs".to_string(),
+            sysfs.display().to_string(),
+        ];
+        let agent = agent_with_only(&["host"], &args);
         let vtax = agent.wait_for_metric("vtax_memory_total_bytes", Duration::from_secs(20));
         let ne = node_exporter.scrape();
 
@@ -625,27 +615,13 @@ fn live_cpu_and_pressure_counters_lie_within_node_exporters_scrapes() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("vtax.toml");
     std::fs::write(&config, "[collectors.host]\ninterval_secs = 0.1\n").unwrap();
-    let mut args = vec![
+    let args = [
         "--config".to_string(),
         config.display().to_string(),
         "--data-dir".to_string(),
         dir.path().join("data").display().to_string(),
     ];
-    for other in [
-        "cgroups",
-        "perf",
-        "infiniband",
-        "platform",
-        "gpu",
-        "jitter",
-        "block",
-        "netdev",
-        "filesystem",
-    ] {
-        args.push(format!("--no-collector.{other}"));
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let agent = Agent::start(&args);
+    let agent = agent_with_only(&["host"], &args);
     agent.wait_for_metric("vtax_cpu_user_seconds_total", Duration::from_secs(20));
     let mut compared = 0;
     for round in 0..3 {
