@@ -820,12 +820,25 @@ struct TargetShared {
     /// The failure the target is in, if any.
     failing: Option<Failure>,
     dropped: u64,
+    /// The target's counters as of its last scrape.
+    counts: Counts,
+}
+
+/// A target's counters since the agent started: scrapes, and failures by
+/// reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Counts {
+    scrapes: u64,
+    failures: [u64; 5],
 }
 
 #[derive(Default)]
 struct Shared {
     stopper: Stopper,
     targets: Mutex<BTreeMap<String, TargetShared>>,
+    /// Counters a target's thread starts from, by target name: those of the
+    /// collector this one replaced at a reload.
+    carried: Mutex<BTreeMap<String, Counts>>,
 }
 
 /// The scrape collector.
@@ -889,6 +902,20 @@ impl Collector for Scrape {
         Availability::Available(format!("{} target(s): {}", names.len(), names.join(", ")))
     }
 
+    /// Carries on each target's scrape and failure counts: the rebuilt
+    /// collector's threads would start them from zero, and
+    /// `vtax_scrape_target_scrapes_total` would go back on `/metrics`.
+    fn take_over(&mut self, previous: Box<dyn Collector>) {
+        let Ok(previous) = previous.into_any().downcast::<Scrape>() else {
+            return;
+        };
+        let targets = previous.shared.targets.lock().expect("not poisoned");
+        let mut carried = self.shared.carried.lock().expect("not poisoned");
+        for (name, target) in targets.iter() {
+            carried.insert(name.clone(), target.counts);
+        }
+    }
+
     fn collect(&mut self, _time_us: i64) -> anyhow::Result<Vec<Batch>> {
         let mut targets = self.shared.targets.lock().expect("not poisoned");
         let mut out = Vec::new();
@@ -950,8 +977,15 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
         .into();
     let interval_us = ((target.interval_secs * 1e6) as i64).max(1);
     let mut windows = Windows::new(target.window_secs);
-    let mut scrapes = 0u64;
-    let mut failures = [0u64; 5];
+    let Counts {
+        mut scrapes,
+        mut failures,
+    } = shared
+        .carried
+        .lock()
+        .expect("not poisoned")
+        .remove(&target.name)
+        .unwrap_or_default();
     let mut log = TransitionLog::default();
     let scale = |family: &str| seconds_per_unit(family);
     let mut last_grid_us = i64::MIN;
@@ -1030,6 +1064,7 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             return;
         };
         log.transition(&target.name, &state.failing, failure.as_ref());
+        state.counts = Counts { scrapes, failures };
         state.failing = failure;
         state.missing = missing;
         state.status = Some(status.clone());
@@ -1249,6 +1284,44 @@ req_seconds_sum{path=\"/a\"} 2.5
 req_seconds_count{path=\"/a\"} 5
 other_total 7
 ";
+
+    /// A reload that changes `[[scrape]]` rebuilds the collector; each
+    /// target's scrape and failure counts carry on from the old one's.
+    #[test]
+    fn a_rebuilt_collector_carries_on_each_targets_counts() {
+        // Nothing listens on port 1: every scrape is a connect failure.
+        let fast = |timeout_secs| ScrapeTarget {
+            interval_secs: 0.02,
+            timeout_secs,
+            ..ScrapeTarget::new("down", "http://127.0.0.1:1/metrics")
+        };
+        let config = |timeout_secs| ScrapeConfig {
+            targets: vec![fast(timeout_secs)],
+            ..ScrapeConfig::default()
+        };
+        let counts = |scrape: &Scrape| scrape.shared.targets.lock().unwrap()["down"].counts;
+        let wait_for = |scrape: &Scrape, scrapes: u64| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while counts(scrape).scrapes < scrapes {
+                assert!(Instant::now() < deadline, "{:?}", counts(scrape));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            counts(scrape)
+        };
+        let mut old = Scrape::new(&config(1.0), &Roots::default());
+        assert!(matches!(old.probe(), Availability::Available(_)));
+        let before = wait_for(&old, 5);
+        assert!(before.failures.iter().sum::<u64>() >= 5, "{before:?}");
+        let mut new = Scrape::new(&config(2.0), &Roots::default());
+        new.take_over(Box::new(old));
+        assert!(matches!(new.probe(), Availability::Available(_)));
+        // Its first scrape goes on from the old counts, not from zero.
+        let after = wait_for(&new, 1);
+        assert!(after.scrapes > before.scrapes, "{after:?} after {before:?}");
+        for (a, b) in after.failures.iter().zip(before.failures) {
+            assert!(*a >= b, "{after:?} after {before:?}");
+        }
+    }
 
     fn target(histograms: &[&str]) -> ScrapeTarget {
         ScrapeTarget {
