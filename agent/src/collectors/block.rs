@@ -250,6 +250,9 @@ pub struct Block {
     info_rows: BatchBuilder,
     /// Devices with rows at the last tick, for `probe`.
     seen: Vec<String>,
+    /// Lines of diskstats that read badly at the last tick: each costs only
+    /// its device's row.
+    errors: Vec<ParseError>,
 }
 
 impl Block {
@@ -268,6 +271,7 @@ impl Block {
             rows: BatchBuilder::new(&BLOCK),
             info_rows: BatchBuilder::new(&BLOCK_DEVICE),
             seen: Vec::new(),
+            errors: Vec::new(),
         }
     }
 
@@ -298,51 +302,19 @@ impl Block {
         if self.ticks.is_multiple_of(RESCAN_TICKS) {
             self.known.clear();
         }
+        let mut parsed = 0;
         for (n, line) in text.lines().enumerate() {
-            let line_no = n + 1;
-            let fail = |reason: String| ParseError {
-                path: path.clone(),
-                line: line_no,
-                reason,
-            };
-            let mut words = line.split_ascii_whitespace();
-            let (Some(_major), Some(_minor), Some(name)) =
-                (words.next(), words.next(), words.next())
-            else {
-                if line.trim().is_empty() {
+            let (name, values) = match parse_line(line, &path, n + 1) {
+                Ok(Some(row)) => row,
+                Ok(None) => continue,
+                // One bad line costs its device's row this tick, not the
+                // other devices' (a driver's odd line, a kernel's new layout).
+                Err(e) => {
+                    self.errors.push(e);
                     continue;
                 }
-                return Err(fail("fewer than 3 fields".into()).into());
             };
-            let mut values = [Value::Null; 17];
-            let mut count = 0;
-            for (i, word) in words.enumerate() {
-                let Some(conv) = SOURCES.get(i) else {
-                    // Fields a newer kernel may add are not ours to guess at.
-                    break;
-                };
-                let n: u64 = if !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit()) {
-                    word.parse()
-                        .map_err(|_| fail(format!("{word:?} overflows 64 bits")))?
-                } else {
-                    return Err(fail(format!("{word:?} is not a number")).into());
-                };
-                values[i] =
-                    match conv {
-                        Conv::Count => Value::U64(n),
-                        Conv::Sectors => Value::U64(n.checked_mul(512).ok_or_else(|| {
-                            fail(format!("{n} sectors overflow 64 bits of bytes"))
-                        })?),
-                        Conv::Millis => Value::F64(n as f64 / 1000.0),
-                    };
-                count += 1;
-            }
-            if !matches!(count, 11 | 15 | 17) {
-                return Err(fail(format!(
-                    "{count} statistics for {name}: the kernel writes 11, 15 or 17"
-                ))
-                .into());
-            }
+            parsed += 1;
             if !self.known.contains_key(name) {
                 let id = self.identify(name);
                 self.known.insert(name.to_owned(), id);
@@ -365,8 +337,63 @@ impl Block {
             )?;
             self.seen.push(name.to_owned());
         }
+        if parsed == 0 && !self.errors.is_empty() {
+            // Nothing read well: the file is bad, not a line of it.
+            return Err(self.errors.remove(0).into());
+        }
         Ok(())
     }
+}
+
+/// One line of diskstats: the device and its statistics, `None` for a blank
+/// line.
+fn parse_line<'a>(
+    line: &'a str,
+    path: &str,
+    line_no: usize,
+) -> Result<Option<(&'a str, [Value; 17])>, ParseError> {
+    let fail = |reason: String| ParseError {
+        path: path.to_owned(),
+        line: line_no,
+        reason,
+    };
+    let mut words = line.split_ascii_whitespace();
+    let (Some(_major), Some(_minor), Some(name)) = (words.next(), words.next(), words.next())
+    else {
+        if line.trim().is_empty() {
+            return Ok(None);
+        }
+        return Err(fail("fewer than 3 fields".into()));
+    };
+    let mut values = [Value::Null; 17];
+    let mut count = 0;
+    for (i, word) in words.enumerate() {
+        let Some(conv) = SOURCES.get(i) else {
+            // Fields a newer kernel may add are not ours to guess at.
+            break;
+        };
+        let n: u64 = if !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit()) {
+            word.parse()
+                .map_err(|_| fail(format!("{word:?} overflows 64 bits")))?
+        } else {
+            return Err(fail(format!("{word:?} is not a number")));
+        };
+        values[i] = match conv {
+            Conv::Count => Value::U64(n),
+            Conv::Sectors => Value::U64(
+                n.checked_mul(512)
+                    .ok_or_else(|| fail(format!("{n} sectors overflow 64 bits of bytes")))?,
+            ),
+            Conv::Millis => Value::F64(n as f64 / 1000.0),
+        };
+        count += 1;
+    }
+    if !matches!(count, 11 | 15 | 17) {
+        return Err(fail(format!(
+            "{count} statistics for {name}: the kernel writes 11, 15 or 17"
+        )));
+    }
+    Ok(Some((name, values)))
 }
 
 /// What sysfs says of `name`; `wanted` is whether it is a whole disk.
@@ -441,6 +468,10 @@ impl Collector for Block {
         "block"
     }
 
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
+    }
+
     fn probe(&mut self) -> Availability {
         self.known.clear();
         if let Err(e) = self.collect(0) {
@@ -479,6 +510,7 @@ impl Collector for Block {
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
         self.seen.clear();
+        self.errors.clear();
         let result = self.read(time_us);
         self.ticks = self.ticks.wrapping_add(1);
         // Finish both builders even on error so no half-tick leaks into the next.
@@ -688,10 +720,6 @@ mod tests {
                 ":1: 3 statistics for sda: the kernel writes 11, 15 or 17",
             ),
             (
-                "8 0 sda 1 2 3 4 5 6 7 8 9 10 11\n8 1 sdb 1 2 x 4 5 6 7 8 9 10 11\n",
-                ":2: \"x\" is not a number",
-            ),
-            (
                 "8 0 sda 1 2 3 4 5 6 7 8 9 10 -11\n",
                 ":1: \"-11\" is not a number",
             ),
@@ -717,6 +745,25 @@ mod tests {
             .unwrap();
             assert_eq!(c.collect(2).unwrap()[0].len(), 1);
         }
+        // One bad line among good ones costs its device's row only, and is
+        // named; the next tick without it has no error.
+        let (dir, mut c) = with_diskstats(
+            "8 0 sda 1 2 3 4 5 6 7 8 9 10 11\n8 1 sdb 1 2 x 4 5 6 7 8 9 10 11\n\
+             8 16 sdc 1 2 3 4 5 6 7 8 9 10 11\n",
+        );
+        let batches = c.collect(1).unwrap();
+        assert_eq!(tags(&batches[0], "device"), ["sda", "sdc"]);
+        let path = dir.path().join("proc/diskstats").display().to_string();
+        let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors, [format!("{path}:2: \"x\" is not a number")]);
+        std::fs::write(
+            dir.path().join("proc/diskstats"),
+            "8 0 sda 1 2 3 4 5 6 7 8 9 10 11\n",
+        )
+        .unwrap();
+        c.collect(2).unwrap();
+        assert!(c.source_errors().is_empty());
+
         let (dir, mut c) = with_diskstats("");
         std::fs::write(dir.path().join("proc/diskstats"), b"8 0 sd\xff 1\n").unwrap();
         assert!(c

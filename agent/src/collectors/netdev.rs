@@ -23,7 +23,7 @@ use vtax_store::{Batch, BatchBuilder, Value};
 use super::block::exclude_regex;
 use super::kept::{is_gone, KeptFile};
 use super::pci::{placement, INFO_FIELD, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// `[collectors.netdev]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -232,6 +232,10 @@ pub struct Netdev {
     /// Interfaces skipped as virtual at the last walk.
     skipped_virtual: usize,
     problems: Vec<String>,
+    /// Files that read badly at the last tick: each costs only its own
+    /// field (or an interface's operstate), not the interface's row or the
+    /// other interfaces'.
+    errors: Vec<ParseError>,
 }
 
 /// How a read of a kept file went.
@@ -243,27 +247,34 @@ enum Read<'a> {
     Refused(io::Error),
 }
 
-fn read<'b>(file: &mut KeptFile, buf: &'b mut Vec<u8>) -> anyhow::Result<Read<'b>> {
+/// `file` holds what the kernel never writes there.
+fn bad(file: &KeptFile, reason: String) -> ParseError {
+    ParseError {
+        path: file.path().display().to_string(),
+        line: 0,
+        reason,
+    }
+}
+
+fn read<'b>(file: &mut KeptFile, buf: &'b mut Vec<u8>) -> Result<Read<'b>, ParseError> {
     match file.read(buf) {
         Ok(len) => std::str::from_utf8(&buf[..len])
             .map(Read::Text)
-            .map_err(|_| anyhow!("{}: not UTF-8 text", file.path().display())),
+            .map_err(|_| bad(file, "not UTF-8 text".into())),
         Err(e) if is_gone(&e) => Ok(Read::Gone),
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-            Err(anyhow!("{}: {e}", file.path().display()))
-        }
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(bad(file, e.to_string())),
         Err(e) => Ok(Read::Refused(e)),
     }
 }
 
 /// A decimal number and a newline, as sysfs writes one.
-fn parse_u64(text: &str, file: &KeptFile) -> anyhow::Result<u64> {
+fn parse_u64(text: &str, file: &KeptFile) -> Result<u64, ParseError> {
     let t = text.strip_suffix('\n').unwrap_or(text);
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(anyhow!("{}: {t:?} is not a number", file.path().display()));
+        return Err(bad(file, format!("{t:?} is not a number")));
     }
     t.parse()
-        .map_err(|_| anyhow!("{}: {t:?} overflows 64 bits", file.path().display()))
+        .map_err(|_| bad(file, format!("{t:?} overflows 64 bits")))
 }
 
 impl Netdev {
@@ -283,6 +294,7 @@ impl Netdev {
             seen: Vec::new(),
             skipped_virtual: 0,
             problems: Vec::new(),
+            errors: Vec::new(),
         }
     }
 
@@ -362,6 +374,7 @@ impl Netdev {
             link_rows,
             seen,
             problems,
+            errors,
             stale,
             ..
         } = self;
@@ -369,16 +382,20 @@ impl Netdev {
             let mut values = [Value::Null; 13];
             macro_rules! text {
                 ($file:expr, $report_refusal:expr) => {
-                    match read($file, buf)? {
-                        Read::Text(t) => Some(t),
-                        Read::Gone => {
+                    match read($file, buf) {
+                        Err(e) => {
+                            errors.push(e);
+                            None
+                        }
+                        Ok(Read::Text(t)) => Some(t),
+                        Ok(Read::Gone) => {
                             *stale = true;
                             if !iface.dir.join("statistics").is_dir() {
                                 continue 'interfaces; // the interface went away
                             }
                             None
                         }
-                        Read::Refused(e) => {
+                        Ok(Read::Refused(e)) => {
                             if $report_refusal {
                                 problems.push(format!("{}: {e}", $file.path().display()));
                             }
@@ -387,9 +404,23 @@ impl Netdev {
                     }
                 };
             }
+            // A file that reads badly costs its own field only.
+            macro_rules! number {
+                ($text:expr, $file:expr) => {
+                    match parse_u64($text, $file) {
+                        Ok(n) => Some(n),
+                        Err(e) => {
+                            errors.push(e);
+                            None
+                        }
+                    }
+                };
+            }
             for (i, file) in iface.counters.iter_mut().enumerate() {
                 if let Some(t) = text!(file, true) {
-                    values[i] = Value::U64(parse_u64(t, file)?);
+                    if let Some(n) = number!(t, file) {
+                        values[i] = Value::U64(n);
+                    }
                 }
             }
             // A link that is down refuses `speed` (EINVAL): no problem, a null.
@@ -397,23 +428,28 @@ impl Netdev {
                 let s = t.trim_end();
                 // -1 (SPEED_UNKNOWN) from drivers that do not know, virtio's case.
                 if s != "-1" {
-                    let mbits = parse_u64(t, &iface.speed)?;
-                    values[SPEED] = Value::F64(mbits as f64 * 1e6 / 8.0);
+                    if let Some(mbits) = number!(t, &iface.speed) {
+                        values[SPEED] = Value::F64(mbits as f64 * 1e6 / 8.0);
+                    }
                 }
             }
             if let Some(t) = text!(&mut iface.mtu, true) {
-                values[MTU] = Value::U64(parse_u64(t, &iface.mtu)?);
+                if let Some(n) = number!(t, &iface.mtu) {
+                    values[MTU] = Value::U64(n);
+                }
             }
             let mut operstate = "";
             if let Some(t) = text!(&mut iface.operstate, true) {
                 let s = t.trim_end_matches('\n');
-                operstate = OPERSTATES.iter().find(|o| **o == s).ok_or_else(|| {
-                    anyhow!(
-                        "{}: {s:?} is not an operstate",
-                        iface.operstate.path().display()
-                    )
-                })?;
-                values[UP] = Value::U64(u64::from(operstate == "up"));
+                match OPERSTATES.iter().find(|o| **o == s) {
+                    Some(state) => {
+                        operstate = state;
+                        values[UP] = Value::U64(u64::from(operstate == "up"));
+                    }
+                    None => {
+                        errors.push(bad(&iface.operstate, format!("{s:?} is not an operstate")))
+                    }
+                }
             }
             rows.push(time_us, &[&iface.name], &values)?;
             link_rows.push(
@@ -444,6 +480,10 @@ impl Collector for Netdev {
         "netdev"
     }
 
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
+    }
+
     fn probe(&mut self) -> Availability {
         self.stale = true;
         if let Err(e) = self.collect(0) {
@@ -472,6 +512,7 @@ impl Collector for Netdev {
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
         self.seen.clear();
         self.problems.clear();
+        self.errors.clear();
         let result = self.refresh().and_then(|()| self.read_all(time_us));
         self.ticks = self.ticks.wrapping_add(1);
         let batches = [self.rows.finish(), self.link_rows.finish()];
@@ -585,8 +626,10 @@ mod tests {
         );
     }
 
+    /// A file that holds what the kernel never writes costs its own field
+    /// (or the operstate) and is named; the interface keeps its row.
     #[test]
-    fn garbage_names_the_file() {
+    fn garbage_names_the_file_and_costs_only_its_field() {
         for (rel, content, want) in [
             ("statistics/rx_bytes", "12x\n", "\"12x\" is not a number"),
             ("statistics/tx_dropped", "", "\"\" is not a number"),
@@ -609,20 +652,26 @@ mod tests {
             let good = std::fs::read(&path).unwrap();
             std::fs::write(&path, content).unwrap();
             let mut c = Netdev::new(&NetdevConfig::default(), &roots(dir.path()));
-            let err = c.collect(1).unwrap_err().to_string();
+            let batches = c.collect(1).unwrap();
+            assert_eq!(batches[0].len(), 1, "the interface keeps its row: {rel}");
+            assert_eq!(
+                u64s(&batches[0], "tx_packets")[0].is_some(),
+                !rel.ends_with("tx_packets")
+            );
             let named = dir.path().join("sys/class/net/eth0").join(rel);
-            assert_eq!(err, format!("{}: {want}", named.display()), "{rel}");
+            let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+            assert_eq!(errors, [format!("{}: {want}", named.display())], "{rel}");
             std::fs::write(&path, good).unwrap();
             assert_eq!(c.collect(2).unwrap()[0].len(), 1, "recovers: {rel}");
+            assert!(c.source_errors().is_empty(), "mended: {rel}");
         }
         let dir = copy_of("vm-node");
         let path = dir.path().join("sys/class/net/eth0/operstate");
         std::fs::write(&path, b"\xff\n").unwrap();
-        let err = Netdev::new(&NetdevConfig::default(), &roots(dir.path()))
-            .collect(1)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(err, format!("{}: not UTF-8 text", path.display()));
+        let mut c = Netdev::new(&NetdevConfig::default(), &roots(dir.path()));
+        assert_eq!(c.collect(1).unwrap()[0].len(), 1);
+        let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors, [format!("{}: not UTF-8 text", path.display())]);
     }
 
     #[test]
