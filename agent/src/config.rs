@@ -334,26 +334,36 @@ pub fn range_of(key: &str) -> Option<KeyRange> {
 /// on failure returns the key and a message naming the key, the value and
 /// the range. Values are read from the config's serialised form, so that no
 /// key can be missed.
-fn check_ranges(config: &Config) -> Result<(), (String, String)> {
+/// Every numeric value outside its key's range, as (key, message).
+fn range_problems(config: &Config) -> Vec<(String, String)> {
     let value = serde_json::to_value(config).expect("a config serialises");
-    check_value_ranges("", &value)
+    let mut problems = Vec::new();
+    check_value_ranges("", &value, &mut problems);
+    problems
 }
 
-fn check_value_ranges(key: &str, value: &serde_json::Value) -> Result<(), (String, String)> {
+fn check_value_ranges(key: &str, value: &serde_json::Value, problems: &mut Vec<(String, String)>) {
     use serde_json::Value;
     match value {
-        Value::Object(table) => table
-            .iter()
-            .try_for_each(|(k, v)| check_value_ranges(&join(key, k), v)),
-        Value::Array(items) if items.iter().all(Value::is_object) => items
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, v)| check_value_ranges(&format!("{key}[{i}]"), v)),
-        Value::Array(items) => items.iter().try_for_each(|v| check_value_ranges(key, v)),
+        Value::Object(table) => {
+            for (k, v) in table {
+                check_value_ranges(&join(key, k), v, problems);
+            }
+        }
+        Value::Array(items) if items.iter().all(Value::is_object) => {
+            for (i, v) in items.iter().enumerate() {
+                check_value_ranges(&format!("{key}[{i}]"), v, problems);
+            }
+        }
+        Value::Array(items) => {
+            for v in items {
+                check_value_ranges(key, v, problems);
+            }
+        }
         // A float that is NaN or infinite serialises as null.
         Value::Number(_) | Value::Null => {
             let Some(range) = range_of(key) else {
-                return Ok(());
+                return;
             };
             let shown = match value {
                 Value::Number(n) if n.is_f64() => n.as_f64().map(|f| f.to_string()),
@@ -361,18 +371,18 @@ fn check_value_ranges(key: &str, value: &serde_json::Value) -> Result<(), (Strin
                 _ => None,
             };
             match (shown, value.as_f64()) {
-                (Some(_), Some(v)) if range.contains(v) => Ok(()),
-                (Some(shown), _) => Err((
+                (Some(_), Some(v)) if range.contains(v) => {}
+                (Some(shown), _) => problems.push((
                     key.to_string(),
                     format!("{key} = {shown}: must be {}", range.describe()),
                 )),
-                (None, _) => Err((
+                (None, _) => problems.push((
                     key.to_string(),
                     format!("{key} is not a finite number: must be {}", range.describe()),
                 )),
             }
         }
-        _ => Ok(()),
+        _ => {}
     }
 }
 
@@ -455,15 +465,24 @@ impl Config {
         // The collector is built from `[collectors]` alone; the targets are
         // top-level tables in the file, so that they read as a list.
         config.collectors.scrape.targets = config.scrape.clone();
-        config
-            .validate()
-            .map_err(|(key, message)| ConfigError::Invalid {
+        // Every problem, not the first: an operator fixes a file once.
+        let at = |key: &str| {
+            line_of_key(text, key)
+                .map(|l| format!(":{l}"))
+                .unwrap_or_default()
+        };
+        let mut problems = config.problems().into_iter();
+        if let Some((key, first)) = problems.next() {
+            let mut message = first;
+            for (key, more) in problems {
+                message.push_str(&format!("\n{path}{}: {more}", at(&key)));
+            }
+            return Err(ConfigError::Invalid {
                 path: path.to_string(),
-                line: line_of_key(text, &key)
-                    .map(|l| format!(":{l}"))
-                    .unwrap_or_default(),
+                line: at(&key),
                 message,
-            })?;
+            });
+        }
         Ok(config)
     }
 
@@ -476,38 +495,61 @@ impl Config {
         Config::parse(&text, &path.display().to_string())
     }
 
-    /// Checks values the types cannot; on failure returns the key and the message.
+    /// Checks values the types cannot; on failure returns the key and the
+    /// message of the first problem.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        check_ranges(self)?;
-        parse_listen_address(&self.web.listen_address)
-            .map_err(|e| ("web.listen_address".to_string(), e))?;
+        match self.problems().into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
+    }
+
+    /// Every value the types cannot check that is wrong, as (key, message):
+    /// each range, then each section's own rules.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = range_problems(self);
+        let mut check = |result: Result<(), (String, String)>| {
+            if let Err(problem) = result {
+                problems.push(problem);
+            }
+        };
+        check(
+            parse_listen_address(&self.web.listen_address)
+                .map(|_| ())
+                .map_err(|e| ("web.listen_address".to_string(), e)),
+        );
         if let Some(node) = &self.store.node {
-            vtax_store::check_node_name(node).map_err(|e| {
+            check(vtax_store::check_node_name(node).map_err(|e| {
                 (
                     "store.node".to_string(),
                     format!("store.node = {node:?}: {e}"),
                 )
-            })?;
+            }));
         }
-        self.check_memory_bounds()?;
-        self.upload.validate()?;
-        self.collectors.validate()?;
-        self.detect.validate()?;
+        check(self.check_memory_bounds());
+        check(self.upload.validate());
+        check(self.collectors.validate());
+        check(self.detect.validate());
         for (i, remote) in self.remote_write.iter().enumerate() {
-            remote
-                .validate()
-                .map_err(|(key, message)| (format!("remote_write[{i}].{key}"), message))?;
+            check(
+                remote
+                    .validate()
+                    .map_err(|(key, message)| (format!("remote_write[{i}].{key}"), message)),
+            );
             if self.remote_write[..i].iter().any(|r| r.name == remote.name) {
-                return Err((
+                check(Err((
                     format!("remote_write[{i}].name"),
                     format!(
                         "remote_write name {:?} is used twice: each remote needs its own queue",
                         remote.name
                     ),
-                ));
+                )));
             }
         }
-        Ok(())
+        // A range problem makes the section's own rule say it again.
+        let mut seen = std::collections::HashSet::new();
+        problems.retain(|(key, _)| seen.insert(key.clone()));
+        problems
     }
 
     /// The memory bounds together must fit under [`MEMORY_BOUNDS_MAX_BYTES`].
@@ -567,6 +609,58 @@ impl Config {
             .data_dir
             .clone()
             .unwrap_or_else(crate::default_data_dir)
+    }
+}
+
+/// Whether `dir` can hold a store: a directory the agent may write, or a
+/// path it can create one at (its nearest existing ancestor a writable
+/// directory). Says what is wrong otherwise: a file where the directory
+/// should be passed `check-config` and then failed `run` with
+/// `create <dir>: File exists`.
+pub fn check_data_dir(dir: &Path) -> Result<(), String> {
+    use nix::unistd::{access, AccessFlags};
+    let writable = |d: &Path| access(d, AccessFlags::W_OK | AccessFlags::X_OK).is_ok();
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(meta) if meta.is_dir() => {
+                if writable(at) {
+                    return Ok(());
+                }
+                return Err(if at == dir {
+                    format!(
+                        "data directory {}: not writable by this user",
+                        dir.display()
+                    )
+                } else {
+                    format!(
+                        "data directory {}: cannot be made, {} is not writable by this user",
+                        dir.display(),
+                        at.display()
+                    )
+                });
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "data directory {}: {} is a file, not a directory",
+                    dir.display(),
+                    at.display()
+                ))
+            }
+            // ENOTDIR: an ancestor is a file, which the next step names.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                at = match at.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+            }
+            Err(e) => return Err(format!("data directory {}: {e}", dir.display())),
+        }
     }
 }
 
@@ -1170,7 +1264,7 @@ mod tests {
             match Config::parse(&text, "fuzz.toml") {
                 Ok(config) => {
                     accepted += 1;
-                    check_ranges(&config).unwrap();
+                    assert!(range_problems(&config).is_empty());
                 }
                 Err(e) => {
                     let e = e.to_string();

@@ -29,6 +29,7 @@ pub fn check_config(args: CheckConfigArgs) -> Result<()> {
     if let Some(web) = &config.web.config_file {
         vtax_exporters::web::check_web_config(web)?;
     }
+    crate::config::check_data_dir(&config.data_dir()).map_err(anyhow::Error::msg)?;
     crate::print_stdout(&match args.agent.config_path() {
         Some(path) => format!("{}: valid\n", path.display()),
         None => "no config file: the defaults are valid\n".to_string(),

@@ -49,6 +49,44 @@ fn check_config_names_the_file_key_and_line() {
         "{stderr}"
     );
 
+    // Every problem of the file, each with its line, not only the first.
+    std::fs::write(
+        &path,
+        "[store]\nsync_interval_secs = -1\ncompact_interval_secs = 0\n\n[detect]\nwindow_secs = 0\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = vtax(&["check-config", "--config", p]);
+    assert!(!ok);
+    for (line, key) in [
+        (2, "store.sync_interval_secs"),
+        (3, "store.compact_interval_secs"),
+        (6, "window_secs"),
+    ] {
+        assert!(
+            stderr.contains(&format!("{p}:{line}: ")) && stderr.contains(key),
+            "{stderr}"
+        );
+    }
+
+    // A data directory that cannot be one fails the check, as it would fail `run`.
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "").unwrap();
+    std::fs::write(
+        &path,
+        format!("[store]\ndata_dir = {:?}\n", file.join("data")),
+    )
+    .unwrap();
+    let (ok, _, stderr) = vtax(&["check-config", "--config", p]);
+    assert!(!ok);
+    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+    std::fs::write(&path, format!("[store]\ndata_dir = {file:?}\n")).unwrap();
+    let (ok, _, stderr) = vtax(&["check-config", "--config", p]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("afile is a file, not a directory"),
+        "{stderr}"
+    );
+
     let (ok, _, stderr) = vtax(&["check-config", "--config", "/nonexistent/vtax.toml"]);
     assert!(!ok);
     assert!(stderr.contains("/nonexistent/vtax.toml"), "{stderr}");
