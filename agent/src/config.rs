@@ -465,6 +465,11 @@ impl Config {
         // The collector is built from `[collectors]` alone; the targets are
         // top-level tables in the file, so that they read as a list.
         config.collectors.scrape.targets = config.scrape.clone();
+        for remote in &mut config.remote_write {
+            if remote.name.is_empty() {
+                remote.name = RemoteWriteConfig::derived_name(&remote.url);
+            }
+        }
         // Every problem, not the first: an operator fixes a file once.
         let at = |key: &str| {
             line_of_key(text, key)
@@ -745,6 +750,7 @@ fn remote_write_example() -> String {
          # None by default; one looks like:\n\
          # [[remote_write]]\n\
          # Names the queue directory and the `remote` label of vtax_remote_write_* metrics.\n\
+         # Unset: derived from url (host, port and path, e.g. prometheus-example-9090-api-v1-write).\n\
          # name = \"central\"\n\
          # The receiver's endpoint (Prometheus with --web.enable-remote-write-receiver, Mimir, ...).\n\
          # url = \"https://prometheus.example:9090/api/v1/write\"\n\
@@ -1037,6 +1043,38 @@ mod tests {
                 .ca_file
                 .as_deref(),
             Some(ca.as_path())
+        );
+    }
+
+    /// A `[[remote_write]]` table needs only its url: the name, which names
+    /// the queue directory, comes from it, the same at every start.
+    #[test]
+    fn a_remote_write_without_a_name_is_named_after_its_url() {
+        let config = Config::parse(
+            "[[remote_write]]\nurl = \"http://prometheus:9090/api/v1/write\"\n\n\
+             [[remote_write]]\nurl = \"https://user:pw@mimir.example/api/v1/push?tenant=a\"\n",
+            "v.toml",
+        )
+        .unwrap();
+        let names: Vec<&str> = config
+            .remote_write
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["prometheus-9090-api-v1-write", "mimir-example-api-v1-push"]
+        );
+        // The same url twice is the same queue: refused, as for a name given twice.
+        let err = Config::parse(
+            "[[remote_write]]\nurl = \"http://p/w\"\n\n[[remote_write]]\nurl = \"http://p/w\"\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("remote_write name \"p-w\" is used twice"),
+            "{err}"
         );
     }
 

@@ -29,7 +29,9 @@ pub const MIN_QUEUE_MAX_BYTES: u64 = 1 << 20;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteWriteConfig {
-    /// Names the queue directory and the `remote` label of the counters.
+    /// Names the queue directory and the `remote` label of the counters;
+    /// empty in the file, it is derived from `url` ([`Self::derived_name`]).
+    #[serde(default)]
     pub name: String,
     /// The receiver's endpoint, e.g. `http://prometheus:9090/api/v1/write`.
     pub url: String,
@@ -155,6 +157,34 @@ impl RemoteWriteConfig {
             .filter(|(_, value)| !value.is_empty())
             .map(|(name, value)| super::encode::Label { name, value })
             .collect()
+    }
+
+    /// The name of a remote whose table gives only its `url`, as Prometheus
+    /// names one it is not told the name of: from the URL, so the same
+    /// remote keeps the same queue across restarts. Its host, port and path
+    /// with every other character as `-` (`http://prometheus:9090/api/v1/write`
+    /// is `prometheus-9090-api-v1-write`), at most 64 characters.
+    pub fn derived_name(url: &str) -> String {
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        // Credentials in the URL name nothing.
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        let rest = rest.split(['?', '#']).next().unwrap_or(rest);
+        let mut name = String::new();
+        for c in rest.chars() {
+            let c = if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '-'
+            };
+            if !(c == '-' && (name.is_empty() || name.ends_with('-'))) {
+                name.push(c);
+            }
+        }
+        let mut name: String = name.trim_end_matches('-').chars().take(64).collect();
+        if name.is_empty() {
+            name.push_str("remote");
+        }
+        name
     }
 
     /// Checks what the types cannot; on failure the key (relative to the
