@@ -54,9 +54,10 @@ enum Source {
 
 impl Source {
     fn open(dir: &Path) -> Result<Source> {
-        if !dir.join("tables").is_dir() {
+        // A young agent's rows are all in its WAL: a store is either.
+        if !dir.join("tables").is_dir() && !dir.join("wal").is_dir() {
             bail!(
-                "no store at {} (expected {}/tables/; set --data-dir)",
+                "no store at {} (expected {}/tables/ or wal/; set --data-dir)",
                 dir.display(),
                 dir.display()
             );

@@ -345,6 +345,39 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
     assert!(!html.contains(r#"class="no-data" id="gpu"#));
 }
 
+/// Beside a young agent every row is still in the WAL: the report reads it,
+/// as `vtax query` does.
+#[test]
+fn a_store_whose_rows_are_all_in_the_wal_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store =
+        vtax_store::Store::open(vtax_store::StoreOptions::new(dir.path()), crate::catalog())
+            .unwrap();
+    let mut rows = vtax_store::BatchBuilder::new(&crate::collectors::host::LOAD);
+    let values: Vec<vtax_store::Value> = crate::collectors::host::LOAD
+        .fields
+        .iter()
+        .map(|f| match f.ty {
+            vtax_store::FieldType::F64 => vtax_store::Value::F64(0.5),
+            vtax_store::FieldType::I64 => vtax_store::Value::I64(1),
+            vtax_store::FieldType::U64 => vtax_store::Value::U64(1),
+        })
+        .collect();
+    rows.push(1_800_000_000_000_000, &[], &values).unwrap();
+    store.append(&rows.finish()).unwrap();
+    store.sync().unwrap();
+    assert!(!dir.path().join("tables").exists(), "nothing published yet");
+    let source = Source::open(dir.path()).unwrap();
+    let request = ScanRequest {
+        table: "load".into(),
+        ..Default::default()
+    };
+    let node = source.nodes().remove(0);
+    let read = source.scan(&node, &crate::catalog(), &request).unwrap();
+    assert_eq!(read.len(), 1);
+    drop(store);
+}
+
 #[test]
 fn a_missing_store_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
