@@ -465,6 +465,10 @@ pub struct Perf {
     /// Readings skipped as impossible, and the last few.
     bad_readings: u64,
     bad_reading_examples: Vec<String>,
+    /// The totals of the collector this one replaced at a reload, by cgroup
+    /// path with the inode they were counted for: taken up at the first
+    /// walk that opens the same cgroup.
+    carried_totals: BTreeMap<String, (u64, [u64; 3])>,
 }
 
 impl Perf {
@@ -499,6 +503,7 @@ impl Perf {
             open_failures: Vec::new(),
             bad_readings: 0,
             bad_reading_examples: Vec::new(),
+            carried_totals: BTreeMap::new(),
         }
     }
 
@@ -602,7 +607,7 @@ impl Perf {
                     continue;
                 }
                 Some(target) => Some((target.inode, target.totals)),
-                None => None,
+                None => self.carried_totals.remove(&path),
             };
             match self.open_target(&path, &dir) {
                 Ok(Some(mut target)) => {
@@ -776,6 +781,21 @@ impl OpenError {
 impl Collector for Perf {
     fn name(&self) -> &'static str {
         "perf"
+    }
+
+    /// Carries on each cgroup's totals: the rebuilt collector opens its
+    /// counters afresh, and `vtax_cgroup_perf_*_total` would start again from
+    /// zero. A cgroup made again meanwhile (another inode) starts from zero,
+    /// as at a walk.
+    fn take_over(&mut self, previous: Box<dyn Collector>) {
+        let Ok(previous) = previous.into_any().downcast::<Perf>() else {
+            return;
+        };
+        self.carried_totals = previous
+            .targets
+            .iter()
+            .map(|t| (t.path.clone(), (t.inode, t.totals)))
+            .collect();
     }
 
     fn probe(&mut self) -> Availability {
@@ -1028,6 +1048,37 @@ mod tests {
             CGROUP_PERF.metric_name(&CGROUP_PERF.fields[0]),
             "vtax_cgroup_perf_cycles_total"
         );
+    }
+
+    /// A reload that changes the perf settings rebuilds the collector: the
+    /// new one opens its counters afresh and carries on each cgroup's totals.
+    #[test]
+    fn a_rebuilt_collector_carries_on_the_totals() {
+        let (_dir, roots) = tree();
+        let fake = Fake::default();
+        let (mut old, _) = probed(&roots, &fake);
+        collect_one(&mut old, 0);
+        fake.set(A, 0, HwEvent::Cycles, 1000, 100, 100);
+        let before = collect_one(&mut old, 1_000_000);
+        assert_eq!(count(&before, A, "cycles"), Some(1000));
+        let mut new = collector(
+            &roots,
+            &PerfConfig {
+                max_counters: 4096,
+                ..PerfConfig::default()
+            },
+            &CgroupsConfig::default(),
+            &fake,
+        );
+        new.take_over(Box::new(old));
+        assert!(matches!(new.probe(), Availability::Available(_)));
+        // The fake's counters read their script's value since they opened:
+        // the new ones count 1000 on top of the 1000 carried, not from 0.
+        let after = collect_one(&mut new, 2_000_000);
+        assert_eq!(count(&after, A, "cycles"), Some(2000));
+        fake.set(A, 0, HwEvent::Cycles, 1500, 200, 200);
+        let later = collect_one(&mut new, 3_000_000);
+        assert_eq!(count(&later, A, "cycles"), Some(2500));
     }
 
     #[test]
