@@ -14,7 +14,7 @@
 //! starting value, they are mapped and unmapped whole: about 1 MiB less
 //! anonymous memory at a day merge's peak and between merges, for up to 1.3 s
 //! more CPU per day merge (the kernel zeroing fresh pages; `docs/benchmarks.md`,
-//! session 15).
+//! glibc's mmap threshold pinned, measured by `bench/agent/day_merge_peak.py`).
 
 /// glibc's starting mmap threshold, kept for the agent's lifetime.
 pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;

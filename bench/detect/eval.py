@@ -572,7 +572,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the agent's data directory and log")
     ap.add_argument("--causal-secs", type=float, default=CAUSAL_SECS,
                     help="events opened sooner than this after an antagonist started are not its doing "
-                         "(0: the rule before session 7)")
+                         "(0: count events from the antagonist's start, as scoring did before "
+                         "a827b25)")
     ap.add_argument("--rescore", metavar="RESULTS_JSON",
                     help="score the trials and events of an earlier --out file again, run nothing")
     ap.add_argument("--events", metavar="JSONL",
