@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds the .deb with cargo-deb, installs it with dpkg on this machine, runs
+# Builds the .deb as docs/install.md does (the release build, its split into
+# the binary that ships and its debug info, cargo-deb), checks what it holds,
+# installs it with dpkg on this machine, runs
 # the installed agent (`vtax --version`, `vtax doctor`, a config check against
 # the installed conffile), then purges it and checks nothing is left behind.
 # Needs root. scripts/test.sh runs it after the tests when CI=true or
@@ -10,10 +12,14 @@ check=deb-check
 . scripts/package-check-lib.sh
 
 command -v cargo-deb >/dev/null || cargo install cargo-deb --locked
+cargo build --release -p vtax
+# The release profile keeps debug info (debug = 1) for profiling: about 220
+# MB. The package takes target/release/vtax.stripped, without it; cargo-deb
+# must neither rebuild (--no-build) nor strip it again (--no-strip).
+scripts/split-debuginfo.sh
+check_split_binary
 # cargo deb prints the package path on stdout, its build output on stderr.
-# --strip: the release profile keeps debug info (debug = 1) for profiling,
-# which makes the binary about 220 MB; cargo-deb keeps it unless asked.
-deb=$(cargo deb -p vtax --strip | tail -1)
+deb=$(cargo deb -p vtax --no-build --no-strip | tail -1)
 [ -f "$deb" ] || fail "cargo deb did not name a package file"
 echo "deb-check: $deb"
 dpkg-deb --info "$deb" >/dev/null
@@ -26,12 +32,17 @@ grep -Eq ' \./usr/lib/sysusers\.d/vtax\.conf$' <<<"$contents" \
   || fail "no sysusers.d file in the package"
 grep -Eq ' \./usr/share/vtax/dashboards/vtax-gpu\.json$' <<<"$contents" \
   || fail "no dashboards in the package"
+for doc in README.md install.md runbook.md metrics.md gpus.md vtax.example.toml; do
+  awk -v want="./usr/share/doc/vtax/$doc" '$NF == want {found = 1} END {exit !found}' <<<"$contents" \
+    || fail "no /usr/share/doc/vtax/$doc in the package"
+done
 binary_bytes=$(awk '$NF == "./usr/bin/vtax" {print $3}' <<<"$contents")
 [ -n "$binary_bytes" ] && [ "$binary_bytes" -lt $((100 << 20)) ] \
   || fail "/usr/bin/vtax in the package is ${binary_bytes:-missing} bytes: not stripped?"
 
 dpkg -i "$deb"
 trap 'dpkg --purge vtax >/dev/null 2>&1 || true' EXIT
+cmp /usr/bin/vtax target/release/vtax.stripped || fail "the installed binary is not target/release/vtax.stripped"
 getent passwd vtax >/dev/null || fail "postinst made no vtax user"
 check_installed_agent /
 run_installed_doctor

@@ -28,6 +28,21 @@ run_installed_doctor() {
   rm -rf "$tmp"
 }
 
+# scripts/split-debuginfo.sh's output, which both packages take: the binary
+# that ships has no debug info, keeps its symbol table and names its debug
+# file; the debug file has the debug info.
+check_split_binary() {
+  local sections
+  sections=$(readelf -S -W target/release/vtax.stripped)
+  ! grep -q ' \.debug_info ' <<<"$sections" || fail "target/release/vtax.stripped has debug info"
+  grep -q ' \.symtab ' <<<"$sections" || fail "target/release/vtax.stripped has no symbol table"
+  grep -q ' \.gnu_debuglink ' <<<"$sections" || fail "target/release/vtax.stripped names no debug file"
+  # readelf complains that the debug file's program interpreter has no data
+  # (objcopy --only-keep-debug empties every loaded section), and exits 0.
+  sections=$(readelf -S -W target/release/vtax.debug 2>/dev/null)
+  grep -q ' \.debug_info ' <<<"$sections" || fail "target/release/vtax.debug has no debug info"
+}
+
 check_removed() {
   local left
   for left; do

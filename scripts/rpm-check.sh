@@ -29,14 +29,16 @@ fi
 
 cargo build --release -p vtax
 start=$SECONDS
-# agent/Cargo.toml's [package.metadata.generate-rpm] says why a copy.
-strip --strip-debug -o target/release/vtax.stripped target/release/vtax
+# The binary that ships, without the debug info the release profile keeps
+# (about 220 MB with it), and that debug info apart: target/release/vtax.debug.
+scripts/split-debuginfo.sh
+check_split_binary
 rm -f target/generate-rpm/vtax-*.rpm
 cargo generate-rpm -p agent
 pkgs=(target/generate-rpm/vtax-*.rpm)
 [ ${#pkgs[@]} -eq 1 ] && [ -f "${pkgs[0]}" ] || fail "expected one package in target/generate-rpm"
 pkg=${pkgs[0]}
-echo "$check: $pkg, $(du -h "$pkg" | cut -f1), stripped and packaged in $((SECONDS - start)) s"
+echo "$check: $pkg, $(du -h "$pkg" | cut -f1), split and packaged in $((SECONDS - start)) s"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -47,7 +49,7 @@ expected=$(
   printf '%s\n' /usr/bin/vtax /usr/lib/systemd/system/vtax.service \
     /usr/lib/sysusers.d/vtax.conf /etc/vtax/vtax.toml \
     /usr/share/vtax/alerts/vtax-rules.yml \
-    /usr/share/doc/vtax/{README.md,runbook.md,gpus.md,vtax.example.toml}
+    /usr/share/doc/vtax/{README.md,install.md,runbook.md,metrics.md,gpus.md,vtax.example.toml}
   for f in dashboards/grafana/*.json; do echo "/usr/share/vtax/dashboards/${f##*/}"; done
   for f in dashboards/grafana/provisioning/*.yml; do echo "/usr/share/vtax/grafana-provisioning/${f##*/}"; done
 )
@@ -58,7 +60,7 @@ files=$(rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILEMODES:perms} %{FILENAMES}\n]' "
 # c: %config, n: noreplace (an upgrade keeps an edited config).
 grep -qx 'cn -rw-r--r-- /etc/vtax/vtax.toml' <<<"$files" || fail "/etc/vtax/vtax.toml is not %config(noreplace), 644"
 grep -qx ' -rwxr-xr-x /usr/bin/vtax' <<<"$files" || fail "/usr/bin/vtax is not 755"
-diff <(printf '/usr/share/doc/vtax/%s\n' README.md gpus.md runbook.md vtax.example.toml) \
+diff <(printf '/usr/share/doc/vtax/%s\n' README.md install.md runbook.md metrics.md gpus.md vtax.example.toml | sort) \
   <(rpm -qpd "$pkg" | sort) || fail "the doc files differ"
 
 requires=$(rpm -qp --requires "$pkg")

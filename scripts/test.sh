@@ -26,10 +26,9 @@ command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exp
 if [ -n "$rpm_check" ]; then
   command -v rpm >/dev/null || need_apt+=(rpm)
 fi
-# strip for both packages; readelf for the .deb's packed-code check.
-if [ -n "$deb_check" ] || [ -n "$rpm_check" ]; then
-  { command -v strip && command -v readelf; } >/dev/null || need_apt+=(binutils)
-fi
+# objcopy and readelf: scripts/split-debuginfo.sh and its test in
+# tests/tests/packaging.rs, both packages' checks, the .deb's packed-code check.
+{ command -v objcopy && command -v readelf; } >/dev/null || need_apt+=(binutils)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} with apt-get"
   apt-get update -q
