@@ -724,3 +724,149 @@ fn the_jitter_probe_thread_starts_and_stops_with_its_collector() {
     });
     assert!(agent.stop());
 }
+
+/// A config with every numeric key of the shipped example at one end of
+/// the range the example states (`Range: between A and B.`).
+fn example_at_range_ends(upper: bool) -> String {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../packaging/vtax.example.toml"
+    ))
+    .unwrap();
+    let mut out = String::new();
+    let mut range: Option<(String, String)> = None;
+    for line in example.lines() {
+        if let Some(comment) = line.strip_prefix("# ") {
+            range = comment.split("Range: ").nth(1).and_then(|r| {
+                let r = r.trim_end_matches('.');
+                if let Some(rest) = r.strip_prefix("between ") {
+                    let (lo, hi) = rest.split_once(" and ")?;
+                    Some((lo.to_string(), hi.to_string()))
+                } else {
+                    let rest = r.strip_prefix("above ")?;
+                    let (_, hi) = rest.split_once(" and at most ")?;
+                    // Above the lower end, by a little.
+                    Some(("0.001".to_string(), hi.to_string()))
+                }
+            });
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        match (line.split_once(" = "), range.take()) {
+            // A number, not a list of them (`cpus = []`).
+            (Some((key, default)), Some((lo, hi))) if default.parse::<f64>().is_ok() => {
+                let end = if upper { hi } else { lo };
+                let value = if default.contains('.') {
+                    let v: f64 = end.parse().unwrap();
+                    format!("{v:?}")
+                } else {
+                    // An integer key: "above 0" means 1.
+                    let v: f64 = end.parse().unwrap();
+                    format!("{}", (v.ceil() as u64).max(u64::from(end == "0.001")))
+                };
+                out.push_str(&format!("{key} = {value}\n"));
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Every numeric key at the low end of its range, then at the high end.
+/// Where keys bound each other (the memory bounds together, `z_close`
+/// below `z_open`), check-config refuses the file naming each line, and
+/// those lines go back to their defaults until it accepts it; then the
+/// agent runs and stops cleanly, with no panic (a `compact_interval_secs`
+/// near u64::MAX once crashed `run` at start while check-config passed it).
+#[test]
+fn the_ends_of_every_range_run_never_panic() {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../packaging/vtax.example.toml"
+    ))
+    .unwrap();
+    let defaults: Vec<&str> = example.lines().collect();
+    for upper in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("vtax.toml");
+        let c = config.to_str().unwrap();
+        let mut lines: Vec<String> = example_at_range_ends(upper)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines.len(), defaults.len());
+        let mut at_ends = lines.len();
+        loop {
+            std::fs::write(&config, lines.join("\n") + "\n").unwrap();
+            let (ok, _, stderr) = vtax(&["check-config", "--config", c]);
+            if ok {
+                break;
+            }
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            let refused: Vec<usize> = stderr
+                .lines()
+                .filter_map(|l| l.split(&format!("{c}:")).nth(1))
+                .filter_map(|rest| rest.split(':').next()?.parse().ok())
+                .collect();
+            assert!(!refused.is_empty(), "refused without a line: {stderr}");
+            let before = at_ends;
+            for line in refused {
+                if lines[line - 1] != defaults[line - 1] {
+                    lines[line - 1] = defaults[line - 1].to_string();
+                    at_ends -= 1;
+                }
+            }
+            if at_ends == before {
+                // A rule over several keys names one line (the memory
+                // bounds): take back every key its message names.
+                for word in stderr.split_whitespace() {
+                    let Some(key) = word.rsplit('.').next().filter(|k| k.contains('_')) else {
+                        continue;
+                    };
+                    let at: Vec<usize> = (0..lines.len())
+                        .filter(|&i| lines[i].starts_with(&format!("{key} = ")))
+                        .collect();
+                    if let [i] = at[..] {
+                        if lines[i] != defaults[i] {
+                            lines[i] = defaults[i].to_string();
+                            at_ends -= 1;
+                        }
+                    }
+                }
+            }
+            if at_ends == before {
+                // A rule whose message names one key of several (the
+                // detector's look-back against its windows): the section
+                // of each line named goes back to its defaults.
+                for line in stderr
+                    .lines()
+                    .filter_map(|l| l.split(&format!("{c}:")).nth(1))
+                    .filter_map(|rest| rest.split(':').next()?.parse::<usize>().ok())
+                {
+                    let start = (0..line).rev().find(|&i| lines[i].starts_with('['));
+                    let end = (line..lines.len())
+                        .find(|&i| lines[i].starts_with('['))
+                        .unwrap_or(lines.len());
+                    for i in start.unwrap_or(0)..end {
+                        if lines[i] != defaults[i] {
+                            lines[i] = defaults[i].to_string();
+                            at_ends -= 1;
+                        }
+                    }
+                }
+            }
+            assert!(at_ends < before, "nothing to take back: {stderr}");
+        }
+        assert!(at_ends > lines.len() - 12, "most keys stay at their ends");
+        let data = dir.path().join("data");
+        let agent = Agent::start(&["--config", c, "--data-dir", data.to_str().unwrap()]);
+        std::thread::sleep(Duration::from_secs(2));
+        let log = agent.log();
+        assert!(agent.stop(), "upper={upper}: not a clean stop:\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
+}
