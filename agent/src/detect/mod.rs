@@ -1252,6 +1252,20 @@ impl Detector {
             let suspects = self.rank(&key, since_second);
             if let Some(event) = self.open.get_mut(&key) {
                 if !suspects.is_empty() && event.start_second < window {
+                    // The event's row is written when it closes: say in the
+                    // log when the answer to "who" changes meanwhile.
+                    let (before, now) = (top_suspect(&event.suspects), top_suspect(&suspects));
+                    if before != now {
+                        tracing::info!(
+                            resource = key.resource.name(),
+                            victim = %key.victim,
+                            signal = key.signal,
+                            was = before,
+                            suspect = now,
+                            score = format!("{:.2}", suspects[0].score),
+                            "Noisy-neighbour event's top suspect changed."
+                        );
+                    }
                     event.suspects = suspects;
                 }
             }

@@ -294,9 +294,12 @@ fn load_canary(
 /// The first name in a `neighbor_events` row's `suspects` (`name score=…
 /// r=… effect=…; …`), `none` when it is empty.
 pub(super) fn first_suspect(suspects: &str) -> &str {
+    // `name score=.. r=.. effect=..; name ...`: a name may hold spaces
+    // (`unattributed: load outside any workload cgroup`), never " score=".
     suspects
-        .split(' ')
+        .split("; ")
         .next()
+        .and_then(|first| first.split(" score=").next())
         .filter(|s| !s.is_empty())
         .unwrap_or("none")
 }

@@ -396,6 +396,19 @@ fn load_outside_any_cgroup_is_unattributed_and_a_little_steal_accuses_no_one() {
 }
 
 #[test]
+fn the_first_suspect_of_a_row_keeps_a_name_with_spaces() {
+    let row = format!(
+        "{OUTSIDE_SUSPECT} score=0.61 r=0.78 effect=0.2000; /b score=0.10 r=0.40 effect=0.0100"
+    );
+    assert_eq!(replay::first_suspect(&row), OUTSIDE_SUSPECT);
+    assert_eq!(
+        replay::first_suspect("/hog score=0.90 r=0.95 effect=0.3000"),
+        "/hog"
+    );
+    assert_eq!(replay::first_suspect(""), "none");
+}
+
+#[test]
 fn stolen_time_names_the_hypervisor_not_a_neighbour() {
     let mut node = Node::new(config());
     let mut seed = 5;
