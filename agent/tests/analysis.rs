@@ -151,9 +151,9 @@ fn the_report_renders_every_plot_in_headless_chromium() {
         // utilisation, HBM, NVLink; jitter p99, unexplained, a distribution per
         // node; steal, pressure
         ("fleet", fleet.join("fleet"), 3 + 2 + 3 + 2 + 1),
-        // utilisation, HBM, NVLink; jitter quantiles, lost time, distribution;
-        // steal, pressure; the events' timeline
-        ("node", fleet.join("nodes/node_c"), 3 + 2 + 1 + 2 + 1),
+        // SM clock, temperature; utilisation, HBM, NVLink; jitter quantiles,
+        // lost time, distribution; steal, pressure; the events' timeline
+        ("node", fleet.join("nodes/node_c"), 2 + 3 + 2 + 1 + 2 + 1),
     ] {
         let html = dir.join(format!("report-{name}.html"));
         let failure = vtax(&[
@@ -166,8 +166,9 @@ fn the_report_renders_every_plot_in_headless_chromium() {
         assert!(failure.is_empty(), "vtax report: {failure}");
         let text = std::fs::read_to_string(&html).unwrap();
         // node_c's throttled GPUs open events (the detector runs in every
-        // agent of the fleet): the report puts them on a timeline.
-        assert!(!text.contains("No noisy-neighbour events recorded"));
+        // agent of the fleet): the report lists them as faults of the node,
+        // not as neighbours, and puts them on a timeline.
+        assert!(!text.contains("No faults recorded"));
         assert!(
             text.contains(r#"id="events-timeline""#),
             "the events' timeline"

@@ -1,9 +1,13 @@
 //! `vtax report`: one self-contained HTML file (inline CSS, SVG and a few lines
 //! of script, nothing fetched) for a time range of a node's store or of a fleet
-//! copy (`tables/<table>/node=<node>/date=.../`): the platform verdict, GPU
+//! copy (`tables/<table>/node=<node>/date=.../`): first the verdict, the
+//! measured tax and its top causes; then each GPU's health, the faults of
+//! the node and the noisy-neighbour events, the platform's evidence, GPU
 //! utilisation, HBM and NVLink against their peaks, jitter distributions and
-//! quantiles over time, steal and pressure, and noisy-neighbour events.
+//! quantiles over time, steal and pressure.
 
+mod headline;
+mod health;
 pub(crate) mod shape;
 mod svg;
 
@@ -17,6 +21,8 @@ use vtax_store::scan::{fleet_nodes, scan_dir, scan_fleet_node};
 use vtax_store::{Catalog, ScanRequest};
 
 use crate::timespec::{now_us, parse_time};
+use headline::{CauseKind, Taker, TAX_FIELDS};
+use health::GpuHealth;
 use shape::{Reduce, Rows};
 use svg::{escape, format_time, format_value, Line, Reference, Unit};
 
@@ -122,8 +128,24 @@ const READS: &[(&str, Option<&[&str]>)] = &[
             "nvlink_links_up",
             "nvlink_links_product",
             "nvlink_peak_bytes_per_second",
+            "sm_clock_hertz",
+            "sm_clock_max_hertz",
+            "clock_event_reasons",
+            "temperature_celsius",
+            "ecc_corrected_errors",
+            "ecc_uncorrected_errors",
+            "remapping_pending",
+            "remapping_failed",
+            "pcie_link_gen",
+            "pcie_link_gen_max",
+            "pcie_link_width",
+            "pcie_link_width_max",
+            "pcie_replays",
         ]),
     ),
+    ("gpu_health", Some(&["up", "last_xid"])),
+    ("gpu_event", Some(&["code"])),
+    ("tax", None),
     (
         "jitter",
         Some(&[
@@ -168,9 +190,19 @@ fn load(
     until_us: Option<i64>,
 ) -> Result<Vec<NodeData>> {
     let nodes = source.nodes();
-    let reads: Vec<_> = READS
+    // A table or field this build does not know is left out.
+    let reads: Vec<(&str, Option<Vec<String>>)> = READS
         .iter()
-        .filter(|(t, _)| catalog.get(t).is_some())
+        .filter_map(|(t, fields)| {
+            let def = catalog.get(t)?;
+            let fields = fields.map(|f| {
+                f.iter()
+                    .filter(|n| def.fields.iter().any(|d| d.name == **n))
+                    .map(|n| n.to_string())
+                    .collect()
+            });
+            Some((*t, fields))
+        })
         .collect();
     let progress = progress_bar((nodes.len() * reads.len()) as u64);
     let mut data = Vec::new();
@@ -182,7 +214,7 @@ fn load(
                 table: table.to_string(),
                 from_us,
                 until_us,
-                fields: fields.map(|f| f.iter().map(|s| s.to_string()).collect()),
+                fields: fields.clone(),
                 ..Default::default()
             };
             tables.insert(*table, source.scan(node, catalog, &request)?);
@@ -267,16 +299,37 @@ struct Page<'a> {
 struct NodeSummary {
     verdict: String,
     evidence: Vec<(String, String)>,
-    gpus: usize,
+    /// The detector's tax over the range, one per [`TAX_FIELDS`].
+    tax: Vec<headline::Figure>,
+    /// Every GPU the tables name, lost ones included.
+    health: Vec<GpuHealth>,
     utilization: Vec<(i64, f64)>,
     hbm_ratio: Vec<(i64, f64)>,
     nvlink_ratio: Vec<(i64, f64)>,
     steal_ratio: Vec<(i64, f64)>,
     histogram: shape::Histogram,
+    /// Faults of the node: the detector's events on signals where healthy
+    /// is zero (a link trained down, links missing, a clock held down).
+    faults: Vec<Event>,
+    /// Noisy-neighbour events: the others.
     events: Vec<Event>,
 }
 
-/// A noisy-neighbour event as the detector writes it.
+impl NodeSummary {
+    fn lost_gpus(&self) -> impl Iterator<Item = &GpuHealth> {
+        self.health.iter().filter(|g| g.lost_since.is_some())
+    }
+
+    /// `8`, or `8 (1 lost)`.
+    fn gpu_count(&self) -> String {
+        match self.lost_gpus().count() {
+            0 => self.health.len().to_string(),
+            lost => format!("{} ({lost} lost)", self.health.len()),
+        }
+    }
+}
+
+/// A noisy-neighbour event or a fault, as the detector writes it.
 #[derive(Clone, Debug, PartialEq)]
 struct Event {
     resource: String,
@@ -290,6 +343,22 @@ struct Event {
     score: Option<f64>,
     top_correlation: Option<f64>,
     effect_size: Option<f64>,
+}
+
+impl Event {
+    /// A fault of the node, not a neighbour: the detector judges its signal
+    /// against a fixed threshold where healthy is zero (a PCIe link trained
+    /// down, NVLink links missing, a clock held down, InfiniBand errors), so
+    /// no workload of the node is its suspect.
+    fn is_fault(&self) -> bool {
+        crate::detect::Resource::parse(&self.resource)
+            .and_then(|r| {
+                crate::detect::SPECS
+                    .iter()
+                    .find(|s| s.resource == r && s.signal == self.signal)
+            })
+            .is_some_and(|s| matches!(s.rule, crate::detect::Rule::Above { .. }))
+    }
 }
 
 /// Events of the detector's rows: each event once (its latest row), by start.
@@ -422,17 +491,15 @@ fn platform_verdict(
     (verdict, evidence)
 }
 
-/// Per GPU: `(time, a / b)` where both columns have values and b > 0.
+/// Per GPU: `(time, a / b)` where both have values and b > 0.
 fn ratio_by_gpu(
     gpu: &Rows,
-    numerator: &[&str],
+    numerator: impl Fn(usize) -> Option<f64>,
     denominator: impl Fn(usize) -> Option<f64>,
 ) -> BTreeMap<String, Vec<(i64, f64)>> {
-    let columns: Vec<_> = numerator.iter().map(|f| gpu.field(f)).collect();
     let mut out: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
     for (i, g) in gpu.tag("gpu").into_iter().enumerate() {
-        let sum: Option<f64> = columns.iter().map(|c| c[i]).sum();
-        if let (Some(n), Some(d)) = (sum, denominator(i)) {
+        if let (Some(n), Some(d)) = (numerator(i), denominator(i)) {
             if d > 0.0 && n.is_finite() {
                 out.entry(g.to_owned())
                     .or_default()
@@ -446,23 +513,41 @@ fn ratio_by_gpu(
     out
 }
 
+/// NVLink rx+tx of each `gpu` row; 0 where every link of the product is
+/// hidden or down (NVML then has no throughput to give): such a GPU has
+/// lost all of its NVLink, and leaving it out would hide it.
+fn nvlink_bytes(gpu: &Rows) -> Vec<Option<f64>> {
+    let (rx, tx) = (
+        gpu.field("nvlink_total_rx_bytes_per_second"),
+        gpu.field("nvlink_total_tx_bytes_per_second"),
+    );
+    let (up, product) = (
+        gpu.field("nvlink_links_up"),
+        gpu.field("nvlink_links_product"),
+    );
+    (0..gpu.len())
+        .map(|i| match (rx[i], tx[i]) {
+            (Some(r), Some(t)) if (r + t).is_finite() => Some(r + t),
+            _ if up[i] == Some(0.0) && product[i].is_some_and(|p| p > 0.0) => Some(0.0),
+            _ => None,
+        })
+        .collect()
+}
+
 fn summarize(node: &NodeData) -> NodeSummary {
     let gpu = node.rows("gpu");
     let gpu_info = node.rows("gpu_info");
     let (verdict, evidence) =
         platform_verdict(node.rows("platform_host"), node.rows("platform"), gpu_info);
     let utilization_by_gpu = gpu.series_by("gpu", "utilization_ratio");
-    let peak = gpu.field("hbm_peak_bytes_per_second");
-    let hbm = ratio_by_gpu(gpu, &["hbm_bytes_per_second"], |i| peak[i]);
-    let nvlink_peak = gpu.field("nvlink_peak_bytes_per_second");
-    let nvlink = ratio_by_gpu(
-        gpu,
-        &[
-            "nvlink_total_rx_bytes_per_second",
-            "nvlink_total_tx_bytes_per_second",
-        ],
-        |i| nvlink_peak[i],
+    let (hbm_bytes, peak) = (
+        gpu.field("hbm_bytes_per_second"),
+        gpu.field("hbm_peak_bytes_per_second"),
     );
+    let hbm = ratio_by_gpu(gpu, |i| hbm_bytes[i].filter(|v| v.is_finite()), |i| peak[i]);
+    let (nvlink_bytes, nvlink_peak) =
+        (nvlink_bytes(gpu), gpu.field("nvlink_peak_bytes_per_second"));
+    let nvlink = ratio_by_gpu(gpu, |i| nvlink_bytes[i], |i| nvlink_peak[i]);
     let cpu = node.rows("cpu");
     let steal_rates: Vec<Vec<(i64, f64)>> = cpu
         .series_by("cpu", "steal_seconds")
@@ -480,31 +565,53 @@ fn summarize(node: &NodeData) -> NodeSummary {
             counts[i].map(|c| (cpus[i].to_owned(), les[i].to_owned(), wakeup.time_us[i], c))
         })
         .collect();
+    let (faults, events): (Vec<Event>, Vec<Event>) = events(node.rows(EVENTS_TABLE))
+        .into_iter()
+        .partition(Event::is_fault);
     NodeSummary {
         verdict,
         evidence,
-        gpus: utilization_by_gpu.len().max(hbm.len()),
+        tax: headline::tax(node.rows("tax")),
+        health: health::gpu_health(
+            gpu,
+            gpu_info,
+            node.rows("gpu_health"),
+            node.rows("gpu_event"),
+        ),
         utilization: shape::mean_by_time(utilization_by_gpu.values()),
         hbm_ratio: shape::mean_by_time(hbm.values()),
         nvlink_ratio: shape::mean_by_time(nvlink.values()),
         steal_ratio: shape::mean_by_time(&steal_rates),
         histogram: shape::histogram_from_cumulative(&cumulative),
-        events: events(node.rows(EVENTS_TABLE)),
+        faults,
+        events,
     }
 }
 
 const CSS: &str = r#"
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1f;background:#f6f7f9}
 header{background:#1d2733;color:#fff;padding:18px 28px}header h1{margin:0 0 4px;font-size:22px}
-header p{margin:0;color:#c9d1db}main{padding:8px 28px 40px;max-width:1100px}
+header p{margin:0;color:#c9d1db}main{padding:8px 28px 40px;max-width:1240px}
 section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);margin:18px 0;padding:14px 20px}
 h2{font-size:18px;margin:4px 0 10px}h3{font-size:15px;margin:16px 0 4px}
-table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top;overflow-wrap:break-word}td.text{overflow-wrap:anywhere}
+table.wide{width:100%}table.wide td,table.wide th{padding:4px 6px;font-size:13px}
 th{font-weight:600;color:#444}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{font-weight:600}details{margin:8px 0}summary{cursor:pointer;padding:4px 0}.legend span{margin-right:14px;font-size:12px;white-space:nowrap}
 .legend i{display:inline-block;width:12px;height:3px;margin:0 5px 3px 0;vertical-align:middle}
-.note{color:#666;font-size:12px}.no-data,.no-events{color:#666;font-style:italic}
+.note{color:#666;font-size:12px}.no-data,.no-events,.no-faults{color:#666;font-style:italic}
 svg.plot{display:block;background:#fff;overflow:visible}svg text{fill:#333}
+#headline h2{font-size:20px}.who{margin:6px 0 10px;padding-left:20px}.who li{margin:2px 0}
+.tiles{display:flex;flex-wrap:wrap;gap:10px 18px}.group{flex:1 1 auto}.group h3{margin:6px 0}
+.group>div{display:flex;flex-wrap:wrap;gap:8px}
+.tile{border:1px solid #dde1e6;border-radius:6px;padding:5px 10px;min-width:92px}
+.tile .figure{display:block;font-size:21px;font-weight:600;font-variant-numeric:tabular-nums}
+.tile .what{display:block;font-size:12px;color:#333}.tile .note{display:block;font-size:11px}
+.tile.bad,td.bad{background:#fff3f2}.tile.bad{border-color:#d62728}.bad,.tile.bad .figure{color:#b3261e}
+.causes{padding-left:22px;margin:4px 0}.causes li{margin:3px 0}.causes .note{display:block}
+.kind{display:inline-block;font-size:11px;font-weight:600;border-radius:3px;padding:0 5px;margin-right:4px;color:#fff;background:#1f77b4}
+.kind.fault,.kind.lost{background:#d62728}.kind.hypervisor{background:#9467bd}
+tr.lost td{background:#fff3f2}
 "#;
 
 /// Marks each plot as rendered when the browser laid out at least one of its
@@ -522,6 +629,21 @@ const CHECK_SCRIPT: &str = r#"
   });
   document.body.setAttribute('data-plots', plots.length);
   document.body.setAttribute('data-plots-rendered', ok);
+  // Whatever sticks out of its section: wider than its box, or past the
+  // section's right edge.
+  var over=[];
+  document.querySelectorAll('section').forEach(function(s){
+    var edge=s.getBoundingClientRect().right+0.5;
+    s.querySelectorAll('*').forEach(function(e){
+      if(e.closest('svg')&&e.tagName.toLowerCase()!=='svg') return;
+      var r=e.getBoundingClientRect();
+      if(r.width===0&&r.height===0) return;
+      if(e.scrollWidth>e.clientWidth+1&&e.clientWidth>0||r.right>edge)
+        over.push(s.id+' '+e.tagName.toLowerCase()+(e.id?'#'+e.id:''));
+    });
+  });
+  document.body.setAttribute('data-overflowing', over.length);
+  document.body.setAttribute('data-overflowing-elements', over.slice(0,20).join(', '));
 })();
 "#;
 
@@ -537,9 +659,9 @@ fn node_lines(
         return names
             .iter()
             .zip(series)
-            .map(|(name, points)| Line {
-                label: name.to_string(),
-                points: shape::downsample(points, max_points, reduce),
+            .enumerate()
+            .map(|(i, (name, points))| {
+                Line::new(*name, shape::downsample(points, max_points, reduce), i)
             })
             .collect();
     }
@@ -550,11 +672,49 @@ fn node_lines(
         ("highest node", high),
     ]
     .into_iter()
-    .map(|(label, points)| Line {
-        label: label.into(),
-        points,
-    })
+    .enumerate()
+    .map(|(i, (label, points))| Line::new(label, points, i))
     .collect()
+}
+
+/// A line per GPU, coloured by its index so it keeps its colour from chart
+/// to chart, in index order; a GPU of `summary` without points (lost, or
+/// without this metric) keeps its legend entry, which says why.
+fn gpu_lines(
+    summary: &NodeSummary,
+    series: BTreeMap<String, Vec<(i64, f64)>>,
+    suffix: &dyn Fn(&GpuHealth) -> String,
+    max_points: usize,
+) -> Vec<Line> {
+    let mut series = series;
+    let mut lines: Vec<Line> = summary
+        .health
+        .iter()
+        .map(|g| {
+            let points = series.remove(&g.index).unwrap_or_default();
+            let why = match (&points.is_empty(), g.lost_since) {
+                (_, Some(since)) => format!(" (lost at {})", format_time(since, false)),
+                (true, None) => " (no samples)".into(),
+                (false, None) => suffix(g),
+            };
+            Line::new(
+                format!("GPU {}{why}", g.index),
+                shape::downsample(&points, max_points, Reduce::Mean),
+                g.number(),
+            )
+        })
+        .collect();
+    // A GPU only this table names.
+    for (g, points) in series {
+        let color = health::gpu_number(&g);
+        lines.push(Line::new(
+            format!("GPU {g}"),
+            shape::downsample(&points, max_points, Reduce::Mean),
+            color,
+        ));
+    }
+    lines.sort_by_key(|l| l.color);
+    lines
 }
 
 fn render(ctx: &Page, nodes: &[NodeData]) -> String {
@@ -608,12 +768,14 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         from,
         until,
     };
+    sections.headline(&mut h);
+    sections.gpu_health(&mut h);
+    sections.events(&mut h);
     sections.platform(&mut h);
     sections.gpus(&mut h);
     sections.jitter(&mut h);
     sections.host(&mut h);
-    sections.events(&mut h);
-    h.push_str("</section></main>");
+    h.push_str("</main>");
     let _ = writeln!(h, "<script>{CHECK_SCRIPT}</script></body></html>");
     h
 }
@@ -639,7 +801,7 @@ impl Sections<'_> {
     fn platform(&self, h: &mut String) {
         let (ctx, nodes, summaries, _) = self.parts();
         // Summary and verdicts.
-        h.push_str(r#"<section id="platform"><h2>Platform</h2><table><tr><th>node</th><th>verdict</th><th>GPUs</th><th>GPU busy</th><th>HBM of peak</th><th>NVLink of peak</th><th>wake-up p99</th><th>steal</th><th>events</th></tr>"#);
+        h.push_str(r#"<section id="platform"><h2>Platform</h2><table class="wide"><tr><th>node</th><th>verdict</th><th>GPUs</th><th>GPU busy</th><th>HBM of peak</th><th>NVLink of peak</th><th>wake-up p99</th><th>steal</th><th>faults</th><th>events</th></tr>"#);
         for (node, s) in nodes.iter().zip(summaries.iter()) {
             let pct = |p: &[(i64, f64)]| {
                 shape::mean(p).map_or("–".into(), |v| format_value(v, Unit::Ratio))
@@ -648,14 +810,15 @@ impl Sections<'_> {
                 .map_or("–".into(), |v| format_value(v, Unit::Seconds));
             let _ = write!(
                 h,
-                r#"<tr><td>{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
+                r#"<tr><td>{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
                 escape(&node.name),
                 escape(&s.verdict),
-                s.gpus,
+                s.gpu_count(),
                 pct(&s.utilization),
                 pct(&s.hbm_ratio),
                 pct(&s.nvlink_ratio),
                 pct(&s.steal_ratio),
+                s.faults.len(),
                 s.events.len(),
             );
         }
@@ -680,7 +843,6 @@ impl Sections<'_> {
     /// Utilisation, HBM and NVLink against peak: per GPU on a node, per node on a fleet.
     fn gpus(&self, h: &mut String) {
         let (ctx, nodes, summaries, names) = self.parts();
-        let down = |p: &[(i64, f64)], r| shape::downsample(p, ctx.max_points, r);
         // GPUs.
         h.push_str(r#"<section id="gpus"><h2>GPUs</h2>"#);
         if ctx.fleet {
@@ -717,24 +879,26 @@ impl Sections<'_> {
                     svg::line_chart(id, &lines, Unit::Ratio, Some(1.0), &[])
                 );
             }
-        } else if let Some(node) = nodes.first() {
+        } else if let (Some(node), Some(summary)) = (nodes.first(), summaries.first()) {
             let gpu = node.rows("gpu");
-            let lines_of = |series: BTreeMap<String, Vec<(i64, f64)>>| -> Vec<Line> {
-                series
-                    .into_iter()
-                    .map(|(g, p)| Line {
-                        label: format!("GPU {g}"),
-                        points: down(&p, Reduce::Mean),
-                    })
-                    .collect()
-            };
-            let util = lines_of(gpu.series_by("gpu", "utilization_ratio"));
+            h.push_str(r#"<p class="note">A GPU keeps its colour in every chart. A lost GPU has no samples after it went: its legend entry says so.</p>"#);
+            let hbm = gpu_lines(
+                summary,
+                gpu.series_by("gpu", "hbm_bytes_per_second"),
+                &|_| String::new(),
+                ctx.max_points,
+            );
+            let util = gpu_lines(
+                summary,
+                gpu.series_by("gpu", "utilization_ratio"),
+                &|_| String::new(),
+                ctx.max_points,
+            );
             let _ = write!(
                 h,
                 "<h3>Utilisation (kernel running)</h3>{}",
                 svg::line_chart("gpu-utilization", &util, Unit::Ratio, Some(1.0), &[])
             );
-            let hbm = lines_of(gpu.series_by("gpu", "hbm_bytes_per_second"));
             let peak = gpu
                 .field("hbm_peak_bytes_per_second")
                 .into_iter()
@@ -752,17 +916,14 @@ impl Sections<'_> {
                 "<h3>HBM bandwidth against peak</h3>{}",
                 svg::line_chart("gpu-hbm", &hbm, Unit::BytesPerSecond, None, &peaks)
             );
-            let (rx, tx) = (
-                gpu.field("nvlink_total_rx_bytes_per_second"),
-                gpu.field("nvlink_total_tx_bytes_per_second"),
-            );
+            let bytes = nvlink_bytes(gpu);
             let mut nvlink: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
             for (i, g) in gpu.tag("gpu").into_iter().enumerate() {
-                if let (Some(r), Some(t)) = (rx[i], tx[i]) {
+                if let Some(b) = bytes[i] {
                     nvlink
                         .entry(g.to_owned())
                         .or_default()
-                        .push((gpu.time_us[i], r + t));
+                        .push((gpu.time_us[i], b));
                 }
             }
             for v in nvlink.values_mut() {
@@ -785,12 +946,17 @@ impl Sections<'_> {
                 })
                 .into_iter()
                 .collect();
+            // A GPU with links missing says how many are up, in its label.
+            let missing = |g: &GpuHealth| match g.nvlink {
+                Some((up, product)) if up < product => format!(" ({up} of {product} links up)"),
+                _ => String::new(),
+            };
             let _ = write!(
                 h,
                 "<h3>NVLink rx+tx against peak</h3>{}",
                 svg::line_chart(
                     "gpu-nvlink",
-                    &lines_of(nvlink),
+                    &gpu_lines(summary, nvlink, &missing, ctx.max_points),
                     Unit::BytesPerSecond,
                     None,
                     &peaks
@@ -839,10 +1005,8 @@ impl Sections<'_> {
         } else if let Some(node) = nodes.first() {
             let lines: Vec<Line> = quantile_fields
                 .iter()
-                .map(|(label, field)| Line {
-                    label: label.to_string(),
-                    points: worst_over_cpus(node, field),
-                })
+                .enumerate()
+                .map(|(i, (label, field))| Line::new(*label, worst_over_cpus(node, field), i))
                 .collect();
             let _ = write!(
                 h,
@@ -873,10 +1037,8 @@ impl Sections<'_> {
                 ("unexplained", "unexplained_ratio"),
             ]
             .iter()
-            .map(|(label, field)| Line {
-                label: label.to_string(),
-                points: down(&lost(node, field), Reduce::Mean),
-            })
+            .enumerate()
+            .map(|(i, (label, field))| Line::new(*label, down(&lost(node, field), Reduce::Mean), i))
             .collect();
             let _ = write!(
                 h,
@@ -886,7 +1048,8 @@ impl Sections<'_> {
         }
         h.push_str(r#"<h3>Wake-up latency distribution over the range</h3><table><tr><th>node</th><th>wake-ups</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th></tr>"#);
         for (node, s) in nodes.iter().zip(summaries.iter()) {
-            let total: f64 = s.histogram.iter().map(|b| b.1).sum();
+            // Folded from +0: an empty sum of f64 is -0, which prints "-0".
+            let total: f64 = s.histogram.iter().fold(0.0, |sum, b| sum + b.1);
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td class=\"num\">{total:.0}</td>",
@@ -970,7 +1133,12 @@ impl Sections<'_> {
                 } else {
                     resource.clone()
                 };
-                pressure.push(Line { label, ..line });
+                let color = pressure.len();
+                pressure.push(Line {
+                    label,
+                    color,
+                    ..line
+                });
             }
         }
         let _ = write!(
@@ -981,18 +1149,332 @@ impl Sections<'_> {
         h.push_str("</section>");
     }
 
-    /// Noisy-neighbour events on a timeline and in a table.
+    /// The first screen: the verdict, the tax as figures grouped by who
+    /// takes it, and the top causes with their evidence.
+    fn headline(&self, h: &mut String) {
+        let (ctx, nodes, summaries, _) = self.parts();
+        h.push_str(r#"<section id="headline">"#);
+        let mut causes = Vec::new();
+        if let (false, Some(s)) = (ctx.fleet, summaries.first()) {
+            let _ = write!(
+                h,
+                r#"<h2>Verdict: <span class="verdict">{}</span></h2>"#,
+                escape(&s.verdict)
+            );
+            h.push_str(r#"<ul class="who">"#);
+            for (who, what) in who_takes(s) {
+                let _ = write!(h, "<li><b>{who}</b>: {}</li>", escape(&what));
+            }
+            h.push_str(r#"</ul><div class="tiles">"#);
+            for taker in Taker::ALL {
+                let _ = write!(h, r#"<div class="group"><h3>{}</h3><div>"#, taker.title());
+                for (field, figure) in TAX_FIELDS.iter().zip(&s.tax) {
+                    if field.taker != taker {
+                        continue;
+                    }
+                    tile(
+                        h,
+                        field.field,
+                        &figure.text(field),
+                        field.label,
+                        &figure.note(field),
+                        field.help,
+                        figure.is_bad(field),
+                    );
+                }
+                if taker == Taker::Hardware && !s.health.is_empty() {
+                    let lost: Vec<&GpuHealth> = s.lost_gpus().collect();
+                    let note = lost
+                        .iter()
+                        .map(|g| format!("GPU {}", g.index))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    tile(
+                        h,
+                        "gpus_lost",
+                        &format!("{} of {}", lost.len(), s.health.len()),
+                        "GPUs lost",
+                        if lost.is_empty() { "all answering" } else { &note },
+                        "GPUs that stopped answering (fell off the bus): their latest health row says so.",
+                        !lost.is_empty(),
+                    );
+                }
+                h.push_str("</div></div>");
+            }
+            h.push_str("</div>");
+            causes = headline::causes(None, &s.health, &s.faults, &s.events);
+        } else {
+            let _ = write!(
+                h,
+                r#"<h2>Verdicts and tax</h2><p class="note">Per node over the range: the detector's verdict and its tax windows (means; wake-up p99 the median window).</p><table class="wide tax"><tr><th>node</th><th>verdict</th>"#
+            );
+            for field in TAX_FIELDS {
+                let _ = write!(
+                    h,
+                    r#"<th title="{}">{}</th>"#,
+                    escape(field.help),
+                    field.label
+                );
+            }
+            h.push_str("<th>GPUs</th></tr>");
+            for (node, s) in nodes.iter().zip(summaries) {
+                let _ = write!(
+                    h,
+                    r#"<tr><td>{}</td><td class="verdict-cell">{}</td>"#,
+                    escape(&node.name),
+                    escape(&s.verdict)
+                );
+                for (field, figure) in TAX_FIELDS.iter().zip(&s.tax) {
+                    let _ = write!(
+                        h,
+                        r#"<td class="num{}" data-tax="{}">{}</td>"#,
+                        if figure.is_bad(field) { " bad" } else { "" },
+                        field.field,
+                        figure.text(field)
+                    );
+                }
+                let lost = s.lost_gpus().count() > 0;
+                let _ = write!(
+                    h,
+                    r#"<td class="num{}">{}</td></tr>"#,
+                    if lost { " bad" } else { "" },
+                    s.gpu_count()
+                );
+                causes.extend(headline::causes(
+                    Some(&node.name),
+                    &s.health,
+                    &s.faults,
+                    &s.events,
+                ));
+            }
+            h.push_str("</table>");
+            headline::sort_causes(&mut causes);
+        }
+        h.push_str("<h3>Top causes</h3>");
+        if causes.is_empty() {
+            h.push_str(r#"<p class="no-events">No fault, lost GPU or noisy-neighbour event in this range.</p>"#);
+        } else {
+            h.push_str(r#"<ol class="causes">"#);
+            for c in causes.iter().take(TOP_CAUSES) {
+                let class = match c.kind {
+                    CauseKind::Lost => "lost",
+                    CauseKind::Fault => "fault",
+                    CauseKind::Hypervisor => "hypervisor",
+                    CauseKind::Neighbour => "neighbour",
+                };
+                let _ = write!(
+                    h,
+                    r#"<li class="cause"><span class="kind {class}">{}</span><b>{}</b>{}<span class="note">{}</span></li>"#,
+                    c.kind.name(),
+                    escape(&c.title),
+                    if c.open { "" } else { " (closed)" },
+                    escape(&c.evidence)
+                );
+            }
+            h.push_str("</ol>");
+            if causes.len() > TOP_CAUSES {
+                let _ = write!(
+                    h,
+                    r##"<p class="note">{} more below, under <a href="#events">faults and events</a>.</p>"##,
+                    causes.len() - TOP_CAUSES
+                );
+            }
+        }
+        h.push_str("</section>");
+    }
+
+    /// Each GPU's health: answering or lost, XIDs, ECC, clocks, temperature,
+    /// PCIe and NVLink; on a node, its clocks and temperature over time.
+    fn gpu_health(&self, h: &mut String) {
+        let (ctx, nodes, summaries, _) = self.parts();
+        if summaries.iter().all(|s| s.health.is_empty()) {
+            return;
+        }
+        h.push_str(r#"<section id="gpu-health"><h2>GPU health</h2>"#);
+        if ctx.fleet {
+            h.push_str(
+                r#"<p class="note">GPUs with anything to look at; the others are healthy.</p>"#,
+            );
+        }
+        h.push_str(r#"<table class="wide health"><tr>"#);
+        if ctx.fleet {
+            h.push_str("<th>node</th>");
+        }
+        h.push_str("<th>GPU</th><th>state</th><th>XID</th><th>ECC corrected / uncorrected</th><th>SM clock of max</th><th>temperature</th><th>PCIe link</th><th>NVLink links up</th></tr>");
+        let mut healthy = 0;
+        for (node, s) in nodes.iter().zip(summaries) {
+            for g in &s.health {
+                if ctx.fleet && !g.troubled() {
+                    healthy += 1;
+                    continue;
+                }
+                health_row(h, ctx.fleet.then_some(node.name.as_str()), g);
+            }
+        }
+        h.push_str("</table>");
+        if healthy > 0 {
+            let _ = write!(h, r#"<p class="note">{healthy} other GPUs healthy.</p>"#);
+        }
+        if let (false, Some(node), Some(summary)) = (ctx.fleet, nodes.first(), summaries.first()) {
+            let gpu = node.rows("gpu");
+            let (clock, max) = (gpu.field("sm_clock_hertz"), gpu.field("sm_clock_max_hertz"));
+            let mut clocks: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+            for (i, g) in gpu.tag("gpu").into_iter().enumerate() {
+                if let (Some(c), Some(m)) = (clock[i], max[i]) {
+                    if m > 0.0 {
+                        clocks
+                            .entry(g.to_owned())
+                            .or_default()
+                            .push((gpu.time_us[i], c / m));
+                    }
+                }
+            }
+            for v in clocks.values_mut() {
+                v.sort_by_key(|p| p.0);
+            }
+            let reasons = |g: &GpuHealth| {
+                if g.slowdowns.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", g.slowdowns.join(", "))
+                }
+            };
+            let _ = write!(
+                h,
+                "<h3>SM clock against its maximum</h3>{}",
+                svg::line_chart(
+                    "gpu-clock",
+                    &gpu_lines(summary, clocks, &reasons, ctx.max_points),
+                    Unit::Ratio,
+                    Some(1.0),
+                    &[]
+                )
+            );
+            let temperature = gpu_lines(
+                summary,
+                gpu.series_by("gpu", "temperature_celsius"),
+                &|_| String::new(),
+                ctx.max_points,
+            );
+            let _ = write!(
+                h,
+                "<h3>Temperature</h3>{}",
+                svg::line_chart("gpu-temperature", &temperature, Unit::Celsius, None, &[])
+            );
+        }
+        h.push_str("</section>");
+    }
+
+    /// Faults of the node and noisy-neighbour events, on one timeline with
+    /// a legend, then a table each.
     fn events(&self, h: &mut String) {
         let (ctx, nodes, summaries, _) = self.parts();
         let (from, until) = (self.from, self.until);
-        // Noisy neighbours.
-        h.push_str(r#"<section id="events"><h2>Noisy-neighbour events</h2>"#);
-        let all_events: Vec<(&str, &Event)> = nodes
-            .iter()
-            .zip(summaries.iter())
-            .flat_map(|(n, s)| s.events.iter().map(move |e| (n.name.as_str(), e)))
-            .collect();
-        if all_events.is_empty() {
+        h.push_str(r#"<section id="events"><h2>Faults and noisy-neighbour events</h2>"#);
+        let tagged = |pick: fn(&NodeSummary) -> &Vec<Event>| -> Vec<(&str, &Event)> {
+            nodes
+                .iter()
+                .zip(summaries.iter())
+                .flat_map(|(n, s)| pick(s).iter().map(move |e| (n.name.as_str(), e)))
+                .collect()
+        };
+        let faults = tagged(|s| &s.faults);
+        let events = tagged(|s| &s.events);
+        // Kinds of span, with their colours: the legend under the timeline.
+        const KINDS: [(&str, &str); 4] = [
+            ("fault, open", "#d62728"),
+            ("fault, closed", "#f4a6a6"),
+            ("neighbour event, open", "#1f77b4"),
+            ("neighbour event, closed", "#a6c8e6"),
+        ];
+        let mut lanes: Vec<String> = Vec::new();
+        let mut spans = Vec::new();
+        for (fault, list) in [(true, &faults), (false, &events)] {
+            for (node, e) in list {
+                let place = headline::place(&e.resource, &e.victim);
+                let lane_name = if ctx.fleet {
+                    format!("{node} · {place}")
+                } else {
+                    place
+                };
+                let lane = lanes
+                    .iter()
+                    .position(|l| *l == lane_name)
+                    .unwrap_or_else(|| {
+                        lanes.push(lane_name);
+                        lanes.len() - 1
+                    });
+                let kind = usize::from(!fault) * 2 + usize::from(e.state != "open");
+                spans.push(svg::Span {
+                    lane,
+                    start_us: e.start_us,
+                    end_us: e.end_us.unwrap_or(until),
+                    label: format!(
+                        "{}: {} on {} ({}){}, score {}",
+                        KINDS[kind].0,
+                        headline::signal_words(&e.signal),
+                        e.victim,
+                        e.resource,
+                        if fault {
+                            String::new()
+                        } else {
+                            format!(", suspects {}", e.suspects)
+                        },
+                        e.score.map_or("–".into(), |s| format!("{s:.2}"))
+                    ),
+                    kind,
+                });
+            }
+        }
+        if !spans.is_empty() {
+            let t0 = from.min(spans.iter().map(|s| s.start_us).min().unwrap_or(from));
+            let _ = write!(
+                h,
+                "{}",
+                svg::timeline("events-timeline", &lanes, &spans, &KINDS, t0, until)
+            );
+        }
+        let node_th = if ctx.fleet { "<th>node</th>" } else { "" };
+        let node_td = |node: &str| {
+            if ctx.fleet {
+                format!("<td>{}</td>", escape(node))
+            } else {
+                String::new()
+            }
+        };
+        let num = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
+        let when = |e: &Event| {
+            format!(
+                "{} – {}",
+                format_time(e.start_us, true),
+                e.end_us.map_or("open".into(), |t| format_time(t, false))
+            )
+        };
+        h.push_str(r#"<h3>Faults of the node</h3><p class="note">Hardware and platform faults: a link trained down, NVLink links missing, a clock held down, port errors. No workload is their suspect.</p>"#);
+        if faults.is_empty() {
+            h.push_str(r#"<p class="no-faults">No faults recorded.</p>"#);
+        } else {
+            let _ = write!(
+                h,
+                r#"<table class="wide"><tr>{node_th}<th>when (UTC)</th><th>where</th><th>what</th><th>score</th><th>evidence</th></tr>"#
+            );
+            for (node, e) in &faults {
+                let _ = write!(
+                    h,
+                    r#"<tr class="fault">{}<td>{}</td><td>{}</td><td>{}<br><code>{}</code></td><td class="num">{}</td><td class="text">{}</td></tr>"#,
+                    node_td(node),
+                    when(e),
+                    escape(&headline::place(&e.resource, &e.victim)),
+                    escape(headline::signal_words(&e.signal)),
+                    escape(&e.signal),
+                    num(e.score),
+                    escape(&e.evidence),
+                );
+            }
+            h.push_str("</table>");
+        }
+        h.push_str("<h3>Noisy-neighbour events</h3>");
+        if events.is_empty() {
             let why = if ctx.events_known {
                 ""
             } else {
@@ -1003,62 +1485,239 @@ impl Sections<'_> {
                 r#"<p class="no-events">No noisy-neighbour events recorded{why}.</p>"#
             );
         } else {
-            let mut lanes: Vec<String> = Vec::new();
-            let mut spans = Vec::new();
-            for (node, e) in &all_events {
-                let lane_name = format!("{node} · {} · {}", e.resource, e.victim);
-                let lane = lanes
-                    .iter()
-                    .position(|l| *l == lane_name)
-                    .unwrap_or_else(|| {
-                        lanes.push(lane_name);
-                        lanes.len() - 1
-                    });
-                spans.push(svg::Span {
-                    lane,
-                    start_us: e.start_us,
-                    end_us: e.end_us.unwrap_or(until),
-                    label: format!(
-                        "{}: {} on {} ({}), suspects {}, score {}",
-                        e.state,
-                        e.signal,
-                        e.victim,
-                        e.resource,
-                        e.suspects,
-                        e.score.map_or("–".into(), |s| format!("{s:.2}"))
-                    ),
-                    color: if e.state == "open" { 1 } else { 0 },
-                });
-            }
-            let t0 = from.min(spans.iter().map(|s| s.start_us).min().unwrap_or(from));
             let _ = write!(
                 h,
-                "{}",
-                svg::timeline("events-timeline", &lanes, &spans, t0, until)
+                r#"<table class="wide"><tr>{node_th}<th>when (UTC)</th><th>where</th><th>signal</th><th>suspects</th><th>score · r · effect</th><th>evidence</th></tr>"#
             );
-            h.push_str("<table><tr><th>node</th><th>start</th><th>end</th><th>resource</th><th>victim</th><th>signal</th><th>suspects</th><th>score</th><th>top correlation</th><th>effect size</th><th>state</th><th>evidence</th></tr>");
-            let num = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
-            for (node, e) in &all_events {
+            for (node, e) in &events {
+                let suspects = if e.suspects.is_empty() {
+                    "none correlates".to_string()
+                } else {
+                    e.suspects
+                        .split("; ")
+                        .map(escape)
+                        .collect::<Vec<_>>()
+                        .join("<br>")
+                };
                 let _ = write!(
                     h,
-                    r#"<tr class="event"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td><td>{}</td></tr>"#,
-                    escape(node),
-                    format_time(e.start_us, true),
-                    e.end_us.map_or("open".into(), |t| format_time(t, true)),
-                    escape(&e.resource),
-                    escape(&e.victim),
+                    r#"<tr class="event">{}<td>{}</td><td>{}</td><td>{}</td><td class="text">{suspects}</td><td class="num">{} · {} · {}</td><td class="text">{}</td></tr>"#,
+                    node_td(node),
+                    when(e),
+                    escape(&headline::place(&e.resource, &e.victim)),
                     escape(&e.signal),
-                    escape(&e.suspects),
                     num(e.score),
                     num(e.top_correlation),
                     num(e.effect_size),
-                    escape(&e.state),
                     escape(&e.evidence),
                 );
             }
             h.push_str("</table>");
         }
+        h.push_str("</section>");
     }
+}
+
+/// Causes the headline lists; the rest are in the events section.
+const TOP_CAUSES: usize = 5;
+
+/// One figure of the headline.
+fn tile(h: &mut String, id: &str, figure: &str, what: &str, note: &str, help: &str, bad: bool) {
+    let _ = write!(
+        h,
+        r#"<div class="tile{}" data-tax="{id}" title="{}"><span class="figure">{}</span><span class="what">{}</span><span class="note">{}</span></div>"#,
+        if bad { " bad" } else { "" },
+        escape(help),
+        escape(figure),
+        escape(what),
+        escape(note),
+    );
+}
+
+/// Who takes the difference, in a line each: the hypervisor, the hardware,
+/// the neighbours.
+fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
+    let figure = |name: &str| {
+        TAX_FIELDS
+            .iter()
+            .position(|f| f.field == name)
+            .map(|i| (&TAX_FIELDS[i], s.tax[i]))
+    };
+    let text = |name: &str| figure(name).map_or("–".into(), |(f, v)| v.text(f));
+    let bad = |name: &str| figure(name).is_some_and(|(f, v)| v.is_bad(f));
+    let mut out = Vec::new();
+    let hypervisor = if s.tax.iter().all(|f| f.windows == 0) {
+        "no detector windows in this range (was the detector off?)".to_string()
+    } else if bad("steal_ratio") || bad("unexplained_ratio") {
+        format!(
+            "{} of CPU time stolen, {} of the probe's time lost where the guest cannot see why",
+            text("steal_ratio"),
+            text("unexplained_ratio")
+        )
+    } else {
+        format!(
+            "nothing material (steal {}, unexplained {})",
+            text("steal_ratio"),
+            text("unexplained_ratio")
+        )
+    };
+    out.push(("The hypervisor", hypervisor));
+    let mut hardware = Vec::new();
+    let lost: Vec<String> = s.lost_gpus().map(|g| format!("GPU {}", g.index)).collect();
+    if !lost.is_empty() {
+        hardware.push(format!("{} lost", lost.join(", ")));
+    }
+    for (field, what) in [
+        ("nvlink_links_missing_ratio", "of NVLink links missing"),
+        (
+            "pcie_bandwidth_loss_ratio",
+            "of PCIe bandwidth lost on the worst busy GPU",
+        ),
+        (
+            "gpu_clock_throttle_ratio",
+            "of SM clock throttled on the worst GPU",
+        ),
+    ] {
+        if bad(field) {
+            hardware.push(format!("{} {what}", text(field)));
+        }
+    }
+    out.push((
+        "The hardware",
+        if hardware.is_empty() {
+            "nothing lost".to_string()
+        } else {
+            hardware.join("; ")
+        },
+    ));
+    let neighbours = match s.events.len() {
+        0 => "no noisy-neighbour events".to_string(),
+        n => {
+            let open = s.events.iter().filter(|e| e.state == "open").count();
+            let mut suspects: Vec<&str> = s
+                .events
+                .iter()
+                .filter_map(|e| headline::first_suspect(&e.suspects))
+                .collect();
+            suspects.sort();
+            suspects.dedup();
+            format!(
+                "{n} events ({open} open){}",
+                if suspects.is_empty() {
+                    String::new()
+                } else {
+                    format!(", suspects {}", suspects.join(", "))
+                }
+            )
+        }
+    };
+    out.push(("Neighbours", neighbours));
+    out
+}
+
+/// A row of the GPU health table.
+fn health_row(h: &mut String, node: Option<&str>, g: &GpuHealth) {
+    let cell = |bad: bool, text: String| {
+        format!(
+            "<td{}>{text}</td>",
+            if bad { r#" class="bad""# } else { "" }
+        )
+    };
+    let lost = g.lost_since.is_some();
+    let _ = write!(
+        h,
+        r#"<tr class="gpu{}" data-gpu="{}" data-state="{}">"#,
+        if lost { " lost" } else { "" },
+        escape(&g.index),
+        if lost { "lost" } else { "up" }
+    );
+    if let Some(node) = node {
+        let _ = write!(h, "<td>{}</td>", escape(node));
+    }
+    let _ = write!(
+        h,
+        r#"<td><b style="color:{}">GPU {}</b><br><span class="note">{}</span></td>"#,
+        svg::PALETTE[g.number() % svg::PALETTE.len()],
+        escape(&g.index),
+        escape(&g.bus_id)
+    );
+    h.push_str(&cell(
+        lost,
+        match g.lost_since {
+            Some(t) => format!("<b>lost</b> at {}", format_time(t, true)),
+            None => "up".into(),
+        },
+    ));
+    let xids = if g.xids.is_empty() {
+        g.last_xid
+            .map_or("none".into(), |x| format!("last {x} (before this range)"))
+    } else {
+        g.xids
+            .iter()
+            .map(|(code, n)| format!("{code} ×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    h.push_str(&cell(!g.xids.is_empty(), xids));
+    let counter = |c: Option<health::Counter>| {
+        c.map_or("–".into(), |c| {
+            if c.increase > 0.0 {
+                format!("{:.0} (+{:.0})", c.last, c.increase)
+            } else {
+                format!("{:.0}", c.last)
+            }
+        })
+    };
+    let mut ecc = format!(
+        "{} / {}",
+        counter(g.ecc_corrected),
+        counter(g.ecc_uncorrected)
+    );
+    if let Some(r) = g.remapping {
+        let _ = write!(ecc, "; row remapping {r}");
+    }
+    h.push_str(&cell(
+        g.ecc_uncorrected.is_some_and(|c| c.increase > 0.0) || g.remapping.is_some(),
+        ecc,
+    ));
+    let mut clock = g
+        .clock_ratio
+        .map_or("–".into(), |r| format_value(r, Unit::Ratio));
+    if !g.slowdowns.is_empty() {
+        let _ = write!(clock, "<br>{}", g.slowdowns.join(", "));
+    }
+    h.push_str(&cell(!g.slowdowns.is_empty(), clock));
+    h.push_str(&cell(
+        false,
+        g.temperature_max.map_or("–".into(), |t| {
+            format!("max {}", format_value(t, Unit::Celsius))
+        }),
+    ));
+    let pcie = g.pcie.map_or("–".into(), |p| {
+        let now = format!("Gen{} x{}", p.gen, p.width);
+        let max = format!("Gen{} x{}", p.gen_max, p.width_max);
+        let mut text = match (p.degraded(), p.under_load) {
+            (true, _) => format!("{now} of {max} under load"),
+            (false, true) => now,
+            (false, false) => format!("{now} of {max} (idle)"),
+        };
+        if let Some(r) = g.pcie_replays.filter(|r| r.increase > 0.0) {
+            let _ = write!(text, "<br>replays +{:.0}", r.increase);
+        }
+        text
+    });
+    h.push_str(&cell(g.pcie.is_some_and(|p| p.degraded()), pcie));
+    h.push_str(&cell(
+        g.nvlink_missing(),
+        g.nvlink.map_or("–".into(), |(up, product)| {
+            if up < product {
+                format!("{up} of {product}: hidden or down")
+            } else {
+                format!("{up} of {product}")
+            }
+        }),
+    ));
+    h.push_str("</tr>");
 }
 
 #[cfg(test)]

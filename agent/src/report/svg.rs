@@ -28,6 +28,8 @@ pub enum Unit {
     Seconds,
     /// A count.
     Count,
+    /// Degrees Celsius.
+    Celsius,
 }
 
 /// Formats a value in its unit, three significant digits or so.
@@ -48,6 +50,7 @@ pub fn format_value(v: f64, unit: Unit) -> String {
             }
         }
         Unit::Count => si(v, ""),
+        Unit::Celsius => format!("{} °C", trim(v)),
     }
 }
 
@@ -115,6 +118,20 @@ pub struct Line {
     pub label: String,
     /// `(time µs, value)` in time order.
     pub points: Vec<(i64, f64)>,
+    /// Index into [`PALETTE`]: a GPU's index, so each GPU keeps its colour
+    /// from chart to chart.
+    pub color: usize,
+}
+
+impl Line {
+    /// A line of `points` drawn in colour `color` of the palette.
+    pub fn new(label: impl Into<String>, points: Vec<(i64, f64)>, color: usize) -> Line {
+        Line {
+            label: label.into(),
+            points,
+            color,
+        }
+    }
 }
 
 /// A horizontal reference line, such as a peak.
@@ -127,7 +144,8 @@ pub struct Reference {
 }
 
 /// A time-series line chart: an `<svg class="plot">` and its legend. No lines
-/// with points gives a "no data" note instead, never an empty frame.
+/// with points gives a "no data" note instead, never an empty frame. A line
+/// without points still has its legend entry (a GPU that stopped answering).
 pub fn line_chart(
     id: &str,
     lines: &[Line],
@@ -146,10 +164,10 @@ pub fn line_chart(
         .map(|p| p.1)
         .chain(references.iter().map(|r| r.value))
         .fold(0.0f64, f64::max);
-    let y1 = y_max.unwrap_or_else(|| nice_ceiling(data_max));
+    let (y1, step) = nice_scale(y_max.unwrap_or(data_max));
     let (x, y) = scales(t0, t1, 0.0, y1);
     let mut svg = open_svg(id, "line", points);
-    axes(&mut svg, t0, t1, y1, unit);
+    axes(&mut svg, t0, t1, y1, step, unit);
     for r in references {
         let py = y(r.value);
         let _ = write!(
@@ -163,11 +181,11 @@ pub fn line_chart(
             escape(&r.label),
         );
     }
-    for (i, line) in lines.iter().enumerate() {
+    for line in lines {
         if line.points.is_empty() {
             continue;
         }
-        let color = PALETTE[i % PALETTE.len()];
+        let color = PALETTE[line.color % PALETTE.len()];
         let mut d = String::new();
         for (k, &(t, v)) in line.points.iter().enumerate() {
             let _ = write!(
@@ -199,7 +217,11 @@ pub fn line_chart(
         );
     }
     svg.push_str("</svg>");
-    svg.push_str(&legend(lines.iter().map(|l| l.label.as_str())));
+    svg.push_str(&legend(
+        lines
+            .iter()
+            .map(|l| (l.label.as_str(), PALETTE[l.color % PALETTE.len()])),
+    ));
     svg
 }
 
@@ -264,12 +286,25 @@ pub struct Span {
     pub end_us: i64,
     /// Tooltip text.
     pub label: String,
-    /// Colour index into [`PALETTE`].
-    pub color: usize,
+    /// Its kind: an index into the timeline's `kinds`, which give its colour.
+    pub kind: usize,
 }
 
-/// Spans on lanes against time: noisy-neighbour events.
-pub fn timeline(id: &str, lanes: &[String], spans: &[Span], t0: i64, t1: i64) -> String {
+/// Characters of a lane's name shown left of the spans; the whole name is
+/// its tooltip.
+const LANE_LABEL_CHARS: usize = 30;
+
+/// Spans on lanes against time: faults and noisy-neighbour events. `kinds`
+/// are `(label, colour)`, each span's colour its kind's, and the legend
+/// under the plot lists the kinds that occur.
+pub fn timeline(
+    id: &str,
+    lanes: &[String],
+    spans: &[Span],
+    kinds: &[(&str, &str)],
+    t0: i64,
+    t1: i64,
+) -> String {
     if spans.is_empty() {
         return no_data(id);
     }
@@ -284,11 +319,19 @@ pub fn timeline(id: &str, lanes: &[String], spans: &[Span], t0: i64, t1: i64) ->
         spans.len()
     );
     for (i, lane) in lanes.iter().enumerate() {
+        let shown: String = if lane.chars().count() > LANE_LABEL_CHARS {
+            let mut s: String = lane.chars().take(LANE_LABEL_CHARS - 1).collect();
+            s.push('…');
+            s
+        } else {
+            lane.clone()
+        };
         let _ = write!(
             svg,
-            r#"<text x="4" y="{:.1}" font-size="11">{}</text>"#,
+            r#"<text x="4" y="{:.1}" font-size="11"><title>{}</title>{}</text>"#,
             TOP + lane_h * i as f64 + 16.0,
-            escape(lane)
+            escape(lane),
+            escape(&shown)
         );
     }
     for s in spans {
@@ -299,7 +342,7 @@ pub fn timeline(id: &str, lanes: &[String], spans: &[Span], t0: i64, t1: i64) ->
             TOP + lane_h * s.lane as f64 + 4.0,
             (b - a).max(3.0),
             lane_h - 8.0,
-            PALETTE[s.color % PALETTE.len()],
+            kinds.get(s.kind).map_or("#7f7f7f", |k| k.1),
             escape(&s.label),
         );
     }
@@ -315,6 +358,13 @@ pub fn timeline(id: &str, lanes: &[String], spans: &[Span], t0: i64, t1: i64) ->
         );
     }
     svg.push_str("</svg>");
+    svg.push_str(&legend(
+        kinds
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| spans.iter().any(|s| s.kind == *k))
+            .map(|(_, &(label, color))| (label, color)),
+    ));
     svg
 }
 
@@ -334,8 +384,8 @@ fn scales(t0: i64, t1: i64, y0: f64, y1: f64) -> (impl Fn(i64) -> f64, impl Fn(f
     (x, y)
 }
 
-fn axes(svg: &mut String, t0: i64, t1: i64, y1: f64, unit: Unit) {
-    y_axis(svg, y1, unit);
+fn axes(svg: &mut String, t0: i64, t1: i64, y1: f64, step: f64, unit: Unit) {
+    y_axis(svg, y1, step, unit);
     let (x, _) = scales(t0, t1, 0.0, y1);
     let with_date = t1 - t0 > 86_400_000_000;
     for k in 0..=5 {
@@ -355,10 +405,11 @@ fn axes(svg: &mut String, t0: i64, t1: i64, y1: f64, unit: Unit) {
     }
 }
 
-/// A linear y axis from 0 to `y1`, five ticks.
-fn y_axis(svg: &mut String, y1: f64, unit: Unit) {
+/// A linear y axis from 0 to `y1`, a tick every `step`.
+fn y_axis(svg: &mut String, y1: f64, step: f64, unit: Unit) {
     let y = |v: f64| TOP + (HEIGHT - TOP - BOTTOM) * (1.0 - v / y1);
-    y_ticks(svg, (0..=4).map(|k| y1 * k as f64 / 4.0), y, unit);
+    let steps = (y1 / step).round() as usize;
+    y_ticks(svg, (0..=steps).map(|k| step * k as f64), y, unit);
 }
 
 /// Grid lines and labels at `values` (placed by `y`), and the axis line.
@@ -386,13 +437,13 @@ fn y_ticks(
     );
 }
 
-fn legend<'a>(labels: impl Iterator<Item = &'a str>) -> String {
+/// A legend of `(label, colour)` entries.
+fn legend<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut out = String::from(r#"<div class="legend">"#);
-    for (i, label) in labels.enumerate() {
+    for (label, color) in entries {
         let _ = write!(
             out,
-            r#"<span><i style="background:{}"></i>{}</span>"#,
-            PALETTE[i % PALETTE.len()],
+            r#"<span><i style="background:{color}"></i>{}</span>"#,
             escape(label)
         );
     }
@@ -400,18 +451,27 @@ fn legend<'a>(labels: impl Iterator<Item = &'a str>) -> String {
     out
 }
 
-/// A round number at or above `v` (1, 2 or 5 times a power of ten), so axis
-/// ticks land on readable values; 1 for nothing above zero.
-pub fn nice_ceiling(v: f64) -> f64 {
-    if v.is_nan() || v <= 0.0 || v.is_infinite() {
-        return 1.0;
+/// The top of an axis for values up to `max`, and its tick step: the step
+/// is 1, 2, 2.5 or 5 times a power of ten and the top at most five steps
+/// up, so every tick is a round value (20%, 40%, never 18.75%). Nothing
+/// above zero gives 0 to 1.
+pub fn nice_scale(max: f64) -> (f64, f64) {
+    let max = if max.is_finite() && max > 0.0 {
+        max
+    } else {
+        1.0
+    };
+    let magnitude = 10f64.powf((max / 5.0).log10().floor());
+    for m in [1.0, 2.0, 2.5, 5.0] {
+        let step = m * magnitude;
+        let steps = (max / step * (1.0 - 1e-9)).ceil().max(1.0);
+        if steps <= 5.0 {
+            return (step * steps, step);
+        }
     }
-    let magnitude = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0]
-        .into_iter()
-        .map(|m| m * magnitude)
-        .find(|&c| c >= v * 0.999_999)
-        .unwrap_or(10.0 * magnitude)
+    // max / 5 < 10 × magnitude: five steps of it or fewer reach max.
+    let step = 10.0 * magnitude;
+    ((max / step * (1.0 - 1e-9)).ceil().max(1.0) * step, step)
 }
 
 #[cfg(test)]
@@ -425,9 +485,10 @@ mod tests {
         assert_eq!(format_value(42e-6, Unit::Seconds), "42 µs");
         assert_eq!(format_value(0.0015, Unit::Seconds), "1.5 ms");
         assert_eq!(format_value(12.0, Unit::Count), "12");
-        assert_eq!(nice_ceiling(3.35e12), 5e12);
-        assert_eq!(nice_ceiling(0.93), 1.0);
-        assert_eq!(nice_ceiling(0.0), 1.0);
+        assert_eq!(nice_scale(3.35e12), (4e12, 1e12));
+        assert_eq!(nice_scale(0.93), (1.0, 0.2));
+        assert_eq!(nice_scale(0.0), (1.0, 0.2));
+        assert_eq!(format_value(71.5, Unit::Celsius), "71.5 °C");
         assert_eq!(format_time(1_763_719_200_000_000, false), "10:00:00");
     }
 
@@ -455,14 +516,8 @@ mod tests {
     #[test]
     fn a_chart_draws_a_path_per_line_and_escapes_labels() {
         let lines = [
-            Line {
-                label: "gpu <0>".into(),
-                points: vec![(0, 0.1), (1_000_000, 0.9)],
-            },
-            Line {
-                label: "one sample".into(),
-                points: vec![(500_000, 0.5)],
-            },
+            Line::new("gpu <0>", vec![(0, 0.1), (1_000_000, 0.9)], 0),
+            Line::new("one sample", vec![(500_000, 0.5)], 1),
         ];
         let svg = line_chart("c", &lines, Unit::Ratio, Some(1.0), &[]);
         assert_eq!(svg.matches(r#"class="series""#).count(), 2);
@@ -471,5 +526,71 @@ mod tests {
         assert!(svg.contains(r#"data-points="3""#));
         let empty = line_chart("e", &[], Unit::Ratio, None, &[]);
         assert!(empty.contains("no-data") && !empty.contains("<svg"));
+    }
+
+    /// The y tick labels of a chart, top to bottom as written.
+    fn y_tick_labels(svg: &str) -> Vec<String> {
+        svg.split(r#"text-anchor="end">"#)
+            .skip(1)
+            .map(|t| t[..t.find('<').unwrap()].to_string())
+            .filter(|t| !t.contains(':')) // the last time label
+            .collect()
+    }
+
+    #[test]
+    fn axis_ticks_land_on_round_values() {
+        // A top of 25% used to be cut in quarters: 6.25%, 12.5%, 18.75%.
+        let line = |v: f64| [Line::new("a", vec![(0, 0.0), (1_000_000, v)], 0)];
+        let labels = y_tick_labels(&line_chart("c", &line(0.25), Unit::Ratio, None, &[]));
+        assert_eq!(labels, ["0%", "5%", "10%", "15%", "20%", "25%"]);
+        let labels = y_tick_labels(&line_chart("c", &line(0.5), Unit::Ratio, Some(1.0), &[]));
+        assert_eq!(labels, ["0%", "20%", "40%", "60%", "80%", "100%"]);
+        for max in [
+            0.0007, 0.013, 0.19, 0.25, 0.37, 0.7, 3.35e12, 9.99e11, 123.0, 1.0,
+        ] {
+            let (top, step) = nice_scale(max);
+            assert!(
+                top >= max && top <= max + step * 1.000_001,
+                "{max}: {top} {step}"
+            );
+            let mantissa = step / 10f64.powf(step.log10().floor());
+            assert!(
+                [1.0, 2.0, 2.5, 5.0]
+                    .iter()
+                    .any(|m| (mantissa - m).abs() < 1e-9),
+                "{max}: step {step}"
+            );
+            assert!((top / step).round() <= 5.0, "{max}: {top} {step}");
+        }
+    }
+
+    #[test]
+    fn a_timeline_has_a_legend_of_the_kinds_it_shows() {
+        let span = |kind| Span {
+            lane: 0,
+            start_us: 0,
+            end_us: 1_000_000,
+            label: "x".into(),
+            kind,
+        };
+        let kinds = [
+            ("fault", "#d62728"),
+            ("neighbour", "#1f77b4"),
+            ("unused", "#000000"),
+        ];
+        let svg = timeline(
+            "t",
+            &["a lane".into()],
+            &[span(0), span(1)],
+            &kinds,
+            0,
+            2_000_000,
+        );
+        let legend = &svg[svg.find(r#"<div class="legend">"#).expect("a legend")..];
+        assert!(
+            legend.contains("#d62728\"></i>fault") && legend.contains("#1f77b4\"></i>neighbour")
+        );
+        assert!(!legend.contains("unused"), "only the kinds shown");
+        assert!(svg.contains(r##"fill="#d62728""##));
     }
 }

@@ -240,7 +240,8 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
         "{:?}",
         s.evidence
     );
-    assert_eq!(s.gpus, 2);
+    assert_eq!(s.health.len(), 2);
+    assert!(s.faults.is_empty(), "a neighbour's events are not faults");
     assert_eq!(shape::mean(&s.utilization), Some(0.75));
     assert_eq!(shape::mean(&s.hbm_ratio), Some(0.25));
     // 180 GB/s of 18 links × 50 GB/s.
@@ -417,8 +418,12 @@ fn a_large_fleet_plots_lowest_median_and_highest_node() {
     }
     // One distribution for the fleet, its counts the sum of the nodes'.
     assert!(html.contains("Distribution: all nodes") && !html.contains("jitter-distribution-1"));
-    // The summary table still has a row per node.
-    assert_eq!(html.matches(r#"class="verdict-cell""#).count(), 12);
+    // The headline's and the platform's tables still have a row per node.
+    let platform = &html[html.find(r#"<section id="platform""#).unwrap()..];
+    let platform = &platform[..platform.find("</section>").unwrap()];
+    assert_eq!(platform.matches(r#"class="verdict-cell""#).count(), 12);
+    let headline = &html[..html.find(r#"<section id="platform""#).unwrap()];
+    assert_eq!(headline.matches(r#"class="verdict-cell""#).count(), 12);
 }
 
 #[test]
@@ -432,4 +437,207 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     assert!(!html.contains("<svg"), "no plot without data");
     assert!(html.matches(r#"class="no-data""#).count() >= 6);
     assert!(html.contains("Unknown: no verdict rows in this range"));
+    // An empty sum of wake-ups printed as "-0".
+    assert!(
+        html.contains(r#"<td class="num">0</td>"#) && !html.contains(">-0<"),
+        "no negative zero"
+    );
+}
+
+/// Every scenario of the simulated backend, GPU i playing the i-th.
+const SCENARIOS: &[&str] = &[
+    "training",
+    "memory-bound",
+    "thermal-throttle",
+    "power-throttle",
+    "pcie-degraded",
+    "nvlink-hidden",
+    "xid",
+    "gpu-lost",
+    "mig",
+    "idle",
+];
+
+/// A node whose GPUs play every scenario for 40 s, through the real GPU
+/// collector and detector, as a running agent writes them.
+fn write_simulated_node(dir: &Path) {
+    use crate::collectors::{Availability, Collector};
+    let mut options = StoreOptions::new(dir);
+    options.node = "sim".into();
+    let mut store = Store::open(options, crate::catalog()).unwrap();
+    let config = crate::collectors::gpu::GpuConfig {
+        simulate_gpus: SCENARIOS.len() as u32,
+        simulate_scenarios: SCENARIOS.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let roots = crate::collectors::Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+        ..crate::collectors::Roots::default()
+    };
+    let mut gpu = crate::collectors::gpu::Gpu::new(&config, &roots);
+    assert!(matches!(gpu.probe(), Availability::Available(_)));
+    let mut detector = crate::detect::Detector::new(crate::detect::DetectConfig {
+        cache_canary: false,
+        ..Default::default()
+    });
+    for second in 0..40 {
+        for batch in gpu.collect(T0 + second * SECOND + 1_000).unwrap() {
+            detector.observe(&batch);
+            store.append(&batch).unwrap();
+        }
+        for batch in detector.tick(T0 + (second + 1) * SECOND + 300_000) {
+            store.append(&batch).unwrap();
+        }
+    }
+    store.close().unwrap();
+}
+
+/// The legend's `(colour, label)` entries of the chart `id`.
+fn legend_of(html: &str, id: &str) -> Vec<(String, String)> {
+    let chart = &html[html
+        .find(&format!(r#"id="{id}""#))
+        .unwrap_or_else(|| panic!("{id}"))..];
+    let legend = &chart[chart.find(r#"<div class="legend">"#).unwrap()..];
+    let legend = &legend[..legend.find("</div>").unwrap()];
+    legend
+        .split(r#"<i style="background:"#)
+        .skip(1)
+        .map(|e| {
+            let (color, rest) = e.split_once('"').unwrap();
+            let label = &rest[rest.find("</i>").unwrap() + 4..rest.find("</span>").unwrap()];
+            (color.to_string(), label.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_gpu_is_listed_the_lost_one_as_lost_and_faults_apart_from_neighbours() {
+    let dir = tempfile::tempdir().unwrap();
+    write_simulated_node(dir.path());
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    let s = summarize(&data[0]);
+
+    // The lost GPU (index 7) has no `gpu` rows after it went, yet is listed.
+    let indices: Vec<&str> = s.health.iter().map(|g| g.index.as_str()).collect();
+    assert_eq!(indices, ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]);
+    let lost: Vec<&str> = s.lost_gpus().map(|g| g.index.as_str()).collect();
+    assert_eq!(lost, ["7"]);
+    assert_eq!(s.health[7].last_xid, Some(79));
+    assert_eq!(s.gpu_count(), "10 (1 lost)");
+    // What each scenario shows.
+    assert_eq!(
+        s.health[2].slowdowns,
+        ["sw_thermal_slowdown", "hw_thermal_slowdown"]
+    );
+    assert!(
+        s.health[4].pcie.is_some_and(|p| p.degraded()),
+        "{:?}",
+        s.health[4].pcie
+    );
+    assert_eq!(s.health[5].nvlink, Some((0, 18)));
+    assert!(s.health[6].xids.contains_key(&31), "{:?}", s.health[6].xids);
+    assert!(!s.health[0].troubled(), "{:?}", s.health[0]);
+
+    // The throttles, the trained-down link and the hidden NVLink are faults
+    // of the node, not neighbours.
+    let signals = |events: &[Event]| -> Vec<(String, String)> {
+        events
+            .iter()
+            .map(|e| (e.victim.clone(), e.signal.clone()))
+            .collect()
+    };
+    let faults = signals(&s.faults);
+    for (victim, signal) in [
+        ("gpu2", "clock_throttle_ratio"),
+        ("gpu4", "pcie_bandwidth_loss_ratio"),
+        ("gpu5", "nvlink_links_missing_ratio"),
+    ] {
+        assert!(
+            faults.contains(&(victim.into(), signal.into())),
+            "{victim} {signal} in {faults:?}"
+        );
+    }
+    assert!(
+        s.events.iter().all(|e| !e.is_fault()),
+        "{:?}",
+        signals(&s.events)
+    );
+    // The tax as the detector measured it.
+    let figure = |field: &str| {
+        let i = TAX_FIELDS.iter().position(|f| f.field == field).unwrap();
+        s.tax[i].value
+    };
+    assert!(
+        figure("nvlink_links_missing_ratio").is_some_and(|v| v > 0.1),
+        "{:?}",
+        s.tax
+    );
+    assert!(
+        figure("pcie_bandwidth_loss_ratio").is_some_and(|v| v > 0.5),
+        "{:?}",
+        s.tax
+    );
+
+    let html = render(&context(dir.path(), false, true), &data);
+    // The headline: every figure, the lost GPU, the causes with it first.
+    let headline =
+        &html[html.find(r#"id="headline""#).unwrap()..html.find(r#"id="gpu-health""#).unwrap()];
+    for field in TAX_FIELDS {
+        assert!(
+            headline.contains(&format!(r#"data-tax="{}""#, field.field)),
+            "{}",
+            field.field
+        );
+    }
+    assert!(headline.contains("1 of 10") && headline.contains("GPUs lost"));
+    let causes = &headline[headline.find("Top causes").unwrap()..];
+    assert!(
+        causes.find("GPU 7: lost") < causes.find("GPU 5: NVLink links missing"),
+        "{causes}"
+    );
+    for gpu in 0..10 {
+        let state = if gpu == 7 { "lost" } else { "up" };
+        assert!(
+            html.contains(&format!(r#"data-gpu="{gpu}" data-state="{state}""#)),
+            "GPU {gpu}"
+        );
+    }
+    // The hidden NVLink's GPU is on the NVLink chart, at zero, saying why.
+    assert!(
+        html.contains("GPU 5 (0 of 18 links up): last 0 B/s"),
+        "the hidden GPU's NVLink line"
+    );
+    // Each GPU has its index's colour in every chart, the lost one included.
+    for id in [
+        "gpu-utilization",
+        "gpu-hbm",
+        "gpu-nvlink",
+        "gpu-clock",
+        "gpu-temperature",
+    ] {
+        let legend = legend_of(&html, id);
+        assert_eq!(legend.len(), 10, "{id}: {legend:?}");
+        for (color, label) in &legend {
+            let index: usize = label["GPU ".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(
+                color,
+                svg::PALETTE[index % svg::PALETTE.len()],
+                "{id}: {label}"
+            );
+        }
+        assert!(
+            legend.iter().any(|(_, l)| l.starts_with("GPU 7 (lost at ")),
+            "{id}: {legend:?}"
+        );
+    }
+    // The timeline's colours have a legend.
+    let legend = legend_of(&html, "events-timeline");
+    assert!(legend.iter().any(|(_, l)| l == "fault, open"), "{legend:?}");
 }
