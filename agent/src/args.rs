@@ -45,13 +45,25 @@ pub struct AgentArgs {
     #[arg(
         long = "simulate-gpu-scenarios",
         value_name = "LIST",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = scenario_names()
     )]
     pub simulate_gpu_scenarios: Option<Vec<String>>,
     /// `--collector.<name>` (true) and `--no-collector.<name>` (false), from the
     /// flags added by `add_collector_flags`.
     #[arg(skip)]
     pub collector_flags: Vec<(String, bool)>,
+}
+
+/// The simulator's scenarios as the flag's possible values, each with its
+/// line of help: `--help` lists them, and a misspelt one is refused with them.
+fn scenario_names() -> clap::builder::PossibleValuesParser {
+    use crate::collectors::gpu::sim::SCENARIOS;
+    SCENARIOS
+        .iter()
+        .map(|(name, scenario)| clap::builder::PossibleValue::new(*name).help(scenario.help()))
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// Adds `--collector.<name>` and `--no-collector.<name>` for every collector.

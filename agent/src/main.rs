@@ -253,6 +253,27 @@ mod tests {
         assert_eq!(error_chain(&plain), "query: no such table");
     }
 
+    /// `--help` of each command that simulates GPUs lists every scenario
+    /// with its line of help.
+    #[test]
+    fn help_lists_every_simulated_gpu_scenario() {
+        for name in AGENT_SUBCOMMANDS {
+            let help = Cli::command()
+                .find_subcommand_mut(name)
+                .expect("an agent subcommand")
+                .render_long_help()
+                .to_string();
+            for (scenario, what) in collectors::gpu::sim::SCENARIOS {
+                assert!(
+                    help.lines()
+                        .any(|l| l.trim_start().starts_with(&format!("- {scenario}:"))
+                            && l.ends_with(what.help())),
+                    "vtax {name} --help lacks {scenario}:\n{help}"
+                );
+            }
+        }
+    }
+
     /// `docs/metrics.md` is generated from the declarations; this catches drift.
     #[test]
     fn catalogue_matches_docs() {

@@ -89,6 +89,31 @@ fn simulated_gpus_are_served_stored_and_a_lost_one_stops_nothing() {
     );
 }
 
+/// `vtax run --help` lists every simulated scenario with a line of help.
+#[test]
+fn run_help_lists_the_simulated_scenarios() {
+    let help = common::vtax_stdout(["run", "--help"]);
+    for scenario in [
+        "idle",
+        "training",
+        "memory-bound",
+        "thermal-throttle",
+        "power-throttle",
+        "pcie-degraded",
+        "nvlink-hidden",
+        "xid",
+        "gpu-lost",
+        "mig",
+    ] {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("- {scenario}:"))
+                    && l.len() > scenario.len() + 20),
+            "{scenario} not listed with its help:\n{help}"
+        );
+    }
+}
+
 /// The value of each series of the metric `name` in a text exposition, by
 /// its labels as written (`{gpu="1",...}`).
 fn series_of(body: &str, name: &str) -> BTreeMap<String, String> {

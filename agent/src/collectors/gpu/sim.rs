@@ -57,28 +57,18 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const NVLINK_LINKS: u32 = 18;
 
-/// What a simulated GPU is doing.
+/// What a simulated GPU is doing; [`Scenario::help`] says what each one plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {
-    /// Nothing running: clocks down, the idle reason set.
     Idle,
-    /// A healthy training step loop: tensor-heavy, NVLink busy.
     Training,
-    /// Bandwidth-bound kernels: DRAM near its peak, SMs waiting.
     MemoryBound,
-    /// Too hot: thermal slowdown reasons set, SM clock held down.
     ThermalThrottle,
-    /// At the power cap: the power-cap reason set, SM clock held down.
     PowerThrottle,
-    /// The PCIe link trained down to Gen3 x8 under load, replays counting.
     PcieDegraded,
-    /// A VM with the GPU passed through and NVLink hidden: no link up.
     NvlinkHidden,
-    /// XID errors: 31 at the first tick, 13 every minute after.
     Xid,
-    /// Fell off the bus: XID 79 once, then no sample at all.
     Lost,
-    /// MIG on: three GPU instances with a process in each.
     Mig,
 }
 
@@ -97,6 +87,30 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
 ];
 
 impl Scenario {
+    /// What the scenario plays, in one line, for `--help`.
+    pub fn help(self) -> &'static str {
+        match self {
+            Scenario::Idle => "nothing running: clocks down, the idle reason set",
+            Scenario::Training => "a healthy training step loop: tensor-heavy, NVLink busy",
+            Scenario::MemoryBound => "bandwidth-bound kernels: HBM near its peak, SMs waiting",
+            Scenario::ThermalThrottle => {
+                "too hot: thermal slowdown reasons set, SM clock held down"
+            }
+            Scenario::PowerThrottle => {
+                "at the power cap: the power-cap reason set, SM clock held down"
+            }
+            Scenario::PcieDegraded => {
+                "the PCIe link trained down to Gen3 x8 under load, replays counting"
+            }
+            Scenario::NvlinkHidden => {
+                "a VM with the GPU passed through and NVLink hidden: no link up"
+            }
+            Scenario::Xid => "XID errors: 31 at the first tick, 13 every minute after",
+            Scenario::Lost => "fell off the bus: XID 79 once, then no sample at all",
+            Scenario::Mig => "MIG on: three GPU instances with a process in each",
+        }
+    }
+
     /// Parses a config name.
     pub fn parse(name: &str) -> Option<Scenario> {
         SCENARIOS.iter().find(|(k, _)| *k == name).map(|(_, s)| *s)
