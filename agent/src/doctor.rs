@@ -145,20 +145,27 @@ pub fn report(config: &Config, config_source: &str) -> String {
             }
         }
     }
-    if config.collectors.platform.enabled {
-        let _ = writeln!(out, "\nplatform:");
-        for line in crate::collectors::platform::doctor_lines(&roots) {
-            let _ = writeln!(out, "  {line}");
-        }
+    // One verdict, the host and its GPUs together; the evidence under it.
+    let verdict = facts.verdict();
+    let _ = writeln!(out, "\nplatform:");
+    let _ = writeln!(out, "  verdict: {}", verdict.sentence());
+    for line in verdict.explain() {
+        let _ = writeln!(out, "    {line}");
     }
-    if config.detect.enabled {
-        let _ = writeln!(out, "\nverdict:");
-        for line in facts.verdict().explain() {
-            let _ = writeln!(out, "  {line}");
+    if config.collectors.platform.enabled {
+        for line in crate::collectors::platform::doctor_lines(&roots) {
+            let _ = writeln!(out, "    {line}");
         }
+    } else {
         let _ = writeln!(
             out,
-            "  measured tax: {}",
+            "    the platform collector is off: the host is not known"
+        );
+    }
+    if config.detect.enabled {
+        let _ = writeln!(
+            out,
+            "    measured tax: {}",
             crate::detect::restore::last_tax(&config.data_dir())
         );
     }

@@ -904,29 +904,41 @@ fn hypervisor_display(label: &str) -> &str {
     }
 }
 
+/// The host in words, bare metal or a virtual machine and by what, from
+/// the `platform_host` labels: "KVM virtual machine (QEMU Standard PC)".
+pub fn host_words(virtualization: &str, hypervisor: &str, product: &str, cloud: &str) -> String {
+    let what = match virtualization {
+        "vm" => match hypervisor {
+            "unknown" | "other" => "virtual machine".to_string(),
+            h => format!("{} virtual machine", hypervisor_display(h)),
+        },
+        "none" => "bare metal".to_string(),
+        _ => "virtualization unknown".to_string(),
+    };
+    let mut detail = Vec::new();
+    if product != "unknown" {
+        detail.push(product);
+    }
+    if !matches!(cloud, "none" | "unknown") {
+        detail.push(cloud);
+    }
+    if detail.is_empty() {
+        what
+    } else {
+        format!("{what} ({})", detail.join(", "))
+    }
+}
+
 impl Facts {
-    /// The verdict in words: "KVM virtual machine (QEMU Standard PC)".
-    pub fn verdict(&self) -> String {
-        let what = match self.virtualization {
-            "vm" => match self.hypervisor.as_str() {
-                "unknown" | "other" => "virtual machine".to_string(),
-                h => format!("{} virtual machine", hypervisor_display(h)),
-            },
-            "none" => "bare metal".to_string(),
-            _ => "virtualization unknown".to_string(),
-        };
-        let mut detail = Vec::new();
-        if self.product != "unknown" {
-            detail.push(self.product.clone());
-        }
-        if !matches!(self.cloud, "none" | "unknown") {
-            detail.push(self.cloud.to_string());
-        }
-        if detail.is_empty() {
-            what
-        } else {
-            format!("{what} ({})", detail.join(", "))
-        }
+    /// The host in words: "KVM virtual machine (QEMU Standard PC)". The
+    /// platform verdict, with the GPUs, is `detect::verdict`'s.
+    pub fn host(&self) -> String {
+        host_words(
+            self.virtualization,
+            &self.hypervisor,
+            &self.product,
+            self.cloud,
+        )
     }
 
     /// One line for `vtax doctor` and the probe.
@@ -947,7 +959,7 @@ impl Facts {
             "unknown" => "GPUDirect RDMA unknown".to_string(),
             m => format!("GPUDirect RDMA ({m})"),
         };
-        let mut parts = vec![self.verdict(), format!("kernel {}", self.kernel), iommu];
+        let mut parts = vec![self.host(), format!("kernel {}", self.kernel), iommu];
         parts.extend(nvidia);
         parts.push(rdma);
         if self.gpudirect_storage == "nvidia_fs" {
@@ -1122,15 +1134,11 @@ impl Collector for Platform {
     }
 }
 
-/// The doctor's platform section: the verdict, then how it was reached.
+/// The doctor's host details under the platform verdict: kernel, IOMMU and
+/// drivers, the CPU, the evidence of virtualization, and what is near each GPU.
 pub fn doctor_lines(roots: &Roots) -> Vec<String> {
     let facts = read_facts(roots, &HostCpuid);
     let mut lines = vec![
-        format!("verdict: {}", facts.verdict()),
-        format!(
-            "virtualization={} hypervisor={} cloud={} product={:?}",
-            facts.virtualization, facts.hypervisor, facts.cloud, facts.product
-        ),
         format!(
             "kernel {}, IOMMU {} ({} groups; command line: {}), GPUDirect RDMA {}, GPUDirect Storage {}, NVIDIA driver {}",
             facts.kernel,
@@ -1557,7 +1565,7 @@ mod tests {
             let facts = read_facts(&roots, &FixedCpuid::guest(sig));
             assert_eq!(facts.virtualization, "vm", "{sig:?}");
             assert_eq!(facts.hypervisor, *label, "{sig:?}");
-            assert_eq!(facts.verdict(), *verdict, "{sig:?}");
+            assert_eq!(facts.host(), *verdict, "{sig:?}");
         }
         let tcg = read_facts(&roots, &FixedCpuid::guest(b"TCGTCGTCGTCG"));
         assert!(tcg.problems()[0].contains("emulated"));
@@ -1599,7 +1607,7 @@ mod tests {
         );
         assert_eq!(facts.product, "Microsoft Virtual Machine");
         assert_eq!(
-            facts.verdict(),
+            facts.host(),
             "Hyper-V virtual machine (Microsoft Virtual Machine, azure)"
         );
 
@@ -1644,7 +1652,7 @@ mod tests {
         assert_eq!(facts.cloud, "none");
         // With CPUID, its signature names the hypervisor.
         let facts = read_facts(&roots, &FixedCpuid::guest(b"KVMKVMKVM\0\0\0"));
-        assert_eq!(facts.verdict(), "KVM virtual machine (QEMU Standard PC)");
+        assert_eq!(facts.host(), "KVM virtual machine (QEMU Standard PC)");
 
         let gce: &[(&str, &[u8])] = &[
             ("sys/class/dmi/id/sys_vendor", b"Google\n"),

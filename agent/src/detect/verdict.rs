@@ -122,6 +122,11 @@ pub struct Verdict {
     pub mig: String,
     pub nvlink: String,
     pub pcie: String,
+    /// GPUs whose facts are known, a lost one included; those with MIG on;
+    /// those NVML calls a vGPU.
+    pub gpus: usize,
+    pub mig_gpus: usize,
+    pub vgpu_gpus: usize,
 }
 
 impl Verdict {
@@ -142,18 +147,65 @@ impl Verdict {
         ]
     }
 
-    /// The evidence in sentences, for `vtax doctor` and the log.
+    /// The verdict in one sentence for a person: bare metal or a virtual
+    /// machine and by what, and how its GPUs reach it, e.g. "KVM virtual
+    /// machine, 8 GPUs passed through, MIG on 3 of 8".
+    pub fn sentence(&self) -> String {
+        let host = &self.host;
+        let machine = crate::collectors::platform::host_words(
+            &host.virtualization,
+            &host.hypervisor,
+            &host.product,
+            &host.cloud,
+        );
+        let n = self.gpus;
+        let gpus = |n: usize| match n {
+            1 => "1 GPU".to_string(),
+            n => format!("{n} GPUs"),
+        };
+        let of_them = |k: usize| {
+            if k == n {
+                "all".to_string()
+            } else {
+                format!("{k} of {n}")
+            }
+        };
+        let in_vm = host.virtualization == "vm";
+        let how = match self.verdict {
+            "mig" if in_vm => format!(
+                "{} passed through, MIG on {}",
+                gpus(n),
+                of_them(self.mig_gpus)
+            ),
+            "mig" => format!("{}, MIG on {}", gpus(n), of_them(self.mig_gpus)),
+            "vgpu" => format!("{}, vGPU on {}", gpus(n), of_them(self.vgpu_gpus)),
+            "vm_passthrough" => format!("{} passed through", gpus(n)),
+            "bare_metal" if n > 0 => format!("{}, not virtualized", gpus(n)),
+            _ if n > 0 => gpus(n),
+            _ => "no GPU".to_string(),
+        };
+        format!("{machine}, {how}")
+    }
+
+    /// The evidence under the verdict, for `vtax doctor`: the label the
+    /// verdict carries on `/metrics`, the host facts and the GPUs'.
     pub fn explain(&self) -> Vec<String> {
-        let mut lines = vec![format!("verdict: {}", self.verdict)];
-        lines.push(format!(
-            "host: virtualization {} (hypervisor {}, cloud {}, product {}), IOMMU {}, GPUDirect RDMA {}",
-            self.host.virtualization,
-            self.host.hypervisor,
-            self.host.cloud,
-            self.host.product,
-            self.host.iommu,
-            self.host.gpudirect_rdma
-        ));
+        let mut lines = vec![
+            format!(
+                "{}{{verdict=\"{}\"}}",
+                super::tables::PLATFORM.metric_name(&super::tables::PLATFORM.fields[0]),
+                self.verdict
+            ),
+            format!(
+                "host: virtualization {} (hypervisor {}, cloud {}, product {}), IOMMU {}, GPUDirect RDMA {}",
+                self.host.virtualization,
+                self.host.hypervisor,
+                self.host.cloud,
+                self.host.product,
+                self.host.iommu,
+                self.host.gpudirect_rdma
+            ),
+        ];
         if self.gpu_virtualization == "none" {
             lines.push("GPUs: none".into());
         } else {
@@ -288,6 +340,12 @@ impl Facts {
         let none_if_no_gpus = |s: String| if gpus.is_empty() { "none".into() } else { s };
         Verdict {
             verdict,
+            gpus: gpus.len(),
+            mig_gpus: gpus.iter().filter(|g| g.mig == "on").count(),
+            vgpu_gpus: gpus
+                .iter()
+                .filter(|g| g.virtualization_mode == "vgpu")
+                .count(),
             host,
             gpu_virtualization: none_if_no_gpus(modes.join(",")),
             mig: none_if_no_gpus(if mig_on { "on" } else { "off" }.into()),
@@ -452,6 +510,44 @@ mod tests {
         assert_eq!(facts("none", vec![]).verdict().verdict, "bare_metal");
         assert_eq!(Facts::default().verdict().verdict, "unknown");
         assert_eq!(facts("none", vec![]).verdict().gpu_virtualization, "none");
+    }
+
+    /// One sentence says bare metal or a VM and by what, and how the GPUs
+    /// reach it: `vtax doctor` prints it as its one verdict line.
+    #[test]
+    fn the_verdict_in_one_sentence() {
+        let sentence =
+            |host_virt: &str, gpus: Vec<GpuFacts>| facts(host_virt, gpus).verdict().sentence();
+        assert_eq!(
+            sentence("none", vec![gpu("bare", "off"); 8]),
+            "bare metal (test), 8 GPUs, not virtualized"
+        );
+        assert_eq!(
+            sentence("vm", vec![gpu("passthrough", "off"); 8]),
+            "KVM virtual machine (test), 8 GPUs passed through"
+        );
+        let mut mixed = vec![gpu("passthrough", "off"); 8];
+        mixed[2].mig = "on".into();
+        mixed[5].mig = "on".into();
+        assert_eq!(
+            sentence("vm", mixed),
+            "KVM virtual machine (test), 8 GPUs passed through, MIG on 2 of 8"
+        );
+        assert_eq!(
+            sentence("none", vec![gpu("bare", "on")]),
+            "bare metal (test), 1 GPU, MIG on all"
+        );
+        assert_eq!(
+            sentence("vm", vec![gpu("vgpu", "off"); 4]),
+            "KVM virtual machine (test), 4 GPUs, vGPU on all"
+        );
+        assert_eq!(sentence("vm", vec![]), "KVM virtual machine (test), no GPU");
+        assert_eq!(
+            Facts::default().verdict().sentence(),
+            "virtualization unknown, no GPU"
+        );
+        let explained = facts("vm", vec![gpu("bare", "on")]).verdict().explain();
+        assert!(explained[0].ends_with("{verdict=\"mig\"}"), "{explained:?}");
     }
 
     #[test]
