@@ -157,19 +157,30 @@ fn parse_cli() -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
+/// The log level when `VTAX_LOG` is not set: `info`, but `error` for `vtax
+/// doctor`, whose report already says what the collectors' warnings would
+/// (a lost GPU, a file that reads badly), and says it once.
+fn default_log_level(command: &Command) -> &'static str {
+    match command {
+        Command::Doctor(_) => "error",
+        _ => "info",
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VTAX_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = match parse_cli() {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // Logs go to stderr, always: stdout is the commands' output.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("VTAX_LOG")
+                .unwrap_or_else(|_| default_log_level(&cli.command).into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::CheckConfig(args) => doctor::check_config(args),

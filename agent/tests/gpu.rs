@@ -89,6 +89,110 @@ fn simulated_gpus_are_served_stored_and_a_lost_one_stops_nothing() {
     );
 }
 
+/// `vtax doctor --gpu` as an operator meets it on simulated H100s (from
+/// "What an operator meets"): one verdict line, a lost GPU listed as lost,
+/// values in their units, and no log line in the report; the log goes to
+/// stderr when asked for, and says nothing the report says otherwise.
+#[test]
+fn doctor_answers_plainly_on_simulated_gpus_with_a_lost_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let doctor = |log: Option<&str>| {
+        let mut command = std::process::Command::new(common::VTAX);
+        command.args([
+            "doctor",
+            "--gpu",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--simulate-gpus",
+            "8",
+            "--simulate-gpu-scenarios",
+            "training,memory-bound,thermal-throttle,power-throttle,pcie-degraded,nvlink-hidden,mig,gpu-lost",
+            "--no-collector.cgroups",
+        ]);
+        command.env_remove("VTAX_LOG");
+        if let Some(level) = log {
+            command.env("VTAX_LOG", level);
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (stdout, stderr) = doctor(Some("info"));
+
+    let verdicts: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("verdict"))
+        .collect();
+    assert_eq!(verdicts.len(), 1, "one verdict line:\n{stdout}");
+    let verdict = verdicts[0];
+    assert!(
+        ["bare metal", "virtual machine", "virtualization unknown"]
+            .iter()
+            .any(|host| verdict.contains(host)),
+        "bare metal or a VM: {verdict}"
+    );
+    assert!(
+        verdict.contains("8 GPUs") && verdict.contains("MIG on 1 of 8"),
+        "the GPUs' virtualization in the same line: {verdict}"
+    );
+
+    let lost = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("GPU 7 "))
+        .unwrap_or_else(|| panic!("GPU 7 not listed:\n{stdout}"));
+    assert!(
+        lost.contains(": lost: GPU has fallen off the bus"),
+        "{lost}"
+    );
+    let values = |field: &str| -> Vec<&str> {
+        stdout
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix(field))
+            .filter(|rest| rest.starts_with(' '))
+            .map(str::trim)
+            .collect()
+    };
+    assert_eq!(
+        values("memory_total_bytes"),
+        vec!["79.6 GiB"; 7],
+        "{stdout}"
+    );
+    assert_eq!(values("sm_clock_max_hertz"), vec!["1980 MHz"; 7]);
+    assert_eq!(values("power_limit_watts"), vec!["700.0 W"; 7]);
+    assert_eq!(values("hbm_peak_bytes_per_second"), vec!["3352.3 GB/s"; 7]);
+    for v in values("temperature_celsius") {
+        assert!(v.ends_with(" °C"), "{v}");
+    }
+    for v in values("utilization_ratio") {
+        let percent: f64 = v.strip_suffix('%').unwrap().parse().unwrap();
+        assert!((0.0..=100.0).contains(&percent), "{v}");
+    }
+
+    for level in [" INFO ", " WARN ", " ERROR ", " DEBUG "] {
+        assert!(
+            !stdout.contains(level),
+            "a log line in the report:\n{stdout}"
+        );
+    }
+    assert!(
+        stderr.contains("GPU lost") && stderr.contains("gpu=7"),
+        "asked for, the log goes to stderr:\n{stderr}"
+    );
+
+    // Not asked for, the log keeps quiet: the report already says it.
+    let (quiet_stdout, quiet_stderr) = doctor(None);
+    assert_eq!(quiet_stderr, "");
+    assert!(quiet_stdout.contains(lost), "{quiet_stdout}");
+}
+
 /// `vtax run --help` lists every simulated scenario with a line of help.
 #[test]
 fn run_help_lists_the_simulated_scenarios() {
