@@ -209,7 +209,7 @@ for g in gpus:
     ]
     for name, x, y in rows:
         print(f"{g:>3} {name:<24} {x:>14.3f} {y:>18.3f}")
-    info = [l for (_, n, l, _) in scrapes if n == "vtax_gpu_info_info" and l.get("gpu") == g]
+    info = [l for (_, n, l, _) in scrapes if n == "vtax_gpu_info" and l.get("gpu") == g]
     if info:
         l = info[-1]
         print(f"{g:>3} {l.get('name')}, {l.get('architecture')}, virtualization {l.get('virtualization_mode')}, MIG {l.get('mig')}, driver {l.get('driver_version')}")

@@ -596,7 +596,7 @@ fn host_matches_node_exporter_on_fixture_trees() {
         }
         for n in ["1", "5", "15"] {
             let theirs = value_with(&ne, &format!("node_load{n}"), &[]).unwrap();
-            let ours = value_with(&vtax, &format!("vtax_load_load{n}"), &[]).unwrap();
+            let ours = value_with(&vtax, &format!("vtax_load{n}"), &[]).unwrap();
             assert_eq!(ours, theirs, "{tree}: load{n}");
             compared += 1;
         }

@@ -576,7 +576,7 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
         "a bad file's series leave"
     );
     assert!(
-        body.contains("vtax_load_load1 ") && body.contains("vtax_memory_total_bytes "),
+        body.contains("vtax_load1 ") && body.contains("vtax_memory_total_bytes "),
         "the host's other files are still read"
     );
     assert!(body.contains("vtax_infiniband_port_xmit_wait_total{device=\"mlx5_0\""));

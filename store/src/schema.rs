@@ -255,9 +255,24 @@ impl TableDef {
         Arc::new(Schema::new(columns))
     }
 
-    /// Prometheus name of a field: `vtax_<table>_<field>`, with `_total` on counters.
+    /// Prometheus name of a field: `vtax_<table>_<field>`, with `_total` on
+    /// counters. A field whose first word repeats the table's last word, alone
+    /// or followed by a number, says it once: `info` of `gpu_info` is
+    /// `vtax_gpu_info` (an info metric, as Prometheus names them) and `load1`
+    /// of `load` is `vtax_load1` (node_exporter's `node_load1`), not
+    /// `vtax_gpu_info_info` and `vtax_load_load1`. The column keeps its name.
     pub fn metric_name(&self, field: &FieldDef) -> String {
-        let mut name = format!("{METRIC_PREFIX}_{}_{}", self.name, field.name);
+        let last_word = self.name.rsplit('_').next().unwrap_or(self.name);
+        let first_word = field.name.split('_').next().unwrap_or(field.name);
+        let repeated = first_word
+            .strip_prefix(last_word)
+            .is_some_and(|rest| rest.bytes().all(|b| b.is_ascii_digit()));
+        let mut name = if repeated {
+            let before = &self.name[..self.name.len() - last_word.len()];
+            format!("{METRIC_PREFIX}_{before}{}", field.name)
+        } else {
+            format!("{METRIC_PREFIX}_{}_{}", self.name, field.name)
+        };
         if field.kind == MetricKind::Counter {
             name.push_str("_total");
         }
@@ -501,6 +516,83 @@ mod tests {
         assert_eq!(
             GOOD.metric_name(&GOOD.fields[1]),
             "vtax_gpu_energy_joules_total"
+        );
+    }
+
+    fn table(name: &'static str, fields: &'static [FieldDef]) -> TableDef {
+        TableDef {
+            name,
+            help: "h",
+            tags: &[],
+            fields,
+            exported: true,
+        }
+    }
+
+    const fn gauge(name: &'static str) -> FieldDef {
+        FieldDef::gauge(name, FieldType::F64, Unit::None, "h")
+    }
+
+    #[test]
+    fn a_field_that_repeats_its_tables_last_word_says_it_once() {
+        static INFO: [FieldDef; 1] = [gauge("info")];
+        static LOAD: [FieldDef; 4] = [
+            gauge("load1"),
+            gauge("load5"),
+            gauge("load15"),
+            gauge("runnable_tasks"),
+        ];
+        // The info metric of a table named for its info is `<table>`, not `<table>_info`.
+        assert_eq!(
+            table("gpu_info", &INFO).metric_name(&INFO[0]),
+            "vtax_gpu_info"
+        );
+        assert_eq!(
+            table("block_device", &INFO).metric_name(&INFO[0]),
+            "vtax_block_device_info"
+        );
+        assert_eq!(
+            table("platform", &INFO).metric_name(&INFO[0]),
+            "vtax_platform_info"
+        );
+        // A word followed by a number (a window) repeats it too, as node_load1.
+        let load = table("load", &LOAD);
+        let names: Vec<_> = LOAD.iter().map(|f| load.metric_name(f)).collect();
+        assert_eq!(
+            names,
+            [
+                "vtax_load1",
+                "vtax_load5",
+                "vtax_load15",
+                "vtax_load_runnable_tasks"
+            ]
+        );
+        // A longer word that only begins like the table's is another word.
+        static UPLOADED: [FieldDef; 1] = [FieldDef::counter(
+            "uploaded_bytes",
+            FieldType::U64,
+            Unit::Bytes,
+            "h",
+        )];
+        assert_eq!(
+            table("upload", &UPLOADED).metric_name(&UPLOADED[0]),
+            "vtax_upload_uploaded_bytes_total"
+        );
+        static FILES: [FieldDef; 1] = [gauge("files_free")];
+        assert_eq!(
+            table("filesystem", &FILES).metric_name(&FILES[0]),
+            "vtax_filesystem_files_free"
+        );
+        // Counters keep their ending after the repeat is dropped.
+        static ERRORS: [FieldDef; 1] = [FieldDef::counter(
+            "xid_errors",
+            FieldType::U64,
+            Unit::None,
+            "h",
+        )];
+        assert_eq!(
+            table("gpu_xid", &ERRORS).metric_name(&ERRORS[0]),
+            "vtax_gpu_xid_errors_total"
         );
     }
 
