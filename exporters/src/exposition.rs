@@ -411,6 +411,7 @@ fn render_table(
         match field.kind {
             // Rendered with the histogram it belongs to.
             MetricKind::HistogramSum => continue,
+            MetricKind::StoredOnly => continue,
             MetricKind::Histogram => {
                 samples += render_histogram(
                     table,
@@ -465,7 +466,10 @@ fn write_headers(
     text: Option<&mut String>,
     openmetrics: Option<&mut String>,
 ) {
-    let kind = field.kind.prometheus_type();
+    let kind = field
+        .kind
+        .prometheus_type()
+        .expect("only exported fields are rendered");
     let help = escape_help(field.help);
     if let Some(text) = text {
         let _ = writeln!(text, "# HELP {name} {help}");

@@ -95,7 +95,7 @@ impl Catalog {
                     table.name
                 )));
             }
-            for field in table.fields.iter().filter(|_| table.exported) {
+            for field in table.fields.iter().filter(|f| table.exports(f)) {
                 let metric = table.metric_name(field);
                 if let Some(other) = metrics.insert(metric.clone(), table.name) {
                     return Err(Error::Schema(format!(

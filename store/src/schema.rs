@@ -81,16 +81,26 @@ pub enum MetricKind {
     /// The `_sum` of the histogram field named like this field without its
     /// `_sum` ending; set on the `+Inf` row, null on the others.
     HistogramSum,
+    /// A value kept in the store for analysis and never exported: one that the
+    /// exported fields already give in Prometheus's terms, as a count of
+    /// events over a threshold is a histogram bucket.
+    StoredOnly,
 }
 
 impl MetricKind {
-    /// The Prometheus `# TYPE` word.
-    pub fn prometheus_type(self) -> &'static str {
+    /// The Prometheus `# TYPE` word; `None` for a field that is not exported.
+    pub fn prometheus_type(self) -> Option<&'static str> {
         match self {
-            MetricKind::Gauge => "gauge",
-            MetricKind::Counter => "counter",
-            MetricKind::Histogram | MetricKind::HistogramSum => "histogram",
+            MetricKind::Gauge => Some("gauge"),
+            MetricKind::Counter => Some("counter"),
+            MetricKind::Histogram | MetricKind::HistogramSum => Some("histogram"),
+            MetricKind::StoredOnly => None,
         }
+    }
+
+    /// The word the catalogue gives the kind.
+    fn as_str(self) -> &'static str {
+        self.prometheus_type().unwrap_or("stored only")
     }
 }
 
@@ -203,6 +213,22 @@ impl FieldDef {
         }
     }
 
+    /// A field kept in the store and not exported ([`MetricKind::StoredOnly`]).
+    pub const fn stored_only(
+        name: &'static str,
+        ty: FieldType,
+        unit: Unit,
+        help: &'static str,
+    ) -> Self {
+        FieldDef {
+            name,
+            ty,
+            kind: MetricKind::StoredOnly,
+            unit,
+            help,
+        }
+    }
+
     /// The `_sum` of the histogram `name` without its `_sum` ending.
     pub const fn histogram_sum(name: &'static str, unit: Unit, help: &'static str) -> Self {
         FieldDef {
@@ -253,6 +279,11 @@ impl TableDef {
             columns.push(Field::new(field.name, field.ty.arrow_type(), true));
         }
         Arc::new(Schema::new(columns))
+    }
+
+    /// Whether `field` of this table is exported to Prometheus.
+    pub fn exports(&self, field: &FieldDef) -> bool {
+        self.exported && field.kind != MetricKind::StoredOnly
     }
 
     /// Prometheus name of a field: `vtax_<table>_<field>`, with `_total` on
@@ -313,6 +344,12 @@ impl TableDef {
                     self.name, field.name
                 ));
             }
+            if let Some(word) = non_base_unit(field.name).filter(|_| self.exports(field)) {
+                return Err(format!(
+                    "table {}: field {} names the unit {word:?}: exported names carry base units (seconds, bytes) as their ending",
+                    self.name, field.name
+                ));
+            }
             if field.kind == MetricKind::Histogram && self.tag_index(BUCKET_TAG).is_none() {
                 return Err(format!(
                     "table {}: histogram field {} needs a `{BUCKET_TAG}` tag",
@@ -348,6 +385,35 @@ impl TableDef {
         }
         Ok(())
     }
+}
+
+/// Units that are not base units, as words of a name: Prometheus names carry
+/// their unit in base units, as their ending (`_seconds`, `_bytes`).
+const NON_BASE_UNITS: &[&str] = &[
+    "ns",
+    "us",
+    "ms",
+    "nanoseconds",
+    "microseconds",
+    "milliseconds",
+    "minutes",
+    "hours",
+    "days",
+    "kb",
+    "mb",
+    "gb",
+    "kib",
+    "mib",
+    "gib",
+    "percent",
+];
+
+/// The first word of `name` that names a unit other than a base one, alone
+/// or after a number (`50us`).
+fn non_base_unit(name: &str) -> Option<&str> {
+    name.split('_').find(|word| {
+        NON_BASE_UNITS.contains(&word.trim_start_matches(|c: char| c.is_ascii_digit()))
+    })
 }
 
 /// Arrow type of the time column.
@@ -392,6 +458,7 @@ pub fn render_catalogue(tables: &[&TableDef]) -> String {
                 let name = table.metric_name(field);
                 let metric = match field.kind {
                     MetricKind::Histogram => format!("`{name}_bucket`, `{name}_count`"),
+                    MetricKind::StoredOnly => "none".to_string(),
                     _ => format!("`{name}`"),
                 };
                 let _ = writeln!(
@@ -399,7 +466,7 @@ pub fn render_catalogue(tables: &[&TableDef]) -> String {
                     "| `{}` | {} | {} | {metric} | {} |",
                     field.name,
                     field.ty.as_str(),
-                    field.kind.prometheus_type(),
+                    field.kind.as_str(),
                     field.help
                 );
             } else {
@@ -408,7 +475,7 @@ pub fn render_catalogue(tables: &[&TableDef]) -> String {
                     "| `{}` | {} | {} | {} |",
                     field.name,
                     field.ty.as_str(),
-                    field.kind.prometheus_type(),
+                    field.kind.as_str(),
                     field.help
                 );
             }
@@ -594,6 +661,38 @@ mod tests {
             table("gpu_xid", &ERRORS).metric_name(&ERRORS[0]),
             "vtax_gpu_xid_errors_total"
         );
+    }
+
+    #[test]
+    fn an_exported_name_with_a_unit_other_than_a_base_one_is_rejected() {
+        static STALLS: [FieldDef; 1] = [FieldDef::gauge(
+            "stalls_over_500us",
+            FieldType::U64,
+            Unit::None,
+            "h",
+        )];
+        let err = table("jitter", &STALLS).validate().unwrap_err();
+        assert!(err.contains("\"500us\""), "{err}");
+        static DELAY: [FieldDef; 1] =
+            [FieldDef::gauge("delay_ms", FieldType::F64, Unit::None, "h")];
+        assert!(table("x", &DELAY).validate().is_err());
+        // Kept in the store only, the column may keep the name it has.
+        static STORED: [FieldDef; 1] = [FieldDef::stored_only(
+            "stalls_over_500us",
+            FieldType::U64,
+            Unit::None,
+            "h",
+        )];
+        let stored = table("jitter", &STORED);
+        stored.validate().unwrap();
+        assert!(!stored.exports(&STORED[0]));
+        // Numbers that are not units pass: windows, percentiles, lanes.
+        static FINE: [FieldDef; 3] = [
+            gauge("load15"),
+            FieldDef::gauge("some_avg10_ratio", FieldType::F64, Unit::Ratio, "h"),
+            FieldDef::gauge("wakeup_p9999_seconds", FieldType::F64, Unit::Seconds, "h"),
+        ];
+        table("x", &FINE).validate().unwrap();
     }
 
     #[test]

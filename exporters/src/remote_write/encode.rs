@@ -95,7 +95,7 @@ pub fn batch_series(batch: &Batch, external: &[Label]) -> Vec<TimeSeries> {
         });
         for (f, field) in table.fields.iter().enumerate() {
             let column = &batch.fields[f];
-            if !column.is_valid(row) {
+            if !column.is_valid(row) || !table.exports(field) {
                 continue;
             }
             let value = value_at(&column.values, row);
@@ -118,6 +118,7 @@ pub fn batch_series(batch: &Batch, external: &[Label]) -> Vec<TimeSeries> {
                         push(name, &without_le);
                     }
                 }
+                MetricKind::StoredOnly => {}
             }
         }
     }

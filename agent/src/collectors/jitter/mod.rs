@@ -306,6 +306,15 @@ const fn count(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::gauge(name, FieldType::U64, Unit::None, help)
 }
 
+/// A count of wake-ups over a threshold ([`probe::STALL_NS`]) in the window,
+/// kept for per-window queries of the store. A threshold is a histogram
+/// bucket in Prometheus's terms: the jitter_wakeup histogram has a bound at
+/// each, and counts since the start, which rates and sums across CPUs and
+/// nodes take, where a per-window count exported as a gauge is neither.
+const fn stalls(name: &'static str, help: &'static str) -> FieldDef {
+    FieldDef::stored_only(name, FieldType::U64, Unit::None, help)
+}
+
 /// One row per window per CPU probed.
 pub static JITTER: TableDef = TableDef {
     name: "jitter",
@@ -319,8 +328,8 @@ pub static JITTER: TableDef = TableDef {
         seconds("wakeup_p999_seconds", "99.9th percentile of wake-up latency."),
         seconds("wakeup_p9999_seconds", "99.99th percentile of wake-up latency."),
         seconds("wakeup_max_seconds", "Largest wake-up latency."),
-        count("stalls_over_50us", "Wake-ups later than 50 microseconds."),
-        count("stalls_over_500us", "Wake-ups later than 500 microseconds."),
+        stalls("stalls_over_50us", "Wake-ups later than 50 microseconds in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count minus its bucket le=\"5e-05\" counts them since the start."),
+        stalls("stalls_over_500us", "Wake-ups later than 500 microseconds in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count minus its bucket le=\"0.0005\" counts them since the start."),
         seconds("probed_seconds", "Wall time the probe was placed on this CPU in the window."),
         seconds("probe_cpu_seconds", "CPU time the probe thread used while placed on this CPU (CLOCK_THREAD_CPUTIME_ID): the probes' cost against cpu_budget_ratio."),
         seconds("spin_seconds", "Time the interruption probe spun on this CPU."),

@@ -703,7 +703,7 @@ pub fn wait_setup(shared: &Shared, timeout: Duration) -> Option<Result<Setup, St
 
 #[cfg(test)]
 mod tests {
-    use super::next_deadline;
+    use super::{next_deadline, CpuWindow, BUCKETS, STALL_NS};
 
     const MS: u64 = 1_000_000;
 
@@ -745,5 +745,34 @@ mod tests {
     fn a_vanishing_budget_skips_at_most_ten_seconds_and_keeps_the_phase() {
         let next = next_deadline(5 * MS + 123, 5 * MS + 200_000, MS, -40_000.0, 1e-12);
         assert_eq!(next, 5 * MS + 123 + MS + 10_000 * MS);
+    }
+
+    /// The stall counts are kept in the store only: on /metrics the
+    /// histogram's count minus its bucket at each threshold must give them.
+    #[test]
+    fn the_histogram_counts_the_stalls_at_each_threshold() {
+        let mut window = CpuWindow::new(0, false);
+        for late_ns in [
+            1,
+            49_999,
+            50_000,
+            50_001,
+            499_999,
+            500_000,
+            500_001,
+            9_000_000_000,
+        ] {
+            window.record_wakeup(late_ns);
+        }
+        let count: u64 = window.buckets.iter().sum();
+        for (i, threshold) in STALL_NS.into_iter().enumerate() {
+            let bound = BUCKETS
+                .iter()
+                .position(|&(bound, _)| bound == threshold)
+                .unwrap_or_else(|| panic!("no bucket bound at {threshold} ns"));
+            let at_most: u64 = window.buckets[..=bound].iter().sum();
+            assert_eq!(count - at_most, window.stalls[i], "over {threshold} ns");
+        }
+        assert_eq!(window.stalls, [5, 2]);
     }
 }
