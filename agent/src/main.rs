@@ -1,6 +1,7 @@
 //! `vtax`: the node agent and the commands that work on its store.
 
 mod args;
+mod build_info;
 mod collectors;
 mod config;
 mod detect;

@@ -106,6 +106,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             .context("spawn the renderer")?
     };
     let (sender, receiver) = std::sync::mpsc::channel::<Rows>();
+    // `vtax_build_info`: served for as long as the agent runs, kept once.
+    let build = Arc::new(crate::build_info::row(now_us()));
+    exposition.update(BUILD_SOURCE, vec![build.clone()]);
+    let _ = sender.send(vec![build]);
     let web = crate::web::start(&config.web, exposition.clone(), sender.clone())?;
     let mut collectors =
         CollectorSet::start(&config.collectors, &config.roots(), &exposition, &sender);
@@ -295,6 +299,9 @@ fn keep(store: &mut Store, remote: &mut RemoteWriters, refused: &mut Repeats, ba
         }
     }
 }
+
+/// The exposition source of the `build` table's row.
+const BUILD_SOURCE: &str = "build";
 
 /// The exposition source of the `store` table's row.
 const STORE_SOURCE: &str = "store";

@@ -51,6 +51,12 @@ fn metrics_endpoint_serves_both_formats_gzip_and_passes_promtool() {
         Some("text/plain; version=0.0.4; charset=utf-8")
     );
     assert!(body.contains("# TYPE vtax_cpu_steal_seconds_total counter"));
+    // The build, as Prometheus exporters give theirs.
+    let build = format!(
+        "vtax_build_info{{version=\"{}\",revision=\"",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(body.contains(&build), "no {build} in {body}");
     assert_eq!(promtool_check(&text.body), "", "promtool lints /metrics");
 
     let om = agent.get(

@@ -190,6 +190,34 @@ pub static STORE: TableDef = TableDef {
     exported: true,
 };
 
+/// One row when the agent starts (`crate::build_info`): `vtax_build_info`,
+/// as Prometheus exporters give their build.
+pub static BUILD: TableDef = TableDef {
+    name: "build",
+    help: "One row when the agent starts: the build it runs as tags, and 1. Served on /metrics for as long as it runs, so a fleet's versions are one query.",
+    tags: &[
+        TagDef {
+            name: "version",
+            help: "The agent's version (Cargo.toml).",
+        },
+        TagDef {
+            name: "revision",
+            help: "The git commit it was built from (12 hex digits; only release builds ask git), VTAX_BUILD_REVISION from the build's environment when set, or `unknown`.",
+        },
+        TagDef {
+            name: "rustc_version",
+            help: "Version of the rustc that built it.",
+        },
+    ],
+    fields: &[FieldDef::gauge(
+        "info",
+        FieldType::I64,
+        Unit::None,
+        "Always 1: the build is in the labels.",
+    )],
+    exported: true,
+};
+
 /// Tables of this module; `remote_write` is declared beside the code that
 /// fills it.
 pub static TABLES: &[&TableDef] = &[
@@ -197,4 +225,5 @@ pub static TABLES: &[&TableDef] = &[
     &UPLOAD,
     &STORE,
     &vtax_exporters::remote_write::TABLE,
+    &BUILD,
 ];
