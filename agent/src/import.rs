@@ -141,6 +141,7 @@ fn default_time_us(path: &Path) -> Result<i64> {
 /// Runs `vtax import`.
 pub fn import(args: ImportArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+
     let total_bytes: u64 = args
         .files
         .iter()
@@ -160,8 +161,15 @@ pub fn import(args: ImportArgs) -> Result<()> {
     bar.finish_and_clear();
 
     // Pass 2: write.
-    let mut store = Store::open(StoreOptions::new(&data_dir), crate::catalog())
-        .with_context(|| format!("open store {}", data_dir.display()))?;
+    let mut store = match Store::open(StoreOptions::new(&data_dir), crate::catalog()) {
+        Ok(store) => store,
+        Err(e @ vtax_store::Error::Locked { .. }) => bail!(
+            "{e}: a store has one writer. Stop the agent for the import (systemctl stop vtax, \
+             then start it again), or import into a data directory of its own (--data-dir) \
+             and read it with vtax query --data-dir"
+        ),
+        Err(e) => return Err(e).with_context(|| format!("open store {}", data_dir.display())),
+    };
     let bar = progress_bar(total_bytes, args.no_progress, "importing");
     let mut builder = BatchBuilder::new(&tables::SCRAPED);
     let mut last_sync = Instant::now();

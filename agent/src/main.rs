@@ -109,6 +109,11 @@ enum Command {
     /// Report on this node: each collector on or off and why, what it found, problems.
     Doctor(doctor::DoctorArgs),
     /// Import OpenMetrics or Prometheus text files into the `scraped` table.
+    ///
+    /// The store has one writer: beside a running agent on the same data
+    /// directory this is refused. Stop the agent for the import
+    /// (`systemctl stop vtax`, then start it again), or import into a data
+    /// directory of its own and read it with `vtax query --data-dir`.
     Import(import::ImportArgs),
     /// Read rows of a table.
     Query(query::QueryArgs),

@@ -291,6 +291,30 @@ fn query_lists_tables_and_refuses_empty_ranges_and_unknown_tags() {
     );
 }
 
+/// Beside a running agent, an import is refused (the store has one
+/// writer) and the error says what to do instead.
+#[test]
+fn an_import_beside_a_running_agent_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = common::Agent::start(&[
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.cgroups",
+        "--no-collector.jitter",
+    ]);
+    let input = dir.path().join("up.prom");
+    std::fs::write(&input, "up 1 1763766000000\n").unwrap();
+    let out = import(&data, &[&input]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("one writer") && stderr.contains("Stop the agent"),
+        "{stderr}"
+    );
+    assert!(agent.stop());
+}
+
 #[test]
 fn malformed_input_names_the_line_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
