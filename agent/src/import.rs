@@ -4,11 +4,11 @@
 //! line is reported with its file and line number and leaves the store untouched.
 //!
 //! An import is idempotent: run again (after it was killed, or by mistake), a
-//! file adds nothing it already added. A series holds one value per instant,
-//! and the store's merges keep one copy of rows whose tags and time are equal
-//! (store/src/merge.rs); the import merges the hours it wrote before it
-//! exits, and a sample without a timestamp gets its file's modification time,
-//! the same at every run.
+//! file adds nothing it already added. A series holds one value per instant:
+//! before it exits, the import merges every hour it wrote keeping one copy of
+//! rows whose tags and time are equal (`Store::compact_all`), and a sample
+//! without a timestamp gets its file's modification time, the same at every
+//! run.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};

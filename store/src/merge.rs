@@ -9,11 +9,12 @@
 //! with ZSTD costs a decompression context (about 96 KB) and a page buffer per
 //! column per input.
 //!
-//! A row whose sort key (tags and time) equals the previous row's is left out:
-//! one series holds one value per instant, and the same rows written twice
-//! (an import run again after it was killed, a file appended twice) merge back
-//! into one copy, as a TSDB's compaction drops duplicate samples. The first in
-//! the inputs' order is kept.
+//! A merge asked to (`vtax import`'s, through `Store::compact_all`) leaves
+//! out a row whose sort key (tags and time) equals the previous row's: a
+//! series holds one value per instant, and the same rows imported twice (an
+//! import run again after it was killed) merge back into one copy, as a
+//! TSDB's compaction drops duplicate samples. The first in the inputs' order
+//! is kept. The agent's own merges keep every row.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,8 @@ pub(crate) struct MergeColumns {
     inputs: Vec<Input>,
     /// The current row group's order.
     plan: Vec<Run>,
+    /// Whether rows whose key equals the row before them are left out.
+    dedupe: bool,
     /// The sort key of the last row kept, across row groups: a row equal to
     /// it is a duplicate.
     last_kept: Option<arrow_row::OwnedRow>,
@@ -78,7 +81,7 @@ pub(crate) struct MergeColumns {
 
 impl MergeColumns {
     /// Reads the inputs' footers; the rows are read as the writer asks for them.
-    pub fn open(table: &TableDef, files: &[FileInfo]) -> Result<Self> {
+    pub fn open(table: &TableDef, files: &[FileInfo], dedupe: bool) -> Result<Self> {
         if files.len() > u32::MAX as usize {
             return Err(Error::Schema("too many files to merge at once".into()));
         }
@@ -117,6 +120,7 @@ impl MergeColumns {
             converter,
             inputs,
             plan: Vec::new(),
+            dedupe,
             last_kept: None,
             duplicates: 0,
         })
@@ -204,11 +208,12 @@ impl MergeColumns {
                 && (end == cursor.pos || limit.is_none_or(|l| cursor.rows.row(end) <= l))
             {
                 let row = cursor.rows.row(end);
-                let duplicate = if end == cursor.pos {
-                    self.last_kept.as_ref().is_some_and(|k| k.row() == row)
-                } else {
-                    cursor.rows.row(end - 1) == row
-                };
+                let duplicate = self.dedupe
+                    && if end == cursor.pos {
+                        self.last_kept.as_ref().is_some_and(|k| k.row() == row)
+                    } else {
+                        cursor.rows.row(end - 1) == row
+                    };
                 match self.plan.last_mut() {
                     Some(run) if run.input as usize == input && run.keep != duplicate => {
                         run.rows += 1
@@ -226,7 +231,9 @@ impl MergeColumns {
                 }
                 end += 1;
             }
-            self.last_kept = Some(cursor.rows.row(end - 1).owned());
+            if self.dedupe {
+                self.last_kept = Some(cursor.rows.row(end - 1).owned());
+            }
             self.inputs[input].taken += end - cursor.pos;
             let cursor = &mut cursors[best];
             cursor.pos = end;

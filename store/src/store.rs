@@ -617,10 +617,10 @@ impl Store {
     }
 
     /// [`Self::compact`], and the parts of each running hour into one file
-    /// too, not only those of like size: for `vtax import`, which wrote
-    /// everything it will write and leaves no part behind holding a second
-    /// copy of rows it wrote again (a merge keeps one row per series and
-    /// instant).
+    /// too, not only those of like size, keeping one row per series and
+    /// instant: for `vtax import`, which wrote everything it will write, and
+    /// whose rows written again (an import run again after a kill) must come
+    /// back once. The agent's own merges keep every row.
     pub fn compact_all(&mut self, now_us: i64) -> Result<usize> {
         self.compact_with(now_us, true)
     }
@@ -717,7 +717,7 @@ impl Store {
             .into_iter()
             .map(|(key, inputs, running)| {
                 let replaced = replaced[&key].clone();
-                self.plan_merge(key, inputs, running, replaced)
+                self.plan_merge(key, inputs, running, replaced, whole_running_hours)
             })
             .collect()
     }
@@ -728,6 +728,7 @@ impl Store {
         inputs: Vec<FileInfo>,
         running: bool,
         replaced: Arc<HashSet<String>>,
+        dedupe: bool,
     ) -> Result<Merge> {
         let table = self
             .catalog
@@ -773,6 +774,7 @@ impl Store {
             names,
             intermediates,
             replaced,
+            dedupe,
         })
     }
 
@@ -940,6 +942,8 @@ pub struct Merge {
     names: Vec<String>,
     intermediates: Vec<String>,
     replaced: Arc<HashSet<String>>,
+    /// Whether rows whose tags and time equal another's are merged into one.
+    dedupe: bool,
 }
 
 /// What [`Merge::run`] did, for [`Store::finish_merge`].
@@ -961,10 +965,11 @@ impl Merge {
     /// stay until [`Store::finish_merge`]. Once `keep_going` turns false the
     /// merge stops at its next column and publishes nothing.
     pub fn run(self, keep_going: &AtomicBool) -> MergeOutcome {
-        let (output, writing) = match crate::merge::MergeColumns::open(self.table, &self.inputs) {
-            Ok(merge) => (self.write(merge, keep_going), true),
-            Err(e) => (Err(e), false),
-        };
+        let (output, writing) =
+            match crate::merge::MergeColumns::open(self.table, &self.inputs, self.dedupe) {
+                Ok(merge) => (self.write(merge, keep_going), true),
+                Err(e) => (Err(e), false),
+            };
         MergeOutcome {
             merge: self,
             output,

@@ -713,10 +713,8 @@ fn merge_interleaved_files(row_group_rows: Option<usize>) -> usize {
     }
     let mut store = Store::open(o, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
     let mut expected = Vec::new();
-    // 50 s of rows every 60 s: a merge keeps one row per series and instant,
-    // so the parts must not overlap in time to all be kept.
     for k in 0..40 {
-        expected.extend(append_scraped(&mut store, T0 + k * 60_000_000, 200));
+        expected.extend(append_scraped(&mut store, T0 + k * 30_000_000, 200));
         store.publish_over_budget().unwrap();
     }
     store.flush().unwrap();
@@ -769,18 +767,18 @@ fn the_running_hours_parts_merge_in_tiers_of_like_size() {
     let mut expected = Vec::new();
     // Five like-sized parts of an hour that is still running.
     for part in 0..5 {
-        expected.extend(append_scraped(&mut store, T0 + part * 120_000_000, 400));
+        expected.extend(append_scraped(&mut store, T0 + part * 60_000_000, 400));
         store.flush().unwrap();
     }
     assert_eq!(parquet_files(dir.path()).len(), 5);
-    assert_eq!(store.compact(T0 + 12 * 60_000_000).unwrap(), 1);
+    assert_eq!(store.compact(T0 + 10 * 60_000_000).unwrap(), 1);
     assert_eq!(
         parquet_files(dir.path()).len(),
         2,
         "four parts merged, one left"
     );
     // The merged file is four times bigger: not like-sized with the last part.
-    assert_eq!(store.compact(T0 + 13 * 60_000_000).unwrap(), 0);
+    assert_eq!(store.compact(T0 + 11 * 60_000_000).unwrap(), 0);
     expected.sort();
     assert_eq!(all_scraped(&store), expected);
 }
@@ -1904,11 +1902,12 @@ fn wal_rows_of_another_build_are_replayed_as_far_as_they_fit_and_kept_in_quarant
 }
 
 /// The same rows written twice (an import run again after a kill) merge back
-/// into one copy: a series holds one value per instant. Equal keys within one
-/// file, across files and across the merge's row groups are all dropped, and
-/// the first copy's values are kept.
+/// into one copy in `vtax import`'s merges (`compact_all`): a series holds
+/// one value per instant. Equal keys within one file, across files and
+/// across the merge's row groups are all dropped, and the first copy's
+/// values are kept. The agent's merges (`compact`) keep every row.
 #[test]
-fn a_merge_keeps_one_row_per_series_and_instant() {
+fn an_import_merge_keeps_one_row_per_series_and_instant() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
     let mut rows = append_scraped(&mut store, T0, 400);
@@ -1924,6 +1923,15 @@ fn a_merge_keeps_one_row_per_series_and_instant() {
     assert_eq!(all_scraped(&store).len(), 1600, "duplicates until merged");
     store.compact(T0 + 2 * DAY_US).unwrap();
     assert_eq!(parquet_files(dir.path()).len(), 1);
+    assert_eq!(
+        all_scraped(&store).len(),
+        1600,
+        "the agent's merge keeps them"
+    );
+    append_scraped(&mut store, T0, 400);
+    store.flush().unwrap();
+    store.compact_all(T0 + 2 * DAY_US).unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 1);
     rows.sort();
     assert_eq!(all_scraped(&store), rows);
     // A second series at the same instants is no duplicate.
@@ -1936,7 +1944,7 @@ fn a_merge_keeps_one_row_per_series_and_instant() {
     .unwrap();
     store.append(&b.finish()).unwrap();
     store.flush().unwrap();
-    store.compact(T0 + 2 * DAY_US).unwrap();
+    store.compact_all(T0 + 2 * DAY_US).unwrap();
     assert_eq!(all_scraped(&store).len(), rows.len() + 1);
 }
 
