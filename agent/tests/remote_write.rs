@@ -138,7 +138,11 @@ fn exported_tables() -> Vec<Table> {
             match cells.len() {
                 2 => tags.push(column),
                 5 => {
-                    let metric = cells[3].split('`').nth(1).unwrap().to_string();
+                    // A stored-only field has no metric: it is not sent.
+                    let Some(metric) = cells[3].split('`').nth(1) else {
+                        continue;
+                    };
+                    let metric = metric.to_string();
                     let sent = match metric.strip_suffix("_bucket") {
                         Some(base) => Sent::Buckets(base.to_string()),
                         None if cells[2] == "histogram" => Sent::Sum(metric),
