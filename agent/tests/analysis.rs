@@ -9,11 +9,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
-use common::VTAX;
+use common::{body_attribute, chromium, VTAX};
 
 /// Seconds each generated node runs: enough for several jitter windows
 /// (make_fleet sets them to 2 s) and a minute boundary or not, either works.
@@ -103,50 +102,10 @@ fn every_recipe_answers_on_a_generated_fleet() {
     }
 }
 
-/// Runs chromium headless with `args` on `page`, killed after a minute.
-fn chromium(args: &[&str], page: &Path, profile: &Path) -> Output {
-    let mut child = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(format!("file://{}", page.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("chromium runs (scripts/test.sh installs Debian's chromium)");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!(
-                "chromium did not finish within a minute on {}",
-                page.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// The value of `attribute="..."` on the page's `<body>`.
-fn body_attribute<'a>(dom: &'a str, attribute: &str) -> Option<&'a str> {
-    let body = &dom[dom.find("<body")?..];
-    let body = &body[..body.find('>')?];
-    let start = body.find(&format!("{attribute}=\""))? + attribute.len() + 2;
-    Some(&body[start..start + body[start..].find('"')?])
-}
-
 #[test]
 fn the_report_renders_every_plot_in_headless_chromium() {
     let fleet = fleet();
     let dir = artifacts();
-    let profile = tempfile::tempdir().unwrap();
     for (name, data, plots) in [
         // utilisation, HBM, NVLink; jitter p99, unexplained, a distribution per
         // node; steal, pressure
@@ -187,7 +146,7 @@ fn the_report_renders_every_plot_in_headless_chromium() {
             assert!(text.contains("<title>vtax report: node_c</title>"));
         }
 
-        let out = chromium(&["--dump-dom"], &html, profile.path());
+        let out = chromium(&["--dump-dom"], &html);
         let dom = String::from_utf8_lossy(&out.stdout);
         let drawn = body_attribute(&dom, "data-plots-rendered");
         let total = body_attribute(&dom, "data-plots");
@@ -215,7 +174,6 @@ fn the_report_renders_every_plot_in_headless_chromium() {
                 "--window-size=1280,4200",
             ],
             &html,
-            profile.path(),
         );
         let image = std::fs::read(&png).expect("a screenshot");
         assert!(

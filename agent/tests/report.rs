@@ -11,10 +11,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use common::{fixtures, VTAX};
+use common::{body_attribute, chromium, fixtures, VTAX};
 
 /// Every scenario of the simulated backend, GPU i playing the i-th.
 const SCENARIOS: &[&str] = &[
@@ -48,52 +47,6 @@ fn artifacts() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report");
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Runs chromium headless on `page` with `args`, killed after a minute. The
-/// flags keep it off the network: without them it reaches for Google.
-fn chromium(args: &[&str], page: &Path) -> Output {
-    let profile = tempfile::tempdir().unwrap();
-    let mut child = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            "--window-size=1400,1000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(args)
-        .arg(format!("file://{}", page.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("chromium runs (scripts/test.sh installs Debian's chromium)");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!(
-                "chromium did not finish within a minute on {}",
-                page.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// The value of `attribute="..."` on the page's `<body>`.
-fn body_attribute<'a>(dom: &'a str, attribute: &str) -> Option<&'a str> {
-    let body = &dom[dom.find("<body")?..];
-    let body = &body[..body.find('>')?];
-    let start = body.find(&format!("{attribute}=\""))? + attribute.len() + 2;
-    Some(&body[start..start + body[start..].find('"')?])
 }
 
 /// The element that starts at the first `needle`, up to its closing `tag`.

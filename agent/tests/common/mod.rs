@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -243,4 +243,50 @@ pub fn require_program(name: &str) -> String {
             "{name} is not installed: scripts/test.sh installs it (apt-get install prometheus)"
         ),
     }
+}
+
+/// Runs chromium headless on `page` with `args`, killed after a minute. The
+/// flags keep it off the network: without them it reaches for Google.
+pub fn chromium(args: &[&str], page: &Path) -> Output {
+    let profile = tempfile::tempdir().unwrap();
+    let mut child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chromium runs (scripts/test.sh installs Debian's chromium)");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "chromium did not finish within a minute on {}",
+                page.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The value of `attribute="..."` on the page's `<body>`.
+pub fn body_attribute<'a>(dom: &'a str, attribute: &str) -> Option<&'a str> {
+    let body = &dom[dom.find("<body")?..];
+    let body = &body[..body.find('>')?];
+    let start = body.find(&format!("{attribute}=\""))? + attribute.len() + 2;
+    Some(&body[start..start + body[start..].find('"')?])
 }
