@@ -75,8 +75,9 @@ fn render_fixture(fixture: &str) -> String {
     String::from_utf8(text.to_vec()).expect("UTF-8")
 }
 
-/// The scenarios of the simulated-GPU golden file, GPU i playing the i-th.
-const GOLDEN_SCENARIOS: &[&str] = &[
+/// Every scenario of the simulated backend, GPU i playing the i-th: the
+/// simulated-GPU golden file's, and the report tests'.
+pub(crate) const GOLDEN_SCENARIOS: &[&str] = &[
     "training",
     "memory-bound",
     "thermal-throttle",

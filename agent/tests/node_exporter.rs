@@ -77,18 +77,7 @@ impl Drop for NodeExporter {
 
 /// The value of `metric{label="value",...}` in a text exposition.
 fn value(body: &str, metric: &str, label: &str, of: &str) -> Option<f64> {
-    let prefix = format!("{metric}{{");
-    let want = format!("{label}=\"{of}\"");
-    body.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .find(|l| {
-            l[prefix.len()..]
-                .split('}')
-                .next()
-                .is_some_and(|labels| labels.split(',').any(|kv| kv == want))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .map(|v| v.parse().expect("a number"))
+    value_with(body, metric, &[(label, of)])
 }
 
 /// Label values of `label` on the lines of `metric`.

@@ -321,11 +321,17 @@ fn slow_request_heads_are_closed_after_the_header_read_timeout() {
             ..WebLimits::default()
         },
     );
-    let mut conn = Conn::open(server.local_addr());
     let head =
         "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: abcdefghijklmnopqrstuvwxyz\r\n\r\n";
-    let took = conn.trickle(head.as_bytes(), Duration::from_millis(50));
-    let took = took.expect("the slow head was read to its end");
+    cut_off_while_trickling(server, head.as_bytes(), "the slow head was read to its end");
+}
+
+/// Sends `bytes` a byte every 50 ms: the server must close the connection
+/// after about the SHORT timeout, and count it as timed out.
+fn cut_off_while_trickling(server: WebServer, bytes: &[u8], not_cut: &str) {
+    let mut conn = Conn::open(server.local_addr());
+    let took = conn.trickle(bytes, Duration::from_millis(50));
+    let took = took.expect(not_cut);
     assert!(
         took >= SHORT / 2 && took < Duration::from_secs(3),
         "{took:?}"
@@ -357,19 +363,10 @@ fn half_open_tls_handshakes_are_closed_after_the_handshake_timeout() {
             ..WebLimits::default()
         },
     );
-    let mut conn = Conn::open(server.local_addr());
     // A handshake record announcing 512 bytes, then its first bytes.
     let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc];
     hello.extend(std::iter::repeat_n(0x03, 60));
-    let took = conn.trickle(&hello, Duration::from_millis(50));
-    let took = took.expect("the handshake was left open");
-    assert!(
-        took >= SHORT / 2 && took < Duration::from_secs(3),
-        "{took:?}"
-    );
-    let stats = stats_once(&server, |s| s.connections_open == 0);
-    assert_eq!(stats.connections_timed_out, 1);
-    server.stop();
+    cut_off_while_trickling(server, &hello, "the handshake was left open");
 }
 
 /// Connections beyond the cap are closed at once and counted; a slot freed

@@ -625,12 +625,14 @@ impl Store {
         self.compact_with(now_us, true)
     }
 
-    fn compact_with(&mut self, now_us: i64, whole_running_hours: bool) -> Result<usize> {
+    /// `for_import`: an import's pass, which merges every running hour's
+    /// parts into one and keeps one row per series and instant.
+    fn compact_with(&mut self, now_us: i64, for_import: bool) -> Result<usize> {
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
         let keep_going = AtomicBool::new(true);
         for _ in 0..MAX_MERGE_ROUNDS {
-            let merges = self.plan_merges_with(now_us, whole_running_hours)?;
+            let merges = self.plan_merges_with(now_us, for_import)?;
             if merges.is_empty() {
                 break;
             }
@@ -653,7 +655,7 @@ impl Store {
         self.plan_merges_with(now_us, false)
     }
 
-    fn plan_merges_with(&mut self, now_us: i64, whole_running_hours: bool) -> Result<Vec<Merge>> {
+    fn plan_merges_with(&mut self, now_us: i64, for_import: bool) -> Result<Vec<Merge>> {
         self.clock_us = Some(now_us);
         let grace_us = self.options.publish_grace.as_micros() as i64;
         let buffered = |table: &str, hours: std::ops::Range<i64>| {
@@ -687,7 +689,7 @@ impl Store {
                     for group in merge_groups(&parts, self.options.max_merge_inputs) {
                         groups.push(((table.clone(), *day), group, false));
                     }
-                } else if whole_running_hours {
+                } else if for_import {
                     for group in merge_groups(&parts, self.options.max_merge_inputs) {
                         groups.push(((table.clone(), *day), group, true));
                     }
@@ -717,7 +719,7 @@ impl Store {
             .into_iter()
             .map(|(key, inputs, running)| {
                 let replaced = replaced[&key].clone();
-                self.plan_merge(key, inputs, running, replaced, whole_running_hours)
+                self.plan_merge(key, inputs, running, replaced, for_import)
             })
             .collect()
     }

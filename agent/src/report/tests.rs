@@ -444,19 +444,7 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     );
 }
 
-/// Every scenario of the simulated backend, GPU i playing the i-th.
-const SCENARIOS: &[&str] = &[
-    "training",
-    "memory-bound",
-    "thermal-throttle",
-    "power-throttle",
-    "pcie-degraded",
-    "nvlink-hidden",
-    "xid",
-    "gpu-lost",
-    "mig",
-    "idle",
-];
+use crate::golden::GOLDEN_SCENARIOS as SCENARIOS;
 
 /// A node whose GPUs play every scenario for 40 s, through the real GPU
 /// collector and detector, as a running agent writes them.
