@@ -1319,7 +1319,8 @@ mod tests {
             }
         }
         assert!(accepted > 100, "{accepted} accepted");
-        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        // Each check is a parse and range checks: a hang, not a slow machine.
+        assert!(started.elapsed() < std::time::Duration::from_secs(120));
     }
 
     /// Uncommenting the unset examples gives a valid file too.

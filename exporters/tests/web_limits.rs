@@ -259,7 +259,9 @@ fn a_flood_of_wrong_passwords_does_not_starve_a_verified_scraper() {
          p50 {p50:?}, p99 {p99:?}, max {max:?}; flood answers: {refused} x 401, {busy} x 503, {other} other"
     );
     assert!(
-        p99 < Duration::from_millis(200),
+        // Bcrypt on the serving threads made it 2.2 s; the bound leaves
+        // room for a loaded test machine and still tells the two apart.
+        p99 < Duration::from_secs(1),
         "p99 {p99:?} (p50 {p50:?}, max {max:?})"
     );
     assert_eq!(other, 0);
@@ -273,6 +275,8 @@ fn a_flood_of_wrong_passwords_does_not_starve_a_verified_scraper() {
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(30);
+// A closure is judged against LONG / 2: after SHORT, it is the timeout under
+// test and not one of the LONG ones, however slowly a loaded machine runs.
 
 /// A connection that sends nothing, before or after a request, is closed
 /// after the idle timeout.
@@ -293,13 +297,10 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
     let mut kept_alive = Conn::open(server.local_addr());
     assert_eq!(kept_alive.get(None), Some(200));
     let started = Instant::now();
-    assert!(fresh.closed_within(Duration::from_secs(5)));
-    assert!(kept_alive.closed_within(Duration::from_secs(5)));
+    assert!(fresh.closed_within(LONG / 2));
+    assert!(kept_alive.closed_within(LONG / 2));
     let took = started.elapsed();
-    assert!(
-        took >= SHORT / 2 && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    assert!(took >= SHORT / 2 && took < LONG / 2, "{took:?}");
     let stats = stats_once(&server, |s| s.connections_open == 0);
     assert_eq!(stats.connections_timed_out, 2);
     assert_eq!(stats.connections_open, 0);
@@ -332,10 +333,7 @@ fn cut_off_while_trickling(server: WebServer, bytes: &[u8], not_cut: &str) {
     let mut conn = Conn::open(server.local_addr());
     let took = conn.trickle(bytes, Duration::from_millis(50));
     let took = took.expect(not_cut);
-    assert!(
-        took >= SHORT / 2 && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    assert!(took >= SHORT / 2 && took < LONG / 2, "{took:?}");
     let stats = stats_once(&server, |s| s.connections_open == 0);
     assert_eq!(stats.connections_timed_out, 1);
     server.stop();
@@ -388,7 +386,7 @@ fn connections_beyond_the_cap_are_refused() {
     assert_eq!(first.get(None), Some(200));
     assert_eq!(second.get(None), Some(200));
     let mut third = Conn::open(address);
-    assert!(third.closed_within(Duration::from_secs(5)));
+    assert!(third.closed_within(LONG / 2));
     assert_eq!(third.get(None), None);
     let stats = server.stats();
     assert_eq!(stats.connections_refused, 1);
@@ -425,7 +423,7 @@ fn stats_are_published_as_rows_and_series() {
     let mut held = Conn::open(server.local_addr());
     assert_eq!(held.get(None), Some(200));
     let mut refused = Conn::open(server.local_addr());
-    assert!(refused.closed_within(Duration::from_secs(5)));
+    assert!(refused.closed_within(LONG / 2));
     let (rows, received) = std::sync::mpsc::channel();
     server.publish_stats(rows);
     let deadline = Instant::now() + Duration::from_secs(5);
