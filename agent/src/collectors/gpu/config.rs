@@ -1,0 +1,173 @@
+//! `[collectors.gpu]`: the collector's settings, their ranges and their
+//! comments in the example config.
+
+use serde::{Deserialize, Serialize};
+
+use super::backend::GpuBackend;
+use super::{nvml, sim};
+use crate::collectors::CollectorConfig;
+
+/// `[collectors.gpu]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Whether the collector runs.
+    pub enabled: bool,
+    /// Seconds between two reads.
+    pub interval_secs: f64,
+    /// Whether to read GPM metrics (Hopper and newer).
+    pub gpm: bool,
+    /// Whether to list the processes on each GPU and their owners.
+    pub processes: bool,
+    /// Simulated GPUs instead of NVML; 0 uses NVML.
+    pub simulate_gpus: u32,
+    /// Profile of the simulated GPUs.
+    pub simulate_profile: String,
+    /// Scenario of each simulated GPU, in turn.
+    pub simulate_scenarios: Vec<String>,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            enabled: true,
+            interval_secs: crate::collectors::DEFAULT_INTERVAL_SECS,
+            gpm: true,
+            processes: true,
+            simulate_gpus: 0,
+            simulate_profile: "h100".into(),
+            simulate_scenarios: vec!["training".into()],
+        }
+    }
+}
+
+impl CollectorConfig for GpuConfig {
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+    fn interval_secs(&self) -> f64 {
+        self.interval_secs
+    }
+}
+
+impl GpuConfig {
+    /// Checks the simulated backend's names and count.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.simulate_gpus > 64 {
+            return Err((
+                "collectors.gpu.simulate_gpus".into(),
+                format!(
+                    "collectors.gpu.simulate_gpus = {}: at most 64",
+                    self.simulate_gpus
+                ),
+            ));
+        }
+        if sim::profile(&self.simulate_profile).is_none() {
+            let known: Vec<&str> = sim::PROFILES.iter().map(|p| p.key).collect();
+            return Err((
+                "collectors.gpu.simulate_profile".into(),
+                format!(
+                    "collectors.gpu.simulate_profile = {:?}: not a profile (one of {})",
+                    self.simulate_profile,
+                    known.join(", ")
+                ),
+            ));
+        }
+        for name in &self.simulate_scenarios {
+            if sim::Scenario::parse(name).is_none() {
+                let known: Vec<&str> = sim::SCENARIOS.iter().map(|(k, _)| *k).collect();
+                return Err((
+                    "collectors.gpu.simulate_scenarios".into(),
+                    format!(
+                        "collectors.gpu.simulate_scenarios: {name:?} is not a scenario (one of {})",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `other` builds the same backend: the same simulated GPUs, or
+    /// NVML read the same way.
+    pub(super) fn same_backend(&self, other: &GpuConfig) -> bool {
+        self.simulate_gpus == other.simulate_gpus
+            && self.simulate_profile == other.simulate_profile
+            && self.simulate_scenarios == other.simulate_scenarios
+            && self.gpm == other.gpm
+    }
+
+    pub(super) fn backend(&self) -> Result<Box<dyn GpuBackend>, String> {
+        if self.simulate_gpus > 0 {
+            let profile = sim::profile(&self.simulate_profile)
+                .ok_or_else(|| format!("unknown profile {:?}", self.simulate_profile))?;
+            let scenarios = self
+                .simulate_scenarios
+                .iter()
+                .filter_map(|s| sim::Scenario::parse(s))
+                .collect();
+            return Ok(Box::new(sim::SimBackend::new(
+                self.simulate_gpus,
+                profile,
+                scenarios,
+            )));
+        }
+        Ok(Box::new(nvml::NvmlBackend::new(self.gpm)?))
+    }
+}
+
+/// Ranges of this collector's own numeric keys.
+pub static KEY_RANGES: crate::config::KeyRanges =
+    &[("simulate_gpus", crate::config::KeyRange::between(0.0, 64.0))];
+
+/// Comments for this collector's own keys in the example config.
+pub static KEY_DOCS: &[(&str, &str)] = &[
+    (
+        "gpm",
+        "Read GPM metrics on Hopper and newer (SM activity and occupancy, tensor activity, DRAM bandwidth, per-link NVLink throughput). GPM does not take the profiling lock that DCGM's profiling fields take, so it can stay on while people run Nsight.",
+    ),
+    (
+        "processes",
+        "List the processes on each GPU with their memory and SM share, and map each to its cgroup: container, Kubernetes pod UID or Slurm job.",
+    ),
+    (
+        "simulate_gpus",
+        "Simulate this many GPUs instead of reading NVML (also --simulate-gpus N); 0 reads the real GPUs. For tests, dashboards and demos.",
+    ),
+    (
+        "simulate_profile",
+        "Profile of the simulated GPUs: \"h100\" (H100 SXM 80 GB) or \"h200\".",
+    ),
+    (
+        "simulate_scenarios",
+        "What the simulated GPUs do, GPU i playing scenarios[i % len]: idle, training, memory-bound, thermal-throttle, power-throttle, pcie-degraded, nvlink-hidden, xid, gpu-lost, mig.",
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_simulator_settings_name_their_key() {
+        let bad = GpuConfig {
+            simulate_scenarios: vec!["training".into(), "on-fire".into()],
+            ..GpuConfig::default()
+        };
+        let (key, message) = bad.validate().unwrap_err();
+        assert_eq!(key, "collectors.gpu.simulate_scenarios");
+        assert!(
+            message.contains("\"on-fire\"") && message.contains("gpu-lost"),
+            "{message}"
+        );
+        let bad = GpuConfig {
+            simulate_profile: "a100".into(),
+            ..GpuConfig::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().0,
+            "collectors.gpu.simulate_profile"
+        );
+        assert!(GpuConfig::default().validate().is_ok());
+    }
+}
