@@ -347,8 +347,9 @@ pub struct CompactArgs {
     /// Delete days older than this (e.g. `30d`).
     #[arg(long = "retention.max-age", value_parser = humantime::parse_duration)]
     max_age: Option<Duration>,
-    /// Delete the oldest files while the tables hold more bytes than this.
-    #[arg(long = "retention.max-bytes")]
+    /// Delete the oldest files while the tables hold more bytes than this
+    /// (bytes, or with a unit: `500GB`, `1TiB`).
+    #[arg(long = "retention.max-bytes", value_parser = vtax_exporters::size::parse_bytes)]
     max_bytes: Option<u64>,
     /// Treat every day before this time as finished (default: now). Lets an
     /// import of today's data be compacted at once.

@@ -105,10 +105,16 @@ pub struct ScrapeTarget {
     #[serde(default = "default_label_limit")]
     pub label_limit: u64,
     /// Longest label value in bytes; longer rejects the scrape whole.
-    #[serde(default = "default_label_value_length_limit_bytes")]
+    #[serde(
+        default = "default_label_value_length_limit_bytes",
+        deserialize_with = "vtax_exporters::size::deserialize_bytes"
+    )]
     pub label_value_length_limit_bytes: u64,
     /// Largest response body in bytes; larger rejects the scrape whole.
-    #[serde(default = "default_body_size_limit_bytes")]
+    #[serde(
+        default = "default_body_size_limit_bytes",
+        deserialize_with = "vtax_exporters::size::deserialize_bytes"
+    )]
     pub body_size_limit_bytes: u64,
 }
 

@@ -54,7 +54,10 @@ pub struct RemoteWriteConfig {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub external_labels: BTreeMap<String, String>,
     /// Bytes the on-disk queue may hold before its oldest samples are dropped.
-    #[serde(default = "default_queue_max_bytes")]
+    #[serde(
+        default = "default_queue_max_bytes",
+        deserialize_with = "crate::size::deserialize_bytes"
+    )]
     pub queue_max_bytes: u64,
     /// Most samples in one request.
     #[serde(default = "default_max_samples_per_send")]
