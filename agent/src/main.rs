@@ -8,6 +8,7 @@ mod detect;
 mod doctor;
 #[cfg(test)]
 mod golden;
+mod gpu_probe;
 #[cfg(test)]
 mod hot_text;
 mod import;
@@ -129,6 +130,12 @@ enum Command {
     Catalogue,
     /// Replay a store's recorded rows through a fresh detector; print the events it opens.
     ReplayDetector(detect::replay::ReplayArgs),
+    /// Measure what transfers to, from and between GPUs get, and an empty
+    /// kernel's launch, each against its peak (PCIe, HBM, NVLink).
+    ///
+    /// Loads the CUDA driver (libcuda.so.1) and copies 256 MiB at a time:
+    /// run it on idle GPUs, as it takes GPU time from anything running.
+    ProbeGpu(gpu_probe::command::ProbeGpuArgs),
 }
 
 /// Every table the agent writes: the store's own and the collectors'.
@@ -198,6 +205,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::report(args),
         Command::Upload(args) => upload::upload(args),
         Command::ReplayDetector(args) => detect::replay::replay_detector(args),
+        Command::ProbeGpu(args) => gpu_probe::command::probe_gpu(args),
         Command::Catalogue => {
             print_stdout(&vtax_store::schema::render_catalogue(catalog().tables()))
         }

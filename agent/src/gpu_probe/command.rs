@@ -1,0 +1,133 @@
+//! `vtax probe-gpu`: the probe once, now, on every GPU or the ones asked for.
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+
+use super::facts::GpuFacts;
+use super::render::Report;
+use super::{Engine, Sizes};
+
+/// Arguments of `vtax probe-gpu`.
+#[derive(clap::Args, Debug)]
+pub struct ProbeGpuArgs {
+    /// Only these GPUs (NVML's index, as `nvidia-smi` numbers them), e.g. `--gpu 0,3`.
+    #[arg(long, value_name = "N", value_delimiter = ',')]
+    pub gpu: Option<Vec<u32>>,
+    /// Print JSON for scripts instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Size of each large copy (host↔device, device→device, peer to peer),
+    /// e.g. `256MiB`, `1GB`, or bytes; from 4 bytes to 16 GiB.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = copy_bytes)]
+    pub copy_bytes: u64,
+    /// Timed repetitions of each large copy; each figure is their median.
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_REPEATS,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeats: u32,
+    /// Uncounted copies before the timed ones.
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_WARMUP,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub warmup: u32,
+    /// Timed kernel launches and small round trips; each figure is their median.
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_LATENCY_REPEATS,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub latency_repeats: u32,
+    /// Probe this many simulated GPUs (H100 SXMs) instead of the real ones.
+    #[arg(long = "simulate-gpus", value_name = "N")]
+    pub simulate_gpus: Option<u32>,
+}
+
+/// The largest copy `--copy-bytes` takes: each GPU holds two buffers of it.
+const MAX_COPY_BYTES: u64 = 16 << 30;
+
+/// Reads `--copy-bytes`: a size with a unit, at least the small copy's 4 bytes.
+fn copy_bytes(text: &str) -> Result<u64, String> {
+    let bytes = vtax_exporters::size::parse_bytes(text)?;
+    if !(super::SMALL_COPY_BYTES..=MAX_COPY_BYTES).contains(&bytes) {
+        return Err(format!(
+            "{bytes} bytes is out of range: from {} bytes to 16 GiB",
+            super::SMALL_COPY_BYTES
+        ));
+    }
+    Ok(bytes)
+}
+
+impl ProbeGpuArgs {
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            copy_bytes: self.copy_bytes,
+            repeats: self.repeats,
+            warmup: self.warmup,
+            latency_repeats: self.latency_repeats,
+        }
+    }
+}
+
+/// Runs `vtax probe-gpu`.
+pub fn probe_gpu(args: ProbeGpuArgs) -> Result<()> {
+    let (mut engine, facts): (Box<dyn Engine>, _) = match args.simulate_gpus {
+        Some(n) => (
+            Box::new(super::fake::FakeEngine::simulated(n)),
+            Ok(super::fake::simulated_facts(n)),
+        ),
+        None => (
+            Box::new(super::cuda::CudaEngine::new()?),
+            super::facts::read_nvml(),
+        ),
+    };
+    let report = run(engine.as_mut(), facts, args.gpu.as_deref(), &args.sizes())?;
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        report.table()
+    };
+    crate::print_stdout(&text)?;
+    if !report.complete() {
+        anyhow::bail!("the probe failed on some GPUs or pairs (see above)");
+    }
+    Ok(())
+}
+
+/// Probes the GPUs asked for (by the report's numbering: NVML's index where
+/// NVML knows the GPU) and sets the figures against their peaks.
+pub fn run(
+    engine: &mut dyn Engine,
+    facts: Result<HashMap<String, GpuFacts>, String>,
+    only: Option<&[u32]>,
+    sizes: &Sizes,
+) -> Result<Report> {
+    let ordinals = match only {
+        None => None,
+        Some(wanted) => {
+            let listed = engine.gpus()?;
+            let shown = |g: &super::CudaGpu| {
+                facts
+                    .as_ref()
+                    .ok()
+                    .and_then(|f| f.get(&g.pci_bus_id))
+                    .map_or(g.ordinal, |f| f.nvml_index)
+            };
+            let mut ordinals = Vec::new();
+            for w in wanted {
+                match listed.iter().find(|g| shown(g) == *w) {
+                    Some(g) => ordinals.push(g.ordinal),
+                    None if listed.is_empty() => {
+                        anyhow::bail!("no GPU {w}: the CUDA driver sees no GPU")
+                    }
+                    None => anyhow::bail!(
+                        "no GPU {w}: the CUDA driver sees GPU {}",
+                        listed
+                            .iter()
+                            .map(|g| shown(g).to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }
+            }
+            Some(ordinals)
+        }
+    };
+    let probe = super::probe(engine, ordinals.as_deref(), sizes)?;
+    Ok(Report::new(&probe, &facts))
+}
