@@ -15,16 +15,36 @@
 #      which the agent should count and store. It resets nothing, but it does
 #      put an error in the kernel log: opt in;
 #   5. the store the agent wrote, read back: `vtax query` and pyarrow;
-#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real).
+#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real);
+#   7. the transfer probe: `vtax probe-gpu` (its table, every GPU), then
+#      bench/gpu/probe_vs_torch.py: the probe's host<->device, device->device
+#      and launch figures beside the same transfers timed by PyTorch, PASS or
+#      FAIL each. The script exits non-zero when that comparison fails.
 #
 # Usage: scripts/gpu-smoke.sh [seconds of load, default 20]
 # VTAX=path/to/vtax uses a built binary instead of building one; SMOKE_DIR=dir
 # keeps the raw files there (default: a new temporary folder).
+# STEPS picks the steps, by name, comma- or space-separated (default: all):
+#   doctor (1), agent (2 and 5: the agent under load, and its store read back),
+#   ncu (3), xid (4, with XID=1), overhead (6), probe (7).
+# ncu and xid run inside the agent's window, so only with agent. PROBE_ONLY=1
+# is STEPS=probe: a couple of minutes on a node of a few GPUs. PROBE_GPU=N
+# compares GPU N (nvidia-smi's index, default 0) with PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 out=${SMOKE_DIR:-$(mktemp -d)}
 mkdir -p "$out"
+steps=${STEPS:-doctor agent ncu xid overhead probe}
+[ "${PROBE_ONLY:-0}" = 1 ] && steps=probe
+steps=" ${steps//,/ } "
+want() { [[ $steps == *" $1 "* ]]; }
+for step in $steps; do
+  case $step in
+    doctor|agent|ncu|xid|overhead|probe) ;;
+    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead probe)" >&2; exit 2 ;;
+  esac
+done
 
 if [ -z "${VTAX:-}" ]; then
   cargo build --release -p vtax
@@ -43,9 +63,12 @@ now() { date +%s.%N; }
 
 nvidia-smi -L | tee "$out/nvidia-smi-L.txt"
 nvidia-smi -q > "$out/nvidia-smi-q.txt" 2>&1 || true
-"$VTAX" doctor --gpu --no-collector.cgroups > "$out/doctor-gpu.txt" 2>&1 || true
-sed -n '/^gpus:/,$p' "$out/doctor-gpu.txt"
+if want doctor; then
+  "$VTAX" doctor --gpu --no-collector.cgroups > "$out/doctor-gpu.txt" 2>&1 || true
+  sed -n '/^gpus:/,$p' "$out/doctor-gpu.txt"
+fi
 
+if want agent; then
 port=19433
 "$VTAX" run --data-dir "$out/data" --web.listen-address "127.0.0.1:$port" \
   --no-collector.cgroups --no-collector.infiniband > "$out/vtax.log" 2>&1 &
@@ -91,7 +114,7 @@ sleep 3
 
 # Nsight Compute beside the agent: ncu takes the GPU's profiling counters for
 # each kernel it replays, GPM is meant to go on regardless.
-if command -v ncu >/dev/null && [ "${NSIGHT:-1}" != 0 ]; then
+if want ncu && command -v ncu >/dev/null && [ "${NSIGHT:-1}" != 0 ]; then
   cat > "$out/ncu_load.py" <<'PY'
 import time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -109,7 +132,7 @@ PY
   sleep 2
 fi
 
-if [ "${XID:-0}" = 1 ]; then
+if want xid && [ "${XID:-0}" = 1 ]; then
   python3 - > "$out/xid.txt" 2>&1 <<'PY' || true
 import cupy
 poke = cupy.RawKernel(r'extern "C" __global__ void poke() { *(volatile int *)0x10 = 1; }', "poke")
@@ -239,10 +262,29 @@ if os.path.exists(f"{out}/xid.txt"):
 print()
 print(open(f"{out}/pyarrow.txt").read().rstrip())
 PY
+grep -iE 'warn|error' "$out/vtax.log" | head -20 || true
+fi
 
-if [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 0 ]; then
+if want overhead && [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 0 ]; then
   echo
   python3 bench/agent/gpu_overhead.py --real --seconds 45 --vtax "$VTAX" | tee "$out/overhead.txt"
 fi
-grep -iE 'warn|error' "$out/vtax.log" | head -20 || true
+
+# The transfer probe on idle GPUs: its own table first (every GPU and pair),
+# then one GPU beside PyTorch. Each under a timeout: a wedged driver call
+# must not hold a lent machine.
+probe_rc=0
+if want probe; then
+  echo
+  set +e
+  timeout 180 "$VTAX" probe-gpu > "$out/probe-gpu.txt" 2>&1
+  echo "rc=$?" >> "$out/probe-gpu.txt"
+  cat "$out/probe-gpu.txt"
+  timeout 300 python3 bench/gpu/probe_vs_torch.py --vtax "$VTAX" --gpu "${PROBE_GPU:-0}" \
+    --timeout 120 --json-out "$out/probe-vs-torch.json" 2>&1 | tee "$out/probe-vs-torch.txt"
+  probe_rc=${PIPESTATUS[0]}
+  set -e
+  echo "probe_vs_torch exit $probe_rc"
+fi
 echo "gpu-smoke: raw files in $out"
+exit "$probe_rc"
