@@ -316,6 +316,12 @@ impl FileInfo {
         self.path.file_name().and_then(|n| n.to_str()).unwrap_or("")
     }
 
+    /// Whether the file is a merged file under its pending name
+    /// ([`pending_name`]): its merge was interrupted before it was published.
+    pub fn is_pending(&self) -> bool {
+        published_name(self.name()).is_some()
+    }
+
     /// Whether the file will not change any more, as far as the files tell:
     /// every hour it holds ended at least `settle_us` before `now_us`, and, when
     /// it holds one hour, no other file of its partition (`partition`, which may
@@ -342,14 +348,58 @@ impl FileInfo {
     }
 }
 
-/// The live files of a store as any process sees them, without its lock:
-/// files that a merged file replaces are left out, and so are files that
-/// vanish or fail to read while being listed (a writer merging them away or
-/// quarantining them at that moment).
+/// The published files of a store, as a glob of `*.parquet` sees them and
+/// without its lock: files that a published merged file replaces are left
+/// out, and so are files that vanish or fail to read while being listed (a
+/// writer merging them away or quarantining them at that moment). A merged
+/// file still under its pending name is not among them, and the inputs it
+/// has not yet deleted are: they are what a glob reads until it is published.
 pub fn live_files(data_dir: &Path) -> Result<Vec<FileInfo>> {
-    let (listed, _) = list_files(data_dir)?;
+    let (mut listed, _) = list_files(data_dir)?;
+    listed.retain(|f| !f.pending);
     let index = index_files(listed, |_, _| Ok(()))?;
     Ok(index.live.into_values().flatten().collect())
+}
+
+/// Ending of a merged file's name while its merge commits, after the
+/// published name: see [`pending_name`].
+const PENDING_SUFFIX: &str = ".pending";
+
+/// The name a merged file is written under until its inputs are deleted,
+/// `.<name>.pending` for the published `<name>`: hidden, and not ending in
+/// `.parquet`. The documented globs (`*.parquet`, `**/*.parquet`) never match
+/// it, and readers of a whole directory (pyarrow's and pandas' datasets,
+/// Spark) pass over hidden files, so the same rows are never read both from
+/// it and from its inputs. Renamed to `<name>` once every input is deleted.
+pub fn pending_name(name: &str) -> String {
+    format!(".{name}{PENDING_SUFFIX}")
+}
+
+/// The published name of a pending file's name ([`pending_name`]); `None`
+/// for any other name.
+pub fn published_name(name: &str) -> Option<&str> {
+    name.strip_prefix('.')?
+        .strip_suffix(PENDING_SUFFIX)
+        .filter(|n| n.ends_with(".parquet") && !n.starts_with('.'))
+}
+
+/// Publishes a merged file written under its pending name ([`pending_name`]),
+/// once its inputs are deleted: renames it to its published name and fsyncs
+/// the directory. Returns its new path.
+pub(crate) fn publish_pending(path: &Path) -> Result<PathBuf> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some(published) = published_name(name) else {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            reason: "not the name of a pending merged file".into(),
+        });
+    };
+    let target = path.with_file_name(published);
+    fs::rename(path, &target).map_err(Error::io("rename", path))?;
+    if let Some(dir) = target.parent() {
+        sync_dir(dir)?;
+    }
+    Ok(target)
 }
 
 /// Directory of a table's partition for `day`.
@@ -376,10 +426,23 @@ pub trait ColumnSource {
         -> Result<()>;
 }
 
+/// Where [`publish`] puts a file once it is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublishAs {
+    /// Under its published name, `<name>.parquet`, read by every reader.
+    Published,
+    /// Under its pending name ([`pending_name`]): a merged file, read by the
+    /// store's readers in place of its inputs, and by a glob only once
+    /// [`publish_pending`] renames it after the inputs are deleted.
+    Pending,
+}
+
 /// Writes the rows from `source` (sorted by tags then time, `first_time` the
 /// smallest time) as a new file in its partition, atomically: temp file, fsync,
-/// rename, fsync the directory. On any error the temp file is removed and nothing
-/// is published. The name avoids existing files and any for which `taken` says yes.
+/// rename (to its published or its pending name, as `publish_as` says), fsync
+/// the directory. On any error the temp file is removed and nothing is
+/// published. The name avoids existing files, published or pending, and any
+/// for which `taken` says yes.
 #[allow(clippy::too_many_arguments)]
 pub fn publish(
     data_dir: &Path,
@@ -392,6 +455,7 @@ pub fn publish(
     compacted_intermediates: &[String],
     options: &WriteOptions,
     taken: &dyn Fn(&str) -> bool,
+    publish_as: PublishAs,
 ) -> Result<FileInfo> {
     let day = first_time.div_euclid(crate::DAY_US);
     let dir = partition_dir(data_dir, table.name, day);
@@ -400,11 +464,14 @@ pub fn publish(
     // A merge can start and end where one of its inputs does: never reuse a name.
     let mut name = format!("{node}-{first_time}-{max_seq}.parquet");
     let mut n = 1;
-    while dir.join(&name).exists() || taken(&name) {
+    while dir.join(&name).exists() || dir.join(pending_name(&name)).exists() || taken(&name) {
         name = format!("{node}-{first_time}-{max_seq}-{n}.parquet");
         n += 1;
     }
-    let path = dir.join(&name);
+    let path = match publish_as {
+        PublishAs::Published => dir.join(&name),
+        PublishAs::Pending => dir.join(pending_name(&name)),
+    };
     let tmp = dir.join(format!(".{name}.tmp"));
 
     let mut metadata = vec![
@@ -888,15 +955,22 @@ pub(crate) struct Listed {
     pub path: PathBuf,
     pub table: String,
     pub day: i64,
+    /// A merged file under its pending name ([`pending_name`]).
+    pub pending: bool,
 }
 
-/// Lists published files (and stray temp files, returned separately).
+/// Lists published and pending files (and, separately, strays: temp files,
+/// and pending files whose published twin is there too).
 pub(crate) fn list_files(data_dir: &Path) -> Result<(Vec<Listed>, Vec<PathBuf>)> {
     list_node_files(data_dir, None)
 }
 
-/// Lists published files of one node's store, or with `node`, of that node in
-/// a fleet copy (`tables/<table>/node=<node>/date=.../`).
+/// Lists published and pending files of one node's store, or with `node`, of
+/// that node in a fleet copy (`tables/<table>/node=<node>/date=.../`). The
+/// strays, returned apart, are what no reader reads and an open removes:
+/// temp files of a publish that did not finish, and a pending file listed
+/// beside its own published name (renamed while the directory was read, or
+/// copied so by a tool): one file, read under its published name.
 pub(crate) fn list_node_files(
     data_dir: &Path,
     node: Option<&str>,
@@ -930,16 +1004,27 @@ pub(crate) fn list_node_files(
             else {
                 continue;
             };
+            let mut names = Vec::new();
             for file in read(&part.path())? {
-                let name = file.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.ends_with(".tmp") {
-                    temps.push(file.path());
-                } else if name.ends_with(".parquet") {
+                if let Ok(name) = file.file_name().into_string() {
+                    names.push((name, file.path()));
+                }
+            }
+            let published: std::collections::HashSet<&str> = names
+                .iter()
+                .map(|(name, _)| name.as_str())
+                .filter(|name| name.ends_with(".parquet"))
+                .collect();
+            for (name, path) in &names {
+                let pending = published_name(name);
+                if name.ends_with(".tmp") || pending.is_some_and(|p| published.contains(p)) {
+                    temps.push(path.clone());
+                } else if pending.is_some() || name.ends_with(".parquet") {
                     files.push(Listed {
-                        path: file.path(),
+                        path: path.clone(),
                         table: table_name.clone(),
                         day,
+                        pending: pending.is_some(),
                     });
                 }
             }
@@ -971,9 +1056,12 @@ pub fn node_of_store(data_dir: &Path) -> Result<Option<String>> {
         .map(|info| info.node))
 }
 
-/// Published files by partition (table, day), and the files that a merged file
+/// Live files by partition (table, day), and the files that a merged file
 /// in the same partition replaces, set aside: those are an interrupted merge's
-/// inputs, which a writer deletes and a reader ignores.
+/// inputs, which a writer deletes and a reader ignores. A merged file under
+/// its pending name is live: it holds every row of its inputs, which it
+/// replaces from the moment it is there (a glob reads the inputs until it is
+/// published, and never both).
 pub(crate) struct FileIndex {
     pub live: BTreeMap<(String, i64), Vec<FileInfo>>,
     pub replaced: Vec<FileInfo>,

@@ -8,6 +8,8 @@
 //!   LOCK                                   flock held by the one writer; holds its pid
 //!   wal/<first_seq>.wal                    CRC-framed segments (see [`wal`])
 //!   tables/<table>/date=YYYY-MM-DD/<node>-<first_time_us>-<seq>.parquet
+//!   tables/<table>/date=YYYY-MM-DD/.<name>.parquet.pending
+//!                                          a merged file whose inputs are being deleted
 //!   quarantine/<table>/date=YYYY-MM-DD/... files that failed verification, kept
 //! ```
 //!
@@ -28,11 +30,19 @@
 //!    the lowest sequence number still buffered, i.e. published.
 //! 5. **Compaction** merges files (a finished hour's parts into one file, a
 //!    finished day's files into one) by a streaming merge, recording the names of
-//!    the files it replaces in the new file's metadata. Whoever finds a compacted file beside any of its
-//!    inputs ignores the inputs (and a writer deletes them), so a kill at any instant
-//!    leaves every row visible exactly once. A merge may run on another thread
-//!    while the writer appends and publishes ([`Compactor`]); the writer lists and
-//!    keeps its inputs until it takes the outcome back.
+//!    the files it replaces in the new file's metadata. The merged file is
+//!    written under a pending name that no `*.parquet` glob matches (temp file,
+//!    fsync, rename, fsync the directory), then the inputs are deleted and the
+//!    directory fsynced, then it is renamed to its published name and the
+//!    directory fsynced. So a plain glob never reads a merged file beside one of
+//!    its inputs: it reads each row once, or, between the first deletion and the
+//!    rename, misses the deleted inputs' rows. The store's readers take a
+//!    merged file, pending or not, in place of every input it names, and a
+//!    writer's open deletes the inputs and publishes the pending file, so a kill
+//!    at any instant leaves every row visible to them exactly once. A merge may
+//!    run on another thread while the writer appends and publishes
+//!    ([`Compactor`]); the writer lists and keeps its inputs until it takes the
+//!    outcome back.
 //! 6. **Retention** deletes whole files, oldest day first; a deletion is atomic.
 //! 7. **Quarantine.** A file whose footer cannot be read or describes a layout the
 //!    file does not have, at open, or whose pages a merge cannot read, is moved to

@@ -213,13 +213,15 @@ pub struct Store {
     clock_us: Option<i64>,
     /// Failed WAL fsyncs logged: a failing disk fails one every sync.
     fsync_failures_logged: Repeats,
+    /// Where a merge stops dead, for tests ([`Self::kill_merges_at`]).
+    merge_kill_step: Option<usize>,
     _lock: File,
 }
 
 impl Store {
     /// Opens (creating if needed) the store: takes the lock, removes stray temp
     /// files, verifies every file's footer (quarantining failures), finishes any
-    /// interrupted compaction, and replays the WAL.
+    /// interrupted merge (see [`Self::finish_merge`]), and replays the WAL.
     pub fn open(options: StoreOptions, catalog: Catalog) -> Result<Self> {
         check_node_name(&options.node).map_err(|reason| Error::NodeName {
             name: options.node.clone(),
@@ -229,9 +231,9 @@ impl Store {
         fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
         let lock = lock(&dir)?;
         let mut stats = StoreStats::default();
-        let (listed, temps) = files::list_files(&dir)?;
-        for tmp in temps {
-            fs::remove_file(&tmp).map_err(Error::io("remove stray temp file", &tmp))?;
+        let (listed, strays) = files::list_files(&dir)?;
+        for stray in strays {
+            fs::remove_file(&stray).map_err(Error::io("remove stray temp file", &stray))?;
         }
         let index = files::index_files(listed, |file, e| {
             quarantine(&dir, &file.path)?;
@@ -239,11 +241,8 @@ impl Store {
             tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
             Ok(())
         })?;
-        // Roll an interrupted merge forward: its inputs go.
-        for info in &index.replaced {
-            fs::remove_file(&info.path).map_err(Error::io("remove compacted input", &info.path))?;
-        }
-        let by_partition = index.live;
+        let mut by_partition = index.live;
+        finish_interrupted_merges(&index.replaced, &mut by_partition)?;
 
         let wal_dir = dir.join("wal");
         let watermarks = watermarks_by_bucket(&by_partition);
@@ -331,8 +330,20 @@ impl Store {
             last_sync: Instant::now(),
             clock_us: None,
             fsync_failures_logged: Repeats::default(),
+            merge_kill_step: None,
             _lock: lock,
         })
+    }
+
+    /// Makes every merge from now on stop dead at `step` of its commit, by
+    /// panicking there, as a kill at that instant would stop it: 0 while its
+    /// file is being written; 1 once the file is in place under its pending
+    /// name; 1 + k once k of its n inputs are deleted; n + 1 once all are,
+    /// before the file takes its published name. For tests of what each
+    /// instant leaves on disk; `None` (the default) stops nothing.
+    #[doc(hidden)]
+    pub fn kill_merges_at(&mut self, step: Option<usize>) {
+        self.merge_kill_step = step;
     }
 
     /// The tables this store knows.
@@ -528,6 +539,7 @@ impl Store {
             &[],
             &options,
             &|_| false,
+            files::PublishAs::Published,
         );
         let info = match published {
             Ok(info) => info,
@@ -666,7 +678,10 @@ impl Store {
         // (partition, inputs, whether the output is a part of the running hour)
         let mut groups: Vec<((String, i64), Vec<FileInfo>, bool)> = Vec::new();
         for ((table, day), files) in &self.files {
-            if files.len() < 2 {
+            // A merged file left pending by a failed commit holds rows of
+            // inputs still on disk: its partition waits for the next open,
+            // which finishes the commit, lest a merge of it bring them back.
+            if files.len() < 2 || files.iter().any(FileInfo::is_pending) {
                 continue;
             }
             let day_hours = day * 24..(day + 1) * 24;
@@ -777,11 +792,20 @@ impl Store {
             intermediates,
             replaced,
             dedupe,
+            kill_step: self.merge_kill_step,
         })
     }
 
-    /// Takes a merge's outcome: its output replaces its inputs in the store's
-    /// list, then the inputs are deleted. A merge that failed or was stopped
+    /// Takes a merge's outcome and commits it: its output, written under its
+    /// pending name ([`files::pending_name`]), replaces its inputs in the
+    /// store's list; the inputs are deleted and the directory fsynced; then
+    /// the output is renamed to its published name and the directory fsynced.
+    /// A glob of `*.parquet` thus reads the inputs until the first is
+    /// deleted, fewer of them until the output is published (the rows of the
+    /// deleted ones are missing, never doubled), then the output alone. The
+    /// store's readers read the output from the moment it is there, pending
+    /// or not, and never its inputs beside it; [`Self::open`] finishes a
+    /// commit that a kill interrupted. A merge that failed or was stopped
     /// changes nothing; its inputs are merged at a later round. Returns the
     /// merge's error, counted as a write error unless the merge was stopped.
     pub fn finish_merge(&mut self, outcome: MergeOutcome) -> Result<()> {
@@ -809,21 +833,44 @@ impl Store {
         };
         self.stats.files_published += 1;
         self.stats.last_file_written = Some(SystemTime::now());
-        let dir = info.path.parent().map(Path::to_path_buf);
-        let partition = self.files.entry(merge.partition).or_default();
+        let pending = info.path.clone();
+        let partition = self.files.entry(merge.partition.clone()).or_default();
         partition.retain(|f| !merge.inputs.iter().any(|i| i.path == f.path));
         partition.push(info);
-        // The merged file is durable and names its inputs; removing them now is
-        // only tidying: readers skip them, and the next open removes what a
-        // failure or a kill here left.
-        for input in &merge.inputs {
-            fs::remove_file(&input.path)
-                .map_err(Error::io("remove compacted input", &input.path))?;
+        match self.commit_merge(&merge, &pending) {
+            Ok(published) => {
+                if let Some(info) = self
+                    .files
+                    .get_mut(&merge.partition)
+                    .and_then(|files| files.iter_mut().find(|f| f.path == pending))
+                {
+                    info.path = published;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The output stays listed under its pending name: it holds
+                // the rows of the inputs, deleted or not, and the next open
+                // finishes the commit.
+                self.count_error(&e);
+                Err(e)
+            }
         }
-        if let Some(dir) = dir {
-            wal::sync_dir(&dir)?;
+    }
+
+    /// Deletes a merge's inputs, fsyncs their directory, and publishes its
+    /// output, written to `pending`: the steps of [`Self::finish_merge`]
+    /// after the output is in place. Returns the output's published path.
+    fn commit_merge(&self, merge: &Merge, pending: &Path) -> Result<PathBuf> {
+        for (deleted, input) in merge.inputs.iter().enumerate() {
+            kill_point(self.merge_kill_step, 1 + deleted);
+            remove_if_there(&input.path, "remove compacted input")?;
         }
-        Ok(())
+        if let Some(dir) = pending.parent() {
+            wal::sync_dir(dir)?;
+        }
+        kill_point(self.merge_kill_step, 1 + merge.inputs.len());
+        files::publish_pending(pending)
     }
 
     /// Moves a published file of `partition` to `quarantine/` and out of the
@@ -946,6 +993,8 @@ pub struct Merge {
     replaced: Arc<HashSet<String>>,
     /// Whether rows whose tags and time equal another's are merged into one.
     dedupe: bool,
+    /// [`Store::kill_merges_at`]'s step when the merge was planned.
+    kill_step: Option<usize>,
 }
 
 /// What [`Merge::run`] did, for [`Store::finish_merge`].
@@ -963,9 +1012,10 @@ impl Merge {
         &self.inputs
     }
 
-    /// Writes the merged file, atomically (see [`files::publish`]); its inputs
-    /// stay until [`Store::finish_merge`]. Once `keep_going` turns false the
-    /// merge stops at its next column and publishes nothing.
+    /// Writes the merged file, atomically (see [`files::publish`]), under its
+    /// pending name; its inputs stay until [`Store::finish_merge`] commits it.
+    /// Once `keep_going` turns false the merge stops at its next column and
+    /// writes nothing.
     pub fn run(self, keep_going: &AtomicBool) -> MergeOutcome {
         let (output, writing) =
             match crate::merge::MergeColumns::open(self.table, &self.inputs, self.dedupe) {
@@ -987,6 +1037,7 @@ impl Merge {
         let mut source = Stoppable {
             source: merge,
             keep_going,
+            kill_step: self.kill_step,
         };
         // A publish beside this merge names its file after a sequence number
         // above every watermark the inputs hold, so the two never pick one name.
@@ -1001,6 +1052,7 @@ impl Merge {
             &self.intermediates,
             &self.options,
             &|name| self.replaced.contains(name),
+            files::PublishAs::Pending,
         )?;
         let duplicates = source.source.duplicates();
         if duplicates > 0 {
@@ -1022,6 +1074,7 @@ impl MergeOutcome {
 struct Stoppable<'a, S> {
     source: S,
     keep_going: &'a AtomicBool,
+    kill_step: Option<usize>,
 }
 
 impl<S: files::ColumnSource> Stoppable<'_, S> {
@@ -1046,8 +1099,58 @@ impl<S: files::ColumnSource> files::ColumnSource for Stoppable<'_, S> {
         sink: &mut dyn FnMut(arrow_array::ArrayRef) -> Result<()>,
     ) -> Result<()> {
         self.check()?;
+        // Past the first column, so the temp file holds some of the rows.
+        if column > 0 {
+            kill_point(self.kill_step, 0);
+        }
         self.source.column(column, sink)
     }
+}
+
+/// Stops dead at `step` of a merge if `kill_step` says so (see
+/// [`Store::kill_merges_at`]): a panic, so nothing after it runs.
+fn kill_point(kill_step: Option<usize>, step: usize) {
+    if kill_step == Some(step) {
+        panic!("a merge killed at step {step}, as a test asked");
+    }
+}
+
+/// Removes the file at `path`; one already gone is fine.
+fn remove_if_there(path: &Path, op: &'static str) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(op, path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Finishes, at open, the merges that a kill interrupted (see
+/// [`Store::finish_merge`]): deletes the files that a merged file replaces
+/// (`replaced`), fsyncs their directories, then publishes each merged file
+/// still under its pending name in `live`. The inputs go first, so that no
+/// instant, however the next kill falls, has a published file beside one it
+/// replaces. A pending file is whole (it takes that name only once written
+/// and fsynced), so the merge goes forward whether or not any input was
+/// deleted.
+fn finish_interrupted_merges(
+    replaced: &[FileInfo],
+    live: &mut BTreeMap<(String, i64), Vec<FileInfo>>,
+) -> Result<()> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for info in replaced {
+        remove_if_there(&info.path, "remove compacted input")?;
+        dirs.extend(info.path.parent().map(Path::to_path_buf));
+    }
+    for dir in &dirs {
+        wal::sync_dir(dir)?;
+    }
+    for info in live.values_mut().flatten() {
+        if info.is_pending() {
+            let published = files::publish_pending(&info.path)?;
+            tracing::info!(path = %published.display(), "Finished a merge that a kill interrupted: its inputs are deleted and its file published.");
+            info.path = published;
+        }
+    }
+    Ok(())
 }
 
 /// Bound on merge rounds in one `compact` call or one cycle of the agent's

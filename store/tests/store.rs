@@ -1172,9 +1172,11 @@ fn a_merge_runs_beside_appends_and_publishes_and_every_row_reads_once() {
     assert!(outcome.error().is_none(), "{:?}", outcome.error());
     expected.sort();
     // Merged but not handed back: the store still lists the inputs, and the
-    // output, which names them, is on disk beside them.
+    // output, which names them, is on disk beside them under its pending
+    // name, which no `*.parquet` glob matches.
     assert_eq!(store.files().count(), 6);
-    assert_eq!(parquet_files(dir.path()).len(), 7);
+    assert_eq!(parquet_files(dir.path()).len(), 6);
+    assert_eq!(files_under(&dir.path().join("tables"), "pending").len(), 1);
     assert_eq!(all_scraped(&store), expected);
     assert_eq!(scraped_on_disk(dir.path()), expected);
 

@@ -268,10 +268,13 @@ pub fn sample(ids: &[u64]) -> String {
 /// Files under a data directory's `tables/`.
 #[derive(Debug, Default)]
 pub struct TableFiles {
-    /// Published files (`*.parquet`).
+    /// Published files (`*.parquet`): what a glob of `*.parquet` reads.
     pub parquet: Vec<PathBuf>,
     /// Temp files (`*.tmp`): a publish that did not finish.
     pub temp: Vec<PathBuf>,
+    /// Merged files under their pending name (`.<name>.pending`): a merge
+    /// whose inputs were not all deleted yet.
+    pub pending: Vec<PathBuf>,
 }
 
 /// Walks `<data_dir>/tables`.
@@ -289,6 +292,8 @@ pub fn table_files(data_dir: &Path) -> TableFiles {
                 stack.push(path);
             } else if name.ends_with(".tmp") {
                 out.temp.push(path);
+            } else if name.ends_with(".pending") {
+                out.pending.push(path);
             } else if name.ends_with(".parquet") {
                 out.parquet.push(path);
             }
@@ -296,7 +301,30 @@ pub fn table_files(data_dir: &Path) -> TableFiles {
     }
     out.parquet.sort();
     out.temp.sort();
+    out.pending.sort();
     out
+}
+
+/// Per file that a glob of `*.parquet` under `<data_dir>/tables` matches (as
+/// DuckDB's `read_parquet('.../*/*.parquet')`, Polars' and pyarrow's do), the
+/// `value` of each of its rows, read with the parquet crate directly: what
+/// such a glob counts, file by file.
+pub fn glob_values(data_dir: &Path) -> Result<Vec<(PathBuf, Vec<u64>)>, String> {
+    let mut out = Vec::new();
+    for path in table_files(data_dir).parquet {
+        let file = read_parquet(&path)?;
+        let values = file
+            .rows
+            .iter()
+            .map(|row| {
+                row.value
+                    .map(|v| v as u64)
+                    .ok_or_else(|| format!("{}: a null value", path.display()))
+            })
+            .collect::<Result<Vec<u64>, String>>()?;
+        out.push((path, values));
+    }
+    Ok(out)
 }
 
 /// Every file under `dir`, recursively (for the quarantine check).
