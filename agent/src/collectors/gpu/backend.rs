@@ -184,7 +184,9 @@ pub struct GpuSample {
     pub power_watts: Option<f64>,
     /// Power limit enforced now.
     pub power_limit_watts: Option<f64>,
-    /// Energy since the driver loaded.
+    /// Energy since the driver loaded: the driver's exact counter, read only
+    /// when the tick's [`ReadPlan`] asks for it (`None` otherwise, or on a
+    /// board without the counter).
     pub energy_joules: Option<f64>,
     /// GPU die temperature.
     pub temperature_celsius: Option<f64>,
@@ -227,6 +229,62 @@ pub struct GpuSample {
     pub mig: Vec<MigSample>,
     /// Processes using the GPU.
     pub processes: Vec<ProcessSample>,
+    /// Whether the driver was asked for the processes' shares this tick: when
+    /// not, their shares are `None` and the collector fills them.
+    pub process_shares_read: bool,
+}
+
+/// The dear reads of one tick, which the collector spaces out: on an H100
+/// the energy counter costs the driver 3.1-4.9 ms of CPU a read and the
+/// per-process shares 2.5-5.8 ms, against a few hundredths of a millisecond
+/// for most other reads (docs/gpus.md, "What each read costs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPlan {
+    /// Read the exact energy counter.
+    pub energy: bool,
+    /// When to ask the driver for the per-process shares.
+    pub process_shares: SharesRead,
+}
+
+#[cfg(test)]
+impl ReadPlan {
+    /// Every read, as the collector made them before it spaced them out.
+    pub const ALL: ReadPlan = ReadPlan {
+        energy: true,
+        process_shares: SharesRead::Always,
+    };
+}
+
+/// When the driver's per-process shares are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharesRead {
+    /// Not this tick.
+    Skip,
+    /// Only where the GPU is shared (see [`shares_need_the_driver`]).
+    IfShared,
+    /// Whenever a compute process runs.
+    Always,
+}
+
+impl SharesRead {
+    /// Whether a GPU with `processes` compute processes and MIG in
+    /// `mig_enabled` gets the driver's call.
+    pub fn calls_the_driver(self, processes: usize, mig_enabled: Option<bool>) -> bool {
+        match self {
+            SharesRead::Skip => false,
+            SharesRead::IfShared => shares_need_the_driver(processes, mig_enabled),
+            SharesRead::Always => processes > 0,
+        }
+    }
+}
+
+/// Whether the processes' shares of a GPU need the driver's per-process
+/// call. With MIG off and one compute process, that process had the GPU to
+/// itself: its SM and memory shares are the GPU's utilisation, the same
+/// sampled busy time the driver would split among processes. With MIG on the
+/// GPU-wide utilisation is not the instance's, so the driver is asked.
+pub fn shares_need_the_driver(processes: usize, mig_enabled: Option<bool>) -> bool {
+    processes > 1 || (processes == 1 && mig_enabled != Some(false))
 }
 
 /// An XID error the driver reported.
@@ -266,8 +324,13 @@ pub trait GpuBackend: Send {
     fn driver_version(&self) -> String;
     /// The GPUs, read once per probe.
     fn identities(&mut self) -> Result<Vec<GpuIdentity>, String>;
-    /// Reads one GPU.
-    fn sample(&mut self, gpu: &GpuIdentity, time_us: i64) -> Result<GpuSample, SampleError>;
+    /// Reads one GPU, the dear reads as `plan` says.
+    fn sample(
+        &mut self,
+        gpu: &GpuIdentity,
+        time_us: i64,
+        plan: ReadPlan,
+    ) -> Result<GpuSample, SampleError>;
     /// XID errors since the last call.
     fn take_xids(&mut self) -> Vec<XidEvent>;
     /// Turns on timing each driver read, for `vtax doctor --gpu`.
@@ -371,6 +434,20 @@ mod tests {
             ..gpu
         };
         assert_eq!(pcie_card.nvlink_peak_bytes_per_second(), None);
+    }
+
+    #[test]
+    fn one_process_without_mig_needs_no_driver_call_for_its_share() {
+        assert!(!shares_need_the_driver(0, Some(false)));
+        assert!(!shares_need_the_driver(1, Some(false)));
+        assert!(shares_need_the_driver(2, Some(false)));
+        // MIG on, or unknown: the GPU's utilisation is not the process's.
+        assert!(shares_need_the_driver(1, Some(true)));
+        assert!(shares_need_the_driver(1, None));
+        assert!(!SharesRead::Skip.calls_the_driver(3, Some(false)));
+        assert!(SharesRead::Always.calls_the_driver(1, Some(false)));
+        assert!(!SharesRead::Always.calls_the_driver(0, None));
+        assert!(!SharesRead::IfShared.calls_the_driver(1, Some(false)));
     }
 
     #[test]

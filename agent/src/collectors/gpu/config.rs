@@ -19,6 +19,16 @@ pub struct GpuConfig {
     pub gpm: bool,
     /// Whether to list the processes on each GPU and their owners.
     pub processes: bool,
+    /// Seconds between two reads of the exact energy counter; the power
+    /// readings are integrated in between. At or below `interval_secs`:
+    /// every tick.
+    pub energy_interval_secs: f64,
+    /// Seconds between two reads of the per-process shares of a GPU; each
+    /// process keeps its last shares in between. 0: every tick.
+    pub process_shares_interval_secs: f64,
+    /// Whether the one compute process of a GPU without MIG takes the GPU's
+    /// utilisation as its shares, with no per-process read.
+    pub single_process_shares_from_utilization: bool,
     /// Simulated GPUs instead of NVML; 0 uses NVML.
     pub simulate_gpus: u32,
     /// Profile of the simulated GPUs.
@@ -27,6 +37,15 @@ pub struct GpuConfig {
     pub simulate_scenarios: Vec<String>,
 }
 
+/// Default of `energy_interval_secs`: one exact read every 30 ticks at the
+/// default interval saves 29 of 30 of the driver's dearest read of an idle
+/// GPU, and leaves the counter off the exact one by the integration's error
+/// over 30 s at most.
+pub const DEFAULT_ENERGY_INTERVAL_SECS: f64 = 30.0;
+
+/// Default of `process_shares_interval_secs`.
+pub const DEFAULT_PROCESS_SHARES_INTERVAL_SECS: f64 = 10.0;
+
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
@@ -34,6 +53,9 @@ impl Default for GpuConfig {
             interval_secs: crate::collectors::DEFAULT_INTERVAL_SECS,
             gpm: true,
             processes: true,
+            energy_interval_secs: DEFAULT_ENERGY_INTERVAL_SECS,
+            process_shares_interval_secs: DEFAULT_PROCESS_SHARES_INTERVAL_SECS,
+            single_process_shares_from_utilization: true,
             simulate_gpus: 0,
             simulate_profile: "h100".into(),
             simulate_scenarios: vec!["training".into()],
@@ -117,8 +139,17 @@ impl GpuConfig {
 }
 
 /// Ranges of this collector's own numeric keys.
-pub static KEY_RANGES: crate::config::KeyRanges =
-    &[("simulate_gpus", crate::config::KeyRange::between(0.0, 64.0))];
+pub static KEY_RANGES: crate::config::KeyRanges = &[
+    ("simulate_gpus", crate::config::KeyRange::between(0.0, 64.0)),
+    (
+        "energy_interval_secs",
+        crate::config::KeyRange::between(0.0, 86_400.0),
+    ),
+    (
+        "process_shares_interval_secs",
+        crate::config::KeyRange::between(0.0, 86_400.0),
+    ),
+];
 
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[
@@ -129,6 +160,18 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     (
         "processes",
         "List the processes on each GPU with their memory and SM share, and map each to its cgroup: container, Kubernetes pod UID or Slurm job.",
+    ),
+    (
+        "energy_interval_secs",
+        "Seconds between two reads of the exact energy counter (nvmlDeviceGetTotalEnergyConsumption: 3-5 ms of the driver's CPU a read on an H100, the dearest read of an idle tick). In between, energy_joules goes on by integrating the power readings (trapezoids a tick wide) and is reconciled at each exact read: it steps up to the exact counter, or holds where it was until the counter passes it, so it never goes back. vtax_gpu_energy_exact_age_seconds says how old the exact read is, vtax_gpu_energy_integration_error_joules what the integration got wrong over the interval before it. 0 (or anything at or below interval_secs): the exact counter every tick.",
+    ),
+    (
+        "process_shares_interval_secs",
+        "Seconds between two reads of the processes' SM and memory shares on a GPU that more than one process shares (nvmlDeviceGetProcessUtilization: 2.5-6 ms of the driver's CPU a read on an H100); each process keeps its last shares in between. 0: every tick. The process list itself and its memory are read every tick.",
+    ),
+    (
+        "single_process_shares_from_utilization",
+        "Give the one compute process of a GPU without MIG the GPU's utilisation as its shares, every tick and without the per-process read: it had the GPU to itself. false: the per-process read for it too.",
     ),
     (
         "simulate_gpus",
@@ -169,5 +212,21 @@ mod tests {
             "collectors.gpu.simulate_profile"
         );
         assert!(GpuConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn intervals_out_of_range_name_their_key() {
+        for key in ["energy_interval_secs", "process_shares_interval_secs"] {
+            let text = format!("[collectors.gpu]\n{key} = -1\n");
+            let config: crate::config::Config = toml::from_str(&text).unwrap();
+            let message = config.validate().unwrap_err().1;
+            assert!(
+                message.contains(&format!("collectors.gpu.{key} = -1")),
+                "{message}"
+            );
+            let text = format!("[collectors.gpu]\n{key} = 0\n");
+            let config: crate::config::Config = toml::from_str(&text).unwrap();
+            assert!(config.validate().is_ok(), "{key} = 0");
+        }
     }
 }

@@ -25,7 +25,15 @@ pub fn doctor_lines(config: &GpuConfig, roots: &Roots) -> Vec<String> {
 
 /// [`doctor_lines`] with its reads `pause` apart.
 fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) -> Vec<String> {
-    let mut collector = Gpu::new(config, roots);
+    // Every read on every tick, the ones a running agent spaces out too, so
+    // that the timed tick shows what each costs.
+    let every_read = GpuConfig {
+        energy_interval_secs: 0.0,
+        process_shares_interval_secs: 0.0,
+        single_process_shares_from_utilization: false,
+        ..config.clone()
+    };
+    let mut collector = Gpu::new(&every_read, roots);
     let found = match collector.probe() {
         Availability::Absent(reason) | Availability::Failed(reason) => {
             return vec![format!("no GPU: {reason}")]
@@ -272,7 +280,12 @@ mod tests {
         fn identities(&mut self) -> Result<Vec<GpuIdentity>, String> {
             Ok(Vec::new())
         }
-        fn sample(&mut self, _: &GpuIdentity, _: i64) -> Result<GpuSample, SampleError> {
+        fn sample(
+            &mut self,
+            _: &GpuIdentity,
+            _: i64,
+            _: backend::ReadPlan,
+        ) -> Result<GpuSample, SampleError> {
             Err(SampleError::Failed("no GPU".into()))
         }
         fn take_xids(&mut self) -> Vec<backend::XidEvent> {
@@ -311,9 +324,14 @@ mod tests {
         fn identities(&mut self) -> Result<Vec<GpuIdentity>, String> {
             self.inner.identities()
         }
-        fn sample(&mut self, gpu: &GpuIdentity, time_us: i64) -> Result<GpuSample, SampleError> {
+        fn sample(
+            &mut self,
+            gpu: &GpuIdentity,
+            time_us: i64,
+            plan: backend::ReadPlan,
+        ) -> Result<GpuSample, SampleError> {
             self.count.lock().unwrap().reads += 1;
-            self.inner.sample(gpu, time_us)
+            self.inner.sample(gpu, time_us, plan)
         }
         fn take_xids(&mut self) -> Vec<backend::XidEvent> {
             self.inner.take_xids()

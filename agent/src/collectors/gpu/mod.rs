@@ -8,12 +8,20 @@
 //! line, and is skipped; the other GPUs go on. No driver: the collector is
 //! off, with the loader's reason.
 //!
+//! The two reads that cost the driver most are spaced out: the exact energy
+//! counter every `energy_interval_secs`, carried on in between from the
+//! power readings (`energy.rs`), and the per-process shares every
+//! `process_shares_interval_secs`, only where more than one process shares
+//! a GPU (or MIG splits it); a lone process's shares are the GPU's
+//! utilisation.
+//!
 //! `config.rs` holds `[collectors.gpu]`, `tables.rs` the tables, `doctor.rs`
 //! `vtax doctor --gpu`; this file the collector.
 
 pub mod backend;
 mod config;
 mod doctor;
+mod energy;
 pub mod nvml;
 pub mod owner;
 pub mod sim;
@@ -23,7 +31,8 @@ use std::collections::BTreeMap;
 
 use vtax_store::{Batch, BatchBuilder, Value};
 
-use self::backend::{GpuBackend, GpuIdentity, GpuSample, SampleError};
+use self::backend::{GpuBackend, GpuIdentity, GpuSample, ReadPlan, SampleError, SharesRead};
+use self::energy::{EnergyCounter, EnergyReading};
 use self::owner::Owners;
 use super::{Availability, Collector, Roots};
 
@@ -42,6 +51,69 @@ struct GpuState {
     last_xid: Option<u64>,
     xid_by_code: BTreeMap<u64, u64>,
     problems: Vec<String>,
+    /// The energy counter, exact or carried on from the power readings.
+    energy: EnergyCounter,
+    /// When the driver last gave the processes' shares.
+    shares_read_us: Option<i64>,
+    /// The shares it gave then, by pid: (SM, memory).
+    shares: BTreeMap<u32, (Option<f64>, Option<f64>)>,
+}
+
+impl GpuState {
+    /// The dear reads of the tick at `time_us`.
+    fn plan(&self, config: &GpuConfig, time_us: i64) -> ReadPlan {
+        let tick = config.interval_secs;
+        let shares_due = config.process_shares_interval_secs <= 0.0
+            || self.shares_read_us.is_none_or(|at| {
+                (time_us - at) as f64 / 1e6 + tick / 2.0 >= config.process_shares_interval_secs
+            });
+        ReadPlan {
+            energy: config.energy_interval_secs <= tick
+                || self
+                    .energy
+                    .exact_due(time_us, config.energy_interval_secs, tick),
+            process_shares: match (
+                config.processes && shares_due,
+                config.single_process_shares_from_utilization,
+            ) {
+                (false, _) => SharesRead::Skip,
+                (true, true) => SharesRead::IfShared,
+                (true, false) => SharesRead::Always,
+            },
+        }
+    }
+
+    /// Fills the shares the driver was not asked for this tick: a lone
+    /// process (MIG off) takes the GPU's utilisation, the others keep what
+    /// the driver last gave them.
+    fn settle_shares(&mut self, config: &GpuConfig, s: &mut GpuSample, time_us: i64) {
+        if s.process_shares_read {
+            self.shares_read_us = Some(time_us);
+            self.shares = s
+                .processes
+                .iter()
+                .map(|p| (p.pid, (p.sm_utilization_ratio, p.memory_utilization_ratio)))
+                .collect();
+            return;
+        }
+        if config.single_process_shares_from_utilization
+            && !backend::shares_need_the_driver(s.processes.len(), s.mig_enabled)
+        {
+            for p in &mut s.processes {
+                p.sm_utilization_ratio = s.utilization_gpu_ratio;
+                p.memory_utilization_ratio = s.utilization_memory_ratio;
+            }
+            return;
+        }
+        self.shares
+            .retain(|pid, _| s.processes.iter().any(|p| p.pid == *pid));
+        for p in &mut s.processes {
+            if let Some(&(sm, memory)) = self.shares.get(&p.pid) {
+                p.sm_utilization_ratio = sm;
+                p.memory_utilization_ratio = memory;
+            }
+        }
+    }
 }
 
 /// The collector.
@@ -138,6 +210,7 @@ impl Gpu {
         rows: &mut Rows,
         at: usize,
         s: &GpuSample,
+        energy: EnergyReading,
         time_us: i64,
     ) -> anyhow::Result<()> {
         let g = &self.gpus[at];
@@ -162,7 +235,9 @@ impl Gpu {
             u64v(s.clock_event_reasons),
             f64v(s.power_watts),
             f64v(s.power_limit_watts),
-            f64v(s.energy_joules),
+            f64v(energy.joules),
+            f64v(energy.exact_age_seconds),
+            f64v(energy.integration_error_joules),
             f64v(s.temperature_celsius),
             f64v(s.memory_temperature_celsius),
             u64v(s.memory_used_bytes),
@@ -375,10 +450,11 @@ impl Collector for Gpu {
                 .as_mut()
                 .ok_or_else(|| anyhow::anyhow!("the GPU collector was not probed"))?;
             let g = &self.gpus[at];
-            let result = backend.sample(g, time_us);
+            let plan = self.states[at].plan(&self.config, time_us);
+            let result = backend.sample(g, time_us, plan);
             let (index, uuid) = (g.index.to_string(), g.uuid.clone());
             match result {
-                Ok(sample) => {
+                Ok(mut sample) => {
                     if self.states[at].lost {
                         tracing::info!(gpu = g.index, uuid = %uuid, "GPU answers again.");
                         rows.event.push(
@@ -389,7 +465,13 @@ impl Collector for Gpu {
                         self.states[at].lost = false;
                     }
                     *answered_at = true;
-                    self.push_sample(&mut rows, at, &sample, time_us)?;
+                    let state = &mut self.states[at];
+                    state.settle_shares(&self.config, &mut sample, time_us);
+                    let energy =
+                        state
+                            .energy
+                            .update(time_us, sample.power_watts, sample.energy_joules);
+                    self.push_sample(&mut rows, at, &sample, energy, time_us)?;
                 }
                 Err(SampleError::Lost(why)) => {
                     let state = &mut self.states[at];
@@ -515,6 +597,7 @@ impl Collector for Gpu {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use self::config::DEFAULT_ENERGY_INTERVAL_SECS;
     use super::*;
     use vtax_store::batch::Values;
     use vtax_store::schema::TableDef;
@@ -728,6 +811,252 @@ pub(crate) mod tests {
             }
             old = new;
         }
+    }
+
+    /// Simulated GPUs with the collector's settings changed by `change`.
+    fn simulated_with(scenarios: &[&str], change: impl FnOnce(&mut GpuConfig)) -> Gpu {
+        let mut config = GpuConfig {
+            simulate_gpus: scenarios.len() as u32,
+            simulate_scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
+            ..GpuConfig::default()
+        };
+        change(&mut config);
+        let roots = Roots {
+            procfs: "/nonexistent/proc".into(),
+            sysfs: "/nonexistent/sys".into(),
+            ..Roots::default()
+        };
+        let mut gpu = Gpu::new(&config, &roots);
+        assert!(matches!(gpu.probe(), Availability::Available(_)));
+        gpu
+    }
+
+    /// The simulated training GPU draws 615 + 25 sin(2πt/60 + i) W and its
+    /// counter is that power's exact integral. Read every 30 s and
+    /// integrated by 1 s trapezoids in between, the exported counter must be
+    /// the exact one at each exact read (or, where the integration ran
+    /// ahead, hold above it by no more than that error), never go back, and
+    /// stay within the trapezoid's bound in between: L Δt² max|P''| / 12 =
+    /// 30 s × (1 s)² × 25 W × (2π/60 s)² / 12 = 0.69 J.
+    #[test]
+    fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
+        let scenarios = ["training", "memory-bound", "idle", "training"];
+        let mut spaced = simulated(&scenarios);
+        let mut exact = simulated_with(&scenarios, |c| c.energy_interval_secs = 0.0);
+        let omega = std::f64::consts::TAU / sim::WOBBLE_PERIOD_SECONDS;
+        let bound = DEFAULT_ENERGY_INTERVAL_SECS * 25.0 * omega * omega / 12.0;
+        let mut before: Vec<Option<f64>> = vec![None; scenarios.len()];
+        let (mut exact_reads, mut held, mut largest_gap) = (0, 0, 0.0f64);
+        // Ticks a second apart, each a little late, as a loaded node's are.
+        for second in 0..=300i64 {
+            let time_us = 1_000_000 * second + 7_000 * (second % 3);
+            let a = spaced.collect(time_us).unwrap();
+            let b = exact.collect(time_us).unwrap();
+            for (gpu, previous) in before.iter_mut().enumerate() {
+                let gpu = gpu.to_string();
+                let get = |batches, field| value(batches, &GPU, &[&gpu], field).unwrap();
+                let (ours, truth) = (get(&a, "energy_joules"), get(&b, "energy_joules"));
+                assert_eq!(get(&b, "energy_exact_age_seconds"), 0.0);
+                if let Some(previous) = *previous {
+                    assert!(
+                        ours >= previous,
+                        "GPU {gpu} at {second} s: {ours} after {previous}"
+                    );
+                }
+                if get(&a, "energy_exact_age_seconds") == 0.0 {
+                    exact_reads += 1;
+                    if ours != truth {
+                        // Held where the integration ran ahead of the counter.
+                        held += 1;
+                        assert_eq!(Some(ours), *previous, "GPU {gpu} at {second} s");
+                        assert!(ours > truth && ours - truth <= bound, "{ours} vs {truth}");
+                    }
+                } else {
+                    assert!(get(&a, "energy_exact_age_seconds") < 31.0);
+                }
+                largest_gap = largest_gap.max((ours - truth).abs());
+                assert!(
+                    (ours - truth).abs() <= bound,
+                    "GPU {gpu} at {second} s: {ours} against the exact {truth}, bound {bound} J"
+                );
+                *previous = Some(ours);
+            }
+        }
+        // 0, 30, ..., 300 s on each of the four GPUs.
+        assert_eq!(exact_reads, 11 * scenarios.len());
+        assert!(held < exact_reads, "most exact reads are met exactly");
+        // A wrong rule (a rectangle, or the power not integrated) is off by
+        // tens to thousands of joules: the comparison is not vacuous.
+        assert!(largest_gap > 0.0 && largest_gap <= bound, "{largest_gap}");
+        let errors = value(
+            &spaced.collect(301_000_000).unwrap(),
+            &GPU,
+            &["0"],
+            "energy_integration_error_joules",
+        )
+        .unwrap();
+        assert!(errors.abs() <= bound, "{errors}");
+    }
+
+    /// A reload hands the integrated counter to the new collector: it does
+    /// not read the exact counter again at once, nor start over.
+    #[test]
+    fn the_energy_counter_carries_over_a_reload() {
+        let mut old = simulated(&["training"]);
+        let mut last = 0.0;
+        for second in 0..12 {
+            let b = old.collect(second * 1_000_000).unwrap();
+            last = value(&b, &GPU, &["0"], "energy_joules").unwrap();
+        }
+        let config = GpuConfig {
+            processes: false,
+            ..old.config.clone()
+        };
+        let mut new = Gpu::new(&config, &Roots::default());
+        new.take_over(Box::new(old));
+        assert!(matches!(new.probe(), Availability::Available(_)));
+        let b = new.collect(12_000_000).unwrap();
+        assert_eq!(
+            value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
+            Some(12.0)
+        );
+        let now = value(&b, &GPU, &["0"], "energy_joules").unwrap();
+        assert!(now > last && now - last < 700.0, "{last} then {now}");
+    }
+
+    /// The shares of each GPU's processes at `batches`, by pid.
+    fn shares(batches: &[Batch], gpu: &str) -> BTreeMap<String, (Option<f64>, Option<f64>)> {
+        let Some(b) = table(batches, &PROCESS) else {
+            return BTreeMap::new();
+        };
+        let f = |name| match &b.fields[PROCESS.field_index(name).unwrap()].values {
+            Values::F64(v) => v.clone(),
+            _ => unreachable!("f64"),
+        };
+        let valid = |name, row| b.fields[PROCESS.field_index(name).unwrap()].is_valid(row);
+        let (sm, memory) = (f("sm_utilization_ratio"), f("memory_utilization_ratio"));
+        let tag = |t: usize, row: usize| b.tags[t].dict[b.tags[t].codes[row] as usize].clone();
+        (0..b.len())
+            .filter(|&row| tag(0, row) == gpu)
+            .map(|row| {
+                (
+                    tag(2, row),
+                    (
+                        valid("sm_utilization_ratio", row).then_some(sm[row]),
+                        valid("memory_utilization_ratio", row).then_some(memory[row]),
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    /// Wraps a backend, keeping each sample's plan and whether the shares
+    /// were read.
+    struct Plans {
+        inner: Box<dyn GpuBackend>,
+        seen: Seen,
+    }
+
+    /// Each sample's GPU, plan, and whether the shares were read.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(u32, ReadPlan, bool)>>>;
+
+    impl GpuBackend for Plans {
+        fn kind(&self) -> &'static str {
+            "plans"
+        }
+        fn driver_version(&self) -> String {
+            self.inner.driver_version()
+        }
+        fn identities(&mut self) -> Result<Vec<GpuIdentity>, String> {
+            self.inner.identities()
+        }
+        fn sample(
+            &mut self,
+            gpu: &GpuIdentity,
+            time_us: i64,
+            plan: ReadPlan,
+        ) -> Result<GpuSample, SampleError> {
+            let s = self.inner.sample(gpu, time_us, plan)?;
+            let mut seen = self.seen.lock().unwrap();
+            seen.push((gpu.index, plan, s.process_shares_read));
+            Ok(s)
+        }
+        fn take_xids(&mut self) -> Vec<backend::XidEvent> {
+            self.inner.take_xids()
+        }
+    }
+
+    /// The collector with its backend wrapped in [`Plans`].
+    fn with_plans(mut gpu: Gpu) -> (Gpu, Seen) {
+        let seen = std::sync::Arc::default();
+        gpu.backend = Some(Box::new(Plans {
+            inner: gpu.backend.take().expect("probed"),
+            seen: std::sync::Arc::clone(&seen),
+        }));
+        (gpu, seen)
+    }
+
+    #[test]
+    fn shared_gpus_read_shares_on_their_cadence_and_hold_them_between() {
+        // GPU 0: one training process; GPU 1: MIG, three processes.
+        let (mut gpu, seen) = with_plans(simulated(&["training", "mig"]));
+        let mut read_at = BTreeMap::new();
+        for second in 0..25 {
+            let b = gpu.collect(second * 1_000_000).unwrap();
+            let (one, mig) = (shares(&b, "0"), shares(&b, "1"));
+            // The lone process has the GPU's utilisation, fresh each tick.
+            let utilization = value(&b, &GPU, &["0"], "utilization_ratio");
+            assert_eq!(one.len(), 1);
+            assert_eq!(one.values().next().unwrap().0, utilization);
+            assert_eq!(mig.len(), 3);
+            assert!(mig
+                .values()
+                .all(|(sm, memory)| sm.is_some() && memory.is_some()));
+            let reads = seen.lock().unwrap();
+            let (_, _, read) = *reads.iter().rev().find(|(i, _, _)| *i == 1).unwrap();
+            if read {
+                read_at.insert(second, mig);
+            } else {
+                let (_, last) = read_at.iter().next_back().expect("read at 0 s");
+                assert_eq!(&mig, last, "held at {second} s");
+            }
+        }
+        assert_eq!(read_at.keys().copied().collect::<Vec<_>>(), [0, 10, 20]);
+        // The shares did move between reads (so holding them is seen).
+        assert_ne!(read_at[&0], read_at[&10]);
+        let reads = seen.lock().unwrap();
+        assert!(
+            reads
+                .iter()
+                .filter(|(i, _, _)| *i == 0)
+                .all(|(_, _, read)| !read),
+            "a lone process's shares never need the driver"
+        );
+    }
+
+    #[test]
+    fn every_read_every_tick_when_asked() {
+        let (mut gpu, seen) = with_plans(simulated_with(&["training"], |c| {
+            c.energy_interval_secs = 0.0;
+            c.process_shares_interval_secs = 0.0;
+            c.single_process_shares_from_utilization = false;
+        }));
+        for second in 0..5 {
+            let b = gpu.collect(second * 1_000_000).unwrap();
+            assert_eq!(
+                value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
+                Some(0.0)
+            );
+        }
+        let reads = seen.lock().unwrap();
+        assert_eq!(reads.len(), 5);
+        assert!(reads
+            .iter()
+            .all(|(_, plan, read)| *plan == ReadPlan::ALL && *read));
+        // And none with processes off.
+        let (mut gpu, seen) = with_plans(simulated_with(&["mig"], |c| c.processes = false));
+        gpu.collect(0).unwrap();
+        assert!(seen.lock().unwrap().iter().all(|(_, _, read)| !read));
     }
 
     #[test]

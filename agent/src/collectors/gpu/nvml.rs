@@ -32,7 +32,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::backend::{
     nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample, MigSample,
-    ProcessSample, ReadTime, SampleError, VirtualizationMode, XidEvent,
+    ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead, VirtualizationMode, XidEvent,
 };
 use crate::collectors::jitter::thread_cpu_ns;
 use crate::timespec::now_us;
@@ -228,29 +228,34 @@ impl NvmlBackend {
         links
     }
 
-    /// Compute processes with their memory, and their SM and memory shares
-    /// since the last read.
+    /// Compute processes with their memory, and, when `shares` says so for
+    /// this many processes, their SM and memory shares since the last read;
+    /// and whether the shares were read.
     fn processes(
         &mut self,
         index: u32,
         d: &Device<'static>,
         reads: &mut Reads,
-    ) -> Vec<ProcessSample> {
+        shares: SharesRead,
+        mig_enabled: Option<bool>,
+    ) -> (Vec<ProcessSample>, bool) {
         let Ok(running) = reads.time("running_compute_processes", || {
             d.running_compute_processes()
         }) else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         // The shares cost the driver 2.5-5.8 ms of CPU on an H100 against
-        // 0.02-0.1 ms for the list: on an idle GPU there is no one to share out.
-        if running.is_empty() {
-            return Vec::new();
-        }
+        // 0.02-0.1 ms for the list: on an idle GPU there is no one to share
+        // out, and the collector spaces the reads out.
+        let read_shares = shares.calls_the_driver(running.len(), mig_enabled);
         let since = self.process_seen_us.get(&index).copied();
         let mut shares: HashMap<u32, (f64, f64)> = HashMap::new();
-        if let Ok(samples) = reads.time("process_utilization_stats", || {
-            d.process_utilization_stats(since)
-        }) {
+        let read = read_shares.then(|| {
+            reads.time("process_utilization_stats", || {
+                d.process_utilization_stats(since)
+            })
+        });
+        if let Some(Ok(samples)) = read {
             let mut newest = since.unwrap_or(0);
             for s in samples {
                 newest = newest.max(s.timestamp);
@@ -261,7 +266,7 @@ impl NvmlBackend {
             }
             self.process_seen_us.insert(index, newest);
         }
-        running
+        let processes = running
             .into_iter()
             .map(|p| {
                 let share = shares.get(&p.pid);
@@ -276,7 +281,8 @@ impl NvmlBackend {
                     gpu_instance: p.gpu_instance_id,
                 }
             })
-            .collect()
+            .collect();
+        (processes, read_shares)
     }
 }
 
@@ -463,7 +469,12 @@ impl GpuBackend for NvmlBackend {
         Ok(gpus)
     }
 
-    fn sample(&mut self, gpu: &GpuIdentity, _time_us: i64) -> Result<GpuSample, SampleError> {
+    fn sample(
+        &mut self,
+        gpu: &GpuIdentity,
+        _time_us: i64,
+        plan: ReadPlan,
+    ) -> Result<GpuSample, SampleError> {
         let mut reads = Reads(self.read_times.is_some().then(Vec::new));
         let d = reads
             .time("device_by_index", || self.nvml.device_by_index(gpu.index))
@@ -520,11 +531,12 @@ impl GpuBackend for NvmlBackend {
         let links = reads.time("nvlink is_active, error_counter", || {
             self.links(&d, &link_rates)
         });
-        let processes = self.processes(gpu.index, &d, &mut reads);
         let mig_enabled = reads
             .time("mig_mode", || d.mig_mode())
             .ok()
             .map(|m| m.current == 1);
+        let (processes, process_shares_read) =
+            self.processes(gpu.index, &d, &mut reads, plan.process_shares, mig_enabled);
         let mig = if mig_enabled == Some(true) {
             reads.time("mig instances", || mig_instances(self.nvml, &d))
         } else {
@@ -548,9 +560,13 @@ impl GpuBackend for NvmlBackend {
                 .time("enforced_power_limit", || d.enforced_power_limit())
                 .ok()
                 .map(|mw| f64::from(mw) / 1000.0),
-            energy_joules: reads
-                .time("total_energy_consumption", || d.total_energy_consumption())
-                .ok()
+            // The driver's dearest read of an idle tick (docs/gpus.md): the
+            // collector asks for it every energy_interval_secs and integrates
+            // power_usage in between.
+            energy_joules: plan
+                .energy
+                .then(|| reads.time("total_energy_consumption", || d.total_energy_consumption()))
+                .and_then(Result::ok)
                 .map(|mj| mj as f64 / 1000.0),
             temperature_celsius: reads
                 .time("temperature", || d.temperature(TemperatureSensor::Gpu))
@@ -601,6 +617,7 @@ impl GpuBackend for NvmlBackend {
             links,
             mig,
             processes,
+            process_shares_read,
         };
         if let (Some(all), Some(times)) = (self.read_times.as_mut(), reads.0) {
             all.insert(gpu.index, times);

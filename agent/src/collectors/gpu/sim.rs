@@ -6,13 +6,14 @@
 //!
 //! Values are a pure function of the GPU, its scenario and the seconds since
 //! the first sample, so a test or a golden file sees the same numbers every
-//! run, and counters grow as the real ones do.
+//! run, and counters grow as the real ones do: the energy counter is the
+//! exact integral of the power drawn.
 
 use std::f64::consts::TAU;
 
 use super::backend::{
     nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
-    LinkSample, MigSample, ProcessSample, SampleError, VirtualizationMode, XidEvent,
+    LinkSample, MigSample, ProcessSample, ReadPlan, SampleError, VirtualizationMode, XidEvent,
 };
 
 /// A GPU model the simulator imitates.
@@ -192,9 +193,12 @@ impl SimBackend {
     }
 }
 
+/// The wobble's period.
+pub const WOBBLE_PERIOD_SECONDS: f64 = 60.0;
+
 /// A slow, GPU-specific wobble in [-1, 1], so graphs of a demo move.
 fn wobble(index: u32, seconds: f64) -> f64 {
-    (TAU * seconds / 60.0 + f64::from(index)).sin()
+    (TAU * seconds / WOBBLE_PERIOD_SECONDS + f64::from(index)).sin()
 }
 
 impl GpuBackend for SimBackend {
@@ -226,7 +230,12 @@ impl GpuBackend for SimBackend {
             .collect())
     }
 
-    fn sample(&mut self, gpu: &GpuIdentity, time_us: i64) -> Result<GpuSample, SampleError> {
+    fn sample(
+        &mut self,
+        gpu: &GpuIdentity,
+        time_us: i64,
+        plan: ReadPlan,
+    ) -> Result<GpuSample, SampleError> {
         let first = *self.first_time_us.get_or_insert(time_us);
         let elapsed_us = (time_us - first).max(0);
         let seconds = elapsed_us as f64 / 1e6;
@@ -241,7 +250,20 @@ impl GpuBackend for SimBackend {
                 "GPU has fallen off the bus (simulated XID 79)".into(),
             ));
         }
-        Ok(simulate(&self.profile, gpu, scenario, seconds))
+        let mut sample = simulate(&self.profile, gpu, scenario, seconds);
+        if !plan.energy {
+            sample.energy_joules = None;
+        }
+        sample.process_shares_read = plan
+            .process_shares
+            .calls_the_driver(sample.processes.len(), sample.mig_enabled);
+        if !sample.process_shares_read {
+            for p in &mut sample.processes {
+                p.sm_utilization_ratio = None;
+                p.memory_utilization_ratio = None;
+            }
+        }
+        Ok(sample)
     }
 
     fn take_xids(&mut self) -> Vec<XidEvent> {
@@ -267,18 +289,15 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
     let (sm, tensor, dram, nvlink) = load(scenario);
     let busy = scenario != Scenario::Idle;
     let jiggle = |x: f64| (x * (1.0 + 0.03 * w)).clamp(0.0, 1.0);
-    let (sm_clock_mhz, reasons, temperature, power) = match scenario {
-        Scenario::Idle => (345.0, REASON_GPU_IDLE, 31.0, 72.0),
-        Scenario::ThermalThrottle => (
-            1410.0,
-            REASON_SW_THERMAL | REASON_HW_THERMAL,
-            88.0 + w,
-            590.0,
-        ),
-        Scenario::PowerThrottle => (1650.0, REASON_SW_POWER_CAP, 71.0, p.power_limit_watts),
-        Scenario::MemoryBound => (p.sm_clock_max_mhz, 0, 64.0 + w, 540.0 + 10.0 * w),
-        _ => (p.sm_clock_max_mhz, 0, 67.0 + w, 615.0 + 25.0 * w),
+    let (sm_clock_mhz, reasons, temperature) = match scenario {
+        Scenario::Idle => (345.0, REASON_GPU_IDLE, 31.0),
+        Scenario::ThermalThrottle => (1410.0, REASON_SW_THERMAL | REASON_HW_THERMAL, 88.0 + w),
+        Scenario::PowerThrottle => (1650.0, REASON_SW_POWER_CAP, 71.0),
+        Scenario::MemoryBound => (p.sm_clock_max_mhz, 0, 64.0 + w),
+        _ => (p.sm_clock_max_mhz, 0, 67.0 + w),
     };
+    let (power_base, power_swing) = power_curve(p, scenario);
+    let power = power_base + power_swing * w;
     let (pcie_gen, pcie_width) = if scenario == Scenario::PcieDegraded {
         (3, 8)
     } else if busy {
@@ -369,7 +388,14 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
             gpu_instance: None,
         }],
     };
-    let energy = 1.0e6 * f64::from(index + 1) + power * seconds;
+    // The integral of the power since the first sample, from a level that
+    // differs per GPU: the exact counter the collector's integration is
+    // checked against.
+    let energy = 1.0e6 * f64::from(index + 1)
+        + power_base * seconds
+        + power_swing * WOBBLE_PERIOD_SECONDS / TAU
+            * (f64::from(index).cos()
+                - (TAU * seconds / WOBBLE_PERIOD_SECONDS + f64::from(index)).cos());
     GpuSample {
         utilization_gpu_ratio: Some(if busy { jiggle(0.97) } else { 0.0 }),
         utilization_memory_ratio: Some(jiggle(dram * 0.85)),
@@ -421,6 +447,18 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         links,
         mig,
         processes,
+        process_shares_read: true,
+    }
+}
+
+/// A scenario's power draw: a level, and how far the wobble moves it.
+pub fn power_curve(p: &Profile, scenario: Scenario) -> (f64, f64) {
+    match scenario {
+        Scenario::Idle => (72.0, 0.0),
+        Scenario::ThermalThrottle => (590.0, 0.0),
+        Scenario::PowerThrottle => (p.power_limit_watts, 0.0),
+        Scenario::MemoryBound => (540.0, 10.0),
+        _ => (615.0, 25.0),
     }
 }
 
@@ -438,11 +476,17 @@ mod tests {
     fn counters_grow_and_values_repeat() {
         let (mut a, ids) = backend(&[Scenario::Training]);
         let (mut b, _) = backend(&[Scenario::Training]);
-        let s0 = a.sample(&ids[0], 1_000_000).unwrap();
-        let s1 = a.sample(&ids[0], 11_000_000).unwrap();
+        let s0 = a.sample(&ids[0], 1_000_000, ReadPlan::ALL).unwrap();
+        let s1 = a.sample(&ids[0], 11_000_000, ReadPlan::ALL).unwrap();
         assert!(s1.energy_joules.unwrap() > s0.energy_joules.unwrap());
-        assert_eq!(b.sample(&ids[0], 1_000_000).unwrap().links.len(), 18);
-        let again = b.sample(&ids[0], 11_000_000).unwrap();
+        assert_eq!(
+            b.sample(&ids[0], 1_000_000, ReadPlan::ALL)
+                .unwrap()
+                .links
+                .len(),
+            18
+        );
+        let again = b.sample(&ids[0], 11_000_000, ReadPlan::ALL).unwrap();
         assert_eq!(
             again, s1,
             "a pure function of the time since the first sample"
@@ -452,12 +496,12 @@ mod tests {
     #[test]
     fn xid_scenario_raises_31_then_13_each_minute() {
         let (mut b, ids) = backend(&[Scenario::Xid]);
-        b.sample(&ids[0], 0).unwrap();
+        b.sample(&ids[0], 0, ReadPlan::ALL).unwrap();
         let first: Vec<u64> = b.take_xids().iter().map(|x| x.xid).collect();
         assert_eq!(first, vec![31]);
-        b.sample(&ids[0], 59_000_000).unwrap();
+        b.sample(&ids[0], 59_000_000, ReadPlan::ALL).unwrap();
         assert!(b.take_xids().is_empty());
-        b.sample(&ids[0], 125_000_000).unwrap();
+        b.sample(&ids[0], 125_000_000, ReadPlan::ALL).unwrap();
         let later: Vec<u64> = b.take_xids().iter().map(|x| x.xid).collect();
         assert_eq!(later, vec![13, 13], "minutes 1 and 2");
     }
@@ -465,14 +509,66 @@ mod tests {
     #[test]
     fn lost_gpu_is_an_error_with_one_xid_79() {
         let (mut b, ids) = backend(&[Scenario::Training, Scenario::Lost]);
-        assert!(b.sample(&ids[0], 0).is_ok());
-        assert!(matches!(b.sample(&ids[1], 0), Err(SampleError::Lost(_))));
+        assert!(b.sample(&ids[0], 0, ReadPlan::ALL).is_ok());
         assert!(matches!(
-            b.sample(&ids[1], 1_000_000),
+            b.sample(&ids[1], 0, ReadPlan::ALL),
+            Err(SampleError::Lost(_))
+        ));
+        assert!(matches!(
+            b.sample(&ids[1], 1_000_000, ReadPlan::ALL),
             Err(SampleError::Lost(_))
         ));
         let xids: Vec<u64> = b.take_xids().iter().map(|x| x.xid).collect();
         assert_eq!(xids, vec![79]);
+    }
+
+    /// The energy counter is what the power drew: the counter's increase
+    /// over a minute equals the power integrated finely over that minute.
+    #[test]
+    fn energy_is_the_integral_of_the_power() {
+        for scenario in [Scenario::Training, Scenario::MemoryBound, Scenario::Idle] {
+            let (mut b, ids) = backend(&[scenario, scenario]);
+            let gpu = &ids[1];
+            let at = |b: &mut SimBackend, ms: i64| b.sample(gpu, ms * 1000, ReadPlan::ALL).unwrap();
+            let start = at(&mut b, 0).energy_joules.unwrap();
+            let mut integral = 0.0;
+            let mut before = at(&mut b, 0).power_watts.unwrap();
+            for ms in (10..=60_000).step_by(10) {
+                let now = at(&mut b, ms).power_watts.unwrap();
+                integral += (before + now) / 2.0 * 0.01;
+                before = now;
+            }
+            let end = at(&mut b, 60_000).energy_joules.unwrap();
+            assert!(
+                (end - start - integral).abs() < 1e-3,
+                "{scenario:?}: {} against {integral}",
+                end - start
+            );
+        }
+    }
+
+    #[test]
+    fn the_plan_leaves_out_the_reads_it_skips() {
+        use crate::collectors::gpu::backend::SharesRead;
+        let (mut b, ids) = backend(&[Scenario::Training, Scenario::Mig]);
+        let plan = ReadPlan {
+            energy: false,
+            process_shares: SharesRead::IfShared,
+        };
+        let one = b.sample(&ids[0], 0, plan).unwrap();
+        assert_eq!(one.energy_joules, None);
+        assert!(one.power_watts.is_some());
+        assert!(!one.process_shares_read, "one process, MIG off");
+        assert_eq!(one.processes[0].sm_utilization_ratio, None);
+        assert!(one.processes[0].used_memory_bytes.is_some());
+        let mig = b.sample(&ids[1], 0, plan).unwrap();
+        assert!(mig.process_shares_read, "MIG on: the driver splits it");
+        assert!(mig
+            .processes
+            .iter()
+            .all(|p| p.sm_utilization_ratio.is_some()));
+        let all = b.sample(&ids[0], 0, ReadPlan::ALL).unwrap();
+        assert!(all.process_shares_read && all.energy_joules.is_some());
     }
 
     #[test]

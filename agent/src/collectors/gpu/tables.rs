@@ -44,7 +44,7 @@ const fn events(name: &'static str, help: &'static str) -> FieldDef {
 
 /// Fields of [`GPU`].
 pub(super) mod f {
-    pub const COUNT: usize = 38;
+    pub const COUNT: usize = 40;
 }
 
 /// One row per GPU per tick.
@@ -68,7 +68,9 @@ pub static GPU: TableDef = TableDef {
         count("clock_event_reasons", "NVML clock event (throttle) reasons as a bitmask: 0x1 idle, 0x2 application clocks, 0x4 software power cap, 0x8 hardware slowdown, 0x10 sync boost, 0x20 software thermal, 0x40 hardware thermal, 0x80 power brake, 0x100 display clocks (one series per reason in gpu_clock_event)."),
         FieldDef::gauge("power_watts", FieldType::F64, Unit::Watts, "Power draw."),
         FieldDef::gauge("power_limit_watts", FieldType::F64, Unit::Watts, "Power limit the driver enforces now."),
-        FieldDef::counter("energy_joules", FieldType::F64, Unit::Joules, "Energy since the driver loaded (Volta and newer)."),
+        FieldDef::counter("energy_joules", FieldType::F64, Unit::Joules, "Energy since the driver loaded (Volta and newer): the driver's exact counter every energy_interval_secs, power_watts integrated in between; never goes back."),
+        FieldDef::gauge("energy_exact_age_seconds", FieldType::F64, Unit::Seconds, "Seconds since energy_joules was last the driver's exact counter; null on a GPU without the counter."),
+        FieldDef::gauge("energy_integration_error_joules", FieldType::F64, Unit::Joules, "At the last exact read of the energy counter: the counter as integrated from the power readings minus the exact one, over the interval before it (positive: the integration ran ahead). Null until the second exact read."),
         FieldDef::gauge("temperature_celsius", FieldType::F64, Unit::Celsius, "GPU die temperature."),
         FieldDef::gauge("memory_temperature_celsius", FieldType::F64, Unit::Celsius, "HBM temperature."),
         FieldDef::gauge("memory_used_bytes", FieldType::U64, Unit::Bytes, "Device memory allocated."),
