@@ -238,6 +238,11 @@ impl BatchBuilder {
         }
     }
 
+    /// The table the rows are for.
+    pub fn table(&self) -> &'static TableDef {
+        self.batch.table
+    }
+
     /// Rows so far.
     pub fn len(&self) -> usize {
         self.batch.len()

@@ -61,6 +61,7 @@ pub mod files;
 pub mod log_limit;
 mod merge;
 pub mod openmetrics;
+pub mod row;
 pub mod scan;
 pub mod schema;
 mod store;

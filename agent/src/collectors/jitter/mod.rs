@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit, BUCKET_TAG};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 pub use probe::BUCKETS;
 use probe::{Settings, Shared, Window};
@@ -315,61 +315,67 @@ const fn stalls(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::stored_only(name, FieldType::U64, Unit::None, help)
 }
 
-/// One row per window per CPU probed.
-pub static JITTER: TableDef = TableDef {
-    name: "jitter",
-    help: "One row per window (window_secs, on wall-clock multiples) per CPU the probe ran on: wake-up latency percentiles (cyclictest's method), and the interruption probe's lost time split into what the guest accounts for and the unexplained rest. The row's time is the window's end.",
-    tags: &[CPU_TAG],
-    fields: &[
-        count("wakeups", "Wake-ups measured on this CPU in the window."),
-        seconds("wakeup_p50_seconds", "Median wake-up latency: how late the probe woke after its absolute deadline."),
-        seconds("wakeup_p90_seconds", "90th percentile of wake-up latency."),
-        seconds("wakeup_p99_seconds", "99th percentile of wake-up latency."),
-        seconds("wakeup_p999_seconds", "99.9th percentile of wake-up latency."),
-        seconds("wakeup_p9999_seconds", "99.99th percentile of wake-up latency."),
-        seconds("wakeup_max_seconds", "Largest wake-up latency."),
-        stalls("stalls_over_50us", "Wake-ups later than 50 microseconds in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count minus its bucket le=\"5e-05\" counts them since the start."),
-        stalls("stalls_over_500us", "Wake-ups later than 500 microseconds in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count minus its bucket le=\"0.0005\" counts them since the start."),
-        seconds("probed_seconds", "Wall time the probe was placed on this CPU in the window."),
-        seconds("probe_cpu_seconds", "CPU time the probe thread used while placed on this CPU (CLOCK_THREAD_CPUTIME_ID): the probes' cost against cpu_budget_ratio."),
-        seconds("spin_seconds", "Time the interruption probe spun on this CPU."),
-        count("gaps", "Clock gaps above gap_threshold_us while spinning."),
-        seconds("largest_gap_seconds", "Longest clock gap while spinning; null when the probe did not spin."),
-        ratio("interrupted_ratio", "Share of the spin time lost to gaps above the threshold."),
-        ratio("run_delay_ratio", "Share of the spin time the probe thread waited runnable for the CPU (other threads of this guest ran), from thread-self/schedstat; null where the kernel lacks it."),
-        ratio("irq_ratio", "Share of this CPU's time in irq and softirq while probed, from /proc/stat: the expected share of a spin lost to interrupts the guest handled."),
-        ratio("steal_ratio", "Share of this CPU's time stolen by the hypervisor while probed, from /proc/stat."),
-        ratio("unexplained_ratio", "interrupted_ratio minus run_delay_ratio, irq_ratio and steal_ratio (at least 0): lost time the guest's own accounting does not show, taken by the hypervisor (VM exits) or the hardware (SMIs)."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// One row per window per CPU probed.
+    pub static JITTER: TableDef, pub struct JitterRow {
+        name: "jitter",
+        help: "One row per window (window_secs, on wall-clock multiples) per CPU the probe ran on: wake-up latency percentiles (cyclictest's method), and the interruption probe's lost time split into what the guest accounts for and the unexplained rest. The row's time is the window's end.",
+        tags: [cpu = CPU_TAG],
+        fields: [
+            wakeups: u64 = count("Wake-ups measured on this CPU in the window."),
+            wakeup_p50_seconds: Option<f64> = seconds("Median wake-up latency: how late the probe woke after its absolute deadline."),
+            wakeup_p90_seconds: Option<f64> = seconds("90th percentile of wake-up latency."),
+            wakeup_p99_seconds: Option<f64> = seconds("99th percentile of wake-up latency."),
+            wakeup_p999_seconds: Option<f64> = seconds("99.9th percentile of wake-up latency."),
+            wakeup_p9999_seconds: Option<f64> = seconds("99.99th percentile of wake-up latency."),
+            wakeup_max_seconds: Option<f64> = seconds("Largest wake-up latency."),
+            stalls_over_50us: u64 = stalls("Wake-ups later than 50 microseconds in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count minus its bucket le=\"5e-05\" counts them since the start."),
+            stalls_over_500us: u64 = stalls("Wake-ups later than 500 microseconds in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count minus its bucket le=\"0.0005\" counts them since the start."),
+            probed_seconds: f64 = seconds("Wall time the probe was placed on this CPU in the window."),
+            probe_cpu_seconds: f64 = seconds("CPU time the probe thread used while placed on this CPU (CLOCK_THREAD_CPUTIME_ID): the probes' cost against cpu_budget_ratio."),
+            spin_seconds: f64 = seconds("Time the interruption probe spun on this CPU."),
+            gaps: u64 = count("Clock gaps above gap_threshold_us while spinning."),
+            largest_gap_seconds: Option<f64> = seconds("Longest clock gap while spinning; null when the probe did not spin."),
+            interrupted_ratio: Option<f64> = ratio("Share of the spin time lost to gaps above the threshold."),
+            run_delay_ratio: Option<f64> = ratio("Share of the spin time the probe thread waited runnable for the CPU (other threads of this guest ran), from thread-self/schedstat; null where the kernel lacks it."),
+            irq_ratio: Option<f64> = ratio("Share of this CPU's time in irq and softirq while probed, from /proc/stat: the expected share of a spin lost to interrupts the guest handled."),
+            steal_ratio: Option<f64> = ratio("Share of this CPU's time stolen by the hypervisor while probed, from /proc/stat."),
+            unexplained_ratio: Option<f64> = ratio("interrupted_ratio minus run_delay_ratio, irq_ratio and steal_ratio (at least 0): lost time the guest's own accounting does not show, taken by the hypervisor (VM exits) or the hardware (SMIs)."),
+        ],
+        exported: true,
+    }
+}
 
-/// Cumulative wake-up latency histogram per CPU.
-pub static WAKEUP: TableDef = TableDef {
-    name: "jitter_wakeup",
-    help: "Per CPU per window, the wake-up latency histogram since the collector started, in fixed buckets from 1 microsecond to 0.1 seconds, so that tail latency aggregates across nodes with histogram_quantile.",
-    tags: &[
-        CPU_TAG,
-        TagDef {
-            name: BUCKET_TAG,
-            help: "Bucket upper bound in seconds (+Inf for all).",
-        },
-    ],
-    fields: &[
-        FieldDef::histogram("latency_seconds", Unit::Seconds, "Wake-ups whose latency was at most le seconds (cumulative, since the collector started)."),
-        FieldDef::histogram_sum("latency_seconds_sum", Unit::Seconds, "Sum of the wake-up latencies, on the +Inf row."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Cumulative wake-up latency histogram per CPU.
+    pub static WAKEUP: TableDef, pub struct WakeupRow {
+        name: "jitter_wakeup",
+        help: "Per CPU per window, the wake-up latency histogram since the collector started, in fixed buckets from 1 microsecond to 0.1 seconds, so that tail latency aggregates across nodes with histogram_quantile.",
+        tags: [
+            cpu = CPU_TAG,
+            le = TagDef {
+                name: BUCKET_TAG,
+                help: "Bucket upper bound in seconds (+Inf for all).",
+            },
+        ],
+        fields: [
+            latency_seconds: u64 = FieldDef::histogram(Unit::Seconds, "Wake-ups whose latency was at most le seconds (cumulative, since the collector started)."),
+            latency_seconds_sum: Option<f64> = FieldDef::histogram_sum(Unit::Seconds, "Sum of the wake-up latencies, on the +Inf row."),
+        ],
+        exported: true,
+    }
+}
 
-/// The largest gaps of each window.
-pub static GAP: TableDef = TableDef {
-    name: "jitter_gap",
-    help: "The largest clock gaps of each window (max_gaps_per_window of them), one row per gap at the time it began. Not exported to Prometheus: one sample per event is not a series.",
-    tags: &[CPU_TAG],
-    fields: &[seconds("gap_seconds", "Length of the gap.")],
-    exported: false,
-};
+vtax_store::table! {
+    /// The largest gaps of each window.
+    pub static GAP: TableDef, pub struct GapRow {
+        name: "jitter_gap",
+        help: "The largest clock gaps of each window (max_gaps_per_window of them), one row per gap at the time it began. Not exported to Prometheus: one sample per event is not a series.",
+        tags: [cpu = CPU_TAG],
+        fields: [gap_seconds: f64 = seconds("Length of the gap.")],
+        exported: false,
+    }
+}
 
 /// The jitter collector.
 pub struct Jitter {
@@ -457,7 +463,7 @@ impl Jitter {
         for window in windows {
             for c in &window.cpus {
                 let cpu = c.cpu.to_string();
-                jitter.push(window.end_us, &[&cpu], &jitter_values(c, hz))?;
+                jitter.push_row(window.end_us, &jitter_row(&cpu, c, hz))?;
                 let (buckets, sum) = self
                     .histograms
                     .entry(c.cpu)
@@ -468,11 +474,11 @@ impl Jitter {
                 *sum += c.latency_sum_ns;
             }
             for gap in &window.gaps {
-                gaps.push(
-                    gap.time_us,
-                    &[&gap.cpu.to_string()],
-                    &[Value::F64(gap.gap_ns as f64 / 1e9)],
-                )?;
+                let row = GapRow {
+                    cpu: &gap.cpu.to_string(),
+                    gap_seconds: gap.gap_ns as f64 / 1e9,
+                };
+                gaps.push_row(gap.time_us, &row)?;
             }
         }
         let mut wakeup = BatchBuilder::new(&WAKEUP);
@@ -483,11 +489,17 @@ impl Jitter {
                 let mut cumulative = 0;
                 for (i, n) in buckets.iter().enumerate() {
                     cumulative += n;
-                    let (le, sum) = match BUCKETS.get(i) {
-                        Some((_, le)) => (*le, Value::Null),
-                        None => ("+Inf", Value::F64(*sum as f64 / 1e9)),
+                    let (le, latency_seconds_sum) = match BUCKETS.get(i) {
+                        Some((_, le)) => (*le, None),
+                        None => ("+Inf", Some(*sum as f64 / 1e9)),
                     };
-                    wakeup.push(time, &[&cpu, le], &[Value::U64(cumulative), sum])?;
+                    let row = WakeupRow {
+                        cpu: &cpu,
+                        le,
+                        latency_seconds: cumulative,
+                        latency_seconds_sum,
+                    };
+                    wakeup.push_row(time, &row)?;
                 }
             }
         }
@@ -495,16 +507,10 @@ impl Jitter {
     }
 }
 
-fn jitter_values(c: &probe::CpuWindow, hz: f64) -> Vec<Value> {
-    let secs = |ns: u64| Value::F64(ns as f64 / 1e9);
+fn jitter_row<'a>(cpu: &'a str, c: &probe::CpuWindow, hz: f64) -> JitterRow<'a> {
+    let secs = |ns: u64| ns as f64 / 1e9;
     let has_wakeups = !c.latency.is_empty();
-    let quantile = |q: f64| {
-        if has_wakeups {
-            secs(c.latency.value_at_quantile(q))
-        } else {
-            Value::Null
-        }
-    };
+    let quantile = |q: f64| has_wakeups.then(|| secs(c.latency.value_at_quantile(q)));
     let spun = c.spin_ns > 0;
     let share = |ns: u64| {
         if spun {
@@ -526,47 +532,30 @@ fn jitter_values(c: &probe::CpuWindow, hz: f64) -> Vec<Value> {
     let irq = tick_share(c.irq_ticks);
     let steal = tick_share(c.steal_ticks);
     let unexplained = (interrupted - run_delay.unwrap_or(0.0) - irq - steal).max(0.0);
-    let if_spun = |v: f64| if spun { Value::F64(v) } else { Value::Null };
-    vec![
-        Value::U64(c.latency.len()),
-        quantile(0.5),
-        quantile(0.9),
-        quantile(0.99),
-        quantile(0.999),
-        quantile(0.9999),
-        if has_wakeups {
-            secs(c.latency.max())
-        } else {
-            Value::Null
-        },
-        Value::U64(c.stalls[0]),
-        Value::U64(c.stalls[1]),
-        Value::F64(probed),
-        secs(c.thread_cpu_ns),
-        secs(c.spin_ns),
-        Value::U64(c.gaps),
-        if spun {
-            secs(c.largest_gap_ns)
-        } else {
-            Value::Null
-        },
-        if_spun(interrupted),
-        match run_delay {
-            Some(r) if spun => Value::F64(r),
-            _ => Value::Null,
-        },
-        if probed > 0.0 {
-            Value::F64(irq)
-        } else {
-            Value::Null
-        },
-        if probed > 0.0 {
-            Value::F64(steal)
-        } else {
-            Value::Null
-        },
-        if_spun(unexplained),
-    ]
+    let if_spun = |v: f64| spun.then_some(v);
+    let if_probed = |v: f64| (probed > 0.0).then_some(v);
+    JitterRow {
+        cpu,
+        wakeups: c.latency.len(),
+        wakeup_p50_seconds: quantile(0.5),
+        wakeup_p90_seconds: quantile(0.9),
+        wakeup_p99_seconds: quantile(0.99),
+        wakeup_p999_seconds: quantile(0.999),
+        wakeup_p9999_seconds: quantile(0.9999),
+        wakeup_max_seconds: has_wakeups.then(|| secs(c.latency.max())),
+        stalls_over_50us: c.stalls[0],
+        stalls_over_500us: c.stalls[1],
+        probed_seconds: probed,
+        probe_cpu_seconds: secs(c.thread_cpu_ns),
+        spin_seconds: secs(c.spin_ns),
+        gaps: c.gaps,
+        largest_gap_seconds: if_spun(secs(c.largest_gap_ns)),
+        interrupted_ratio: if_spun(interrupted),
+        run_delay_ratio: run_delay.filter(|_| spun),
+        irq_ratio: if_probed(irq),
+        steal_ratio: if_probed(steal),
+        unexplained_ratio: if_spun(unexplained),
+    }
 }
 
 impl Drop for Jitter {
