@@ -35,6 +35,9 @@ pub struct GpuConfig {
     pub simulate_profile: String,
     /// Scenario of each simulated GPU, in turn.
     pub simulate_scenarios: Vec<String>,
+    /// Whether the simulated GPUs' reads spend the CPU that NVML's cost on an
+    /// H100, for benches.
+    pub simulate_nvml_costs: bool,
 }
 
 /// Default of `energy_interval_secs`: one exact read every 30 ticks at the
@@ -59,6 +62,7 @@ impl Default for GpuConfig {
             simulate_gpus: 0,
             simulate_profile: "h100".into(),
             simulate_scenarios: vec!["training".into()],
+            simulate_nvml_costs: false,
         }
     }
 }
@@ -117,6 +121,7 @@ impl GpuConfig {
             && self.simulate_profile == other.simulate_profile
             && self.simulate_scenarios == other.simulate_scenarios
             && self.gpm == other.gpm
+            && self.simulate_nvml_costs == other.simulate_nvml_costs
     }
 
     pub(super) fn backend(&self) -> Result<Box<dyn GpuBackend>, String> {
@@ -128,11 +133,10 @@ impl GpuConfig {
                 .iter()
                 .filter_map(|s| sim::Scenario::parse(s))
                 .collect();
-            return Ok(Box::new(sim::SimBackend::new(
-                self.simulate_gpus,
-                profile,
-                scenarios,
-            )));
+            return Ok(Box::new(
+                sim::SimBackend::new(self.simulate_gpus, profile, scenarios)
+                    .charging_nvml_costs(self.simulate_nvml_costs),
+            ));
         }
         Ok(Box::new(nvml::NvmlBackend::new(self.gpm)?))
     }
@@ -184,6 +188,10 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     (
         "simulate_scenarios",
         "What the simulated GPUs do, GPU i playing scenarios[i % len]: idle, training, memory-bound, thermal-throttle, power-throttle, pcie-degraded, nvlink-hidden, xid, gpu-lost, mig.",
+    ),
+    (
+        "simulate_nvml_costs",
+        "Make each read of a simulated GPU spend the CPU that the same NVML reads cost on an H100 (bench/agent/gpu_driver_costs.py). For benches only.",
     ),
 ];
 

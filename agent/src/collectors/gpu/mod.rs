@@ -16,10 +16,12 @@
 //! utilisation.
 //!
 //! `config.rs` holds `[collectors.gpu]`, `tables.rs` the tables, `doctor.rs`
-//! `vtax doctor --gpu`; this file the collector.
+//! `vtax doctor --gpu`, `costs.rs` what each NVML read costs on an H100 (for
+//! the simulated backend's bench); this file the collector.
 
 pub mod backend;
 mod config;
+pub mod costs;
 mod doctor;
 mod energy;
 pub mod nvml;

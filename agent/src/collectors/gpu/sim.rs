@@ -8,6 +8,10 @@
 //! the first sample, so a test or a golden file sees the same numbers every
 //! run, and counters grow as the real ones do: the energy counter is the
 //! exact integral of the power drawn.
+//!
+//! With `charge_nvml_costs`, each sample spins the calling thread for the CPU
+//! the NVML backend's reads of it cost on an H100 (`costs.rs`), for benches;
+//! never otherwise.
 
 use std::f64::consts::TAU;
 
@@ -15,6 +19,7 @@ use super::backend::{
     nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
     LinkSample, MigSample, ProcessSample, ReadPlan, SampleError, VirtualizationMode, XidEvent,
 };
+use super::costs;
 
 /// A GPU model the simulator imitates.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -137,6 +142,8 @@ pub struct SimBackend {
     pending_xids: Vec<XidEvent>,
     /// Seconds (since the first sample) up to which XIDs were emitted, per GPU.
     xid_emitted_until: Vec<Option<i64>>,
+    /// Whether each sample spends the CPU its NVML reads would.
+    charge_nvml_costs: bool,
 }
 
 impl SimBackend {
@@ -156,7 +163,15 @@ impl SimBackend {
             scenarios,
             first_time_us: None,
             pending_xids: Vec::new(),
+            charge_nvml_costs: false,
         }
+    }
+
+    /// Makes each sample spend the CPU that the NVML backend's reads of it
+    /// cost on an H100 (`costs::NVML_CALL_COSTS`): for benches.
+    pub fn charging_nvml_costs(mut self, charge: bool) -> SimBackend {
+        self.charge_nvml_costs = charge;
+        self
     }
 
     fn uuid(index: u32) -> String {
@@ -246,6 +261,9 @@ impl GpuBackend for SimBackend {
             .ok_or_else(|| SampleError::Lost(format!("no simulated GPU {index}")))?;
         self.emit_xids(index, elapsed_us / 1_000_000, time_us);
         if scenario == Scenario::Lost {
+            if self.charge_nvml_costs {
+                costs::spend_cpu(costs::seconds_of(costs::LOST, false));
+            }
             return Err(SampleError::Lost(
                 "GPU has fallen off the bus (simulated XID 79)".into(),
             ));
@@ -262,6 +280,19 @@ impl GpuBackend for SimBackend {
                 p.sm_utilization_ratio = None;
                 p.memory_utilization_ratio = None;
             }
+        }
+        if self.charge_nvml_costs {
+            let mut reads = costs::EVERY_TICK.to_vec();
+            if plan.energy {
+                reads.push("total_energy_consumption");
+            }
+            if sample.process_shares_read {
+                reads.push("process_utilization_stats");
+            }
+            if sample.mig_enabled == Some(true) {
+                reads.push("mig instances");
+            }
+            costs::spend_cpu(costs::seconds_of(&reads, scenario != Scenario::Idle));
         }
         Ok(sample)
     }

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""What the `gpu` collector's NVML reads cost an 8-GPU node at 1 s (issue 34's
+bar: at most 0.3% of one core), measured on a machine without a GPU.
+
+The simulated backend, with `collectors.gpu.simulate_nvml_costs = true`, makes
+each read of a simulated GPU spin the collector's thread for the CPU that the
+same NVML reads cost on an H100 (the table in agent/src/collectors/gpu/costs.rs,
+from docs/gpus.md): idle figures for an idle GPU, those measured beside a copy
+for a busy one. Agents run with 8 simulated H100s at 1 s, every other collector
+off, and the `collector-gpu` thread's CPU time over the window (utime + stime
+from /proc/<pid>/task/<tid>/stat) is its share of one core. The spin counts the
+thread's own CPU clock, so a loaded machine charges the same.
+
+Two builds of the reads, each on an idle node (every GPU `idle`) and a busy one
+(every GPU `training`, one process each; with `--shared`, `mig`, three
+processes each, whose shares need the driver):
+  before  every read every tick: the exact energy counter and the process
+          shares each tick (energy_interval_secs = 0,
+          process_shares_interval_secs = 0, single_process_shares_from_utilization
+          = false);
+  after   the defaults: the exact counter every 30 s with the power integrated
+          in between, the shares every 10 s where a GPU is shared.
+
+The four agents run side by side for the same window.
+
+`bench/agent/gpu_overhead.py --real` measures the same on a lent GPU with the
+real driver, per GPU.
+
+Usage: bench/agent/gpu_driver_costs.py [--seconds 60] [--warmup 5] [--shared]
+                                       [--vtax target/release/vtax]
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HZ = os.sysconf("SC_CLK_TCK")
+COLLECTORS = ["host", "cgroups", "perf", "infiniband", "platform", "gpu", "jitter",
+              "block", "netdev", "filesystem", "scrape"]
+
+BUILDS = {
+    "before": "energy_interval_secs = 0\nprocess_shares_interval_secs = 0\n"
+              "single_process_shares_from_utilization = false\n",
+    "after": "",
+}
+
+
+def thread_cpu_seconds(pid, name):
+    total = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / HZ
+    return total
+
+
+def start(vtax, tmp, name, scenario, build):
+    config = os.path.join(tmp, f"{name}.toml")
+    with open(config, "w") as f:
+        f.write("[collectors.gpu]\nsimulate_gpus = 8\ninterval_secs = 1\n"
+                f"simulate_scenarios = [\"{scenario}\"]\nsimulate_nvml_costs = true\n")
+        f.write(BUILDS[build])
+    off = [f"--no-collector.{c}" for c in COLLECTORS if c != "gpu"]
+    proc = subprocess.Popen(
+        [vtax, "run", "--config", config, "--data-dir", os.path.join(tmp, name),
+         "--web.listen-address", "127.0.0.1:0", *off],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stderr:
+        if re.search(r"listen_address=(\S+)", line):
+            # Keep draining stderr so the agent never blocks on a full pipe.
+            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+            return proc
+    sys.exit(f"{vtax} did not start ({name})")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--shared", action="store_true",
+                        help="busy GPUs with MIG and three processes each")
+    parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    args = parser.parse_args()
+    busy = "mig" if args.shared else "training"
+    runs = [(f"{build}-{load}", scenario, build)
+            for build in BUILDS for load, scenario in (("idle", "idle"), ("busy", busy))]
+    with tempfile.TemporaryDirectory() as tmp:
+        agents = {name: start(args.vtax, tmp, name, scenario, build)
+                  for name, scenario, build in runs}
+        try:
+            time.sleep(args.warmup)
+            t0 = time.monotonic()
+            c0 = {n: thread_cpu_seconds(p.pid, "collector-gpu") for n, p in agents.items()}
+            time.sleep(args.seconds)
+            elapsed = time.monotonic() - t0
+            c1 = {n: thread_cpu_seconds(p.pid, "collector-gpu") for n, p in agents.items()}
+        finally:
+            for p in agents.values():
+                p.send_signal(signal.SIGTERM)
+            for p in agents.values():
+                p.wait(timeout=30)
+    print(f"window {elapsed:.0f} s, 8 simulated H100s at 1 s, NVML costs charged "
+          f"(busy: {busy})")
+    print(f"{'reads':<8} {'GPUs':<6} {'collector-gpu thread':>22}")
+    for name, _, _ in runs:
+        build, load = name.split("-")
+        pct = 100 * (c1[name] - c0[name]) / elapsed
+        print(f"{build:<8} {load:<6} {pct:17.3f} % of one core")
+
+
+if __name__ == "__main__":
+    main()
