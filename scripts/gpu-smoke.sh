@@ -29,7 +29,8 @@
 #   ncu (3), xid (4, with XID=1), overhead (6), probe (7).
 # ncu and xid run inside the agent's window, so only with agent. PROBE_ONLY=1
 # is STEPS=probe: a couple of minutes on a node of a few GPUs. PROBE_GPU=N
-# compares GPU N (nvidia-smi's index, default 0) with PyTorch.
+# compares GPU N (nvidia-smi's index, default 0) with PyTorch; PROBE_ARGS adds
+# flags to bench/gpu/probe_vs_torch.py (e.g. "--launch-tolerance 0.1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
@@ -280,8 +281,10 @@ if want probe; then
   timeout 180 "$VTAX" probe-gpu > "$out/probe-gpu.txt" 2>&1
   echo "rc=$?" >> "$out/probe-gpu.txt"
   cat "$out/probe-gpu.txt"
+  read -ra probe_args <<< "${PROBE_ARGS:-}"
   timeout 300 python3 bench/gpu/probe_vs_torch.py --vtax "$VTAX" --gpu "${PROBE_GPU:-0}" \
-    --timeout 120 --json-out "$out/probe-vs-torch.json" 2>&1 | tee "$out/probe-vs-torch.txt"
+    --timeout 120 --json-out "$out/probe-vs-torch.json" ${probe_args[@]+"${probe_args[@]}"} 2>&1 \
+    | tee "$out/probe-vs-torch.txt"
   probe_rc=${PIPESTATUS[0]}
   set -e
   echo "probe_vs_torch exit $probe_rc"
