@@ -2,9 +2,9 @@
 //! `vtax_build_info{version,revision,rustc_version} 1`. The version comes from
 //! Cargo.toml, the revision and rustc's version from `build.rs`.
 
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
-use crate::collectors::runtime_tables::BUILD;
+use crate::collectors::runtime_tables::{BuildRow, BUILD};
 
 /// The agent's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -15,14 +15,16 @@ pub const RUSTC_VERSION: &str = env!("VTAX_BUILD_RUSTC_VERSION");
 
 /// The `build` table's one row, at `time_us`.
 pub fn row(time_us: i64) -> Batch {
-    let mut row = BatchBuilder::new(&BUILD);
-    row.push(
-        time_us,
-        &[VERSION, REVISION, RUSTC_VERSION],
-        &[Value::I64(1)],
-    )
-    .expect("three tags and one field, as BUILD declares");
-    row.finish()
+    let row = BuildRow {
+        version: VERSION,
+        revision: REVISION,
+        rustc_version: RUSTC_VERSION,
+        info: 1,
+    };
+    let mut rows = BatchBuilder::new(&BUILD);
+    rows.push_row(time_us, &row)
+        .expect("a build row is for the build table");
+    rows.finish()
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vtax_exporters::Exposition;
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use crate::collectors::{
     runtime_tables, Availability, Collector, CollectorsConfig, ParseError, Roots,
@@ -471,17 +471,15 @@ fn status_row(
     failed_sources: usize,
 ) -> Batch {
     let mut builder = BatchBuilder::new(&runtime_tables::COLLECTOR);
+    let row = runtime_tables::CollectorRow {
+        collector: name,
+        duration_seconds: duration.as_secs_f64(),
+        success: i64::from(success),
+        failed_sources: failed_sources as u64,
+    };
     builder
-        .push(
-            time_us,
-            &[name],
-            &[
-                Value::F64(duration.as_secs_f64()),
-                Value::I64(i64::from(success)),
-                Value::U64(failed_sources as u64),
-            ],
-        )
-        .expect("the row matches the declaration");
+        .push_row(time_us, &row)
+        .expect("a collector row is for the collector table");
     builder.finish()
 }
 

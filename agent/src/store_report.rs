@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use vtax_store::{Batch, BatchBuilder, Store, Value};
+use vtax_store::{Batch, BatchBuilder, Store};
 
 use crate::collectors::filesystem::{FsStat, StatFs, SystemStatFs};
-use crate::collectors::runtime_tables::STORE;
+use crate::collectors::runtime_tables::{StoreRow, STORE};
 
 /// Time between two rows: the collectors' usual interval.
 pub const STORE_ROW_INTERVAL: Duration = Duration::from_secs(1);
@@ -64,44 +64,35 @@ impl StoreReport {
                 None
             }
         };
-        let bytes =
-            |blocks: u64, stat: &FsStat| Value::U64(blocks.saturating_mul(stat.fragment_size));
+        let bytes = |blocks: u64, stat: &FsStat| blocks.saturating_mul(stat.fragment_size);
         let stats = store.stats();
         let options = store.options();
-        let last_file_written = stats
-            .last_file_written
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(Value::Null, |t| Value::F64(t.as_secs_f64()));
+        let row = StoreRow {
+            table_bytes: store.table_bytes(),
+            table_files: store.files().count() as u64,
+            wal_bytes: store.wal_bytes(),
+            // No budget is no series, so a rule comparing against it
+            // cannot fire on a node without one.
+            retention_max_bytes: options.retention_max_bytes,
+            filesystem_avail_bytes: filesystem.as_ref().map(|s| bytes(s.blocks_available, s)),
+            filesystem_size_bytes: filesystem.as_ref().map(|s| bytes(s.blocks, s)),
+            rows_appended: stats.rows_appended,
+            rows_refused: stats.rows_refused,
+            write_errors: stats.write_errors,
+            disk_full_errors: stats.disk_full_errors,
+            files_written: stats.files_published,
+            files_quarantined: stats.files_quarantined,
+            files_deleted_by_retention: stats.files_retained_away,
+            wal_syncs: stats.wal_syncs,
+            last_file_written_time_seconds: stats
+                .last_file_written
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|t| t.as_secs_f64()),
+        };
         let mut builder = BatchBuilder::new(&STORE);
         builder
-            .push(
-                time_us,
-                &[],
-                &[
-                    Value::U64(store.table_bytes()),
-                    Value::U64(store.files().count() as u64),
-                    Value::U64(store.wal_bytes()),
-                    // No budget is no series, so a rule comparing against it
-                    // cannot fire on a node without one.
-                    options.retention_max_bytes.map_or(Value::Null, Value::U64),
-                    filesystem
-                        .as_ref()
-                        .map_or(Value::Null, |s| bytes(s.blocks_available, s)),
-                    filesystem
-                        .as_ref()
-                        .map_or(Value::Null, |s| bytes(s.blocks, s)),
-                    Value::U64(stats.rows_appended),
-                    Value::U64(stats.rows_refused),
-                    Value::U64(stats.write_errors),
-                    Value::U64(stats.disk_full_errors),
-                    Value::U64(stats.files_published),
-                    Value::U64(stats.files_quarantined),
-                    Value::U64(stats.files_retained_away),
-                    Value::U64(stats.wal_syncs),
-                    last_file_written,
-                ],
-            )
-            .expect("the row matches the declaration");
+            .push_row(time_us, &row)
+            .expect("a store row is for the store table");
         builder.finish()
     }
 }
@@ -115,7 +106,7 @@ mod tests {
     use vtax_store::{ScanRequest, StoreOptions, HOUR_US};
 
     use super::*;
-    use crate::collectors::runtime_tables::COLLECTOR;
+    use crate::collectors::runtime_tables::{CollectorRow, COLLECTOR};
 
     /// 2025-11-21T00:00:00Z.
     const T0: i64 = 1_763_683_200_000_000;
@@ -131,12 +122,14 @@ mod tests {
     fn append_hour(store: &mut Store, hour: i64, rows: i64) {
         let mut builder = BatchBuilder::new(&COLLECTOR);
         for i in 0..rows {
+            let row = CollectorRow {
+                collector: "host",
+                duration_seconds: 0.001 * i as f64,
+                success: 1,
+                failed_sources: 0,
+            };
             builder
-                .push(
-                    T0 + hour * HOUR_US + i * 1_000_000,
-                    &["host"],
-                    &[Value::F64(0.001 * i as f64), Value::I64(1), Value::U64(0)],
-                )
+                .push_row(T0 + hour * HOUR_US + i * 1_000_000, &row)
                 .unwrap();
         }
         store.append(&builder.finish()).unwrap();

@@ -27,7 +27,7 @@ use object_store::{ObjectStore, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use vtax_exporters::Exposition;
 use vtax_store::files::FileInfo;
-use vtax_store::{date_string, BatchBuilder, Deletable, Value, HOUR_US};
+use vtax_store::{date_string, BatchBuilder, Deletable, HOUR_US};
 
 use crate::config::Config;
 use crate::runtime::Rows;
@@ -588,22 +588,20 @@ fn crash_point() {
 }
 
 fn stats_row(stats: &UploadStats, time_us: i64) -> vtax_store::Batch {
-    let mut builder = BatchBuilder::new(&crate::collectors::runtime_tables::UPLOAD);
+    use crate::collectors::runtime_tables::{UploadRow, UPLOAD};
+    let row = UploadRow {
+        files: stats.files,
+        uploaded_bytes: stats.bytes,
+        covered_files: stats.covered,
+        replaced_objects_deleted: stats.replaced_deleted,
+        failures: stats.failures,
+        pending_files: stats.pending_files,
+        oldest_pending_age_seconds: stats.oldest_pending_age_seconds,
+    };
+    let mut builder = BatchBuilder::new(&UPLOAD);
     builder
-        .push(
-            time_us,
-            &[],
-            &[
-                Value::U64(stats.files),
-                Value::U64(stats.bytes),
-                Value::U64(stats.covered),
-                Value::U64(stats.replaced_deleted),
-                Value::U64(stats.failures),
-                Value::U64(stats.pending_files),
-                Value::F64(stats.oldest_pending_age_seconds),
-            ],
-        )
-        .expect("the row matches the declaration");
+        .push_row(time_us, &row)
+        .expect("an upload row is for the upload table");
     builder.finish()
 }
 
