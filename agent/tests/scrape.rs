@@ -175,9 +175,10 @@ fn bad_targets_are_counters_and_one_log_line_and_stall_nothing() {
         get("vtax_scrape_target_failures_timeout_total{target=\"good\"}"),
         0.0
     );
-    // A hung target takes its timeout, never more.
+    // A hung target takes its timeout, plus what a loaded machine adds;
+    // never the whole hang.
     let hang_duration = get("vtax_scrape_target_duration_seconds{target=\"hang\"}");
-    assert!((0.45..0.9).contains(&hang_duration), "{hang_duration}");
+    assert!((0.45..2.0).contains(&hang_duration), "{hang_duration}");
     assert_eq!(get("vtax_scrape_target_samples{target=\"good\"}"), 6.0);
 
     let series = "{target=\"good\",metric=\"req_seconds\",labels=\"path=\\\"/x\\\"\"}";
@@ -201,8 +202,9 @@ fn bad_targets_are_counters_and_one_log_line_and_stall_nothing() {
     assert_eq!(get("vtax_collector_success{collector=\"host\"}"), 1.0);
     assert_eq!(get("vtax_collector_success{collector=\"scrape\"}"), 1.0);
     let scrape_tick = get("vtax_collector_duration_seconds{collector=\"scrape\"}");
+    // Below the 0.5 s timeout: the tick never waited for the hanging target.
     assert!(
-        scrape_tick < 0.1,
+        scrape_tick < 0.4,
         "the harvest never waits on a target: {scrape_tick}"
     );
 
