@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use vtax_store::openmetrics::{Format, Parser};
-use vtax_store::{tables, BatchBuilder, Store, StoreOptions, Value};
+use vtax_store::tables::{self, ScrapedRow};
+use vtax_store::{BatchBuilder, Store, StoreOptions};
 
 /// Rows handed to the store per batch.
 const IMPORT_BATCH_ROWS: usize = 1 << 16;
@@ -181,7 +182,13 @@ pub fn import(args: ImportArgs) -> Result<()> {
             default_time_us(path)?,
             &bar,
             |metric, labels, value, time_us| {
-                builder.push(time_us, &["", metric, labels], &[Value::F64(value)])?;
+                let row = ScrapedRow {
+                    target: "",
+                    metric,
+                    labels,
+                    value: Some(value),
+                };
+                builder.push_row(time_us, &row)?;
                 if builder.len() >= IMPORT_BATCH_ROWS {
                     store.append(&builder.finish())?;
                     store.publish_over_budget()?;

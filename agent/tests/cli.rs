@@ -502,7 +502,8 @@ fn wal_frame_offsets(bytes: &[u8]) -> Vec<usize> {
 #[test]
 fn verify_checks_the_wal_and_remote_write_queues() {
     use vtax_exporters::remote_write::queue::Queue;
-    use vtax_store::{BatchBuilder, Store, StoreOptions, Value};
+    use vtax_store::tables::ScrapedRow;
+    use vtax_store::{BatchBuilder, Store, StoreOptions};
 
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -513,9 +514,13 @@ fn verify_checks_the_wal_and_remote_write_queues() {
         let mut store = Store::open(options, Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
         for i in 0..3 {
             let mut batch = BatchBuilder::new(&tables::SCRAPED);
-            batch
-                .push(START_MS * 1000 + i, &["", "m", ""], &[Value::F64(i as f64)])
-                .unwrap();
+            let row = ScrapedRow {
+                target: "",
+                metric: "m",
+                labels: "",
+                value: Some(i as f64),
+            };
+            batch.push_row(START_MS * 1000 + i, &row).unwrap();
             store.append(&batch.finish()).unwrap();
             store.sync().unwrap();
         }

@@ -264,9 +264,13 @@ fn seed_hours(data: &Path, day_start_us: i64, hours: i64, rows_per_hour: i64) ->
         for i in 0..rows_per_hour {
             let t = day_start_us + hour * vtax_store::HOUR_US + (i / 40) * 1_000_000;
             let labels = format!("series=\"{}\"", i % 40);
-            let value = vtax_store::Value::F64((i * 7919 % 1000) as f64 / 3.0);
-            b.push(t, &["", "seeded_metric", &labels], &[value])
-                .unwrap();
+            let row = vtax_store::tables::ScrapedRow {
+                target: "",
+                metric: "seeded_metric",
+                labels: &labels,
+                value: Some((i * 7919 % 1000) as f64 / 3.0),
+            };
+            b.push_row(t, &row).unwrap();
             rows += 1;
         }
         store.append(&b.finish()).unwrap();

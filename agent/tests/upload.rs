@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use vtax_store::files::{live_files, FileInfo};
-use vtax_store::{date_string, tables, BatchBuilder, Catalog, Store, StoreOptions, Value};
+use vtax_store::tables::{self, ScrapedRow};
+use vtax_store::{date_string, BatchBuilder, Catalog, Store, StoreOptions};
 use vtax_store::{DAY_US, HOUR_US};
 
 use common::{Agent, VTAX};
@@ -35,8 +36,13 @@ fn node_store(dir: &Path, node: &str) -> u64 {
             for i in 0..120 {
                 let t = T0 + hour * HOUR_US + part * 1_200_000_000 + i * 5_000_000;
                 let labels = format!("node=\"{node}\",i=\"{}\"", i % 4);
-                b.push(t, &["", "m", &labels], &[Value::F64(i as f64)])
-                    .unwrap();
+                let row = ScrapedRow {
+                    target: "",
+                    metric: "m",
+                    labels: &labels,
+                    value: Some(i as f64),
+                };
+                b.push_row(t, &row).unwrap();
                 rows += 1;
             }
             store.append(&b.finish()).unwrap();

@@ -796,8 +796,8 @@ fn decode_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::{BatchBuilder, Value};
-    use crate::tables::SCRAPED;
+    use crate::batch::BatchBuilder;
+    use crate::tables::{ScrapedRow, SCRAPED};
 
     fn catalog() -> Catalog {
         Catalog::new(&[&SCRAPED]).unwrap()
@@ -806,17 +806,13 @@ mod tests {
     fn batch(n: usize, base: i64) -> Batch {
         let mut b = BatchBuilder::new(&SCRAPED);
         for i in 0..n {
-            let value = if i % 7 == 3 {
-                Value::Null
-            } else {
-                Value::F64(i as f64 * 0.1)
+            let row = ScrapedRow {
+                target: "",
+                metric: "m",
+                labels: &format!("i=\"{}\"", i % 3),
+                value: (i % 7 != 3).then_some(i as f64 * 0.1),
             };
-            b.push(
-                base + i as i64,
-                &["", "m", &format!("i=\"{}\"", i % 3)],
-                &[value],
-            )
-            .unwrap();
+            b.push_row(base + i as i64, &row).unwrap();
         }
         b.finish()
     }

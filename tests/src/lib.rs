@@ -25,7 +25,8 @@ use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
 use arrow_array::{Array, RecordBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use vtax_store::files::keys;
-use vtax_store::{tables, Batch, BatchBuilder, Catalog, ScanResult, StoreOptions, Value};
+use vtax_store::tables::{self, ScrapedRow};
+use vtax_store::{Batch, BatchBuilder, Catalog, ScanResult, StoreOptions};
 
 /// 2025-11-21T00:00:00Z, where id 0 lies.
 pub const T0: i64 = 1_763_683_200_000_000;
@@ -75,12 +76,14 @@ pub fn now_after(next_id: u64) -> i64 {
 pub fn batch(ids: Range<u64>) -> Batch {
     let mut b = BatchBuilder::new(&tables::SCRAPED);
     for id in ids {
-        b.push(
-            row_time(id),
-            &["", row_metric(id), &row_labels(id)],
-            &[Value::F64(id as f64)],
-        )
-        .expect("rows follow the scraped table");
+        let row = ScrapedRow {
+            target: "",
+            metric: row_metric(id),
+            labels: &row_labels(id),
+            value: Some(id as f64),
+        };
+        b.push_row(row_time(id), &row)
+            .expect("rows follow the scraped table");
     }
     b.finish()
 }

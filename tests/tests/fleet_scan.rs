@@ -6,18 +6,20 @@ use std::path::Path;
 use std::time::Duration;
 
 use vtax_store::scan::{fleet_nodes, scan_fleet_node};
+use vtax_store::tables::ScrapedRow;
 use vtax_store::{ScanRequest, Store, StoreOptions, DAY_US, HOUR_US};
 use vtax_tests::{catalog, value_counts, T0};
 
 fn rows_at(time_us: i64, ids: std::ops::Range<u64>) -> vtax_store::Batch {
     let mut b = vtax_store::BatchBuilder::new(&vtax_store::tables::SCRAPED);
     for id in ids {
-        b.push(
-            time_us,
-            &["", "m", "l=\"x\""],
-            &[vtax_store::Value::F64(id as f64)],
-        )
-        .unwrap();
+        let row = ScrapedRow {
+            target: "",
+            metric: "m",
+            labels: "l=\"x\"",
+            value: Some(id as f64),
+        };
+        b.push_row(time_us, &row).unwrap();
     }
     b.finish()
 }

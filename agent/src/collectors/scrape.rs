@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vtax_store::openmetrics::{Format, Limits, Parser};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{tables, Batch, BatchBuilder, Value};
+use vtax_store::tables::{self, ScrapedRow};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::{Availability, Collector, CollectorConfig, Roots};
 use crate::runtime::{next_grid, Stopper};
@@ -74,9 +75,6 @@ const MAX_PENDING_SCRAPES_AT_LIMIT: u64 = 4;
 /// What the agent asks for: Prometheus text first, OpenMetrics accepted.
 const ACCEPT: &str =
     "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1";
-
-/// The quantiles written per window, and the field each goes to.
-pub const QUANTILES: [f64; 3] = [0.5, 0.99, 0.999];
 
 /// One `[[scrape]]` table of the config file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -364,50 +362,54 @@ const fn failures(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::counter(name, FieldType::U64, Unit::None, help)
 }
 
-/// Per window, per target histogram series: quantiles of what it observed.
-pub static SERVICE_LATENCY: TableDef = TableDef {
-    name: "service_latency",
-    help: "One row per window (window_secs, on wall-clock multiples) per series of each histogram a [[scrape]] target lists: quantiles of the observations made in the window, from the increase of the cumulative buckets between the scrapes that open and close it, interpolated within a bucket as PromQL's histogram_quantile does. A histogram named _milliseconds or _microseconds is converted to seconds. The row's time is the closing scrape's.",
-    tags: &[
-        TARGET_TAG,
-        TagDef {
-            name: "metric",
-            help: "Histogram family name, without _bucket.",
-        },
-        TagDef {
-            name: "labels",
-            help: "The series' label set without le, canonical: sorted, name=\"value\" joined by commas.",
-        },
-    ],
-    fields: &[
-        seconds("p50_seconds", "Median of the window's observations; null when it had none."),
-        seconds("p99_seconds", "99th percentile of the window's observations; null when it had none."),
-        seconds("p999_seconds", "99.9th percentile of the window's observations; null when it had none."),
-        FieldDef::gauge("observations", FieldType::F64, Unit::None, "Observations in the window (the increase of the +Inf bucket)."),
-        FieldDef::gauge("observations_per_second", FieldType::F64, Unit::None, "Observations per second over the window."),
-        seconds("window_seconds", "Time between the scrapes that open and close the window."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Per window, per target histogram series: quantiles of what it observed.
+    pub static SERVICE_LATENCY: TableDef, pub struct ServiceLatencyRow {
+        name: "service_latency",
+        help: "One row per window (window_secs, on wall-clock multiples) per series of each histogram a [[scrape]] target lists: quantiles of the observations made in the window, from the increase of the cumulative buckets between the scrapes that open and close it, interpolated within a bucket as PromQL's histogram_quantile does. A histogram named _milliseconds or _microseconds is converted to seconds. The row's time is the closing scrape's.",
+        tags: [
+            target = TARGET_TAG,
+            metric = TagDef {
+                name: "metric",
+                help: "Histogram family name, without _bucket.",
+            },
+            labels = TagDef {
+                name: "labels",
+                help: "The series' label set without le, canonical: sorted, name=\"value\" joined by commas.",
+            },
+        ],
+        fields: [
+            p50_seconds: Option<f64> = seconds("Median of the window's observations; null when it had none."),
+            p99_seconds: Option<f64> = seconds("99th percentile of the window's observations; null when it had none."),
+            p999_seconds: Option<f64> = seconds("99.9th percentile of the window's observations; null when it had none."),
+            observations: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "Observations in the window (the increase of the +Inf bucket)."),
+            observations_per_second: Option<f64> = FieldDef::gauge(FieldType::F64, Unit::None, "Observations per second over the window."),
+            window_seconds: f64 = seconds("Time between the scrapes that open and close the window."),
+        ],
+        exported: true,
+    }
+}
 
-/// One row per scrape per target.
-pub static SCRAPE_TARGET: TableDef = TableDef {
-    name: "scrape_target",
-    help: "One row per scrape of a [[scrape]] target: whether it answered with a valid exposition, how long it took, and failures by reason since the collector started.",
-    tags: &[TARGET_TAG],
-    fields: &[
-        FieldDef::gauge("up", FieldType::I64, Unit::None, "1 when the last scrape returned a valid exposition, else 0."),
-        seconds("duration_seconds", "Time the last scrape took, connect to last byte parsed."),
-        FieldDef::gauge("samples", FieldType::U64, Unit::None, "Samples in the last valid scrape."),
-        FieldDef::counter("scrapes", FieldType::U64, Unit::None, "Scrapes attempted."),
-        failures("failures_connect", "Scrapes that failed because the target could not be reached (refused, reset, no such host): it is down."),
-        failures("failures_timeout", "Scrapes that did not finish within timeout_secs: the target is slow or hangs."),
-        failures("failures_http", "Scrapes answered with an HTTP status other than 2xx."),
-        failures("failures_invalid", "Scrapes whose body was not a valid exposition (not UTF-8, or a line the parser rejects)."),
-        failures("failures_limit", "Scrapes rejected whole, nothing stored, for going past one of the target's limits: sample_limit, label_limit, label_value_length_limit_bytes or body_size_limit_bytes."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// One row per scrape per target.
+    pub static SCRAPE_TARGET: TableDef, pub struct ScrapeTargetRow {
+        name: "scrape_target",
+        help: "One row per scrape of a [[scrape]] target: whether it answered with a valid exposition, how long it took, and failures by reason since the collector started.",
+        tags: [target = TARGET_TAG],
+        fields: [
+            up: i64 = FieldDef::gauge(FieldType::I64, Unit::None, "1 when the last scrape returned a valid exposition, else 0."),
+            duration_seconds: f64 = seconds("Time the last scrape took, connect to last byte parsed."),
+            samples: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::None, "Samples in the last valid scrape."),
+            scrapes: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Scrapes attempted."),
+            failures_connect: u64 = failures("Scrapes that failed because the target could not be reached (refused, reset, no such host): it is down."),
+            failures_timeout: u64 = failures("Scrapes that did not finish within timeout_secs: the target is slow or hangs."),
+            failures_http: u64 = failures("Scrapes answered with an HTTP status other than 2xx."),
+            failures_invalid: u64 = failures("Scrapes whose body was not a valid exposition (not UTF-8, or a line the parser rejects)."),
+            failures_limit: u64 = failures("Scrapes rejected whole, nothing stored, for going past one of the target's limits: sample_limit, label_limit, label_value_length_limit_bytes or body_size_limit_bytes."),
+        ],
+        exported: true,
+    }
+}
 
 /// Why a scrape failed: the reasons counted in `scrape_target`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -674,12 +676,14 @@ pub fn parse_stream(
                     .push((bound, sample.value));
             }
         }
-        rows.push(
-            time_us,
-            &[&target.name, sample.metric, &sample.labels],
-            &[Value::F64(sample.value)],
-        )
-        .expect("the row matches the declaration");
+        let row = ScrapedRow {
+            target: &target.name,
+            metric: sample.metric,
+            labels: &sample.labels,
+            value: Some(sample.value),
+        };
+        rows.push_row(time_us, &row)
+            .expect("a scraped row is for the scraped table");
     }
     parser
         .finish()
@@ -1024,22 +1028,20 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
                     for (family, labels, delta, span) in &closed {
                         let unit = scale(family);
                         let observations = delta.last().map_or(0.0, |b| b.1);
-                        let mut values: Vec<Value> = QUANTILES
-                            .iter()
-                            .map(|&q| {
-                                bucket_quantile(q, delta)
-                                    .map_or(Value::Null, |v| Value::F64(v * unit))
-                            })
-                            .collect();
-                        values.push(Value::F64(observations));
-                        values.push(if *span > 0.0 {
-                            Value::F64(observations / span)
-                        } else {
-                            Value::Null
-                        });
-                        values.push(Value::F64(*span));
-                        rows.push(time_us, &[&target.name, family, labels], &values)
-                            .expect("the row matches the declaration");
+                        let quantile = |q: f64| bucket_quantile(q, delta).map(|v| v * unit);
+                        let row = ServiceLatencyRow {
+                            target: &target.name,
+                            metric: family,
+                            labels,
+                            p50_seconds: quantile(0.5),
+                            p99_seconds: quantile(0.99),
+                            p999_seconds: quantile(0.999),
+                            observations,
+                            observations_per_second: (*span > 0.0).then(|| observations / span),
+                            window_seconds: *span,
+                        };
+                        rows.push_row(time_us, &row)
+                            .expect("a latency row is for the service_latency table");
                     }
                     let rows = rows.finish();
                     latency = Some(rows.clone());
@@ -1053,16 +1055,22 @@ fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             }
         };
         let mut status = BatchBuilder::new(&SCRAPE_TARGET);
-        let mut values = vec![
-            Value::I64(up),
-            Value::F64(duration),
-            samples.map_or(Value::Null, Value::U64),
-            Value::U64(scrapes),
-        ];
-        values.extend(failures.iter().map(|&n| Value::U64(n)));
+        let failed = |reason: Reason| failures[reason.index()];
+        let row = ScrapeTargetRow {
+            target: &target.name,
+            up,
+            duration_seconds: duration,
+            samples,
+            scrapes,
+            failures_connect: failed(Reason::Connect),
+            failures_timeout: failed(Reason::Timeout),
+            failures_http: failed(Reason::Http),
+            failures_invalid: failed(Reason::Invalid),
+            failures_limit: failed(Reason::Limit),
+        };
         status
-            .push(time_us, &[&target.name], &values)
-            .expect("the row matches the declaration");
+            .push_row(time_us, &row)
+            .expect("a status row is for the scrape_target table");
         let status = Arc::new(status.finish());
 
         let mut all = shared.targets.lock().expect("not poisoned");

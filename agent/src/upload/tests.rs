@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use vtax_store::{tables, BatchBuilder, Catalog, Store, StoreOptions, Value, DAY_US, HOUR_US};
+use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
+use vtax_store::tables::{self, ScrapedRow};
+use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, DAY_US, HOUR_US};
 
 use super::*;
 
@@ -22,12 +24,13 @@ fn open_store(dir: &Path) -> Store {
 fn part(store: &mut Store, start: i64, n: i64) {
     let mut b = BatchBuilder::new(&tables::SCRAPED);
     for i in 0..n {
-        b.push(
-            start + i * 1_000_000,
-            &["", "m", &format!("i=\"{}\"", i % 3)],
-            &[Value::F64(i as f64)],
-        )
-        .unwrap();
+        let row = ScrapedRow {
+            target: "",
+            metric: "m",
+            labels: &format!("i=\"{}\"", i % 3),
+            value: Some(i as f64),
+        };
+        b.push_row(start + i * 1_000_000, &row).unwrap();
     }
     store.append(&b.finish()).unwrap();
     store.flush().unwrap();
@@ -319,23 +322,16 @@ fn the_manifest_forgets_files_long_gone_and_keeps_what_matters() {
     );
 }
 
-/// A second table, so that a pass handles several partitions.
-static GPU: vtax_store::TableDef = vtax_store::TableDef {
-    name: "gpu",
-    help: "Test table.",
-    tags: &[vtax_store::TagDef {
+vtax_store::table! {
+    /// A second table, so that a pass handles several partitions.
+    static GPU: TableDef, struct GpuRow {
         name: "gpu",
-        help: "Index.",
-    }],
-    fields: &[vtax_store::FieldDef {
-        name: "power_watts",
-        ty: vtax_store::FieldType::F64,
-        kind: vtax_store::MetricKind::Gauge,
-        unit: vtax_store::Unit::Watts,
-        help: "Power.",
-    }],
-    exported: true,
-};
+        help: "Test table.",
+        tags: [gpu = TagDef { name: "gpu", help: "Index." }],
+        fields: [power_watts: f64 = FieldDef::gauge(FieldType::F64, Unit::Watts, "Power.")],
+        exported: true,
+    }
+}
 
 const NODE: &str = "gpu-node-17";
 
@@ -347,12 +343,11 @@ fn two_tables() -> Catalog {
 fn gpu_part(store: &mut Store, start: i64, n: i64) {
     let mut b = BatchBuilder::new(&GPU);
     for i in 0..n {
-        b.push(
-            start + i * 1_000_000,
-            &[&(i % 4).to_string()],
-            &[Value::F64(i as f64)],
-        )
-        .unwrap();
+        let row = GpuRow {
+            gpu: &(i % 4).to_string(),
+            power_watts: i as f64,
+        };
+        b.push_row(start + i * 1_000_000, &row).unwrap();
     }
     store.append(&b.finish()).unwrap();
     store.flush().unwrap();
