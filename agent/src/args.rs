@@ -142,6 +142,7 @@ impl AgentArgs {
         }
         if let Some(n) = self.simulate_gpus {
             config.collectors.gpu.simulate_gpus = n;
+            config.collectors.gpu_probe.simulate_gpus = n;
         }
         if let Some(scenarios) = &self.simulate_gpu_scenarios {
             config.collectors.gpu.simulate_scenarios = scenarios.clone();

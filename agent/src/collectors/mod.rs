@@ -22,6 +22,7 @@ pub mod cgroups;
 mod damage_tests;
 pub mod filesystem;
 pub mod gpu;
+pub mod gpu_probe;
 pub mod host;
 pub mod infiniband;
 pub mod jitter;
@@ -206,6 +207,8 @@ pub struct CollectorsConfig {
     pub platform: platform::PlatformConfig,
     /// NVIDIA GPUs through NVML, or simulated ones.
     pub gpu: gpu::GpuConfig,
+    /// The GPU transfer probe, on idle GPUs.
+    pub gpu_probe: gpu_probe::GpuProbeConfig,
     /// Wake-up latency and interruption probes.
     pub jitter: jitter::JitterConfig,
     /// Block devices: /proc/diskstats and /sys/block.
@@ -226,6 +229,7 @@ pub const NAMES: &[&str] = &[
     "infiniband",
     "platform",
     "gpu",
+    "gpu_probe",
     "jitter",
     "block",
     "netdev",
@@ -243,6 +247,7 @@ impl CollectorsConfig {
             "infiniband" => &self.infiniband,
             "platform" => &self.platform,
             "gpu" => &self.gpu,
+            "gpu_probe" => &self.gpu_probe,
             "jitter" => &self.jitter,
             "block" => &self.block,
             "netdev" => &self.netdev,
@@ -262,6 +267,7 @@ impl CollectorsConfig {
             "infiniband" => self.infiniband == other.infiniband,
             "platform" => self.platform == other.platform,
             "gpu" => self.gpu == other.gpu,
+            "gpu_probe" => self.gpu_probe == other.gpu_probe,
             "jitter" => self.jitter == other.jitter,
             "block" => self.block == other.block,
             "netdev" => self.netdev == other.netdev,
@@ -280,6 +286,7 @@ impl CollectorsConfig {
             "infiniband" => self.infiniband.enabled = enabled,
             "platform" => self.platform.enabled = enabled,
             "gpu" => self.gpu.enabled = enabled,
+            "gpu_probe" => self.gpu_probe.enabled = enabled,
             "jitter" => self.jitter.enabled = enabled,
             "block" => self.block.enabled = enabled,
             "netdev" => self.netdev.enabled = enabled,
@@ -299,6 +306,7 @@ impl CollectorsConfig {
             "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
             "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
             "gpu" => Box::new(gpu::Gpu::new(&self.gpu, roots)),
+            "gpu_probe" => Box::new(gpu_probe::GpuProbe::new(&self.gpu_probe, roots)),
             "jitter" => Box::new(jitter::Jitter::new(&self.jitter, roots)),
             "block" => Box::new(block::Block::new(&self.block, roots)),
             "netdev" => Box::new(netdev::Netdev::new(&self.netdev, roots)),
@@ -344,6 +352,7 @@ pub fn tables() -> Vec<&'static TableDef> {
         infiniband::TABLES,
         platform::TABLES,
         gpu::TABLES,
+        gpu_probe::TABLES,
         jitter::TABLES,
         block::TABLES,
         netdev::TABLES,
@@ -366,6 +375,7 @@ pub fn key_doc(path: &str) -> Option<&'static str> {
         "infiniband" => infiniband::KEY_DOCS,
         "platform" => platform::KEY_DOCS,
         "gpu" => gpu::KEY_DOCS,
+        "gpu_probe" => gpu_probe::KEY_DOCS,
         "jitter" => jitter::KEY_DOCS,
         "block" => block::KEY_DOCS,
         "netdev" => netdev::KEY_DOCS,
@@ -386,6 +396,7 @@ pub fn key_range(path: &str) -> Option<crate::config::KeyRange> {
         "cgroups" => cgroups::KEY_RANGES,
         "perf" => perf::KEY_RANGES,
         "gpu" => gpu::KEY_RANGES,
+        "gpu_probe" => gpu_probe::KEY_RANGES,
         "jitter" => jitter::KEY_RANGES,
         "filesystem" => filesystem::KEY_RANGES,
         _ => &[],
