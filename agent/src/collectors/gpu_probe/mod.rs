@@ -16,7 +16,7 @@
 //! The next tick after the thread ends turns what it found into rows:
 //! `gpu_probe` per GPU, `gpu_probe_peer` per ordered pair with peer access,
 //! and `gpu_probe_outcome`, the probes counted by outcome, so that a probe
-//! that could not measure shows as a count and a reason (`vtax doctor`),
+//! that could not measure shows as a count and a reason (in the log),
 //! never as a zero figure. `/metrics` keeps each GPU's latest figures
 //! between probes ([`Collector::exposed`]).
 
@@ -471,7 +471,19 @@ impl GpuProbe {
                         state.last_probe_us = state.previous_probe_us;
                         state.idle_since_us = None;
                     }
-                    self.failures.insert(g.index, failure.to_string());
+                    let text = failure.to_string();
+                    // Logged when the reason starts or changes, not at every period.
+                    if self.failures.get(&g.index) != Some(&text) {
+                        match failure {
+                            Failure::Busy(_) => {
+                                tracing::info!(gpu = g.index, reason = %text, "GPU transfer probe skipped; it waits idle_secs again.")
+                            }
+                            _ => {
+                                tracing::warn!(gpu = g.index, error = %text, "GPU transfer probe failed; tried again after period_secs.")
+                            }
+                        }
+                    }
+                    self.failures.insert(g.index, text);
                     continue;
                 }
             };

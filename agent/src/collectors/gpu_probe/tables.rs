@@ -77,7 +77,7 @@ vtax_store::table! {
     /// Probes per GPU by outcome, since the agent started.
     pub static GPU_PROBE_OUTCOME: TableDef, pub struct GpuProbeOutcomeRow {
         name: "gpu_probe_outcome",
-        help: "Per GPU and outcome, the probes started on it since the agent started: a probe that could not measure is counted here with its reason and leaves no figure in gpu_probe. vtax doctor says why the last one failed.",
+        help: "Per GPU and outcome, the probes started on it since the agent started: a probe that could not measure is counted here with its reason and leaves no figure in gpu_probe. The agent's log says why, when the reason starts or changes.",
         tags: [gpu = GPU_TAG, outcome = OUTCOME_TAG],
         fields: [
             probes: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Probes of this GPU with this outcome since the agent started."),
