@@ -43,6 +43,14 @@
 //! memcg statistics lag by up to 2 s (they are flushed lazily), and the tick
 //! after each walk and a tick every `rescan_interval_secs` read every file of
 //! every cgroup. So a repeated value is never older than that.
+//!
+//! One file that reads badly (junk text, an error the kernel should not give)
+//! costs only the fields it fills in its own cgroup's row, for that tick: the
+//! other files and cgroups are read, and the file is named in
+//! `source_errors`. A cgroup with such a file is read whole at the next tick,
+//! and a limit that read badly is read again then, not at the next walk. A
+//! cgroup that goes mid-read (its container exited) is no error at all: it has
+//! no row this tick and the next tick walks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
@@ -598,7 +606,9 @@ impl Layout {
 
 fn detect(root: &Path) -> Result<Layout, String> {
     let controllers = root.join("cgroup.controllers");
-    if let Ok(text) = std::fs::read_to_string(&controllers) {
+    // Its presence makes the root v2; its text is only shown by the doctor.
+    if let Ok(bytes) = std::fs::read(&controllers) {
+        let text = String::from_utf8_lossy(&bytes);
         return Ok(Layout {
             unified: true,
             controllers: text.split_ascii_whitespace().collect::<Vec<_>>().join(" "),
@@ -713,8 +723,12 @@ struct Target {
     /// Whether v1 `cpu.cfs_quota_us` was readable at the last rescan (then
     /// the cgroup has a row even when nothing else is readable).
     quota_read: bool,
-    /// The row of the last tick that read every file; `None` until one has.
+    /// The row of the last tick that read every file; `None` until one has,
+    /// and after a tick where one of its files read badly.
     last_full: Option<[Value; f::COUNT]>,
+    /// Whether a limit file read badly at the last settings read: read again
+    /// at the next tick rather than at the next walk.
+    settings_failed: bool,
 }
 
 impl Target {
@@ -910,6 +924,7 @@ fn walk(
                 limit: Value::Null,
                 quota_read: false,
                 last_full: None,
+                settings_failed: false,
             }
         })
         .collect();
@@ -1086,6 +1101,18 @@ impl Row {
 
     fn f64(&mut self, field: usize, value: f64) {
         self.values[field] = Value::F64(value);
+    }
+
+    /// Drops what `source` filled, after it read badly part way.
+    fn forget(&mut self, source: Source) {
+        for &i in source.fields() {
+            self.values[i] = Value::Null;
+        }
+        match source {
+            Source::CfsQuota => self.quota_us = None,
+            Source::CfsPeriod => self.period_us = None,
+            _ => {}
+        }
     }
 }
 
@@ -1369,6 +1396,9 @@ pub struct Cgroups {
     walks: u64,
     /// One buffer for every file of a tick.
     buf: Vec<u8>,
+    /// Files that read badly at the last tick: each costs only its own
+    /// fields of its own cgroup's row.
+    errors: Vec<ParseError>,
 }
 
 impl Cgroups {
@@ -1388,6 +1418,7 @@ impl Cgroups {
             unwatched: None,
             walks: 0,
             buf: vec![0; 8192],
+            errors: Vec::new(),
         }
     }
 
@@ -1447,7 +1478,9 @@ impl Cgroups {
     /// on the tick after a walk, their values repeated in between. A quiet
     /// cgroup's usage-following files are skipped, their values repeated from
     /// its last full read; the tick after a walk reads every file of every
-    /// cgroup, so no repeated value is older than `rescan_interval_secs`.
+    /// cgroup, so no repeated value is older than `rescan_interval_secs`. A
+    /// file that reads badly costs only its fields of its cgroup's row and is
+    /// kept in `errors`; the tick fails only when no cgroup gave a row.
     fn read_all(&mut self, time_us: i64) -> Result<Batch, ParseError> {
         let mut builder = BatchBuilder::new(&CGROUP);
         let mut vanished = false;
@@ -1458,8 +1491,15 @@ impl Cgroups {
         if full {
             self.full_read_at = Some(time_us);
         }
+        let mut pushed = 0;
         for target in &mut self.discovery.targets {
             let mut row = Row::new();
+            // A limit that read badly is read again at the next tick, not at
+            // the next walk.
+            let settings = settings || target.settings_failed;
+            let mut setting_failed = false;
+            let errors_before = self.errors.len();
+            let errors = &mut self.errors;
             // Outside cgroupfs a deleted file stays readable: one fstat per
             // cgroup per tick, on its first file read through a kept descriptor.
             let mut check = target.check_deleted;
@@ -1468,13 +1508,21 @@ impl Cgroups {
             let mut read = |target: &mut Target, row: &mut Row, follows_usage: bool| {
                 let slots = target.slots.iter_mut();
                 for slot in slots.filter(|s| s.source.follows_usage() == follows_usage) {
-                    if read_slot(slot, &mut self.buf, row, self.hz, settings, &mut check)? {
-                        return Ok(true);
+                    match read_slot(slot, &mut self.buf, row, self.hz, settings, &mut check) {
+                        Ok(true) => return true,
+                        Ok(false) => {}
+                        // A file that reads badly costs its own fields of
+                        // this cgroup's row, not the row nor other cgroups'.
+                        Err(e) => {
+                            row.forget(slot.source);
+                            setting_failed |= slot.source.is_setting();
+                            errors.push(e);
+                        }
                     }
                 }
-                Ok::<bool, ParseError>(false)
+                false
             };
-            let mut gone = read(target, &mut row, false)?;
+            let mut gone = read(target, &mut row, false);
             let quiet = !gone && !full && target.quiet(&row);
             if quiet {
                 let last = target.last_full.as_ref().expect("quiet needs a full read");
@@ -1484,9 +1532,12 @@ impl Cgroups {
                     }
                 }
             } else if !gone {
-                gone = read(target, &mut row, true)?;
+                gone = read(target, &mut row, true);
             }
             if gone {
+                // A cgroup that went mid-read (its container exited) is no
+                // error: what its files held before they went is not kept.
+                self.errors.truncate(errors_before);
                 // Let go of its files: a walk that finds the path again opens them afresh.
                 for slot in &mut target.slots {
                     slot.file.close();
@@ -1495,6 +1546,7 @@ impl Cgroups {
                 vanished = true;
                 continue;
             }
+            let failed = self.errors.len() > errors_before;
             if settings {
                 if let (Some(quota), Some(period)) = (row.quota_us, row.period_us) {
                     if quota > 0 && period > 0 {
@@ -1504,11 +1556,15 @@ impl Cgroups {
                 target.quota = row.values[f::CPU_QUOTA];
                 target.limit = row.values[f::MEM_LIMIT];
                 target.quota_read = row.quota_us.is_some();
+                target.settings_failed = setting_failed;
             } else {
                 row.values[f::CPU_QUOTA] = target.quota;
                 row.values[f::MEM_LIMIT] = target.limit;
             }
-            if !quiet {
+            if failed {
+                // Nulls are not repeated: the next tick reads every file of it.
+                target.last_full = None;
+            } else if !quiet {
                 target.last_full = Some(row.values);
             }
             if row.values.iter().all(|v| *v == Value::Null) && !target.quota_read {
@@ -1517,11 +1573,16 @@ impl Cgroups {
             builder
                 .push(time_us, &[&target.path, target.workload], &row.values)
                 .map_err(|e| error(Path::new(&target.path), 0, e.to_string()))?;
+            pushed += 1;
         }
         if vanished {
             self.walked_at = None;
         }
         self.settings_due = false;
+        if pushed == 0 && !self.errors.is_empty() {
+            // Nothing read well: the hierarchy is bad, not a file of it.
+            return Err(self.errors.remove(0));
+        }
         Ok(builder.finish())
     }
 }
@@ -1627,6 +1688,7 @@ impl Collector for Cgroups {
     }
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        self.errors.clear();
         if self.walk_due(time_us) {
             self.rewalk(time_us)?;
         }
@@ -1636,6 +1698,10 @@ impl Collector for Cgroups {
         } else {
             vec![batch]
         })
+    }
+
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
     }
 
     fn problems(&self) -> Vec<String> {
@@ -2391,19 +2457,50 @@ mod tests {
         assert_eq!(again.len(), before.len());
     }
 
+    /// Every value of every row of `batch`, by path and field name.
+    fn all_values(batch: &Batch) -> BTreeMap<(String, &'static str), Value> {
+        let mut out = BTreeMap::new();
+        for path in paths(batch) {
+            for field in CGROUP.fields {
+                out.insert(
+                    (path.to_owned(), field.name),
+                    value(batch, path, field.name),
+                );
+            }
+        }
+        out
+    }
+
+    /// Writes `text` into `file` of a copy of `node`'s tree and reads it once:
+    /// the tick succeeds, the one error names the file, and every other
+    /// value of every cgroup is as read from the intact tree. Returns the
+    /// error after the path.
     fn garbage(node: &str, file: &str, text: &str) -> String {
         let (_dir, roots) = scratch(node);
+        let intact = collect_one(&mut collector(&CgroupsConfig::default(), &roots), 1);
         let path = roots.sys("fs/cgroup").join(file);
         std::fs::write(&path, text).unwrap();
         let mut c = collector(&CgroupsConfig::default(), &roots);
-        let err = c.collect(1).unwrap_err().to_string();
+        let damaged = collect_one(&mut c, 1);
+        let errors = c.source_errors();
+        assert_eq!(errors.len(), 1, "{file}: {errors:?}");
         let shown = path.display().to_string();
-        assert!(err.starts_with(&shown), "{err} does not name {shown}");
-        err[shown.len()..].to_string()
+        assert_eq!(errors[0].path, shown, "{file}");
+        // The file's own fields of its own cgroup are null; nothing else moved.
+        let (want, got) = (all_values(&intact), all_values(&damaged));
+        assert_eq!(got.len(), want.len(), "{file}: every cgroup keeps its row");
+        let lost: Vec<&(String, &str)> = want.keys().filter(|k| got[*k] != want[*k]).collect();
+        for key in &lost {
+            assert_eq!(got[*key], Value::Null, "{file}: {key:?}");
+        }
+        let mut cgroups: Vec<&str> = lost.iter().map(|(p, _)| p.as_str()).collect();
+        cgroups.dedup();
+        assert!(cgroups.len() <= 1, "{file}: {cgroups:?} lost values");
+        errors[0].to_string()[shown.len()..].to_string()
     }
 
     #[test]
-    fn garbage_names_the_file_and_line() {
+    fn garbage_names_the_file_and_line_and_costs_only_its_fields() {
         let stat = "system.slice/kubelet.service/memory.stat";
         assert_eq!(
             garbage("k8s-node", stat, "anon 1\nfile x\n"),
@@ -2457,8 +2554,146 @@ mod tests {
             ),
             ":1: \"total_rss 1 2\" is not \"key value\""
         );
-        // Not text at all.
-        assert!(garbage("k8s-node", "init.scope/cpu.stat", "\u{0}\u{ff}").starts_with(':'));
+        assert_eq!(
+            garbage(
+                "baremetal-node",
+                "cpu,cpuacct/slurm/cpu.cfs_quota_us",
+                "x\n"
+            ),
+            ":1: \"x\" is not a number"
+        );
+        assert_eq!(
+            garbage("k8s-node", "init.scope/cpu.stat", "\u{0}\u{ff}"),
+            ":1: \"\\0\u{ff}\" is not \"key value\""
+        );
+    }
+
+    /// A pod's `memory.stat` holding junk (issue 36, item 6): that pod keeps
+    /// its row with every other field, every other cgroup is read as before,
+    /// the file is named in `source_errors`; once mended, the next tick reads
+    /// it with no error, without waiting for a walk or a full read.
+    #[test]
+    fn one_bad_file_costs_its_own_fields_and_mends_at_the_next_tick() {
+        let (_dir, roots) = scratch("k8s-node");
+        let config = CgroupsConfig {
+            rescan_interval_secs: 3600.0,
+            ..CgroupsConfig::default()
+        };
+        let mut c = collector(&config, &roots);
+        let intact = collect_one(&mut c, 1_000_000);
+        let walks = c.walks;
+        let ctr = format!("{POD}/{CRI}");
+        let cgroup = roots.sys("fs/cgroup").join(ctr.trim_start_matches('/'));
+        let stat = cgroup.join("memory.stat");
+        let good = std::fs::read_to_string(&stat).unwrap();
+        std::fs::write(&stat, good.replacen("anon 314572800", "anon 3145x2800", 1)).unwrap();
+        // Its usage moves, so the tick reads memory.stat.
+        set_key(&cgroup.join("cpu.stat"), "usage_usec", 98_765_433);
+        let damaged = collect_one(&mut c, 2_000_000);
+        let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            errors,
+            [format!(
+                "{}:1: \"3145x2800\" is not a number",
+                stat.display()
+            )]
+        );
+        assert_eq!(
+            paths(&damaged),
+            paths(&intact),
+            "every cgroup keeps its row"
+        );
+        let (want, got) = (all_values(&intact), all_values(&damaged));
+        for ((path, field), v) in &want {
+            let now = got[&(path.clone(), *field)];
+            if *path != ctr {
+                assert_eq!(now, *v, "{path} {field}");
+            } else if Source::MemoryStatV2
+                .fields()
+                .contains(&CGROUP.field_index(field).unwrap())
+            {
+                assert_eq!(now, Value::Null, "{field} comes from the bad file");
+            } else if *field == "cpu_usage_seconds" {
+                assert!(close(now, 98.765433));
+            } else {
+                assert_eq!(now, *v, "{field}");
+            }
+        }
+        // Mended: the cgroup's CPU time does not move, yet its memory.stat is
+        // read again (a bad file's nulls are never repeated).
+        std::fs::write(&stat, &good).unwrap();
+        let mended = collect_one(&mut c, 3_000_000);
+        assert_eq!(c.walks, walks, "no walk");
+        assert!(c.source_errors().is_empty(), "{:?}", c.source_errors());
+        assert_eq!(
+            value(&mended, &ctr, "memory_anon_bytes"),
+            Value::U64(314_572_800)
+        );
+    }
+
+    /// A limit file that reads badly is read again at the next tick, not at
+    /// the next walk (up to a minute away with the watch, an hour here).
+    #[test]
+    fn a_bad_limit_is_read_again_at_the_next_tick() {
+        let (_dir, roots) = scratch("k8s-node");
+        let config = CgroupsConfig {
+            rescan_interval_secs: 3600.0,
+            ..CgroupsConfig::default()
+        };
+        let max = roots.sys("fs/cgroup/init.scope/memory.max");
+        std::fs::write(&max, "lots\n").unwrap();
+        let mut c = collector(&config, &roots);
+        c.watch_changes = false; // no walk when the file is mended
+        let first = collect_one(&mut c, 1_000_000);
+        assert_eq!(
+            value(&first, "/init.scope", "memory_limit_bytes"),
+            Value::Null
+        );
+        assert_eq!(c.source_errors().len(), 1);
+        let walks = c.walks;
+        std::fs::write(&max, "1073741824\n").unwrap();
+        let second = collect_one(&mut c, 2_000_000);
+        assert_eq!(c.walks, walks, "no walk");
+        assert!(c.source_errors().is_empty(), "{:?}", c.source_errors());
+        assert_eq!(
+            value(&second, "/init.scope", "memory_limit_bytes"),
+            Value::U64(1 << 30)
+        );
+        // Read well once, it is read at walks only again.
+        std::fs::write(&max, "lots\n").unwrap();
+        let third = collect_one(&mut c, 3_000_000);
+        assert!(c.source_errors().is_empty());
+        assert_eq!(
+            value(&third, "/init.scope", "memory_limit_bytes"),
+            Value::U64(1 << 30)
+        );
+    }
+
+    /// Every file of every cgroup bad: the tick fails, naming the first.
+    #[test]
+    fn a_tick_fails_only_when_no_cgroup_reads_well() {
+        let (_dir, roots) = scratch("k8s-node");
+        let cgroup = roots.sys("fs/cgroup");
+        let mut files = 0;
+        let mut dirs = vec![cgroup.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                if entry.file_type().unwrap().is_dir() {
+                    dirs.push(entry.path());
+                } else if V2_SOURCES
+                    .iter()
+                    .any(|s| entry.file_name().to_str() == Some(s.file_name()))
+                {
+                    std::fs::write(entry.path(), "junk junk junk\n").unwrap();
+                    files += 1;
+                }
+            }
+        }
+        assert!(files > 15);
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        let err = c.collect(1).unwrap_err().to_string();
+        assert!(err.starts_with(&cgroup.display().to_string()), "{err}");
+        assert!(!c.source_errors().is_empty(), "the others are named too");
     }
 
     #[test]
@@ -2466,11 +2701,10 @@ mod tests {
         let (_dir, roots) = scratch("k8s-node");
         let path = roots.sys("fs/cgroup/init.scope/cpu.stat");
         std::fs::write(&path, [0xffu8, 0xfe, 0x00, 0x41]).unwrap();
-        let err = collector(&CgroupsConfig::default(), &roots)
-            .collect(1)
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with(&path.display().to_string()), "{err}");
+        let mut c = collector(&CgroupsConfig::default(), &roots);
+        assert_eq!(collect_one(&mut c, 1).len(), 15);
+        let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors, [format!("{}: not UTF-8 text", path.display())]);
     }
 
     #[test]
