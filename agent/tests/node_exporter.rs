@@ -451,6 +451,100 @@ fn infiniband_matches_node_exporter_on_fixture_trees() {
     assert_eq!(legacy, 4, "saturated counters compared with counters_ext");
 }
 
+/// Copies a tree of plain files and directories.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// One port counter of the baremetal fixture holding junk: node_exporter
+/// (1.5) fails its whole `infiniband` collector, every port with it; vtax
+/// loses that one value, still serves every other value node_exporter reads
+/// from the intact tree, equal, and counts the file in
+/// `vtax_collector_failed_sources` with the collector still succeeding.
+#[test]
+fn one_bad_infiniband_counter_costs_vtax_one_value_and_node_exporter_all() {
+    let intact = common::fixtures().join("baremetal-node/sys");
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = dir.path().join("sys");
+    copy_dir(
+        &intact.join("class/infiniband"),
+        &sysfs.join("class/infiniband"),
+    );
+    let bad = sysfs.join("class/infiniband/mlx5_1/ports/1/counters/symbol_error");
+    std::fs::write(&bad, "12x\n").unwrap();
+
+    let reference = NodeExporter::start_with(&[
+        "--collector.infiniband",
+        &format!("--path.sysfs={}", intact.display()),
+    ])
+    .scrape();
+    let theirs = NodeExporter::start_with(&[
+        "--collector.infiniband",
+        &format!("--path.sysfs={}", sysfs.display()),
+    ])
+    .scrape();
+    let failed = [("collector", "infiniband")];
+    assert_eq!(
+        value_with(&theirs, "node_scrape_collector_success", &failed),
+        Some(0.0)
+    );
+    assert!(label_values(&theirs, "node_infiniband_state_id", "device").is_empty());
+
+    let args = [
+        "--data-dir".to_string(),
+        dir.path().join("data").display().to_string(),
+        "--path.sysfs".to_string(),
+        sysfs.display().to_string(),
+    ];
+    let agent = agent_with_only(&["infiniband"], &args);
+    let vtax = agent.wait_for_metric(
+        "vtax_collector_failed_sources{collector=\"infiniband\"} 1",
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        value_with(&vtax, "vtax_collector_success", &failed),
+        Some(1.0)
+    );
+    let devices = label_values(&reference, "node_infiniband_state_id", "device");
+    assert_eq!(devices.len(), 9);
+    let mut compared = 0;
+    for device in &devices {
+        let labels = [("device", device.as_str()), ("port", "1")];
+        for (ours, theirs, _) in INFINIBAND_PAIRS {
+            let Some(want) = value_with(&reference, &format!("node_infiniband_{theirs}"), &labels)
+            else {
+                continue;
+            };
+            // mlx5_3's saturated counters are compared in the test above.
+            if want == 4_294_967_295.0 || want == 4.0 * 4_294_967_295.0 {
+                continue;
+            }
+            let got = value_with(&vtax, &format!("vtax_infiniband_port_{ours}"), &labels);
+            if device == "mlx5_1" && *ours == "symbol_error_total" {
+                assert_eq!(got, None, "the bad file's value is left out");
+            } else {
+                assert_eq!(got, Some(want), "{device}: {ours} against {theirs}");
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared >= 190, "{compared} comparisons");
+    assert!(
+        agent.log().contains("symbol_error"),
+        "the log names the file:\n{}",
+        agent.log()
+    );
+    assert!(agent.stop());
+}
+
 /// (vtax metric, node_exporter metric) of the `host` collector's memory
 /// fields, both in bytes or in pages as the kernel counts them.
 const MEMORY_PAIRS: &[(&str, &str)] = &[

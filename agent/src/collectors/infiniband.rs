@@ -12,11 +12,17 @@
 //! are re-read with one `pread` each ([`KeptFile`]); what describes rather than
 //! measures (link layer, LID, HCA identity) is read at the walk only.
 //!
-//! A port that vanishes mid-read leaves no row this tick; a file a driver lacks
-//! leaves a null; a file that reads but holds what the kernel never writes
-//! (truncated, non-number, overflow, unknown state) fails the tick with an
-//! error naming it. A read the driver refuses (`EINVAL`, `EIO`: a port query
-//! that failed) leaves a null and a problem for `vtax doctor`.
+//! A port or device that vanishes mid-read leaves no row this tick and no
+//! error; a file a driver lacks leaves a null; a read the driver refuses
+//! (`EINVAL`, `EIO`: a port query that failed) leaves a null and a problem for
+//! `vtax doctor`. A file that reads but holds what the kernel never writes
+//! (truncated, non-number, overflow, unknown state) costs only its own value:
+//! a null counter or state, an empty tag, or a device left out when its
+//! `ports/` cannot be listed. The other values, ports and devices are read,
+//! and the file is named in `source_errors` at every tick while it stays bad
+//! (what the walk reads, at every tick until the walk that finds it mended,
+//! at most a minute of ticks later). The tick fails only when nothing could
+//! be read.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -30,7 +36,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::kept::KeptFile;
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// `[collectors.infiniband]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -570,6 +576,12 @@ pub struct Infiniband {
     hw_values: Vec<Value>,
     seen: Vec<PortSeen>,
     problems: Vec<String>,
+    /// Files that read badly at the last walk (link layer, LID, HCA identity,
+    /// a `ports/` or `hw_counters/` listing), named again at every tick.
+    walk_errors: Vec<ParseError>,
+    /// Files that read badly at the last tick, the walk's included: each
+    /// costs only its own value (or its device), not the other ports'.
+    errors: Vec<ParseError>,
 }
 
 impl Infiniband {
@@ -592,6 +604,8 @@ impl Infiniband {
             hw_values: Vec::new(),
             seen: Vec::new(),
             problems: Vec::new(),
+            walk_errors: Vec::new(),
+            errors: Vec::new(),
         }
     }
 
@@ -624,6 +638,7 @@ impl Infiniband {
         }
         self.listed = present.then(|| self.listing.clone());
         self.devices.clear();
+        self.walk_errors.clear();
         // Until this walk completes, the next tick walks again.
         self.stale = true;
         if !present {
@@ -641,7 +656,8 @@ impl Infiniband {
             // Real sysfs holds symlinks to the device under /sys/devices: join
             // and read through them (metadata and read_dir follow links).
             let dir = self.class_dir.join(&name);
-            if let Some(device) = walk_device(name, dir, self.hw_counters, &mut self.buf)? {
+            let errors = &mut self.walk_errors;
+            if let Some(device) = walk_device(name, dir, self.hw_counters, &mut self.buf, errors) {
                 self.devices.push(device);
             }
         }
@@ -661,6 +677,7 @@ impl Infiniband {
             hw_values,
             seen,
             problems,
+            errors,
             stale,
             ..
         } = self;
@@ -674,11 +691,23 @@ impl Infiniband {
                     *stale = true;
                 }
                 let mut values = [Value::Null; col::COUNT];
-                let Some(link) = read_port(port, buf, &mut values, problems, stale)? else {
+                // A port that went mid-read is no error: its files' are dropped.
+                let errors_before = errors.len();
+                let Some(link) = read_port(port, buf, &mut values, problems, errors, stale) else {
+                    errors.truncate(errors_before);
                     continue;
                 };
                 hw_values.clear();
-                if !read_hw(&mut port.hw, &port.dir, buf, hw_values, problems, stale)? {
+                if !read_hw(
+                    &mut port.hw,
+                    &port.dir,
+                    buf,
+                    hw_values,
+                    problems,
+                    errors,
+                    stale,
+                ) {
+                    errors.truncate(errors_before);
                     continue; // the port went away between its counters and hw_counters
                 }
                 any_port = true;
@@ -717,10 +746,21 @@ impl Infiniband {
                 continue; // the device went away
             }
             hw_values.clear();
-            if read_hw(&mut device.hw, &device.dir, buf, hw_values, problems, stale)? {
+            let errors_before = errors.len();
+            if read_hw(
+                &mut device.hw,
+                &device.dir,
+                buf,
+                hw_values,
+                problems,
+                errors,
+                stale,
+            ) {
                 for (hw, value) in device.hw.iter().zip(hw_values.iter()) {
                     hw_rows.push(time_us, &[&device.name, "", &hw.name], &[*value])?;
                 }
+            } else {
+                errors.truncate(errors_before);
             }
             device_rows.push(
                 time_us,
@@ -804,8 +844,10 @@ impl Collector for Infiniband {
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
         self.problems.clear();
         self.seen.clear();
+        self.errors.clear();
         self.refresh()?;
         self.ticks = self.ticks.wrapping_add(1);
+        self.errors.extend(self.walk_errors.iter().cloned());
         let result = self.read_all(time_us);
         // Finish every builder even on error so no half-tick leaks into the next.
         let batches = [
@@ -815,6 +857,10 @@ impl Collector for Infiniband {
             self.hw_rows.finish(),
         ];
         result?;
+        if batches.iter().all(|b| b.is_empty()) && !self.errors.is_empty() {
+            // Nothing read well: the source is bad, not a file of it.
+            return Err(self.errors.remove(0).into());
+        }
         for wanted in &self.devices_wanted {
             if !self.devices.iter().any(|d| &d.name == wanted) {
                 self.problems.push(format!(
@@ -828,6 +874,10 @@ impl Collector for Infiniband {
 
     fn problems(&self) -> Vec<String> {
         self.problems.clone()
+    }
+
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
     }
 }
 
@@ -858,20 +908,29 @@ fn format_gbits(bits: u64) -> String {
     }
 }
 
+/// `path` holds what the kernel never writes there.
+fn bad(path: &Path, reason: impl Into<String>) -> ParseError {
+    ParseError {
+        path: path.display().to_string(),
+        line: 0,
+        reason: reason.into(),
+    }
+}
+
 /// Reads a kept file into `buf` (one `pread` once it is open).
-fn read_kept<'b>(file: &mut KeptFile, buf: &'b mut Vec<u8>) -> anyhow::Result<ReadOutcome<'b>> {
+fn read_kept<'b>(file: &mut KeptFile, buf: &'b mut Vec<u8>) -> Result<ReadOutcome<'b>, ParseError> {
     match file.read(buf) {
         Ok(len) if len >= READ_LIMIT => {
             // Give back what the oversized file made the buffer grow to.
             *buf = Vec::new();
-            Err(anyhow!(
-                "{}: longer than {READ_LIMIT} bytes: not a sysfs attribute",
-                file.path().display()
+            Err(bad(
+                file.path(),
+                format!("longer than {READ_LIMIT} bytes: not a sysfs attribute"),
             ))
         }
         Ok(len) => match std::str::from_utf8(&buf[..len]) {
             Ok(text) => Ok(ReadOutcome::Read(text)),
-            Err(_) => Err(anyhow!("{}: not UTF-8 text", file.path().display())),
+            Err(_) => Err(bad(file.path(), "not UTF-8 text")),
         },
         Err(e) if super::kept::is_gone(&e) => Ok(ReadOutcome::Missing),
         Err(e) => Ok(ReadOutcome::Refused(e)),
@@ -879,28 +938,33 @@ fn read_kept<'b>(file: &mut KeptFile, buf: &'b mut Vec<u8>) -> anyhow::Result<Re
 }
 
 /// Reads `path` once (open, `pread`, close): for what the walk reads.
-fn read_path<'b>(path: &Path, buf: &'b mut Vec<u8>) -> anyhow::Result<ReadOutcome<'b>> {
+fn read_path<'b>(path: &Path, buf: &'b mut Vec<u8>) -> Result<ReadOutcome<'b>, ParseError> {
     read_kept(&mut KeptFile::new(path.to_owned()), buf)
 }
 
-/// A device-level text attribute read at walk time; empty when absent.
-fn read_text(path: &Path, buf: &mut Vec<u8>) -> anyhow::Result<String> {
-    Ok(match read_path(path, buf)? {
-        ReadOutcome::Read(text) => text.trim().to_owned(),
-        ReadOutcome::Missing | ReadOutcome::Refused(_) => String::new(),
-    })
+/// A device-level text attribute read at walk time; empty when absent, or
+/// when it reads badly (then named in `errors`).
+fn read_text(path: &Path, buf: &mut Vec<u8>, errors: &mut Vec<ParseError>) -> String {
+    match read_path(path, buf) {
+        Ok(ReadOutcome::Read(text)) => text.trim().to_owned(),
+        Ok(ReadOutcome::Missing | ReadOutcome::Refused(_)) => String::new(),
+        Err(e) => {
+            errors.push(e);
+            String::new()
+        }
+    }
 }
 
 /// Names of the regular files in `dir`, sorted; empty if there is no `dir`.
-fn list_files(dir: &Path) -> anyhow::Result<Vec<String>> {
+fn list_files(dir: &Path) -> Result<Vec<String>, ParseError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(anyhow!("{}: {e}", dir.display())),
+        Err(e) => return Err(bad(dir, e.to_string())),
     };
     let mut names = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+        let entry = entry.map_err(|e| bad(dir, e.to_string()))?;
         if entry.file_type().is_ok_and(|t| t.is_file()) {
             if let Ok(name) = entry.file_name().into_string() {
                 names.push(name);
@@ -911,41 +975,59 @@ fn list_files(dir: &Path) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-fn walk_hw(dir: &Path, enabled: bool) -> anyhow::Result<Vec<HwCounter>> {
+/// The `hw_counters/` of a port or device; none, named in `errors`, when
+/// the directory cannot be listed.
+fn walk_hw(dir: &Path, enabled: bool, errors: &mut Vec<ParseError>) -> Vec<HwCounter> {
     if !enabled {
-        return Ok(Vec::new());
+        return Vec::new();
     }
     let dir = dir.join("hw_counters");
-    Ok(list_files(&dir)?
+    let names = list_files(&dir).unwrap_or_else(|e| {
+        errors.push(e);
+        Vec::new()
+    });
+    names
         .into_iter()
         .filter(|name| name != "lifespan")
         .map(|name| HwCounter {
             file: KeptFile::new(dir.join(&name)),
             name,
         })
-        .collect())
+        .collect()
 }
 
-/// Walks one device; `None` if it vanished meanwhile.
+/// Walks one device; `None` if it vanished meanwhile or its ports cannot be
+/// listed (then named in `errors`). A port's link layer or LID that reads
+/// badly is left empty and named in `errors`; the port is read.
 fn walk_device(
     name: String,
     dir: PathBuf,
     hw_counters: bool,
     buf: &mut Vec<u8>,
-) -> anyhow::Result<Option<Device>> {
+    errors: &mut Vec<ParseError>,
+) -> Option<Device> {
     let ports_dir = dir.join("ports");
     let entries = match std::fs::read_dir(&ports_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             // A device without ports/ is not an RDMA device we can read, or
             // it is going away.
-            return Ok(None);
+            return None;
         }
-        Err(e) => return Err(anyhow!("{}: {e}", ports_dir.display())),
+        Err(e) => {
+            errors.push(bad(&ports_dir, e.to_string()));
+            return None;
+        }
     };
     let mut numbers = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| anyhow!("{}: {e}", ports_dir.display()))?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                errors.push(bad(&ports_dir, e.to_string()));
+                return None;
+            }
+        };
         if let Some(n) = entry
             .file_name()
             .to_str()
@@ -960,37 +1042,49 @@ fn walk_device(
         let num = n.to_string();
         let pdir = ports_dir.join(&num);
         let link_layer_path = pdir.join("link_layer");
-        let link_layer = match read_path(&link_layer_path, buf)? {
-            ReadOutcome::Read(text) => {
+        let link_layer = match read_path(&link_layer_path, buf) {
+            Ok(ReadOutcome::Read(text)) => {
                 let text = text.trim_end_matches('\n');
-                if !matches!(text, "InfiniBand" | "Ethernet" | "Unknown") {
-                    return Err(anyhow!(
-                        "{}: unknown link layer {text:?}",
-                        link_layer_path.display()
+                if matches!(text, "InfiniBand" | "Ethernet" | "Unknown") {
+                    text.to_owned()
+                } else {
+                    errors.push(bad(
+                        &link_layer_path,
+                        format!("unknown link layer {text:?}"),
                     ));
+                    String::new()
                 }
-                text.to_owned()
             }
-            ReadOutcome::Missing if !pdir.exists() => continue,
-            ReadOutcome::Missing | ReadOutcome::Refused(_) => String::new(),
+            Ok(ReadOutcome::Missing) if !pdir.exists() => continue,
+            Ok(ReadOutcome::Missing | ReadOutcome::Refused(_)) => String::new(),
+            Err(e) => {
+                errors.push(e);
+                String::new()
+            }
         };
         let lid_path = pdir.join("lid");
         let mut lid_problem = None;
-        let lid = match read_path(&lid_path, buf)? {
-            ReadOutcome::Read(text) => {
+        let lid = match read_path(&lid_path, buf) {
+            Ok(ReadOutcome::Read(text)) => {
                 let text = text.trim_end();
                 let ok = text.strip_prefix("0x").is_some_and(|hex| {
                     u32::from_str_radix(hex, 16).is_ok() && !hex.starts_with('+')
                 });
-                if !ok {
-                    return Err(anyhow!("{}: {text:?} is not a hex LID", lid_path.display()));
+                if ok {
+                    text.to_owned()
+                } else {
+                    errors.push(bad(&lid_path, format!("{text:?} is not a hex LID")));
+                    String::new()
                 }
-                text.to_owned()
             }
-            ReadOutcome::Missing if !pdir.exists() => continue,
-            ReadOutcome::Missing => String::new(),
-            ReadOutcome::Refused(e) => {
+            Ok(ReadOutcome::Missing) if !pdir.exists() => continue,
+            Ok(ReadOutcome::Missing) => String::new(),
+            Ok(ReadOutcome::Refused(e)) => {
                 lid_problem = Some(format!("{}: {e}", lid_path.display()));
+                String::new()
+            }
+            Err(e) => {
+                errors.push(e);
                 String::new()
             }
         };
@@ -1018,7 +1112,7 @@ fn walk_device(
             phys_state: KeptFile::new(pdir.join("phys_state")),
             rate: KeptFile::new(pdir.join("rate")),
             rate_text: String::new(),
-            hw: walk_hw(&pdir, hw_counters)?,
+            hw: walk_hw(&pdir, hw_counters, errors),
             dir_file,
             link_layer,
             lid,
@@ -1028,16 +1122,16 @@ fn walk_device(
             dir: pdir,
         });
     }
-    Ok(Some(Device {
-        hca_type: read_text(&dir.join("hca_type"), buf)?,
-        board_id: read_text(&dir.join("board_id"), buf)?,
-        fw_ver: read_text(&dir.join("fw_ver"), buf)?,
-        node_guid: read_text(&dir.join("node_guid"), buf)?,
-        hw: walk_hw(&dir, hw_counters)?,
+    Some(Device {
+        hca_type: read_text(&dir.join("hca_type"), buf, errors),
+        board_id: read_text(&dir.join("board_id"), buf, errors),
+        fw_ver: read_text(&dir.join("fw_ver"), buf, errors),
+        node_guid: read_text(&dir.join("node_guid"), buf, errors),
+        hw: walk_hw(&dir, hw_counters, errors),
         name,
         dir,
         ports,
-    }))
+    })
 }
 
 /// The text attributes of a port read this tick (the rest is in [`Port`]).
@@ -1047,18 +1141,20 @@ struct Link {
     rate: Option<u64>,
 }
 
-/// Reads one file of a port: `Some(Some(text))`, `Some(None)` when absent
-/// or refused (null), `None` when the port is gone.
+/// Reads one file of a port: `Some(Some(text))`, `Some(None)` when absent,
+/// refused or read badly (a null; a bad read is named in `errors`), `None`
+/// when the port is gone.
 fn read_port_file<'b>(
     file: &mut KeptFile,
     port_dir: &Path,
     buf: &'b mut Vec<u8>,
     problems: &mut Vec<String>,
+    errors: &mut Vec<ParseError>,
     stale: &mut bool,
-) -> anyhow::Result<Option<Option<&'b str>>> {
-    Ok(match read_kept(file, buf)? {
-        ReadOutcome::Read(text) => Some(Some(text)),
-        ReadOutcome::Missing => {
+) -> Option<Option<&'b str>> {
+    match read_kept(file, buf) {
+        Ok(ReadOutcome::Read(text)) => Some(Some(text)),
+        Ok(ReadOutcome::Missing) => {
             *stale = true;
             if port_dir.exists() {
                 Some(None)
@@ -1066,22 +1162,28 @@ fn read_port_file<'b>(
                 None
             }
         }
-        ReadOutcome::Refused(e) => {
+        Ok(ReadOutcome::Refused(e)) => {
             problems.push(format!("{}: {e}", file.path().display()));
             Some(None)
         }
-    })
+        Err(e) => {
+            errors.push(e);
+            Some(None)
+        }
+    }
 }
 
-/// Reads a port's attributes and counters into `values`; `None` if it vanished.
+/// Reads a port's attributes and counters into `values`; `None` if it
+/// vanished. A file that reads badly leaves its value null (its tag empty)
+/// and is named in `errors`.
 fn read_port(
     port: &mut Port,
     buf: &mut Vec<u8>,
     values: &mut [Value; col::COUNT],
     problems: &mut Vec<String>,
+    errors: &mut Vec<ParseError>,
     stale: &mut bool,
-) -> anyhow::Result<Option<Link>> {
-    let named = |file: &KeptFile, reason: String| anyhow!("{}: {reason}", file.path().display());
+) -> Option<Link> {
     let mut link = Link {
         state: "",
         phys_state: "",
@@ -1089,31 +1191,45 @@ fn read_port(
     };
     macro_rules! read {
         ($file:expr) => {
-            match read_port_file($file, &port.dir, buf, problems, stale)? {
-                None => return Ok(None),
+            match read_port_file($file, &port.dir, buf, problems, errors, stale) {
+                None => return None,
                 Some(text) => text,
             }
         };
     }
+    // What reads badly costs its own value only.
+    macro_rules! parsed {
+        ($result:expr, $file:expr) => {
+            match $result {
+                Ok(v) => Some(v),
+                Err(reason) => {
+                    errors.push(bad($file.path(), reason));
+                    None
+                }
+            }
+        };
+    }
     if let Some(text) = read!(&mut port.state) {
-        let (n, name) = parse_state(text, STATES, 0).map_err(|e| named(&port.state, e))?;
-        values[col::STATE] = Value::U64(n);
-        link.state = name;
+        if let Some((n, name)) = parsed!(parse_state(text, STATES, 0), port.state) {
+            values[col::STATE] = Value::U64(n);
+            link.state = name;
+        }
     }
     if let Some(text) = read!(&mut port.phys_state) {
-        let (n, name) =
-            parse_state(text, PHYS_STATES, 1).map_err(|e| named(&port.phys_state, e))?;
-        values[col::PHYS_STATE] = Value::U64(n);
-        link.phys_state = name;
+        if let Some((n, name)) = parsed!(parse_state(text, PHYS_STATES, 1), port.phys_state) {
+            values[col::PHYS_STATE] = Value::U64(n);
+            link.phys_state = name;
+        }
     }
     if let Some(text) = read!(&mut port.rate) {
-        let bits = parse_rate(text).map_err(|e| named(&port.rate, e))?;
-        values[col::RATE] = Value::F64(bits as f64 / 8.0);
-        link.rate = Some(bits);
-        let text = text.trim_end();
-        if port.rate_text != text {
-            port.rate_text.clear();
-            port.rate_text.push_str(text);
+        if let Some(bits) = parsed!(parse_rate(text), port.rate) {
+            values[col::RATE] = Value::F64(bits as f64 / 8.0);
+            link.rate = Some(bits);
+            let text = text.trim_end();
+            if port.rate_text != text {
+                port.rate_text.clear();
+                port.rate_text.push_str(text);
+            }
         }
     }
     if let Some(problem) = &port.lid_problem {
@@ -1123,7 +1239,7 @@ fn read_port(
         let Some(text) = read!(&mut counter.file) else {
             continue;
         };
-        let Some(mut n) = parse_counter(text).map_err(|e| named(&counter.file, e))? else {
+        let Some(Some(mut n)) = parsed!(parse_counter(text), counter.file) else {
             continue;
         };
         let mut source = &counter.file;
@@ -1131,7 +1247,7 @@ fn read_port(
             match &mut counter.fallback {
                 Some(fallback) => {
                     let wider = match read!(fallback) {
-                        Some(text) => parse_counter(text).map_err(|e| named(fallback, e))?,
+                        Some(text) => parsed!(parse_counter(text), fallback).flatten(),
                         None => None,
                     };
                     match wider {
@@ -1157,35 +1273,41 @@ fn read_port(
         let factor = counter.factor;
         let scaled = n
             .checked_mul(factor)
-            .ok_or_else(|| named(source, format!("{n} times {factor} overflows 64 bits")))?;
-        values[counter.field] = Value::U64(scaled);
+            .ok_or_else(|| format!("{n} times {factor} overflows 64 bits"));
+        if let Some(scaled) = parsed!(scaled, source) {
+            values[counter.field] = Value::U64(scaled);
+        }
     }
-    Ok(Some(link))
+    Some(link)
 }
 
-/// Reads hw_counters into `values`; `false` if their owner vanished.
+/// Reads hw_counters into `values`; `false` if their owner vanished. A
+/// counter that reads badly is a null, named in `errors`.
 fn read_hw(
     counters: &mut [HwCounter],
     owner: &Path,
     buf: &mut Vec<u8>,
     values: &mut Vec<Value>,
     problems: &mut Vec<String>,
+    errors: &mut Vec<ParseError>,
     stale: &mut bool,
-) -> anyhow::Result<bool> {
+) -> bool {
     for hw in counters {
-        let value = match read_port_file(&mut hw.file, owner, buf, problems, stale)? {
-            None => return Ok(false),
+        let value = match read_port_file(&mut hw.file, owner, buf, problems, errors, stale) {
+            None => return false,
             Some(None) => Value::Null,
-            Some(Some(text)) => match parse_counter(text)
-                .map_err(|e| anyhow!("{}: {e}", hw.file.path().display()))?
-            {
-                Some(n) => Value::U64(n),
-                None => Value::Null,
+            Some(Some(text)) => match parse_counter(text) {
+                Ok(Some(n)) => Value::U64(n),
+                Ok(None) => Value::Null,
+                Err(reason) => {
+                    errors.push(bad(hw.file.path(), reason));
+                    Value::Null
+                }
             },
         };
         values.push(value);
     }
-    Ok(true)
+    true
 }
 
 /// Parses a counter file: a decimal `u64` and a newline; `None` for the
@@ -1314,6 +1436,8 @@ fn port_problems(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use vtax_store::batch::Values;
 
@@ -1878,46 +2002,193 @@ mod tests {
         assert_eq!(tag(link, "rate", row(link, "mlx5_0", "1")), "");
     }
 
+    /// Every tag and value of every row, keyed `table device/port/counter
+    /// name`: what two reads of a tree can be compared by.
+    fn cells(batches: &[Batch]) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for b in batches {
+            for r in 0..b.len() {
+                let ids: Vec<String> = ["device", "port", "counter"]
+                    .iter()
+                    .filter(|t| b.table.tag_index(t).is_some())
+                    .map(|t| tag(b, t, r))
+                    .collect();
+                let id = format!("{} {}", b.table.name, ids.join("/"));
+                for t in b.table.tags {
+                    if !["device", "port", "counter"].contains(&t.name) {
+                        out.insert(format!("{id} {}", t.name), tag(b, t.name, r));
+                    }
+                }
+                for (i, field) in b.table.fields.iter().enumerate() {
+                    let column = &b.fields[i];
+                    let shown = if !column.is_valid(r) {
+                        "null".to_string()
+                    } else {
+                        match &column.values {
+                            Values::U64(v) => v[r].to_string(),
+                            Values::F64(v) => v[r].to_string(),
+                            Values::I64(v) => v[r].to_string(),
+                        }
+                    };
+                    out.insert(format!("{id} {}", field.name), shown);
+                }
+            }
+        }
+        out
+    }
+
+    /// One file of one port or device holding what the kernel never writes
+    /// (issue 36, item 6): the tick succeeds, that file's value alone is lost
+    /// (a null, or an empty tag), every other port, counter and device reads
+    /// as from the intact tree, and the file is named in `source_errors`.
+    /// Mended, the next walk reads it with no error.
     #[test]
-    fn garbage_names_the_file() {
-        for (rel, content) in [
-            ("mlx5_1/ports/1/counters/symbol_error", "12x\n"),
-            ("mlx5_1/ports/1/counters/port_rcv_data", ""),
+    fn a_bad_file_costs_only_its_own_value() {
+        let intact = cells(&collector(fixture_copy().path()).collect(1).unwrap());
+        for (rel, content, lost, reason) in [
+            (
+                "mlx5_1/ports/1/counters/symbol_error",
+                "12x\n",
+                &["infiniband_port mlx5_1/1 symbol_error"][..],
+                "\"12x\" is not a counter",
+            ),
+            (
+                "mlx5_1/ports/1/counters/port_rcv_data",
+                "",
+                &["infiniband_port mlx5_1/1 rcv_data_bytes"],
+                "empty",
+            ),
             (
                 "mlx5_1/ports/1/counters/port_xmit_data",
                 "18446744073709551616\n",
+                &["infiniband_port mlx5_1/1 xmit_data_bytes"],
+                "\"18446744073709551616\" overflows 64 bits",
             ),
             // Fits in 64 bits, but not once scaled to bytes.
             (
                 "mlx5_1/ports/1/counters/port_rcv_data",
                 "18446744073709551615\n",
+                &["infiniband_port mlx5_1/1 rcv_data_bytes"],
+                "18446744073709551615 times 4 overflows 64 bits",
             ),
-            ("mlx5_1/ports/1/state", "4: ACTIV\n"),
-            ("mlx5_1/ports/1/phys_state", "5\n"),
-            ("mlx5_1/ports/1/rate", "fast\n"),
-            ("mlx5_1/ports/1/lid", "12\n"),
-            ("mlx5_1/ports/1/link_layer", "Token Ring\n"),
-            ("mlx5_8/ports/1/hw_counters/np_cnp_sent", "lots\n"),
-            ("mlx5_8/ports/1/hw_counters/out_of_buffer", "\u{0}\u{0}\n"),
+            (
+                "mlx5_1/ports/1/state",
+                "4: ACTIV\n",
+                &[
+                    "infiniband_port mlx5_1/1 state",
+                    "infiniband_link mlx5_1/1 state",
+                ],
+                "\"4: ACTIV\" is not a port state",
+            ),
+            (
+                "mlx5_1/ports/1/phys_state",
+                "5\n",
+                &[
+                    "infiniband_port mlx5_1/1 phys_state",
+                    "infiniband_link mlx5_1/1 phys_state",
+                ],
+                "\"5\" is not a port state",
+            ),
+            (
+                "mlx5_1/ports/1/rate",
+                "fast\n",
+                &[
+                    "infiniband_port mlx5_1/1 rate_bytes_per_second",
+                    "infiniband_link mlx5_1/1 rate",
+                ],
+                "\"fast\" is not a rate in Gb/sec",
+            ),
+            (
+                "mlx5_1/ports/1/lid",
+                "12\n",
+                &["infiniband_link mlx5_1/1 lid"],
+                "\"12\" is not a hex LID",
+            ),
+            (
+                "mlx5_1/ports/1/link_layer",
+                "Token Ring\n",
+                &["infiniband_link mlx5_1/1 link_layer"],
+                "unknown link layer \"Token Ring\"",
+            ),
+            (
+                "mlx5_8/ports/1/hw_counters/np_cnp_sent",
+                "lots\n",
+                &["infiniband_hw mlx5_8/1/np_cnp_sent value"],
+                "\"lots\" is not a counter",
+            ),
+            (
+                "mlx5_8/ports/1/hw_counters/out_of_buffer",
+                "\u{0}\u{0}\n",
+                &["infiniband_hw mlx5_8/1/out_of_buffer value"],
+                "\"\\0\\0\" is not a counter",
+            ),
+            (
+                "mlx5_0/fw_ver",
+                "\u{ff}\u{fe}\n",
+                &["infiniband_device mlx5_0 fw_ver"],
+                "not UTF-8 text",
+            ),
         ] {
             let dir = fixture_copy();
             let path = dir.path().join("sys/class/infiniband").join(rel);
-            std::fs::write(&path, content).unwrap();
+            if rel.ends_with("fw_ver") {
+                std::fs::write(&path, b"\xff\xfe\n").unwrap();
+            } else {
+                std::fs::write(&path, content).unwrap();
+            }
             let mut c = collector(dir.path());
-            let err = c.collect(1).unwrap_err().to_string();
-            assert!(
-                err.starts_with(&format!("{}: ", path.display())),
-                "{rel}: {err}"
+            let damaged = cells(&c.collect(1).unwrap());
+            assert_eq!(
+                damaged.keys().collect::<Vec<_>>(),
+                intact.keys().collect::<Vec<_>>(),
+                "{rel}: every row is there"
             );
-            // The next tick is not poisoned by the half-built one.
+            let changed: Vec<&str> = intact
+                .iter()
+                .filter(|(k, v)| damaged[*k] != **v)
+                .map(|(k, _)| k.as_str())
+                .collect();
+            let mut lost = lost.to_vec();
+            lost.sort_unstable();
+            assert_eq!(changed, lost, "{rel}");
+            for key in &lost {
+                assert!(
+                    ["null", ""].contains(&damaged[*key].as_str()),
+                    "{rel}: {key} = {}",
+                    damaged[*key]
+                );
+            }
+            let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+            assert_eq!(errors, [format!("{}: {reason}", path.display())], "{rel}");
+            // A file read at the walk is named at every tick until mended.
+            assert_eq!(c.collect(2).unwrap().len(), 4);
+            assert_eq!(c.source_errors().len(), 1, "{rel}");
+            assert!(matches!(c.probe(), Availability::Available(_)), "{rel}");
+            // Mended: read again (the walk's files at the next walk) with no error.
             std::fs::copy(fixture().join("sys/class/infiniband").join(rel), &path).unwrap();
-            assert_eq!(batch(&c.collect(2).unwrap(), &PORT).len(), 9, "{rel}");
+            c.stale = true;
+            assert_eq!(cells(&c.collect(3).unwrap()), intact, "{rel}");
+            assert!(c.source_errors().is_empty(), "{rel}");
         }
+    }
+
+    /// A device whose ports cannot be listed is left out; the others are read.
+    #[test]
+    fn a_device_that_cannot_be_listed_costs_only_itself() {
         let dir = fixture_copy();
-        let path = dir.path().join("sys/class/infiniband/mlx5_0/fw_ver");
-        std::fs::write(&path, b"\xff\xfe\n").unwrap();
-        let err = collector(dir.path()).collect(1).unwrap_err().to_string();
-        assert_eq!(err, format!("{}: not UTF-8 text", path.display()));
+        let ports = dir.path().join("sys/class/infiniband/mlx5_4/ports");
+        std::fs::remove_dir_all(&ports).unwrap();
+        std::fs::write(&ports, "not a directory\n").unwrap();
+        let mut c = collector(dir.path());
+        let batches = c.collect(1).unwrap();
+        assert_eq!(batch(&batches, &PORT).len(), 8);
+        assert_eq!(batch(&batches, &DEVICE).len(), 8);
+        let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(&format!("{}: ", ports.display())),
+            "{errors:?}"
+        );
     }
 
     #[test]
