@@ -279,38 +279,55 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Parses `/proc/<pid>/mountinfo`.
-pub fn parse_mountinfo(text: &str, path: &str) -> Result<Vec<Mount>, ParseError> {
+/// Parses `/proc/<pid>/mountinfo`, line by line: a line that is not a
+/// mountinfo line (or not UTF-8 text) costs only its own mount and is
+/// returned among the errors.
+pub fn parse_mountinfo(bytes: &[u8], path: &str) -> (Vec<Mount>, Vec<ParseError>) {
     let mut mounts = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
+    let mut errors = Vec::new();
+    for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        match parse_mountinfo_line(line, path, n + 1) {
+            Ok(Some(mount)) => mounts.push(mount),
+            Ok(None) => {}
+            Err(e) => errors.push(e),
         }
-        let fail = |reason: &str| ParseError {
-            path: path.to_owned(),
-            line: n + 1,
-            reason: reason.to_owned(),
-        };
-        let fields: Vec<&str> = line.split(' ').collect();
-        let sep = fields
-            .iter()
-            .position(|f| *f == "-")
-            .ok_or_else(|| fail("no \" - \" separator"))?;
-        if sep < 6 || fields.len() < sep + 4 {
-            return Err(fail("fewer fields than mountinfo has"));
-        }
-        if !fields[2].contains(':') || !fields[3].starts_with('/') {
-            return Err(fail("not a mountinfo line"));
-        }
-        let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
-        mounts.push(Mount {
-            mount_point: unescape(fields[4]),
-            fs_type: fields[sep + 1].to_owned(),
-            source: unescape(fields[sep + 2]),
-            read_only: ro(fields[5]) || ro(fields[sep + 3]),
-        });
     }
-    Ok(mounts)
+    (mounts, errors)
+}
+
+/// One line of mountinfo; `None` for a blank one.
+fn parse_mountinfo_line(
+    line: &[u8],
+    path: &str,
+    line_no: usize,
+) -> Result<Option<Mount>, ParseError> {
+    let fail = |reason: &str| ParseError {
+        path: path.to_owned(),
+        line: line_no,
+        reason: reason.to_owned(),
+    };
+    let line = std::str::from_utf8(line).map_err(|_| fail("not UTF-8 text"))?;
+    if line.trim().is_empty() {
+        return Ok(None);
+    }
+    let fields: Vec<&str> = line.split(' ').collect();
+    let sep = fields
+        .iter()
+        .position(|f| *f == "-")
+        .ok_or_else(|| fail("no \" - \" separator"))?;
+    if sep < 6 || fields.len() < sep + 4 {
+        return Err(fail("fewer fields than mountinfo has"));
+    }
+    if !fields[2].contains(':') || !fields[3].starts_with('/') {
+        return Err(fail("not a mountinfo line"));
+    }
+    let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+    Ok(Some(Mount {
+        mount_point: unescape(fields[4]),
+        fs_type: fields[sep + 1].to_owned(),
+        source: unescape(fields[sep + 2]),
+        read_only: ro(fields[5]) || ro(fields[sep + 3]),
+    }))
 }
 
 /// A stat issued and not yet answered.
@@ -334,6 +351,9 @@ pub struct Filesystem {
     problems: Vec<String>,
     /// `mount_point (fs_type)` of the mounts read at the last tick, for `probe`.
     seen: Vec<String>,
+    /// Lines of the mount table that read badly at the last tick: each costs
+    /// only its own mount.
+    errors: Vec<ParseError>,
 }
 
 impl Filesystem {
@@ -360,6 +380,7 @@ impl Filesystem {
             rows: BatchBuilder::new(&FILESYSTEM),
             problems: Vec::new(),
             seen: Vec::new(),
+            errors: Vec::new(),
         }
     }
 
@@ -375,9 +396,12 @@ impl Filesystem {
             .mountinfo
             .read(&mut self.buf)
             .map_err(|e| anyhow!("{path}: {e}"))?;
-        let text =
-            std::str::from_utf8(&self.buf[..len]).map_err(|_| anyhow!("{path}: not UTF-8 text"))?;
-        let all = parse_mountinfo(text, &path)?;
+        let (all, errors) = parse_mountinfo(&self.buf[..len], &path);
+        self.errors = errors;
+        if all.is_empty() && !self.errors.is_empty() {
+            // Not one line read well: the table is bad, not a line of it.
+            return Err(self.errors.remove(0).into());
+        }
         // A later mount on the same point hides the earlier one.
         let mut chosen: Vec<Mount> = Vec::new();
         for mount in all {
@@ -537,6 +561,7 @@ impl Collector for Filesystem {
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
         self.problems.clear();
         self.seen.clear();
+        self.errors.clear();
         let result = self.read(time_us);
         let batch = self.rows.finish();
         result?;
@@ -549,6 +574,10 @@ impl Collector for Filesystem {
 
     fn problems(&self) -> Vec<String> {
         self.problems.clone()
+    }
+
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
     }
 }
 
@@ -635,7 +664,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::collectors::testutil::{node, roots, tags, u64s};
+    use crate::collectors::testutil::{copy_tree, node, roots, tags, u64s};
 
     fn fixed(node_name: &str) -> Arc<FixedStatFs> {
         Arc::new(FixedStatFs::from_file(&node(node_name).join("statvfs")).unwrap())
@@ -671,7 +700,8 @@ mod tests {
         let text = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n\
                     90 27 0:50 / /mnt/my\\040data ro,relatime shared:7 master:1 - nfs4 srv:/ex\\134port rw,vers=4.2\n\
                     91 27 0:51 / /scratch rw - xfs /dev/md0 ro\n";
-        let m = parse_mountinfo(text, "mi").unwrap();
+        let (m, errors) = parse_mountinfo(text.as_bytes(), "mi");
+        assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(m[0].mount_point, "/");
         assert_eq!((m[0].fs_type.as_str(), m[0].read_only), ("ext4", false));
         assert_eq!(m[1].mount_point, "/mnt/my data");
@@ -693,8 +723,23 @@ mod tests {
             ),
             ("a b c d e f - g h i\n", "mi:1: not a mountinfo line"),
         ] {
-            assert_eq!(parse_mountinfo(bad, "mi").unwrap_err().to_string(), want);
+            let (mounts, errors) = parse_mountinfo(bad.as_bytes(), "mi");
+            assert!(mounts.is_empty());
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            assert_eq!(errors, [want]);
         }
+        // A bad line costs its own mount: the lines around it are read.
+        let mut text = b"27 1 254:0 / / rw - ext4 /dev/vda rw\n28 27 0:5 /\n".to_vec();
+        text.extend_from_slice(b"29 27 0:6 / /d\xff rw - xfs /dev/vdb rw\n");
+        text.extend_from_slice(b"30 27 0:7 / /data rw - xfs /dev/vdc rw\n");
+        let (m, errors) = parse_mountinfo(&text, "mi");
+        let points: Vec<&str> = m.iter().map(|m| m.mount_point.as_str()).collect();
+        assert_eq!(points, ["/", "/data"]);
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            ["mi:2: no \" - \" separator", "mi:3: not UTF-8 text"]
+        );
         assert_eq!(unescape("a\\040b\\"), "a b\\");
         assert_eq!(unescape("\\777"), "\\777", "not a byte: kept as written");
     }
@@ -872,23 +917,84 @@ mod tests {
         assert_eq!(u64s(&batches[0], "size_bytes")[0], Some(270_532_608 * 4096));
     }
 
+    /// A junk line of the mount table (issue 36, item 6) costs only its own
+    /// mount: every other mount is read with its values, the line is named in
+    /// `source_errors`, and the collector stays available. Only a table with
+    /// no good line fails the tick.
     #[test]
-    fn garbage_names_the_file_and_line() {
+    fn garbage_costs_only_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(
+            &node("baremetal-node").join("proc/self"),
+            &dir.path().join("proc/self"),
+        );
+        let path = dir.path().join("proc/self/mountinfo");
+        let good = std::fs::read_to_string(&path).unwrap();
+        let statfs = fixed("baremetal-node");
+        let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), statfs.clone());
+        let intact = c.collect(1).unwrap();
+        // /raid's line cut short, as a kernel never writes it.
+        let raid = good.lines().position(|l| l.contains(" /raid ")).unwrap();
+        let damaged: Vec<String> = good
+            .lines()
+            .enumerate()
+            .map(|(i, l)| {
+                if i == raid {
+                    l[..l.len() / 3].to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        std::fs::write(&path, damaged.join("\n") + "\n").unwrap();
+        assert!(matches!(c.probe(), Availability::Available(_)));
+        let batches = c.collect(2).unwrap();
+        let (was, now) = (&intact[0], &batches[0]);
+        let mut want = tags(was, "mount_point");
+        want.retain(|m| m != "/raid");
+        assert_eq!(tags(now, "mount_point"), want);
+        for field in ["size_bytes", "avail_bytes", "files_free", "stat_error"] {
+            let mut values = u64s(was, field);
+            values.remove(
+                tags(was, "mount_point")
+                    .iter()
+                    .position(|m| m == "/raid")
+                    .unwrap(),
+            );
+            assert_eq!(u64s(now, field), values, "{field}");
+        }
+        let errors: Vec<String> = c.source_errors().iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(&format!("{}:{}: ", path.display(), raid + 1)),
+            "{errors:?}"
+        );
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(c.collect(3).unwrap()[0].len(), was.len(), "mended");
+        assert!(c.source_errors().is_empty());
+        statfs.release();
+    }
+
+    #[test]
+    fn a_table_with_no_good_line_fails_and_names_it() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
         let path = dir.path().join("proc/self/mountinfo");
-        std::fs::write(&path, "27 1 254:0 / / rw - ext4 /dev/vda rw\n28 27 0:5 /\n").unwrap();
+        std::fs::write(&path, "28 27 0:5 /\n").unwrap();
         let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), fixed("vm-node"));
         let err = c.collect(1).unwrap_err().to_string();
-        assert_eq!(err, format!("{}:2: no \" - \" separator", path.display()));
+        assert_eq!(err, format!("{}:1: no \" - \" separator", path.display()));
+        // Probed again until it mends, not off until a restart.
+        assert!(matches!(c.probe(), Availability::Failed(_)));
         std::fs::write(&path, b"27 1 254:0 / / rw - ext4 /dev/\xff rw\n").unwrap();
         assert!(c
             .collect(2)
             .unwrap_err()
             .to_string()
-            .ends_with("not UTF-8 text"));
+            .ends_with(":1: not UTF-8 text"));
         std::fs::write(&path, "27 1 254:0 / / rw - ext4 /dev/vda rw\n").unwrap();
         assert_eq!(c.collect(3).unwrap()[0].len(), 1, "recovers");
+        assert!(matches!(c.probe(), Availability::Available(_)));
         std::fs::remove_file(&path).unwrap();
         let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), fixed("vm-node"));
         let Availability::Absent(why) = c.probe() else {
