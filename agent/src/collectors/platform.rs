@@ -13,8 +13,10 @@
 //! it `none`; without either it is `unknown` (other architectures, no DMI).
 //!
 //! What it reads never fails a tick: a missing file is an unknown fact, and a
-//! file that cannot be read or is not text (binary junk) is an unknown fact
-//! plus a problem that names the file. Only an unreadable procfs fails.
+//! file that cannot be read or is not text (binary junk) is an unknown fact,
+//! named in `source_errors` (so counted in `vtax_collector_failed_sources`,
+//! logged and listed by `vtax doctor`); every other fact is read as usual.
+//! Only an unreadable procfs fails.
 
 use std::collections::HashSet;
 use std::io::Read as _;
@@ -25,7 +27,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder, Value};
 
 use super::pci::{gpu_affinity, Affinity};
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// Platform facts rarely change: read them once a minute.
 pub const DEFAULT_PLATFORM_INTERVAL_SECS: f64 = 60.0;
@@ -221,8 +223,17 @@ const MAX_LABEL_CHARS: usize = 64;
 /// Reads files for one pass, turning what cannot be used into notes.
 struct Reader<'a> {
     roots: &'a Roots,
-    /// Files that exist but could not be used, named, for `problems`.
-    notes: Vec<String>,
+    /// Files that exist but could not be used, for `source_errors`.
+    notes: Vec<ParseError>,
+}
+
+/// `path` exists but cannot be used.
+fn unusable(path: &Path, reason: impl Into<String>) -> ParseError {
+    ParseError {
+        path: path.display().to_string(),
+        line: 0,
+        reason: reason.into(),
+    }
 }
 
 impl Reader<'_> {
@@ -236,8 +247,7 @@ impl Reader<'_> {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => {
-                self.notes
-                    .push(format!("{}: {e}; taken as unknown", path.display()));
+                self.notes.push(unusable(path, e.to_string()));
                 return None;
             }
         }
@@ -251,18 +261,12 @@ impl Reader<'_> {
                 String::from_utf8(bytes).unwrap_or_default()
             }
             Err(_) => {
-                self.notes.push(format!(
-                    "{}: not UTF-8 text; taken as unknown",
-                    path.display()
-                ));
+                self.notes.push(unusable(path, "not UTF-8 text"));
                 return None;
             }
         };
         if text.contains('\0') {
-            self.notes.push(format!(
-                "{}: binary data (NUL bytes); taken as unknown",
-                path.display()
-            ));
+            self.notes.push(unusable(path, "binary data (NUL bytes)"));
             return None;
         }
         Some(text)
@@ -287,8 +291,7 @@ impl Reader<'_> {
             ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
-                self.notes
-                    .push(format!("{}: {e}; taken as unknown", path.display()));
+                self.notes.push(unusable(path, e.to_string()));
                 None
             }
         }
@@ -660,8 +663,9 @@ pub struct Facts {
     pub gpu_affinity: Vec<Affinity>,
     /// How the verdict was reached: one line per source.
     pub evidence: Vec<String>,
-    /// Files that exist but could not be used, named.
-    pub unreadable: Vec<String>,
+    /// Files that exist but could not be used: each fact they give is
+    /// unknown, the others are read.
+    pub unreadable: Vec<ParseError>,
     /// CPUID and cpuinfo disagree about a hypervisor, in words.
     pub disagreement: Option<String>,
 }
@@ -837,10 +841,9 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
         (Some(text), _) => match nvidia_version(text) {
             Some(v) => label(&v),
             None => {
-                reader.notes.push(format!(
-                    "{}: no NVRM version line; driver version unknown",
-                    version_path.display()
-                ));
+                reader
+                    .notes
+                    .push(unusable(&version_path, "no NVRM version line"));
                 "unknown".into()
             }
         },
@@ -1022,7 +1025,6 @@ impl Facts {
             out.push("nvidia loaded but its version file is unreadable".to_string());
         }
         out.extend(self.disagreement.iter().cloned());
-        out.extend(self.unreadable.iter().cloned());
         out
     }
 
@@ -1048,6 +1050,8 @@ pub struct Platform {
     roots: Roots,
     cpuid: Box<dyn CpuidSource>,
     problems: Vec<String>,
+    /// Files that could not be used at the last read.
+    errors: Vec<ParseError>,
 }
 
 impl Platform {
@@ -1066,6 +1070,7 @@ impl Platform {
             roots: roots.clone(),
             cpuid,
             problems: Vec::new(),
+            errors: Vec::new(),
         }
     }
 
@@ -1094,9 +1099,11 @@ impl Collector for Platform {
     }
 
     fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+        self.errors.clear();
         self.procfs_readable()?;
         let facts = self.facts();
         self.problems = facts.problems();
+        self.errors.clone_from(&facts.unreadable);
         let mut info = BatchBuilder::new(&PLATFORM);
         info.push(time_us, &facts.tags(), &[Value::I64(1)])?;
         let int = |v: Option<i64>| v.map_or(Value::Null, Value::I64);
@@ -1131,6 +1138,10 @@ impl Collector for Platform {
 
     fn problems(&self) -> Vec<String> {
         self.problems.clone()
+    }
+
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.errors.clone()
     }
 }
 
@@ -1540,6 +1551,86 @@ mod tests {
         );
     }
 
+    /// One fixture file holding junk (issue 36, item 6): the tick succeeds,
+    /// only the fact that file gives is unknown, every other tag and count is
+    /// as read from the intact tree, and the file is named in
+    /// `source_errors` (counted in `vtax_collector_failed_sources`) until it
+    /// is mended.
+    #[test]
+    fn a_bad_file_costs_only_its_own_fact() {
+        let read = |roots: &Roots| {
+            let mut platform = Platform::with_cpuid(
+                &PlatformConfig::default(),
+                roots,
+                Box::new(FixedCpuid::bare_metal()),
+            );
+            assert!(matches!(platform.probe(), Availability::Available(_)));
+            let batches = platform.collect(1).unwrap();
+            let counts: Vec<Option<Values>> = batches[1]
+                .fields
+                .iter()
+                .map(|f| f.is_valid(0).then(|| f.values.clone()))
+                .collect();
+            (tag_values(&batches[0]), counts, batches[2].len(), platform)
+        };
+        let (intact_tags, intact_counts, intact_near, _) = read(&fixture("baremetal-node"));
+        let junk: &[u8] = b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe\x00\x80";
+        for (file, lost) in [
+            ("proc/sys/kernel/osrelease", "kernel"),
+            ("proc/cpuinfo", "cpu_model"),
+            // The product name alone still names the product.
+            ("sys/class/dmi/id/sys_vendor", ""),
+            ("proc/driver/nvidia/version", "nvidia_driver"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            crate::collectors::testutil::copy_tree(
+                &crate::collectors::testutil::node("baremetal-node"),
+                dir.path(),
+            );
+            let roots = crate::collectors::testutil::roots(dir.path());
+            let path = dir.path().join(file);
+            std::fs::write(&path, junk).unwrap();
+            let (tags, counts, near, mut platform) = read(&roots);
+            for ((name, was), (_, now)) in intact_tags.iter().zip(&tags) {
+                if *name == lost {
+                    assert_eq!(now, "unknown", "{file}: {name}");
+                } else {
+                    assert_eq!(now, was, "{file}: {name}");
+                }
+            }
+            if file == "proc/cpuinfo" {
+                // The CPU count comes from the same file.
+                assert_eq!(counts[0], None, "{file}: no CPU count");
+                assert_eq!(counts[1..], intact_counts[1..], "{file}");
+            } else {
+                assert_eq!(counts, intact_counts, "{file}");
+            }
+            assert_eq!(near, intact_near, "{file}");
+            let errors: Vec<String> = platform
+                .source_errors()
+                .iter()
+                .map(|e| e.to_string())
+                .collect();
+            assert_eq!(errors.len(), 1, "{file}: {errors:?}");
+            assert!(
+                errors[0].starts_with(&format!("{}: ", path.display())),
+                "{file}: {errors:?}"
+            );
+            assert!(
+                !platform.problems().iter().any(|p| p.contains(file)),
+                "{file} named once: {:?}",
+                platform.problems()
+            );
+            std::fs::copy(
+                crate::collectors::testutil::node("baremetal-node").join(file),
+                &path,
+            )
+            .unwrap();
+            platform.collect(2).unwrap();
+            assert!(platform.source_errors().is_empty(), "{file} mended");
+        }
+    }
+
     #[test]
     fn every_hypervisor_vendor_signature() {
         let cases: &[(&[u8; 12], &str, &str)] = &[
@@ -1758,7 +1849,7 @@ mod tests {
         assert_eq!(facts.product, "unknown");
         assert_eq!(facts.nvidia_driver, "unknown");
         assert!(!facts.cmdline_read);
-        let problems = facts.problems().join("\n");
+        let unreadable: Vec<&str> = facts.unreadable.iter().map(|e| e.path.as_str()).collect();
         for file in [
             "proc/cpuinfo",
             "proc/sys/kernel/osrelease",
@@ -1776,10 +1867,13 @@ mod tests {
                 .display()
                 .to_string();
             assert!(
-                problems.contains(&named),
-                "{file} not named in:\n{problems}"
+                unreadable.contains(&named.as_str()),
+                "{file} not named in {unreadable:?}"
             );
         }
+        // Named once, as a source error, not again among the problems.
+        let problems = facts.problems().join("\n");
+        assert!(!problems.contains("proc/cpuinfo"), "{problems}");
 
         // Truncated files: what is there is used.
         let truncated: &[(&str, &[u8])] = &[
