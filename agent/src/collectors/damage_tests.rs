@@ -2,6 +2,11 @@
 //! a file in /proc or /sys holds, probing, collecting and listing problems give
 //! rows or errors, never a panic. The runtime catches a panic in `collect`, but
 //! not in `probe`, which runs at start and on every reload, nor in `vtax doctor`.
+//!
+//! The collectors that read one file per value, cgroup or port (`cgroups`,
+//! `infiniband`, `platform`, and `filesystem` but for its mount table) must
+//! also never fail a tick over one damaged file, nor lose more than that
+//! file's own row: the rest of the tree still reads.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +37,21 @@ const JUNK: &[&str] = &[
     "\u{fffd}",
     "-9223372036854775808",
 ];
+
+/// Collectors that read one file per value, cgroup, port or mount: one
+/// damaged file costs at most its own row.
+const ISOLATING: &[&str] = &["cgroups", "infiniband", "platform", "filesystem"];
+
+/// Rows in a tick's batches. Not `platform_gpu_affinity`'s: a PCI function
+/// whose vendor, class or NUMA node file is damaged is no longer a GPU or no
+/// longer near it, so all its rows there go, its own rows but more than one.
+fn rows_of(batches: &[vtax_store::Batch]) -> usize {
+    batches
+        .iter()
+        .filter(|b| !std::ptr::eq(b.table, &super::platform::PLATFORM_GPU_AFFINITY))
+        .map(|b| b.len())
+        .sum()
+}
 
 /// Ways `damage` knows.
 const DAMAGE_KINDS: usize = 4;
@@ -114,15 +134,16 @@ fn damaged_sources_give_errors_never_panics() {
     let panics: Vec<String> = outcomes.into_iter().flat_map(|o| o.1).collect();
     assert!(
         panics.is_empty(),
-        "{} panics in {rounds} damaged trees: {panics:#?}",
+        "{} panics or lost reads in {rounds} damaged trees: {panics:#?}",
         panics.len()
     );
 }
 
 /// Damages each file of fixture tree `node` in `half` (0: the even-numbered
 /// files, 1: the odd) each way in turn, running the `readers` over the tree
-/// each time. Returns the trees tried and what panicked. The junk is seeded,
-/// so a failure repeats.
+/// each time. Returns the trees tried and what panicked, or, for the
+/// [`ISOLATING`] collectors, failed a tick or lost more than one row. The
+/// junk is seeded, so a failure repeats.
 fn damage_each_file(node: &str, half: usize, readers: &[&str], seed: u64) -> (usize, Vec<String>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut panics = Vec::new();
@@ -130,6 +151,18 @@ fn damage_each_file(node: &str, half: usize, readers: &[&str], seed: u64) -> (us
     let tree = tempfile::tempdir().unwrap();
     testutil::copy_tree(&testutil::node(node), tree.path());
     let roots = testutil::roots(tree.path());
+    // Rows each isolating collector reads from the intact tree.
+    let intact: Vec<(&str, usize)> = ISOLATING
+        .iter()
+        .map(|&name| {
+            let mut collector = CollectorsConfig::default().build(name, &roots).unwrap();
+            collector.probe();
+            let rows = collector
+                .collect(1_700_000_000_000_000)
+                .map(|b| rows_of(&b));
+            (name, rows.unwrap_or(0))
+        })
+        .collect();
     // Every file, each way: a file left out is a parser left untried.
     for file in files_under(tree.path()).into_iter().skip(half).step_by(2) {
         let original = std::fs::read(&file).unwrap();
@@ -138,18 +171,42 @@ fn damage_each_file(node: &str, half: usize, readers: &[&str], seed: u64) -> (us
             let junk = JUNK[rng.random_range(0..JUNK.len())];
             std::fs::write(&file, damage(&original, kind, junk, &mut rng)).unwrap();
             for &name in readers {
+                let rel = file.strip_prefix(tree.path()).unwrap();
+                // The mount table is the filesystem collector's one source.
+                let isolating = intact
+                    .iter()
+                    .find(|(n, rows)| *n == name && *rows > 0)
+                    .filter(|_| !(name == "filesystem" && rel.ends_with("mountinfo")));
                 let outcome = std::panic::catch_unwind(|| {
                     let mut collector = CollectorsConfig::default().build(name, &roots).unwrap();
                     collector.probe();
+                    let mut lost = None;
                     // Two ticks: the second takes differences.
                     for tick in 0..2 {
-                        let _ = collector.collect(1_700_000_000_000_000 + tick * 1_000_000);
+                        let result = collector.collect(1_700_000_000_000_000 + tick * 1_000_000);
                         collector.problems();
+                        if let Some((_, rows)) = isolating {
+                            match result {
+                                Err(e) => lost = Some(format!("the tick failed: {e:#}")),
+                                Ok(b) if rows_of(&b) + 1 < *rows => {
+                                    lost = Some(format!("{} of {rows} rows", rows_of(&b)))
+                                }
+                                Ok(_) => {}
+                            }
+                        }
                     }
+                    lost
                 });
-                if outcome.is_err() {
-                    let file = file.strip_prefix(tree.path()).unwrap().display();
-                    panics.push(format!("{node} {name}: {file}, damage {kind}, {junk:?}"));
+                match outcome {
+                    Err(_) => panics.push(format!(
+                        "{node} {name}: {}, damage {kind}, {junk:?}",
+                        rel.display()
+                    )),
+                    Ok(Some(lost)) => panics.push(format!(
+                        "{node} {name}: {}, damage {kind}, {junk:?}: {lost}",
+                        rel.display()
+                    )),
+                    Ok(None) => {}
                 }
             }
         }
