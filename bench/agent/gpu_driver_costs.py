@@ -11,17 +11,20 @@ off, and the `collector-gpu` thread's CPU time over the window (utime + stime
 from /proc/<pid>/task/<tid>/stat) is its share of one core. The spin counts the
 thread's own CPU clock, so a loaded machine charges the same.
 
-Two builds of the reads, each on an idle node (every GPU `idle`) and a busy one
-(every GPU `training`, one process each; with `--shared`, `mig`, three
+Three builds of the reads, each on an idle node (every GPU `idle`) and a busy
+one (every GPU `training`, one process each; with `--shared`, `mig`, three
 processes each, whose shares need the driver):
-  before  every read every tick: the exact energy counter and the process
-          shares each tick (energy_interval_secs = 0,
-          process_shares_interval_secs = 0, single_process_shares_from_utilization
-          = false);
-  after   the defaults: the exact counter every 30 s with the power integrated
-          in between, the shares every 10 s where a GPU is shared.
+  before  every read every tick: the exact energy counter, the process shares
+          and the slow reads each tick (energy_interval_secs = 0,
+          process_shares_interval_secs = 0, slow_reads_interval_secs = 0,
+          single_process_shares_from_utilization = false);
+  spaced  the exact counter every 30 s with the power integrated in between,
+          the shares every 10 s where a GPU is shared, the slow reads (MIG
+          mode, PCIe replays, NVLink state, ...) still every tick
+          (slow_reads_interval_secs = 0);
+  after   the defaults: as `spaced`, and the slow reads every 30 s.
 
-The four agents run side by side for the same window.
+The six agents run side by side for the same window.
 
 `bench/agent/gpu_overhead.py --real` measures the same on a lent GPU with the
 real driver, per GPU.
@@ -45,7 +48,9 @@ COLLECTORS = ["host", "cgroups", "perf", "infiniband", "platform", "gpu", "jitte
 
 BUILDS = {
     "before": "energy_interval_secs = 0\nprocess_shares_interval_secs = 0\n"
+              "slow_reads_interval_secs = 0\n"
               "single_process_shares_from_utilization = false\n",
+    "spaced": "slow_reads_interval_secs = 0\n",
     "after": "",
 }
 

@@ -182,7 +182,7 @@ pub struct GpuSample {
     pub clock_event_reasons: Option<u64>,
     /// Power draw.
     pub power_watts: Option<f64>,
-    /// Power limit enforced now.
+    /// Power limit enforced now (a slow read).
     pub power_limit_watts: Option<f64>,
     /// Energy since the driver loaded: the driver's exact counter, read only
     /// when the tick's [`ReadPlan`] asks for it (`None` otherwise, or on a
@@ -196,11 +196,12 @@ pub struct GpuSample {
     pub memory_used_bytes: Option<u64>,
     /// Device memory.
     pub memory_total_bytes: Option<u64>,
-    /// Corrected ECC errors since the driver loaded.
+    /// Corrected ECC errors since the driver loaded (a slow read).
     pub ecc_corrected_errors: Option<u64>,
-    /// Uncorrected ECC errors since the driver loaded.
+    /// Uncorrected ECC errors since the driver loaded (a slow read).
     pub ecc_uncorrected_errors: Option<u64>,
-    /// Rows remapped for correctable errors.
+    /// Rows remapped for correctable errors (a slow read, as are the
+    /// other three remapping values).
     pub remapped_rows_correctable: Option<u64>,
     /// Rows remapped for uncorrectable errors.
     pub remapped_rows_uncorrectable: Option<u64>,
@@ -217,14 +218,19 @@ pub struct GpuSample {
     pub pcie_link_gen: Option<u32>,
     /// PCIe lanes the link trained to.
     pub pcie_link_width: Option<u32>,
-    /// PCIe replays since the driver loaded.
+    /// PCIe replays since the driver loaded (a slow read).
     pub pcie_replays: Option<u64>,
-    /// Virtualisation mode.
+    /// Virtualisation mode (a slow read).
     pub virtualization_mode: Option<VirtualizationMode>,
-    /// Whether MIG is on.
+    /// Whether MIG is on (a slow read).
     pub mig_enabled: Option<bool>,
-    /// NVLink links the GPU exposes.
+    /// NVLink links the GPU exposes, with their state and error counters
+    /// (a slow read: empty on a tick without it) and their GPM rates.
     pub links: Vec<LinkSample>,
+    /// GPM's receive and transmit bytes/s of each link by link number,
+    /// every tick GPM ran: the collector puts them on the links it carries
+    /// between slow reads.
+    pub link_rates: Vec<(Option<f64>, Option<f64>)>,
     /// MIG instances.
     pub mig: Vec<MigSample>,
     /// Processes using the GPU.
@@ -234,16 +240,28 @@ pub struct GpuSample {
     pub process_shares_read: bool,
 }
 
-/// The dear reads of one tick, which the collector spaces out: on an H100
-/// the energy counter costs the driver 3.1-4.9 ms of CPU a read and the
-/// per-process shares 2.5-5.8 ms, against a few hundredths of a millisecond
-/// for most other reads (docs/gpus.md, "What each read costs").
+/// The reads of one tick that the collector spaces out: on an H100 the
+/// energy counter costs the driver 3.1-4.9 ms of CPU a read and the
+/// per-process shares 2.5-5.8 ms; `mig_mode` and the PCIe replay counter
+/// 0.4-0.5 ms each and the NVLink state 0.1 ms, on an H200 as on an H100,
+/// for values that change rarely or are counters read for their increase
+/// (docs/gpus.md, "What each read costs").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadPlan {
     /// Read the exact energy counter.
     pub energy: bool,
     /// When to ask the driver for the per-process shares.
     pub process_shares: SharesRead,
+    /// Read the values that change rarely (see [`GpuSample`]: MIG mode,
+    /// virtualisation mode, the enforced power limit, NVLink link state and
+    /// error counters, the PCIe replay counter, ECC counters, remapped
+    /// rows). When false they are `None` in the sample and the collector
+    /// carries their last values.
+    pub slow: bool,
+    /// MIG mode as the last slow read found it, for a tick that does not
+    /// read it: whether to list the MIG instances, and whether the
+    /// processes' shares need the driver.
+    pub mig_enabled: Option<bool>,
 }
 
 #[cfg(test)]
@@ -252,7 +270,21 @@ impl ReadPlan {
     pub const ALL: ReadPlan = ReadPlan {
         energy: true,
         process_shares: SharesRead::Always,
+        slow: true,
+        mig_enabled: None,
     };
+}
+
+impl ReadPlan {
+    /// MIG mode on a tick with the plan's slow reads: the one read then,
+    /// else the one the plan carries.
+    pub fn mig_mode(&self, read: Option<bool>) -> Option<bool> {
+        if self.slow {
+            read
+        } else {
+            self.mig_enabled
+        }
+    }
 }
 
 /// When the driver's per-process shares are read.

@@ -26,6 +26,12 @@ pub struct GpuConfig {
     /// Seconds between two reads of the per-process shares of a GPU; each
     /// process keeps its last shares in between. 0: every tick.
     pub process_shares_interval_secs: f64,
+    /// Seconds between two reads of the values that change rarely or are
+    /// counters read for their increase (MIG and virtualisation mode, the
+    /// enforced power limit, NVLink link state and error counters, PCIe
+    /// replays, ECC counters, remapped rows); each keeps its last value in
+    /// between. 0: every tick.
+    pub slow_reads_interval_secs: f64,
     /// Whether the one compute process of a GPU without MIG takes the GPU's
     /// utilisation as its shares, with no per-process read.
     pub single_process_shares_from_utilization: bool,
@@ -49,6 +55,12 @@ pub const DEFAULT_ENERGY_INTERVAL_SECS: f64 = 30.0;
 /// Default of `process_shares_interval_secs`.
 pub const DEFAULT_PROCESS_SHARES_INTERVAL_SECS: f64 = 10.0;
 
+/// Default of `slow_reads_interval_secs`: the values it spaces out change
+/// on an operator's action, a fault or a reset, and their counters are
+/// read for their increase over minutes (alert rules look at 10 minutes),
+/// so 30 s late at most costs an alert nothing it would act on.
+pub const DEFAULT_SLOW_READS_INTERVAL_SECS: f64 = 30.0;
+
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
@@ -58,6 +70,7 @@ impl Default for GpuConfig {
             processes: true,
             energy_interval_secs: DEFAULT_ENERGY_INTERVAL_SECS,
             process_shares_interval_secs: DEFAULT_PROCESS_SHARES_INTERVAL_SECS,
+            slow_reads_interval_secs: DEFAULT_SLOW_READS_INTERVAL_SECS,
             single_process_shares_from_utilization: true,
             simulate_gpus: 0,
             simulate_profile: "h100".into(),
@@ -153,6 +166,10 @@ pub static KEY_RANGES: crate::config::KeyRanges = &[
         "process_shares_interval_secs",
         crate::config::KeyRange::between(0.0, 86_400.0),
     ),
+    (
+        "slow_reads_interval_secs",
+        crate::config::KeyRange::between(0.0, 86_400.0),
+    ),
 ];
 
 /// Comments for this collector's own keys in the example config.
@@ -172,6 +189,10 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     (
         "process_shares_interval_secs",
         "Seconds between two reads of the processes' SM and memory shares on a GPU that more than one process shares (nvmlDeviceGetProcessUtilization: 2.5-6 ms of the driver's CPU a read on an H100); each process keeps its last shares in between. 0: every tick. The process list itself and its memory are read every tick.",
+    ),
+    (
+        "slow_reads_interval_secs",
+        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. The PCIe link generation and width are read every tick: an idle link trains down and comes back up with the load. XIDs arrive as events at once. 0: every tick.",
     ),
     (
         "single_process_shares_from_utilization",
@@ -224,7 +245,11 @@ mod tests {
 
     #[test]
     fn intervals_out_of_range_name_their_key() {
-        for key in ["energy_interval_secs", "process_shares_interval_secs"] {
+        for key in [
+            "energy_interval_secs",
+            "process_shares_interval_secs",
+            "slow_reads_interval_secs",
+        ] {
             let text = format!("[collectors.gpu]\n{key} = -1\n");
             let config: crate::config::Config = toml::from_str(&text).unwrap();
             let message = config.validate().unwrap_err().1;

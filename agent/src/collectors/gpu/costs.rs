@@ -88,28 +88,34 @@ pub static NVML_CALL_COSTS: &[CallCost] = &[
     small("mig instances"),
 ];
 
-/// The reads of one tick's sample of a GPU that answers, as the NVML
-/// backend makes them, before the two the collector spaces out.
+/// The reads of every tick's sample of a GPU that answers, as the NVML
+/// backend makes them: all but the slow reads ([`SLOW`]) and the two dear
+/// ones the collector spaces out on their own cadences.
 pub const EVERY_TICK: &[&str] = &[
     "device_by_index",
     "memory_info",
     "utilization_rates",
     "gpm_sample, gpm_metrics_get",
-    "remapped_rows",
     "field_values(memory temperature)",
-    "nvlink is_active, error_counter",
-    "mig_mode",
     "running_compute_processes",
     "clock_info(sm)",
     "clock_info(memory)",
     "current_throttle_reasons",
     "power_usage",
-    "enforced_power_limit",
     "temperature",
-    "total_ecc_errors(corrected)",
-    "total_ecc_errors(uncorrected)",
     "current_pcie_link_gen",
     "current_pcie_link_width",
+];
+
+/// The reads of the values that change rarely or are counters read for
+/// their increase, made every `slow_reads_interval_secs`.
+pub const SLOW: &[&str] = &[
+    "remapped_rows",
+    "nvlink is_active, error_counter",
+    "mig_mode",
+    "enforced_power_limit",
+    "total_ecc_errors(corrected)",
+    "total_ecc_errors(uncorrected)",
     "pcie_replay_counter",
     "virtualization_mode",
 ];
@@ -146,7 +152,7 @@ mod tests {
 
     #[test]
     fn every_read_charged_is_in_the_table() {
-        for read in EVERY_TICK.iter().chain(LOST).chain(&[
+        for read in EVERY_TICK.iter().chain(SLOW).chain(LOST).chain(&[
             "total_energy_consumption",
             "process_utilization_stats",
             "mig instances",
@@ -165,6 +171,7 @@ mod tests {
     fn an_idle_tick_costs_what_the_doctor_measured() {
         let with_energy: Vec<&str> = EVERY_TICK
             .iter()
+            .chain(SLOW)
             .copied()
             .chain(["total_energy_consumption"])
             .collect();

@@ -30,6 +30,7 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
     let every_read = GpuConfig {
         energy_interval_secs: 0.0,
         process_shares_interval_secs: 0.0,
+        slow_reads_interval_secs: 0.0,
         single_process_shares_from_utilization: false,
         ..config.clone()
     };

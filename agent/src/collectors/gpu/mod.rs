@@ -13,7 +13,11 @@
 //! power readings (`energy.rs`), and the per-process shares every
 //! `process_shares_interval_secs`, only where more than one process shares
 //! a GPU (or MIG splits it); a lone process's shares are the GPU's
-//! utilisation.
+//! utilisation. The values that change rarely, or are counters read for
+//! their increase (MIG and virtualisation mode, the enforced power limit,
+//! NVLink link state and error counters, PCIe replays, ECC, remapped rows),
+//! are read every `slow_reads_interval_secs` and carried in between; all of
+//! it is read at a GPU's first tick and when it answers again.
 //!
 //! `config.rs` holds `[collectors.gpu]`, `tables.rs` the tables, `doctor.rs`
 //! `vtax doctor --gpu`, `costs.rs` what each NVML read costs on an H100 (for
@@ -33,7 +37,10 @@ use std::collections::BTreeMap;
 
 use vtax_store::{Batch, BatchBuilder, Value};
 
-use self::backend::{GpuBackend, GpuIdentity, GpuSample, ReadPlan, SampleError, SharesRead};
+use self::backend::{
+    GpuBackend, GpuIdentity, GpuSample, LinkSample, ReadPlan, SampleError, SharesRead,
+    VirtualizationMode,
+};
 use self::energy::{EnergyCounter, EnergyReading};
 use self::owner::Owners;
 use super::{Availability, Collector, Roots};
@@ -59,18 +66,80 @@ struct GpuState {
     shares_read_us: Option<i64>,
     /// The shares it gave then, by pid: (SM, memory).
     shares: BTreeMap<u32, (Option<f64>, Option<f64>)>,
+    /// When the slow reads were last made; `None` until the first, and
+    /// again once the GPU stops answering, so that everything is read when
+    /// it answers.
+    slow_read_us: Option<i64>,
+    /// What the last slow read gave, carried on between slow reads.
+    slow: SlowValues,
+}
+
+/// The values of a GPU read every `slow_reads_interval_secs`, as the last
+/// slow read gave them (`None`: not supported there).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct SlowValues {
+    power_limit_watts: Option<f64>,
+    ecc_corrected_errors: Option<u64>,
+    ecc_uncorrected_errors: Option<u64>,
+    remapped_rows_correctable: Option<u64>,
+    remapped_rows_uncorrectable: Option<u64>,
+    remapping_pending: Option<bool>,
+    remapping_failed: Option<bool>,
+    pcie_replays: Option<u64>,
+    virtualization_mode: Option<VirtualizationMode>,
+    mig_enabled: Option<bool>,
+    /// Each link's state and error counters; the rates are each tick's.
+    links: Vec<LinkSample>,
+}
+
+impl SlowValues {
+    /// What a sample that made the slow reads gave.
+    fn of(s: &GpuSample) -> SlowValues {
+        SlowValues {
+            power_limit_watts: s.power_limit_watts,
+            ecc_corrected_errors: s.ecc_corrected_errors,
+            ecc_uncorrected_errors: s.ecc_uncorrected_errors,
+            remapped_rows_correctable: s.remapped_rows_correctable,
+            remapped_rows_uncorrectable: s.remapped_rows_uncorrectable,
+            remapping_pending: s.remapping_pending,
+            remapping_failed: s.remapping_failed,
+            pcie_replays: s.pcie_replays,
+            virtualization_mode: s.virtualization_mode,
+            mig_enabled: s.mig_enabled,
+            links: s.links.clone(),
+        }
+    }
+
+    /// Puts these values on a sample that did not read them.
+    fn fill(&self, s: &mut GpuSample) {
+        s.power_limit_watts = self.power_limit_watts;
+        s.ecc_corrected_errors = self.ecc_corrected_errors;
+        s.ecc_uncorrected_errors = self.ecc_uncorrected_errors;
+        s.remapped_rows_correctable = self.remapped_rows_correctable;
+        s.remapped_rows_uncorrectable = self.remapped_rows_uncorrectable;
+        s.remapping_pending = self.remapping_pending;
+        s.remapping_failed = self.remapping_failed;
+        s.pcie_replays = self.pcie_replays;
+        s.virtualization_mode = self.virtualization_mode;
+        s.mig_enabled = self.mig_enabled;
+        s.links = self.links.clone();
+    }
 }
 
 impl GpuState {
-    /// The dear reads of the tick at `time_us`.
+    /// The spaced-out reads of the tick at `time_us`. A GPU's first tick,
+    /// and its first after it stopped answering, reads everything.
     fn plan(&self, config: &GpuConfig, time_us: i64) -> ReadPlan {
         let tick = config.interval_secs;
-        let shares_due = config.process_shares_interval_secs <= 0.0
-            || self.shares_read_us.is_none_or(|at| {
-                (time_us - at) as f64 / 1e6 + tick / 2.0 >= config.process_shares_interval_secs
-            });
+        let due = |last: Option<i64>, interval_secs: f64| {
+            interval_secs <= 0.0
+                || last.is_none_or(|at| (time_us - at) as f64 / 1e6 + tick / 2.0 >= interval_secs)
+        };
+        let fresh = self.slow_read_us.is_none();
+        let shares_due = fresh || due(self.shares_read_us, config.process_shares_interval_secs);
         ReadPlan {
-            energy: config.energy_interval_secs <= tick
+            energy: fresh
+                || config.energy_interval_secs <= tick
                 || self
                     .energy
                     .exact_due(time_us, config.energy_interval_secs, tick),
@@ -82,6 +151,29 @@ impl GpuState {
                 (true, true) => SharesRead::IfShared,
                 (true, false) => SharesRead::Always,
             },
+            slow: due(self.slow_read_us, config.slow_reads_interval_secs),
+            mig_enabled: self.slow.mig_enabled,
+        }
+    }
+
+    /// Keeps what a slow read gave, or puts the last one's values on a
+    /// sample that did not read them; either way each link gets this
+    /// tick's GPM rates.
+    fn settle_slow(&mut self, plan: ReadPlan, s: &mut GpuSample, time_us: i64) {
+        if plan.slow {
+            self.slow_read_us = Some(time_us);
+            self.slow = SlowValues::of(s);
+        } else {
+            self.slow.fill(s);
+        }
+        for l in &mut s.links {
+            let (rx, tx) = s
+                .link_rates
+                .get(l.link as usize)
+                .copied()
+                .unwrap_or((None, None));
+            l.rx_bytes_per_second = rx.filter(|_| l.active);
+            l.tx_bytes_per_second = tx.filter(|_| l.active);
         }
     }
 
@@ -468,6 +560,7 @@ impl Collector for Gpu {
                     }
                     *answered_at = true;
                     let state = &mut self.states[at];
+                    state.settle_slow(plan, &mut sample, time_us);
                     state.settle_shares(&self.config, &mut sample, time_us);
                     let energy =
                         state
@@ -483,6 +576,7 @@ impl Collector for Gpu {
                             .push(time_us, &[&index, &uuid, "lost"], &[Value::U64(0)])?;
                         state.lost = true;
                     }
+                    state.slow_read_us = None;
                     state.sample_errors += 1;
                     state.problems = vec![format!("GPU {index} ({uuid}): lost: {why}")];
                 }
@@ -491,6 +585,7 @@ impl Collector for Gpu {
                     if state.sample_errors == 0 {
                         tracing::warn!(gpu = g.index, uuid = %uuid, reason = %why, "Reading a GPU failed; retried every tick.");
                     }
+                    state.slow_read_us = None;
                     state.sample_errors += 1;
                     state.problems = vec![format!("GPU {index} ({uuid}): read failed: {why}")];
                 }
@@ -683,7 +778,8 @@ pub(crate) mod tests {
             "power-throttle",
         ]);
         gpu.collect(0).unwrap();
-        let b = gpu.collect(10_000_000).unwrap();
+        // The replay counter is a slow read: the tick of its second read.
+        let b = gpu.collect(30_000_000).unwrap();
         // Training: HBM bytes/s is the DRAM ratio times the H100's 3.35 TB/s peak.
         let ratio = value(&b, &GPU, &["0"], "dram_bandwidth_ratio").unwrap();
         let hbm = value(&b, &GPU, &["0"], "hbm_bytes_per_second").unwrap();
@@ -1041,6 +1137,7 @@ pub(crate) mod tests {
         let (mut gpu, seen) = with_plans(simulated_with(&["training"], |c| {
             c.energy_interval_secs = 0.0;
             c.process_shares_interval_secs = 0.0;
+            c.slow_reads_interval_secs = 0.0;
             c.single_process_shares_from_utilization = false;
         }));
         for second in 0..5 {
@@ -1052,13 +1149,255 @@ pub(crate) mod tests {
         }
         let reads = seen.lock().unwrap();
         assert_eq!(reads.len(), 5);
-        assert!(reads
-            .iter()
-            .all(|(_, plan, read)| *plan == ReadPlan::ALL && *read));
+        // Every read, with the MIG mode of the tick before carried along.
+        assert!(reads.iter().enumerate().all(|(tick, (_, plan, read))| {
+            *plan
+                == ReadPlan {
+                    mig_enabled: (tick > 0).then_some(false),
+                    ..ReadPlan::ALL
+                }
+                && *read
+        }));
         // And none with processes off.
         let (mut gpu, seen) = with_plans(simulated_with(&["mig"], |c| c.processes = false));
         gpu.collect(0).unwrap();
         assert!(seen.lock().unwrap().iter().all(|(_, _, read)| !read));
+    }
+
+    /// Simulated GPUs (settings changed by `change`) on a simulator that
+    /// `sim` sets up, and the simulator's count of its reads.
+    fn simulated_counting(
+        scenarios: &[&str],
+        change: impl FnOnce(&mut GpuConfig),
+        sim: impl FnOnce(sim::SimBackend) -> sim::SimBackend,
+    ) -> (Gpu, sim::ReadCounts) {
+        let mut gpu = simulated_with(scenarios, change);
+        let played = scenarios
+            .iter()
+            .map(|s| sim::Scenario::parse(s).expect("a scenario"))
+            .collect();
+        let backend = sim(sim::SimBackend::new(
+            scenarios.len() as u32,
+            sim::PROFILES[0],
+            played,
+        ));
+        let counts = backend.read_counts();
+        gpu.backend = Some(Box::new(backend));
+        (gpu, counts)
+    }
+
+    /// How many times the simulator made `read`.
+    fn reads_of(counts: &sim::ReadCounts, read: &str) -> u64 {
+        counts.lock().unwrap().get(read).copied().unwrap_or(0)
+    }
+
+    /// Tag `tag` of GPU `gpu`'s info row.
+    fn info_tag(batches: &[Batch], gpu: &str, tag: &str) -> String {
+        let b = table(batches, &INFO).expect("info rows");
+        let t = INFO.tags.iter().position(|t| t.name == tag).expect("a tag");
+        let row = (0..b.len())
+            .find(|&r| b.tags[0].dict[b.tags[0].codes[r] as usize] == gpu)
+            .expect("the GPU's row");
+        b.tags[t].dict[b.tags[t].codes[row] as usize].clone()
+    }
+
+    /// The fields of the `gpu` row that come from the slow reads.
+    const SLOW_FIELDS: [&str; 8] = [
+        "power_limit_watts",
+        "ecc_corrected_errors",
+        "ecc_uncorrected_errors",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "remapping_pending",
+        "remapping_failed",
+        "pcie_replays",
+    ];
+
+    #[test]
+    fn slow_reads_are_made_once_per_interval_and_held_between() {
+        // GPU 0's replays grow 3 a second, GPU 1's corrected ECC errors one
+        // every 10 s; GPU 2 has its NVLink links up with their rates moving.
+        let scenarios = ["pcie-degraded", "xid", "training"];
+        let (mut spaced, counts) = simulated_counting(&scenarios, |_| {}, |s| s);
+        let (mut every, every_counts) =
+            simulated_counting(&scenarios, |c| c.slow_reads_interval_secs = 0.0, |s| s);
+        let mut read_at: Vec<i64> = Vec::new();
+        let mut last_read: BTreeMap<(usize, &str), Option<f64>> = BTreeMap::new();
+        for second in 0..=95i64 {
+            // A little late now and then, as a loaded node's ticks are.
+            let time_us = 1_000_000 * second + 7_000 * (second % 3);
+            let reads_before = reads_of(&counts, "pcie_replay_counter");
+            let a = spaced.collect(time_us).unwrap();
+            let b = every.collect(time_us).unwrap();
+            let read_now = reads_of(&counts, "pcie_replay_counter") > reads_before;
+            if read_now {
+                read_at.push(second);
+            }
+            for gpu in 0..scenarios.len() {
+                let index = gpu.to_string();
+                for field in SLOW_FIELDS {
+                    let ours = value(&a, &GPU, &[&index], field);
+                    let truth = value(&b, &GPU, &[&index], field);
+                    assert!(ours.is_some(), "{field} of GPU {gpu} null at {second} s");
+                    if read_now {
+                        assert_eq!(ours, truth, "{field} of GPU {gpu} at {second} s");
+                        last_read.insert((gpu, field), truth);
+                    } else {
+                        assert_eq!(
+                            Some(&ours),
+                            last_read.get(&(gpu, field)),
+                            "{field} of GPU {gpu} held at {second} s"
+                        );
+                    }
+                }
+                for tag in ["virtualization_mode", "mig"] {
+                    assert_eq!(info_tag(&a, &index, tag), info_tag(&b, &index, tag));
+                }
+                // Each tick's own values stay fresh.
+                for field in ["power_watts", "pcie_link_gen", "nvlink_links_up"] {
+                    assert_eq!(
+                        value(&a, &GPU, &[&index], field),
+                        value(&b, &GPU, &[&index], field),
+                        "{field} of GPU {gpu} at {second} s"
+                    );
+                }
+            }
+            // The links of GPU 2 keep their rows, state and counters, with
+            // this tick's rates.
+            let uuid = spaced.gpus[2].uuid.clone();
+            for link in ["0", "17"] {
+                for field in [
+                    "up",
+                    "rx_bytes_per_second",
+                    "tx_bytes_per_second",
+                    "crc_errors",
+                ] {
+                    let ours = value(&a, &NVLINK, &["2", &uuid, link], field);
+                    assert!(ours.is_some(), "link {link} {field} at {second} s");
+                    assert_eq!(ours, value(&b, &NVLINK, &["2", &uuid, link], field));
+                }
+            }
+            assert_eq!(
+                table(&a, &NVLINK).map(Batch::len),
+                table(&b, &NVLINK).map(Batch::len)
+            );
+        }
+        assert_eq!(read_at, [0, 30, 60, 90]);
+        // Once per interval on each GPU, every slow read; the rest each tick.
+        for read in costs::SLOW {
+            assert_eq!(reads_of(&counts, read), 4 * 3, "{read}");
+            assert_eq!(reads_of(&every_counts, read), 96 * 3, "{read}");
+        }
+        for read in costs::EVERY_TICK {
+            assert_eq!(reads_of(&counts, read), 96 * 3, "{read}");
+        }
+        // The values did change between reads, so holding them was seen.
+        assert_eq!(
+            last_read[&(0, "pcie_replays")],
+            Some(270.0),
+            "read at 90 s: 3 a second"
+        );
+        let ecc = last_read[&(1, "ecc_corrected_errors")];
+        assert_eq!(ecc, Some(9.0), "read at 90 s: one every 10 s");
+    }
+
+    #[test]
+    fn a_change_shows_at_the_next_slow_read() {
+        // MIG turned on at 40 s on GPU 0.
+        let (mut gpu, counts) = simulated_counting(
+            &["training", "pcie-degraded"],
+            |_| {},
+            |s| s.turning(0, 40.0, sim::Scenario::Mig),
+        );
+        for second in 0..=65i64 {
+            let b = gpu.collect(second * 1_000_000).unwrap();
+            let mig = info_tag(&b, "0", "mig");
+            let instances = table(&b, &MIG).map_or(0, Batch::len);
+            if second < 60 {
+                assert_eq!(mig, "off", "at {second} s");
+                assert_eq!(instances, 0, "at {second} s");
+            } else {
+                assert_eq!(mig, "on", "at {second} s");
+                assert_eq!(instances, 3, "at {second} s");
+            }
+            // The replay counter grows 3 a second; it shows 3 × the last
+            // slow read's second.
+            let read = second / 30 * 30;
+            assert_eq!(
+                value(&b, &GPU, &["1"], "pcie_replays"),
+                Some((read * 3) as f64),
+                "at {second} s"
+            );
+        }
+        assert_eq!(reads_of(&counts, "mig_mode"), 3 * 2);
+        assert!(reads_of(&counts, "mig instances") > 0);
+    }
+
+    #[test]
+    fn a_gpu_that_answers_again_is_read_in_full() {
+        // GPU 0 falls off the bus from 10 s to 20 s.
+        let (mut gpu, counts) = simulated_counting(
+            &["training"],
+            |_| {},
+            |s| {
+                s.turning(0, 10.0, sim::Scenario::Lost)
+                    .turning(0, 20.0, sim::Scenario::Training)
+            },
+        );
+        for second in 0..20 {
+            gpu.collect(second * 1_000_000).unwrap();
+        }
+        assert_eq!(reads_of(&counts, "mig_mode"), 1, "the first tick only");
+        let exact_before = reads_of(&counts, "total_energy_consumption");
+        let b = gpu.collect(20_000_000).unwrap();
+        assert_eq!(value(&b, &HEALTH, &["0"], "up"), Some(1.0));
+        assert_eq!(
+            reads_of(&counts, "mig_mode"),
+            2,
+            "read again when it answers"
+        );
+        assert_eq!(
+            reads_of(&counts, "total_energy_consumption"),
+            exact_before + 1
+        );
+        assert_eq!(
+            value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
+            Some(0.0)
+        );
+        // And then on its cadence from there: 50 s, not 30 s.
+        for second in 21..50 {
+            gpu.collect(second * 1_000_000).unwrap();
+        }
+        assert_eq!(reads_of(&counts, "mig_mode"), 2);
+        gpu.collect(50_000_000).unwrap();
+        assert_eq!(reads_of(&counts, "mig_mode"), 3);
+    }
+
+    /// A reload hands the values of the last slow read to the new collector:
+    /// it neither reads them again at once nor exports them null or reset.
+    #[test]
+    fn slow_values_carry_over_a_reload() {
+        let (mut old, counts) = simulated_counting(&["pcie-degraded", "mig"], |_| {}, |s| s);
+        for second in 0..=40 {
+            old.collect(second * 1_000_000).unwrap();
+        }
+        assert_eq!(reads_of(&counts, "pcie_replay_counter"), 2 * 2);
+        let config = GpuConfig {
+            processes: false,
+            ..old.config.clone()
+        };
+        let mut new = Gpu::new(&config, &Roots::default());
+        new.take_over(Box::new(old));
+        assert!(matches!(new.probe(), Availability::Available(_)));
+        let b = new.collect(41_000_000).unwrap();
+        assert_eq!(reads_of(&counts, "pcie_replay_counter"), 2 * 2);
+        assert_eq!(value(&b, &GPU, &["0"], "pcie_replays"), Some(90.0));
+        assert_eq!(value(&b, &GPU, &["0"], "power_limit_watts"), Some(700.0));
+        assert_eq!(info_tag(&b, "1", "mig"), "on");
+        assert_eq!(table(&b, &MIG).map(Batch::len), Some(3));
+        let b = new.collect(60_000_000).unwrap();
+        assert_eq!(reads_of(&counts, "pcie_replay_counter"), 3 * 2);
+        assert_eq!(value(&b, &GPU, &["0"], "pcie_replays"), Some(180.0));
     }
 
     #[test]

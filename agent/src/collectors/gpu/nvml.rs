@@ -513,7 +513,14 @@ impl GpuBackend for NvmlBackend {
                 })),
             )
         };
-        let remapped = reads.time("remapped_rows", || remapped_rows(self.nvml, &d));
+        // The values that change rarely, and counters read for their
+        // increase, only when the plan says (every slow_reads_interval_secs):
+        // mig_mode and the replay counter cost the driver 0.4-0.5 ms of CPU
+        // each (docs/gpus.md); the collector carries them in between.
+        let slow = plan.slow;
+        let remapped = slow
+            .then(|| reads.time("remapped_rows", || remapped_rows(self.nvml, &d)))
+            .flatten();
         let memory_temperature = reads
             .time("field_values(memory temperature)", || {
                 d.field_values_for(&[FieldId(FIELD_MEMORY_TEMPERATURE)])
@@ -528,13 +535,18 @@ impl GpuBackend for NvmlBackend {
                 SampleValue::U64(x) => x as f64,
                 SampleValue::I64(x) => x as f64,
             });
-        let links = reads.time("nvlink is_active, error_counter", || {
-            self.links(&d, &link_rates)
-        });
-        let mig_enabled = reads
-            .time("mig_mode", || d.mig_mode())
-            .ok()
+        let links = if slow {
+            reads.time("nvlink is_active, error_counter", || {
+                self.links(&d, &link_rates)
+            })
+        } else {
+            Vec::new()
+        };
+        let mig_read = slow
+            .then(|| reads.time("mig_mode", || d.mig_mode()).ok())
+            .flatten()
             .map(|m| m.current == 1);
+        let mig_enabled = plan.mig_mode(mig_read);
         let (processes, process_shares_read) =
             self.processes(gpu.index, &d, &mut reads, plan.process_shares, mig_enabled);
         let mig = if mig_enabled == Some(true) {
@@ -556,9 +568,13 @@ impl GpuBackend for NvmlBackend {
                 .time("power_usage", || d.power_usage())
                 .ok()
                 .map(|mw| f64::from(mw) / 1000.0),
-            power_limit_watts: reads
-                .time("enforced_power_limit", || d.enforced_power_limit())
-                .ok()
+            power_limit_watts: slow
+                .then(|| {
+                    reads
+                        .time("enforced_power_limit", || d.enforced_power_limit())
+                        .ok()
+                })
+                .flatten()
                 .map(|mw| f64::from(mw) / 1000.0),
             // The driver's dearest read of an idle tick (docs/gpus.md): the
             // collector asks for it every energy_interval_secs and integrates
@@ -575,16 +591,24 @@ impl GpuBackend for NvmlBackend {
             memory_temperature_celsius: memory_temperature,
             memory_used_bytes: Some(memory.used),
             memory_total_bytes: Some(memory.total),
-            ecc_corrected_errors: reads
-                .time("total_ecc_errors(corrected)", || {
-                    d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+            ecc_corrected_errors: slow
+                .then(|| {
+                    reads
+                        .time("total_ecc_errors(corrected)", || {
+                            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                        })
+                        .ok()
                 })
-                .ok(),
-            ecc_uncorrected_errors: reads
-                .time("total_ecc_errors(uncorrected)", || {
-                    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .flatten(),
+            ecc_uncorrected_errors: slow
+                .then(|| {
+                    reads
+                        .time("total_ecc_errors(uncorrected)", || {
+                            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                        })
+                        .ok()
                 })
-                .ok(),
+                .flatten(),
             remapped_rows_correctable: remapped.map(|r| r.0),
             remapped_rows_uncorrectable: remapped.map(|r| r.1),
             remapping_pending: remapped.map(|r| r.2),
@@ -597,13 +621,21 @@ impl GpuBackend for NvmlBackend {
             pcie_link_width: reads
                 .time("current_pcie_link_width", || d.current_pcie_link_width())
                 .ok(),
-            pcie_replays: reads
-                .time("pcie_replay_counter", || d.pcie_replay_counter())
-                .ok()
+            pcie_replays: slow
+                .then(|| {
+                    reads
+                        .time("pcie_replay_counter", || d.pcie_replay_counter())
+                        .ok()
+                })
+                .flatten()
                 .map(u64::from),
-            virtualization_mode: reads
-                .time("virtualization_mode", || d.virtualization_mode())
-                .ok()
+            virtualization_mode: slow
+                .then(|| {
+                    reads
+                        .time("virtualization_mode", || d.virtualization_mode())
+                        .ok()
+                })
+                .flatten()
                 .and_then(|m| match m {
                     GpuVirtualizationMode::Bare => Some(VirtualizationMode::Bare),
                     GpuVirtualizationMode::PassThrough => Some(VirtualizationMode::Passthrough),
@@ -613,8 +645,9 @@ impl GpuBackend for NvmlBackend {
                     #[allow(unreachable_patterns)]
                     _ => None,
                 }),
-            mig_enabled,
+            mig_enabled: mig_read,
             links,
+            link_rates,
             mig,
             processes,
             process_shares_read,

@@ -9,11 +9,15 @@
 //! run, and counters grow as the real ones do: the energy counter is the
 //! exact integral of the power drawn.
 //!
-//! With `charge_nvml_costs`, each sample spins the calling thread for the CPU
-//! the NVML backend's reads of it cost on an H100 (`costs.rs`), for benches;
-//! never otherwise.
+//! Each sample makes the reads its [`ReadPlan`] asks for, as the NVML
+//! backend does, and counts them by the NVML backend's names
+//! ([`SimBackend::read_counts`]). With `charge_nvml_costs`, it also spins the
+//! calling thread for the CPU those reads cost on an H100 (`costs.rs`), for
+//! benches; never otherwise.
 
+use std::collections::BTreeMap;
 use std::f64::consts::TAU;
+use std::sync::{Arc, Mutex};
 
 use super::backend::{
     nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
@@ -144,7 +148,16 @@ pub struct SimBackend {
     xid_emitted_until: Vec<Option<i64>>,
     /// Whether each sample spends the CPU its NVML reads would.
     charge_nvml_costs: bool,
+    /// The reads made so far, by the NVML backend's name of each.
+    read_counts: ReadCounts,
+    /// Scenarios a GPU turns to later: (GPU, seconds since the first
+    /// sample, scenario), for tests of a value that changes.
+    turns: Vec<(u32, f64, Scenario)>,
 }
+
+/// How many times each read was made, by the NVML backend's name of it
+/// (`costs::NVML_CALL_COSTS`), over every GPU.
+pub type ReadCounts = Arc<Mutex<BTreeMap<&'static str, u64>>>;
 
 impl SimBackend {
     /// `count` GPUs of `profile`; GPU i plays `scenarios[i % len]`.
@@ -164,6 +177,47 @@ impl SimBackend {
             first_time_us: None,
             pending_xids: Vec::new(),
             charge_nvml_costs: false,
+            read_counts: ReadCounts::default(),
+            turns: Vec::new(),
+        }
+    }
+
+    /// The reads this backend has made, shared: it goes on counting.
+    #[cfg(test)]
+    pub fn read_counts(&self) -> ReadCounts {
+        Arc::clone(&self.read_counts)
+    }
+
+    /// GPU `gpu` plays `to` from `at_seconds` after the first sample on.
+    #[cfg(test)]
+    pub fn turning(mut self, gpu: u32, at_seconds: f64, to: Scenario) -> SimBackend {
+        self.turns.push((gpu, at_seconds, to));
+        self
+    }
+
+    /// The scenario GPU `index` plays `seconds` after the first sample.
+    fn scenario_at(&self, index: u32, seconds: f64) -> Option<Scenario> {
+        let scenario = *self.scenarios.get(index as usize)?;
+        Some(
+            self.turns
+                .iter()
+                .filter(|(gpu, at, _)| *gpu == index && seconds >= *at)
+                .map(|(_, _, to)| *to)
+                .next_back()
+                .unwrap_or(scenario),
+        )
+    }
+
+    /// Counts `reads`, and spends their CPU when charging costs.
+    fn make_reads(&mut self, reads: &[&'static str], busy: bool) {
+        {
+            let mut counts = self.read_counts.lock().expect("not poisoned");
+            for read in reads {
+                *counts.entry(read).or_default() += 1;
+            }
+        }
+        if self.charge_nvml_costs {
+            costs::spend_cpu(costs::seconds_of(reads, busy));
         }
     }
 
@@ -255,45 +309,60 @@ impl GpuBackend for SimBackend {
         let elapsed_us = (time_us - first).max(0);
         let seconds = elapsed_us as f64 / 1e6;
         let index = gpu.index;
-        let scenario = *self
-            .scenarios
-            .get(index as usize)
+        let scenario = self
+            .scenario_at(index, seconds)
             .ok_or_else(|| SampleError::Lost(format!("no simulated GPU {index}")))?;
         self.emit_xids(index, elapsed_us / 1_000_000, time_us);
         if scenario == Scenario::Lost {
-            if self.charge_nvml_costs {
-                costs::spend_cpu(costs::seconds_of(costs::LOST, false));
-            }
+            self.make_reads(costs::LOST, false);
             return Err(SampleError::Lost(
                 "GPU has fallen off the bus (simulated XID 79)".into(),
             ));
         }
         let mut sample = simulate(&self.profile, gpu, scenario, seconds);
-        if !plan.energy {
+        let mut reads = costs::EVERY_TICK.to_vec();
+        if plan.energy {
+            reads.push("total_energy_consumption");
+        } else {
             sample.energy_joules = None;
+        }
+        if plan.slow {
+            reads.extend(costs::SLOW);
+        } else {
+            // As the NVML backend: not read, so None (the collector carries
+            // the last), and MIG as the plan carries it.
+            sample.power_limit_watts = None;
+            sample.ecc_corrected_errors = None;
+            sample.ecc_uncorrected_errors = None;
+            sample.remapped_rows_correctable = None;
+            sample.remapped_rows_uncorrectable = None;
+            sample.remapping_pending = None;
+            sample.remapping_failed = None;
+            sample.pcie_replays = None;
+            sample.virtualization_mode = None;
+            sample.links.clear();
+        }
+        let mig_enabled = plan.mig_mode(sample.mig_enabled);
+        sample.mig_enabled = plan.slow.then_some(sample.mig_enabled).flatten();
+        if mig_enabled != Some(true) {
+            sample.mig.clear();
         }
         sample.process_shares_read = plan
             .process_shares
-            .calls_the_driver(sample.processes.len(), sample.mig_enabled);
+            .calls_the_driver(sample.processes.len(), mig_enabled);
         if !sample.process_shares_read {
             for p in &mut sample.processes {
                 p.sm_utilization_ratio = None;
                 p.memory_utilization_ratio = None;
             }
         }
-        if self.charge_nvml_costs {
-            let mut reads = costs::EVERY_TICK.to_vec();
-            if plan.energy {
-                reads.push("total_energy_consumption");
-            }
-            if sample.process_shares_read {
-                reads.push("process_utilization_stats");
-            }
-            if sample.mig_enabled == Some(true) {
-                reads.push("mig instances");
-            }
-            costs::spend_cpu(costs::seconds_of(&reads, scenario != Scenario::Idle));
+        if sample.process_shares_read {
+            reads.push("process_utilization_stats");
         }
+        if mig_enabled == Some(true) {
+            reads.push("mig instances");
+        }
+        self.make_reads(&reads, scenario != Scenario::Idle);
         Ok(sample)
     }
 
@@ -475,6 +544,10 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
             VirtualizationMode::Bare
         }),
         mig_enabled: Some(scenario == Scenario::Mig),
+        link_rates: links
+            .iter()
+            .map(|l| (l.rx_bytes_per_second, l.tx_bytes_per_second))
+            .collect(),
         links,
         mig,
         processes,
@@ -585,6 +658,8 @@ mod tests {
         let plan = ReadPlan {
             energy: false,
             process_shares: SharesRead::IfShared,
+            slow: true,
+            mig_enabled: None,
         };
         let one = b.sample(&ids[0], 0, plan).unwrap();
         assert_eq!(one.energy_joules, None);

@@ -50,7 +50,7 @@ pub(super) mod f {
 /// One row per GPU per tick.
 pub static GPU: TableDef = TableDef {
     name: "gpu",
-    help: "One row per GPU per tick: utilisation and GPM activity, HBM bandwidth against its peak, clocks against their maxima, power, temperatures, memory, ECC, PCIe and NVLink totals. Null where the GPU or driver does not support a value (GPM before Hopper).",
+    help: "One row per GPU per tick: utilisation and GPM activity, HBM bandwidth against its peak, clocks against their maxima, power, temperatures, memory, ECC, PCIe and NVLink totals. Null where the GPU or driver does not support a value (GPM before Hopper). The power limit, ECC counters, remapped rows and PCIe replays are read every slow_reads_interval_secs (30 s by default) and keep their last value in between.",
     tags: &[GPU_TAG, UUID_TAG],
     fields: &[
         ratio("utilization_ratio", "Fraction of the last sample period in which a kernel ran (NVML utilization.gpu): busy, not how much of the GPU was used."),
@@ -158,7 +158,7 @@ pub static CLOCK_EVENT: TableDef = TableDef {
 /// Each NVLink link.
 pub static NVLINK: TableDef = TableDef {
     name: "gpu_nvlink",
-    help: "One row per GPU, NVLink link and tick: state, GPM throughput and the data-link error counters. Links NVML does not answer for (absent, or hidden by a hypervisor) have no row.",
+    help: "One row per GPU, NVLink link and tick: state, GPM throughput and the data-link error counters. Links NVML does not answer for (absent, or hidden by a hypervisor) have no row. The state and error counters are read every slow_reads_interval_secs (30 s by default) and keep their last value in between; the throughput is each tick's.",
     tags: &[GPU_TAG, UUID_TAG, tag("link", "Link number, from 0.")],
     fields: &[
         count("up", "1 when the link is active."),
