@@ -172,6 +172,10 @@ fn a_node_with_every_gpu_scenario_reads_right_in_a_browser() {
             "GPU {gpu} {state} in {health}"
         );
     }
+    // The XIDs over time, and only GPUs that had errors.
+    let errors = element(&dom, r#"id="gpu-errors""#, "div");
+    assert!(errors.contains("GPU 6 XID ("), "{errors}");
+    assert!(!errors.contains("GPU 0 "), "{errors}");
     // The GPU whose NVLink is hidden is on the NVLink chart, at zero.
     let nvlink = element(&dom, r#"id="gpu-nvlink""#, "div");
     assert!(nvlink.contains("GPU 5 (0 of 18 links up)"), "{nvlink}");

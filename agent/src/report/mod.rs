@@ -598,7 +598,7 @@ table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom
 table.wide{width:100%}table.wide td,table.wide th{padding:4px 6px;font-size:13px}
 th{font-weight:600;color:#444}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{font-weight:600}details{margin:8px 0}summary{cursor:pointer;padding:4px 0}.legend span{margin-right:14px;font-size:12px;white-space:nowrap}
-.legend i{display:inline-block;width:12px;height:3px;margin:0 5px 3px 0;vertical-align:middle}
+.legend i{display:inline-block;width:12px;height:3px;margin:0 5px 3px 0;vertical-align:middle}.legend .swatch{margin:0 5px 1px 0;vertical-align:middle}
 .note{color:#666;font-size:12px}.no-data,.no-events,.no-faults{color:#666;font-style:italic}
 svg.plot{display:block;background:#fff;overflow:visible}svg text{fill:#333}
 #headline h2{font-size:20px}.who{margin:6px 0 10px;padding-left:20px}.who li{margin:2px 0}
@@ -714,6 +714,64 @@ fn gpu_lines(
         ));
     }
     lines.sort_by_key(|l| l.color);
+    lines
+}
+
+/// The GPU error counters that grew in the range, one line per GPU and
+/// kind, each counting from zero at the range's start: XIDs (one step per
+/// `gpu_event` row), ECC errors and PCIe replays (a counter's drop, a driver
+/// reload, starts it again from there). Counters that did not move are left
+/// out, so the chart shows only what happened.
+fn error_lines(gpu: &Rows, gpu_event: &Rows, from: i64, max_points: usize) -> Vec<Line> {
+    const COUNTERS: &[(&str, &str, usize)] = &[
+        ("ecc_uncorrected_errors", "ECC uncorrected", 1),
+        ("ecc_corrected_errors", "ECC corrected", 2),
+        ("pcie_replays", "PCIe replays", 3),
+    ];
+    let mut lines = Vec::new();
+    let mut xids: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let (kinds, event_gpus) = (gpu_event.tag("kind"), gpu_event.tag("gpu"));
+    for i in 0..gpu_event.time_us.len() {
+        if kinds[i] == "xid" {
+            xids.entry(event_gpus[i].to_owned())
+                .or_default()
+                .push(gpu_event.time_us[i]);
+        }
+    }
+    // Kinds are told apart by the line's pattern: GPU g's kind k is
+    // colour g with pattern k (svg::line_style).
+    let style = |g: &str, kind: usize| {
+        health::gpu_number(g) % svg::PALETTE.len() + kind * svg::PALETTE.len()
+    };
+    for (g, mut times) in xids {
+        times.sort_unstable();
+        let mut points = vec![(from.min(times[0]), 0.0)];
+        for (n, t) in times.iter().enumerate() {
+            points.push((*t, n as f64 + 1.0));
+        }
+        let label = format!("GPU {g} XID ({})", times.len());
+        lines.push(Line::new(label, points, style(&g, 0)));
+    }
+    for &(field, what, kind) in COUNTERS {
+        for (g, points) in gpu.series_by("gpu", field) {
+            let mut total = 0.0;
+            let mut previous: Option<f64> = None;
+            let mut grown = Vec::with_capacity(points.len());
+            for (t, v) in points {
+                if let Some(p) = previous {
+                    total += if v >= p { v - p } else { v };
+                }
+                previous = Some(v);
+                grown.push((t, total));
+            }
+            if total > 0.0 {
+                let label = format!("GPU {g} {what} ({total})");
+                let grown = shape::downsample(&grown, max_points, Reduce::Max);
+                lines.push(Line::new(label, grown, style(&g, kind)));
+            }
+        }
+    }
+    lines.sort_by_key(|l| l.color % svg::PALETTE.len());
     lines
 }
 
@@ -1361,6 +1419,19 @@ impl Sections<'_> {
                 "<h3>Temperature</h3>{}",
                 svg::line_chart("gpu-temperature", &temperature, Unit::Celsius, None, &[])
             );
+            let errors = error_lines(&gpu, &node.rows("gpu_event"), self.from, ctx.max_points);
+            h.push_str("<h3>XID, ECC and PCIe errors counted since the start of the range</h3>");
+            if errors.is_empty() {
+                h.push_str(r#"<p class="note" id="gpu-errors">No XID, ECC error or PCIe replay in the range.</p>"#);
+            } else {
+                h.push_str(&svg::line_chart(
+                    "gpu-errors",
+                    &errors,
+                    Unit::Count,
+                    None,
+                    &[],
+                ));
+            }
         }
         h.push_str("</section>");
     }

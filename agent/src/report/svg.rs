@@ -17,6 +17,19 @@ pub const PALETTE: &[&str] = &[
     "#7f7f7f", "#bcbd22",
 ];
 
+/// Stroke patterns that tell apart lines past the palette's length: line
+/// `i` is drawn in colour `i % 10` with pattern `i / 10`, so a node of 16
+/// GPUs (or a fleet of 40 nodes) has no two lines alike.
+const DASHES: &[&str] = &["", "7 3", "2 3", "9 3 2 3"];
+
+/// The colour and stroke pattern (`""` for solid) of line `index`.
+pub fn line_style(index: usize) -> (&'static str, &'static str) {
+    (
+        PALETTE[index % PALETTE.len()],
+        DASHES[(index / PALETTE.len()) % DASHES.len()],
+    )
+}
+
 /// How a value prints on an axis or in a tooltip.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unit {
@@ -185,7 +198,12 @@ pub fn line_chart(
         if line.points.is_empty() {
             continue;
         }
-        let color = PALETTE[line.color % PALETTE.len()];
+        let (color, dash) = line_style(line.color);
+        let dash = if dash.is_empty() {
+            String::new()
+        } else {
+            format!(r#" stroke-dasharray="{dash}""#)
+        };
         let mut d = String::new();
         for (k, &(t, v)) in line.points.iter().enumerate() {
             let _ = write!(
@@ -210,18 +228,17 @@ pub fn line_chart(
         let last = line.points[line.points.len() - 1];
         let _ = write!(
             svg,
-            r#"<path class="series" d="{d}" fill="none" stroke="{color}" stroke-width="1.6"><title>{}: last {} at {}</title></path>"#,
+            r#"<path class="series" d="{d}" fill="none" stroke="{color}" stroke-width="1.6"{dash}><title>{}: last {} at {}</title></path>"#,
             escape(&line.label),
             format_value(last.1, unit),
             format_time(last.0, false),
         );
     }
     svg.push_str("</svg>");
-    svg.push_str(&legend(
-        lines
-            .iter()
-            .map(|l| (l.label.as_str(), PALETTE[l.color % PALETTE.len()])),
-    ));
+    svg.push_str(&legend(lines.iter().map(|l| {
+        let (color, dash) = line_style(l.color);
+        (l.label.as_str(), color, dash)
+    })));
     svg
 }
 
@@ -363,7 +380,7 @@ pub fn timeline(
             .iter()
             .enumerate()
             .filter(|(k, _)| spans.iter().any(|s| s.kind == *k))
-            .map(|(_, &(label, color))| (label, color)),
+            .map(|(_, &(label, color))| (label, color, "")),
     ));
     svg
 }
@@ -437,15 +454,24 @@ fn y_ticks(
     );
 }
 
-/// A legend of `(label, colour)` entries.
-fn legend<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+/// A legend of `(label, colour, stroke pattern)` entries; a patterned
+/// entry's swatch is a short line drawn in its pattern.
+fn legend<'a>(entries: impl Iterator<Item = (&'a str, &'a str, &'a str)>) -> String {
     let mut out = String::from(r#"<div class="legend">"#);
-    for (label, color) in entries {
-        let _ = write!(
-            out,
-            r#"<span><i style="background:{color}"></i>{}</span>"#,
-            escape(label)
-        );
+    for (label, color, dash) in entries {
+        if dash.is_empty() {
+            let _ = write!(
+                out,
+                r#"<span><i style="background:{color}"></i>{}</span>"#,
+                escape(label)
+            );
+        } else {
+            let _ = write!(
+                out,
+                r#"<span><svg class="swatch" width="24" height="6"><line x1="0" y1="3" x2="24" y2="3" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/></svg>{}</span>"#,
+                escape(label)
+            );
+        }
     }
     out.push_str("</div>");
     out
@@ -477,6 +503,23 @@ pub fn nice_scale(max: f64) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sixteen_gpus_have_sixteen_looks_and_the_legend_shows_them() {
+        let styles: std::collections::HashSet<_> = (0..40).map(line_style).collect();
+        assert_eq!(styles.len(), 40);
+        let lines: Vec<Line> = (0..16)
+            .map(|g| Line::new(format!("GPU {g}"), vec![(0, 0.5), (1_000_000, 0.6)], g))
+            .collect();
+        let chart = line_chart("gpus", &lines, Unit::Ratio, Some(1.0), &[]);
+        // GPU 0's and GPU 10's paths, and GPU 10's legend swatch.
+        assert_eq!(chart.matches(r##"stroke="#1f77b4""##).count(), 2 + 1);
+        let dashed = chart.matches(r#"stroke-dasharray="7 3""#).count();
+        // GPUs 10-15: each path and each legend swatch.
+        assert_eq!(dashed, 6 * 2, "{chart}");
+        let legend = &chart[chart.find(r#"<div class="legend">"#).unwrap()..];
+        assert!(legend.contains("GPU 15"), "{legend}");
+    }
 
     #[test]
     fn values_print_in_their_units() {
