@@ -166,6 +166,11 @@ pub const fn same_type(rust: FieldType, column: FieldType) -> bool {
 /// order. Each field's definition is a `FieldDef` constructor call without
 /// the name, which is the Rust field's; each tag names a `TagDef` whose name
 /// must be the Rust field's. See the [module](crate::row) for an example.
+///
+/// The row struct derives `Default` (empty tags, zeros, nulls) for a source
+/// read key by key (a `/proc` file's lines), whose row starts empty and takes
+/// each field as its key turns up; a row built in one literal names every
+/// field, so the compiler checks that none is left out.
 #[macro_export]
 macro_rules! table {
     (
@@ -187,7 +192,7 @@ macro_rules! table {
             exported: $exported,
         };
         #[doc = concat!("A row of the `", stringify!($table), "` table.")]
-        #[derive(Clone, Debug, PartialEq)]
+        #[derive(Clone, Debug, Default, PartialEq)]
         $rvis struct $row {
             $(#[allow(missing_docs)] pub $field: $fty,)*
         }
@@ -220,7 +225,7 @@ macro_rules! table {
             exported: $exported,
         };
         #[doc = concat!("A row of the `", stringify!($table), "` table.")]
-        #[derive(Clone, Debug, PartialEq)]
+        #[derive(Clone, Debug, Default, PartialEq)]
         $rvis struct $row<'a> {
             $(#[allow(missing_docs)] pub $tag: &'a str,)+
             $(#[allow(missing_docs)] pub $field: $fty,)*
@@ -314,6 +319,21 @@ mod tests {
         assert_eq!(tx.values, Values::U64(vec![7]));
         let ratio = &batch.fields[LINKS.field_index("ratio").unwrap()];
         assert_eq!(ratio.values, Values::F64(vec![0.5]));
+    }
+
+    #[test]
+    fn a_default_row_is_null_where_the_column_may_be() {
+        let mut rows = BatchBuilder::new(&LINKS);
+        let mut row = LinkRow::default();
+        assert_eq!((row.gpu, row.rx_bytes, row.tx_bytes), ("", None, 0));
+        row.gpu = "1";
+        row.ratio = Some(0.25);
+        rows.push_row(10, &row).unwrap();
+        let batch = rows.finish();
+        assert_eq!(batch.tags[0].dict, ["1"]);
+        assert!(!batch.fields[0].is_valid(0));
+        assert_eq!(batch.fields[1].values, Values::U64(vec![0]));
+        assert_eq!(batch.fields[2].values, Values::F64(vec![0.25]));
     }
 
     #[test]

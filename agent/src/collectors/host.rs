@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
@@ -137,121 +137,107 @@ const CPU_TAG: TagDef = TagDef {
     help: "Logical CPU number.",
 };
 
-/// Columns of `/proc/stat` cpu lines, in the kernel's order.
-pub static CPU: TableDef = TableDef {
-    name: "cpu",
-    help: "One row per logical CPU per tick: time spent in each mode since boot, from /proc/stat.",
-    tags: &[CPU_TAG],
-    fields: &[
-        seconds_counter("user_seconds", "Time in user mode, guest time included."),
-        seconds_counter("nice_seconds", "Time in user mode at low priority."),
-        seconds_counter("system_seconds", "Time in kernel mode."),
-        seconds_counter("idle_seconds", "Time idle."),
-        seconds_counter("iowait_seconds", "Time idle with I/O outstanding."),
-        seconds_counter("irq_seconds", "Time servicing hardware interrupts."),
-        seconds_counter("softirq_seconds", "Time servicing softirqs."),
-        seconds_counter(
-            "steal_seconds",
-            "Time the hypervisor ran something else while this virtual CPU wanted to run.",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// The columns of `/proc/stat` cpu lines, in the kernel's order.
+    pub static CPU: TableDef, pub struct CpuRow {
+        name: "cpu",
+        help: "One row per logical CPU per tick: time spent in each mode since boot, from /proc/stat.",
+        tags: [cpu = CPU_TAG],
+        fields: [
+            user_seconds: f64 = seconds_counter("Time in user mode, guest time included."),
+            nice_seconds: f64 = seconds_counter("Time in user mode at low priority."),
+            system_seconds: f64 = seconds_counter("Time in kernel mode."),
+            idle_seconds: f64 = seconds_counter("Time idle."),
+            iowait_seconds: Option<f64> = seconds_counter("Time idle with I/O outstanding."),
+            irq_seconds: Option<f64> = seconds_counter("Time servicing hardware interrupts."),
+            softirq_seconds: Option<f64> = seconds_counter("Time servicing softirqs."),
+            steal_seconds: Option<f64> = seconds_counter(
+                "Time the hypervisor ran something else while this virtual CPU wanted to run.",
+            ),
+        ],
+        exported: true,
+    }
+}
 
-/// Per-CPU scheduler statistics from `/proc/schedstat` (version 15 and later).
-pub static CPU_SCHED: TableDef = TableDef {
-    name: "cpu_sched",
-    help: "One row per logical CPU per tick: scheduler run queue time since boot, from \
-           /proc/schedstat (kernels with CONFIG_SCHEDSTATS, schedstat version 15 and later).",
-    tags: &[CPU_TAG],
-    fields: &[
-        seconds_counter(
-            "running_seconds",
-            "Time tasks spent running on this CPU (rq_cpu_time, field 7).",
-        ),
-        seconds_counter(
-            "run_delay_seconds",
-            "Time tasks spent runnable but waiting for this CPU (run_delay, field 8): \
-             contention for the CPU, inside the guest or from the hypervisor.",
-        ),
-        count_counter(
-            "timeslices",
-            "Timeslices run on this CPU (pcount, field 9).",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Per-CPU scheduler statistics from `/proc/schedstat` (version 15 and later).
+    pub static CPU_SCHED: TableDef, pub struct CpuSchedRow {
+        name: "cpu_sched",
+        help: "One row per logical CPU per tick: scheduler run queue time since boot, from \
+               /proc/schedstat (kernels with CONFIG_SCHEDSTATS, schedstat version 15 and later).",
+        tags: [cpu = CPU_TAG],
+        fields: [
+            running_seconds: f64 = seconds_counter(
+                "Time tasks spent running on this CPU (rq_cpu_time, field 7).",
+            ),
+            run_delay_seconds: f64 = seconds_counter(
+                "Time tasks spent runnable but waiting for this CPU (run_delay, field 8): \
+                 contention for the CPU, inside the guest or from the hypervisor.",
+            ),
+            timeslices: u64 = count_counter("Timeslices run on this CPU (pcount, field 9)."),
+        ],
+        exported: true,
+    }
+}
 
-/// Pressure stall information from `/proc/pressure/<resource>`.
-pub static PRESSURE: TableDef = TableDef {
-    name: "pressure",
-    help: "One row per resource per tick: pressure stall information from /proc/pressure \
-           (kernels with PSI enabled). `some`: at least one task stalled on the resource; \
-           `full`: all non-idle tasks stalled at once. The kernel's microseconds are divided \
-           by 1e6, correctly rounded; node_exporter multiplies by 1e-6 and can differ in the \
-           last bit.",
-    tags: &[TagDef {
-        name: "resource",
-        help: "Resource: cpu, memory, io, or irq (kernels with IRQ time accounting).",
-    }],
-    fields: &[
-        seconds_counter(
-            "some_stalled_seconds",
-            "Time at least one task was stalled on the resource (`some` total).",
-        ),
-        seconds_counter(
-            "full_stalled_seconds",
-            "Time all non-idle tasks were stalled on the resource at once (`full` total); \
-             null where the kernel has no `full` line.",
-        ),
-        FieldDef::gauge(
-            "some_avg10_ratio",
-            FieldType::F64,
-            Unit::Ratio,
-            "Share of the last 10 seconds with at least one task stalled (`some` avg10).",
-        ),
-        FieldDef::gauge(
-            "full_avg10_ratio",
-            FieldType::F64,
-            Unit::Ratio,
-            "Share of the last 10 seconds with all non-idle tasks stalled (`full` avg10).",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Pressure stall information from `/proc/pressure/<resource>`.
+    pub static PRESSURE: TableDef, pub struct PressureRow {
+        name: "pressure",
+        help: "One row per resource per tick: pressure stall information from /proc/pressure \
+               (kernels with PSI enabled). `some`: at least one task stalled on the resource; \
+               `full`: all non-idle tasks stalled at once. The kernel's microseconds are divided \
+               by 1e6, correctly rounded; node_exporter multiplies by 1e-6 and can differ in the \
+               last bit.",
+        tags: [resource = TagDef {
+            name: "resource",
+            help: "Resource: cpu, memory, io, or irq (kernels with IRQ time accounting).",
+        }],
+        fields: [
+            some_stalled_seconds: Option<f64> = seconds_counter(
+                "Time at least one task was stalled on the resource (`some` total).",
+            ),
+            full_stalled_seconds: Option<f64> = seconds_counter(
+                "Time all non-idle tasks were stalled on the resource at once (`full` total); \
+                 null where the kernel has no `full` line.",
+            ),
+            some_avg10_ratio: Option<f64> = FieldDef::gauge(
+                FieldType::F64,
+                Unit::Ratio,
+                "Share of the last 10 seconds with at least one task stalled (`some` avg10).",
+            ),
+            full_avg10_ratio: Option<f64> = FieldDef::gauge(
+                FieldType::F64,
+                Unit::Ratio,
+                "Share of the last 10 seconds with all non-idle tasks stalled (`full` avg10).",
+            ),
+        ],
+        exported: true,
+    }
+}
 
-/// `/proc/loadavg`.
-pub static LOAD: TableDef = TableDef {
-    name: "load",
-    help: "One row per tick: load averages and task counts, from /proc/loadavg.",
-    tags: &[],
-    fields: &[
-        FieldDef::gauge(
-            "load1",
-            FieldType::F64,
-            Unit::None,
-            "Load average over 1 minute: runnable plus uninterruptible tasks.",
-        ),
-        FieldDef::gauge(
-            "load5",
-            FieldType::F64,
-            Unit::None,
-            "Load average over 5 minutes.",
-        ),
-        FieldDef::gauge(
-            "load15",
-            FieldType::F64,
-            Unit::None,
-            "Load average over 15 minutes.",
-        ),
-        count_gauge(
-            "runnable_tasks",
-            "Tasks (threads) runnable right now, the reader included.",
-        ),
-        count_gauge("tasks", "Tasks (threads) that exist right now."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// `/proc/loadavg`.
+    pub static LOAD: TableDef, pub struct LoadRow {
+        name: "load",
+        help: "One row per tick: load averages and task counts, from /proc/loadavg.",
+        tags: [],
+        fields: [
+            load1: f64 = FieldDef::gauge(
+                FieldType::F64,
+                Unit::None,
+                "Load average over 1 minute: runnable plus uninterruptible tasks.",
+            ),
+            load5: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "Load average over 5 minutes."),
+            load15: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "Load average over 15 minutes."),
+            runnable_tasks: u64 = count_gauge(
+                "Tasks (threads) runnable right now, the reader included.",
+            ),
+            tasks: u64 = count_gauge("Tasks (threads) that exist right now."),
+        ],
+        exported: true,
+    }
+}
 
 /// How a `/proc/meminfo` value is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,173 +248,164 @@ enum MemUnit {
     Count,
 }
 
-/// Number of `/proc/meminfo` keys read; [`MEMINFO_KEYS`] and [`MEMORY_FIELDS`]
-/// line up one to one.
-const MEMINFO_LEN: usize = 30;
+vtax_store::table! {
+    /// `/proc/meminfo`; [`MEMINFO`] says which key fills each field.
+    pub static MEMORY: TableDef, pub struct MemoryRow {
+        name: "memory",
+        help: "One row per tick: system memory, from /proc/meminfo (kB there, bytes here).",
+        tags: [],
+        fields: [
+            total_bytes: Option<u64> = bytes_gauge("Usable RAM (MemTotal)."),
+            free_bytes: Option<u64> = bytes_gauge("RAM unused (MemFree)."),
+            available_bytes: Option<u64> = bytes_gauge(
+                "Estimate of RAM available to start new workloads without swapping (MemAvailable).",
+            ),
+            buffers_bytes: Option<u64> = bytes_gauge("Block device buffers (Buffers)."),
+            cached_bytes: Option<u64> = bytes_gauge("Page cache, shmem included (Cached)."),
+            swap_cached_bytes: Option<u64> = bytes_gauge(
+                "Memory swapped out and back in, still in swap (SwapCached).",
+            ),
+            active_bytes: Option<u64> = bytes_gauge("Memory used recently (Active)."),
+            inactive_bytes: Option<u64> = bytes_gauge("Memory not used recently (Inactive)."),
+            unevictable_bytes: Option<u64> = bytes_gauge(
+                "Memory that cannot be paged out (Unevictable).",
+            ),
+            mlocked_bytes: Option<u64> = bytes_gauge(
+                "Memory locked with mlock, e.g. pinned for RDMA or GPU transfers (Mlocked).",
+            ),
+            swap_total_bytes: Option<u64> = bytes_gauge("Swap space (SwapTotal)."),
+            swap_free_bytes: Option<u64> = bytes_gauge("Swap space unused (SwapFree)."),
+            dirty_bytes: Option<u64> = bytes_gauge("Memory waiting to be written back (Dirty)."),
+            writeback_bytes: Option<u64> = bytes_gauge("Memory being written back (Writeback)."),
+            anon_bytes: Option<u64> = bytes_gauge(
+                "Anonymous pages mapped into user space (AnonPages).",
+            ),
+            mapped_bytes: Option<u64> = bytes_gauge("Files mapped into memory (Mapped)."),
+            shmem_bytes: Option<u64> = bytes_gauge("Shared memory and tmpfs (Shmem)."),
+            slab_reclaimable_bytes: Option<u64> = bytes_gauge(
+                "Kernel slab memory that can be reclaimed (SReclaimable).",
+            ),
+            slab_unreclaimable_bytes: Option<u64> = bytes_gauge(
+                "Kernel slab memory that cannot be reclaimed (SUnreclaim).",
+            ),
+            kernel_stack_bytes: Option<u64> = bytes_gauge("Kernel stacks (KernelStack)."),
+            page_tables_bytes: Option<u64> = bytes_gauge("Page tables (PageTables)."),
+            commit_limit_bytes: Option<u64> = bytes_gauge(
+                "Memory that can be committed under strict overcommit (CommitLimit).",
+            ),
+            committed_bytes: Option<u64> = bytes_gauge(
+                "Memory committed by all processes (Committed_AS).",
+            ),
+            anon_huge_pages_bytes: Option<u64> = bytes_gauge(
+                "Anonymous transparent huge pages (AnonHugePages).",
+            ),
+            huge_pages: Option<u64> = count_gauge(
+                "Huge pages of the default size in the pool (HugePages_Total).",
+            ),
+            huge_pages_free: Option<u64> = count_gauge(
+                "Huge pages of the default size not yet allocated (HugePages_Free).",
+            ),
+            huge_pages_reserved: Option<u64> = count_gauge(
+                "Huge pages promised to mappings but not yet faulted in (HugePages_Rsvd).",
+            ),
+            huge_pages_surplus: Option<u64> = count_gauge(
+                "Huge pages above the configured pool size (HugePages_Surp).",
+            ),
+            huge_page_size_bytes: Option<u64> = bytes_gauge("Default huge page size (Hugepagesize)."),
+            hugetlb_bytes: Option<u64> = bytes_gauge("Memory in huge pages of all sizes (Hugetlb)."),
+        ],
+        exported: true,
+    }
+}
 
-/// The `/proc/meminfo` key of each [`MEMORY`] field, in field order.
-static MEMINFO_KEYS: [(&str, MemUnit); MEMINFO_LEN] = [
-    ("MemTotal", MemUnit::KiB),
-    ("MemFree", MemUnit::KiB),
-    ("MemAvailable", MemUnit::KiB),
-    ("Buffers", MemUnit::KiB),
-    ("Cached", MemUnit::KiB),
-    ("SwapCached", MemUnit::KiB),
-    ("Active", MemUnit::KiB),
-    ("Inactive", MemUnit::KiB),
-    ("Unevictable", MemUnit::KiB),
-    ("Mlocked", MemUnit::KiB),
-    ("SwapTotal", MemUnit::KiB),
-    ("SwapFree", MemUnit::KiB),
-    ("Dirty", MemUnit::KiB),
-    ("Writeback", MemUnit::KiB),
-    ("AnonPages", MemUnit::KiB),
-    ("Mapped", MemUnit::KiB),
-    ("Shmem", MemUnit::KiB),
-    ("SReclaimable", MemUnit::KiB),
-    ("SUnreclaim", MemUnit::KiB),
-    ("KernelStack", MemUnit::KiB),
-    ("PageTables", MemUnit::KiB),
-    ("CommitLimit", MemUnit::KiB),
-    ("Committed_AS", MemUnit::KiB),
-    ("AnonHugePages", MemUnit::KiB),
-    ("HugePages_Total", MemUnit::Count),
-    ("HugePages_Free", MemUnit::Count),
-    ("HugePages_Rsvd", MemUnit::Count),
-    ("HugePages_Surp", MemUnit::Count),
-    ("Hugepagesize", MemUnit::KiB),
-    ("Hugetlb", MemUnit::KiB),
-];
+/// Where a [`MemoryRow`] field is read from: its `/proc/meminfo` key, how
+/// the key's value is written, and the field.
+type MeminfoSource = (
+    &'static str,
+    MemUnit,
+    fn(&mut MemoryRow) -> &mut Option<u64>,
+);
+
+/// The `/proc/meminfo` key each [`MEMORY`] field is read from.
+static MEMINFO: &[MeminfoSource] = {
+    use MemUnit::{Count, KiB};
+    &[
+        ("MemTotal", KiB, |r| &mut r.total_bytes),
+        ("MemFree", KiB, |r| &mut r.free_bytes),
+        ("MemAvailable", KiB, |r| &mut r.available_bytes),
+        ("Buffers", KiB, |r| &mut r.buffers_bytes),
+        ("Cached", KiB, |r| &mut r.cached_bytes),
+        ("SwapCached", KiB, |r| &mut r.swap_cached_bytes),
+        ("Active", KiB, |r| &mut r.active_bytes),
+        ("Inactive", KiB, |r| &mut r.inactive_bytes),
+        ("Unevictable", KiB, |r| &mut r.unevictable_bytes),
+        ("Mlocked", KiB, |r| &mut r.mlocked_bytes),
+        ("SwapTotal", KiB, |r| &mut r.swap_total_bytes),
+        ("SwapFree", KiB, |r| &mut r.swap_free_bytes),
+        ("Dirty", KiB, |r| &mut r.dirty_bytes),
+        ("Writeback", KiB, |r| &mut r.writeback_bytes),
+        ("AnonPages", KiB, |r| &mut r.anon_bytes),
+        ("Mapped", KiB, |r| &mut r.mapped_bytes),
+        ("Shmem", KiB, |r| &mut r.shmem_bytes),
+        ("SReclaimable", KiB, |r| &mut r.slab_reclaimable_bytes),
+        ("SUnreclaim", KiB, |r| &mut r.slab_unreclaimable_bytes),
+        ("KernelStack", KiB, |r| &mut r.kernel_stack_bytes),
+        ("PageTables", KiB, |r| &mut r.page_tables_bytes),
+        ("CommitLimit", KiB, |r| &mut r.commit_limit_bytes),
+        ("Committed_AS", KiB, |r| &mut r.committed_bytes),
+        ("AnonHugePages", KiB, |r| &mut r.anon_huge_pages_bytes),
+        ("HugePages_Total", Count, |r| &mut r.huge_pages),
+        ("HugePages_Free", Count, |r| &mut r.huge_pages_free),
+        ("HugePages_Rsvd", Count, |r| &mut r.huge_pages_reserved),
+        ("HugePages_Surp", Count, |r| &mut r.huge_pages_surplus),
+        ("Hugepagesize", KiB, |r| &mut r.huge_page_size_bytes),
+        ("Hugetlb", KiB, |r| &mut r.hugetlb_bytes),
+    ]
+};
 
 /// Keys every `/proc/meminfo` has; the others are null where a kernel lacks them.
 const MEMINFO_REQUIRED: &[&str] = &["MemTotal", "MemFree"];
 
-static MEMORY_FIELDS: [FieldDef; MEMINFO_LEN] = [
-    bytes_gauge("total_bytes", "Usable RAM (MemTotal)."),
-    bytes_gauge("free_bytes", "RAM unused (MemFree)."),
-    bytes_gauge(
-        "available_bytes",
-        "Estimate of RAM available to start new workloads without swapping (MemAvailable).",
-    ),
-    bytes_gauge("buffers_bytes", "Block device buffers (Buffers)."),
-    bytes_gauge("cached_bytes", "Page cache, shmem included (Cached)."),
-    bytes_gauge(
-        "swap_cached_bytes",
-        "Memory swapped out and back in, still in swap (SwapCached).",
-    ),
-    bytes_gauge("active_bytes", "Memory used recently (Active)."),
-    bytes_gauge("inactive_bytes", "Memory not used recently (Inactive)."),
-    bytes_gauge(
-        "unevictable_bytes",
-        "Memory that cannot be paged out (Unevictable).",
-    ),
-    bytes_gauge(
-        "mlocked_bytes",
-        "Memory locked with mlock, e.g. pinned for RDMA or GPU transfers (Mlocked).",
-    ),
-    bytes_gauge("swap_total_bytes", "Swap space (SwapTotal)."),
-    bytes_gauge("swap_free_bytes", "Swap space unused (SwapFree)."),
-    bytes_gauge("dirty_bytes", "Memory waiting to be written back (Dirty)."),
-    bytes_gauge("writeback_bytes", "Memory being written back (Writeback)."),
-    bytes_gauge(
-        "anon_bytes",
-        "Anonymous pages mapped into user space (AnonPages).",
-    ),
-    bytes_gauge("mapped_bytes", "Files mapped into memory (Mapped)."),
-    bytes_gauge("shmem_bytes", "Shared memory and tmpfs (Shmem)."),
-    bytes_gauge(
-        "slab_reclaimable_bytes",
-        "Kernel slab memory that can be reclaimed (SReclaimable).",
-    ),
-    bytes_gauge(
-        "slab_unreclaimable_bytes",
-        "Kernel slab memory that cannot be reclaimed (SUnreclaim).",
-    ),
-    bytes_gauge("kernel_stack_bytes", "Kernel stacks (KernelStack)."),
-    bytes_gauge("page_tables_bytes", "Page tables (PageTables)."),
-    bytes_gauge(
-        "commit_limit_bytes",
-        "Memory that can be committed under strict overcommit (CommitLimit).",
-    ),
-    bytes_gauge(
-        "committed_bytes",
-        "Memory committed by all processes (Committed_AS).",
-    ),
-    bytes_gauge(
-        "anon_huge_pages_bytes",
-        "Anonymous transparent huge pages (AnonHugePages).",
-    ),
-    count_gauge(
-        "huge_pages",
-        "Huge pages of the default size in the pool (HugePages_Total).",
-    ),
-    count_gauge(
-        "huge_pages_free",
-        "Huge pages of the default size not yet allocated (HugePages_Free).",
-    ),
-    count_gauge(
-        "huge_pages_reserved",
-        "Huge pages promised to mappings but not yet faulted in (HugePages_Rsvd).",
-    ),
-    count_gauge(
-        "huge_pages_surplus",
-        "Huge pages above the configured pool size (HugePages_Surp).",
-    ),
-    bytes_gauge(
-        "huge_page_size_bytes",
-        "Default huge page size (Hugepagesize).",
-    ),
-    bytes_gauge(
-        "hugetlb_bytes",
-        "Memory in huge pages of all sizes (Hugetlb).",
-    ),
+vtax_store::table! {
+    /// Kernel activity from `/proc/stat`; [`STAT_KEYS`] says which line
+    /// fills each field.
+    pub static KERNEL: TableDef, pub struct KernelRow {
+        name: "kernel",
+        help: "One row per tick: kernel activity since boot, from /proc/stat.",
+        tags: [],
+        fields: [
+            context_switches: Option<u64> = count_counter("Context switches (ctxt)."),
+            interrupts: Option<u64> = count_counter("Hardware interrupts serviced (intr)."),
+            softirqs: Option<u64> = count_counter("Softirqs serviced (softirq)."),
+            forks: Option<u64> = count_counter("Processes and threads created (processes)."),
+            procs_running: Option<u64> = count_gauge("Tasks runnable right now (procs_running)."),
+            procs_blocked: Option<u64> = count_gauge(
+                "Tasks blocked waiting for I/O right now (procs_blocked).",
+            ),
+            boot_time_seconds: Option<u64> = FieldDef::gauge(
+                FieldType::U64,
+                Unit::Seconds,
+                "When the node booted, in seconds since the Unix epoch (btime).",
+            ),
+        ],
+        exported: true,
+    }
+}
+
+/// Where a [`KernelRow`] field is read from: its `/proc/stat` line, whether
+/// every kernel has that line, and the field.
+type StatSource = (&'static str, bool, fn(&mut KernelRow) -> &mut Option<u64>);
+
+/// The kernel activity line of `/proc/stat` each [`KERNEL`] field is read from.
+static STAT_KEYS: &[StatSource] = &[
+    ("ctxt", true, |r| &mut r.context_switches),
+    ("intr", true, |r| &mut r.interrupts),
+    ("softirq", false, |r| &mut r.softirqs),
+    ("processes", true, |r| &mut r.forks),
+    ("procs_running", true, |r| &mut r.procs_running),
+    ("procs_blocked", true, |r| &mut r.procs_blocked),
+    ("btime", true, |r| &mut r.boot_time_seconds),
 ];
-
-/// `/proc/meminfo`.
-pub static MEMORY: TableDef = TableDef {
-    name: "memory",
-    help: "One row per tick: system memory, from /proc/meminfo (kB there, bytes here).",
-    tags: &[],
-    fields: &MEMORY_FIELDS,
-    exported: true,
-};
-
-/// Kernel activity lines of `/proc/stat`, in [`KERNEL`] field order, and
-/// whether the table needs them.
-const STAT_KEYS: [(&str, bool); 7] = [
-    ("ctxt", true),
-    ("intr", true),
-    ("softirq", false),
-    ("processes", true),
-    ("procs_running", true),
-    ("procs_blocked", true),
-    ("btime", true),
-];
-
-/// Kernel activity from `/proc/stat`.
-pub static KERNEL: TableDef = TableDef {
-    name: "kernel",
-    help: "One row per tick: kernel activity since boot, from /proc/stat.",
-    tags: &[],
-    fields: &[
-        count_counter("context_switches", "Context switches (ctxt)."),
-        count_counter("interrupts", "Hardware interrupts serviced (intr)."),
-        count_counter("softirqs", "Softirqs serviced (softirq)."),
-        count_counter("forks", "Processes and threads created (processes)."),
-        count_gauge("procs_running", "Tasks runnable right now (procs_running)."),
-        count_gauge(
-            "procs_blocked",
-            "Tasks blocked waiting for I/O right now (procs_blocked).",
-        ),
-        FieldDef::gauge(
-            "boot_time_seconds",
-            FieldType::U64,
-            Unit::Seconds,
-            "When the node booted, in seconds since the Unix epoch (btime).",
-        ),
-    ],
-    exported: true,
-};
 
 /// PSI resources, in the order their rows are written.
 const PRESSURE_RESOURCES: [&str; 4] = ["cpu", "memory", "io", "irq"];
@@ -576,14 +553,14 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
     for resource in PRESSURE_RESOURCES {
         let path = roots.proc("pressure").join(resource);
         let shown = path.display().to_string();
-        let values = match read_optional(&path, &mut problems) {
+        let row = match read_optional(&path, &mut problems) {
             Ok(None) => continue,
-            Ok(Some(text)) => parse_pressure(&text, &shown),
+            Ok(Some(text)) => parse_pressure(&text, &shown, resource),
             Err(e) => Err(e),
         };
-        let pushed = values.and_then(|values| {
+        let pushed = row.and_then(|row| {
             builder
-                .push(time_us, &[resource], &values)
+                .push_row(time_us, &row)
                 .map_err(|e| fail(&shown, 0, e.to_string()))
         });
         match pushed {
@@ -663,16 +640,29 @@ fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<Batch, ParseEr
         if cpu.parse::<u32>().is_err() {
             return Err(fail(path, n + 1, format!("bad CPU number {cpu:?}")));
         }
-        let mut values = [Value::Null; 8];
-        for (slot, word) in values.iter_mut().zip(words.by_ref()) {
+        // The kernel's columns, in its order; older kernels end the line early.
+        let mut columns = [None; 8];
+        for (slot, word) in columns.iter_mut().zip(words.by_ref()) {
             let ticks = parse_u64(word, "tick count").map_err(|e| fail(path, n + 1, e))?;
-            *slot = Value::F64(ticks as f64 / hz);
+            *slot = Some(ticks as f64 / hz);
         }
-        if values[3] == Value::Null {
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = columns;
+        let (Some(user), Some(nice), Some(system), Some(idle)) = (user, nice, system, idle) else {
             return Err(fail(path, n + 1, "fewer than 4 columns"));
-        }
+        };
+        let row = CpuRow {
+            cpu,
+            user_seconds: user,
+            nice_seconds: nice,
+            system_seconds: system,
+            idle_seconds: idle,
+            iowait_seconds: iowait,
+            irq_seconds: irq,
+            softirq_seconds: softirq,
+            steal_seconds: steal,
+        };
         builder
-            .push(time_us, &[cpu], &values)
+            .push_row(time_us, &row)
             .map_err(|e| fail(path, n + 1, e.to_string()))?;
     }
     if builder.is_empty() {
@@ -683,13 +673,13 @@ fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<Batch, ParseEr
 
 /// Parses the kernel activity lines of `/proc/stat` into one row.
 fn parse_kernel(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseError> {
-    let mut values = [Value::Null; STAT_KEYS.len()];
+    let mut row = KernelRow::default();
     for (n, line) in text.lines().enumerate() {
         let mut words = line.split_ascii_whitespace();
         let Some(key) = words.next() else {
             continue;
         };
-        let Some(slot) = STAT_KEYS.iter().position(|(k, _)| *k == key) else {
+        let Some((_, _, field)) = STAT_KEYS.iter().find(|(k, _, _)| *k == key) else {
             continue;
         };
         // `intr` and `softirq` lead with the total, then one count per source.
@@ -697,18 +687,16 @@ fn parse_kernel(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseErro
             .next()
             .ok_or_else(|| fail(path, n + 1, format!("{key} has no value")))?;
         let value = parse_u64(word, "count").map_err(|e| fail(path, n + 1, e))?;
-        if let Some(v) = values.get_mut(slot) {
-            *v = Value::U64(value);
-        }
+        *field(&mut row) = Some(value);
     }
-    for ((key, required), value) in STAT_KEYS.iter().zip(&values) {
-        if *required && *value == Value::Null {
+    for (key, required, field) in STAT_KEYS {
+        if *required && field(&mut row).is_none() {
             return Err(fail(path, 0, format!("no {key} line")));
         }
     }
     let mut builder = BatchBuilder::new(&KERNEL);
     builder
-        .push(time_us, &[], &values)
+        .push_row(time_us, &row)
         .map_err(|e| fail(path, 0, e.to_string()))?;
     Ok(builder.finish())
 }
@@ -723,27 +711,31 @@ fn parse_loadavg(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseErr
             .next()
             .ok_or_else(|| fail(format!("truncated: no {what}")))
     };
-    let mut values = [Value::Null; 5];
-    for (slot, what) in values.iter_mut().zip(["load1", "load5", "load15"]) {
-        let word = next(what)?;
-        *slot = Value::F64(parse_f64(word, "load average").map_err(fail)?);
-    }
+    let mut load = |what: &str| -> Result<f64, ParseError> {
+        parse_f64(next(what)?, "load average").map_err(fail)
+    };
+    let (load1, load5, load15) = (load("load1")?, load("load5")?, load("load15")?);
     let tasks = next("runnable/total tasks")?;
     let (runnable, total) = tasks
         .split_once('/')
         .ok_or_else(|| fail(format!("{tasks:?} is not runnable/total")))?;
-    values[3] = Value::U64(parse_u64(runnable, "task count").map_err(fail)?);
-    values[4] = Value::U64(parse_u64(total, "task count").map_err(fail)?);
+    let row = LoadRow {
+        load1,
+        load5,
+        load15,
+        runnable_tasks: parse_u64(runnable, "task count").map_err(fail)?,
+        tasks: parse_u64(total, "task count").map_err(fail)?,
+    };
     let mut builder = BatchBuilder::new(&LOAD);
     builder
-        .push(time_us, &[], &values)
+        .push_row(time_us, &row)
         .map_err(|e| fail(e.to_string()))?;
     Ok(builder.finish())
 }
 
 /// Parses `/proc/meminfo`: `Key:   <n> kB` lines, or a bare count for huge pages.
 fn parse_meminfo(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseError> {
-    let mut values = [Value::Null; MEMINFO_LEN];
+    let mut row = MemoryRow::default();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -770,11 +762,7 @@ fn parse_meminfo(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseErr
         if let Some(extra) = words.next() {
             return Err(fail(format!("{key}: unexpected {extra:?} after the value")));
         }
-        let Some((slot, (_, want))) = MEMINFO_KEYS
-            .iter()
-            .enumerate()
-            .find(|(_, (k, _))| *k == key)
-        else {
+        let Some((_, want, field)) = MEMINFO.iter().find(|(k, _, _)| *k == key) else {
             continue;
         };
         match (want, unit) {
@@ -784,27 +772,32 @@ fn parse_meminfo(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseErr
             (MemUnit::Count, MemUnit::KiB) => return Err(fail(format!("{key}: a count, not kB"))),
             _ => {}
         }
-        if let Some(v) = values.get_mut(slot) {
-            *v = Value::U64(value);
-        }
+        *field(&mut row) = Some(value);
     }
-    for ((key, _), value) in MEMINFO_KEYS.iter().zip(&values) {
-        if MEMINFO_REQUIRED.contains(key) && *value == Value::Null {
+    for (key, _, field) in MEMINFO {
+        if MEMINFO_REQUIRED.contains(key) && field(&mut row).is_none() {
             return Err(fail(path, 0, format!("no {key} line")));
         }
     }
     let mut builder = BatchBuilder::new(&MEMORY);
     builder
-        .push(time_us, &[], &values)
+        .push_row(time_us, &row)
         .map_err(|e| fail(path, 0, e.to_string()))?;
     Ok(builder.finish())
 }
 
-/// Parses one `/proc/pressure/<resource>` file into [`PRESSURE`]'s fields:
+/// Parses one `/proc/pressure/<resource>` file into a [`PRESSURE`] row:
 /// `some avg10=0.00 avg60=0.00 avg300=0.00 total=0` (total in microseconds),
 /// then the same for `full` (irq has only `full`; cpu before Linux 5.13 only `some`).
-fn parse_pressure(text: &str, path: &str) -> Result<[Value; 4], ParseError> {
-    let mut values = [Value::Null; 4];
+fn parse_pressure<'a>(
+    text: &str,
+    path: &str,
+    resource: &'a str,
+) -> Result<PressureRow<'a>, ParseError> {
+    let mut row = PressureRow {
+        resource,
+        ..PressureRow::default()
+    };
     let mut lines = 0;
     for (n, line) in text.lines().enumerate() {
         let fail = |reason: String| fail(path, n + 1, reason);
@@ -812,9 +805,9 @@ fn parse_pressure(text: &str, path: &str) -> Result<[Value; 4], ParseError> {
         let Some(kind) = words.next() else {
             continue;
         };
-        let (total_slot, avg_slot) = match kind {
-            "some" => (0, 2),
-            "full" => (1, 3),
+        let (total_field, avg10_field) = match kind {
+            "some" => (&mut row.some_stalled_seconds, &mut row.some_avg10_ratio),
+            "full" => (&mut row.full_stalled_seconds, &mut row.full_avg10_ratio),
             _ => return Err(fail(format!("{kind:?} is neither some nor full"))),
         };
         let (mut avg10, mut total) = (None, None);
@@ -835,18 +828,14 @@ fn parse_pressure(text: &str, path: &str) -> Result<[Value; 4], ParseError> {
         }
         let total = total.ok_or_else(|| fail(format!("{kind} line has no total=")))?;
         let avg10 = avg10.ok_or_else(|| fail(format!("{kind} line has no avg10=")))?;
-        if let Some(v) = values.get_mut(total_slot) {
-            *v = Value::F64(total);
-        }
-        if let Some(v) = values.get_mut(avg_slot) {
-            *v = Value::F64(avg10);
-        }
+        *total_field = Some(total);
+        *avg10_field = Some(avg10);
         lines += 1;
     }
     if lines == 0 {
         return Err(fail(path, 0, "no some or full line"));
     }
-    Ok(values)
+    Ok(row)
 }
 
 /// Parses `/proc/schedstat`: a `version N` line, a `timestamp` line, then per
@@ -903,16 +892,14 @@ fn parse_schedstat(
             parse_u64(word, "counter").map_err(fail)?;
         }
         let [_, _, _, _, _, _, running_ns, delay_ns, slices] = counters;
+        let row = CpuSchedRow {
+            cpu,
+            running_seconds: running_ns as f64 / 1e9,
+            run_delay_seconds: delay_ns as f64 / 1e9,
+            timeslices: slices,
+        };
         builder
-            .push(
-                time_us,
-                &[cpu],
-                &[
-                    Value::F64(running_ns as f64 / 1e9),
-                    Value::F64(delay_ns as f64 / 1e9),
-                    Value::U64(slices),
-                ],
-            )
+            .push_row(time_us, &row)
             .map_err(|e| fail(e.to_string()))?;
     }
     if builder.is_empty() {
@@ -926,6 +913,7 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
     use vtax_store::batch::Values;
+    use vtax_store::Value;
 
     const STAT: &str = "cpu  100 0 50 1000 5 1 2 30 0 0\n\
         cpu0 60 0 30 500 3 1 1 20 0 0\n\
@@ -1040,14 +1028,43 @@ mod tests {
     #[test]
     fn tables_are_valid_and_unique() {
         vtax_store::Catalog::new(TABLES).unwrap();
-        for ((key, unit), def) in MEMINFO_KEYS.iter().zip(&MEMORY_FIELDS) {
+        // Each source fills a field of its own, every field has a source,
+        // and a kB key fills a bytes field.
+        let filled = |table: &'static TableDef, push: &dyn Fn(&mut BatchBuilder)| {
+            let mut rows = BatchBuilder::new(table);
+            push(&mut rows);
+            let batch = rows.finish();
+            let filled: Vec<usize> = (0..table.fields.len())
+                .filter(|&i| batch.fields[i].is_valid(0))
+                .collect();
+            assert_eq!(filled.len(), 1, "{}: {filled:?}", table.name);
+            &table.fields[filled[0]]
+        };
+        let mut seen = std::collections::HashSet::new();
+        for (key, unit, field) in MEMINFO {
+            let def = filled(&MEMORY, &|rows| {
+                let mut row = MemoryRow::default();
+                *field(&mut row) = Some(1);
+                rows.push_row(0, &row).unwrap();
+            });
+            assert!(seen.insert(def.name), "{key} fills {} again", def.name);
             let bytes = def.unit == Unit::Bytes;
             assert_eq!(bytes, *unit == MemUnit::KiB, "{key} -> {}", def.name);
         }
+        assert_eq!(seen.len(), MEMORY.fields.len());
         for key in MEMINFO_REQUIRED {
-            assert!(MEMINFO_KEYS.iter().any(|(k, _)| k == key));
+            assert!(MEMINFO.iter().any(|(k, _, _)| k == key));
         }
-        assert_eq!(STAT_KEYS.len(), KERNEL.fields.len());
+        let mut seen = std::collections::HashSet::new();
+        for (key, _, field) in STAT_KEYS {
+            let def = filled(&KERNEL, &|rows| {
+                let mut row = KernelRow::default();
+                *field(&mut row) = Some(1);
+                rows.push_row(0, &row).unwrap();
+            });
+            assert!(seen.insert(def.name), "{key} fills {} again", def.name);
+        }
+        assert_eq!(seen.len(), KERNEL.fields.len());
     }
 
     // ---- fixtures ----
@@ -1278,15 +1295,20 @@ mod tests {
     #[test]
     fn pressure_lines() {
         // cpu before Linux 5.13: only `some`.
-        let values = parse_pressure(
+        let row = parse_pressure(
             "some avg10=1.00 avg60=0.50 avg300=0.25 total=1500000\n",
+            "cpu",
             "cpu",
         )
         .unwrap();
-        assert_eq!(
-            values,
-            [Value::F64(1.5), Value::Null, Value::F64(0.01), Value::Null]
-        );
+        let expected = PressureRow {
+            resource: "cpu",
+            some_stalled_seconds: Some(1.5),
+            full_stalled_seconds: None,
+            some_avg10_ratio: Some(0.01),
+            full_avg10_ratio: None,
+        };
+        assert_eq!(row, expected);
     }
 
     #[test]
@@ -1593,9 +1615,11 @@ mod tests {
                 ("stat", &|t| parse_kernel(t, "p", 0).is_ok()),
                 ("loadavg", &|t| parse_loadavg(t, "p", 0).is_ok()),
                 ("meminfo", &|t| parse_meminfo(t, "p", 0).is_ok()),
-                ("pressure/cpu", &|t| parse_pressure(t, "p").is_ok()),
-                ("pressure/io", &|t| parse_pressure(t, "p").is_ok()),
-                ("pressure/memory", &|t| parse_pressure(t, "p").is_ok()),
+                ("pressure/cpu", &|t| parse_pressure(t, "p", "cpu").is_ok()),
+                ("pressure/io", &|t| parse_pressure(t, "p", "io").is_ok()),
+                ("pressure/memory", &|t| {
+                    parse_pressure(t, "p", "memory").is_ok()
+                }),
                 ("schedstat", &|t| parse_schedstat(t, "p", 0).is_ok()),
             ];
             for (file, parser) in parsers {

@@ -355,16 +355,14 @@ fn a_store_whose_rows_are_all_in_the_wal_is_read() {
         vtax_store::Store::open(vtax_store::StoreOptions::new(dir.path()), crate::catalog())
             .unwrap();
     let mut rows = vtax_store::BatchBuilder::new(&crate::collectors::host::LOAD);
-    let values: Vec<vtax_store::Value> = crate::collectors::host::LOAD
-        .fields
-        .iter()
-        .map(|f| match f.ty {
-            vtax_store::FieldType::F64 => vtax_store::Value::F64(0.5),
-            vtax_store::FieldType::I64 => vtax_store::Value::I64(1),
-            vtax_store::FieldType::U64 => vtax_store::Value::U64(1),
-        })
-        .collect();
-    rows.push(1_800_000_000_000_000, &[], &values).unwrap();
+    let row = crate::collectors::host::LoadRow {
+        load1: 0.5,
+        load5: 0.5,
+        load15: 0.5,
+        runnable_tasks: 1,
+        tasks: 1,
+    };
+    rows.push_row(1_800_000_000_000_000, &row).unwrap();
     store.append(&rows.finish()).unwrap();
     store.sync().unwrap();
     assert!(!dir.path().join("tables").exists(), "nothing published yet");
