@@ -19,10 +19,10 @@ use anyhow::anyhow;
 use regex::RegexSet;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::kept::KeptFile;
-use super::pci::{placement, INFO_FIELD, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
+use super::pci::{info_field, placement, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// Devices skipped by default: loop devices and RAM disks hold no data that
@@ -112,116 +112,116 @@ const DEVICE_TAG: TagDef = TagDef {
     help: "Block device name as in /proc/diskstats (nvme0n1, sda, vda, dm-0, md0).",
 };
 
-/// The counters of one device.
-pub static BLOCK: TableDef = TableDef {
-    name: "block",
-    help: "One row per block device per tick, from /proc/diskstats: operations, bytes and time \
-           for reads, writes, discards and flushes (average latency of an operation is time over \
-           operations: one PromQL division of two rates). Fields an older kernel lacks are null.",
-    tags: &[DEVICE_TAG],
-    fields: &[
-        ops("reads_completed", "Reads completed."),
-        ops("reads_merged", "Adjacent reads merged into one before reaching the device."),
-        bytes("read_bytes", "Bytes read (512-byte sectors times 512)."),
-        seconds(
-            "read_time_seconds",
-            "Time reads spent from issue to completion, summed over all reads (overlapping reads each count).",
-        ),
-        ops("writes_completed", "Writes completed."),
-        ops("writes_merged", "Adjacent writes merged into one before reaching the device."),
-        bytes("written_bytes", "Bytes written (512-byte sectors times 512)."),
-        seconds(
-            "write_time_seconds",
-            "Time writes spent from issue to completion, summed over all writes.",
-        ),
-        FieldDef::gauge(
-            "in_flight",
-            FieldType::U64,
-            Unit::None,
-            "Requests issued to the driver and not yet completed.",
-        ),
-        seconds(
-            "io_time_seconds",
-            "Time the device had at least one request in flight (io_ticks): its rate is the utilisation.",
-        ),
-        seconds(
-            "io_weighted_time_seconds",
-            "Time in flight weighted by the requests in flight (time_in_queue): its rate is the average queue depth.",
-        ),
-        ops("discards_completed", "Discards (TRIM) completed; null before Linux 4.18."),
-        ops("discards_merged", "Discards merged; null before Linux 4.18."),
-        bytes(
-            "discarded_bytes",
-            "Bytes discarded (512-byte sectors times 512); null before Linux 4.18.",
-        ),
-        seconds(
-            "discard_time_seconds",
-            "Time discards spent from issue to completion; null before Linux 4.18.",
-        ),
-        ops(
-            "flushes_completed",
-            "Cache flushes completed (fsync reaching the device); null before Linux 5.5.",
-        ),
-        seconds(
-            "flush_time_seconds",
-            "Time flushes spent from issue to completion; null before Linux 5.5.",
-        ),
-    ],
-    exported: true,
-};
-
-/// Which diskstats field (after major, minor, name) feeds each field of
-/// [`BLOCK`], and how: sectors to bytes, milliseconds to seconds, or as is.
-#[derive(Clone, Copy)]
-enum Conv {
-    Count,
-    Sectors,
-    Millis,
+vtax_store::table! {
+    /// The counters of one device.
+    pub static BLOCK: TableDef, pub struct BlockRow {
+        name: "block",
+        help: "One row per block device per tick, from /proc/diskstats: operations, bytes and time \
+               for reads, writes, discards and flushes (average latency of an operation is time over \
+               operations: one PromQL division of two rates). Fields an older kernel lacks are null.",
+        tags: [device = DEVICE_TAG],
+        fields: [
+            reads_completed: Option<u64> = ops("Reads completed."),
+            reads_merged: Option<u64> = ops("Adjacent reads merged into one before reaching the device."),
+            read_bytes: Option<u64> = bytes("Bytes read (512-byte sectors times 512)."),
+            read_time_seconds: Option<f64> = seconds(
+                "Time reads spent from issue to completion, summed over all reads (overlapping reads each count).",
+            ),
+            writes_completed: Option<u64> = ops("Writes completed."),
+            writes_merged: Option<u64> = ops("Adjacent writes merged into one before reaching the device."),
+            written_bytes: Option<u64> = bytes("Bytes written (512-byte sectors times 512)."),
+            write_time_seconds: Option<f64> = seconds(
+                "Time writes spent from issue to completion, summed over all writes.",
+            ),
+            in_flight: Option<u64> = FieldDef::gauge(
+                FieldType::U64,
+                Unit::None,
+                "Requests issued to the driver and not yet completed.",
+            ),
+            io_time_seconds: Option<f64> = seconds(
+                "Time the device had at least one request in flight (io_ticks): its rate is the utilisation.",
+            ),
+            io_weighted_time_seconds: Option<f64> = seconds(
+                "Time in flight weighted by the requests in flight (time_in_queue): its rate is the average queue depth.",
+            ),
+            discards_completed: Option<u64> = ops("Discards (TRIM) completed; null before Linux 4.18."),
+            discards_merged: Option<u64> = ops("Discards merged; null before Linux 4.18."),
+            discarded_bytes: Option<u64> = bytes(
+                "Bytes discarded (512-byte sectors times 512); null before Linux 4.18.",
+            ),
+            discard_time_seconds: Option<f64> = seconds(
+                "Time discards spent from issue to completion; null before Linux 4.18.",
+            ),
+            flushes_completed: Option<u64> = ops(
+                "Cache flushes completed (fsync reaching the device); null before Linux 5.5.",
+            ),
+            flush_time_seconds: Option<f64> = seconds(
+                "Time flushes spent from issue to completion; null before Linux 5.5.",
+            ),
+        ],
+        exported: true,
+    }
 }
 
-const SOURCES: [Conv; 17] = [
-    Conv::Count,
-    Conv::Count,
-    Conv::Sectors,
-    Conv::Millis,
-    Conv::Count,
-    Conv::Count,
-    Conv::Sectors,
-    Conv::Millis,
-    Conv::Count,
-    Conv::Millis,
-    Conv::Millis,
-    Conv::Count,
-    Conv::Count,
-    Conv::Sectors,
-    Conv::Millis,
-    Conv::Count,
-    Conv::Millis,
+/// A statistic of a diskstats line and the [`BLOCK`] field it fills: a count
+/// as is, 512-byte sectors (whatever the device's block size) as bytes, or
+/// milliseconds as seconds.
+#[derive(Clone, Copy)]
+enum Stat {
+    Count(for<'r, 'a> fn(&'r mut BlockRow<'a>) -> &'r mut Option<u64>),
+    Sectors(for<'r, 'a> fn(&'r mut BlockRow<'a>) -> &'r mut Option<u64>),
+    Millis(for<'r, 'a> fn(&'r mut BlockRow<'a>) -> &'r mut Option<f64>),
+}
+
+/// The statistics of a diskstats line after major, minor and name, in the
+/// kernel's order (Documentation/admin-guide/iostats.rst): 11 before Linux
+/// 4.18, 15 before 5.5, then 17. Further ones a newer kernel adds are not
+/// ours to guess at.
+static DISKSTATS: [Stat; 17] = [
+    Stat::Count(|r| &mut r.reads_completed),
+    Stat::Count(|r| &mut r.reads_merged),
+    Stat::Sectors(|r| &mut r.read_bytes),
+    Stat::Millis(|r| &mut r.read_time_seconds),
+    Stat::Count(|r| &mut r.writes_completed),
+    Stat::Count(|r| &mut r.writes_merged),
+    Stat::Sectors(|r| &mut r.written_bytes),
+    Stat::Millis(|r| &mut r.write_time_seconds),
+    Stat::Count(|r| &mut r.in_flight),
+    Stat::Millis(|r| &mut r.io_time_seconds),
+    Stat::Millis(|r| &mut r.io_weighted_time_seconds),
+    Stat::Count(|r| &mut r.discards_completed),
+    Stat::Count(|r| &mut r.discards_merged),
+    Stat::Sectors(|r| &mut r.discarded_bytes),
+    Stat::Millis(|r| &mut r.discard_time_seconds),
+    Stat::Count(|r| &mut r.flushes_completed),
+    Stat::Millis(|r| &mut r.flush_time_seconds),
 ];
 
-/// The identity of a device, as tags of an info row.
-pub static BLOCK_DEVICE: TableDef = TableDef {
-    name: "block_device",
-    help: "One row per block device per tick whose tags describe it: model, transport (nvme or \
-           not) and where it hangs in the PCI tree; join on device.",
-    tags: &[
-        DEVICE_TAG,
-        TagDef {
-            name: "model",
-            help:
-                "Model from sysfs (device/model); empty where the driver gives none (virtio, dm).",
-        },
-        TagDef {
-            name: "transport",
-            help: "nvme, virtio, scsi, ata, usb, mmc, dm (device mapper), md (software RAID), \
-                   virtual (no hardware), other.",
-        },
-        PCI_ADDRESS_TAG,
-        NUMA_NODE_TAG,
-    ],
-    fields: &[INFO_FIELD],
-    exported: true,
-};
+vtax_store::table! {
+    /// The identity of a device, as tags of an info row.
+    pub static BLOCK_DEVICE: TableDef, pub struct BlockDeviceRow {
+        name: "block_device",
+        help: "One row per block device per tick whose tags describe it: model, transport (nvme or \
+               not) and where it hangs in the PCI tree; join on device.",
+        tags: [
+            device = DEVICE_TAG,
+            model = TagDef {
+                name: "model",
+                help:
+                    "Model from sysfs (device/model); empty where the driver gives none (virtio, dm).",
+            },
+            transport = TagDef {
+                name: "transport",
+                help: "nvme, virtio, scsi, ata, usb, mmc, dm (device mapper), md (software RAID), \
+                       virtual (no hardware), other.",
+            },
+            pci_address = PCI_ADDRESS_TAG,
+            numa_node = NUMA_NODE_TAG,
+        ],
+        fields: [info: u64 = info_field()],
+        exported: true,
+    }
+}
 
 /// Ticks between two reads of what describes the devices.
 const RESCAN_TICKS: u64 = 60;
@@ -304,7 +304,7 @@ impl Block {
         }
         let mut parsed = 0;
         for (n, line) in text.lines().enumerate() {
-            let (name, values) = match parse_line(line, &path, n + 1) {
+            let row = match parse_line(line, &path, n + 1) {
                 Ok(Some(row)) => row,
                 Ok(None) => continue,
                 // One bad line costs its device's row this tick, not the
@@ -315,6 +315,7 @@ impl Block {
                 }
             };
             parsed += 1;
+            let name = row.device;
             if !self.known.contains_key(name) {
                 let id = self.identify(name);
                 self.known.insert(name.to_owned(), id);
@@ -323,18 +324,16 @@ impl Block {
             if !id.wanted {
                 continue;
             }
-            self.rows.push(time_us, &[name], &values)?;
-            self.info_rows.push(
-                time_us,
-                &[
-                    name,
-                    &id.model,
-                    id.transport,
-                    &id.pci_address,
-                    &id.numa_node,
-                ],
-                &[Value::U64(1)],
-            )?;
+            self.rows.push_row(time_us, &row)?;
+            let info = BlockDeviceRow {
+                device: name,
+                model: &id.model,
+                transport: id.transport,
+                pci_address: &id.pci_address,
+                numa_node: &id.numa_node,
+                info: 1,
+            };
+            self.info_rows.push_row(time_us, &info)?;
             self.seen.push(name.to_owned());
         }
         if parsed == 0 && !self.errors.is_empty() {
@@ -345,13 +344,12 @@ impl Block {
     }
 }
 
-/// One line of diskstats: the device and its statistics, `None` for a blank
-/// line.
+/// One line of diskstats as the device's row, `None` for a blank line.
 fn parse_line<'a>(
     line: &'a str,
     path: &str,
     line_no: usize,
-) -> Result<Option<(&'a str, [Value; 17])>, ParseError> {
+) -> Result<Option<BlockRow<'a>>, ParseError> {
     let fail = |reason: String| ParseError {
         path: path.to_owned(),
         line: line_no,
@@ -365,27 +363,28 @@ fn parse_line<'a>(
         }
         return Err(fail("fewer than 3 fields".into()));
     };
-    let mut values = [Value::Null; 17];
+    let mut row = BlockRow {
+        device: name,
+        ..BlockRow::default()
+    };
     let mut count = 0;
-    for (i, word) in words.enumerate() {
-        let Some(conv) = SOURCES.get(i) else {
-            // Fields a newer kernel may add are not ours to guess at.
-            break;
-        };
+    for (stat, word) in DISKSTATS.iter().zip(words) {
         let n: u64 = if !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit()) {
             word.parse()
                 .map_err(|_| fail(format!("{word:?} overflows 64 bits")))?
         } else {
             return Err(fail(format!("{word:?} is not a number")));
         };
-        values[i] = match conv {
-            Conv::Count => Value::U64(n),
-            Conv::Sectors => Value::U64(
-                n.checked_mul(512)
-                    .ok_or_else(|| fail(format!("{n} sectors overflow 64 bits of bytes")))?,
-            ),
-            Conv::Millis => Value::F64(n as f64 / 1000.0),
-        };
+        match stat {
+            Stat::Count(field) => *field(&mut row) = Some(n),
+            Stat::Sectors(field) => {
+                let bytes = n
+                    .checked_mul(512)
+                    .ok_or_else(|| fail(format!("{n} sectors overflow 64 bits of bytes")))?;
+                *field(&mut row) = Some(bytes);
+            }
+            Stat::Millis(field) => *field(&mut row) = Some(n as f64 / 1000.0),
+        }
         count += 1;
     }
     if !matches!(count, 11 | 15 | 17) {
@@ -393,7 +392,7 @@ fn parse_line<'a>(
             "{count} statistics for {name}: the kernel writes 11, 15 or 17"
         )));
     }
-    Ok(Some((name, values)))
+    Ok(Some(row))
 }
 
 /// What sysfs says of `name`; `wanted` is whether it is a whole disk.
@@ -530,7 +529,36 @@ mod tests {
         for table in TABLES {
             table.validate().unwrap();
         }
-        assert_eq!(BLOCK.fields.len(), SOURCES.len());
+        // Each diskstats statistic fills a field of its own, of its unit.
+        let mut filled = std::collections::HashSet::new();
+        for stat in &DISKSTATS {
+            let mut row = BlockRow::default();
+            let unit = match stat {
+                Stat::Count(field) => {
+                    *field(&mut row) = Some(1);
+                    Unit::None
+                }
+                Stat::Sectors(field) => {
+                    *field(&mut row) = Some(1);
+                    Unit::Bytes
+                }
+                Stat::Millis(field) => {
+                    *field(&mut row) = Some(1.0);
+                    Unit::Seconds
+                }
+            };
+            let mut rows = BatchBuilder::new(&BLOCK);
+            rows.push_row(0, &row).unwrap();
+            let batch = rows.finish();
+            let set: Vec<_> = (0..BLOCK.fields.len())
+                .filter(|&i| batch.fields[i].is_valid(0))
+                .collect();
+            assert_eq!(set.len(), 1);
+            let field = &BLOCK.fields[set[0]];
+            assert_eq!(field.unit, unit, "{}", field.name);
+            assert!(filled.insert(field.name), "{} twice", field.name);
+        }
+        assert_eq!(filled.len(), BLOCK.fields.len());
         assert_eq!(
             BLOCK.metric_name(&BLOCK.fields[6]),
             "vtax_block_written_bytes_total"

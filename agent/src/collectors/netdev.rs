@@ -18,11 +18,11 @@ use anyhow::anyhow;
 use regex::RegexSet;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::block::exclude_regex;
 use super::kept::{is_gone, KeptFile};
-use super::pci::{placement, INFO_FIELD, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
+use super::pci::{info_field, placement, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
 
 /// `[collectors.netdev]`.
@@ -94,98 +94,92 @@ const INTERFACE_TAG: TagDef = TagDef {
     help: "Interface name under /sys/class/net (eth0, ens1f0np0).",
 };
 
-/// Counters and link numbers of one interface.
-pub static NETDEV: TableDef = TableDef {
-    name: "netdev",
-    help: "One row per network interface per tick, from /sys/class/net/<interface>/: traffic \
-           counters (statistics/), carrier changes, speed, MTU and whether it is up. Values the \
-           driver does not give are null. RDMA traffic of a RoCE port bypasses the kernel's \
-           stack and is not counted here: it is in infiniband_port.",
-    tags: &[INTERFACE_TAG],
-    fields: &[
-        counter("rx_bytes", Unit::Bytes, "Bytes received."),
-        counter("tx_bytes", Unit::Bytes, "Bytes sent."),
-        counter("rx_packets", Unit::None, "Packets received."),
-        counter("tx_packets", Unit::None, "Packets sent."),
-        counter("rx_errors", Unit::None, "Receive errors (bad CRC, length, frame, FIFO overrun)."),
-        counter("tx_errors", Unit::None, "Transmit errors."),
-        counter(
-            "rx_dropped",
-            Unit::None,
-            "Received packets dropped by the kernel or driver (no buffer, unknown protocol).",
-        ),
-        counter("tx_dropped", Unit::None, "Packets dropped before transmission."),
-        counter(
-            "rx_missed_errors",
-            Unit::None,
-            "Packets the NIC dropped for lack of receive buffers: the host did not keep up.",
-        ),
-        counter(
-            "carrier_changes",
-            Unit::None,
-            "Times the link went up or down (a flapping link counts fast).",
-        ),
-        FieldDef::gauge(
-            "speed_bytes_per_second",
-            FieldType::F64,
-            Unit::BytesPerSecond,
-            "Negotiated link speed (sysfs gives Mb/s); null when the link is down or the driver does not say (virtio).",
-        ),
-        FieldDef::gauge(
-            "mtu_bytes",
-            FieldType::U64,
-            Unit::Bytes,
-            "Maximum transmission unit.",
-        ),
-        FieldDef::gauge(
-            "up",
-            FieldType::U64,
-            Unit::None,
-            "1 when operstate is up, else 0 (the text is in netdev_link).",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Counters and link numbers of one interface.
+    pub static NETDEV: TableDef, pub struct NetdevRow {
+        name: "netdev",
+        help: "One row per network interface per tick, from /sys/class/net/<interface>/: traffic \
+               counters (statistics/), carrier changes, speed, MTU and whether it is up. Values the \
+               driver does not give are null. RDMA traffic of a RoCE port bypasses the kernel's \
+               stack and is not counted here: it is in infiniband_port.",
+        tags: [interface = INTERFACE_TAG],
+        fields: [
+            rx_bytes: Option<u64> = counter(Unit::Bytes, "Bytes received."),
+            tx_bytes: Option<u64> = counter(Unit::Bytes, "Bytes sent."),
+            rx_packets: Option<u64> = counter(Unit::None, "Packets received."),
+            tx_packets: Option<u64> = counter(Unit::None, "Packets sent."),
+            rx_errors: Option<u64> = counter(Unit::None, "Receive errors (bad CRC, length, frame, FIFO overrun)."),
+            tx_errors: Option<u64> = counter(Unit::None, "Transmit errors."),
+            rx_dropped: Option<u64> = counter(
+                Unit::None,
+                "Received packets dropped by the kernel or driver (no buffer, unknown protocol).",
+            ),
+            tx_dropped: Option<u64> = counter(Unit::None, "Packets dropped before transmission."),
+            rx_missed_errors: Option<u64> = counter(
+                Unit::None,
+                "Packets the NIC dropped for lack of receive buffers: the host did not keep up.",
+            ),
+            carrier_changes: Option<u64> = counter(
+                Unit::None,
+                "Times the link went up or down (a flapping link counts fast).",
+            ),
+            speed_bytes_per_second: Option<f64> = FieldDef::gauge(
+                FieldType::F64,
+                Unit::BytesPerSecond,
+                "Negotiated link speed (sysfs gives Mb/s); null when the link is down or the driver does not say (virtio).",
+            ),
+            mtu_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Maximum transmission unit."),
+            up: Option<u64> = FieldDef::gauge(
+                FieldType::U64,
+                Unit::None,
+                "1 when operstate is up, else 0 (the text is in netdev_link).",
+            ),
+        ],
+        exported: true,
+    }
+}
 
-/// Files under the interface directory read every tick, in [`NETDEV`]'s order
-/// (the last three fields are parsed apart).
-const COUNTER_FILES: [&str; 10] = [
-    "statistics/rx_bytes",
-    "statistics/tx_bytes",
-    "statistics/rx_packets",
-    "statistics/tx_packets",
-    "statistics/rx_errors",
-    "statistics/tx_errors",
-    "statistics/rx_dropped",
-    "statistics/tx_dropped",
-    "statistics/rx_missed_errors",
-    "carrier_changes",
+/// The [`NetdevRow`] field a counter file fills.
+type CounterField = for<'r, 'a> fn(&'r mut NetdevRow<'a>) -> &'r mut Option<u64>;
+
+/// Counter files under the interface directory, read every tick, each with
+/// the field it fills (speed, MTU and operstate are parsed apart).
+const COUNTER_FILES: [(&str, CounterField); 10] = [
+    ("statistics/rx_bytes", |r| &mut r.rx_bytes),
+    ("statistics/tx_bytes", |r| &mut r.tx_bytes),
+    ("statistics/rx_packets", |r| &mut r.rx_packets),
+    ("statistics/tx_packets", |r| &mut r.tx_packets),
+    ("statistics/rx_errors", |r| &mut r.rx_errors),
+    ("statistics/tx_errors", |r| &mut r.tx_errors),
+    ("statistics/rx_dropped", |r| &mut r.rx_dropped),
+    ("statistics/tx_dropped", |r| &mut r.tx_dropped),
+    ("statistics/rx_missed_errors", |r| &mut r.rx_missed_errors),
+    ("carrier_changes", |r| &mut r.carrier_changes),
 ];
-const SPEED: usize = 10;
-const MTU: usize = 11;
-const UP: usize = 12;
 
-/// The text attributes of an interface, as tags of an info row.
-pub static NETDEV_LINK: TableDef = TableDef {
-    name: "netdev_link",
-    help: "One row per network interface per tick whose tags describe it: operstate, driver and \
-           where it sits in the PCI tree; join on interface.",
-    tags: &[
-        INTERFACE_TAG,
-        TagDef {
-            name: "operstate",
-            help: "RFC 2863 state as the kernel writes it: up, down, lowerlayerdown, dormant, testing, notpresent, unknown.",
-        },
-        TagDef {
-            name: "driver",
-            help: "Kernel driver of the interface's device (mlx5_core, virtio_net, ice); empty when virtual.",
-        },
-        PCI_ADDRESS_TAG,
-        NUMA_NODE_TAG,
-    ],
-    fields: &[INFO_FIELD],
-    exported: true,
-};
+vtax_store::table! {
+    /// The text attributes of an interface, as tags of an info row.
+    pub static NETDEV_LINK: TableDef, pub struct NetdevLinkRow {
+        name: "netdev_link",
+        help: "One row per network interface per tick whose tags describe it: operstate, driver and \
+               where it sits in the PCI tree; join on interface.",
+        tags: [
+            interface = INTERFACE_TAG,
+            operstate = TagDef {
+                name: "operstate",
+                help: "RFC 2863 state as the kernel writes it: up, down, lowerlayerdown, dormant, testing, notpresent, unknown.",
+            },
+            driver = TagDef {
+                name: "driver",
+                help: "Kernel driver of the interface's device (mlx5_core, virtio_net, ice); empty when virtual.",
+            },
+            pci_address = PCI_ADDRESS_TAG,
+            numa_node = NUMA_NODE_TAG,
+        ],
+        fields: [info: u64 = info_field()],
+        exported: true,
+    }
+}
 
 /// Ticks between two walks when nothing asked for one sooner.
 const RESCAN_TICKS: u64 = 60;
@@ -209,7 +203,7 @@ struct Interface {
     driver: String,
     pci_address: String,
     numa_node: String,
-    counters: Vec<KeptFile>,
+    counters: Vec<(KeptFile, CounterField)>,
     speed: KeptFile,
     mtu: KeptFile,
     operstate: KeptFile,
@@ -349,7 +343,7 @@ impl Netdev {
             self.interfaces.push(Interface {
                 counters: COUNTER_FILES
                     .iter()
-                    .map(|rel| KeptFile::new(dir.join(rel)))
+                    .map(|(rel, field)| (KeptFile::new(dir.join(rel)), *field))
                     .collect(),
                 speed: KeptFile::new(dir.join("speed")),
                 mtu: KeptFile::new(dir.join("mtu")),
@@ -379,7 +373,10 @@ impl Netdev {
             ..
         } = self;
         'interfaces: for iface in interfaces.iter_mut() {
-            let mut values = [Value::Null; 13];
+            let mut row = NetdevRow {
+                interface: &iface.name,
+                ..NetdevRow::default()
+            };
             macro_rules! text {
                 ($file:expr, $report_refusal:expr) => {
                     match read($file, buf) {
@@ -416,10 +413,10 @@ impl Netdev {
                     }
                 };
             }
-            for (i, file) in iface.counters.iter_mut().enumerate() {
+            for (file, field) in iface.counters.iter_mut() {
                 if let Some(t) = text!(file, true) {
                     if let Some(n) = number!(t, file) {
-                        values[i] = Value::U64(n);
+                        *field(&mut row) = Some(n);
                     }
                 }
             }
@@ -429,13 +426,13 @@ impl Netdev {
                 // -1 (SPEED_UNKNOWN) from drivers that do not know, virtio's case.
                 if s != "-1" {
                     if let Some(mbits) = number!(t, &iface.speed) {
-                        values[SPEED] = Value::F64(mbits as f64 * 1e6 / 8.0);
+                        row.speed_bytes_per_second = Some(mbits as f64 * 1e6 / 8.0);
                     }
                 }
             }
             if let Some(t) = text!(&mut iface.mtu, true) {
                 if let Some(n) = number!(t, &iface.mtu) {
-                    values[MTU] = Value::U64(n);
+                    row.mtu_bytes = Some(n);
                 }
             }
             let mut operstate = "";
@@ -444,25 +441,23 @@ impl Netdev {
                 match OPERSTATES.iter().find(|o| **o == s) {
                     Some(state) => {
                         operstate = state;
-                        values[UP] = Value::U64(u64::from(operstate == "up"));
+                        row.up = Some(u64::from(operstate == "up"));
                     }
                     None => {
                         errors.push(bad(&iface.operstate, format!("{s:?} is not an operstate")))
                     }
                 }
             }
-            rows.push(time_us, &[&iface.name], &values)?;
-            link_rows.push(
-                time_us,
-                &[
-                    &iface.name,
-                    operstate,
-                    &iface.driver,
-                    &iface.pci_address,
-                    &iface.numa_node,
-                ],
-                &[Value::U64(1)],
-            )?;
+            rows.push_row(time_us, &row)?;
+            let link = NetdevLinkRow {
+                interface: &iface.name,
+                operstate,
+                driver: &iface.driver,
+                pci_address: &iface.pci_address,
+                numa_node: &iface.numa_node,
+                info: 1,
+            };
+            link_rows.push_row(time_us, &link)?;
             if !iface.driver.is_empty() && operstate == "down" {
                 problems.push(format!(
                     "{} is down: no link (cable, transceiver, switch port)",
@@ -543,12 +538,22 @@ mod tests {
         for table in TABLES {
             table.validate().unwrap();
         }
-        assert_eq!(NETDEV.fields.len(), COUNTER_FILES.len() + 3);
-        assert_eq!(NETDEV.fields[SPEED].name, "speed_bytes_per_second");
-        assert_eq!(NETDEV.fields[MTU].name, "mtu_bytes");
-        assert_eq!(NETDEV.fields[UP].name, "up");
-        for (file, field) in COUNTER_FILES.iter().zip(NETDEV.fields) {
-            assert!(file.ends_with(field.name), "{file} feeds {}", field.name);
+        // Each counter file fills the field of its own name.
+        for (file, field) in COUNTER_FILES {
+            let mut row = NetdevRow::default();
+            *field(&mut row) = Some(1);
+            let mut rows = BatchBuilder::new(&NETDEV);
+            rows.push_row(0, &row).unwrap();
+            let batch = rows.finish();
+            let filled: Vec<&str> = NETDEV
+                .fields
+                .iter()
+                .zip(&batch.fields)
+                .filter(|(_, column)| column.is_valid(0))
+                .map(|(def, _)| def.name)
+                .collect();
+            assert_eq!(filled.len(), 1, "{file} fills {filled:?}");
+            assert!(file.ends_with(filled[0]), "{file} feeds {}", filled[0]);
         }
     }
 

@@ -22,13 +22,16 @@ pub const NUMA_NODE_TAG: TagDef = TagDef {
     help: "NUMA node of that PCI function; empty when the kernel says -1 or there is none.",
 };
 
-/// The one field of an info row.
-pub const INFO_FIELD: FieldDef = FieldDef::gauge(
-    "info",
-    FieldType::U64,
-    Unit::None,
-    "Always 1; the row's tags carry the information.",
-);
+/// The one field of an info row, `info` (in a table declaration,
+/// `info: u64 = info_field()`).
+pub const fn info_field(name: &'static str) -> FieldDef {
+    FieldDef::gauge(
+        name,
+        FieldType::U64,
+        Unit::None,
+        "Always 1; the row's tags carry the information.",
+    )
+}
 
 /// Whether `name` is a PCI address: `dddd:bb:dd.f`, lowercase hex.
 pub fn is_pci_address(name: &str) -> bool {
