@@ -735,6 +735,7 @@ impl Detector {
             }
             "gpu" => self.observe_gpus(&view),
             "gpu_process" => self.observe_gpu_processes(&view),
+            "gpu_probe" => self.facts.observe_gpu_probe(&view),
             "infiniband_port" => self.observe_infiniband(&view),
             _ => {}
         }
@@ -1500,6 +1501,9 @@ impl Detector {
                 opt(self.facts.nvlink_links_missing_ratio()),
                 opt(self.facts.worst(GpuFacts::pcie_bandwidth_loss_ratio)),
                 opt(self.facts.worst(GpuFacts::clock_throttle_ratio)),
+                opt(self.facts.lowest(|g| g.probe.host_to_device.ratio())),
+                opt(self.facts.lowest(|g| g.probe.device_to_host.ratio())),
+                opt(self.facts.lowest(|g| g.probe.device_to_device.ratio())),
             ],
         )
         .expect("the row matches the declaration");

@@ -112,6 +112,18 @@ pub static TAX: TableDef = TableDef {
             "gpu_clock_throttle_ratio",
             "Worst GPU's SM clock below its maximum while a power or thermal slowdown is active.",
         ),
+        ratio(
+            "probe_host_to_device_ratio",
+            "Lowest GPU's host-to-device copy against its PCIe link at its maximum, from the transfer probe's latest run on it (gpu_probe); null until a GPU was probed.",
+        ),
+        ratio(
+            "probe_device_to_host_ratio",
+            "Lowest GPU's device-to-host copy against its PCIe link at its maximum, from the transfer probe's latest run on it.",
+        ),
+        ratio(
+            "probe_device_to_device_ratio",
+            "Lowest GPU's copy within the GPU (HBM traffic) against the HBM peak, from the transfer probe's latest run on it.",
+        ),
     ],
     exported: true,
 };

@@ -800,6 +800,55 @@ fn healthy_simulated_gpus_raise_nothing() {
     assert!(opened.is_empty(), "{opened:?}");
 }
 
+/// The transfer probe's ratios reach the tax gauges (the lowest GPU's)
+/// and, below LOW_TRANSFER_RATIO, the verdict's evidence in words.
+#[test]
+fn the_transfer_probes_ratios_are_tax_and_evidence() {
+    use crate::collectors::gpu_probe::GPU_PROBE;
+    let mut detector = Detector::new(config());
+    let gen5_x16 = 16.0 * 3.938e9;
+    let probe = |gpu: &str, h2d: f64| {
+        row(
+            &GPU_PROBE,
+            START_US,
+            &[gpu],
+            &[
+                ("host_to_device_bytes_per_second", h2d),
+                ("host_to_device_peak_bytes_per_second", gen5_x16),
+                ("device_to_host_bytes_per_second", 55.2e9),
+                ("device_to_host_peak_bytes_per_second", gen5_x16),
+                ("device_to_device_bytes_per_second", 4080e9),
+                ("device_to_device_peak_bytes_per_second", 4814e9),
+            ],
+        )
+    };
+    detector.observe(&probe("0", 53.9e9));
+    detector.observe(&probe("1", 24.1e9));
+    let mut out = Vec::new();
+    for second in 0..30 {
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let tax = out
+        .iter()
+        .rev()
+        .find(|b| std::ptr::eq(b.table, &tables::TAX))
+        .unwrap();
+    let v = View::new(tax);
+    let h2d = v.value(0, "probe_host_to_device_ratio").unwrap();
+    assert!((h2d - 24.1e9 / gen5_x16).abs() < 1e-9, "{h2d}");
+    let d2d = v.value(0, "probe_device_to_device_ratio").unwrap();
+    assert!((d2d - 4080.0 / 4814.0).abs() < 1e-9, "{d2d}");
+    let mut facts = detector.facts.clone();
+    for g in facts.gpus.values_mut() {
+        g.pcie_gen_max = Some(5.0);
+        g.pcie_width_max = Some(16.0);
+    }
+    assert_eq!(
+        facts.verdict().transfers,
+        ["GPU 1: host→device at 0.38 of Gen5 x16 (24.1 of 63.0 GB/s), measured by the transfer probe"]
+    );
+}
+
 #[test]
 fn leaves_and_lineage() {
     let set = leaves(&["/a", "/a/b", "/a-x", "/c/", "/c/d/e"]);

@@ -53,6 +53,37 @@ pub struct GpuFacts {
     pub sm_active: Option<f64>,
     pub dram_bandwidth: Option<f64>,
     pub memory_utilization: Option<f64>,
+    /// What the transfer probe's latest run on it measured.
+    pub probe: ProbedTransfers,
+}
+
+/// Below this share of its peak, a transfer the probe measured is evidence
+/// of a tax: on bare metal and through a passed-through link alike a large
+/// copy gets 0.85-0.9 of PCIe's encoded rate and of the HBM peak
+/// (docs/gpus.md), so 0.7 leaves room for a slower host without calling it one.
+pub const LOW_TRANSFER_RATIO: f64 = 0.7;
+
+/// One bandwidth the probe measured and its peak.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Transfer {
+    pub bytes_per_second: Option<f64>,
+    pub peak_bytes_per_second: Option<f64>,
+}
+
+impl Transfer {
+    /// Measured over peak, where both are known and the peak is positive.
+    pub fn ratio(&self) -> Option<f64> {
+        let (b, peak) = (self.bytes_per_second?, self.peak_bytes_per_second?);
+        (peak > 0.0).then(|| b / peak)
+    }
+}
+
+/// A GPU's latest `gpu_probe` row.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProbedTransfers {
+    pub host_to_device: Transfer,
+    pub device_to_host: Transfer,
+    pub device_to_device: Transfer,
 }
 
 impl GpuFacts {
@@ -127,6 +158,9 @@ pub struct Verdict {
     pub gpus: usize,
     pub mig_gpus: usize,
     pub vgpu_gpus: usize,
+    /// Transfers the probe measured below [`LOW_TRANSFER_RATIO`] of their
+    /// peak, in words: "GPU 0: host→device at 0.38 of Gen5 x16 (24.1 of 63.0 GB/s)".
+    pub transfers: Vec<String>,
 }
 
 impl Verdict {
@@ -214,6 +248,7 @@ impl Verdict {
                 self.gpu_virtualization, self.mig, self.nvlink, self.pcie
             ));
         }
+        lines.extend(self.transfers.iter().cloned());
         lines
     }
 }
@@ -228,6 +263,7 @@ impl Facts {
             "gpu" => {
                 self.observe_gpu(&view);
             }
+            "gpu_probe" => self.observe_gpu_probe(&view),
             _ => {}
         }
     }
@@ -290,6 +326,25 @@ impl Facts {
         seen
     }
 
+    /// Reads a `gpu_probe` batch: each GPU's latest transfers.
+    pub fn observe_gpu_probe(&mut self, view: &View) {
+        for row in 0..view.rows() {
+            let gpu = self
+                .gpus
+                .entry(view.tag(row, "gpu").to_string())
+                .or_default();
+            let transfer = |what: &str| Transfer {
+                bytes_per_second: view.value(row, &format!("{what}_bytes_per_second")),
+                peak_bytes_per_second: view.value(row, &format!("{what}_peak_bytes_per_second")),
+            };
+            gpu.probe = ProbedTransfers {
+                host_to_device: transfer("host_to_device"),
+                device_to_host: transfer("device_to_host"),
+                device_to_device: transfer("device_to_device"),
+            };
+        }
+    }
+
     /// Forgets GPUs that fell off the bus (no longer in `gpu_info`).
     pub fn retain_gpus(&mut self, present: &[String]) {
         self.gpus.retain(|k, _| present.contains(k));
@@ -346,6 +401,7 @@ impl Facts {
                 .iter()
                 .filter(|g| g.virtualization_mode == "vgpu")
                 .count(),
+            transfers: self.low_transfers(),
             host,
             gpu_virtualization: none_if_no_gpus(modes.join(",")),
             mig: none_if_no_gpus(if mig_on { "on" } else { "off" }.into()),
@@ -398,6 +454,42 @@ impl Facts {
             .values()
             .filter_map(|g| Some((g.nvlink_links_up?, g.nvlink_links_product?)))
             .fold((0.0, 0.0), |(u, p), (gu, gp)| (u + gu, p + gp))
+    }
+
+    /// The lowest GPU's value of `f`.
+    pub fn lowest(&self, f: impl Fn(&GpuFacts) -> Option<f64>) -> Option<f64> {
+        self.gpus.values().filter_map(f).reduce(f64::min)
+    }
+
+    /// The probe's transfers below [`LOW_TRANSFER_RATIO`] of their peak, in words.
+    fn low_transfers(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (index, g) in &self.gpus {
+            let pcie = match (g.pcie_gen_max, g.pcie_width_max) {
+                (Some(gen), Some(width)) => format!("Gen{gen} x{width}"),
+                _ => "its PCIe link".into(),
+            };
+            let p = &g.probe;
+            for (what, t, peak) in [
+                ("host→device", p.host_to_device, pcie.as_str()),
+                ("device→host", p.device_to_host, pcie.as_str()),
+                ("device→device", p.device_to_device, "the HBM peak"),
+            ] {
+                let (Some(ratio), Some(b), Some(max)) =
+                    (t.ratio(), t.bytes_per_second, t.peak_bytes_per_second)
+                else {
+                    continue;
+                };
+                if ratio < LOW_TRANSFER_RATIO {
+                    lines.push(format!(
+                        "GPU {index}: {what} at {ratio:.2} of {peak} ({} of {} GB/s), measured by the transfer probe",
+                        crate::gpu_probe::peaks::gigabytes(b),
+                        crate::gpu_probe::peaks::gigabytes(max)
+                    ));
+                }
+            }
+        }
+        lines
     }
 
     /// The worst GPU's value of `f`.
