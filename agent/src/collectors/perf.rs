@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::cgroups::{classify, leaves, on_cgroupfs, CgroupsConfig, Selection};
 use super::{Availability, Collector, CollectorConfig, Roots};
@@ -121,7 +121,7 @@ pub enum HwEvent {
 }
 
 impl HwEvent {
-    /// In the order of the table's fields.
+    /// Every event, in the order of a cgroup's totals.
     pub const ALL: [HwEvent; 3] = [HwEvent::Cycles, HwEvent::Instructions, HwEvent::LlcMisses];
 
     /// For messages.
@@ -289,42 +289,40 @@ const fn events(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::counter(name, FieldType::U64, Unit::None, help)
 }
 
-/// One row per counted cgroup per tick.
-pub static CGROUP_PERF: TableDef = TableDef {
-    name: "cgroup_perf",
-    help: "One row per leaf workload cgroup per tick, from the CPU's hardware counters (perf_event_open in cgroup mode, one counter per event per online CPU, summed; user mode only). Counts are scaled for multiplexing, so they are estimates when the PMU was shared. No rows where the PMU is hidden (most VMs) or perf_event_open is refused.",
-    tags: &[
-        TagDef {
-            name: "path",
-            help: "The cgroup's path below the cgroup root, as in the `cgroup` table.",
-        },
-        TagDef {
-            name: "workload",
-            help: "What the cgroup holds, from its path, as in the `cgroup` table.",
-        },
-    ],
-    fields: &[
-        events(
-            "cycles",
-            "CPU cycles while the cgroup's tasks ran (PERF_COUNT_HW_CPU_CYCLES).",
-        ),
-        events(
-            "instructions",
-            "Instructions the cgroup's tasks retired (PERF_COUNT_HW_INSTRUCTIONS); cycles / instructions is their CPI.",
-        ),
-        events(
-            "llc_misses",
-            "Last-level cache misses of the cgroup's tasks (PERF_COUNT_HW_CACHE_MISSES); null where the CPU has no such generic event.",
-        ),
-        FieldDef::gauge(
-            "counter_running_ratio",
-            FieldType::F64,
-            Unit::Ratio,
-            "Share of the time the cgroup's counters were enabled this tick that they counted: below 1 the PMU was shared and the increase was scaled up; null when the cgroup did not run.",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// One row per counted cgroup per tick.
+    pub static CGROUP_PERF: TableDef, pub struct CgroupPerfRow {
+        name: "cgroup_perf",
+        help: "One row per leaf workload cgroup per tick, from the CPU's hardware counters (perf_event_open in cgroup mode, one counter per event per online CPU, summed; user mode only). Counts are scaled for multiplexing, so they are estimates when the PMU was shared. No rows where the PMU is hidden (most VMs) or perf_event_open is refused.",
+        tags: [
+            path = TagDef {
+                name: "path",
+                help: "The cgroup's path below the cgroup root, as in the `cgroup` table.",
+            },
+            workload = TagDef {
+                name: "workload",
+                help: "What the cgroup holds, from its path, as in the `cgroup` table.",
+            },
+        ],
+        fields: [
+            cycles: Option<u64> = events(
+                "CPU cycles while the cgroup's tasks ran (PERF_COUNT_HW_CPU_CYCLES).",
+            ),
+            instructions: Option<u64> = events(
+                "Instructions the cgroup's tasks retired (PERF_COUNT_HW_INSTRUCTIONS); cycles / instructions is their CPI.",
+            ),
+            llc_misses: Option<u64> = events(
+                "Last-level cache misses of the cgroup's tasks (PERF_COUNT_HW_CACHE_MISSES); null where the CPU has no such generic event.",
+            ),
+            counter_running_ratio: Option<f64> = FieldDef::gauge(
+                FieldType::F64,
+                Unit::Ratio,
+                "Share of the time the cgroup's counters were enabled this tick that they counted: below 1 the PMU was shared and the increase was scaled up; null when the cgroup did not run.",
+            ),
+        ],
+        exported: true,
+    }
+}
 
 /// Online CPUs from a kernel CPU list (`0-3,8`).
 fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
@@ -705,7 +703,7 @@ impl Perf {
         let mut builder = BatchBuilder::new(&CGROUP_PERF);
         let mut vanished = false;
         let mut bad = Vec::new();
-        let counted: [bool; 3] = HwEvent::ALL.map(|e| self.events.contains(&e));
+        let events = &self.events;
         self.targets.retain_mut(|target| {
             let here = std::fs::metadata(&target.dir).is_ok_and(|m| m.ino() == target.inode);
             if !here {
@@ -742,18 +740,23 @@ impl Perf {
                     )),
                 }
             }
-            let mut values = [Value::Null; 4];
-            for (i, event) in HwEvent::ALL.iter().enumerate() {
-                if counted[i] {
-                    values[event.index()] = Value::U64(target.totals[i]);
-                }
-            }
-            if enabled > 0 {
-                values[3] = Value::F64(running as f64 / enabled as f64);
-            }
+            // An event the CPU cannot count is null, not 0.
+            let total = |event: HwEvent| {
+                events
+                    .contains(&event)
+                    .then_some(target.totals[event.index()])
+            };
+            let row = CgroupPerfRow {
+                path: &target.path,
+                workload: target.workload,
+                cycles: total(HwEvent::Cycles),
+                instructions: total(HwEvent::Instructions),
+                llc_misses: total(HwEvent::LlcMisses),
+                counter_running_ratio: (enabled > 0).then(|| running as f64 / enabled as f64),
+            };
             builder
-                .push(time_us, &[&target.path, target.workload], &values)
-                .expect("the row matches the declaration");
+                .push_row(time_us, &row)
+                .expect("a perf row is for the cgroup_perf table");
             true
         });
         for what in bad {
