@@ -643,40 +643,33 @@ fn escape_help(help: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_tables::WAKEUP_HISTOGRAM;
+    use crate::test_tables::{WakeupHistogramRow, WAKEUP_HISTOGRAM};
     use vtax_store::schema::{FieldType, TagDef, Unit};
-    use vtax_store::{BatchBuilder, Value};
+    use vtax_store::BatchBuilder;
 
-    static T: TableDef = TableDef {
-        name: "gpu",
-        help: "test",
-        tags: &[TagDef {
+    vtax_store::table! {
+        static T: TableDef, struct GpuRow {
             name: "gpu",
-            help: "index",
-        }],
-        fields: &[
-            FieldDef {
-                name: "energy_joules",
-                ty: FieldType::F64,
-                kind: MetricKind::Counter,
-                unit: Unit::Joules,
-                help: "Energy \\ since boot.",
-            },
-            FieldDef {
-                name: "memory_used_bytes",
-                ty: FieldType::U64,
-                kind: MetricKind::Gauge,
-                unit: Unit::Bytes,
-                help: "Used.",
-            },
-        ],
-        exported: true,
-    };
+            help: "test",
+            tags: [gpu = TagDef { name: "gpu", help: "index" }],
+            fields: [
+                energy_joules: Option<f64> = FieldDef::counter(FieldType::F64, Unit::Joules, "Energy \\ since boot."),
+                memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Used."),
+            ],
+            exported: true,
+        }
+    }
 
-    fn batch(rows: &[(&str, Value, Value)]) -> Arc<Batch> {
+    /// A batch of `T`: per row its gpu, energy and memory used.
+    fn batch(rows: &[(&str, Option<f64>, Option<u64>)]) -> Arc<Batch> {
         let mut b = BatchBuilder::new(&T);
-        for (tag, a, c) in rows {
-            b.push(1, &[tag], &[*a, *c]).unwrap();
+        for &(gpu, energy_joules, memory_used_bytes) in rows {
+            let row = GpuRow {
+                gpu,
+                energy_joules,
+                memory_used_bytes,
+            };
+            b.push_row(1, &row).unwrap();
         }
         Arc::new(b.finish())
     }
@@ -684,11 +677,8 @@ mod tests {
     #[test]
     fn families_merge_across_sources_and_nulls_are_skipped() {
         let e = Exposition::new(&[&T]);
-        e.update("a", vec![batch(&[("0", Value::F64(1.5), Value::Null)])]);
-        e.update(
-            "b",
-            vec![batch(&[("1\"x", Value::F64(f64::NAN), Value::U64(7))])],
-        );
+        e.update("a", vec![batch(&[("0", Some(1.5), None)])]);
+        e.update("b", vec![batch(&[("1\"x", Some(f64::NAN), Some(7))])]);
         let text = e.body(Format::Text, false);
         let openmetrics = e.body(Format::OpenMetrics, false);
         let text_gzip = e.body(Format::Text, true);
@@ -749,9 +739,9 @@ mod tests {
         };
         let large: Vec<String> = (0..3000).map(|_| noisy_tag()).collect();
         let rows = |tags: &[String], v: f64| {
-            let rows: Vec<(&str, Value, Value)> = tags
+            let rows: Vec<(&str, Option<f64>, Option<u64>)> = tags
                 .iter()
-                .map(|t| (t.as_str(), Value::F64(v), Value::U64(1)))
+                .map(|t| (t.as_str(), Some(v), Some(1)))
                 .collect();
             batch(&rows)
         };
@@ -789,7 +779,7 @@ mod tests {
         };
         // Each change, then wait until the renderer thread has dealt with it.
         let tick = |v: f64| {
-            e.update("a", vec![batch(&[("0", Value::F64(v), Value::U64(1))])]);
+            e.update("a", vec![batch(&[("0", Some(v), Some(1))])]);
             let target = e.state.lock().unwrap().generation;
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
             while e.handled.load(Ordering::Acquire) < target {
@@ -823,12 +813,12 @@ mod tests {
         let e = Exposition::new(&[&T]);
         let generation = || e.state.lock().unwrap().generation;
         let text = || String::from_utf8(e.body(Format::Text, false).to_vec()).unwrap();
-        e.update("a", vec![batch(&[("0", Value::F64(1.0), Value::U64(1))])]);
+        e.update("a", vec![batch(&[("0", Some(1.0), Some(1))])]);
         assert!(text().contains("} 1\n"));
         let before = generation();
-        e.stage("b", vec![batch(&[("1", Value::F64(7.0), Value::U64(1))])]);
+        e.stage("b", vec![batch(&[("1", Some(7.0), Some(1))])]);
         assert_eq!(generation(), before, "a stage asks for no render");
-        e.update("a", vec![batch(&[("0", Value::F64(2.0), Value::U64(1))])]);
+        e.update("a", vec![batch(&[("0", Some(2.0), Some(1))])]);
         e.render_pending();
         let body = text();
         assert!(
@@ -837,9 +827,9 @@ mod tests {
         );
 
         // Staged again, then again with no render between: the second asks.
-        e.stage("b", vec![batch(&[("1", Value::F64(8.0), Value::U64(1))])]);
+        e.stage("b", vec![batch(&[("1", Some(8.0), Some(1))])]);
         let before = generation();
-        e.stage("b", vec![batch(&[("1", Value::F64(9.0), Value::U64(1))])]);
+        e.stage("b", vec![batch(&[("1", Some(9.0), Some(1))])]);
         assert_eq!(
             generation(),
             before + 1,
@@ -850,14 +840,14 @@ mod tests {
 
         // Two sources staged once each between renders: no render asked.
         let before = generation();
-        e.stage("b", vec![batch(&[("1", Value::F64(10.0), Value::U64(1))])]);
-        e.stage("c", vec![batch(&[("2", Value::F64(1.0), Value::U64(1))])]);
+        e.stage("b", vec![batch(&[("1", Some(10.0), Some(1))])]);
+        e.stage("c", vec![batch(&[("2", Some(1.0), Some(1))])]);
         assert_eq!(
             generation(),
             before,
             "another source's staged rows ask for no render"
         );
-        e.stage("c", vec![batch(&[("2", Value::F64(2.0), Value::U64(1))])]);
+        e.stage("c", vec![batch(&[("2", Some(2.0), Some(1))])]);
         assert_eq!(generation(), before + 1);
     }
 
@@ -866,12 +856,18 @@ mod tests {
         WAKEUP_HISTOGRAM.validate().unwrap();
         let mut b = BatchBuilder::new(&WAKEUP_HISTOGRAM);
         for (cpu, le, count, sum) in [
-            ("0", "5e-05", 3, Value::Null),
-            ("0", "+Inf", 4, Value::F64(0.5)),
-            ("1", "5e-05", 0, Value::Null),
-            ("1", "+Inf", 0, Value::F64(0.0)),
+            ("0", "5e-05", 3, None),
+            ("0", "+Inf", 4, Some(0.5)),
+            ("1", "5e-05", 0, None),
+            ("1", "+Inf", 0, Some(0.0)),
         ] {
-            b.push(1, &[cpu, le], &[Value::U64(count), sum]).unwrap();
+            let row = WakeupHistogramRow {
+                cpu,
+                le,
+                latency_seconds: count,
+                latency_seconds_sum: sum,
+            };
+            b.push_row(1, &row).unwrap();
         }
         let e = Exposition::new(&[&WAKEUP_HISTOGRAM]);
         e.update("jitter", vec![Arc::new(b.finish())]);
@@ -920,7 +916,7 @@ mod tests {
             e.body(Format::Text, true).len() > 10,
             "rendered on first ask"
         );
-        e.update("a", vec![batch(&[("0", Value::F64(2.0), Value::U64(1))])]);
+        e.update("a", vec![batch(&[("0", Some(2.0), Some(1))])]);
         assert!(e.wait_rendered(Duration::from_secs(10)));
         let bodies = e.bodies();
         assert_eq!(bodies.samples, 2);

@@ -48,26 +48,28 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use vtax_store::schema::{FieldDef, FieldType, TableDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::schema::{FieldDef, FieldType, Unit};
+use vtax_store::{Batch, BatchBuilder};
 
 use crate::exposition::{Exposition, Format};
 
-/// The server's own counters, one row a second (published by the agent's
-/// main loop from [`WebServer::stats`]).
-pub static TABLE: TableDef = TableDef {
-    name: "web",
-    help: "One row a second: what the /metrics server holds and what it refused since the agent started.",
-    tags: &[],
-    fields: &[
-        FieldDef::gauge("connections_open", FieldType::U64, Unit::None, "Connections open now, TLS handshakes included; at most max connections (128)."),
-        FieldDef::counter("connections_refused", FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, since the agent started."),
-        FieldDef::counter("connections_timed_out", FieldType::U64, Unit::None, "Connections closed because a TLS handshake (10 s), a request head (30 s, the wait for the next request on a kept-alive connection included) or a stalled transfer (30 s without a byte) ran past its timeout, since the agent started."),
-        FieldDef::counter("auth_failures", FieldType::U64, Unit::None, "Requests answered 401 under basic auth: no credentials, or a user name or password that basic_auth_users does not hold, since the agent started."),
-        FieldDef::counter("auth_busy", FieldType::U64, Unit::None, "Requests answered 503 at once because their credentials were not verified yet and the bcrypt verification slot was taken, since the agent started."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// The server's own counters, one row a second (published by the agent's
+    /// main loop from [`WebServer::stats`]).
+    pub static TABLE: TableDef, pub struct WebRow {
+        name: "web",
+        help: "One row a second: what the /metrics server holds and what it refused since the agent started.",
+        tags: [],
+        fields: [
+            connections_open: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "Connections open now, TLS handshakes included; at most max connections (128)."),
+            connections_refused: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, since the agent started."),
+            connections_timed_out: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed because a TLS handshake (10 s), a request head (30 s, the wait for the next request on a kept-alive connection included) or a stalled transfer (30 s without a byte) ran past its timeout, since the agent started."),
+            auth_failures: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 401 under basic auth: no credentials, or a user name or password that basic_auth_users does not hold, since the agent started."),
+            auth_busy: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 503 at once because their credentials were not verified yet and the bcrypt verification slot was taken, since the agent started."),
+        ],
+        exported: true,
+    }
+}
 
 /// Bounds on what clients can hold of the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,20 +136,17 @@ pub struct WebStats {
 impl WebStats {
     /// The row of [`TABLE`] at `time_us`.
     pub fn row(&self, time_us: i64) -> Batch {
+        let row = WebRow {
+            connections_open: self.connections_open,
+            connections_refused: self.connections_refused,
+            connections_timed_out: self.connections_timed_out,
+            auth_failures: self.auth_failures,
+            auth_busy: self.auth_busy,
+        };
         let mut builder = BatchBuilder::new(&TABLE);
         builder
-            .push(
-                time_us,
-                &[],
-                &[
-                    Value::U64(self.connections_open),
-                    Value::U64(self.connections_refused),
-                    Value::U64(self.connections_timed_out),
-                    Value::U64(self.auth_failures),
-                    Value::U64(self.auth_busy),
-                ],
-            )
-            .expect("the row matches the declaration");
+            .push_row(time_us, &row)
+            .expect("a web row is for the web table");
         builder.finish()
     }
 }

@@ -175,38 +175,36 @@ pub fn decompress(body: &[u8]) -> Result<Vec<u8>, snap::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_tables::WAKEUP_HISTOGRAM;
+    use crate::test_tables::{WakeupHistogramRow, WAKEUP_HISTOGRAM};
     use prost::Message;
     use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
-    use vtax_store::{BatchBuilder, Value};
+    use vtax_store::BatchBuilder;
 
-    static GPU: TableDef = TableDef {
-        name: "gpu",
-        help: "test",
-        tags: &[
-            TagDef {
-                name: "uuid",
-                help: "id",
-            },
-            TagDef {
-                name: "gpu",
-                help: "index",
-            },
-        ],
-        fields: &[
-            FieldDef::counter("energy_joules", FieldType::F64, Unit::Joules, "Energy."),
-            FieldDef::gauge("memory_used_bytes", FieldType::U64, Unit::Bytes, "Used."),
-        ],
-        exported: true,
-    };
+    vtax_store::table! {
+        static GPU: TableDef, struct GpuRow {
+            name: "gpu",
+            help: "test",
+            tags: [
+                uuid = TagDef { name: "uuid", help: "id" },
+                gpu = TagDef { name: "gpu", help: "index" },
+            ],
+            fields: [
+                energy_joules: Option<f64> = FieldDef::counter(FieldType::F64, Unit::Joules, "Energy."),
+                memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Used."),
+            ],
+            exported: true,
+        }
+    }
 
-    static SCRAPED: TableDef = TableDef {
-        name: "scraped",
-        help: "test",
-        tags: &[],
-        fields: &[FieldDef::gauge("value", FieldType::F64, Unit::None, "x")],
-        exported: false,
-    };
+    vtax_store::table! {
+        static SCRAPED: TableDef, struct ScrapedRow {
+            name: "scraped",
+            help: "test",
+            tags: [],
+            fields: [value: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "x")],
+            exported: false,
+        }
+    }
 
     fn labels(s: &TimeSeries) -> Vec<(&str, &str)> {
         s.labels
@@ -218,18 +216,20 @@ mod tests {
     #[test]
     fn plain_fields_become_sorted_series_and_survive_the_wire() {
         let mut b = BatchBuilder::new(&GPU);
-        b.push(
-            1_700_000_000_123_456,
-            &["GPU-a", "0"],
-            &[Value::F64(1.5), Value::U64(7)],
-        )
-        .unwrap();
-        b.push(
-            1_700_000_000_123_999,
-            &["", "1"],
-            &[Value::Null, Value::U64(9)],
-        )
-        .unwrap();
+        let row = GpuRow {
+            uuid: "GPU-a",
+            gpu: "0",
+            energy_joules: Some(1.5),
+            memory_used_bytes: Some(7),
+        };
+        b.push_row(1_700_000_000_123_456, &row).unwrap();
+        let row = GpuRow {
+            uuid: "",
+            gpu: "1",
+            energy_joules: None,
+            memory_used_bytes: Some(9),
+        };
+        b.push_row(1_700_000_000_123_999, &row).unwrap();
         let series = batch_series(&b.finish(), &[]);
         assert_eq!(series.len(), 3, "a null is no sample");
         assert_eq!(
@@ -246,8 +246,13 @@ mod tests {
             "an empty tag is no label"
         );
         let mut b = BatchBuilder::new(&GPU);
-        b.push(1, &["u", "0"], &[Value::Null, Value::U64(1)])
-            .unwrap();
+        let row = GpuRow {
+            uuid: "u",
+            gpu: "0",
+            energy_joules: None,
+            memory_used_bytes: Some(1),
+        };
+        b.push_row(1, &row).unwrap();
         let external = [
             Label {
                 name: "gpu".into(),
@@ -289,10 +294,15 @@ mod tests {
     #[test]
     fn histograms_give_buckets_count_and_sum() {
         let mut b = BatchBuilder::new(&WAKEUP_HISTOGRAM);
-        b.push(2_000, &["3", "0.001"], &[Value::U64(4), Value::Null])
-            .unwrap();
-        b.push(2_000, &["3", "+Inf"], &[Value::U64(5), Value::F64(0.25)])
-            .unwrap();
+        for (le, count, sum) in [("0.001", 4, None), ("+Inf", 5, Some(0.25))] {
+            let row = WakeupHistogramRow {
+                cpu: "3",
+                le,
+                latency_seconds: count,
+                latency_seconds_sum: sum,
+            };
+            b.push_row(2_000, &row).unwrap();
+        }
         let series = batch_series(&b.finish(), &[]);
         let names: Vec<_> = series.iter().map(|s| labels(s)).collect();
         assert_eq!(
@@ -325,7 +335,7 @@ mod tests {
     #[test]
     fn stored_only_tables_are_not_sent() {
         let mut b = BatchBuilder::new(&SCRAPED);
-        b.push(1, &[], &[Value::F64(1.0)]).unwrap();
+        b.push_row(1, &ScrapedRow { value: 1.0 }).unwrap();
         assert!(batch_series(&b.finish(), &[]).is_empty());
         assert!(!is_sent(&SCRAPED));
     }

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
-use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
+use vtax_store::{Batch, BatchBuilder};
 
 pub use config::RemoteWriteConfig;
 use queue::Queue;
@@ -35,27 +35,29 @@ pub fn queues_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("remote_write")
 }
 
-/// The counters of every remote, one row per remote per second.
-pub static TABLE: TableDef = TableDef {
-    name: "remote_write",
-    help: "One row per configured remote write receiver per second: what was sent, retried and dropped, and what waits in its on-disk queue.",
-    tags: &[TagDef {
-        name: "remote",
-        help: "The remote's `name` in `[[remote_write]]`.",
-    }],
-    fields: &[
-        FieldDef::counter("samples_sent", FieldType::U64, Unit::None, "Samples the receiver accepted since the agent started."),
-        FieldDef::counter("samples_retried", FieldType::U64, Unit::None, "Samples sent again after a 5xx, a 429 or a connection failure, since the agent started."),
-        FieldDef::counter("samples_dropped_queue_full", FieldType::U64, Unit::None, "Samples dropped unsent because the on-disk queue reached queue_max_bytes (its oldest segment goes), since the agent started."),
-        FieldDef::counter("samples_dropped_rejected", FieldType::U64, Unit::None, "Samples dropped because the receiver refused them for good (a 4xx other than 429), since the agent started."),
-        FieldDef::counter("samples_dropped_unwritten", FieldType::U64, Unit::None, "Samples dropped because they could not be written to the queue (a full or failing disk), since the agent started."),
-        FieldDef::counter("queue_damaged_bytes", FieldType::U64, Unit::Bytes, "Bytes of the on-disk queue found damaged since the agent started (at its start, or read since): records whose checksum fails, whose samples are lost. Each damaged segment is copied to quarantine/ in the queue's directory."),
-        FieldDef::counter("requests_failed", FieldType::U64, Unit::None, "Requests that did not succeed: errors, timeouts and non-2xx answers, since the agent started."),
-        FieldDef::gauge("queue_bytes", FieldType::U64, Unit::Bytes, "Bytes of samples in the on-disk queue not yet acknowledged by the receiver."),
-        FieldDef::gauge("oldest_pending_age_seconds", FieldType::F64, Unit::Seconds, "Age of the oldest sample not yet acknowledged by the receiver; 0 when the queue is empty."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// The counters of every remote, one row per remote per second.
+    pub static TABLE: TableDef, pub struct RemoteWriteRow {
+        name: "remote_write",
+        help: "One row per configured remote write receiver per second: what was sent, retried and dropped, and what waits in its on-disk queue.",
+        tags: [remote = TagDef {
+            name: "remote",
+            help: "The remote's `name` in `[[remote_write]]`.",
+        }],
+        fields: [
+            samples_sent: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Samples the receiver accepted since the agent started."),
+            samples_retried: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Samples sent again after a 5xx, a 429 or a connection failure, since the agent started."),
+            samples_dropped_queue_full: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Samples dropped unsent because the on-disk queue reached queue_max_bytes (its oldest segment goes), since the agent started."),
+            samples_dropped_rejected: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Samples dropped because the receiver refused them for good (a 4xx other than 429), since the agent started."),
+            samples_dropped_unwritten: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Samples dropped because they could not be written to the queue (a full or failing disk), since the agent started."),
+            queue_damaged_bytes: u64 = FieldDef::counter(FieldType::U64, Unit::Bytes, "Bytes of the on-disk queue found damaged since the agent started (at its start, or read since): records whose checksum fails, whose samples are lost. Each damaged segment is copied to quarantine/ in the queue's directory."),
+            requests_failed: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests that did not succeed: errors, timeouts and non-2xx answers, since the agent started."),
+            queue_bytes: u64 = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Bytes of samples in the on-disk queue not yet acknowledged by the receiver."),
+            oldest_pending_age_seconds: f64 = FieldDef::gauge(FieldType::F64, Unit::Seconds, "Age of the oldest sample not yet acknowledged by the receiver; 0 when the queue is empty."),
+        ],
+        exported: true,
+    }
+}
 
 /// Why remote write could not start.
 #[derive(Debug, thiserror::Error)]
@@ -333,24 +335,22 @@ fn stats_batch(views: &[StatsView], time_us: i64) -> Batch {
         } else {
             ((time_us / 1000 - oldest).max(0) as f64) / 1000.0
         };
-        let counter = |c: &AtomicU64| Value::U64(c.load(Ordering::Relaxed));
+        let counter = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let row = RemoteWriteRow {
+            remote: name,
+            samples_sent: counter(&stats.sent),
+            samples_retried: counter(&stats.retried),
+            samples_dropped_queue_full: dropped_full,
+            samples_dropped_rejected: counter(&stats.dropped_rejected),
+            samples_dropped_unwritten: counter(&stats.dropped_unwritten),
+            queue_damaged_bytes: damaged_bytes,
+            requests_failed: counter(&stats.requests_failed),
+            queue_bytes,
+            oldest_pending_age_seconds: age,
+        };
         builder
-            .push(
-                time_us,
-                &[name],
-                &[
-                    counter(&stats.sent),
-                    counter(&stats.retried),
-                    Value::U64(dropped_full),
-                    counter(&stats.dropped_rejected),
-                    counter(&stats.dropped_unwritten),
-                    Value::U64(damaged_bytes),
-                    counter(&stats.requests_failed),
-                    Value::U64(queue_bytes),
-                    Value::F64(age),
-                ],
-            )
-            .expect("the row matches the declaration");
+            .push_row(time_us, &row)
+            .expect("a remote's row is for the remote_write table");
     }
     builder.finish()
 }
@@ -623,23 +623,25 @@ mod tests {
         (port, rx)
     }
 
-    static GAUGE: TableDef = TableDef {
-        name: "t",
-        help: "test",
-        tags: &[TagDef {
-            name: "n",
-            help: "row",
-        }],
-        fields: &[FieldDef::gauge("v", FieldType::F64, Unit::None, "x")],
-        exported: true,
-    };
+    vtax_store::table! {
+        static GAUGE: TableDef, struct GaugeRow {
+            name: "t",
+            help: "test",
+            tags: [n = TagDef { name: "n", help: "row" }],
+            fields: [v: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "x")],
+            exported: true,
+        }
+    }
 
     /// A batch of `samples` rows whose values start at `first`.
     fn batch(first: usize, samples: usize) -> Batch {
         let mut b = BatchBuilder::new(&GAUGE);
         for i in first..first + samples {
-            b.push(now_ms() * 1000, &[&i.to_string()], &[Value::F64(i as f64)])
-                .unwrap();
+            let row = GaugeRow {
+                n: &i.to_string(),
+                v: i as f64,
+            };
+            b.push_row(now_ms() * 1000, &row).unwrap();
         }
         b.finish()
     }
