@@ -97,6 +97,7 @@ fn every_recipe_answers_on_a_generated_fleet() {
         "spark_fleet: 4 GPUs; PartitionFilters:",
         "all node=node_c",
         "duckdb_replaced: ",
+        "interrupted_merges: ",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
     }

@@ -10,12 +10,17 @@ out as the uploader does:
   OUT_DIR/nodes/<node>/tables/<table>/date=YYYY-MM-DD/<file>.parquet   (each node's own store)
   OUT_DIR/fleet/tables/<table>/node=<node>/date=YYYY-MM-DD/<file>.parquet
   OUT_DIR/leftover/...   node_a's store run once more for 3 s, merged, and the
-                         merge's inputs put back beside the merged file (what a
-                         kill between merge and clean-up, or a copy taken then,
-                         leaves)
+                         merge's inputs put back beside the merged file: what an
+                         older vtax, which published a merged file before it
+                         deleted the inputs, left after a kill between the two
+  OUT_DIR/interrupted/<state>/...
+                         the same merge stopped at each of its steps (see
+                         INTERRUPTED), as a kill there leaves the store; with
+                         interrupted.json saying what each holds
 
 NODES below says what each node plays; the recipes' assertions rely on it.
 """
+import json
 import os
 import shutil
 import signal
@@ -92,13 +97,15 @@ def main():
                 for name in os.listdir(src):
                     if name.endswith(".parquet"):
                         shutil.copy2(os.path.join(src, name), dst)
-    make_leftover(vtax, config, os.path.join(out, "nodes", "node_a"), out)
+    inputs, merged = make_leftover(vtax, config, os.path.join(out, "nodes", "node_a"), out)
+    make_interrupted(vtax, out, inputs, merged)
     print(f"make_fleet: {len(NODES)} nodes, {seconds:g} s each, in {out}")
 
 
 def make_leftover(vtax, config, store, out):
     """node_a's store, run a second time (a second file per table), merged,
-    and the merge's inputs put back beside the merged file."""
+    and the merge's inputs put back beside the merged file. Returns the
+    inputs (path -> bytes) and the merged files' paths."""
     leftover = os.path.join(out, "leftover")
     shutil.copytree(store, leftover)
     run_agents(vtax, config, out, {"node_a": leftover}, 3)
@@ -113,10 +120,58 @@ def make_leftover(vtax, config, store, out):
     tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%dT01:00:00Z")
     subprocess.run([vtax, "compact", "--data-dir", leftover, "--now", tomorrow],
                    check=True, capture_output=True)
+    merged = [os.path.join(root, name)
+              for root, _, names in os.walk(os.path.join(leftover, "tables"))
+              for name in names if os.path.join(root, name) not in inputs]
+    inputs = {path: data for path, data in inputs.items() if not os.path.exists(path)}
     for path, data in inputs.items():
-        if not os.path.exists(path):
-            with open(path, "wb") as f:
-                f.write(data)
+        with open(path, "wb") as f:
+            f.write(data)
+    return inputs, merged
+
+
+# What a kill at each step of a merge leaves (the store's `Store::finish_merge`):
+# the merged file is written as `.<name>.pending`, the inputs are deleted, then
+# it is renamed to `<name>`. Each state: which of the inputs are still there
+# ("all", "some": the first half, at least one gone, or "none"), and whether
+# the merged file has its published name yet.
+INTERRUPTED = {
+    "pending_beside_every_input": ("all", False),
+    "pending_beside_some_inputs": ("some", False),
+    "pending_alone": ("none", False),
+    "published": ("none", True),
+}
+
+
+def make_interrupted(vtax, out, inputs, merged):
+    """The merge of `inputs` into `merged` (from make_leftover) stopped at each
+    of its steps, one store per step under OUT_DIR/interrupted/, and
+    interrupted.json: per state, the merge's inputs deleted, and whether the
+    merged file has its published name."""
+    leftover = os.path.join(out, "leftover")
+    root = os.path.join(out, "interrupted")
+    states = {}
+    for state, (kept, published) in INTERRUPTED.items():
+        store = os.path.join(root, state)
+        shutil.copytree(leftover, store)
+        relative = lambda path: os.path.relpath(path, leftover)
+        keep = []
+        for partition in sorted({os.path.dirname(p) for p in inputs}):
+            # A merge deletes its inputs one by one: any of them may be gone.
+            ordered = sorted(p for p in inputs if os.path.dirname(p) == partition)
+            keep += {"all": ordered, "some": ordered[:len(ordered) // 2], "none": []}[kept]
+        ordered = sorted(inputs)
+        for path in ordered:
+            if path not in keep:
+                os.remove(os.path.join(store, relative(path)))
+        if not published:
+            for path in merged:
+                name = os.path.join(store, relative(path))
+                os.rename(name, os.path.join(os.path.dirname(name), f".{os.path.basename(name)}.pending"))
+        states[state] = {"deleted_inputs": [relative(p) for p in ordered if p not in keep],
+                         "published": published}
+    with open(os.path.join(root, "interrupted.json"), "w") as f:
+        json.dump({"vtax": os.path.abspath(vtax), "states": states}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,16 @@ Prints one line per recipe; exits non-zero on the first failure.
 import contextlib
 import glob
 import io
+import json
 import os
 import re
 import runpy
+import shutil
+import subprocess
 import sys
+import tempfile
 
+import duckdb
 import pyarrow.parquet as pq
 
 from make_fleet import GPUS_PER_NODE, NODES
@@ -147,8 +152,60 @@ def main():
     print(f"duckdb_replaced: {rows} rows once, where a plain glob reads {everything}")
     ran.add("duckdb_replaced")
 
+    check_interrupted(out)
+
     unchecked = {os.path.basename(r)[:-3] for r in recipes} - ran
     assert not unchecked, f"recipes without a check: {unchecked}"
+
+
+def check_interrupted(out):
+    """A merge stopped at each of its steps (make_fleet.INTERRUPTED): a plain
+    DuckDB glob counts every row once, or, while the merged file waits under
+    its pending name, leaves out the rows of the inputs already deleted; it
+    never counts one twice. `vtax query` reads every row once at every step,
+    and the store's next open finishes the merge."""
+    root = os.path.join(out, "interrupted")
+    with open(os.path.join(root, "interrupted.json")) as f:
+        spec = json.load(f)
+    vtax, leftover = spec["vtax"], os.path.join(out, "leftover")
+    con = duckdb.connect()
+
+    def glob_rows(store):
+        # The recipes' own glob (docs/analysis/duckdb_node.py).
+        files = f"{store}/tables/gpu/*/*.parquet"
+        try:
+            return con.sql(f"SELECT count(*) FROM read_parquet('{files}', hive_partitioning = true)").fetchall()[0][0]
+        except duckdb.IOException as e:
+            # Every file of the table pending: DuckDB says so rather than count 0.
+            assert "No files found" in str(e), e
+            return 0
+
+    def vtax_run(*args):
+        return subprocess.run([vtax, *args], check=True, capture_output=True, text=True).stdout
+
+    rows = glob_rows(os.path.join(root, "published"))
+    assert rows > 0, rows
+    counts = []
+    for state, what in spec["states"].items():
+        store = os.path.join(root, state)
+        gpu_inputs = [p for p in what["deleted_inputs"] if p.split(os.sep)[:2] == ["tables", "gpu"]]
+        deleted = sum(pq.ParquetFile(os.path.join(leftover, p)).metadata.num_rows for p in gpu_inputs)
+        assert (deleted > 0) == (state != "pending_beside_every_input"), (state, what)
+        # Left out of the glob: the deleted inputs' rows, until the rename.
+        left_out = 0 if what["published"] else deleted
+        globbed = glob_rows(store)
+        assert globbed == rows - left_out, (state, globbed, rows, deleted)
+        queried = vtax_run("query", "gpu", "--data-dir", store, "--format", "csv").splitlines()
+        assert len(queried) - 1 == rows, (state, len(queried) - 1, rows)
+        with tempfile.TemporaryDirectory() as tmp:
+            reopened = os.path.join(tmp, "store")
+            shutil.copytree(store, reopened)
+            vtax_run("compact", "--data-dir", reopened)
+            left = [n for _, _, names in os.walk(reopened) for n in names if n.endswith(".pending")]
+            assert not left and glob_rows(reopened) == rows, (state, left, glob_rows(reopened), rows)
+        counts.append(f"{state} {globbed}")
+    print(f"interrupted_merges: {rows} gpu rows; vtax query reads each once, a plain glob reads "
+          + ", ".join(counts))
 
 
 if __name__ == "__main__":
