@@ -1,8 +1,9 @@
 # A merged file lists the files it replaces in its `vtax.compacted_from`
-# metadata. Both sit side by side for an instant on a live node (the agent
-# deletes the inputs right after), or for good in a copy taken then: a plain
-# glob would count their rows twice. This view reads the metadata and skips
-# the replaced files, as vtax's own readers do.
+# metadata. vtax deletes them before the merged file takes a name that
+# `*.parquet` matches, but an older vtax published it first: a kill or a copy
+# between the two left both, for good in a copy, and a plain glob counts
+# their rows twice. This view reads the metadata and skips the replaced
+# files, as vtax's own readers do.
 import os
 
 import duckdb

@@ -1272,10 +1272,11 @@ pub struct Verified {
     pub damaged: Vec<Error>,
 }
 
-/// Reads every published file of the store at `data_dir` whole: its footer
-/// and layout, as opening the store does, then every page ([`verify_file`]).
-/// Takes no lock, so it runs beside an agent; a file that a merge removes
-/// meanwhile is passed over.
+/// Reads every live file of the store at `data_dir` whole (published, or
+/// merged and still under its pending name): its footer and layout, as
+/// opening the store does, then every page ([`verify_file`]). Takes no lock,
+/// so it runs beside an agent; a file that a merge removes meanwhile is
+/// passed over.
 pub fn verify_store(data_dir: &Path) -> Result<Verified> {
     let (listed, _) = list_files(data_dir)?;
     let mut damaged = Vec::new();
