@@ -28,7 +28,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use crate::collectors::cgroups::leaves;
 use baseline::RollingBaseline;
@@ -1176,19 +1176,19 @@ impl Detector {
             let score = resource_scores.entry(key.resource).or_insert(0.0);
             *score = score.max(judged.score.max(0.0));
             let summary = judged.summary;
+            let row = tables::DetectorSignalRow {
+                resource: key.resource.name(),
+                victim: &key.victim,
+                signal: key.signal,
+                value: judged.value,
+                baseline_median: summary.map(|s| s.median),
+                baseline_mad: summary.map(|s| s.mad),
+                z: judged.score,
+                abnormal: i64::from(judged.abnormal),
+            };
             signal_rows
-                .push(
-                    time_us,
-                    &[key.resource.name(), &key.victim, key.signal],
-                    &[
-                        Value::F64(judged.value),
-                        summary.map_or(Value::Null, |s| Value::F64(s.median)),
-                        summary.map_or(Value::Null, |s| Value::F64(s.mad)),
-                        Value::F64(judged.score),
-                        Value::I64(i64::from(judged.abnormal)),
-                    ],
-                )
-                .expect("the row matches the declaration");
+                .push_row(time_us, &row)
+                .expect("a signal row is for the detector_signal table");
             let open = match self.open.get_mut(key) {
                 Some(event) => {
                     event.last_judged_second = window_end;
@@ -1459,12 +1459,15 @@ impl Detector {
                 .filter(|s| s.score > 0.0)
                 .take(SUSPECTS_EXPORTED)
             {
-                rows.push(
-                    time_us,
-                    &[key.resource.name(), &key.victim, &suspect.name],
-                    &[Value::F64(suspect.score), Value::F64(suspect.correlation)],
-                )
-                .expect("the row matches the declaration");
+                let row = tables::NeighborRow {
+                    resource: key.resource.name(),
+                    victim: &key.victim,
+                    suspect: &suspect.name,
+                    suspected: suspect.score,
+                    correlation: suspect.correlation,
+                };
+                rows.push_row(time_us, &row)
+                    .expect("a suspect row is for the neighbor table");
             }
         }
         rows.finish()
@@ -1474,47 +1477,45 @@ impl Detector {
         let mut rows = BatchBuilder::new(&tables::NEIGHBOR_RESOURCE);
         for (resource, score) in scores {
             let open = self.open.keys().filter(|k| k.resource == *resource).count();
-            rows.push(
-                time_us,
-                &[resource.name()],
-                &[Value::F64(*score), Value::I64(open as i64)],
-            )
-            .expect("the row matches the declaration");
+            let row = tables::NeighborResourceRow {
+                resource: resource.name(),
+                score: *score,
+                events_open: open as i64,
+            };
+            rows.push_row(time_us, &row)
+                .expect("a resource row is for the neighbor_resource table");
         }
         rows.finish()
     }
 
     fn tax_row(&self, time_us: i64) -> Batch {
-        let opt = |v: Option<f64>| v.map_or(Value::Null, Value::F64);
         let jitter = self.jitter;
+        let facts = &self.facts;
+        let row = tables::TaxRow {
+            steal_ratio: self.steal_ratio,
+            interrupted_ratio: jitter.and_then(|j| j.interrupted_ratio),
+            unexplained_ratio: jitter.and_then(|j| j.unexplained_ratio),
+            jitter_p99_seconds: jitter.map(|j| j.p99_seconds),
+            hbm_peak_ratio: facts.hbm_peak_ratio(),
+            nvlink_peak_ratio: facts.nvlink_peak_ratio(),
+            nvlink_links_missing_ratio: facts.nvlink_links_missing_ratio(),
+            pcie_bandwidth_loss_ratio: facts.worst(GpuFacts::pcie_bandwidth_loss_ratio),
+            gpu_clock_throttle_ratio: facts.worst(GpuFacts::clock_throttle_ratio),
+            probe_host_to_device_ratio: facts.lowest(|g| g.probe.host_to_device.ratio()),
+            probe_device_to_host_ratio: facts.lowest(|g| g.probe.device_to_host.ratio()),
+            probe_device_to_device_ratio: facts.lowest(|g| g.probe.device_to_device.ratio()),
+        };
         let mut rows = BatchBuilder::new(&tables::TAX);
-        rows.push(
-            time_us,
-            &[],
-            &[
-                opt(self.steal_ratio),
-                opt(jitter.and_then(|j| j.interrupted_ratio)),
-                opt(jitter.and_then(|j| j.unexplained_ratio)),
-                opt(jitter.map(|j| j.p99_seconds)),
-                opt(self.facts.hbm_peak_ratio()),
-                opt(self.facts.nvlink_peak_ratio()),
-                opt(self.facts.nvlink_links_missing_ratio()),
-                opt(self.facts.worst(GpuFacts::pcie_bandwidth_loss_ratio)),
-                opt(self.facts.worst(GpuFacts::clock_throttle_ratio)),
-                opt(self.facts.lowest(|g| g.probe.host_to_device.ratio())),
-                opt(self.facts.lowest(|g| g.probe.device_to_host.ratio())),
-                opt(self.facts.lowest(|g| g.probe.device_to_device.ratio())),
-            ],
-        )
-        .expect("the row matches the declaration");
+        rows.push_row(time_us, &row)
+            .expect("a tax row is for the tax table");
         rows.finish()
     }
 
     fn platform_row(&self, time_us: i64) -> Batch {
         let verdict = self.facts.verdict();
         let mut rows = BatchBuilder::new(&tables::PLATFORM);
-        rows.push(time_us, &verdict.tags(), &[Value::I64(1)])
-            .expect("the row matches the declaration");
+        rows.push_row(time_us, &verdict.row())
+            .expect("a verdict row is for the platform table");
         rows.finish()
     }
 }
@@ -1775,23 +1776,19 @@ fn push_event_row(
         .collect::<Vec<_>>()
         .join("; ");
     let top = event.suspects.first().filter(|s| s.score > 0.0);
-    rows.push(
-        time_us,
-        &[
-            key.resource.name(),
-            &key.victim,
-            key.signal,
-            state,
-            &suspects,
-            &event.evidence,
-        ],
-        &[
-            Value::F64(event.start_second as f64),
-            end_second.map_or(Value::Null, |s| Value::F64(s as f64)),
-            Value::F64(event.peak_score),
-            top.map_or(Value::Null, |s| Value::F64(s.correlation)),
-            top.map_or(Value::Null, |s| Value::F64(s.effect)),
-        ],
-    )
-    .expect("the row matches the declaration");
+    let row = tables::NeighborEventRow {
+        resource: key.resource.name(),
+        victim: &key.victim,
+        signal: key.signal,
+        state,
+        suspects: &suspects,
+        evidence: &event.evidence,
+        start_time_seconds: event.start_second as f64,
+        end_time_seconds: end_second.map(|s| s as f64),
+        score: event.peak_score,
+        top_correlation: top.map(|s| s.correlation),
+        effect_size: top.map(|s| s.effect),
+    };
+    rows.push_row(time_us, &row)
+        .expect("an event row is for the neighbor_events table");
 }

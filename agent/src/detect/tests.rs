@@ -538,18 +538,17 @@ fn baselines_are_relearned_from_the_store() {
     let now_us = crate::timespec::now_us();
     let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
     for i in 0..15 {
-        rows.push(
-            now_us - (15 - i) * 5_000_000,
-            &["cpu", "node", "pressure_some_ratio"],
-            &[
-                Value::F64(0.01),
-                Value::Null,
-                Value::Null,
-                Value::F64(0.0),
-                Value::I64(0),
-            ],
-        )
-        .unwrap();
+        let row = tables::DetectorSignalRow {
+            resource: "cpu",
+            victim: "node",
+            signal: "pressure_some_ratio",
+            value: 0.01,
+            baseline_median: None,
+            baseline_mad: None,
+            z: 0.0,
+            abnormal: 0,
+        };
+        rows.push_row(now_us - (15 - i) * 5_000_000, &row).unwrap();
     }
     store.append(&rows.finish()).unwrap();
     let mut detector = Detector::new(config());

@@ -164,21 +164,22 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// Tag values in the `platform` table's order.
-    pub fn tags(&self) -> [&str; 11] {
-        [
-            self.verdict,
-            &self.host.virtualization,
-            &self.host.hypervisor,
-            &self.host.cloud,
-            &self.host.product,
-            &self.gpu_virtualization,
-            &self.mig,
-            &self.nvlink,
-            &self.pcie,
-            &self.host.iommu,
-            &self.host.gpudirect_rdma,
-        ]
+    /// The verdict as a row of the `platform` table.
+    pub fn row(&self) -> super::tables::PlatformRow<'_> {
+        super::tables::PlatformRow {
+            verdict: self.verdict,
+            virtualization: &self.host.virtualization,
+            hypervisor: &self.host.hypervisor,
+            cloud: &self.host.cloud,
+            product: &self.host.product,
+            gpu_virtualization: &self.gpu_virtualization,
+            mig: &self.mig,
+            nvlink: &self.nvlink,
+            pcie: &self.pcie,
+            iommu: &self.host.iommu,
+            gpudirect_rdma: &self.host.gpudirect_rdma,
+            info: 1,
+        }
     }
 
     /// The verdict in one sentence for a person: bare metal or a virtual
