@@ -91,9 +91,10 @@ pub(crate) const GOLDEN_SCENARIOS: &[&str] = &[
     "idle",
 ];
 
-/// Ten simulated GPUs, one per scenario, read twice ten seconds apart (so
-/// counters move) over the baremetal-node fixture, whose procfs places two of
-/// their processes in a Slurm job and a Docker container.
+/// Ten simulated GPUs, one per scenario, read twice 30 s apart (the default
+/// `slow_reads_interval_secs`, so the counters read on that cadence move too)
+/// over the baremetal-node fixture, whose procfs places two of their
+/// processes in a Slurm job and a Docker container.
 fn render_simulated_gpus() -> String {
     let root = repo().join("tests/fixtures/baremetal-node");
     let roots = Roots {
@@ -111,7 +112,7 @@ fn render_simulated_gpus() -> String {
         .collect(1_763_765_990_000_000)
         .expect("first read");
     let batches = collector
-        .collect(1_763_766_000_000_000)
+        .collect(1_763_766_020_000_000)
         .expect("second read");
     exposition.update("gpu", batches.into_iter().map(Arc::new).collect());
     let text = exposition.body(vtax_exporters::Format::Text, false);
