@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::kept::KeptFile;
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
@@ -145,58 +145,58 @@ const fn gauge(name: &'static str, unit: Unit, help: &'static str) -> FieldDef {
     FieldDef::gauge(name, FieldType::U64, unit, help)
 }
 
-/// One mount's numbers.
-pub static FILESYSTEM: TableDef = TableDef {
-    name: "filesystem",
-    help: "One row per selected mount per tick: size, free space and inodes from statvfs, the \
-           read-only flag from /proc/self/mountinfo, and whether the stat hung or failed (then \
-           the sizes are null).",
-    tags: &[
-        TagDef {
-            name: "mount_point",
-            help: "Where the filesystem is mounted.",
-        },
-        TagDef {
-            name: "device",
-            help: "The mount source: a device (/dev/nvme0n1p1), server:/export for NFS, MGS@tcp:/fs for Lustre.",
-        },
-        TagDef {
-            name: "fs_type",
-            help: "Filesystem type (ext4, xfs, nfs4, lustre, gpfs, beegfs, ...).",
-        },
-    ],
-    fields: &[
-        gauge("size_bytes", Unit::Bytes, "Total size."),
-        gauge(
-            "free_bytes",
-            Unit::Bytes,
-            "Free space, the root-reserved part included.",
-        ),
-        gauge(
-            "avail_bytes",
-            Unit::Bytes,
-            "Free space an unprivileged writer (a training job) can use.",
-        ),
-        gauge("files", Unit::None, "Inodes in total; 0 where the filesystem has no fixed count."),
-        gauge("files_free", Unit::None, "Free inodes."),
-        gauge(
-            "read_only",
-            Unit::None,
-            "1 when mounted read-only (the mount's or the superblock's options).",
-        ),
-        gauge(
-            "stat_hung",
-            Unit::None,
-            "1 while a statvfs of this mount has not returned within stat_timeout_ms: a hung network filesystem.",
-        ),
-        gauge(
-            "stat_error",
-            Unit::None,
-            "1 when statvfs failed (ESTALE from a stale NFS handle, EIO, EACCES); the error is a doctor problem.",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// One mount's numbers.
+    pub static FILESYSTEM: TableDef, pub struct FilesystemRow {
+        name: "filesystem",
+        help: "One row per selected mount per tick: size, free space and inodes from statvfs, the \
+               read-only flag from /proc/self/mountinfo, and whether the stat hung or failed (then \
+               the sizes are null).",
+        tags: [
+            mount_point = TagDef {
+                name: "mount_point",
+                help: "Where the filesystem is mounted.",
+            },
+            device = TagDef {
+                name: "device",
+                help: "The mount source: a device (/dev/nvme0n1p1), server:/export for NFS, MGS@tcp:/fs for Lustre.",
+            },
+            fs_type = TagDef {
+                name: "fs_type",
+                help: "Filesystem type (ext4, xfs, nfs4, lustre, gpfs, beegfs, ...).",
+            },
+        ],
+        fields: [
+            size_bytes: Option<u64> = gauge(Unit::Bytes, "Total size."),
+            free_bytes: Option<u64> = gauge(
+                Unit::Bytes,
+                "Free space, the root-reserved part included.",
+            ),
+            avail_bytes: Option<u64> = gauge(
+                Unit::Bytes,
+                "Free space an unprivileged writer (a training job) can use.",
+            ),
+            files: Option<u64> = gauge(
+                Unit::None,
+                "Inodes in total; 0 where the filesystem has no fixed count.",
+            ),
+            files_free: Option<u64> = gauge(Unit::None, "Free inodes."),
+            read_only: u64 = gauge(
+                Unit::None,
+                "1 when mounted read-only (the mount's or the superblock's options).",
+            ),
+            stat_hung: u64 = gauge(
+                Unit::None,
+                "1 while a statvfs of this mount has not returned within stat_timeout_ms: a hung network filesystem.",
+            ),
+            stat_error: u64 = gauge(
+                Unit::None,
+                "1 when statvfs failed (ESTALE from a stale NFS handle, EIO, EACCES); the error is a doctor problem.",
+            ),
+        ],
+        exported: true,
+    }
+}
 
 /// What `statvfs` says of a filesystem, in its own units.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -486,12 +486,15 @@ impl Filesystem {
 
         for mount in &mounts {
             let mp = &mount.mount_point;
-            let mut values = [Value::Null; 8];
-            values[5] = Value::U64(u64::from(mount.read_only));
-            values[6] = Value::U64(0);
-            values[7] = Value::U64(0);
+            let mut row = FilesystemRow {
+                mount_point: mp,
+                device: &mount.source,
+                fs_type: &mount.fs_type,
+                read_only: u64::from(mount.read_only),
+                ..FilesystemRow::default()
+            };
             if let Some(p) = self.pending.get(mp) {
-                values[6] = Value::U64(1);
+                row.stat_hung = 1;
                 self.problems.push(format!(
                     "statvfs({mp}) on {} ({}) has not returned for {:.1} s: the filesystem is hung (server unreachable?); not asked again until it returns",
                     mount.source,
@@ -502,17 +505,17 @@ impl Filesystem {
                 match answers.remove(mp) {
                     Some(Ok(s)) => {
                         let f = s.fragment_size;
-                        let bytes = |blocks: u64| Value::U64(blocks.saturating_mul(f));
-                        values[0] = bytes(s.blocks);
-                        values[1] = bytes(s.blocks_free);
-                        values[2] = bytes(s.blocks_available);
-                        values[3] = Value::U64(s.files);
-                        values[4] = Value::U64(s.files_free);
+                        let bytes = |blocks: u64| Some(blocks.saturating_mul(f));
+                        row.size_bytes = bytes(s.blocks);
+                        row.free_bytes = bytes(s.blocks_free);
+                        row.avail_bytes = bytes(s.blocks_available);
+                        row.files = Some(s.files);
+                        row.files_free = Some(s.files_free);
                     }
                     // Unmounted between mountinfo and the stat.
                     Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => continue,
                     Some(Err(e)) => {
-                        values[7] = Value::U64(1);
+                        row.stat_error = 1;
                         self.problems.push(format!(
                             "statvfs({mp}) on {} ({}): {e}",
                             mount.source, mount.fs_type
@@ -521,8 +524,7 @@ impl Filesystem {
                     None => continue,
                 }
             }
-            self.rows
-                .push(time_us, &[mp, &mount.source, &mount.fs_type], &values)?;
+            self.rows.push_row(time_us, &row)?;
             self.seen.push(format!("{mp} ({})", mount.fs_type));
         }
         Ok(())
