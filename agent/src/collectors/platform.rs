@@ -24,7 +24,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::pci::{gpu_affinity, Affinity};
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
@@ -1028,20 +1028,21 @@ impl Facts {
         out
     }
 
-    /// The `platform` row's tag values, in the table's order.
-    fn tags(&self) -> [&str; 10] {
-        [
-            self.virtualization,
-            &self.hypervisor,
-            self.cloud,
-            &self.product,
-            &self.kernel,
-            self.iommu,
-            self.gpudirect_rdma,
-            self.gpudirect_storage,
-            &self.nvidia_driver,
-            &self.cpu_model,
-        ]
+    /// The `platform_host` row: the facts as tags, and 1.
+    fn row(&self) -> PlatformHostRow<'_> {
+        PlatformHostRow {
+            virtualization: self.virtualization,
+            hypervisor: &self.hypervisor,
+            cloud: self.cloud,
+            product: &self.product,
+            kernel: &self.kernel,
+            iommu: self.iommu,
+            gpudirect_rdma: self.gpudirect_rdma,
+            gpudirect_storage: self.gpudirect_storage,
+            nvidia_driver: &self.nvidia_driver,
+            cpu_model: &self.cpu_model,
+            info: 1,
+        }
     }
 }
 
@@ -1105,30 +1106,31 @@ impl Collector for Platform {
         self.problems = facts.problems();
         self.errors.clone_from(&facts.unreadable);
         let mut info = BatchBuilder::new(&PLATFORM);
-        info.push(time_us, &facts.tags(), &[Value::I64(1)])?;
-        let int = |v: Option<i64>| v.map_or(Value::Null, Value::I64);
+        info.push_row(time_us, &facts.row())?;
         let mut topology = BatchBuilder::new(&PLATFORM_TOPOLOGY);
-        topology.push(
+        topology.push_row(
             time_us,
-            &[],
-            &[
-                int(facts.cpus),
-                int(facts.numa_nodes),
-                int(facts.iommu_groups),
-                int(facts.nvidia_gpus),
-            ],
+            &PlatformTopologyRow {
+                cpus: facts.cpus,
+                numa_nodes: facts.numa_nodes,
+                iommu_groups: facts.iommu_groups,
+                nvidia_gpus: facts.nvidia_gpus,
+            },
         )?;
         let mut batches = vec![info.finish(), topology.finish()];
         if !facts.gpu_affinity.is_empty() {
             let mut near = BatchBuilder::new(&PLATFORM_GPU_AFFINITY);
             for a in &facts.gpu_affinity {
-                near.push(
+                near.push_row(
                     time_us,
-                    &[&a.gpu, &a.peer, a.peer_kind, &a.peer_pci_address],
-                    &[
-                        Value::I64(i64::from(a.same_switch)),
-                        Value::I64(i64::from(a.same_numa_node)),
-                    ],
+                    &GpuAffinityRow {
+                        gpu_pci_address: &a.gpu,
+                        peer: &a.peer,
+                        peer_kind: a.peer_kind,
+                        peer_pci_address: &a.peer_pci_address,
+                        same_pcie_switch: i64::from(a.same_switch),
+                        same_numa_node: i64::from(a.same_numa_node),
+                    },
                 )?;
             }
             batches.push(near.finish());
@@ -1216,106 +1218,108 @@ const fn count(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::gauge(name, FieldType::I64, Unit::None, help)
 }
 
-/// The host facts row: `vtax_platform_host_info{...} 1`. The detector turns
-/// these and the GPUs' facts into the verdict, `vtax_platform_info`.
-pub static PLATFORM: TableDef = TableDef {
-    name: "platform_host",
-    help: "One row per read: the node's platform facts as tags, and 1. Whether the node is a \
-           virtual machine and by what, and the kernel, IOMMU and driver facts that decide \
-           whether GPU and RDMA paths are bare-metal quality. Read once a minute by default.",
-    tags: &[
-        tag(
-            "virtualization",
-            "`vm`, `none` (bare metal) or `unknown`: from CPUID leaf 1 ECX bit 31, the cpuinfo \
-             `hypervisor` flag, DMI and /sys/hypervisor/type.",
-        ),
-        tag(
-            "hypervisor",
-            "`kvm`, `hyperv`, `vmware`, `xen`, `tcg` (QEMU emulation), `qemu` (DMI only), \
-             `parallels`, `acrn`, `bhyve`, `virtualbox`, `qnx`, `other`, `unknown`; `none` on bare metal.",
-        ),
-        tag(
-            "cloud",
-            "Cloud DMI names: `aws`, `gcp`, `azure`, `oci`, `alibaba`, `openstack`, \
-             `digitalocean`, `hetzner`; `none`; `unknown` without DMI.",
-        ),
-        tag(
-            "product",
-            "DMI vendor and product name, shortened (`QEMU Standard PC`, `Dell PowerEdge XE9680`), or `unknown`.",
-        ),
-        tag("kernel", "Kernel release (/proc/sys/kernel/osrelease)."),
-        tag(
-            "iommu",
-            "`on` (DMA translated), `pt` (passthrough/identity), `off` (no IOMMU groups) or `unknown`.",
-        ),
-        tag(
-            "gpudirect_rdma",
-            "GPUDirect RDMA module loaded: `nvidia_peermem`, `nv_peer_mem`, `none`, or `unknown` \
-             when modules cannot be listed.",
-        ),
-        tag(
-            "gpudirect_storage",
-            "GPUDirect Storage module loaded: `nvidia_fs`, `none`, or `unknown` when modules \
-             cannot be listed.",
-        ),
-        tag(
-            "nvidia_driver",
-            "NVIDIA kernel driver version (/proc/driver/nvidia/version); `none` when not loaded.",
-        ),
-        tag("cpu_model", "CPU model name from /proc/cpuinfo, shortened."),
-    ],
-    fields: &[count("info", "Always 1: the facts are in the labels.")],
-    exported: true,
-};
+vtax_store::table! {
+    /// The host facts row: `vtax_platform_host_info{...} 1`. The detector turns
+    /// these and the GPUs' facts into the verdict, `vtax_platform_info`.
+    pub static PLATFORM: TableDef, pub struct PlatformHostRow {
+        name: "platform_host",
+        help: "One row per read: the node's platform facts as tags, and 1. Whether the node is a \
+               virtual machine and by what, and the kernel, IOMMU and driver facts that decide \
+               whether GPU and RDMA paths are bare-metal quality. Read once a minute by default.",
+        tags: [
+            virtualization = tag(
+                "virtualization",
+                "`vm`, `none` (bare metal) or `unknown`: from CPUID leaf 1 ECX bit 31, the cpuinfo \
+                 `hypervisor` flag, DMI and /sys/hypervisor/type.",
+            ),
+            hypervisor = tag(
+                "hypervisor",
+                "`kvm`, `hyperv`, `vmware`, `xen`, `tcg` (QEMU emulation), `qemu` (DMI only), \
+                 `parallels`, `acrn`, `bhyve`, `virtualbox`, `qnx`, `other`, `unknown`; `none` on bare metal.",
+            ),
+            cloud = tag(
+                "cloud",
+                "Cloud DMI names: `aws`, `gcp`, `azure`, `oci`, `alibaba`, `openstack`, \
+                 `digitalocean`, `hetzner`; `none`; `unknown` without DMI.",
+            ),
+            product = tag(
+                "product",
+                "DMI vendor and product name, shortened (`QEMU Standard PC`, `Dell PowerEdge XE9680`), or `unknown`.",
+            ),
+            kernel = tag("kernel", "Kernel release (/proc/sys/kernel/osrelease)."),
+            iommu = tag(
+                "iommu",
+                "`on` (DMA translated), `pt` (passthrough/identity), `off` (no IOMMU groups) or `unknown`.",
+            ),
+            gpudirect_rdma = tag(
+                "gpudirect_rdma",
+                "GPUDirect RDMA module loaded: `nvidia_peermem`, `nv_peer_mem`, `none`, or `unknown` \
+                 when modules cannot be listed.",
+            ),
+            gpudirect_storage = tag(
+                "gpudirect_storage",
+                "GPUDirect Storage module loaded: `nvidia_fs`, `none`, or `unknown` when modules \
+                 cannot be listed.",
+            ),
+            nvidia_driver = tag(
+                "nvidia_driver",
+                "NVIDIA kernel driver version (/proc/driver/nvidia/version); `none` when not loaded.",
+            ),
+            cpu_model = tag("cpu_model", "CPU model name from /proc/cpuinfo, shortened."),
+        ],
+        fields: [info: i64 = count("Always 1: the facts are in the labels.")],
+        exported: true,
+    }
+}
 
-/// Counts worth graphing, apart from the info row so they keep one series.
-pub static PLATFORM_TOPOLOGY: TableDef = TableDef {
-    name: "platform_topology",
-    help: "One row per read: the node's CPU, NUMA, IOMMU and GPU counts.",
-    tags: &[],
-    fields: &[
-        count("cpus", "Logical CPUs in /proc/cpuinfo."),
-        count(
-            "numa_nodes",
-            "NUMA nodes under /sys/devices/system/node; null when the kernel has no NUMA.",
-        ),
-        count(
-            "iommu_groups",
-            "IOMMU groups under /sys/kernel/iommu_groups; 0 when the IOMMU is off.",
-        ),
-        count(
-            "nvidia_gpus",
-            "GPUs the NVIDIA driver drives (/proc/driver/nvidia/gpus); null when it is not loaded.",
-        ),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Counts worth graphing, apart from the info row so they keep one series.
+    pub static PLATFORM_TOPOLOGY: TableDef, pub struct PlatformTopologyRow {
+        name: "platform_topology",
+        help: "One row per read: the node's CPU, NUMA, IOMMU and GPU counts.",
+        tags: [],
+        fields: [
+            cpus: Option<i64> = count("Logical CPUs in /proc/cpuinfo."),
+            numa_nodes: Option<i64> = count(
+                "NUMA nodes under /sys/devices/system/node; null when the kernel has no NUMA.",
+            ),
+            iommu_groups: Option<i64> = count(
+                "IOMMU groups under /sys/kernel/iommu_groups; 0 when the IOMMU is off.",
+            ),
+            nvidia_gpus: Option<i64> = count(
+                "GPUs the NVIDIA driver drives (/proc/driver/nvidia/gpus); null when it is not loaded.",
+            ),
+        ],
+        exported: true,
+    }
+}
 
-/// Which NICs and NVMe drives are near each GPU.
-pub static PLATFORM_GPU_AFFINITY: TableDef = TableDef {
-    name: "platform_gpu_affinity",
-    help: "One row per read for each NVIDIA GPU and each RDMA device, network interface or NVMe \
-           controller behind the same PCIe switch or on the same NUMA node, from the paths of \
-           /sys/bus/pci/devices links. A shared switch is what makes GPUDirect RDMA and Storage \
-           peer-to-peer; a shared node only keeps the bounce through host memory local.",
-    tags: &[
-        tag("gpu_pci_address", "The GPU's PCI address."),
-        tag(
-            "peer",
-            "RDMA device (mlx5_0), network interface (ens1f0np0) or NVMe controller (nvme0).",
-        ),
-        tag("peer_kind", "`rdma`, `netdev` or `nvme`."),
-        tag("peer_pci_address", "The peer's PCI address."),
-    ],
-    fields: &[
-        count(
-            "same_pcie_switch",
-            "1 when GPU and peer share a bridge below the root port (a PCIe switch): peer-to-peer DMA stays off the CPU.",
-        ),
-        count("same_numa_node", "1 when GPU and peer are on the same NUMA node."),
-    ],
-    exported: true,
-};
+vtax_store::table! {
+    /// Which NICs and NVMe drives are near each GPU.
+    pub static PLATFORM_GPU_AFFINITY: TableDef, pub struct GpuAffinityRow {
+        name: "platform_gpu_affinity",
+        help: "One row per read for each NVIDIA GPU and each RDMA device, network interface or NVMe \
+               controller behind the same PCIe switch or on the same NUMA node, from the paths of \
+               /sys/bus/pci/devices links. A shared switch is what makes GPUDirect RDMA and Storage \
+               peer-to-peer; a shared node only keeps the bounce through host memory local.",
+        tags: [
+            gpu_pci_address = tag("gpu_pci_address", "The GPU's PCI address."),
+            peer = tag(
+                "peer",
+                "RDMA device (mlx5_0), network interface (ens1f0np0) or NVMe controller (nvme0).",
+            ),
+            peer_kind = tag("peer_kind", "`rdma`, `netdev` or `nvme`."),
+            peer_pci_address = tag("peer_pci_address", "The peer's PCI address."),
+        ],
+        fields: [
+            same_pcie_switch: i64 = count(
+                "1 when GPU and peer share a bridge below the root port (a PCIe switch): peer-to-peer DMA stays off the CPU.",
+            ),
+            same_numa_node: i64 = count("1 when GPU and peer are on the same NUMA node."),
+        ],
+        exported: true,
+    }
+}
 
 #[cfg(test)]
 mod tests {
