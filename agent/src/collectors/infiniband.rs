@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::kept::KeptFile;
 use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
@@ -105,130 +105,105 @@ const PORT_TAG: TagDef = TagDef {
     help: "Port number on the device, from 1.",
 };
 
-/// Numbers and counters of one port.
-pub static PORT: TableDef = TableDef {
-    name: "infiniband_port",
-    help: "One row per InfiniBand or RoCE port per tick: link state, rate and the PMA port counters from /sys/class/infiniband/<device>/ports/<port>/. Counters the driver lacks are null. The 16-bit and smaller error counters stop at their maximum instead of wrapping.",
-    tags: &[DEVICE_TAG, PORT_TAG],
-    fields: &[
-        gauge(
-            "state",
-            FieldType::U64,
-            Unit::None,
-            "Logical port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER (the text is in infiniband_link).",
-        ),
-        gauge(
-            "phys_state",
-            FieldType::U64,
-            Unit::None,
-            "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test.",
-        ),
-        gauge(
-            "rate_bytes_per_second",
-            FieldType::F64,
-            Unit::BytesPerSecond,
-            "Signalling rate of the link as the kernel reports it (e.g. 400 Gb/sec is 5e10 bytes per second).",
-        ),
-        counter(
-            "xmit_data_bytes",
-            Unit::Bytes,
-            "Data bytes sent on all VLs: port_xmit_data (kernel counts 4-byte words) times 4; from the legacy counters_ext/ only where counters/ is stuck at 2^32-1.",
-        ),
-        counter(
-            "rcv_data_bytes",
-            Unit::Bytes,
-            "Data bytes received on all VLs: port_rcv_data (kernel counts 4-byte words) times 4; from the legacy counters_ext/ only where counters/ is stuck at 2^32-1.",
-        ),
-        counter("xmit_packets", Unit::None, "Packets sent on all VLs."),
-        counter("rcv_packets", Unit::None, "Packets received on all VLs."),
-        counter("unicast_xmit_packets", Unit::None, "Unicast packets sent."),
-        counter("unicast_rcv_packets", Unit::None, "Unicast packets received."),
-        counter("multicast_xmit_packets", Unit::None, "Multicast packets sent."),
-        counter("multicast_rcv_packets", Unit::None, "Multicast packets received."),
-        counter(
-            "xmit_wait",
-            Unit::None,
-            "Ticks during which the port had data to send but no flow-control credits (port_xmit_wait): congestion towards the peer. 32 bits; the tick length is the device's sampling period.",
-        ),
-        counter(
-            "symbol_error",
-            Unit::None,
-            "Minor link errors detected on a physical lane (cable, transceiver).",
-        ),
-        counter(
-            "rcv_errors",
-            Unit::None,
-            "Received packets with errors (port_rcv_errors).",
-        ),
-        counter(
-            "rcv_remote_physical_errors",
-            Unit::None,
-            "Received packets marked with the EBP delimiter: damaged upstream.",
-        ),
-        counter(
-            "rcv_switch_relay_errors",
-            Unit::None,
-            "Received packets discarded because they could not be forwarded.",
-        ),
-        counter(
-            "xmit_discards",
-            Unit::None,
-            "Outbound packets discarded because the port was down or congested.",
-        ),
-        counter(
-            "xmit_constraint_errors",
-            Unit::None,
-            "Outbound packets not sent because of partition or rate-limit constraints.",
-        ),
-        counter(
-            "rcv_constraint_errors",
-            Unit::None,
-            "Inbound packets discarded because of partition or rate-limit constraints.",
-        ),
-        counter(
-            "local_link_integrity_errors",
-            Unit::None,
-            "Times the local physical errors exceeded the link's threshold.",
-        ),
-        counter(
-            "excessive_buffer_overrun_errors",
-            Unit::None,
-            "Times consecutive receive buffer overruns exceeded the threshold.",
-        ),
-        counter(
-            "vl15_dropped",
-            Unit::None,
-            "Subnet management packets (VL15) dropped for lack of buffers.",
-        ),
-        counter(
-            "link_error_recovery",
-            Unit::None,
-            "Times the link error recovery process completed successfully.",
-        ),
-        counter(
-            "link_downed",
-            Unit::None,
-            "Times the link failed to recover from errors and went down.",
-        ),
-    ],
-    exported: true,
-};
-
-/// Index of `field` in [`PORT`]; checked by a test.
-mod col {
-    pub const STATE: usize = 0;
-    pub const PHYS_STATE: usize = 1;
-    pub const RATE: usize = 2;
-    pub const XMIT_DATA: usize = 3;
-    pub const RCV_DATA: usize = 4;
-    pub const SYMBOL_ERROR: usize = 12;
-    pub const LINK_ERROR_RECOVERY: usize = 22;
-    pub const LINK_DOWNED: usize = 23;
-    pub const COUNT: usize = 24;
+vtax_store::table! {
+    /// Numbers and counters of one port.
+    pub static PORT: TableDef, pub struct PortRow {
+        name: "infiniband_port",
+        help: "One row per InfiniBand or RoCE port per tick: link state, rate and the PMA port counters from /sys/class/infiniband/<device>/ports/<port>/. Counters the driver lacks are null. The 16-bit and smaller error counters stop at their maximum instead of wrapping.",
+        tags: [device = DEVICE_TAG, port = PORT_TAG],
+        fields: [
+            state: Option<u64> = gauge(
+                FieldType::U64,
+                Unit::None,
+                "Logical port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER (the text is in infiniband_link).",
+            ),
+            phys_state: Option<u64> = gauge(
+                FieldType::U64,
+                Unit::None,
+                "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test.",
+            ),
+            rate_bytes_per_second: Option<f64> = gauge(
+                FieldType::F64,
+                Unit::BytesPerSecond,
+                "Signalling rate of the link as the kernel reports it (e.g. 400 Gb/sec is 5e10 bytes per second).",
+            ),
+            xmit_data_bytes: Option<u64> = counter(
+                Unit::Bytes,
+                "Data bytes sent on all VLs: port_xmit_data (kernel counts 4-byte words) times 4; from the legacy counters_ext/ only where counters/ is stuck at 2^32-1.",
+            ),
+            rcv_data_bytes: Option<u64> = counter(
+                Unit::Bytes,
+                "Data bytes received on all VLs: port_rcv_data (kernel counts 4-byte words) times 4; from the legacy counters_ext/ only where counters/ is stuck at 2^32-1.",
+            ),
+            xmit_packets: Option<u64> = counter(Unit::None, "Packets sent on all VLs."),
+            rcv_packets: Option<u64> = counter(Unit::None, "Packets received on all VLs."),
+            unicast_xmit_packets: Option<u64> = counter(Unit::None, "Unicast packets sent."),
+            unicast_rcv_packets: Option<u64> = counter(Unit::None, "Unicast packets received."),
+            multicast_xmit_packets: Option<u64> = counter(Unit::None, "Multicast packets sent."),
+            multicast_rcv_packets: Option<u64> = counter(Unit::None, "Multicast packets received."),
+            xmit_wait: Option<u64> = counter(
+                Unit::None,
+                "Ticks during which the port had data to send but no flow-control credits (port_xmit_wait): congestion towards the peer. 32 bits; the tick length is the device's sampling period.",
+            ),
+            symbol_error: Option<u64> = counter(
+                Unit::None,
+                "Minor link errors detected on a physical lane (cable, transceiver).",
+            ),
+            rcv_errors: Option<u64> = counter(
+                Unit::None,
+                "Received packets with errors (port_rcv_errors).",
+            ),
+            rcv_remote_physical_errors: Option<u64> = counter(
+                Unit::None,
+                "Received packets marked with the EBP delimiter: damaged upstream.",
+            ),
+            rcv_switch_relay_errors: Option<u64> = counter(
+                Unit::None,
+                "Received packets discarded because they could not be forwarded.",
+            ),
+            xmit_discards: Option<u64> = counter(
+                Unit::None,
+                "Outbound packets discarded because the port was down or congested.",
+            ),
+            xmit_constraint_errors: Option<u64> = counter(
+                Unit::None,
+                "Outbound packets not sent because of partition or rate-limit constraints.",
+            ),
+            rcv_constraint_errors: Option<u64> = counter(
+                Unit::None,
+                "Inbound packets discarded because of partition or rate-limit constraints.",
+            ),
+            local_link_integrity_errors: Option<u64> = counter(
+                Unit::None,
+                "Times the local physical errors exceeded the link's threshold.",
+            ),
+            excessive_buffer_overrun_errors: Option<u64> = counter(
+                Unit::None,
+                "Times consecutive receive buffer overruns exceeded the threshold.",
+            ),
+            vl15_dropped: Option<u64> = counter(
+                Unit::None,
+                "Subnet management packets (VL15) dropped for lack of buffers.",
+            ),
+            link_error_recovery: Option<u64> = counter(
+                Unit::None,
+                "Times the link error recovery process completed successfully.",
+            ),
+            link_downed: Option<u64> = counter(
+                Unit::None,
+                "Times the link failed to recover from errors and went down.",
+            ),
+        ],
+        exported: true,
+    }
 }
 
+/// Fills one counter field of a [`PortRow`].
+type CounterField = for<'r, 'a> fn(&'r mut PortRow<'a>) -> &'r mut Option<u64>;
+
 /// Where each counter of [`PORT`] comes from: candidate files under the port
-/// directory in order of preference, and the factor to bytes or packets.
+/// directory in order of preference, the factor to bytes or packets, and the
+/// field it fills.
 ///
 /// `counters/` comes first, as node_exporter reads it: on current kernels
 /// its traffic counters are 64-bit (the kernel asks the HCA for the extended
@@ -238,167 +213,184 @@ mod col {
 /// at least as much: a ConnectX-3 may leave every `counters_ext/` file at 0
 /// while `counters/` counts billions, and a source stuck at zero must never
 /// replace one that counts.
-static COUNTER_SOURCES: &[(usize, &[&str], u64)] = &[
+static COUNTER_SOURCES: &[(&[&str], u64, CounterField)] = &[
     (
-        col::XMIT_DATA,
         &["counters/port_xmit_data", "counters_ext/port_xmit_data_64"],
         4,
+        |r| &mut r.xmit_data_bytes,
     ),
     (
-        col::RCV_DATA,
         &["counters/port_rcv_data", "counters_ext/port_rcv_data_64"],
         4,
+        |r| &mut r.rcv_data_bytes,
     ),
     (
-        5,
         &[
             "counters/port_xmit_packets",
             "counters_ext/port_xmit_packets_64",
         ],
         1,
+        |r| &mut r.xmit_packets,
     ),
     (
-        6,
         &[
             "counters/port_rcv_packets",
             "counters_ext/port_rcv_packets_64",
         ],
         1,
+        |r| &mut r.rcv_packets,
     ),
     (
-        7,
         &[
             "counters/unicast_xmit_packets",
             "counters_ext/port_unicast_xmit_packets",
         ],
         1,
+        |r| &mut r.unicast_xmit_packets,
     ),
     (
-        8,
         &[
             "counters/unicast_rcv_packets",
             "counters_ext/port_unicast_rcv_packets",
         ],
         1,
+        |r| &mut r.unicast_rcv_packets,
     ),
     (
-        9,
         &[
             "counters/multicast_xmit_packets",
             "counters_ext/port_multicast_xmit_packets",
         ],
         1,
+        |r| &mut r.multicast_xmit_packets,
     ),
     (
-        10,
         &[
             "counters/multicast_rcv_packets",
             "counters_ext/port_multicast_rcv_packets",
         ],
         1,
+        |r| &mut r.multicast_rcv_packets,
     ),
-    (11, &["counters/port_xmit_wait"], 1),
-    (col::SYMBOL_ERROR, &["counters/symbol_error"], 1),
-    (13, &["counters/port_rcv_errors"], 1),
-    (14, &["counters/port_rcv_remote_physical_errors"], 1),
-    (15, &["counters/port_rcv_switch_relay_errors"], 1),
-    (16, &["counters/port_xmit_discards"], 1),
-    (17, &["counters/port_xmit_constraint_errors"], 1),
-    (18, &["counters/port_rcv_constraint_errors"], 1),
-    (19, &["counters/local_link_integrity_errors"], 1),
-    (20, &["counters/excessive_buffer_overrun_errors"], 1),
-    (21, &["counters/VL15_dropped"], 1),
-    (
-        col::LINK_ERROR_RECOVERY,
-        &["counters/link_error_recovery"],
-        1,
-    ),
-    (col::LINK_DOWNED, &["counters/link_downed"], 1),
+    (&["counters/port_xmit_wait"], 1, |r| &mut r.xmit_wait),
+    (&["counters/symbol_error"], 1, |r| &mut r.symbol_error),
+    (&["counters/port_rcv_errors"], 1, |r| &mut r.rcv_errors),
+    (&["counters/port_rcv_remote_physical_errors"], 1, |r| {
+        &mut r.rcv_remote_physical_errors
+    }),
+    (&["counters/port_rcv_switch_relay_errors"], 1, |r| {
+        &mut r.rcv_switch_relay_errors
+    }),
+    (&["counters/port_xmit_discards"], 1, |r| {
+        &mut r.xmit_discards
+    }),
+    (&["counters/port_xmit_constraint_errors"], 1, |r| {
+        &mut r.xmit_constraint_errors
+    }),
+    (&["counters/port_rcv_constraint_errors"], 1, |r| {
+        &mut r.rcv_constraint_errors
+    }),
+    (&["counters/local_link_integrity_errors"], 1, |r| {
+        &mut r.local_link_integrity_errors
+    }),
+    (&["counters/excessive_buffer_overrun_errors"], 1, |r| {
+        &mut r.excessive_buffer_overrun_errors
+    }),
+    (&["counters/VL15_dropped"], 1, |r| &mut r.vl15_dropped),
+    (&["counters/link_error_recovery"], 1, |r| {
+        &mut r.link_error_recovery
+    }),
+    (&["counters/link_downed"], 1, |r| &mut r.link_downed),
 ];
 
 const INFO_HELP: &str = "Always 1; the row's tags carry the information.";
 
-/// The text attributes of a port, as tags of an info row.
-pub static LINK: TableDef = TableDef {
-    name: "infiniband_link",
-    help: "One row per port per tick whose tags hold the port's text attributes (state, physical state, rate, link layer, LID); join on device and port.",
-    tags: &[
-        DEVICE_TAG,
-        PORT_TAG,
-        TagDef {
-            name: "link_layer",
-            help: "InfiniBand, or Ethernet for RoCE.",
-        },
-        TagDef {
-            name: "state",
-            help: "Logical port state text: DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER.",
-        },
-        TagDef {
-            name: "phys_state",
-            help: "Physical port state text: Sleep, Polling, Disabled, PortConfigurationTraining, LinkUp, LinkErrorRecovery, Phy Test.",
-        },
-        TagDef {
-            name: "rate",
-            help: "Rate as the kernel writes it, e.g. \"400 Gb/sec (4X NDR)\"; empty when unreadable.",
-        },
-        TagDef {
-            name: "lid",
-            help: "Local identifier the subnet manager assigned (hex, 0x0 for RoCE or before assignment); empty when unreadable.",
-        },
-    ],
-    fields: &[gauge("info", FieldType::U64, Unit::None, INFO_HELP)],
-    exported: true,
-};
+vtax_store::table! {
+    /// The text attributes of a port, as tags of an info row.
+    pub static LINK: TableDef, pub struct LinkRow {
+        name: "infiniband_link",
+        help: "One row per port per tick whose tags hold the port's text attributes (state, physical state, rate, link layer, LID); join on device and port.",
+        tags: [
+            device = DEVICE_TAG,
+            port = PORT_TAG,
+            link_layer = TagDef {
+                name: "link_layer",
+                help: "InfiniBand, or Ethernet for RoCE.",
+            },
+            state = TagDef {
+                name: "state",
+                help: "Logical port state text: DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER.",
+            },
+            phys_state = TagDef {
+                name: "phys_state",
+                help: "Physical port state text: Sleep, Polling, Disabled, PortConfigurationTraining, LinkUp, LinkErrorRecovery, Phy Test.",
+            },
+            rate = TagDef {
+                name: "rate",
+                help: "Rate as the kernel writes it, e.g. \"400 Gb/sec (4X NDR)\"; empty when unreadable.",
+            },
+            lid = TagDef {
+                name: "lid",
+                help: "Local identifier the subnet manager assigned (hex, 0x0 for RoCE or before assignment); empty when unreadable.",
+            },
+        ],
+        fields: [info: u64 = gauge(FieldType::U64, Unit::None, INFO_HELP)],
+        exported: true,
+    }
+}
 
-/// The identity of a device, as tags of an info row.
-pub static DEVICE: TableDef = TableDef {
-    name: "infiniband_device",
-    help: "One row per RDMA device per tick whose tags identify the HCA; empty where the driver lacks the file.",
-    tags: &[
-        DEVICE_TAG,
-        TagDef {
-            name: "hca_type",
-            help: "HCA type (e.g. MT4129 for ConnectX-7).",
-        },
-        TagDef {
-            name: "board_id",
-            help: "Board identifier (PSID, e.g. MT_0000000838).",
-        },
-        TagDef {
-            name: "fw_ver",
-            help: "Firmware version.",
-        },
-        TagDef {
-            name: "node_guid",
-            help: "Node GUID.",
-        },
-    ],
-    fields: &[gauge("info", FieldType::U64, Unit::None, INFO_HELP)],
-    exported: true,
-};
+vtax_store::table! {
+    /// The identity of a device, as tags of an info row.
+    pub static DEVICE: TableDef, pub struct DeviceRow {
+        name: "infiniband_device",
+        help: "One row per RDMA device per tick whose tags identify the HCA; empty where the driver lacks the file.",
+        tags: [
+            device = DEVICE_TAG,
+            hca_type = TagDef {
+                name: "hca_type",
+                help: "HCA type (e.g. MT4129 for ConnectX-7).",
+            },
+            board_id = TagDef {
+                name: "board_id",
+                help: "Board identifier (PSID, e.g. MT_0000000838).",
+            },
+            fw_ver = TagDef {
+                name: "fw_ver",
+                help: "Firmware version.",
+            },
+            node_guid = TagDef {
+                name: "node_guid",
+                help: "Node GUID.",
+            },
+        ],
+        fields: [info: u64 = gauge(FieldType::U64, Unit::None, INFO_HELP)],
+        exported: true,
+    }
+}
 
-/// Driver-specific counters, one row per counter.
-pub static HW_COUNTER: TableDef = TableDef {
-    name: "infiniband_hw",
-    help: "One row per driver-specific counter per tick, from hw_counters/ of a port (or of the device, port empty); names vary by driver (mlx5: out_of_buffer, out_of_sequence, np_cnp_sent, rp_cnp_handled, roce_adp_retrans, ...). The lifespan setting is not a counter and is left out.",
-    tags: &[
-        DEVICE_TAG,
-        TagDef {
-            name: "port",
-            help: "Port number on the device; empty for device-wide counters.",
-        },
-        TagDef {
-            name: "counter",
-            help: "Counter name: the file name under hw_counters/.",
-        },
-    ],
-    fields: &[counter(
-        "value",
-        Unit::None,
-        "The counter's value as the driver reports it.",
-    )],
-    exported: true,
-};
+vtax_store::table! {
+    /// Driver-specific counters, one row per counter.
+    pub static HW_COUNTER: TableDef, pub struct HwCounterRow {
+        name: "infiniband_hw",
+        help: "One row per driver-specific counter per tick, from hw_counters/ of a port (or of the device, port empty); names vary by driver (mlx5: out_of_buffer, out_of_sequence, np_cnp_sent, rp_cnp_handled, roce_adp_retrans, ...). The lifespan setting is not a counter and is left out.",
+        tags: [
+            device = DEVICE_TAG,
+            port = TagDef {
+                name: "port",
+                help: "Port number on the device; empty for device-wide counters.",
+            },
+            counter = TagDef {
+                name: "counter",
+                help: "Counter name: the file name under hw_counters/.",
+            },
+        ],
+        fields: [value: Option<u64> = counter(
+            Unit::None,
+            "The counter's value as the driver reports it.",
+        )],
+        exported: true,
+    }
+}
 
 /// A file this long is not a sysfs attribute, which holds less than a page
 /// (64 KiB on some arm64 kernels).
@@ -438,8 +430,8 @@ struct HwCounter {
 /// A PMA counter of [`PORT`] and the files chosen for it at the walk.
 #[derive(Debug)]
 struct Counter {
-    /// Field index in [`PORT`].
-    field: usize,
+    /// The field it fills.
+    field: CounterField,
     /// The first candidate of [`COUNTER_SOURCES`] that exists.
     file: KeptFile,
     /// A later candidate (`counters_ext/`), read only while `file` is
@@ -573,7 +565,7 @@ pub struct Infiniband {
     link_rows: BatchBuilder,
     device_rows: BatchBuilder,
     hw_rows: BatchBuilder,
-    hw_values: Vec<Value>,
+    hw_values: Vec<Option<u64>>,
     seen: Vec<PortSeen>,
     problems: Vec<String>,
     /// Files that read badly at the last walk (link layer, LID, HCA identity,
@@ -690,7 +682,7 @@ impl Infiniband {
                     port.close_files();
                     *stale = true;
                 }
-                let mut values = [Value::Null; col::COUNT];
+                let mut values = PortRow::default();
                 // A port that went mid-read is no error: its files' are dropped.
                 let errors_before = errors.len();
                 let Some(link) = read_port(port, buf, &mut values, problems, errors, stale) else {
@@ -716,24 +708,37 @@ impl Infiniband {
                 } else {
                     ""
                 };
-                port_rows.push(time_us, &[&device.name, &port.num], &values)?;
-                link_rows.push(
+                let row = PortRow {
+                    device: &device.name,
+                    port: &port.num,
+                    ..values
+                };
+                port_rows.push_row(time_us, &row)?;
+                link_rows.push_row(
                     time_us,
-                    &[
-                        &device.name,
-                        &port.num,
-                        &port.link_layer,
-                        link.state,
-                        link.phys_state,
-                        rate_text,
-                        &port.lid,
-                    ],
-                    &[Value::U64(1)],
+                    &LinkRow {
+                        device: &device.name,
+                        port: &port.num,
+                        link_layer: &port.link_layer,
+                        state: link.state,
+                        phys_state: link.phys_state,
+                        rate: rate_text,
+                        lid: &port.lid,
+                        info: 1,
+                    },
                 )?;
                 for (hw, value) in port.hw.iter().zip(hw_values.iter()) {
-                    hw_rows.push(time_us, &[&device.name, &port.num, &hw.name], &[*value])?;
+                    hw_rows.push_row(
+                        time_us,
+                        &HwCounterRow {
+                            device: &device.name,
+                            port: &port.num,
+                            counter: &hw.name,
+                            value: *value,
+                        },
+                    )?;
                 }
-                port_problems(&link, &values, port, problems);
+                port_problems(&link, &row, port, problems);
                 seen.push(PortSeen {
                     device: device_index,
                     port: port_index,
@@ -757,21 +762,29 @@ impl Infiniband {
                 stale,
             ) {
                 for (hw, value) in device.hw.iter().zip(hw_values.iter()) {
-                    hw_rows.push(time_us, &[&device.name, "", &hw.name], &[*value])?;
+                    hw_rows.push_row(
+                        time_us,
+                        &HwCounterRow {
+                            device: &device.name,
+                            port: "",
+                            counter: &hw.name,
+                            value: *value,
+                        },
+                    )?;
                 }
             } else {
                 errors.truncate(errors_before);
             }
-            device_rows.push(
+            device_rows.push_row(
                 time_us,
-                &[
-                    &device.name,
-                    &device.hca_type,
-                    &device.board_id,
-                    &device.fw_ver,
-                    &device.node_guid,
-                ],
-                &[Value::U64(1)],
+                &DeviceRow {
+                    device: &device.name,
+                    hca_type: &device.hca_type,
+                    board_id: &device.board_id,
+                    fw_ver: &device.fw_ver,
+                    node_guid: &device.node_guid,
+                    info: 1,
+                },
             )?;
         }
         Ok(())
@@ -1089,7 +1102,7 @@ fn walk_device(
             }
         };
         let mut counters = Vec::with_capacity(COUNTER_SOURCES.len());
-        for (field, candidates, factor) in COUNTER_SOURCES {
+        for (candidates, factor, field) in COUNTER_SOURCES {
             let mut found = candidates
                 .iter()
                 .map(|rel| pdir.join(rel))
@@ -1173,13 +1186,14 @@ fn read_port_file<'b>(
     }
 }
 
-/// Reads a port's attributes and counters into `values`; `None` if it
+/// Reads a port's attributes and counters into `values` (its tags left
+/// empty); `None` if it
 /// vanished. A file that reads badly leaves its value null (its tag empty)
 /// and is named in `errors`.
 fn read_port(
     port: &mut Port,
     buf: &mut Vec<u8>,
-    values: &mut [Value; col::COUNT],
+    values: &mut PortRow<'_>,
     problems: &mut Vec<String>,
     errors: &mut Vec<ParseError>,
     stale: &mut bool,
@@ -1211,19 +1225,19 @@ fn read_port(
     }
     if let Some(text) = read!(&mut port.state) {
         if let Some((n, name)) = parsed!(parse_state(text, STATES, 0), port.state) {
-            values[col::STATE] = Value::U64(n);
+            values.state = Some(n);
             link.state = name;
         }
     }
     if let Some(text) = read!(&mut port.phys_state) {
         if let Some((n, name)) = parsed!(parse_state(text, PHYS_STATES, 1), port.phys_state) {
-            values[col::PHYS_STATE] = Value::U64(n);
+            values.phys_state = Some(n);
             link.phys_state = name;
         }
     }
     if let Some(text) = read!(&mut port.rate) {
         if let Some(bits) = parsed!(parse_rate(text), port.rate) {
-            values[col::RATE] = Value::F64(bits as f64 / 8.0);
+            values.rate_bytes_per_second = Some(bits as f64 / 8.0);
             link.rate = Some(bits);
             let text = text.trim_end();
             if port.rate_text != text {
@@ -1275,7 +1289,7 @@ fn read_port(
             .checked_mul(factor)
             .ok_or_else(|| format!("{n} times {factor} overflows 64 bits"));
         if let Some(scaled) = parsed!(scaled, source) {
-            values[counter.field] = Value::U64(scaled);
+            *(counter.field)(values) = Some(scaled);
         }
     }
     Some(link)
@@ -1287,7 +1301,7 @@ fn read_hw(
     counters: &mut [HwCounter],
     owner: &Path,
     buf: &mut Vec<u8>,
-    values: &mut Vec<Value>,
+    values: &mut Vec<Option<u64>>,
     problems: &mut Vec<String>,
     errors: &mut Vec<ParseError>,
     stale: &mut bool,
@@ -1295,13 +1309,12 @@ fn read_hw(
     for hw in counters {
         let value = match read_port_file(&mut hw.file, owner, buf, problems, errors, stale) {
             None => return false,
-            Some(None) => Value::Null,
+            Some(None) => None,
             Some(Some(text)) => match parse_counter(text) {
-                Ok(Some(n)) => Value::U64(n),
-                Ok(None) => Value::Null,
+                Ok(n) => n,
                 Err(reason) => {
                     errors.push(bad(hw.file.path(), reason));
-                    Value::Null
+                    None
                 }
             },
         };
@@ -1387,19 +1400,9 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
 }
 
 /// What `vtax doctor` should hear about a port.
-fn port_problems(
-    link: &Link,
-    values: &[Value; col::COUNT],
-    port: &Port,
-    problems: &mut Vec<String>,
-) {
+fn port_problems(link: &Link, row: &PortRow, port: &Port, problems: &mut Vec<String>) {
     let label = &port.label;
-    let get = |i: usize| match values[i] {
-        Value::U64(n) => Some(n),
-        _ => None,
-    };
-    let state = get(col::STATE);
-    let phys = get(col::PHYS_STATE);
+    let (state, phys) = (row.state, row.phys_state);
     if state.is_some_and(|s| s != ACTIVE) || phys.is_some_and(|p| p != LINK_UP) {
         let why = match (phys, port.link_layer.as_str()) {
             (Some(2), _) => "no link: check the cable, transceiver and the peer's port",
@@ -1414,17 +1417,17 @@ fn port_problems(
             link.state, link.phys_state
         ));
     }
-    if let Some(n) = get(col::LINK_DOWNED).filter(|&n| n > 0) {
+    if let Some(n) = row.link_downed.filter(|&n| n > 0) {
         problems.push(format!(
             "{label}: link_downed = {n}: the link went down since its counters were last cleared"
         ));
     }
     let errors: Vec<String> = [
-        (col::SYMBOL_ERROR, "symbol_error"),
-        (col::LINK_ERROR_RECOVERY, "link_error_recovery"),
+        (row.symbol_error, "symbol_error"),
+        (row.link_error_recovery, "link_error_recovery"),
     ]
     .iter()
-    .filter_map(|&(i, name)| get(i).filter(|&n| n > 0).map(|n| format!("{name} = {n}")))
+    .filter_map(|&(n, name)| n.filter(|&n| n > 0).map(|n| format!("{name} = {n}")))
     .collect();
     if !errors.is_empty() {
         problems.push(format!(
@@ -1539,32 +1542,38 @@ mod tests {
             table.validate().unwrap();
             assert!(table.name.starts_with("infiniband"));
         }
-        assert_eq!(PORT.fields.len(), col::COUNT);
-        assert_eq!(PORT.field_index("state"), Some(col::STATE));
-        assert_eq!(PORT.field_index("phys_state"), Some(col::PHYS_STATE));
-        assert_eq!(PORT.field_index("rate_bytes_per_second"), Some(col::RATE));
-        assert_eq!(PORT.field_index("xmit_data_bytes"), Some(col::XMIT_DATA));
-        assert_eq!(PORT.field_index("rcv_data_bytes"), Some(col::RCV_DATA));
-        assert_eq!(PORT.field_index("symbol_error"), Some(col::SYMBOL_ERROR));
-        assert_eq!(
-            PORT.field_index("link_error_recovery"),
-            Some(col::LINK_ERROR_RECOVERY)
-        );
-        assert_eq!(PORT.field_index("link_downed"), Some(col::LINK_DOWNED));
-        // Every counter field has a source, once; the first (preferred)
-        // source is the `counters/` file the field is named after.
-        let mut fields: Vec<usize> = COUNTER_SOURCES.iter().map(|s| s.0).collect();
-        fields.sort_unstable();
-        assert_eq!(fields, (col::XMIT_DATA..col::COUNT).collect::<Vec<_>>());
-        for (field, sources, _) in COUNTER_SOURCES {
-            let name = PORT.fields[*field].name.trim_end_matches("_bytes");
+        // Every counter source fills a field of its own, and every field
+        // but the three read from the port's attributes has one; the first
+        // (preferred) source is the `counters/` file the field is named after.
+        let mut filled = Vec::new();
+        for (sources, _, field) in COUNTER_SOURCES {
+            let mut row = PortRow::default();
+            *field(&mut row) = Some(1);
+            let mut rows = BatchBuilder::new(&PORT);
+            rows.push_row(0, &row).unwrap();
+            let batch = rows.finish();
+            let set: Vec<usize> = (0..PORT.fields.len())
+                .filter(|&i| batch.fields[i].is_valid(0))
+                .collect();
+            assert_eq!(set.len(), 1, "{sources:?}");
+            let name = PORT.fields[set[0]].name;
+            assert!(!filled.contains(&name), "{sources:?} fills {name} again");
+            filled.push(name);
             let first = sources[0].strip_prefix("counters/").unwrap();
             assert_eq!(
                 first.trim_start_matches("port_").to_ascii_lowercase(),
-                name,
+                name.trim_end_matches("_bytes"),
                 "{sources:?}"
             );
         }
+        let attributes = ["state", "phys_state", "rate_bytes_per_second"];
+        let unfilled: Vec<&str> = PORT
+            .fields
+            .iter()
+            .map(|f| f.name)
+            .filter(|name| !filled.contains(name))
+            .collect();
+        assert_eq!(unfilled, attributes);
     }
 
     #[test]
