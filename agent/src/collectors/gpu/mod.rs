@@ -35,7 +35,7 @@ mod tables;
 
 use std::collections::BTreeMap;
 
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use self::backend::{
     GpuBackend, GpuIdentity, GpuSample, LinkSample, ReadPlan, SampleError, SharesRead,
@@ -238,19 +238,6 @@ impl Gpu {
     }
 }
 
-fn f64v(v: Option<f64>) -> Value {
-    v.map_or(Value::Null, Value::F64)
-}
-fn u64v(v: Option<u64>) -> Value {
-    v.map_or(Value::Null, Value::U64)
-}
-fn u32v(v: Option<u32>) -> Value {
-    u64v(v.map(u64::from))
-}
-fn flag(v: Option<bool>) -> Value {
-    u64v(v.map(u64::from))
-}
-
 /// Builders of every table, one tick's rows.
 struct Rows {
     gpu: BatchBuilder,
@@ -309,53 +296,56 @@ impl Gpu {
     ) -> anyhow::Result<()> {
         let g = &self.gpus[at];
         let index = g.index.to_string();
-        let ids = [index.as_str(), g.uuid.as_str()];
         let gpm = s.gpm.clone().unwrap_or_default();
         let peak = g.hbm_peak_bytes_per_second();
         let links_up = s.links.iter().filter(|l| l.active).count() as u64;
-        let values: [Value; f::COUNT] = [
-            f64v(s.utilization_gpu_ratio),
-            f64v(s.utilization_memory_ratio),
-            f64v(gpm.sm_active_ratio),
-            f64v(gpm.sm_occupancy_ratio),
-            f64v(gpm.tensor_active_ratio),
-            f64v(gpm.dram_bandwidth_ratio),
-            f64v(gpm.dram_bandwidth_ratio.zip(peak).map(|(r, p)| r * p)),
-            f64v(peak),
-            f64v(s.sm_clock_hz),
-            f64v(g.sm_clock_max_hz),
-            f64v(s.memory_clock_hz),
-            f64v(g.memory_clock_max_hz),
-            u64v(s.clock_event_reasons),
-            f64v(s.power_watts),
-            f64v(s.power_limit_watts),
-            f64v(energy.joules),
-            f64v(energy.exact_age_seconds),
-            f64v(energy.integration_error_joules),
-            f64v(s.temperature_celsius),
-            f64v(s.memory_temperature_celsius),
-            u64v(s.memory_used_bytes),
-            u64v(s.memory_total_bytes),
-            u64v(s.ecc_corrected_errors),
-            u64v(s.ecc_uncorrected_errors),
-            u64v(s.remapped_rows_correctable),
-            u64v(s.remapped_rows_uncorrectable),
-            flag(s.remapping_pending),
-            flag(s.remapping_failed),
-            f64v(gpm.pcie_rx_bytes_per_second.or(s.pcie_rx_bytes_per_second)),
-            f64v(gpm.pcie_tx_bytes_per_second.or(s.pcie_tx_bytes_per_second)),
-            u32v(s.pcie_link_gen),
-            u32v(g.pcie_link_gen_max),
-            u32v(s.pcie_link_width),
-            u32v(g.pcie_link_width_max),
-            u64v(s.pcie_replays),
-            f64v(gpm.nvlink_rx_bytes_per_second),
-            f64v(gpm.nvlink_tx_bytes_per_second),
-            Value::U64(links_up),
-            u32v(g.nvlink_links_product),
-            f64v(g.nvlink_peak_bytes_per_second()),
-        ];
-        rows.gpu.push(time_us, &ids, &values)?;
+        let row = GpuRow {
+            gpu: &index,
+            gpu_uuid: &g.uuid,
+            utilization_ratio: s.utilization_gpu_ratio,
+            memory_utilization_ratio: s.utilization_memory_ratio,
+            sm_active_ratio: gpm.sm_active_ratio,
+            sm_occupancy_ratio: gpm.sm_occupancy_ratio,
+            tensor_active_ratio: gpm.tensor_active_ratio,
+            dram_bandwidth_ratio: gpm.dram_bandwidth_ratio,
+            hbm_bytes_per_second: gpm.dram_bandwidth_ratio.zip(peak).map(|(r, p)| r * p),
+            hbm_peak_bytes_per_second: peak,
+            sm_clock_hertz: s.sm_clock_hz,
+            sm_clock_max_hertz: g.sm_clock_max_hz,
+            memory_clock_hertz: s.memory_clock_hz,
+            memory_clock_max_hertz: g.memory_clock_max_hz,
+            clock_event_reasons: s.clock_event_reasons,
+            power_watts: s.power_watts,
+            power_limit_watts: s.power_limit_watts,
+            energy_joules: energy.joules,
+            energy_exact_age_seconds: energy.exact_age_seconds,
+            energy_integration_error_joules: energy.integration_error_joules,
+            temperature_celsius: s.temperature_celsius,
+            memory_temperature_celsius: s.memory_temperature_celsius,
+            memory_used_bytes: s.memory_used_bytes,
+            memory_total_bytes: s.memory_total_bytes,
+            ecc_corrected_errors: s.ecc_corrected_errors,
+            ecc_uncorrected_errors: s.ecc_uncorrected_errors,
+            remapped_rows_correctable: s.remapped_rows_correctable,
+            remapped_rows_uncorrectable: s.remapped_rows_uncorrectable,
+            remapping_pending: s.remapping_pending.map(u64::from),
+            remapping_failed: s.remapping_failed.map(u64::from),
+            // GPM's average over the interval where it runs, else NVML's
+            // 20 ms sample.
+            pcie_rx_bytes_per_second: gpm.pcie_rx_bytes_per_second.or(s.pcie_rx_bytes_per_second),
+            pcie_tx_bytes_per_second: gpm.pcie_tx_bytes_per_second.or(s.pcie_tx_bytes_per_second),
+            pcie_link_gen: s.pcie_link_gen.map(u64::from),
+            pcie_link_gen_max: g.pcie_link_gen_max.map(u64::from),
+            pcie_link_width: s.pcie_link_width.map(u64::from),
+            pcie_link_width_max: g.pcie_link_width_max.map(u64::from),
+            pcie_replays: s.pcie_replays,
+            nvlink_total_rx_bytes_per_second: gpm.nvlink_rx_bytes_per_second,
+            nvlink_total_tx_bytes_per_second: gpm.nvlink_tx_bytes_per_second,
+            nvlink_links_up: links_up,
+            nvlink_links_product: g.nvlink_links_product.map(u64::from),
+            nvlink_peak_bytes_per_second: g.nvlink_peak_bytes_per_second(),
+        };
+        rows.gpu.push_row(time_us, &row)?;
 
         let state = &mut self.states[at];
         state.virtualization_mode = s.virtualization_mode.map_or("unknown", |m| m.as_str());
@@ -366,67 +356,61 @@ impl Gpu {
         };
         if let Some(reasons) = s.clock_event_reasons {
             for (reason, bit) in CLOCK_EVENT_REASONS {
-                rows.clock_event.push(
-                    time_us,
-                    &[&index, &g.uuid, reason],
-                    &[Value::U64(u64::from(reasons & bit != 0))],
-                )?;
+                let row = GpuClockEventRow {
+                    gpu: &index,
+                    gpu_uuid: &g.uuid,
+                    reason,
+                    active: u64::from(reasons & bit != 0),
+                };
+                rows.clock_event.push_row(time_us, &row)?;
             }
         }
         for l in &s.links {
-            rows.nvlink.push(
-                time_us,
-                &[&index, &g.uuid, &l.link.to_string()],
-                &[
-                    Value::U64(u64::from(l.active)),
-                    f64v(l.rx_bytes_per_second),
-                    f64v(l.tx_bytes_per_second),
-                    u64v(l.crc_errors),
-                    u64v(l.replay_errors),
-                    u64v(l.recovery_errors),
-                ],
-            )?;
+            let row = GpuNvlinkRow {
+                gpu: &index,
+                gpu_uuid: &g.uuid,
+                link: &l.link.to_string(),
+                up: u64::from(l.active),
+                rx_bytes_per_second: l.rx_bytes_per_second,
+                tx_bytes_per_second: l.tx_bytes_per_second,
+                crc_errors: l.crc_errors,
+                replay_errors: l.replay_errors,
+                recovery_errors: l.recovery_errors,
+            };
+            rows.nvlink.push_row(time_us, &row)?;
         }
         for m in &s.mig {
-            rows.mig.push(
-                time_us,
-                &[
-                    &index,
-                    &g.uuid,
-                    &m.gpu_instance.to_string(),
-                    &m.uuid,
-                    &m.profile,
-                ],
-                &[
-                    u64v(m.memory_used_bytes),
-                    u64v(m.memory_total_bytes),
-                    f64v(m.sm_active_ratio),
-                ],
-            )?;
+            let row = GpuMigRow {
+                gpu: &index,
+                gpu_uuid: &g.uuid,
+                gpu_instance: &m.gpu_instance.to_string(),
+                mig_uuid: &m.uuid,
+                profile: &m.profile,
+                memory_used_bytes: m.memory_used_bytes,
+                memory_total_bytes: m.memory_total_bytes,
+                sm_active_ratio: m.sm_active_ratio,
+            };
+            rows.mig.push_row(time_us, &row)?;
         }
         if self.config.processes {
             for p in &s.processes {
                 let owner = self.owners.of(p.pid);
-                rows.process.push(
-                    time_us,
-                    &[
-                        &index,
-                        &g.uuid,
-                        &p.pid.to_string(),
-                        &owner.command,
-                        owner.workload,
-                        &owner.cgroup,
-                        &owner.container,
-                        &owner.pod_uid,
-                        &owner.slurm_job,
-                    ],
-                    &[
-                        u64v(p.used_memory_bytes),
-                        f64v(p.sm_utilization_ratio),
-                        f64v(p.memory_utilization_ratio),
-                        u32v(p.gpu_instance),
-                    ],
-                )?;
+                let row = GpuProcessRow {
+                    gpu: &index,
+                    gpu_uuid: &g.uuid,
+                    pid: &p.pid.to_string(),
+                    command: &owner.command,
+                    workload: owner.workload,
+                    cgroup: &owner.cgroup,
+                    container: &owner.container,
+                    pod_uid: &owner.pod_uid,
+                    slurm_job: &owner.slurm_job,
+                    used_memory_bytes: p.used_memory_bytes,
+                    sm_utilization_ratio: p.sm_utilization_ratio,
+                    memory_utilization_ratio: p.memory_utilization_ratio,
+                    gpu_instance: p.gpu_instance.map(u64::from),
+                };
+                rows.process.push_row(time_us, &row)?;
             }
         }
         self.states[at].problems = problems_of(g, s, links_up);
@@ -551,11 +535,13 @@ impl Collector for Gpu {
                 Ok(mut sample) => {
                     if self.states[at].lost {
                         tracing::info!(gpu = g.index, uuid = %uuid, "GPU answers again.");
-                        rows.event.push(
-                            time_us,
-                            &[&index, &uuid, "recovered"],
-                            &[Value::U64(0)],
-                        )?;
+                        let row = GpuEventRow {
+                            gpu: &index,
+                            gpu_uuid: &uuid,
+                            kind: "recovered",
+                            code: 0,
+                        };
+                        rows.event.push_row(time_us, &row)?;
                         self.states[at].lost = false;
                     }
                     *answered_at = true;
@@ -572,8 +558,13 @@ impl Collector for Gpu {
                     let state = &mut self.states[at];
                     if !state.lost {
                         tracing::warn!(gpu = g.index, uuid = %uuid, reason = %why, "GPU lost; skipped until it answers again, the other GPUs go on.");
-                        rows.event
-                            .push(time_us, &[&index, &uuid, "lost"], &[Value::U64(0)])?;
+                        let row = GpuEventRow {
+                            gpu: &index,
+                            gpu_uuid: &uuid,
+                            kind: "lost",
+                            code: 0,
+                        };
+                        rows.event.push_row(time_us, &row)?;
                         state.lost = true;
                     }
                     state.slow_read_us = None;
@@ -605,8 +596,13 @@ impl Collector for Gpu {
             };
             let index = self.gpus[at].index.to_string();
             tracing::warn!(gpu = %index, uuid = %x.uuid, xid = x.xid, "XID error.");
-            rows.event
-                .push(x.time_us, &[&index, &x.uuid, "xid"], &[Value::U64(x.xid)])?;
+            let row = GpuEventRow {
+                gpu: &index,
+                gpu_uuid: &x.uuid,
+                kind: "xid",
+                code: x.xid,
+            };
+            rows.event.push_row(x.time_us, &row)?;
             let state = &mut self.states[at];
             state.last_xid = Some(x.xid);
             *state.xid_by_code.entry(x.xid).or_default() += 1;
@@ -617,36 +613,35 @@ impl Collector for Gpu {
             let index = g.index.to_string();
             // Every GPU found keeps its info row, a lost one too: its facts
             // are what an operator needs to find it.
-            rows.info.push(
-                time_us,
-                &[
-                    &index,
-                    &g.uuid,
-                    &g.name,
-                    &g.pci_bus_id,
-                    &g.architecture,
-                    state.virtualization_mode,
-                    state.mig,
-                    &self.driver_version,
-                    backend,
-                ],
-                &[Value::U64(1)],
-            )?;
-            rows.health.push(
-                time_us,
-                &[&index, &g.uuid],
-                &[
-                    Value::U64(u64::from(answered[at])),
-                    Value::U64(state.sample_errors),
-                    u64v(state.last_xid),
-                ],
-            )?;
+            let info = GpuInfoRow {
+                gpu: &index,
+                gpu_uuid: &g.uuid,
+                name: &g.name,
+                pci_bus_id: &g.pci_bus_id,
+                architecture: &g.architecture,
+                virtualization_mode: state.virtualization_mode,
+                mig: state.mig,
+                driver_version: &self.driver_version,
+                backend,
+                info: 1,
+            };
+            rows.info.push_row(time_us, &info)?;
+            let health = GpuHealthRow {
+                gpu: &index,
+                gpu_uuid: &g.uuid,
+                up: u64::from(answered[at]),
+                sample_errors: state.sample_errors,
+                last_xid: state.last_xid,
+            };
+            rows.health.push_row(time_us, &health)?;
             for (code, n) in &state.xid_by_code {
-                rows.xid.push(
-                    time_us,
-                    &[&index, &g.uuid, &code.to_string()],
-                    &[Value::U64(*n)],
-                )?;
+                let row = GpuXidRow {
+                    gpu: &index,
+                    gpu_uuid: &g.uuid,
+                    xid: &code.to_string(),
+                    errors: *n,
+                };
+                rows.xid.push_row(time_us, &row)?;
             }
         }
         Ok(rows.finish())
