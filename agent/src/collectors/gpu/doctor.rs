@@ -47,15 +47,16 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
         Err(e) => return vec![format!("reading the GPUs failed: {e:#}")],
     };
     let samples = batches.iter().find(|b| std::ptr::eq(b.table, &GPU));
-    let tag = |batch: &Batch, t: usize, row: usize| -> String {
-        let column = &batch.tags[t];
-        column.dict[column.codes[row] as usize].clone()
+    let uuid_tag = GPU.tag_index("gpu_uuid");
+    let uuid_of = |batch: &Batch, row: usize| -> Option<String> {
+        let column = &batch.tags[uuid_tag?];
+        Some(column.dict[column.codes[row] as usize].clone())
     };
     for (gpu, state) in collector.gpus.iter().zip(&collector.states) {
         let head = format!("GPU {} {} {}", gpu.index, gpu.uuid, gpu.name);
         let sample = samples.and_then(|batch| {
             (0..batch.len())
-                .find(|&row| tag(batch, 1, row) == gpu.uuid)
+                .find(|&row| uuid_of(batch, row).as_ref() == Some(&gpu.uuid))
                 .map(|row| (batch, row))
         });
         let Some((batch, row)) = sample else {
