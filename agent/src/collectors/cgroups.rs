@@ -59,7 +59,7 @@ use std::path::{Path, PathBuf};
 use regex::RegexSet;
 use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
-use vtax_store::{Batch, BatchBuilder, Value};
+use vtax_store::{Batch, BatchBuilder};
 
 use super::cgroup_watch::CgroupWatch;
 use super::kept::KeptFile;
@@ -233,153 +233,103 @@ const fn count(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::counter(name, FieldType::U64, Unit::None, help)
 }
 
-/// Field positions in [`CGROUP`], in declaration order.
-mod f {
-    pub const CPU_USAGE: usize = 0;
-    pub const CPU_USER: usize = 1;
-    pub const CPU_SYSTEM: usize = 2;
-    pub const CPU_PERIODS: usize = 3;
-    pub const CPU_THROTTLED_PERIODS: usize = 4;
-    pub const CPU_THROTTLED: usize = 5;
-    pub const CPU_QUOTA: usize = 6;
-    pub const MEM_USAGE: usize = 7;
-    pub const MEM_LIMIT: usize = 8;
-    pub const MEM_ANON: usize = 9;
-    pub const MEM_FILE: usize = 10;
-    pub const MEM_KERNEL: usize = 11;
-    pub const MEM_SLAB: usize = 12;
-    pub const MEM_SWAP: usize = 13;
-    pub const PGFAULT: usize = 14;
-    pub const PGMAJFAULT: usize = 15;
-    pub const MEM_MAX_EVENTS: usize = 16;
-    pub const OOM: usize = 17;
-    pub const OOM_KILL: usize = 18;
-    pub const CPU_SOME: usize = 19;
-    pub const CPU_FULL: usize = 20;
-    pub const MEM_SOME: usize = 21;
-    pub const MEM_FULL: usize = 22;
-    pub const IO_SOME: usize = 23;
-    pub const IO_FULL: usize = 24;
-    pub const COUNT: usize = 25;
+vtax_store::table! {
+    /// One row per cgroup per tick.
+    pub static CGROUP: TableDef, pub struct CgroupRow {
+        name: "cgroup",
+        help: "One row per workload cgroup per tick (the root excluded), from cgroup v2 or the v1 cpu, cpuacct and memory hierarchies. A value the kernel does not report for this layout or cgroup is null.",
+        tags: [
+            path = TagDef {
+                name: "path",
+                help: "The cgroup's path below the cgroup root, e.g. `/system.slice/docker-abc.scope` or `/slurm/uid_1000/job_42` (v1).",
+            },
+            workload = TagDef {
+                name: "workload",
+                help: "What the cgroup holds, from its path: `slice`, `service`, `container`, `pod`, `slurm_job`, `slurm_step` (a job's steps and tasks) or `other`.",
+            },
+        ],
+        fields: [
+            cpu_usage_seconds: Option<f64> = seconds(
+                "CPU time of the cgroup's tasks, descendants included (v2 cpu.stat usage_usec, v1 cpuacct.usage).",
+            ),
+            cpu_user_seconds: Option<f64> = seconds(
+                "CPU time in user mode (v2 user_usec, v1 cpuacct.stat user in clock ticks).",
+            ),
+            cpu_system_seconds: Option<f64> = seconds(
+                "CPU time in kernel mode (v2 system_usec, v1 cpuacct.stat system in clock ticks).",
+            ),
+            cpu_periods: Option<u64> = count(
+                "CFS bandwidth periods that elapsed with runnable tasks (cpu.stat nr_periods); null without the cpu controller.",
+            ),
+            cpu_throttled_periods: Option<u64> = count(
+                "Periods in which the cgroup was throttled for exhausting its quota (cpu.stat nr_throttled).",
+            ),
+            cpu_throttled_seconds: Option<f64> = seconds(
+                "Time the cgroup's tasks were throttled (v2 throttled_usec, v1 throttled_time).",
+            ),
+            cpu_quota_cpus: Option<f64> = FieldDef::gauge(
+                FieldType::F64,
+                Unit::None,
+                "CPU bandwidth limit in CPUs: quota / period (v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us); null when unlimited.",
+            ),
+            memory_usage_bytes: Option<u64> = bytes(
+                "Memory charged to the cgroup, page cache included (v2 memory.current, v1 memory.usage_in_bytes).",
+            ),
+            memory_limit_bytes: Option<u64> = bytes(
+                "Memory limit (v2 memory.max, v1 memory.limit_in_bytes); null when unlimited.",
+            ),
+            memory_anon_bytes: Option<u64> = bytes(
+                "Anonymous memory (v2 memory.stat anon; v1 total_rss, which counts swap cache too).",
+            ),
+            memory_file_bytes: Option<u64> = bytes(
+                "Page cache, shared memory included (v2 memory.stat file, v1 total_cache).",
+            ),
+            memory_kernel_bytes: Option<u64> = bytes(
+                "Kernel memory charged to the cgroup (v2 memory.stat kernel on Linux 5.18 and later, v1 memory.kmem.usage_in_bytes).",
+            ),
+            memory_slab_bytes: Option<u64> = bytes(
+                "Slab allocations, part of the kernel memory (v2 memory.stat slab; null on v1).",
+            ),
+            memory_swap_bytes: Option<u64> = bytes(
+                "Swap used (v2 memory.swap.current, v1 memory.stat total_swap); null without swap accounting.",
+            ),
+            memory_page_faults: Option<u64> = count(
+                "Page faults, minor and major (memory.stat pgfault; v1 total_pgfault).",
+            ),
+            memory_major_page_faults: Option<u64> = count(
+                "Major page faults: the ones that read from disk (memory.stat pgmajfault; v1 total_pgmajfault).",
+            ),
+            memory_max_events: Option<u64> = count(
+                "Times usage was about to go over the limit and reclaim ran (v2 memory.events max; null on v1).",
+            ),
+            memory_oom_events: Option<u64> = count(
+                "Times the cgroup ran out of memory at its limit (v2 memory.events oom; null on v1).",
+            ),
+            memory_oom_kills: Option<u64> = count(
+                "Processes killed by the OOM killer in the cgroup (v2 memory.events oom_kill, v1 memory.oom_control oom_kill).",
+            ),
+            cpu_pressure_some_seconds: Option<f64> = seconds(
+                "Time some runnable task waited for a CPU (cpu.pressure some total; v2, or unified/ on hybrid v1).",
+            ),
+            cpu_pressure_full_seconds: Option<f64> = seconds(
+                "Time all non-idle tasks waited for a CPU at once (cpu.pressure full total; Linux 5.13 and later).",
+            ),
+            memory_pressure_some_seconds: Option<f64> = seconds(
+                "Time some task stalled on memory: reclaim, refaults, swap-in (memory.pressure some total).",
+            ),
+            memory_pressure_full_seconds: Option<f64> = seconds(
+                "Time all non-idle tasks stalled on memory at once (memory.pressure full total).",
+            ),
+            io_pressure_some_seconds: Option<f64> = seconds(
+                "Time some task stalled on block I/O (io.pressure some total).",
+            ),
+            io_pressure_full_seconds: Option<f64> = seconds(
+                "Time all non-idle tasks stalled on block I/O at once (io.pressure full total).",
+            ),
+        ],
+        exported: true,
+    }
 }
-
-/// One row per cgroup per tick.
-pub static CGROUP: TableDef = TableDef {
-    name: "cgroup",
-    help: "One row per workload cgroup per tick (the root excluded), from cgroup v2 or the v1 cpu, cpuacct and memory hierarchies. A value the kernel does not report for this layout or cgroup is null.",
-    tags: &[
-        TagDef {
-            name: "path",
-            help: "The cgroup's path below the cgroup root, e.g. `/system.slice/docker-abc.scope` or `/slurm/uid_1000/job_42` (v1).",
-        },
-        TagDef {
-            name: "workload",
-            help: "What the cgroup holds, from its path: `slice`, `service`, `container`, `pod`, `slurm_job`, `slurm_step` (a job's steps and tasks) or `other`.",
-        },
-    ],
-    fields: &[
-        seconds(
-            "cpu_usage_seconds",
-            "CPU time of the cgroup's tasks, descendants included (v2 cpu.stat usage_usec, v1 cpuacct.usage).",
-        ),
-        seconds(
-            "cpu_user_seconds",
-            "CPU time in user mode (v2 user_usec, v1 cpuacct.stat user in clock ticks).",
-        ),
-        seconds(
-            "cpu_system_seconds",
-            "CPU time in kernel mode (v2 system_usec, v1 cpuacct.stat system in clock ticks).",
-        ),
-        count(
-            "cpu_periods",
-            "CFS bandwidth periods that elapsed with runnable tasks (cpu.stat nr_periods); null without the cpu controller.",
-        ),
-        count(
-            "cpu_throttled_periods",
-            "Periods in which the cgroup was throttled for exhausting its quota (cpu.stat nr_throttled).",
-        ),
-        seconds(
-            "cpu_throttled_seconds",
-            "Time the cgroup's tasks were throttled (v2 throttled_usec, v1 throttled_time).",
-        ),
-        FieldDef::gauge("cpu_quota_cpus", FieldType::F64, Unit::None,
-            "CPU bandwidth limit in CPUs: quota / period (v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us); null when unlimited.",
-        ),
-        bytes(
-            "memory_usage_bytes",
-            "Memory charged to the cgroup, page cache included (v2 memory.current, v1 memory.usage_in_bytes).",
-        ),
-        bytes(
-            "memory_limit_bytes",
-            "Memory limit (v2 memory.max, v1 memory.limit_in_bytes); null when unlimited.",
-        ),
-        bytes(
-            "memory_anon_bytes",
-            "Anonymous memory (v2 memory.stat anon; v1 total_rss, which counts swap cache too).",
-        ),
-        bytes(
-            "memory_file_bytes",
-            "Page cache, shared memory included (v2 memory.stat file, v1 total_cache).",
-        ),
-        bytes(
-            "memory_kernel_bytes",
-            "Kernel memory charged to the cgroup (v2 memory.stat kernel on Linux 5.18 and later, v1 memory.kmem.usage_in_bytes).",
-        ),
-        bytes(
-            "memory_slab_bytes",
-            "Slab allocations, part of the kernel memory (v2 memory.stat slab; null on v1).",
-        ),
-        bytes(
-            "memory_swap_bytes",
-            "Swap used (v2 memory.swap.current, v1 memory.stat total_swap); null without swap accounting.",
-        ),
-        count(
-            "memory_page_faults",
-            "Page faults, minor and major (memory.stat pgfault; v1 total_pgfault).",
-        ),
-        count(
-            "memory_major_page_faults",
-            "Major page faults: the ones that read from disk (memory.stat pgmajfault; v1 total_pgmajfault).",
-        ),
-        count(
-            "memory_max_events",
-            "Times usage was about to go over the limit and reclaim ran (v2 memory.events max; null on v1).",
-        ),
-        count(
-            "memory_oom_events",
-            "Times the cgroup ran out of memory at its limit (v2 memory.events oom; null on v1).",
-        ),
-        count(
-            "memory_oom_kills",
-            "Processes killed by the OOM killer in the cgroup (v2 memory.events oom_kill, v1 memory.oom_control oom_kill).",
-        ),
-        seconds(
-            "cpu_pressure_some_seconds",
-            "Time some runnable task waited for a CPU (cpu.pressure some total; v2, or unified/ on hybrid v1).",
-        ),
-        seconds(
-            "cpu_pressure_full_seconds",
-            "Time all non-idle tasks waited for a CPU at once (cpu.pressure full total; Linux 5.13 and later).",
-        ),
-        seconds(
-            "memory_pressure_some_seconds",
-            "Time some task stalled on memory: reclaim, refaults, swap-in (memory.pressure some total).",
-        ),
-        seconds(
-            "memory_pressure_full_seconds",
-            "Time all non-idle tasks stalled on memory at once (memory.pressure full total).",
-        ),
-        seconds(
-            "io_pressure_some_seconds",
-            "Time some task stalled on block I/O (io.pressure some total).",
-        ),
-        seconds(
-            "io_pressure_full_seconds",
-            "Time all non-idle tasks stalled on block I/O at once (io.pressure full total).",
-        ),
-    ],
-    exported: true,
-};
 
 fn error(path: &Path, line: usize, reason: impl Into<String>) -> ParseError {
     ParseError {
@@ -446,6 +396,145 @@ const MEMORY_SOURCES: &[Source] = &[
     Source::KmemUsage,
 ];
 
+/// A field of [`CgroupRow`] that a file's number fills.
+type U64Field = for<'r, 'a> fn(&'r mut CgroupRow<'a>) -> &'r mut Option<u64>;
+/// A field of [`CgroupRow`] that a file's number fills, scaled.
+type F64Field = for<'r, 'a> fn(&'r mut CgroupRow<'a>) -> &'r mut Option<f64>;
+
+/// The field a file's key fills, and how the number written becomes its value.
+#[derive(Clone, Copy)]
+enum Fill {
+    /// A count or a size in bytes, as written.
+    Count(U64Field),
+    /// Seconds, written in microseconds.
+    Micros(F64Field),
+    /// Seconds, written in nanoseconds.
+    Nanos(F64Field),
+    /// Seconds, written in clock ticks (USER_HZ).
+    Ticks(F64Field),
+    /// CPUs, from a quota and a period: set by the parser of the file (or of
+    /// the pair of files) that holds both.
+    Cpus(F64Field),
+}
+
+impl Fill {
+    /// Sets the field from the number `n` the file writes; `hz` is USER_HZ.
+    /// A [`Fill::Cpus`] takes `n` as whole CPUs.
+    fn set(self, row: &mut CgroupRow, n: u64, hz: f64) {
+        match self {
+            Fill::Count(field) => *field(row) = Some(n),
+            Fill::Micros(field) => *field(row) = Some(n as f64 / MICROS),
+            Fill::Nanos(field) => *field(row) = Some(n as f64 / NANOS),
+            Fill::Ticks(field) => *field(row) = Some(n as f64 / hz),
+            Fill::Cpus(field) => *field(row) = Some(n as f64),
+        }
+    }
+
+    /// Copies the field of `from` into `to`.
+    fn copy(self, from: &mut CgroupRow, to: &mut CgroupRow) {
+        match self {
+            Fill::Count(field) => *field(to) = *field(from),
+            Fill::Micros(field) | Fill::Nanos(field) | Fill::Ticks(field) | Fill::Cpus(field) => {
+                *field(to) = *field(from)
+            }
+        }
+    }
+
+    /// Sets the field to null.
+    fn clear(self, row: &mut CgroupRow) {
+        match self {
+            Fill::Count(field) => *field(row) = None,
+            Fill::Micros(field) | Fill::Nanos(field) | Fill::Ticks(field) | Fill::Cpus(field) => {
+                *field(row) = None
+            }
+        }
+    }
+}
+
+// What each file fills, key by key (see `Source::fills`): a one-value file's
+// key is empty, a pressure file's are its line kinds, `some` and `full`.
+
+static CPU_STAT_V2: &[(&str, Fill)] = &[
+    ("usage_usec", Fill::Micros(|r| &mut r.cpu_usage_seconds)),
+    ("user_usec", Fill::Micros(|r| &mut r.cpu_user_seconds)),
+    ("system_usec", Fill::Micros(|r| &mut r.cpu_system_seconds)),
+    ("nr_periods", Fill::Count(|r| &mut r.cpu_periods)),
+    (
+        "nr_throttled",
+        Fill::Count(|r| &mut r.cpu_throttled_periods),
+    ),
+    (
+        "throttled_usec",
+        Fill::Micros(|r| &mut r.cpu_throttled_seconds),
+    ),
+];
+static CPU_STAT_V1: &[(&str, Fill)] = &[
+    ("nr_periods", Fill::Count(|r| &mut r.cpu_periods)),
+    (
+        "nr_throttled",
+        Fill::Count(|r| &mut r.cpu_throttled_periods),
+    ),
+    (
+        "throttled_time",
+        Fill::Nanos(|r| &mut r.cpu_throttled_seconds),
+    ),
+];
+static CPUACCT_USAGE: &[(&str, Fill)] = &[("", Fill::Nanos(|r| &mut r.cpu_usage_seconds))];
+static CPUACCT_STAT: &[(&str, Fill)] = &[
+    ("user", Fill::Ticks(|r| &mut r.cpu_user_seconds)),
+    ("system", Fill::Ticks(|r| &mut r.cpu_system_seconds)),
+];
+static CPU_MAX: &[(&str, Fill)] = &[("", Fill::Cpus(|r| &mut r.cpu_quota_cpus))];
+static MEMORY_USAGE: &[(&str, Fill)] = &[("", Fill::Count(|r| &mut r.memory_usage_bytes))];
+static MEMORY_LIMIT: &[(&str, Fill)] = &[("", Fill::Count(|r| &mut r.memory_limit_bytes))];
+static SWAP_USAGE: &[(&str, Fill)] = &[("", Fill::Count(|r| &mut r.memory_swap_bytes))];
+static KMEM_USAGE: &[(&str, Fill)] = &[("", Fill::Count(|r| &mut r.memory_kernel_bytes))];
+static MEMORY_STAT_V2: &[(&str, Fill)] = &[
+    ("anon", Fill::Count(|r| &mut r.memory_anon_bytes)),
+    ("file", Fill::Count(|r| &mut r.memory_file_bytes)),
+    ("kernel", Fill::Count(|r| &mut r.memory_kernel_bytes)),
+    ("slab", Fill::Count(|r| &mut r.memory_slab_bytes)),
+    ("pgfault", Fill::Count(|r| &mut r.memory_page_faults)),
+    (
+        "pgmajfault",
+        Fill::Count(|r| &mut r.memory_major_page_faults),
+    ),
+];
+static MEMORY_STAT_V1: &[(&str, Fill)] = &[
+    ("total_rss", Fill::Count(|r| &mut r.memory_anon_bytes)),
+    ("total_cache", Fill::Count(|r| &mut r.memory_file_bytes)),
+    ("total_swap", Fill::Count(|r| &mut r.memory_swap_bytes)),
+    ("total_pgfault", Fill::Count(|r| &mut r.memory_page_faults)),
+    (
+        "total_pgmajfault",
+        Fill::Count(|r| &mut r.memory_major_page_faults),
+    ),
+];
+static MEMORY_EVENTS: &[(&str, Fill)] = &[
+    ("max", Fill::Count(|r| &mut r.memory_max_events)),
+    ("oom", Fill::Count(|r| &mut r.memory_oom_events)),
+    ("oom_kill", Fill::Count(|r| &mut r.memory_oom_kills)),
+];
+static OOM_CONTROL: &[(&str, Fill)] = &[("oom_kill", Fill::Count(|r| &mut r.memory_oom_kills))];
+static CPU_PRESSURE: &[(&str, Fill)] = &[
+    ("some", Fill::Micros(|r| &mut r.cpu_pressure_some_seconds)),
+    ("full", Fill::Micros(|r| &mut r.cpu_pressure_full_seconds)),
+];
+static MEMORY_PRESSURE: &[(&str, Fill)] = &[
+    (
+        "some",
+        Fill::Micros(|r| &mut r.memory_pressure_some_seconds),
+    ),
+    (
+        "full",
+        Fill::Micros(|r| &mut r.memory_pressure_full_seconds),
+    ),
+];
+static IO_PRESSURE: &[(&str, Fill)] = &[
+    ("some", Fill::Micros(|r| &mut r.io_pressure_some_seconds)),
+    ("full", Fill::Micros(|r| &mut r.io_pressure_full_seconds)),
+];
+
 impl Source {
     /// Whether the file is a setting (a limit) rather than a measurement: read
     /// at each rescan only, not on every tick.
@@ -478,47 +567,27 @@ impl Source {
         )
     }
 
-    /// The row fields the file fills (settings that are combined later fill
-    /// none directly).
-    fn fields(self) -> &'static [usize] {
+    /// The keys the file is read by and the field each fills (settings that
+    /// are combined later fill none directly).
+    fn fills(self) -> &'static [(&'static str, Fill)] {
         match self {
-            Source::CpuStatV2 => &[
-                f::CPU_USAGE,
-                f::CPU_USER,
-                f::CPU_SYSTEM,
-                f::CPU_PERIODS,
-                f::CPU_THROTTLED_PERIODS,
-                f::CPU_THROTTLED,
-            ],
-            Source::CpuMax => &[f::CPU_QUOTA],
-            Source::MemoryCurrent | Source::MemoryUsage => &[f::MEM_USAGE],
-            Source::MemoryMax | Source::MemoryLimit => &[f::MEM_LIMIT],
-            Source::MemoryStatV2 => &[
-                f::MEM_ANON,
-                f::MEM_FILE,
-                f::MEM_KERNEL,
-                f::MEM_SLAB,
-                f::PGFAULT,
-                f::PGMAJFAULT,
-            ],
-            Source::MemoryEvents => &[f::MEM_MAX_EVENTS, f::OOM, f::OOM_KILL],
-            Source::SwapCurrent => &[f::MEM_SWAP],
-            Source::CpuPressure => &[f::CPU_SOME, f::CPU_FULL],
-            Source::MemoryPressure => &[f::MEM_SOME, f::MEM_FULL],
-            Source::IoPressure => &[f::IO_SOME, f::IO_FULL],
-            Source::CpuStatV1 => &[f::CPU_PERIODS, f::CPU_THROTTLED_PERIODS, f::CPU_THROTTLED],
+            Source::CpuStatV2 => CPU_STAT_V2,
+            Source::CpuMax => CPU_MAX,
+            Source::MemoryCurrent | Source::MemoryUsage => MEMORY_USAGE,
+            Source::MemoryMax | Source::MemoryLimit => MEMORY_LIMIT,
+            Source::MemoryStatV2 => MEMORY_STAT_V2,
+            Source::MemoryEvents => MEMORY_EVENTS,
+            Source::SwapCurrent => SWAP_USAGE,
+            Source::CpuPressure => CPU_PRESSURE,
+            Source::MemoryPressure => MEMORY_PRESSURE,
+            Source::IoPressure => IO_PRESSURE,
+            Source::CpuStatV1 => CPU_STAT_V1,
             Source::CfsQuota | Source::CfsPeriod => &[],
-            Source::CpuacctUsage => &[f::CPU_USAGE],
-            Source::CpuacctStat => &[f::CPU_USER, f::CPU_SYSTEM],
-            Source::MemoryStatV1 => &[
-                f::MEM_ANON,
-                f::MEM_FILE,
-                f::MEM_SWAP,
-                f::PGFAULT,
-                f::PGMAJFAULT,
-            ],
-            Source::OomControl => &[f::OOM_KILL],
-            Source::KmemUsage => &[f::MEM_KERNEL],
+            Source::CpuacctUsage => CPUACCT_USAGE,
+            Source::CpuacctStat => CPUACCT_STAT,
+            Source::MemoryStatV1 => MEMORY_STAT_V1,
+            Source::OomControl => OOM_CONTROL,
+            Source::KmemUsage => KMEM_USAGE,
         }
     }
 
@@ -718,14 +787,14 @@ struct Target {
     /// Whether a deleted file must be noticed with `fstat` (not on cgroupfs).
     check_deleted: bool,
     /// `cpu_quota_cpus` and `memory_limit_bytes` as read at the last rescan.
-    quota: Value,
-    limit: Value,
+    quota: Option<f64>,
+    limit: Option<u64>,
     /// Whether v1 `cpu.cfs_quota_us` was readable at the last rescan (then
     /// the cgroup has a row even when nothing else is readable).
     quota_read: bool,
     /// The row of the last tick that read every file; `None` until one has,
     /// and after a tick where one of its files read badly.
-    last_full: Option<[Value; f::COUNT]>,
+    last_full: Option<CgroupRow<'static>>,
     /// Whether a limit file read badly at the last settings read: read again
     /// at the next tick rather than at the next walk.
     settings_failed: bool,
@@ -739,9 +808,11 @@ impl Target {
         let Some(last) = &self.last_full else {
             return false;
         };
-        [f::CPU_USAGE, f::MEM_USAGE]
-            .iter()
-            .all(|&i| row.values[i] != Value::Null && row.values[i] == last[i])
+        let now = &row.values;
+        now.cpu_usage_seconds.is_some()
+            && now.cpu_usage_seconds == last.cpu_usage_seconds
+            && now.memory_usage_bytes.is_some()
+            && now.memory_usage_bytes == last.memory_usage_bytes
     }
 }
 
@@ -920,8 +991,8 @@ fn walk(
                 path,
                 slots,
                 check_deleted,
-                quota: Value::Null,
-                limit: Value::Null,
+                quota: None,
+                limit: None,
                 quota_read: false,
                 last_full: None,
                 settings_failed: false,
@@ -1080,7 +1151,8 @@ pub fn classify(path: &str) -> &'static str {
 
 /// Values of one row while its files are read.
 struct Row {
-    values: [Value; f::COUNT],
+    /// The fields read so far; the tags are filled when the row is pushed.
+    values: CgroupRow<'static>,
     /// v1: cpu.cfs_quota_us and cpu.cfs_period_us, combined once both are read.
     quota_us: Option<i64>,
     period_us: Option<u64>,
@@ -1089,24 +1161,16 @@ struct Row {
 impl Row {
     fn new() -> Row {
         Row {
-            values: [Value::Null; f::COUNT],
+            values: CgroupRow::default(),
             quota_us: None,
             period_us: None,
         }
     }
 
-    fn u64(&mut self, field: usize, value: u64) {
-        self.values[field] = Value::U64(value);
-    }
-
-    fn f64(&mut self, field: usize, value: f64) {
-        self.values[field] = Value::F64(value);
-    }
-
     /// Drops what `source` filled, after it read badly part way.
     fn forget(&mut self, source: Source) {
-        for &i in source.fields() {
-            self.values[i] = Value::Null;
+        for (_, fill) in source.fills() {
+            fill.clear(&mut self.values);
         }
         match source {
             Source::CfsQuota => self.quota_us = None,
@@ -1122,13 +1186,13 @@ fn number(path: &Path, line: usize, word: &str) -> Result<u64, ParseError> {
         .map_err(|_| error(path, line, format!("{word:?} is not a number")))
 }
 
-/// Parses a file of `key value` lines, handing each used key's value to `set`.
+/// Parses a file of `key value` lines, each key of `fills` filling its field.
 fn keyed(
     text: &str,
     path: &Path,
-    mut set: impl FnMut(&str) -> Option<usize>,
+    fills: &[(&str, Fill)],
     row: &mut Row,
-    scale: impl Fn(usize, u64) -> Value,
+    hz: f64,
 ) -> Result<(), ParseError> {
     for (n, line) in text.lines().enumerate() {
         if line.is_empty() {
@@ -1138,9 +1202,9 @@ fn keyed(
         let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
             return Err(error(path, n + 1, format!("{line:?} is not \"key value\"")));
         };
-        if let Some(field) = set(key) {
+        if let Some((_, fill)) = fills.iter().find(|(k, _)| *k == key) {
             let value = number(path, n + 1, value)?;
-            row.values[field] = scale(field, value);
+            fill.set(&mut row.values, value, hz);
         }
     }
     Ok(())
@@ -1159,29 +1223,28 @@ fn single<'a>(text: &'a str, path: &Path) -> Result<&'a str, ParseError> {
     }
 }
 
-/// Reads `total=` of the `some` and `full` lines of a pressure file, in seconds.
+/// Reads `total=` of the `some` and `full` lines of a pressure file, in
+/// microseconds, into the fields `fills` names for them.
 fn pressure(
     text: &str,
     path: &Path,
-    some: usize,
-    full: usize,
+    fills: &[(&str, Fill)],
     row: &mut Row,
+    hz: f64,
 ) -> Result<(), ParseError> {
     for (n, line) in text.lines().enumerate() {
         let mut words = line.split_ascii_whitespace();
-        let field = match words.next() {
-            Some("some") => some,
-            Some("full") => full,
-            None => continue,
-            Some(other) => {
-                return Err(error(path, n + 1, format!("unknown line kind {other:?}")));
-            }
+        let Some(kind) = words.next() else {
+            continue;
+        };
+        let Some((_, fill)) = fills.iter().find(|(k, _)| *k == kind) else {
+            return Err(error(path, n + 1, format!("unknown line kind {kind:?}")));
         };
         let Some(total) = words.find_map(|w| w.strip_prefix("total=")) else {
             return Err(error(path, n + 1, "no total="));
         };
         let micros = number(path, n + 1, total)?;
-        row.f64(field, micros as f64 / 1e6);
+        fill.set(&mut row.values, micros, hz);
     }
     Ok(())
 }
@@ -1201,54 +1264,27 @@ fn parse(
     row: &mut Row,
     hz: f64,
 ) -> Result<(), ParseError> {
+    let fills = source.fills();
+    // A one-value file's number, into its field.
+    let one = |row: &mut Row, n: u64| {
+        for (_, fill) in fills {
+            fill.set(&mut row.values, n, hz);
+        }
+    };
     match source {
-        Source::CpuStatV2 => keyed(
-            text,
-            path,
-            |key| match key {
-                "usage_usec" => Some(f::CPU_USAGE),
-                "user_usec" => Some(f::CPU_USER),
-                "system_usec" => Some(f::CPU_SYSTEM),
-                "nr_periods" => Some(f::CPU_PERIODS),
-                "nr_throttled" => Some(f::CPU_THROTTLED_PERIODS),
-                "throttled_usec" => Some(f::CPU_THROTTLED),
-                _ => None,
-            },
-            row,
-            |field, v| match field {
-                f::CPU_PERIODS | f::CPU_THROTTLED_PERIODS => Value::U64(v),
-                _ => Value::F64(v as f64 / MICROS),
-            },
-        ),
-        Source::CpuStatV1 => keyed(
-            text,
-            path,
-            |key| match key {
-                "nr_periods" => Some(f::CPU_PERIODS),
-                "nr_throttled" => Some(f::CPU_THROTTLED_PERIODS),
-                "throttled_time" => Some(f::CPU_THROTTLED),
-                _ => None,
-            },
-            row,
-            |field, v| match field {
-                f::CPU_THROTTLED => Value::F64(v as f64 / NANOS),
-                _ => Value::U64(v),
-            },
-        ),
-        Source::CpuacctStat => keyed(
-            text,
-            path,
-            |key| match key {
-                "user" => Some(f::CPU_USER),
-                "system" => Some(f::CPU_SYSTEM),
-                _ => None,
-            },
-            row,
-            |_, ticks| Value::F64(ticks as f64 / hz),
-        ),
-        Source::CpuacctUsage => {
-            let ns = number(path, 1, single(text, path)?)?;
-            row.f64(f::CPU_USAGE, ns as f64 / NANOS);
+        Source::CpuStatV2
+        | Source::CpuStatV1
+        | Source::CpuacctStat
+        | Source::MemoryStatV2
+        | Source::MemoryStatV1
+        | Source::MemoryEvents
+        | Source::OomControl => keyed(text, path, fills, row, hz),
+        Source::CpuacctUsage
+        | Source::MemoryCurrent
+        | Source::MemoryUsage
+        | Source::SwapCurrent
+        | Source::KmemUsage => {
+            one(row, number(path, 1, single(text, path)?)?);
             Ok(())
         }
         Source::CpuMax => {
@@ -1265,7 +1301,7 @@ fn parse(
                 if period == 0 {
                     return Err(error(path, 1, "period 0"));
                 }
-                row.f64(f::CPU_QUOTA, quota as f64 / period as f64);
+                row.values.cpu_quota_cpus = Some(quota as f64 / period as f64);
             }
             Ok(())
         }
@@ -1281,87 +1317,23 @@ fn parse(
             row.period_us = Some(number(path, 1, single(text, path)?)?);
             Ok(())
         }
-        Source::MemoryCurrent | Source::MemoryUsage => {
-            let v = number(path, 1, single(text, path)?)?;
-            row.u64(f::MEM_USAGE, v);
-            Ok(())
-        }
-        Source::SwapCurrent => {
-            let v = number(path, 1, single(text, path)?)?;
-            row.u64(f::MEM_SWAP, v);
-            Ok(())
-        }
-        Source::KmemUsage => {
-            let v = number(path, 1, single(text, path)?)?;
-            row.u64(f::MEM_KERNEL, v);
-            Ok(())
-        }
         Source::MemoryMax => {
             let word = single(text, path)?;
             if word != "max" {
-                let v = number(path, 1, word)?;
-                row.u64(f::MEM_LIMIT, v);
+                one(row, number(path, 1, word)?);
             }
             Ok(())
         }
         Source::MemoryLimit => {
             let v = number(path, 1, single(text, path)?)?;
             if v < UNLIMITED_BYTES {
-                row.u64(f::MEM_LIMIT, v);
+                one(row, v);
             }
             Ok(())
         }
-        Source::MemoryStatV2 => keyed(
-            text,
-            path,
-            |key| match key {
-                "anon" => Some(f::MEM_ANON),
-                "file" => Some(f::MEM_FILE),
-                "kernel" => Some(f::MEM_KERNEL),
-                "slab" => Some(f::MEM_SLAB),
-                "pgfault" => Some(f::PGFAULT),
-                "pgmajfault" => Some(f::PGMAJFAULT),
-                _ => None,
-            },
-            row,
-            |_, v| Value::U64(v),
-        ),
-        Source::MemoryStatV1 => keyed(
-            text,
-            path,
-            |key| match key {
-                "total_rss" => Some(f::MEM_ANON),
-                "total_cache" => Some(f::MEM_FILE),
-                "total_swap" => Some(f::MEM_SWAP),
-                "total_pgfault" => Some(f::PGFAULT),
-                "total_pgmajfault" => Some(f::PGMAJFAULT),
-                _ => None,
-            },
-            row,
-            |_, v| Value::U64(v),
-        ),
-        Source::MemoryEvents => keyed(
-            text,
-            path,
-            |key| match key {
-                "max" => Some(f::MEM_MAX_EVENTS),
-                "oom" => Some(f::OOM),
-                "oom_kill" => Some(f::OOM_KILL),
-                _ => None,
-            },
-            row,
-            |_, v| Value::U64(v),
-        ),
-        Source::OomControl => keyed(
-            text,
-            path,
-            |key| (key == "oom_kill").then_some(f::OOM_KILL),
-            row,
-            |_, v| Value::U64(v),
-        ),
-        Source::CpuPressure => pressure(text, path, f::CPU_SOME, f::CPU_FULL, row),
-        Source::MemoryPressure => pressure(text, path, f::MEM_SOME, f::MEM_FULL, row),
-        Source::IoPressure => pressure(text, path, f::IO_SOME, f::IO_FULL, row),
+        Source::CpuPressure | Source::MemoryPressure | Source::IoPressure => {
+            pressure(text, path, fills, row, hz)
+        }
     }
 }
 
@@ -1525,10 +1497,10 @@ impl Cgroups {
             let mut gone = read(target, &mut row, false);
             let quiet = !gone && !full && target.quiet(&row);
             if quiet {
-                let last = target.last_full.as_ref().expect("quiet needs a full read");
+                let last = target.last_full.as_mut().expect("quiet needs a full read");
                 for slot in target.slots.iter().filter(|s| s.source.follows_usage()) {
-                    for &i in slot.source.fields() {
-                        row.values[i] = last[i];
+                    for (_, fill) in slot.source.fills() {
+                        fill.copy(last, &mut row.values);
                     }
                 }
             } else if !gone {
@@ -1550,28 +1522,33 @@ impl Cgroups {
             if settings {
                 if let (Some(quota), Some(period)) = (row.quota_us, row.period_us) {
                     if quota > 0 && period > 0 {
-                        row.f64(f::CPU_QUOTA, quota as f64 / period as f64);
+                        row.values.cpu_quota_cpus = Some(quota as f64 / period as f64);
                     }
                 }
-                target.quota = row.values[f::CPU_QUOTA];
-                target.limit = row.values[f::MEM_LIMIT];
+                target.quota = row.values.cpu_quota_cpus;
+                target.limit = row.values.memory_limit_bytes;
                 target.quota_read = row.quota_us.is_some();
                 target.settings_failed = setting_failed;
             } else {
-                row.values[f::CPU_QUOTA] = target.quota;
-                row.values[f::MEM_LIMIT] = target.limit;
+                row.values.cpu_quota_cpus = target.quota;
+                row.values.memory_limit_bytes = target.limit;
             }
             if failed {
                 // Nulls are not repeated: the next tick reads every file of it.
                 target.last_full = None;
             } else if !quiet {
-                target.last_full = Some(row.values);
+                target.last_full = Some(row.values.clone());
             }
-            if row.values.iter().all(|v| *v == Value::Null) && !target.quota_read {
+            if row.values == CgroupRow::default() && !target.quota_read {
                 continue; // nothing readable: no row rather than a row of nulls
             }
+            let values = CgroupRow {
+                path: &target.path,
+                workload: target.workload,
+                ..row.values
+            };
             builder
-                .push(time_us, &[&target.path, target.workload], &row.values)
+                .push_row(time_us, &values)
                 .map_err(|e| error(Path::new(&target.path), 0, e.to_string()))?;
             pushed += 1;
         }
@@ -1725,6 +1702,7 @@ mod tests {
     use super::*;
     use crate::collectors::testutil::copy_tree;
     use vtax_store::batch::Values;
+    use vtax_store::Value;
 
     fn fixture(node: &str) -> Roots {
         let base = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -1793,42 +1771,89 @@ mod tests {
     const JOB_V2: &str = "/system.slice/slurmstepd.scope/job_77";
     const JOB_V1: &str = "/slurm/uid_1000/job_4242";
 
+    /// The fields a file fills, by name, from its declaration.
+    fn filled_by(source: Source) -> Vec<&'static str> {
+        source
+            .fills()
+            .iter()
+            .map(|(key, fill)| {
+                let mut row = CgroupRow::default();
+                fill.set(&mut row, 1, 100.0);
+                let names = set_fields(&row);
+                assert_eq!(names.len(), 1, "{source:?} {key:?}: {names:?}");
+                names[0]
+            })
+            .collect()
+    }
+
+    /// The fields of `row` that are not null, by name.
+    fn set_fields(row: &CgroupRow) -> Vec<&'static str> {
+        let mut rows = BatchBuilder::new(&CGROUP);
+        rows.push_row(0, row).unwrap();
+        let batch = rows.finish();
+        CGROUP
+            .fields
+            .iter()
+            .zip(&batch.fields)
+            .filter(|(_, column)| column.is_valid(0))
+            .map(|(field, _)| field.name)
+            .collect()
+    }
+
+    const ALL_SOURCES: [Source; 20] = [
+        Source::CpuStatV2,
+        Source::CpuMax,
+        Source::MemoryCurrent,
+        Source::MemoryMax,
+        Source::MemoryStatV2,
+        Source::MemoryEvents,
+        Source::SwapCurrent,
+        Source::CpuPressure,
+        Source::MemoryPressure,
+        Source::IoPressure,
+        Source::CpuStatV1,
+        Source::CfsQuota,
+        Source::CfsPeriod,
+        Source::CpuacctUsage,
+        Source::CpuacctStat,
+        Source::MemoryUsage,
+        Source::MemoryLimit,
+        Source::MemoryStatV1,
+        Source::OomControl,
+        Source::KmemUsage,
+    ];
+
     #[test]
-    fn field_positions_match_the_declaration() {
-        let named = [
-            (f::CPU_USAGE, "cpu_usage_seconds"),
-            (f::CPU_USER, "cpu_user_seconds"),
-            (f::CPU_SYSTEM, "cpu_system_seconds"),
-            (f::CPU_PERIODS, "cpu_periods"),
-            (f::CPU_THROTTLED_PERIODS, "cpu_throttled_periods"),
-            (f::CPU_THROTTLED, "cpu_throttled_seconds"),
-            (f::CPU_QUOTA, "cpu_quota_cpus"),
-            (f::MEM_USAGE, "memory_usage_bytes"),
-            (f::MEM_LIMIT, "memory_limit_bytes"),
-            (f::MEM_ANON, "memory_anon_bytes"),
-            (f::MEM_FILE, "memory_file_bytes"),
-            (f::MEM_KERNEL, "memory_kernel_bytes"),
-            (f::MEM_SLAB, "memory_slab_bytes"),
-            (f::MEM_SWAP, "memory_swap_bytes"),
-            (f::PGFAULT, "memory_page_faults"),
-            (f::PGMAJFAULT, "memory_major_page_faults"),
-            (f::MEM_MAX_EVENTS, "memory_max_events"),
-            (f::OOM, "memory_oom_events"),
-            (f::OOM_KILL, "memory_oom_kills"),
-            (f::CPU_SOME, "cpu_pressure_some_seconds"),
-            (f::CPU_FULL, "cpu_pressure_full_seconds"),
-            (f::MEM_SOME, "memory_pressure_some_seconds"),
-            (f::MEM_FULL, "memory_pressure_full_seconds"),
-            (f::IO_SOME, "io_pressure_some_seconds"),
-            (f::IO_FULL, "io_pressure_full_seconds"),
-        ];
-        assert_eq!(named.len(), f::COUNT);
-        assert_eq!(CGROUP.fields.len(), f::COUNT);
-        for (i, name) in named {
-            assert_eq!(CGROUP.fields[i].name, name);
-        }
+    fn each_key_fills_a_field_and_every_field_has_a_file() {
         CGROUP.validate().unwrap();
         assert!(CGROUP.name.starts_with("cgroup"));
+        let mut filled = BTreeSet::new();
+        for source in ALL_SOURCES {
+            let names = filled_by(source);
+            let unique: BTreeSet<&str> = names.iter().copied().collect();
+            assert_eq!(unique.len(), names.len(), "{source:?} fills {names:?}");
+            let keys: BTreeSet<&str> = source.fills().iter().map(|(k, _)| *k).collect();
+            assert_eq!(keys.len(), names.len(), "{source:?}: a key twice");
+            filled.extend(names);
+        }
+        let all: BTreeSet<&str> = CGROUP.fields.iter().map(|f| f.name).collect();
+        assert_eq!(filled, all);
+        // Each layout has its own file for a field, never two of one layout.
+        let v1: Vec<&str> = [
+            CPU_SOURCES,
+            CPUACCT_SOURCES,
+            MEMORY_SOURCES,
+            PRESSURE_SOURCES,
+        ]
+        .concat()
+        .into_iter()
+        .flat_map(filled_by)
+        .collect();
+        let v2: Vec<&str> = V2_SOURCES.iter().copied().flat_map(filled_by).collect();
+        for names in [&v1, &v2] {
+            let unique: BTreeSet<&str> = names.iter().copied().collect();
+            assert_eq!(unique.len(), names.len(), "{names:?}");
+        }
     }
 
     #[test]
@@ -2335,10 +2360,11 @@ mod tests {
                     let mut row = Row::new();
                     let text = std::str::from_utf8(&buf[..n]).unwrap();
                     parse(slot.source, text, slot.file.path(), &mut row, 100.0).unwrap();
-                    for (i, v) in row.values.iter().enumerate() {
+                    let declared = filled_by(slot.source);
+                    for name in set_fields(&row.values) {
                         assert!(
-                            *v == Value::Null || slot.source.fields().contains(&i),
-                            "{:?} filled field {i} from {}",
+                            declared.contains(&name),
+                            "{:?} filled {name} from {}",
                             slot.source,
                             slot.file.path().display()
                         );
@@ -2608,10 +2634,7 @@ mod tests {
             let now = got[&(path.clone(), *field)];
             if *path != ctr {
                 assert_eq!(now, *v, "{path} {field}");
-            } else if Source::MemoryStatV2
-                .fields()
-                .contains(&CGROUP.field_index(field).unwrap())
-            {
+            } else if filled_by(Source::MemoryStatV2).contains(field) {
                 assert_eq!(now, Value::Null, "{field} comes from the bad file");
             } else if *field == "cpu_usage_seconds" {
                 assert!(close(now, 98.765433));
