@@ -603,7 +603,8 @@ fn remote_write_queues(data_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vtax_store::{BatchBuilder, FieldType, MetricKind, Value, DAY_US};
+    use crate::collectors::cgroups::{CgroupRow, CGROUP};
+    use vtax_store::{BatchBuilder, DAY_US};
 
     /// Seeds the store at `VTAX_SEED_DATA_DIR` with yesterday's (UTC) 24 hours
     /// of the `cgroup` table for 50 cgroups, written with the agent's options
@@ -627,7 +628,6 @@ mod tests {
         // A sync a simulated minute keeps the run short; the rows are the same.
         options.sync_interval = Duration::from_secs(3600);
         let mut store = Store::open(options, crate::catalog()).expect("open the store");
-        let table = &crate::collectors::cgroups::CGROUP;
         let paths: Vec<String> = (0..SERIES)
             .map(|i| format!("/vtax-bench/job{i:02}"))
             .collect();
@@ -638,32 +638,58 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let unit = |bits: u64| (bits >> 11) as f64 / (1u64 << 53) as f64;
-        let mut counters = vec![vec![0f64; table.fields.len()]; SERIES];
+        fn unit(bits: u64) -> f64 {
+            (bits >> 11) as f64 / (1u64 << 53) as f64
+        }
+        // A counter moves by a random step, a gauge is drawn afresh.
+        fn seconds(random: &mut impl FnMut() -> u64, total: &mut Option<f64>) {
+            *total = Some(total.unwrap_or(0.0) + unit(random()) * 0.01);
+        }
+        fn count(random: &mut impl FnMut() -> u64, total: &mut Option<u64>) {
+            *total = Some(total.unwrap_or(0) + random() % 100);
+        }
+        fn bytes(random: &mut impl FnMut() -> u64) -> Option<u64> {
+            Some((1 << 28) + (random() % 4096) * 4096)
+        }
+        let mut series = vec![CgroupRow::default(); SERIES];
         let yesterday = now_us().div_euclid(DAY_US) * DAY_US - DAY_US;
         for second in 0..86_400i64 {
             let now = yesterday + second * 1_000_000;
-            let mut rows = BatchBuilder::new(table);
-            for (path, counter) in paths.iter().zip(&mut counters) {
-                let values: Vec<Value> = table
-                    .fields
-                    .iter()
-                    .zip(counter.iter_mut())
-                    .map(|(field, total)| match (field.ty, field.kind) {
-                        (FieldType::F64, MetricKind::Counter) => {
-                            *total += unit(random()) * 0.01;
-                            Value::F64(*total)
-                        }
-                        (FieldType::F64, _) => Value::F64(unit(random())),
-                        (_, MetricKind::Counter) => {
-                            *total += (random() % 100) as f64;
-                            Value::U64(*total as u64)
-                        }
-                        (FieldType::U64, _) => Value::U64((1 << 28) + (random() % 4096) * 4096),
-                        (FieldType::I64, _) => Value::I64((random() % 8) as i64),
-                    })
-                    .collect();
-                rows.push(now, &[path, "other"], &values).expect("a row");
+            let mut rows = BatchBuilder::new(&CGROUP);
+            for (path, row) in paths.iter().zip(&mut series) {
+                // Drawn in the table's field order, as merge_memory.rs draws them.
+                let r = &mut random;
+                seconds(r, &mut row.cpu_usage_seconds);
+                seconds(r, &mut row.cpu_user_seconds);
+                seconds(r, &mut row.cpu_system_seconds);
+                count(r, &mut row.cpu_periods);
+                count(r, &mut row.cpu_throttled_periods);
+                seconds(r, &mut row.cpu_throttled_seconds);
+                row.cpu_quota_cpus = Some(unit(r()));
+                row.memory_usage_bytes = bytes(r);
+                row.memory_limit_bytes = bytes(r);
+                row.memory_anon_bytes = bytes(r);
+                row.memory_file_bytes = bytes(r);
+                row.memory_kernel_bytes = bytes(r);
+                row.memory_slab_bytes = bytes(r);
+                row.memory_swap_bytes = bytes(r);
+                count(r, &mut row.memory_page_faults);
+                count(r, &mut row.memory_major_page_faults);
+                count(r, &mut row.memory_max_events);
+                count(r, &mut row.memory_oom_events);
+                count(r, &mut row.memory_oom_kills);
+                seconds(r, &mut row.cpu_pressure_some_seconds);
+                seconds(r, &mut row.cpu_pressure_full_seconds);
+                seconds(r, &mut row.memory_pressure_some_seconds);
+                seconds(r, &mut row.memory_pressure_full_seconds);
+                seconds(r, &mut row.io_pressure_some_seconds);
+                seconds(r, &mut row.io_pressure_full_seconds);
+                let row = CgroupRow {
+                    path,
+                    workload: "other",
+                    ..row.clone()
+                };
+                rows.push_row(now, &row).expect("a row");
             }
             store.append(&rows.finish()).expect("append");
             if second % 60 == 59 {
