@@ -353,3 +353,47 @@ fn the_xid_alert_fires_on_the_series_the_agent_exports() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The transfer probe in the running agent, on simulated idle GPUs: turned
+/// on with its flag, it measures each GPU and pair once idle for idle_secs,
+/// serves the figures with their units and counts the probes.
+#[test]
+fn the_agent_probes_idle_simulated_gpus_and_serves_the_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        "[collectors.gpu_probe]\ninterval_secs = 0.2\nidle_secs = 1\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--simulate-gpus",
+        "2",
+        "--collector.gpu_probe",
+        "--no-collector.cgroups",
+    ]);
+    let body = agent.wait_for_metric(
+        "vtax_gpu_probe_outcome_probes_total{gpu=\"1\",outcome=\"measured\"} 1",
+        Duration::from_secs(30),
+    );
+    for needle in [
+        "vtax_gpu_probe_host_to_device_bytes_per_second{gpu=\"0\"} 53600000000",
+        "vtax_gpu_probe_host_to_device_ratio{gpu=\"0\"} 0.85",
+        "vtax_gpu_probe_peer_to_peer_bytes_per_second{gpu=\"1\",peer=\"0\"} 372000000000",
+        "vtax_gpu_probe_outcome_probes_total{gpu=\"0\",outcome=\"no_driver\"} 0",
+    ] {
+        assert!(body.contains(needle), "{needle} missing:\n{body}");
+    }
+    assert!(agent.stop());
+    let rows = common::query_rows(&data, "gpu_probe");
+    assert_eq!(
+        rows.len(),
+        2,
+        "one row per GPU, once within the period: {rows:?}"
+    );
+}
