@@ -249,10 +249,24 @@ const MAX_KEPT_OPEN: usize = 512;
 /// A file removed before it was opened starts the scan over. Every row is
 /// read once.
 pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Result<ScanResult> {
+    scan_dir_listed_by(data_dir, catalog, request, &mut files::list_files)
+}
+
+/// The files of a data directory, as [`files::list_files`] gives them.
+type Lister<'a> = dyn FnMut(&Path) -> Result<(Vec<files::Listed>, Vec<PathBuf>)> + 'a;
+
+/// [`scan_dir`] with the directory listed by `list` (tests list it as a
+/// racing rename would).
+fn scan_dir_listed_by(
+    data_dir: &Path,
+    catalog: &Catalog,
+    request: &ScanRequest,
+    list: &mut Lister,
+) -> Result<ScanResult> {
     let plan = Plan::new(catalog, request)?;
     let mut attempt = 1;
     loop {
-        match scan_dir_once(&plan, data_dir, catalog) {
+        match scan_dir_once(&plan, data_dir, catalog, list) {
             Ok(result) => return Ok(result),
             Err(e) if e.is_not_found() && attempt < SCAN_ATTEMPTS => {
                 tracing::debug!(attempt, error = %e, "A file went under a scan: starting over.");
@@ -274,9 +288,27 @@ pub fn scan_dir(data_dir: &Path, catalog: &Catalog, request: &ScanRequest) -> Re
 
 /// One try of [`scan_dir`]: fails with a not-found error when a listed file
 /// was removed before it was opened.
-fn scan_dir_once(plan: &Plan, data_dir: &Path, catalog: &Catalog) -> Result<ScanResult> {
+fn scan_dir_once(
+    plan: &Plan,
+    data_dir: &Path,
+    catalog: &Catalog,
+    list: &mut Lister,
+) -> Result<ScanResult> {
     let wal_segments = wal::open_segments(&data_dir.join("wal"))?;
-    let (listed, _) = files::list_files(data_dir)?;
+    // A merge renames its file from its pending name once its inputs are
+    // gone; a directory read while that happens may show the file under
+    // neither name (POSIX lets readdir miss an entry renamed meanwhile), and
+    // its rows would be silently left out. A second read right after shows
+    // it under its new name: a file is taken from either read, once. Inputs
+    // and the file that replaces them, both listed, are read once as ever.
+    let (mut listed, _) = list(data_dir)?;
+    let (again, _) = list(data_dir)?;
+    let mut seen: std::collections::BTreeSet<PathBuf> = listed.iter().map(published_path).collect();
+    for file in again {
+        if seen.insert(published_path(&file)) {
+            listed.push(file);
+        }
+    }
     // Each file stays open from its footer's read: one a merge removes
     // meanwhile is read all the same.
     let (mut result, index) = scan_listed(plan, listed, MAX_KEPT_OPEN)?;
@@ -300,6 +332,16 @@ fn scan_dir_once(plan: &Plan, data_dir: &Path, catalog: &Catalog) -> Result<Scan
         scan_bucket(plan, bucket, &mut result)?;
     }
     Ok(result)
+}
+
+/// The path a listed file is published under: a pending file's published
+/// name's.
+fn published_path(file: &files::Listed) -> PathBuf {
+    let name = file.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    match files::published_name(name) {
+        Some(published) if file.pending => file.path.with_file_name(published),
+        _ => file.path.clone(),
+    }
 }
 
 /// The nodes of a fleet copy: the `node=<name>` directories under any table,
@@ -710,5 +752,68 @@ impl Store {
             scan_bucket(&plan, bucket, &mut result)?;
         }
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{FieldDef, FieldType, TagDef, Unit};
+    use crate::{BatchBuilder, Store, StoreOptions};
+
+    crate::table! {
+        static POWER: TableDef, struct PowerRow {
+            name: "power",
+            help: "A test table.",
+            tags: [gpu = TagDef { name: "gpu", help: "Index." }],
+            fields: [power_watts: f64 = FieldDef::gauge(FieldType::F64, Unit::Watts, "Power.")],
+            exported: true,
+        }
+    }
+
+    const T0: i64 = 1_763_683_200_000_000;
+    const HOUR: i64 = 3_600_000_000;
+
+    /// A directory read while a merge renames its file can show the file
+    /// under neither name: the scan must not return without its rows.
+    #[test]
+    fn a_file_the_listing_missed_starts_the_scan_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::new(&[&POWER]).unwrap();
+        let mut store = Store::open(StoreOptions::new(dir.path()), catalog.clone()).unwrap();
+        // Two hours, so two files.
+        for hour in 0..2 {
+            let mut rows = BatchBuilder::new(&POWER);
+            for s in 0..10 {
+                let row = PowerRow {
+                    gpu: "0",
+                    power_watts: f64::from(s),
+                };
+                rows.push_row(T0 + hour * HOUR + s as i64 * 1_000_000, &row)
+                    .unwrap();
+            }
+            store.append(&rows.finish()).unwrap();
+        }
+        store.close().unwrap();
+        let request = ScanRequest {
+            table: "power".into(),
+            ..ScanRequest::default()
+        };
+        let rows = |r: &ScanResult| r.batches.iter().map(|b| b.num_rows()).sum::<usize>();
+        assert_eq!(rows(&scan_dir(dir.path(), &catalog, &request).unwrap()), 20);
+
+        // The first listing misses one file, as a racing rename can make it.
+        let mut calls = 0;
+        let mut racing = |d: &Path| {
+            calls += 1;
+            let (mut listed, strays) = files::list_files(d)?;
+            if calls == 1 {
+                listed.pop();
+            }
+            Ok((listed, strays))
+        };
+        let result = scan_dir_listed_by(dir.path(), &catalog, &request, &mut racing).unwrap();
+        assert_eq!(rows(&result), 20, "no row left out");
+        assert_eq!(calls, 2, "one attempt, the directory read twice");
     }
 }
