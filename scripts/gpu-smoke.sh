@@ -20,13 +20,17 @@
 #      bench/gpu/probe_vs_torch.py: the probe's host<->device, device->device
 #      and launch figures beside the same transfers timed by PyTorch, PASS or
 #      FAIL each. The script exits non-zero when that comparison fails.
+#   8. the transfer probe inside the agent (collectors.gpu_probe on, idle_secs
+#      10) on the idle GPU for PROBE_AGENT_SECS (default 45): its rows, outcome
+#      counts, tax gauges and series, and the energy counter's exact reads
+#      beside its integration (energy_interval_secs 30) from the same run.
 #
 # Usage: scripts/gpu-smoke.sh [seconds of load, default 20]
 # VTAX=path/to/vtax uses a built binary instead of building one; SMOKE_DIR=dir
 # keeps the raw files there (default: a new temporary folder).
 # STEPS picks the steps, by name, comma- or space-separated (default: all):
 #   doctor (1), agent (2 and 5: the agent under load, and its store read back),
-#   ncu (3), xid (4, with XID=1), overhead (6), probe (7).
+#   ncu (3), xid (4, with XID=1), overhead (6), probe (7), probe-agent (8).
 # ncu and xid run inside the agent's window, so only with agent. PROBE_ONLY=1
 # is STEPS=probe: a couple of minutes on a node of a few GPUs. PROBE_GPU=N
 # compares GPU N (nvidia-smi's index, default 0) with PyTorch; PROBE_ARGS adds
@@ -36,14 +40,14 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 out=${SMOKE_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-steps=${STEPS:-doctor agent ncu xid overhead probe}
+steps=${STEPS:-doctor agent ncu xid overhead probe probe-agent}
 [ "${PROBE_ONLY:-0}" = 1 ] && steps=probe
 steps=" ${steps//,/ } "
 want() { [[ $steps == *" $1 "* ]]; }
 for step in $steps; do
   case $step in
-    doctor|agent|ncu|xid|overhead|probe) ;;
-    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead probe)" >&2; exit 2 ;;
+    doctor|agent|ncu|xid|overhead|probe|probe-agent) ;;
+    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead probe probe-agent)" >&2; exit 2 ;;
   esac
 done
 
@@ -288,6 +292,40 @@ if want probe; then
   probe_rc=${PIPESTATUS[0]}
   set -e
   echo "probe_vs_torch exit $probe_rc"
+fi
+# The transfer probe in the running agent, on the idle GPU: it should probe
+# each GPU once idle_secs after the start, and write rows, outcome counts and
+# tax gauges. The same run's gpu rows show the energy counter's exact reads
+# (every 30 s) beside the integrated counter in between.
+if want probe-agent; then
+  echo
+  cat > "$out/probe-agent.toml" <<'TOML'
+[collectors.gpu_probe]
+enabled = true
+interval_secs = 1
+idle_secs = 10
+TOML
+  port=19434
+  "$VTAX" run --config "$out/probe-agent.toml" --data-dir "$out/probe-data" \
+    --web.listen-address "127.0.0.1:$port" --no-collector.cgroups --no-collector.infiniband \
+    > "$out/probe-agent.log" 2>&1 &
+  agent_pid=$!
+  sleep "${PROBE_AGENT_SECS:-45}"
+  fetch "http://127.0.0.1:$port/metrics" | grep -E '^vtax_(gpu_probe|tax_probe)' > "$out/probe-agent-metrics.txt" || true
+  kill -TERM "$agent_pid"; wait "$agent_pid" || true
+  for table in gpu_probe gpu_probe_outcome gpu_probe_peer; do
+    echo "== $table"
+    "$VTAX" query "$table" --data-dir "$out/probe-data" --since 1h --format csv 2>&1 || true
+  done | tee "$out/probe-agent-rows.txt"
+  echo "== series"; cat "$out/probe-agent-metrics.txt"
+  "$VTAX" query tax --data-dir "$out/probe-data" --since 1h --format csv 2>&1 | tail -n 3 > "$out/probe-agent-tax.csv" || true
+  echo "== tax (last rows)"; cat "$out/probe-agent-tax.csv"
+  "$VTAX" query gpu --data-dir "$out/probe-data" --since 1h --format csv \
+    --fields power_watts,energy_joules,energy_exact_age_seconds,energy_integration_error_joules \
+    > "$out/probe-agent-energy.csv" 2>&1 || true
+  echo "== energy: exact reads (age 0) and the integration error at each"
+  awk -F, 'NR == 1 || $NF != "" && $(NF-1) == 0' "$out/probe-agent-energy.csv"
+  grep -iE 'probe|error' "$out/probe-agent.log" | head -n 20 || true
 fi
 echo "gpu-smoke: raw files in $out"
 exit "$probe_rc"
