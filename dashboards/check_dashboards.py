@@ -13,7 +13,9 @@ the dashboards' uids are unique; the provisioning YAML parses and points at
 Live checks (with --vtax PATH): runs the agent on a copy of the bare-metal fixture tree
 with eight simulated GPUs on a free port (with a [[scrape]] of the Prometheus below, for
 the service-latency panel, a store byte budget, for the store panel's budget line, and
-short detector windows), a real `prometheus` scraping it every second, and a noisy
+short detector windows), a real `prometheus` scraping it every second (also under two
+more instance names, a peer group of three for the peer rules) with
+dashboards/alerts/vtax-rules.yml loaded, and a noisy
 neighbour played on the copy's cgroup files (a container whose CPU usage jumps in bursts,
 a service whose CPU pressure rises with them), so that the detector opens a real event
 and names its suspect. It waits for the scrapes and for that suspect, then runs every
@@ -45,6 +47,7 @@ import urllib.request
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GRAFANA = os.path.join(ROOT, "dashboards", "grafana")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "baremetal-node")
+RULES = os.path.join(ROOT, "dashboards", "alerts", "vtax-rules.yml")
 SCENARIOS = "training,memory-bound,thermal-throttle,power-throttle,pcie-degraded,nvlink-hidden,xid,gpu-lost"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GPU_DASHBOARDS = {"vtax-gpu", "vtax-fabric"}
@@ -326,11 +329,17 @@ def live_checks(dashboards, vtax, keep_going):
              "--path.sysfs", os.path.join(fixture, "sys"),
              "--simulate-gpus", "8", "--simulate-gpu-scenarios", SCENARIOS],
             stdout=agent_log, stderr=subprocess.STDOUT, cwd=tmp)
+        # The alert rules are loaded for the panels built on their recording rules,
+        # and the agent is scraped under two more instance names too: the peer
+        # rules compare a node only in a group of at least three.
         config = os.path.join(tmp, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                    f"rule_files:\n  - {RULES}\n"
                     "scrape_configs:\n  - job_name: vtax\n    static_configs:\n"
-                    f"      - targets: ['127.0.0.1:{agent_port}']\n")
+                    f"      - targets: ['127.0.0.1:{agent_port}']\n"
+                    + "".join(f"      - targets: ['127.0.0.1:{agent_port}']\n"
+                              f"        labels: {{instance: peer-{i}}}\n" for i in (1, 2)))
         prom_log = open(os.path.join(tmp, "prometheus.log"), "w")
         prom = subprocess.Popen(
             [prometheus, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
