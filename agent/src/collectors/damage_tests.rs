@@ -44,7 +44,8 @@ const ISOLATING: &[&str] = &["cgroups", "infiniband", "platform", "filesystem"];
 
 /// Rows in a tick's batches. Not `platform_gpu_affinity`'s: a PCI function
 /// whose vendor, class or NUMA node file is damaged is no longer a GPU or no
-/// longer near it, so all its rows there go, its own rows but more than one.
+/// longer near it, so all its rows there go, its own rows but more than one
+/// (a damaged vendor or class file is named among the source errors).
 fn rows_of(batches: &[vtax_store::Batch]) -> usize {
     batches
         .iter()

@@ -90,9 +90,18 @@ struct Function {
     peers: Vec<(&'static str, String)>,
 }
 
-fn hex_file(path: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(path).ok()?;
-    u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+/// A hex number in a sysfs file (`vendor`, `class`): `Ok(None)` when the
+/// file is not there, an error naming what is wrong when it cannot be used.
+fn hex_file(path: &Path) -> Result<Option<u32>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let digits = text.trim().trim_start_matches("0x");
+    u32::from_str_radix(digits, 16)
+        .map(Some)
+        .map_err(|_| format!("{:?} is not a hexadecimal number", text.trim()))
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
@@ -111,16 +120,35 @@ fn names_in(dir: &Path) -> Vec<String> {
 /// NVIDIA's PCI vendor ID.
 const NVIDIA: u32 = 0x10de;
 
+/// What [`gpu_affinity`] found, and the files it could not use.
+#[derive(Debug, Default, PartialEq)]
+pub struct Affinities {
+    /// Sorted by GPU, then kind, then name.
+    pub rows: Vec<Affinity>,
+    /// A `vendor` or `class` file that is there but unreadable or junk, and
+    /// why: its function is taken for no GPU, so a GPU's rows may be missing.
+    pub unusable: Vec<(PathBuf, String)>,
+}
+
 /// For every NVIDIA GPU under `<sysfs>/bus/pci/devices` (class 3D or VGA
 /// controller), the RDMA devices, interfaces and NVMe controllers that share
 /// its PCIe switch or its NUMA node, from the links' paths into
-/// `/sys/devices`. Sorted by GPU, then kind, then name. `None` when the
-/// directory is not there; functions that cannot be read are left out.
-pub fn gpu_affinity(sysfs: &Path) -> Option<Vec<Affinity>> {
+/// `/sys/devices`. `None` when the directory is not there; functions that
+/// cannot be read are left out, and a `vendor` or `class` file that cannot
+/// be used is named.
+pub fn gpu_affinity(sysfs: &Path) -> Option<Affinities> {
     let dir = sysfs.join("bus/pci/devices");
     if !dir.is_dir() {
         return None;
     }
+    let mut unusable = Vec::new();
+    let mut hex = |path: PathBuf| match hex_file(&path) {
+        Ok(value) => value,
+        Err(reason) => {
+            unusable.push((path, reason));
+            None
+        }
+    };
     let mut functions = Vec::new();
     for address in names_in(&dir) {
         let link = dir.join(&address);
@@ -131,9 +159,9 @@ pub fn gpu_affinity(sysfs: &Path) -> Option<Vec<Affinity>> {
         if bridges.pop().as_deref() != Some(address.as_str()) {
             continue; // not where a PCI function lives
         }
-        let class = hex_file(&resolved.join("class")).unwrap_or(0);
-        let is_gpu = hex_file(&resolved.join("vendor")) == Some(NVIDIA)
-            && matches!(class >> 8, 0x0302 | 0x0300);
+        let class = hex(resolved.join("class")).unwrap_or(0);
+        let is_gpu =
+            hex(resolved.join("vendor")) == Some(NVIDIA) && matches!(class >> 8, 0x0302 | 0x0300);
         let mut peers = Vec::new();
         for (sub, kind) in [("infiniband", "rdma"), ("net", "netdev"), ("nvme", "nvme")] {
             peers.extend(names_in(&resolved.join(sub)).into_iter().map(|n| (kind, n)));
@@ -179,7 +207,10 @@ pub fn gpu_affinity(sysfs: &Path) -> Option<Vec<Affinity>> {
         near.sort_by(|a, b| (a.peer_kind, natural(&a.peer)).cmp(&(b.peer_kind, natural(&b.peer))));
         out.extend(near);
     }
-    Some(out)
+    Some(Affinities {
+        rows: out,
+        unusable,
+    })
 }
 
 /// Sorts `mlx5_2` before `mlx5_10`.
@@ -291,7 +322,9 @@ mod tests {
     #[test]
     fn baremetal_gpus_share_switches_with_their_nic_and_nvme() {
         let sysfs = crate::collectors::testutil::node("baremetal-node").join("sys");
-        let all = gpu_affinity(&sysfs).unwrap();
+        let found = gpu_affinity(&sysfs).unwrap();
+        assert_eq!(found.unusable, []);
+        let all = found.rows;
         assert_eq!(all.len(), 64, "8 GPUs x 8 peers on their NUMA node");
         let first: Vec<_> = all
             .iter()
@@ -340,21 +373,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sys = dir.path();
         crate::collectors::testutil::flat_pci_tree(sys);
-        assert_eq!(gpu_affinity(sys), Some(vec![]), "no switch, no NUMA node");
+        assert_eq!(
+            gpu_affinity(sys),
+            Some(Affinities::default()),
+            "no switch, no NUMA node"
+        );
         std::fs::write(sys.join("devices/pci0000:00/0000:00:05.0/numa_node"), "0\n").unwrap();
         std::fs::write(sys.join("devices/pci0000:00/0000:00:06.0/numa_node"), "0\n").unwrap();
-        let near = gpu_affinity(sys).unwrap();
+        let near = gpu_affinity(sys).unwrap().rows;
         assert_eq!(near.len(), 1);
         assert_eq!(
             (near[0].peer.as_str(), near[0].same_switch),
             ("mlx5_0", false)
         );
-        // Garbage in vendor or class: not a GPU, never a panic.
-        std::fs::write(
-            sys.join("devices/pci0000:00/0000:00:05.0/vendor"),
-            "\u{0}zz",
-        )
-        .unwrap();
-        assert_eq!(gpu_affinity(sys), Some(vec![]));
+        // Garbage in vendor: not taken for a GPU, never a panic, and named,
+        // since the GPU's rows are missing because of it.
+        let vendor = sys.join("devices/pci0000:00/0000:00:05.0/vendor");
+        std::fs::write(&vendor, "\u{0}zz").unwrap();
+        let found = gpu_affinity(sys).unwrap();
+        assert_eq!(found.rows, []);
+        assert_eq!(found.unusable.len(), 1, "{:?}", found.unusable);
+        assert_eq!(found.unusable[0].0, vendor);
+        assert!(found.unusable[0].1.contains("not a hexadecimal number"));
+        // A function without a class file is simply no GPU.
+        std::fs::remove_file(&vendor).unwrap();
+        assert_eq!(gpu_affinity(sys).unwrap().unusable, []);
     }
 }

@@ -864,6 +864,12 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
             .count() as i64
     });
 
+    // A junk `vendor` or `class` file hides a GPU from the affinity rows:
+    // named, as any other file this pass could not use.
+    let affinity = gpu_affinity(&roots.sysfs).unwrap_or_default();
+    for (path, reason) in &affinity.unusable {
+        reader.notes.push(unusable(path, reason.clone()));
+    }
     Facts {
         virtualization,
         hypervisor,
@@ -882,7 +888,7 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
         cpu_model: cpuinfo.model.unwrap_or_else(|| "unknown".into()),
         cpus: cpuinfo.cpus,
         numa_nodes,
-        gpu_affinity: gpu_affinity(&roots.sysfs).unwrap_or_default(),
+        gpu_affinity: affinity.rows,
         evidence,
         unreadable: reader.notes,
         disagreement,
