@@ -1641,6 +1641,40 @@ mod tests {
         }
     }
 
+    /// A GPU's junk `vendor` file: that GPU's affinity rows go (it is not
+    /// known to be a GPU), the others stay, and the file is named.
+    #[test]
+    fn a_junk_gpu_vendor_file_is_named_and_costs_only_that_gpus_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::collectors::testutil::copy_tree(
+            &crate::collectors::testutil::node("baremetal-node"),
+            dir.path(),
+        );
+        let roots = crate::collectors::testutil::roots(dir.path());
+        let gpu = dir.path().join("sys/bus/pci/devices/0000:18:00.0");
+        let vendor = std::fs::canonicalize(gpu).unwrap().join("vendor");
+        std::fs::write(&vendor, "nvidia?\n").unwrap();
+        let mut platform = Platform::with_cpuid(
+            &PlatformConfig::default(),
+            &roots,
+            Box::new(FixedCpuid::bare_metal()),
+        );
+        assert!(matches!(platform.probe(), Availability::Available(_)));
+        let batches = platform.collect(1).unwrap();
+        assert_eq!(batches[2].len(), 64 - 8, "the other 7 GPUs' 8 peers each");
+        let errors: Vec<String> = platform
+            .source_errors()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(&format!("{}: ", vendor.display()))
+                && errors[0].contains("not a hexadecimal number"),
+            "{errors:?}"
+        );
+    }
+
     #[test]
     fn every_hypervisor_vendor_signature() {
         let cases: &[(&[u8; 12], &str, &str)] = &[
