@@ -908,6 +908,9 @@ mod tests {
         let mut jitter = Jitter::new(
             &JitterConfig {
                 cpu_budget_ratio: budget,
+                // The shipped dwell: each dwell's end reads /proc/stat and
+                // moves the thread, which the budget pays for too.
+                rotate_ms: DEFAULT_ROTATE_MS,
                 ..config(1)
             },
             &roots(),
