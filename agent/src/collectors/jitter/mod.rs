@@ -322,7 +322,7 @@ vtax_store::table! {
         help: "One row per window (window_secs, on wall-clock multiples) per CPU the probe ran on: wake-up latency percentiles (cyclictest's method), and the interruption probe's lost time split into what the guest accounts for and the unexplained rest. The row's time is the window's end.",
         tags: [cpu = CPU_TAG],
         fields: [
-            wakeups: u64 = count("Wake-ups measured on this CPU in the window."),
+            wakeups: u64 = FieldDef::stored_only(FieldType::U64, Unit::None, "Wake-ups measured on this CPU in the window. Not exported: on /metrics, vtax_jitter_wakeup_latency_seconds_count counts them since the start."),
             wakeup_p50_seconds: Option<f64> = seconds("Median wake-up latency: how late the probe woke after its absolute deadline."),
             wakeup_p90_seconds: Option<f64> = seconds("90th percentile of wake-up latency."),
             wakeup_p99_seconds: Option<f64> = seconds("99th percentile of wake-up latency."),
