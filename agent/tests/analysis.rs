@@ -96,6 +96,9 @@ fn every_recipe_answers_on_a_generated_fleet() {
         "pandas_node: 4 GPUs",
         "spark_fleet: 4 GPUs; PartitionFilters:",
         "all node=node_c",
+        "stragglers: ",
+        "node_c first by sm_clock_ratio",
+        "in DuckDB and Spark",
         "duckdb_replaced: ",
         "interrupted_merges: ",
     ] {

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import duckdb
 import pyarrow.parquet as pq
@@ -70,6 +71,9 @@ def main():
     os.environ["VTAX_STORE"] = os.path.join(out, "nodes", STRAGGLER)
     os.environ["VTAX_FLEET"] = os.path.join(out, "fleet")
     os.environ["VTAX_NODE"] = STRAGGLER
+    # PySpark hands timestamps back in the process's time zone; DuckDB's are UTC.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
     ran = set()
 
     # DuckDB, one node: every GPU, each sampled once a second; throttled HBM.
@@ -137,6 +141,45 @@ def main():
     assert files and all(f"/node={STRAGGLER}/" in f for f in files), files
     print(f"spark_fleet: {len(rows)} GPUs; {filters[0].strip()}; {len(files)} files read, all node={STRAGGLER}")
     ran.add("spark_fleet")
+
+    # Which node held the job back: both engines rank the throttled node first
+    # in every hour it ran, by its SM clock, with the same numbers.
+    g, _ = run("duckdb_stragglers")
+    duck_scores = {(r[1].replace(tzinfo=None), r[2], r[3]): r[4:] for r in g["scores"].fetchall()}
+    duck_ranking = g["ranking"].fetchall()
+    # The hours every node's GPUs were busy in (a run that crosses an hour may
+    # leave one node's last second alone in the next).
+    hours = sorted(hour for hour, node, signal in duck_scores
+                   if (node, signal) == (STRAGGLER, "sm_clock_ratio") and duck_scores[(hour, node, signal)][2] == len(NODES))
+    assert hours and {r[0] for r in duck_ranking} == {"fleet"}, duck_ranking
+    for hour in hours:
+        ranked = [r for r in duck_ranking if r[1].replace(tzinfo=None) == hour]
+        assert sorted(r[2] for r in ranked) == sorted(NODES), ranked
+        assert ranked[0][2] == STRAGGLER and ranked[0][3] == "sm_clock_ratio" and ranked[0][4] > 4, ranked
+        clock = {node: duck_scores[(hour, node, "sm_clock_ratio")] for node in NODES}
+        assert clock[STRAGGLER][0] < 0.9 and clock[STRAGGLER][3] > 4, clock
+        assert all(v[3] <= 1 for n, v in clock.items() if n != STRAGGLER), clock
+    g, _ = run("spark_stragglers")
+    spark_scores = {(r["hour"], r["node"], r["signal"]): (r["value"], r["median"], r["nodes"], r["z"])
+                    for r in g["scores"]}
+    assert spark_scores.keys() == duck_scores.keys(), (sorted(spark_scores), sorted(duck_scores))
+    for key, duck in duck_scores.items():
+        for a, b in zip(spark_scores[key], duck):
+            assert (a is None and b is None) or close(a, b), (key, spark_scores[key], duck)
+    spark_ranking = g["ranking"]
+    assert [(r["hour"], r["node"]) for r in spark_ranking] == [(r[1].replace(tzinfo=None), r[2]) for r in duck_ranking]
+    for s, d in zip(spark_ranking, duck_ranking):
+        assert close(s["z"], d[4]), (s, d)
+    for hour in hours:
+        first = next(r for r in spark_ranking if r["hour"] == hour)
+        assert (first["node"], first["why"]) == (STRAGGLER, "sm_clock_ratio"), spark_ranking
+    plan = g["plan"]
+    filters = [line for line in plan.splitlines() if line.startswith("PartitionFilters:")]
+    assert len(filters) >= 4 and all("(date#" in f and ">=" in f for f in filters), plan
+    top = next(r for r in duck_ranking if r[1].replace(tzinfo=None) == hours[0])
+    print(f"stragglers: {len(hours)} hour(s), {STRAGGLER} first by {top[3]} (z {top[4]:.1f}) in DuckDB and Spark; "
+          f"{len(duck_scores)} node-signal-hours agree; {len(filters)} scans pruned by date")
+    ran.update({"duckdb_stragglers", "spark_stragglers"})
 
     # DuckDB, a store with a merge's inputs left beside the merged file: the
     # view counts the merged file's rows once, where a plain glob doubles them.
