@@ -14,11 +14,6 @@ pub const THROTTLE_REASONS_MASK: u64 = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
 /// A GPU counts as busy, for the checks that need load, above this utilisation.
 pub const BUSY_UTILIZATION: f64 = 0.5;
 
-/// Usable bytes per second per lane for PCIe generations 1 to 7 (after line coding).
-const PCIE_LANE_BYTES_PER_SECOND: [f64; 8] = [
-    0.0, 0.25e9, 0.5e9, 0.985e9, 1.969e9, 3.938e9, 7.563e9, 15.125e9,
-];
-
 /// Host facts, as the platform collector's row tags carry them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HostFacts {
@@ -107,7 +102,8 @@ impl GpuFacts {
         if !self.busy() {
             return None;
         }
-        let lane = |gen: f64| PCIE_LANE_BYTES_PER_SECOND.get(gen as usize).copied();
+        let lane =
+            |gen: f64| crate::collectors::gpu::backend::pcie_lane_bytes_per_second(gen as u32);
         let now = lane(self.pcie_gen?)? * self.pcie_width?;
         let max = lane(self.pcie_gen_max?)? * self.pcie_width_max?;
         (max > 0.0).then(|| (1.0 - now / max).clamp(0.0, 1.0))

@@ -52,6 +52,24 @@ impl GpuIdentity {
     }
 }
 
+/// What a PCIe lane carries each way, after line coding, in bytes/s:
+/// 8b/10b for Gen1 and Gen2 (2.5 and 5 GT/s), 128b/130b for Gen3 to Gen5
+/// (8, 16 and 32 GT/s), and FLIT mode's 242/256 of 8 and 16 GB/s for Gen6
+/// and Gen7 (64 and 128 GT/s, PAM4); `None` for a generation we do not know.
+/// The tax's PCIe loss and the transfer probe's peaks both use it.
+pub fn pcie_lane_bytes_per_second(gen: u32) -> Option<f64> {
+    match gen {
+        1 => Some(0.25e9),
+        2 => Some(0.5e9),
+        3 => Some(0.985e9),
+        4 => Some(1.969e9),
+        5 => Some(3.938e9),
+        6 => Some(7.5625e9),
+        7 => Some(15.125e9),
+        _ => None,
+    }
+}
+
 /// What one NVLink link carries each way, by the GPU architecture's NVLink
 /// generation: 20 GB/s (NVLink 1, Pascal), 25 GB/s (NVLink 2 to 4, Volta to
 /// Hopper), 50 GB/s (NVLink 5, Blackwell); `None` for one we do not know.
