@@ -138,11 +138,7 @@ fn counter(rows: &Rows, picked: &[usize], field: &str) -> Option<Counter> {
     let column = rows.field(field);
     let values: Vec<f64> = picked.iter().filter_map(|&i| column[i]).collect();
     let last = *values.last()?;
-    // A decrease is a driver reload: count what grew between reloads.
-    let increase = values
-        .windows(2)
-        .map(|w| if w[1] >= w[0] { w[1] - w[0] } else { w[1] })
-        .sum::<f64>();
+    let increase = *super::shape::counter_growth(&values).last()?;
     Some(Counter { last, increase })
 }
 

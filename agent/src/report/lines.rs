@@ -110,16 +110,13 @@ pub(super) fn error_lines(gpu: &Rows, gpu_event: &Rows, from: i64, max_points: u
     }
     for &(field, what, kind) in COUNTERS {
         for (g, points) in gpu.series_by("gpu", field) {
-            let mut total = 0.0;
-            let mut previous: Option<f64> = None;
-            let mut grown = Vec::with_capacity(points.len());
-            for (t, v) in points {
-                if let Some(p) = previous {
-                    total += if v >= p { v - p } else { v };
-                }
-                previous = Some(v);
-                grown.push((t, total));
-            }
+            let values: Vec<f64> = points.iter().map(|p| p.1).collect();
+            let grown: Vec<(i64, f64)> = points
+                .iter()
+                .map(|p| p.0)
+                .zip(shape::counter_growth(&values))
+                .collect();
+            let total = grown.last().map_or(0.0, |g| g.1);
             if total > 0.0 {
                 let label = format!("GPU {g} {what} ({total})");
                 let grown = shape::downsample(&grown, max_points, Reduce::Max);

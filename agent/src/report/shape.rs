@@ -172,6 +172,22 @@ pub fn counter_rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
         .collect()
 }
 
+/// A counter's growth since its first sample, at each sample (in time
+/// order): a decrease is a driver reload, after which the counter starts
+/// again from 0, so what it reads then is growth too.
+pub fn counter_growth(values: &[f64]) -> Vec<f64> {
+    let (mut total, mut previous) = (0.0, None);
+    let mut grown = Vec::with_capacity(values.len());
+    for &v in values {
+        if let Some(p) = previous {
+            total += if v >= p { v - p } else { v };
+        }
+        previous = Some(v);
+        grown.push(total);
+    }
+    grown
+}
+
 /// The mean across series at each time that any of them has: series sampled
 /// on one tick (every CPU of a node, every GPU) share timestamps.
 pub fn mean_by_time<'a>(series: impl IntoIterator<Item = &'a Vec<(i64, f64)>>) -> Vec<(i64, f64)> {
