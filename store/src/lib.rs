@@ -56,6 +56,7 @@
 pub mod batch;
 mod bucket;
 mod compaction;
+mod conform;
 pub mod error;
 pub mod files;
 pub mod log_limit;

@@ -26,9 +26,9 @@ use arrow_schema::{Schema, SchemaRef};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use parquet::arrow::ProjectionMask;
 
+use crate::conform::{conform, Projection};
 use crate::error::{Error, Result};
 use crate::files::{ColumnSource, FileBatches, FileInfo};
-use crate::scan::{conform, Projection};
 use crate::schema::TableDef;
 
 /// Rows per batch read from an input and per chunk handed to the writer.
