@@ -12,6 +12,7 @@ pub mod config;
 pub mod encode;
 pub mod queue;
 pub mod send;
+mod validate;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
