@@ -2,6 +2,7 @@
 
 use vtax_store::{Batch, BatchBuilder, FieldType, TableDef, Value};
 
+use super::events::*;
 use super::*;
 use crate::collectors::cgroups::CGROUP;
 use crate::collectors::host::{CPU, PRESSURE};

@@ -1,0 +1,502 @@
+//! Judging each window: events opened and closed, suspects ranked, and
+//! the rows the detector writes.
+
+use super::*;
+
+impl Detector {
+    /// Judges every window that has ended; returns the rows to store and export.
+    pub fn tick(&mut self, now_us: i64) -> Vec<Batch> {
+        self.run_canary(now_us);
+        let window_secs = self.config.window_secs as i64;
+        let now_second = now_us.div_euclid(1_000_000);
+        let current = now_second.div_euclid(window_secs) * window_secs;
+        let mut next = *self.next_window.get_or_insert(current);
+        // After a long stall, judge only the last window that has ended.
+        if current - next > 100 * window_secs {
+            next = current - window_secs;
+        }
+        let mut out = Vec::new();
+        while next + window_secs + WINDOW_GRACE_SECS <= now_second {
+            out.extend(self.judge_window(next));
+            next += window_secs;
+        }
+        self.next_window = Some(next);
+        out
+    }
+
+    pub(super) fn judge_window(&mut self, window: i64) -> Vec<Batch> {
+        let config = self.config.clone();
+        let window_end = window + config.window_secs as i64;
+        let time_us = window_end * 1_000_000;
+        let mut signal_rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
+        let mut event_rows = BatchBuilder::new(&tables::NEIGHBOR_EVENTS);
+        let mut resource_scores: BTreeMap<Resource, f64> = BTreeMap::new();
+        let mut opened = Vec::new();
+        let mut closed = Vec::new();
+        for (key, state) in self.signals.iter_mut() {
+            let judged = state.judge(window, &config);
+            let Some(judged) = judged else { continue };
+            let score = resource_scores.entry(key.resource).or_insert(0.0);
+            *score = score.max(judged.score.max(0.0));
+            let summary = judged.summary;
+            let row = tables::DetectorSignalRow {
+                resource: key.resource.name(),
+                victim: &key.victim,
+                signal: key.signal,
+                value: judged.value,
+                baseline_median: summary.map(|s| s.median),
+                baseline_mad: summary.map(|s| s.mad),
+                z: judged.score,
+                abnormal: i64::from(judged.abnormal),
+            };
+            signal_rows
+                .push_row(time_us, &row)
+                .expect("a signal row is for the detector_signal table");
+            let open = match self.open.get_mut(key) {
+                Some(event) => {
+                    event.last_judged_second = window_end;
+                    true
+                }
+                None => false,
+            };
+            if !open && state.abnormal_run >= config.open_windows {
+                let start_second = state.abnormal_since.unwrap_or(window);
+                opened.push((
+                    key.clone(),
+                    start_second,
+                    judged.score,
+                    evidence(key, state, &judged),
+                ));
+            } else if open && state.normal_run >= config.close_windows {
+                let end_second =
+                    window_end - i64::from(config.close_windows) * config.window_secs as i64;
+                closed.push((
+                    key.clone(),
+                    end_second,
+                    "the signal returned to its baseline",
+                ));
+            } else if let Some(event) = self.open.get_mut(key) {
+                event.peak_score = event.peak_score.max(judged.score);
+            }
+        }
+        for (key, start_second, score, evidence) in opened {
+            let since_second = start_second - PRE_ONSET_SECS;
+            if self.self_inflicted(&key, since_second) {
+                tracing::debug!(victim = %key.victim, signal = key.signal, "Not an event: the cgroup's own usage rose with its stall.");
+                continue;
+            }
+            let suspects = self.rank(&key, since_second);
+            tracing::warn!(
+                resource = key.resource.name(),
+                victim = %key.victim,
+                signal = key.signal,
+                suspect = top_suspect(&suspects),
+                score = format!("{score:.1}"),
+                %evidence,
+                "Noisy-neighbour event opened."
+            );
+            let event = OpenEvent {
+                start_second,
+                peak_score: score,
+                suspects,
+                evidence,
+                last_judged_second: window_end,
+            };
+            push_event_row(&mut event_rows, time_us, &key, &event, "open", None);
+            self.open.insert(key, event);
+        }
+        // Suspects are ranked again every window: the more seconds of the
+        // event the look-back holds, the clearer the correlation.
+        let keys: Vec<SignalKey> = self.open.keys().cloned().collect();
+        for key in keys {
+            let Some(since_second) = self.open.get(&key).map(|e| e.start_second - PRE_ONSET_SECS)
+            else {
+                continue;
+            };
+            let suspects = self.rank(&key, since_second);
+            if let Some(event) = self.open.get_mut(&key) {
+                if !suspects.is_empty() && event.start_second < window {
+                    // The event's row is written when it closes: say in the
+                    // log when the answer to "who" changes meanwhile.
+                    let (before, now) = (top_suspect(&event.suspects), top_suspect(&suspects));
+                    if before != now {
+                        tracing::info!(
+                            resource = key.resource.name(),
+                            victim = %key.victim,
+                            signal = key.signal,
+                            was = before,
+                            suspect = now,
+                            score = format!("{:.2}", suspects[0].score),
+                            "Noisy-neighbour event's top suspect changed."
+                        );
+                    }
+                    event.suspects = suspects;
+                }
+            }
+        }
+        // A victim that stopped reporting (its cgroup was removed, its GPU
+        // fell off the bus) cannot return to normal: close its event where
+        // it was last judged.
+        let silent_since = window_end - 2 * config.lookback_secs as i64;
+        for (key, event) in &self.open {
+            if event.last_judged_second < silent_since {
+                closed.push((
+                    key.clone(),
+                    event.last_judged_second,
+                    "the victim signal stopped reporting",
+                ));
+            }
+        }
+        for (key, end_second, why) in closed {
+            let Some(event) = self.open.remove(&key) else {
+                continue;
+            };
+            tracing::info!(
+                resource = key.resource.name(),
+                victim = %key.victim,
+                signal = key.signal,
+                duration_secs = end_second - event.start_second,
+                suspect = top_suspect(&event.suspects),
+                why,
+                "Noisy-neighbour event closed."
+            );
+            push_event_row(
+                &mut event_rows,
+                time_us,
+                &key,
+                &event,
+                "closed",
+                Some(end_second),
+            );
+        }
+        self.forget_stale(window);
+
+        let mut out = vec![signal_rows.finish(), event_rows.finish()];
+        out.push(self.neighbor_rows(time_us));
+        out.push(self.resource_rows(time_us, &resource_scores));
+        out.push(self.tax_row(time_us));
+        out.push(self.platform_row(time_us));
+        out.retain(|b| !b.is_empty());
+        out
+    }
+
+    /// Ranks the suspects of `key` over the seconds from `since_second`.
+    pub(super) fn rank(&self, key: &SignalKey, since_second: i64) -> Vec<Suspect> {
+        let Some(state) = self.signals.get(key) else {
+            return Vec::new();
+        };
+        let guest = !state.spec.outside_guest;
+        let eligible = |name: &str, pool: Pool| match pool {
+            Pool::GpuProcess => {
+                guest && key.resource == Resource::Gpu && !same_lineage(name, &key.victim)
+            }
+            Pool::Cgroup => {
+                guest
+                    && key.resource != Resource::Gpu
+                    && self.leaf_cgroups.contains(name)
+                    && !same_lineage(name, &key.victim)
+            }
+            Pool::Hypervisor => key.resource == Resource::Cpu,
+            Pool::Outside => guest && key.resource == Resource::Cpu,
+        };
+        let victim = state.seconds_since(since_second);
+        let mut suspects: BTreeMap<String, BTreeMap<i64, f64>> = self
+            .suspects
+            .iter()
+            .filter(|(name, s)| eligible(name, s.pool))
+            .map(|(name, s)| (name.clone(), self.observed_usage(s, &victim)))
+            .collect();
+        if eligible(OUTSIDE_SUSPECT, Pool::Outside) {
+            suspects.insert(OUTSIDE_SUSPECT.to_string(), self.outside_usage());
+        }
+        let mut ranked = rank::rank(&victim, &suspects, key.resource.usage_scale());
+        for suspect in &mut ranked {
+            if suspect.name == HYPERVISOR_SUSPECT && !self.steal_is_material(suspect, key) {
+                suspect.score = 0.0;
+            }
+        }
+        rank::sort(&mut ranked);
+        ranked
+    }
+
+    /// A suspect's per-second usage, with the seconds before it first
+    /// appeared, while the detector was already watching its kind, as zero:
+    /// a container or job started at the onset did not exist before it, so
+    /// it used nothing then. Counting only the seconds it existed would see
+    /// a newcomer busy throughout, flat, and uncorrelated with the onset.
+    pub(super) fn observed_usage(
+        &self,
+        suspect: &SuspectSeries,
+        victim: &BTreeMap<i64, f64>,
+    ) -> BTreeMap<i64, f64> {
+        let mut usage: BTreeMap<i64, f64> = suspect.seconds.iter().copied().collect();
+        let watched_since = match suspect.pool {
+            Pool::Cgroup => self.cgroups_watched_since,
+            Pool::GpuProcess => self.gpus_watched_since,
+            Pool::Hypervisor | Pool::Outside => None,
+        };
+        if let (Some(watched), Some(&first)) = (watched_since, usage.keys().next()) {
+            // A usage is a rate: the first comes a second after the first
+            // sight, in the first second watched as in a newcomer's. The
+            // second before the first usage is when it appeared: unknown.
+            for &second in victim.keys() {
+                if second > watched && second < first - 1 {
+                    usage.insert(second, 0.0);
+                }
+            }
+        }
+        usage
+    }
+
+    /// CPUs busy outside every leaf cgroup, per second both are known.
+    pub(super) fn outside_usage(&self) -> BTreeMap<i64, f64> {
+        let leaves: BTreeMap<i64, f64> = self.leaf_busy.iter().copied().collect();
+        self.node_busy
+            .iter()
+            .filter_map(|(second, busy)| leaves.get(second).map(|l| (*second, (busy - l).max(0.0))))
+            .collect()
+    }
+
+    /// Whether the host's steal is a material cause of `key`'s signal, as
+    /// the hypervisor's ranking found it: the steal, in the seconds it was
+    /// high, reaches [`MIN_HYPERVISOR_STEAL_RATIO`] of the node's CPU time,
+    /// and for a ratio signal its rise is at least [`MIN_HYPERVISOR_SHARE`]
+    /// of the signal's. Steal that merely rises a little with the guest's
+    /// own load (a busy loop makes the host preempt the vCPU more often)
+    /// correlates well and explains nothing.
+    pub(super) fn steal_is_material(&self, hypervisor: &Suspect, key: &SignalKey) -> bool {
+        let Some(series) = self.suspects.get(HYPERVISOR_SUSPECT) else {
+            return false;
+        };
+        let cpus = self.node_cpus.unwrap_or(1).max(1) as f64;
+        let stolen: Vec<f64> = series.seconds.iter().map(|(_, v)| v / cpus).collect();
+        let Some(peak_quarter) = upper_quartile_mean(&stolen) else {
+            return false;
+        };
+        if peak_quarter < MIN_HYPERVISOR_STEAL_RATIO {
+            return false;
+        }
+        let ratio_signal = key.signal.ends_with("_ratio");
+        !ratio_signal || hypervisor.usage_change / cpus >= MIN_HYPERVISOR_SHARE * hypervisor.effect
+    }
+
+    /// Whether a cgroup's own usage rose with its signal: a workload that
+    /// starts (or starts working harder) stalls on what it now competes for,
+    /// and is the neighbour, not the victim.
+    pub(super) fn self_inflicted(&self, key: &SignalKey, since_second: i64) -> bool {
+        let (Some(state), Some(own)) = (self.signals.get(key), self.suspects.get(&key.victim))
+        else {
+            return false;
+        };
+        let victim = state.seconds_since(since_second);
+        let own: BTreeMap<String, BTreeMap<i64, f64>> =
+            [(key.victim.clone(), own.seconds.iter().copied().collect())].into();
+        rank::rank(&victim, &own, key.resource.usage_scale())
+            .first()
+            .is_some_and(|s| s.correlation > 0.5 && s.usage_change > key.resource.usage_scale())
+    }
+
+    /// Drops the state of victims and suspects that left (a finished
+    /// container's cgroup), unless an event still refers to them.
+    pub(super) fn forget_stale(&mut self, window: i64) {
+        let horizon = window - 2 * self.config.lookback_secs as i64;
+        let open = &self.open;
+        self.signals.retain(|key, state| {
+            state.last_second >= horizon || open.contains_key(key) || key.victim == "node"
+        });
+        self.suspects.retain(|_, s| {
+            s.seconds
+                .back()
+                .is_some_and(|(second, _)| *second >= horizon)
+        });
+        self.counters
+            .retain(|_, (time_us, _)| second_of(*time_us) >= horizon);
+    }
+
+    pub(super) fn neighbor_rows(&self, time_us: i64) -> Batch {
+        let mut rows = BatchBuilder::new(&tables::NEIGHBOR);
+        for (key, event) in &self.open {
+            for suspect in event
+                .suspects
+                .iter()
+                .filter(|s| s.score > 0.0)
+                .take(SUSPECTS_EXPORTED)
+            {
+                let row = tables::NeighborRow {
+                    resource: key.resource.name(),
+                    victim: &key.victim,
+                    suspect: &suspect.name,
+                    suspected: suspect.score,
+                    correlation: suspect.correlation,
+                };
+                rows.push_row(time_us, &row)
+                    .expect("a suspect row is for the neighbor table");
+            }
+        }
+        rows.finish()
+    }
+
+    pub(super) fn resource_rows(&self, time_us: i64, scores: &BTreeMap<Resource, f64>) -> Batch {
+        let mut rows = BatchBuilder::new(&tables::NEIGHBOR_RESOURCE);
+        for (resource, score) in scores {
+            let open = self.open.keys().filter(|k| k.resource == *resource).count();
+            let row = tables::NeighborResourceRow {
+                resource: resource.name(),
+                score: *score,
+                events_open: open as i64,
+            };
+            rows.push_row(time_us, &row)
+                .expect("a resource row is for the neighbor_resource table");
+        }
+        rows.finish()
+    }
+
+    pub(super) fn tax_row(&self, time_us: i64) -> Batch {
+        let jitter = self.jitter;
+        let facts = &self.facts;
+        let row = tables::TaxRow {
+            steal_ratio: self.steal_ratio,
+            interrupted_ratio: jitter.and_then(|j| j.interrupted_ratio),
+            unexplained_ratio: jitter.and_then(|j| j.unexplained_ratio),
+            jitter_p99_seconds: jitter.map(|j| j.p99_seconds),
+            hbm_peak_ratio: facts.hbm_peak_ratio(),
+            nvlink_peak_ratio: facts.nvlink_peak_ratio(),
+            nvlink_links_missing_ratio: facts.nvlink_links_missing_ratio(),
+            pcie_bandwidth_loss_ratio: facts.worst(GpuFacts::pcie_bandwidth_loss_ratio),
+            gpu_clock_throttle_ratio: facts.worst(GpuFacts::clock_throttle_ratio),
+            probe_host_to_device_ratio: facts.lowest(|g| g.probe.host_to_device.ratio()),
+            probe_device_to_host_ratio: facts.lowest(|g| g.probe.device_to_host.ratio()),
+            probe_device_to_device_ratio: facts.lowest(|g| g.probe.device_to_device.ratio()),
+        };
+        let mut rows = BatchBuilder::new(&tables::TAX);
+        rows.push_row(time_us, &row)
+            .expect("a tax row is for the tax table");
+        rows.finish()
+    }
+
+    pub(super) fn platform_row(&self, time_us: i64) -> Batch {
+        let verdict = self.facts.verdict();
+        let mut rows = BatchBuilder::new(&tables::PLATFORM);
+        rows.push_row(time_us, &verdict.row())
+            .expect("a verdict row is for the platform table");
+        rows.finish()
+    }
+}
+
+/// The first suspect with a positive score, for the log.
+/// The mean of the largest quarter of `values` (at least one); `None` when
+/// there are none.
+pub(super) fn upper_quartile_mean(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let top = &sorted[..sorted.len().div_ceil(4)];
+    Some(top.iter().sum::<f64>() / top.len() as f64)
+}
+
+pub(super) fn top_suspect(suspects: &[Suspect]) -> &str {
+    suspects
+        .first()
+        .filter(|s| s.score > 0.0)
+        .map_or("none", |s| s.name.as_str())
+}
+
+/// Whether one cgroup path is the other or holds it.
+pub(super) fn same_lineage(a: &str, b: &str) -> bool {
+    let within = |inner: &str, outer: &str| {
+        inner == outer
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    within(a, b) || within(b, a)
+}
+
+pub(super) fn evidence(key: &SignalKey, state: &SignalState, judged: &Judged) -> String {
+    let q = |value: f64| quantity(key.signal, value);
+    match (state.spec.rule, judged.summary) {
+        (Rule::Baseline { .. }, Some(s)) => format!(
+            "{} {} of {} ({}): {} against a baseline median {} (MAD {}, {} windows), z {:.1}, {} windows in a row",
+            key.resource.name(),
+            key.signal,
+            key.victim,
+            state.spec.help,
+            q(judged.value),
+            q(s.median),
+            q(s.mad),
+            s.windows,
+            judged.score,
+            state.abnormal_run
+        ),
+        (Rule::Above { threshold }, _) | (Rule::Baseline { min_change: threshold, .. }, None) => format!(
+            "{} {} of {} ({}): {} above the threshold {}, {} windows in a row",
+            key.resource.name(),
+            key.signal,
+            key.victim,
+            state.spec.help,
+            q(judged.value),
+            q(threshold),
+            state.abnormal_run
+        ),
+    }
+}
+
+/// A signal's value for a person: durations in the unit that keeps them
+/// readable (a cache load is nanoseconds, a wake-up tail microseconds).
+pub(super) fn quantity(signal: &str, value: f64) -> String {
+    if !signal.ends_with("_seconds") || value == 0.0 || !value.is_finite() {
+        return format!("{value:.4}");
+    }
+    let magnitude = value.abs();
+    let (scale, unit) = if magnitude < 1e-6 {
+        (1e9, "ns")
+    } else if magnitude < 1e-3 {
+        (1e6, "µs")
+    } else if magnitude < 1.0 {
+        (1e3, "ms")
+    } else {
+        (1.0, "s")
+    };
+    format!("{:.1} {unit}", value * scale)
+}
+
+pub(super) fn push_event_row(
+    rows: &mut BatchBuilder,
+    time_us: i64,
+    key: &SignalKey,
+    event: &OpenEvent,
+    state: &str,
+    end_second: Option<i64>,
+) {
+    let suspects = event
+        .suspects
+        .iter()
+        .filter(|s| s.score > 0.0)
+        .take(SUSPECTS_STORED)
+        .map(|s| {
+            format!(
+                "{} score={:.2} r={:.2} effect={:.4}",
+                s.name, s.score, s.correlation, s.effect
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let top = event.suspects.first().filter(|s| s.score > 0.0);
+    let row = tables::NeighborEventRow {
+        resource: key.resource.name(),
+        victim: &key.victim,
+        signal: key.signal,
+        state,
+        suspects: &suspects,
+        evidence: &event.evidence,
+        start_time_seconds: event.start_second as f64,
+        end_time_seconds: end_second.map(|s| s as f64),
+        score: event.peak_score,
+        top_correlation: top.map(|s| s.correlation),
+        effect_size: top.map(|s| s.effect),
+    };
+    rows.push_row(time_us, &row)
+        .expect("an event row is for the neighbor_events table");
+}
