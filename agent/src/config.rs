@@ -16,12 +16,8 @@ use crate::collectors::{CollectorsConfig, Roots};
 pub const INSTALLED_CONFIG_PATH: &str = "/etc/vtax/vtax.toml";
 /// Address `/metrics` listens on: all interfaces, port 9433.
 pub const DEFAULT_LISTEN_ADDRESS: &str = ":9433";
-/// Where procfs is mounted.
-pub const DEFAULT_PROCFS: &str = "/proc";
-/// Where sysfs is mounted.
-pub const DEFAULT_SYSFS: &str = "/sys";
-/// Where the host's root filesystem is seen from the agent.
-pub const DEFAULT_ROOTFS: &str = "/";
+pub use crate::collectors::{DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS};
+pub use crate::keys::{KeyRange, KeyRanges};
 /// Seconds between two fsyncs of the write-ahead log.
 pub const DEFAULT_SYNC_INTERVAL_SECS: f64 = 1.0;
 /// Rows held in memory before they are published early as a part file. The
@@ -221,7 +217,7 @@ const KEY_RANGES: KeyRanges = &[
     ),
     ("store.retention_max_bytes", KeyRange::between(0.0, 1e18)),
     ("upload.interval_secs", KeyRange::between(1.0, 86_400.0)),
-    ("interval_secs", KeyRange::between(0.01, 86_400.0)),
+    ("interval_secs", crate::collectors::INTERVAL_SECS_RANGE),
     (
         "remote_write.queue_max_bytes",
         KeyRange::between(
@@ -250,56 +246,6 @@ const KEY_RANGES: KeyRanges = &[
         KeyRange::above(0.0, 3600.0),
     ),
 ];
-
-/// A table of numeric keys and their ranges.
-pub type KeyRanges = &'static [(&'static str, KeyRange)];
-
-/// The values a numeric key accepts: from `min` (or above it) to `max`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct KeyRange {
-    min: f64,
-    max: f64,
-    above_min: bool,
-}
-
-impl KeyRange {
-    /// From `min` to `max`, both included.
-    pub const fn between(min: f64, max: f64) -> KeyRange {
-        KeyRange {
-            min,
-            max,
-            above_min: false,
-        }
-    }
-
-    /// Above `min` (excluded), at most `max`.
-    pub const fn above(min: f64, max: f64) -> KeyRange {
-        KeyRange {
-            min,
-            max,
-            above_min: true,
-        }
-    }
-
-    /// Whether `value` is in the range (never NaN).
-    pub fn contains(&self, value: f64) -> bool {
-        let low = if self.above_min {
-            value > self.min
-        } else {
-            value >= self.min
-        };
-        low && value <= self.max
-    }
-
-    /// "between 1 and 86400", "above 0 and at most 3600".
-    pub fn describe(&self) -> String {
-        if self.above_min {
-            format!("above {} and at most {}", self.min, self.max)
-        } else {
-            format!("between {} and {}", self.min, self.max)
-        }
-    }
-}
 
 /// The declared range of a numeric key (`store.max_buffered_bytes`,
 /// `collectors.jitter.interval_us`, `remote_write[0].queue_max_bytes`).
@@ -740,7 +686,7 @@ pub fn render_example() -> String {
          # Sizes (keys ending in _bytes) take bytes or a unit: \"512MiB\", \"10GB\".\n",
     );
     render_table(&mut out, "", &table);
-    out.push_str(&crate::collectors::scrape::example_target());
+    out.push_str(&crate::collectors::scrape::example_target(doc_with_range));
     out.push_str(&remote_write_example());
     out
 }
@@ -1001,7 +947,7 @@ mod tests {
     /// The example's commented [[scrape]] table, uncommented, is a valid target.
     #[test]
     fn scrape_example_parses() {
-        let example = crate::collectors::scrape::example_target();
+        let example = crate::collectors::scrape::example_target(doc_with_range);
         let uncommented: String = example
             .lines()
             .filter(|l| l.starts_with("# [[") || l.contains(" = "))

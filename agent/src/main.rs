@@ -8,16 +8,19 @@ mod detect;
 mod doctor;
 #[cfg(test)]
 mod golden;
-mod gpu_probe;
 #[cfg(test)]
 mod hot_text;
 mod import;
+mod keys;
 mod memory;
+mod probe_gpu;
 mod query;
 mod report;
 mod run;
 mod runtime;
 mod store_report;
+mod stored_rows;
+mod ticks;
 mod timespec;
 mod upload;
 mod web;
@@ -135,7 +138,7 @@ enum Command {
     ///
     /// Loads the CUDA driver (libcuda.so.1) and copies 256 MiB at a time:
     /// run it on idle GPUs, as it takes GPU time from anything running.
-    ProbeGpu(gpu_probe::command::ProbeGpuArgs),
+    ProbeGpu(probe_gpu::ProbeGpuArgs),
 }
 
 /// Every table the agent writes: the store's own and the collectors'.
@@ -204,8 +207,10 @@ fn main() -> ExitCode {
         Command::Verify(args) => run::verify(args),
         Command::Report(args) => report::report(args),
         Command::Upload(args) => upload::upload(args),
-        Command::ReplayDetector(args) => detect::replay::replay_detector(args),
-        Command::ProbeGpu(args) => gpu_probe::command::probe_gpu(args),
+        Command::ReplayDetector(args) => {
+            detect::replay::replay_detector(args, |path| Ok(config::Config::load(path)?.detect))
+        }
+        Command::ProbeGpu(args) => probe_gpu::probe_gpu(args),
         Command::Catalogue => {
             print_stdout(&vtax_store::schema::render_catalogue(catalog().tables()))
         }

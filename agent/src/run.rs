@@ -73,7 +73,8 @@ fn store_options(config: &Config) -> StoreOptions {
         .then(|| Duration::from_secs(config.store.retention_max_age_days * 86_400));
     options.retention_max_bytes =
         (config.store.retention_max_bytes > 0).then_some(config.store.retention_max_bytes);
-    options.retention_deletable = crate::upload::retention_guard(config);
+    options.retention_deletable =
+        crate::upload::retention_guard(&config.upload, &config.data_dir());
     options
 }
 
@@ -121,7 +122,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         &exposition,
         sender.clone(),
     )?;
-    let _uploader = crate::upload::spawn(&config, &exposition, &sender)?;
+    let _uploader = crate::upload::spawn(&config.upload, &config.data_dir(), &exposition, &sender)?;
     tracing::info!(
         data_dir = %data_dir.display(),
         listen_address = %web.local_addr(),

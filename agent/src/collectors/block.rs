@@ -23,7 +23,7 @@ use vtax_store::{Batch, BatchBuilder};
 
 use super::kept::KeptFile;
 use super::pci::{info_field, placement, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// Devices skipped by default: loop devices and RAM disks hold no data that
 /// training reads or writes, and a node can have hundreds of loop devices.
@@ -54,12 +54,24 @@ impl Default for BlockConfig {
     }
 }
 
-impl CollectorConfig for BlockConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(BlockConfig);
+
+impl crate::collectors::Registered for BlockConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Block::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
     }
 }
 

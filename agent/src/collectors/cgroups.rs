@@ -63,7 +63,7 @@ use vtax_store::{Batch, BatchBuilder};
 
 use super::cgroup_watch::CgroupWatch;
 use super::kept::KeptFile;
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// Default depth below the root that the walk descends to.
 pub const DEFAULT_MAX_DEPTH: u32 = 4;
@@ -109,25 +109,40 @@ impl Default for CgroupsConfig {
     }
 }
 
-impl CollectorConfig for CgroupsConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(CgroupsConfig);
+
+impl crate::collectors::Registered for CgroupsConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn key_ranges() -> crate::keys::KeyRanges {
+        KEY_RANGES
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Cgroups::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
     }
 }
 
 /// Ranges of this collector's own numeric keys.
-pub static KEY_RANGES: crate::config::KeyRanges = &[
-    ("max_depth", crate::config::KeyRange::between(1.0, 32.0)),
+pub static KEY_RANGES: crate::keys::KeyRanges = &[
+    ("max_depth", crate::keys::KeyRange::between(1.0, 32.0)),
     (
         "max_cgroups",
-        crate::config::KeyRange::between(1.0, 100_000.0),
+        crate::keys::KeyRange::between(1.0, 100_000.0),
     ),
     (
         "rescan_interval_secs",
-        crate::config::KeyRange::between(0.0, 86_400.0),
+        crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
 ];
 

@@ -32,7 +32,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder};
 
 use super::kept::KeptFile;
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// Filesystem types read by default: local disk filesystems and the network
 /// and parallel filesystems that hold checkpoints and training data.
@@ -90,12 +90,27 @@ impl Default for FilesystemConfig {
     }
 }
 
-impl CollectorConfig for FilesystemConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(FilesystemConfig);
+
+impl crate::collectors::Registered for FilesystemConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn key_ranges() -> crate::keys::KeyRanges {
+        KEY_RANGES
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Filesystem::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
     }
 }
 
@@ -117,9 +132,9 @@ impl FilesystemConfig {
 }
 
 /// Ranges of this collector's own numeric keys.
-pub static KEY_RANGES: crate::config::KeyRanges = &[(
+pub static KEY_RANGES: crate::keys::KeyRanges = &[(
     "stat_timeout_ms",
-    crate::config::KeyRange::between(1.0, 60_000.0),
+    crate::keys::KeyRange::between(1.0, 60_000.0),
 )];
 
 /// Comments for this collector's own keys in the example config.

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder};
 
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// `[collectors.host]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -39,12 +39,21 @@ impl Default for HostConfig {
     }
 }
 
-impl CollectorConfig for HostConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(HostConfig);
+
+impl crate::collectors::Registered for HostConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Host::new(self, roots))
     }
 }
 

@@ -36,7 +36,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder};
 
 use super::kept::KeptFile;
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// `[collectors.infiniband]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,12 +63,21 @@ impl Default for InfinibandConfig {
     }
 }
 
-impl CollectorConfig for InfinibandConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(InfinibandConfig);
+
+impl crate::collectors::Registered for InfinibandConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Infiniband::new(self, roots))
     }
 }
 

@@ -15,24 +15,12 @@
 //! - every table it may write is listed in `tables`, so the catalogue, the store
 //!   and `/metrics` know them before the first row.
 
-pub mod block;
 mod cgroup_watch;
-pub mod cgroups;
 #[cfg(test)]
 mod damage_tests;
-pub mod filesystem;
-pub mod gpu;
-pub mod gpu_probe;
-pub mod host;
-pub mod infiniband;
-pub mod jitter;
 pub mod kept;
-pub mod netdev;
 pub mod pci;
-pub mod perf;
-pub mod platform;
 pub mod runtime_tables;
-pub mod scrape;
 #[cfg(test)]
 mod testutil;
 
@@ -40,6 +28,18 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use vtax_store::{Batch, TableDef};
+
+use crate::keys::{KeyRange, KeyRanges};
+
+/// Where procfs is mounted.
+pub const DEFAULT_PROCFS: &str = "/proc";
+/// Where sysfs is mounted.
+pub const DEFAULT_SYSFS: &str = "/sys";
+/// Where the host's root filesystem is seen from the agent.
+pub const DEFAULT_ROOTFS: &str = "/";
+
+/// The seconds every collector's `interval_secs` accepts.
+pub const INTERVAL_SECS_RANGE: KeyRange = KeyRange::between(0.01, 86_400.0);
 
 /// Where the kernel's pseudo-filesystems are mounted; tests point these at fixtures.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,9 +85,9 @@ impl Roots {
 impl Default for Roots {
     fn default() -> Self {
         Roots {
-            procfs: PathBuf::from(crate::config::DEFAULT_PROCFS),
-            sysfs: PathBuf::from(crate::config::DEFAULT_SYSFS),
-            rootfs: PathBuf::from(crate::config::DEFAULT_ROOTFS),
+            procfs: PathBuf::from(DEFAULT_PROCFS),
+            sysfs: PathBuf::from(DEFAULT_SYSFS),
+            rootfs: PathBuf::from(DEFAULT_ROOTFS),
         }
     }
 }
@@ -185,223 +185,199 @@ pub trait CollectorConfig {
     fn enabled(&self) -> bool;
     /// Seconds between two reads.
     fn interval_secs(&self) -> f64;
+    /// Turns it on or off.
+    fn set_enabled(&mut self, enabled: bool);
 }
 
 /// Default seconds between two reads of a collector.
 pub const DEFAULT_INTERVAL_SECS: f64 = 1.0;
 
-/// Every collector's settings: the `[collectors]` table of the config file.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CollectorsConfig {
-    /// Host CPU, pressure, load, memory, scheduler.
-    pub host: host::HostConfig,
-    /// Per-workload cgroups.
-    pub cgroups: cgroups::CgroupsConfig,
-    /// Per-cgroup hardware counters (CPI) where the PMU is there; its
-    /// cgroups are the leaves of what `[collectors.cgroups]` selects.
-    pub perf: perf::PerfConfig,
-    /// InfiniBand and RoCE HCAs and ports.
-    pub infiniband: infiniband::InfinibandConfig,
-    /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
-    pub platform: platform::PlatformConfig,
-    /// NVIDIA GPUs through NVML, or simulated ones.
-    pub gpu: gpu::GpuConfig,
-    /// The GPU transfer probe, on idle GPUs.
-    pub gpu_probe: gpu_probe::GpuProbeConfig,
-    /// Wake-up latency and interruption probes.
-    pub jitter: jitter::JitterConfig,
-    /// Block devices: /proc/diskstats and /sys/block.
-    pub block: block::BlockConfig,
-    /// Ethernet and RoCE interfaces: /sys/class/net.
-    pub netdev: netdev::NetdevConfig,
-    /// Mounts holding checkpoints and data: statvfs, off the collector's thread.
-    pub filesystem: filesystem::FilesystemConfig,
-    /// Local Prometheus endpoints: the top-level `[[scrape]]` tables.
-    pub scrape: scrape::ScrapeConfig,
-}
-
-/// Names of every collector, in the order they are built.
-pub const NAMES: &[&str] = &[
-    "host",
-    "cgroups",
-    "perf",
-    "infiniband",
-    "platform",
-    "gpu",
-    "gpu_probe",
-    "jitter",
-    "block",
-    "netdev",
-    "filesystem",
-    "scrape",
-];
-
-impl CollectorsConfig {
-    /// The common settings of the named collector.
-    pub fn common(&self, name: &str) -> Option<&dyn CollectorConfig> {
-        Some(match name {
-            "host" => &self.host,
-            "cgroups" => &self.cgroups,
-            "perf" => &self.perf,
-            "infiniband" => &self.infiniband,
-            "platform" => &self.platform,
-            "gpu" => &self.gpu,
-            "gpu_probe" => &self.gpu_probe,
-            "jitter" => &self.jitter,
-            "block" => &self.block,
-            "netdev" => &self.netdev,
-            "filesystem" => &self.filesystem,
-            "scrape" => &self.scrape,
-            _ => return None,
-        })
-    }
-
-    /// Whether the named collector is built the same from `other`: its own
-    /// section and, for `perf`, the cgroup selection it shares.
-    pub fn same_settings(&self, other: &CollectorsConfig, name: &str) -> bool {
-        match name {
-            "host" => self.host == other.host,
-            "cgroups" => self.cgroups == other.cgroups,
-            "perf" => self.perf == other.perf && self.cgroups == other.cgroups,
-            "infiniband" => self.infiniband == other.infiniband,
-            "platform" => self.platform == other.platform,
-            "gpu" => self.gpu == other.gpu,
-            "gpu_probe" => self.gpu_probe == other.gpu_probe,
-            "jitter" => self.jitter == other.jitter,
-            "block" => self.block == other.block,
-            "netdev" => self.netdev == other.netdev,
-            "filesystem" => self.filesystem == other.filesystem,
-            "scrape" => self.scrape == other.scrape,
-            _ => false,
-        }
-    }
-
-    /// Turns the named collector on or off (the `--collector.<name>` flags).
-    pub fn set_enabled(&mut self, name: &str, enabled: bool) -> bool {
-        match name {
-            "host" => self.host.enabled = enabled,
-            "cgroups" => self.cgroups.enabled = enabled,
-            "perf" => self.perf.enabled = enabled,
-            "infiniband" => self.infiniband.enabled = enabled,
-            "platform" => self.platform.enabled = enabled,
-            "gpu" => self.gpu.enabled = enabled,
-            "gpu_probe" => self.gpu_probe.enabled = enabled,
-            "jitter" => self.jitter.enabled = enabled,
-            "block" => self.block.enabled = enabled,
-            "netdev" => self.netdev.enabled = enabled,
-            "filesystem" => self.filesystem.enabled = enabled,
-            "scrape" => self.scrape.enabled = enabled,
-            _ => return false,
-        }
-        true
-    }
-
-    /// Builds the named collector from its settings.
-    pub fn build(&self, name: &str, roots: &Roots) -> Option<Box<dyn Collector>> {
-        Some(match name {
-            "host" => Box::new(host::Host::new(&self.host, roots)),
-            "cgroups" => Box::new(cgroups::Cgroups::new(&self.cgroups, roots)),
-            "perf" => Box::new(perf::Perf::new(&self.perf, &self.cgroups, roots)),
-            "infiniband" => Box::new(infiniband::Infiniband::new(&self.infiniband, roots)),
-            "platform" => Box::new(platform::Platform::new(&self.platform, roots)),
-            "gpu" => Box::new(gpu::Gpu::new(&self.gpu, roots)),
-            "gpu_probe" => Box::new(gpu_probe::GpuProbe::new(&self.gpu_probe, roots)),
-            "jitter" => Box::new(jitter::Jitter::new(&self.jitter, roots)),
-            "block" => Box::new(block::Block::new(&self.block, roots)),
-            "netdev" => Box::new(netdev::Netdev::new(&self.netdev, roots)),
-            "filesystem" => Box::new(filesystem::Filesystem::new(&self.filesystem, roots)),
-            "scrape" => Box::new(scrape::Scrape::new(&self.scrape, roots)),
-            _ => return None,
-        })
-    }
-
-    /// Checks values serde cannot: intervals and collector-specific rules.
-    /// On failure returns the dotted key and the message.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        for name in NAMES {
-            let common = self.common(name).expect("every name has settings");
-            let interval = common.interval_secs();
-            let key = format!("collectors.{name}.interval_secs");
-            let range = crate::config::range_of(&key).expect("interval_secs has a range");
-            if !range.contains(interval) {
-                return Err((
-                    key.clone(),
-                    format!("{key} = {interval}: must be {}", range.describe()),
-                ));
+/// Implements [`CollectorConfig`] for a settings type whose `enabled` and
+/// `interval_secs` fields are the common settings.
+macro_rules! common_settings {
+    ($config:ty) => {
+        impl $crate::collectors::CollectorConfig for $config {
+            fn enabled(&self) -> bool {
+                self.enabled
+            }
+            fn interval_secs(&self) -> f64 {
+                self.interval_secs
+            }
+            fn set_enabled(&mut self, enabled: bool) {
+                self.enabled = enabled;
             }
         }
-        self.cgroups.validate()?;
-        self.perf.validate()?;
-        self.gpu.validate()?;
-        self.jitter.validate()?;
-        self.block.validate()?;
-        self.netdev.validate()?;
-        self.filesystem.validate()?;
-        scrape::validate_targets(&self.scrape.targets)?;
+    };
+}
+pub(crate) use common_settings;
+
+/// What the registry needs of a collector, implemented by its settings type
+/// beside the collector: one that leaves a piece out does not compile.
+pub trait Registered: CollectorConfig {
+    /// The tables the collector may write, known to the catalogue, the store
+    /// and `/metrics` before its first row.
+    fn tables() -> &'static [&'static TableDef];
+    /// The comment of each of its own keys (`collectors.<name>.<key>`) in the
+    /// example config.
+    fn key_docs() -> &'static [(&'static str, &'static str)];
+    /// The declared range of each of its own numeric keys.
+    fn key_ranges() -> KeyRanges {
+        &[]
+    }
+    /// Builds the collector. `all` is every collector's settings, for one
+    /// that shares another's (perf counts the cgroups `cgroups` selects).
+    fn build(&self, all: &CollectorsConfig, roots: &Roots) -> Box<dyn Collector>;
+    /// Checks what serde cannot; on failure the dotted key and the message.
+    fn check(&self) -> Result<(), (String, String)> {
         Ok(())
+    }
+    /// Whether the settings it shares from other sections are the same in
+    /// `a` and `b` (its own section is compared apart).
+    fn shared_settings_equal(a: &CollectorsConfig, b: &CollectorsConfig) -> bool {
+        let _ = (a, b);
+        true
     }
 }
 
-/// Tables the collectors write: each collector module lists its own.
-pub fn tables() -> Vec<&'static TableDef> {
-    [
-        host::TABLES,
-        cgroups::TABLES,
-        perf::TABLES,
-        infiniband::TABLES,
-        platform::TABLES,
-        gpu::TABLES,
-        gpu_probe::TABLES,
-        jitter::TABLES,
-        block::TABLES,
-        netdev::TABLES,
-        filesystem::TABLES,
-        scrape::TABLES,
-        runtime_tables::TABLES,
-    ]
-    .concat()
+/// The collector registry. A collector is its module (a file or a folder
+/// under `collectors/`) and one line here: its name, which is its module,
+/// its `[collectors.<name>]` section, its `--collector.<name>` flag and its
+/// label, and its settings type, which implements [`Registered`]. Everything
+/// that lists collectors is generated from these lines.
+macro_rules! registry {
+    ($($(#[$doc:meta])* $name:ident: $config:ident,)*) => {
+        $(pub mod $name;)*
+
+        /// Every collector's settings: the `[collectors]` table of the config file.
+        #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct CollectorsConfig {
+            $($(#[$doc])* pub $name: $name::$config,)*
+        }
+
+        /// Names of every collector, in the order they are built.
+        pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+
+        impl CollectorsConfig {
+            /// The common settings of the named collector.
+            pub fn common(&self, name: &str) -> Option<&dyn CollectorConfig> {
+                match name {
+                    $(stringify!($name) => Some(&self.$name),)*
+                    _ => None,
+                }
+            }
+
+            /// Whether the named collector is built the same from `other`:
+            /// its own section and what it shares of others.
+            pub fn same_settings(&self, other: &CollectorsConfig, name: &str) -> bool {
+                match name {
+                    $(stringify!($name) => {
+                        self.$name == other.$name
+                            && <$name::$config as Registered>::shared_settings_equal(self, other)
+                    })*
+                    _ => false,
+                }
+            }
+
+            /// Turns the named collector on or off (the `--collector.<name>` flags).
+            pub fn set_enabled(&mut self, name: &str, enabled: bool) -> bool {
+                match name {
+                    $(stringify!($name) => self.$name.set_enabled(enabled),)*
+                    _ => return false,
+                }
+                true
+            }
+
+            /// Builds the named collector from its settings.
+            pub fn build(&self, name: &str, roots: &Roots) -> Option<Box<dyn Collector>> {
+                match name {
+                    $(stringify!($name) => Some(Registered::build(&self.$name, self, roots)),)*
+                    _ => None,
+                }
+            }
+
+            /// Checks values serde cannot: intervals and collector-specific rules.
+            /// On failure returns the dotted key and the message.
+            pub fn validate(&self) -> Result<(), (String, String)> {
+                $(check_interval(stringify!($name), &self.$name)?;)*
+                $(self.$name.check()?;)*
+                Ok(())
+            }
+        }
+
+        /// Tables the collectors write, and the runtime's own.
+        pub fn tables() -> Vec<&'static TableDef> {
+            [$(<$name::$config as Registered>::tables(),)* runtime_tables::TABLES].concat()
+        }
+
+        /// The comment of a collector-specific key (`collectors.<name>.<key>`)
+        /// for the example config.
+        pub fn key_doc(path: &str) -> Option<&'static str> {
+            let rest = path.strip_prefix("collectors.")?;
+            let (name, key) = rest.split_once('.')?;
+            let docs = match name {
+                $(stringify!($name) => <$name::$config as Registered>::key_docs(),)*
+                _ => return None,
+            };
+            docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
+        }
+
+        /// The declared range of a collector-specific numeric key
+        /// (`collectors.<name>.<key>`). `interval_secs`, every collector's,
+        /// is in the config's.
+        pub fn key_range(path: &str) -> Option<KeyRange> {
+            let rest = path.strip_prefix("collectors.")?;
+            let (name, key) = rest.split_once('.')?;
+            let ranges = match name {
+                $(stringify!($name) => <$name::$config as Registered>::key_ranges(),)*
+                _ => return None,
+            };
+            ranges.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
+        }
+    };
 }
 
-/// The comment of a collector-specific key (`collectors.<name>.<key>`) for
-/// the example config; each collector module lists its own in `KEY_DOCS`.
-pub fn key_doc(path: &str) -> Option<&'static str> {
-    let rest = path.strip_prefix("collectors.")?;
-    let (name, key) = rest.split_once('.')?;
-    let docs: &[(&str, &str)] = match name {
-        "host" => host::KEY_DOCS,
-        "cgroups" => cgroups::KEY_DOCS,
-        "perf" => perf::KEY_DOCS,
-        "infiniband" => infiniband::KEY_DOCS,
-        "platform" => platform::KEY_DOCS,
-        "gpu" => gpu::KEY_DOCS,
-        "gpu_probe" => gpu_probe::KEY_DOCS,
-        "jitter" => jitter::KEY_DOCS,
-        "block" => block::KEY_DOCS,
-        "netdev" => netdev::KEY_DOCS,
-        "filesystem" => filesystem::KEY_DOCS,
-        "scrape" => scrape::KEY_DOCS,
-        _ => return None,
-    };
-    docs.iter().find(|(k, _)| *k == key).map(|(_, d)| *d)
+registry! {
+    /// Host CPU, pressure, load, memory, scheduler.
+    host: HostConfig,
+    /// Per-workload cgroups.
+    cgroups: CgroupsConfig,
+    /// Per-cgroup hardware counters (CPI) where the PMU is there; its
+    /// cgroups are the leaves of what `[collectors.cgroups]` selects.
+    perf: PerfConfig,
+    /// InfiniBand and RoCE HCAs and ports.
+    infiniband: InfinibandConfig,
+    /// Virtualisation, kernel, IOMMU, GPUDirect RDMA.
+    platform: PlatformConfig,
+    /// NVIDIA GPUs through NVML, or simulated ones.
+    gpu: GpuConfig,
+    /// The GPU transfer probe, on idle GPUs.
+    gpu_probe: GpuProbeConfig,
+    /// Wake-up latency and interruption probes.
+    jitter: JitterConfig,
+    /// Block devices: /proc/diskstats and /sys/block.
+    block: BlockConfig,
+    /// Ethernet and RoCE interfaces: /sys/class/net.
+    netdev: NetdevConfig,
+    /// Mounts holding checkpoints and data: statvfs, off the collector's thread.
+    filesystem: FilesystemConfig,
+    /// Local Prometheus endpoints: the top-level `[[scrape]]` tables.
+    scrape: ScrapeConfig,
 }
 
-/// The declared range of a collector-specific numeric key
-/// (`collectors.<name>.<key>`); each collector module lists its own in
-/// `KEY_RANGES`. `interval_secs`, every collector's, is in the config's.
-pub fn key_range(path: &str) -> Option<crate::config::KeyRange> {
-    let rest = path.strip_prefix("collectors.")?;
-    let (name, key) = rest.split_once('.')?;
-    let ranges: crate::config::KeyRanges = match name {
-        "cgroups" => cgroups::KEY_RANGES,
-        "perf" => perf::KEY_RANGES,
-        "gpu" => gpu::KEY_RANGES,
-        "gpu_probe" => gpu_probe::KEY_RANGES,
-        "jitter" => jitter::KEY_RANGES,
-        "filesystem" => filesystem::KEY_RANGES,
-        _ => &[],
-    };
-    ranges.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
+/// Checks a collector's `interval_secs` against its declared range.
+fn check_interval(name: &str, common: &dyn CollectorConfig) -> Result<(), (String, String)> {
+    let interval = common.interval_secs();
+    let key = format!("collectors.{name}.interval_secs");
+    let range = INTERVAL_SECS_RANGE;
+    if range.contains(interval) {
+        Ok(())
+    } else {
+        Err((
+            key.clone(),
+            format!("{key} = {interval}: must be {}", range.describe()),
+        ))
+    }
 }
 
 /// Why a read failed: the file, the line (1-based; 0 for the file as a whole)

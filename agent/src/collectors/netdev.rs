@@ -23,7 +23,7 @@ use vtax_store::{Batch, BatchBuilder};
 use super::block::exclude_regex;
 use super::kept::{is_gone, KeptFile};
 use super::pci::{info_field, placement, NUMA_NODE_TAG, PCI_ADDRESS_TAG};
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// `[collectors.netdev]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,12 +50,24 @@ impl Default for NetdevConfig {
     }
 }
 
-impl CollectorConfig for NetdevConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(NetdevConfig);
+
+impl crate::collectors::Registered for NetdevConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Netdev::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
     }
 }
 

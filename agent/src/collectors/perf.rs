@@ -41,7 +41,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder};
 
 use super::cgroups::{classify, leaves, on_cgroupfs, CgroupsConfig, Selection};
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, Roots};
 
 /// Default bound on open counters. Each is a file descriptor and a `struct
 /// perf_event` in kernel memory (1352-byte objects in the `perf_event` slab
@@ -74,19 +74,37 @@ impl Default for PerfConfig {
     }
 }
 
-impl CollectorConfig for PerfConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(PerfConfig);
+
+impl crate::collectors::Registered for PerfConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn key_ranges() -> crate::keys::KeyRanges {
+        KEY_RANGES
+    }
+    fn build(
+        &self,
+        all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Perf::new(self, &all.cgroups, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
+    }
+    fn shared_settings_equal(a: &crate::collectors::CollectorsConfig, b: &crate::collectors::CollectorsConfig) -> bool {
+        a.cgroups == b.cgroups
     }
 }
 
 /// Ranges of this collector's own numeric keys (at least one cgroup's counters).
-pub static KEY_RANGES: crate::config::KeyRanges = &[(
+pub static KEY_RANGES: crate::keys::KeyRanges = &[(
     "max_counters",
-    crate::config::KeyRange::between(3.0, 1_000_000.0),
+    crate::keys::KeyRange::between(3.0, 1_000_000.0),
 )];
 
 /// Comments for this collector's own keys in the example config.

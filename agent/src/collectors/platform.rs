@@ -27,7 +27,7 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::{Batch, BatchBuilder};
 
 use super::pci::{gpu_affinity, Affinity};
-use super::{Availability, Collector, CollectorConfig, ParseError, Roots};
+use super::{Availability, Collector, ParseError, Roots};
 
 /// Platform facts rarely change: read them once a minute.
 pub const DEFAULT_PLATFORM_INTERVAL_SECS: f64 = 60.0;
@@ -51,12 +51,21 @@ impl Default for PlatformConfig {
     }
 }
 
-impl CollectorConfig for PlatformConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(PlatformConfig);
+
+impl crate::collectors::Registered for PlatformConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Platform::new(self, roots))
     }
 }
 

@@ -37,8 +37,8 @@ use vtax_store::schema::{FieldDef, FieldType, TableDef, TagDef, Unit};
 use vtax_store::tables::{self, ScrapedRow};
 use vtax_store::{Batch, BatchBuilder};
 
-use super::{Availability, Collector, CollectorConfig, Roots};
-use crate::runtime::{next_grid, Stopper};
+use super::{Availability, Collector, Roots};
+use crate::ticks::{next_grid, Stopper};
 use crate::timespec::now_us;
 
 /// Default seconds between two scrapes of a target.
@@ -170,8 +170,9 @@ pub static TARGET_KEY_DOCS: &[(&str, &str)] = &[
     ("body_size_limit_bytes", "Largest response body in bytes, parsed as it arrives; larger rejects the scrape the same way (default 8 MiB). Counts towards the agent's memory bound (see store.wal_max_backlog_bytes)."),
 ];
 
-/// The example's commented-out `[[scrape]]` table.
-pub fn example_target() -> String {
+/// The example's commented-out `[[scrape]]` table; `with_range` adds a
+/// key's declared range to its comment (`scrape.<key>`).
+pub fn example_target(with_range: impl Fn(&str, &str) -> String) -> String {
     let example = ScrapeTarget {
         histograms: vec![
             "vllm:e2e_request_latency_seconds".into(),
@@ -191,7 +192,7 @@ pub fn example_target() -> String {
             .find(|(k, _)| k == key)
             .map(|(_, d)| *d)
             .unwrap_or_else(|| panic!("scrape.{key} has no comment"));
-        let doc = crate::config::doc_with_range(doc, &format!("scrape.{key}"));
+        let doc = with_range(doc, &format!("scrape.{key}"));
         out.push_str(&format!("# {doc}\n# {key} = {value}\n"));
     }
     out
@@ -301,42 +302,54 @@ impl Default for ScrapeConfig {
     }
 }
 
-impl CollectorConfig for ScrapeConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(ScrapeConfig);
+
+impl crate::collectors::Registered for ScrapeConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Scrape::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        validate_targets(&self.targets)
     }
 }
 
 /// Ranges of the numeric keys of each `[[scrape]]` table (`timeout_secs`
 /// must also be under `interval_secs`, and `window_secs` at least it).
-pub static TARGET_KEY_RANGES: crate::config::KeyRanges = &[
+pub static TARGET_KEY_RANGES: crate::keys::KeyRanges = &[
     (
         "interval_secs",
-        crate::config::KeyRange::between(0.1, 86_400.0),
+        crate::keys::KeyRange::between(0.1, 86_400.0),
     ),
     (
         "timeout_secs",
-        crate::config::KeyRange::above(0.0, 86_400.0),
+        crate::keys::KeyRange::above(0.0, 86_400.0),
     ),
     (
         "window_secs",
-        crate::config::KeyRange::between(1.0, 86_400.0),
+        crate::keys::KeyRange::between(1.0, 86_400.0),
     ),
     (
         "sample_limit",
-        crate::config::KeyRange::between(1.0, 1_000_000.0),
+        crate::keys::KeyRange::between(1.0, 1_000_000.0),
     ),
-    ("label_limit", crate::config::KeyRange::between(1.0, 1024.0)),
+    ("label_limit", crate::keys::KeyRange::between(1.0, 1024.0)),
     (
         "label_value_length_limit_bytes",
-        crate::config::KeyRange::between(16.0, 1_048_576.0),
+        crate::keys::KeyRange::between(16.0, 1_048_576.0),
     ),
     (
         "body_size_limit_bytes",
-        crate::config::KeyRange::between(4096.0, 67_108_864.0),
+        crate::keys::KeyRange::between(4096.0, 67_108_864.0),
     ),
 ];
 

@@ -115,33 +115,27 @@ impl DetectConfig {
 
 /// Ranges of the numeric keys of `[detect]`: the baselines and the history
 /// are held in memory, so their lengths are bounded.
-pub const KEY_RANGES: crate::config::KeyRanges = &[
-    ("window_secs", crate::config::KeyRange::between(1.0, 300.0)),
-    (
-        "open_windows",
-        crate::config::KeyRange::between(1.0, 1000.0),
-    ),
-    (
-        "close_windows",
-        crate::config::KeyRange::between(1.0, 1000.0),
-    ),
+pub const KEY_RANGES: crate::keys::KeyRanges = &[
+    ("window_secs", crate::keys::KeyRange::between(1.0, 300.0)),
+    ("open_windows", crate::keys::KeyRange::between(1.0, 1000.0)),
+    ("close_windows", crate::keys::KeyRange::between(1.0, 1000.0)),
     (
         "baseline_windows",
-        crate::config::KeyRange::between(3.0, 100_000.0),
+        crate::keys::KeyRange::between(3.0, 100_000.0),
     ),
     (
         "min_baseline_windows",
-        crate::config::KeyRange::between(3.0, 100_000.0),
+        crate::keys::KeyRange::between(3.0, 100_000.0),
     ),
     (
         "learn_abnormal_after_windows",
-        crate::config::KeyRange::between(1.0, 1_000_000.0),
+        crate::keys::KeyRange::between(1.0, 1_000_000.0),
     ),
-    ("z_open", crate::config::KeyRange::above(0.0, 1000.0)),
-    ("z_close", crate::config::KeyRange::above(0.0, 1000.0)),
+    ("z_open", crate::keys::KeyRange::above(0.0, 1000.0)),
+    ("z_close", crate::keys::KeyRange::above(0.0, 1000.0)),
     (
         "lookback_secs",
-        crate::config::KeyRange::between(1.0, 86_400.0),
+        crate::keys::KeyRange::between(1.0, 86_400.0),
     ),
 ];
 

@@ -78,7 +78,11 @@ pub struct OpenedEvent {
 }
 
 /// Runs `vtax replay-detector`: one JSON object per opened event on stdout.
-pub fn replay_detector(args: ReplayArgs) -> Result<()> {
+/// `detect_config_of` reads the `[detect]` section of a config file.
+pub fn replay_detector(
+    args: ReplayArgs,
+    detect_config_of: impl FnOnce(&std::path::Path) -> Result<DetectConfig>,
+) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     if !data_dir.is_dir() {
         bail!("no store at {} (set --data-dir)", data_dir.display());
@@ -90,7 +94,7 @@ pub fn replay_detector(args: ReplayArgs) -> Result<()> {
         bail!("--until must be after --since");
     }
     let config = match &args.config {
-        Some(path) => crate::config::Config::load(path)?.detect,
+        Some(path) => detect_config_of(path)?,
         None => DetectConfig::default(),
     };
     let events = replay(&data_dir, config, from_us, until_us)?;
@@ -276,7 +280,7 @@ fn load_canary(
     };
     let result = scan_dir(data_dir, &crate::catalog(), &request)
         .with_context(|| format!("scan detector_signal in {}", data_dir.display()))?;
-    let rows = crate::report::shape::Rows::from_batches(&result.batches);
+    let rows = crate::stored_rows::Rows::from_batches(&result.batches);
     let mut seconds = BTreeMap::new();
     for (time_us, value) in rows.time_us.iter().zip(rows.field("value")) {
         let Some(value) = value else {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::rank::Suspect;
 use super::{Detector, Resource, ResumedEvent};
-use crate::report::shape::Rows;
+use crate::stored_rows::Rows;
 
 /// How far back a restarted agent looks for events it left open. An event
 /// opened before a longer outage is resumed only if a later row of it falls

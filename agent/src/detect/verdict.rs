@@ -480,8 +480,8 @@ impl Facts {
                 if ratio < LOW_TRANSFER_RATIO {
                     lines.push(format!(
                         "GPU {index}: {what} at {ratio:.2} of {peak} ({} of {} GB/s), measured by the transfer probe",
-                        crate::gpu_probe::peaks::gigabytes(b),
-                        crate::gpu_probe::peaks::gigabytes(max)
+                        crate::collectors::gpu_probe::engine::peaks::gigabytes(b),
+                        crate::collectors::gpu_probe::engine::peaks::gigabytes(max)
                     ));
                 }
             }

@@ -27,10 +27,8 @@ use object_store::{ObjectStore, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use vtax_exporters::Exposition;
 use vtax_store::files::FileInfo;
-use vtax_store::{date_string, BatchBuilder, Deletable, HOUR_US};
+use vtax_store::{date_string, Batch, BatchBuilder, Deletable, HOUR_US};
 
-use crate::config::Config;
-use crate::runtime::Rows;
 use crate::timespec::now_us;
 use manifest::{Manifest, Record};
 
@@ -617,20 +615,22 @@ impl Drop for Handle {
     }
 }
 
-/// Starts the uploader thread when `[upload] url` is set. A target that
-/// cannot be configured is an error now; one that fails later is logged,
-/// counted and retried every pass.
+/// Starts the uploader thread for the store in `data_dir` when `[upload]
+/// url` is set; its rows go to `rows` and `/metrics`. A target that cannot
+/// be configured is an error now; one that fails later is logged, counted
+/// and retried every pass.
 pub fn spawn(
-    config: &Config,
+    config: &UploadConfig,
+    data_dir: &Path,
     exposition: &Arc<Exposition>,
-    rows: &Sender<Rows>,
+    rows: &Sender<Vec<Arc<Batch>>>,
 ) -> Result<Option<Handle>> {
-    if config.upload.url.is_none() {
+    if config.url.is_none() {
         return Ok(None);
     }
-    let remote = Remote::connect(&config.upload)?;
-    let data_dir = config.data_dir();
-    let interval = Duration::from_secs(config.upload.interval_secs);
+    let remote = Remote::connect(config)?;
+    let data_dir = data_dir.to_path_buf();
+    let interval = Duration::from_secs(config.interval_secs);
     let stop = Arc::new(AtomicBool::new(false));
     let (exposition, rows, stopped) = (exposition.clone(), rows.clone(), stop.clone());
     std::thread::Builder::new()
@@ -646,7 +646,7 @@ fn upload_loop(
     interval: Duration,
     stop: &AtomicBool,
     exposition: &Exposition,
-    rows: &Sender<Rows>,
+    rows: &Sender<Vec<Arc<Batch>>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -695,15 +695,15 @@ fn upload_loop(
     }
 }
 
-/// Retention's hook when uploads are configured and
-/// `delete_local_after_upload` is on: a file may go once the manifest has it.
-/// The manifest is re-read only when it grew.
-pub fn retention_guard(config: &Config) -> Option<Deletable> {
-    let url = config.upload.url.clone()?;
-    if !config.upload.delete_local_after_upload {
+/// Retention's hook for the store in `data_dir` when uploads are configured
+/// and `delete_local_after_upload` is on: a file may go once the manifest
+/// has it. The manifest is re-read only when it grew.
+pub fn retention_guard(config: &UploadConfig, data_dir: &Path) -> Option<Deletable> {
+    let url = config.url.clone()?;
+    if !config.delete_local_after_upload {
         return None;
     }
-    let data_dir = config.data_dir();
+    let data_dir = data_dir.to_path_buf();
     let path = manifest::dir(&data_dir).join(manifest::MANIFEST_FILE);
     let cache: Mutex<Option<(u64, Manifest)>> = Mutex::new(None);
     Some(Deletable(Arc::new(move |file: &FileInfo| {

@@ -9,6 +9,7 @@ use vtax_store::tables::{self, ScrapedRow};
 use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, DAY_US, HOUR_US};
 
 use super::*;
+use crate::config::Config;
 
 /// 2025-11-21T00:00:00Z.
 const T0: i64 = 1_763_683_200_000_000;
@@ -218,13 +219,14 @@ fn a_late_row_replaces_the_uploaded_hour_remotely() {
 fn retention_keeps_a_file_until_its_upload_is_confirmed() {
     let data = tempfile::tempdir().unwrap();
     let target = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
-    config.store.data_dir = Some(data.path().to_owned());
-    config.upload.url = Some(format!("file://{}", target.path().display()));
+    let mut config = UploadConfig {
+        url: Some(format!("file://{}", target.path().display())),
+        ..UploadConfig::default()
+    };
     let mut options = StoreOptions::new(data.path());
     options.node = "n1".into();
     options.retention_max_age = Some(Duration::from_secs(86_400));
-    options.retention_deletable = retention_guard(&config);
+    options.retention_deletable = retention_guard(&config, data.path());
     let mut store =
         Store::open(options.clone(), Catalog::new(&[&tables::SCRAPED]).unwrap()).unwrap();
     part(&mut store, T0, 10);
@@ -240,8 +242,8 @@ fn retention_keeps_a_file_until_its_upload_is_confirmed() {
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].day, T0 / DAY_US + 1, "the un-uploaded file is kept");
     // Off: retention no longer waits.
-    config.upload.delete_local_after_upload = false;
-    assert!(retention_guard(&config).is_none());
+    config.delete_local_after_upload = false;
+    assert!(retention_guard(&config, data.path()).is_none());
 }
 
 #[test]

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::GpuBackend;
 use super::{nvml, sim};
-use crate::collectors::CollectorConfig;
 
 /// `[collectors.gpu]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,12 +79,27 @@ impl Default for GpuConfig {
     }
 }
 
-impl CollectorConfig for GpuConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(GpuConfig);
+
+impl crate::collectors::Registered for GpuConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        super::TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn key_ranges() -> crate::keys::KeyRanges {
+        KEY_RANGES
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(super::Gpu::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
     }
 }
 
@@ -156,19 +170,19 @@ impl GpuConfig {
 }
 
 /// Ranges of this collector's own numeric keys.
-pub static KEY_RANGES: crate::config::KeyRanges = &[
-    ("simulate_gpus", crate::config::KeyRange::between(0.0, 64.0)),
+pub static KEY_RANGES: crate::keys::KeyRanges = &[
+    ("simulate_gpus", crate::keys::KeyRange::between(0.0, 64.0)),
     (
         "energy_interval_secs",
-        crate::config::KeyRange::between(0.0, 86_400.0),
+        crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
     (
         "process_shares_interval_secs",
-        crate::config::KeyRange::between(0.0, 86_400.0),
+        crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
     (
         "slow_reads_interval_secs",
-        crate::config::KeyRange::between(0.0, 86_400.0),
+        crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
 ];
 

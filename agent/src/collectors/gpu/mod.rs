@@ -45,7 +45,7 @@ use self::energy::{EnergyCounter, EnergyReading};
 use self::owner::Owners;
 use super::{Availability, Collector, Roots};
 
-pub use self::config::{GpuConfig, KEY_DOCS, KEY_RANGES};
+pub use self::config::GpuConfig;
 pub use self::doctor::doctor_lines;
 pub use self::tables::*;
 

@@ -1,4 +1,4 @@
-//! `gpu_probe`: the transfer probe ([`crate::gpu_probe`]) run by the agent
+//! `gpu_probe`: the transfer probe ([`engine`]) run by the agent
 //! on GPUs nobody is using, so that what a copy to, from and between GPUs
 //! gets is measured on every node without taking from a job.
 //!
@@ -20,6 +20,7 @@
 //! never as a zero figure. `/metrics` keeps each GPU's latest figures
 //! between probes ([`Collector::exposed`]).
 
+pub mod engine;
 mod source;
 mod tables;
 
@@ -34,9 +35,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use vtax_store::{Batch, BatchBuilder};
 
-use super::{Availability, Collector, CollectorConfig, Roots};
-use crate::gpu_probe::facts::GpuFacts;
-use crate::gpu_probe::{peaks, GpuFigures, PeerOutcome, ProbeError, Sizes};
+use super::{Availability, Collector, Roots};
+use crate::collectors::gpu_probe::engine::facts::GpuFacts;
+use crate::collectors::gpu_probe::engine::{peaks, GpuFigures, PeerOutcome, ProbeError, Sizes};
 
 /// Name of the probe thread.
 pub const THREAD_NAME: &str = "vtax-gpu-probe";
@@ -94,12 +95,24 @@ impl Default for GpuProbeConfig {
     }
 }
 
-impl CollectorConfig for GpuProbeConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(GpuProbeConfig);
+
+impl crate::collectors::Registered for GpuProbeConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn key_ranges() -> crate::keys::KeyRanges {
+        KEY_RANGES
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(GpuProbe::new(self, roots))
     }
 }
 
@@ -126,26 +139,26 @@ impl GpuProbeConfig {
 }
 
 /// Ranges of this collector's own numeric keys.
-pub static KEY_RANGES: crate::config::KeyRanges = &[
+pub static KEY_RANGES: crate::keys::KeyRanges = &[
     (
         "idle_secs",
-        crate::config::KeyRange::between(0.0, 604_800.0),
+        crate::keys::KeyRange::between(0.0, 604_800.0),
     ),
     (
         "period_secs",
-        crate::config::KeyRange::between(60.0, 2_592_000.0),
+        crate::keys::KeyRange::between(60.0, 2_592_000.0),
     ),
     (
         "copy_bytes",
-        crate::config::KeyRange::between(1_048_576.0, 4_294_967_296.0),
+        crate::keys::KeyRange::between(1_048_576.0, 4_294_967_296.0),
     ),
-    ("repeats", crate::config::KeyRange::between(1.0, 1000.0)),
-    ("warmup", crate::config::KeyRange::between(0.0, 100.0)),
+    ("repeats", crate::keys::KeyRange::between(1.0, 1000.0)),
+    ("warmup", crate::keys::KeyRange::between(0.0, 100.0)),
     (
         "latency_repeats",
-        crate::config::KeyRange::between(1.0, 100_000.0),
+        crate::keys::KeyRange::between(1.0, 100_000.0),
     ),
-    ("simulate_gpus", crate::config::KeyRange::between(0.0, 64.0)),
+    ("simulate_gpus", crate::keys::KeyRange::between(0.0, 64.0)),
 ];
 
 /// Comments for this collector's own keys in the example config.
@@ -356,7 +369,7 @@ pub fn run_probe(
     let mut pairs = Vec::new();
     if peers {
         let measured: Vec<u32> = ordinals.keys().copied().collect();
-        for (src, dst) in crate::gpu_probe::ordered_pairs(&measured) {
+        for (src, dst) in crate::collectors::gpu_probe::engine::ordered_pairs(&measured) {
             let result = match busy_now(&[src, dst]) {
                 Some(why) => Err(Failure::Busy(why)),
                 None => match engine.measure_peer(ordinals[&src], ordinals[&dst], sizes) {

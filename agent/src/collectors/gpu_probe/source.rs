@@ -4,9 +4,9 @@
 
 use std::collections::HashMap;
 
-use crate::gpu_probe::facts::{self, GpuFacts};
-use crate::gpu_probe::fake::{simulated_bus_id, simulated_facts, FakeEngine};
-use crate::gpu_probe::{Engine, ProbeError};
+use crate::collectors::gpu_probe::engine::facts::{self, GpuFacts};
+use crate::collectors::gpu_probe::engine::fake::{simulated_bus_id, simulated_facts, FakeEngine};
+use crate::collectors::gpu_probe::engine::{Engine, ProbeError};
 
 /// What one GPU is doing now, as NVML says.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,7 +84,7 @@ impl Source for NvmlSource {
     }
 
     fn engine(&self) -> Result<Box<dyn Engine>, ProbeError> {
-        Ok(Box::new(crate::gpu_probe::cuda::CudaEngine::new()?))
+        Ok(Box::new(crate::collectors::gpu_probe::engine::cuda::CudaEngine::new()?))
     }
 
     fn facts(&self) -> Result<HashMap<String, GpuFacts>, String> {

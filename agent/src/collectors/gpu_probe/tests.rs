@@ -8,8 +8,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use super::source::Activity;
 use super::*;
 use crate::collectors::testutil::{f64s, tags, u64s};
-use crate::gpu_probe::fake::{simulated_facts, FakeEngine};
-use crate::gpu_probe::{CudaGpu, Engine};
+use crate::collectors::gpu_probe::engine::fake::{simulated_facts, FakeEngine};
+use crate::collectors::gpu_probe::engine::{CudaGpu, Engine};
 use vtax_store::TableDef;
 
 const SECOND: i64 = 1_000_000;

@@ -42,7 +42,7 @@ use vtax_store::{Batch, BatchBuilder};
 pub use probe::BUCKETS;
 use probe::{Settings, Shared, Window};
 
-use super::{Availability, Collector, CollectorConfig, Roots};
+use super::{Availability, Collector, Roots};
 
 /// Name of the probe thread (as `/proc/<pid>/task/<tid>/comm` shows it).
 pub const THREAD_NAME: &str = "vtax-jitter";
@@ -127,12 +127,27 @@ impl Default for JitterConfig {
     }
 }
 
-impl CollectorConfig for JitterConfig {
-    fn enabled(&self) -> bool {
-        self.enabled
+crate::collectors::common_settings!(JitterConfig);
+
+impl crate::collectors::Registered for JitterConfig {
+    fn tables() -> &'static [&'static vtax_store::TableDef] {
+        TABLES
     }
-    fn interval_secs(&self) -> f64 {
-        self.interval_secs
+    fn key_docs() -> &'static [(&'static str, &'static str)] {
+        KEY_DOCS
+    }
+    fn key_ranges() -> crate::keys::KeyRanges {
+        KEY_RANGES
+    }
+    fn build(
+        &self,
+        _all: &crate::collectors::CollectorsConfig,
+        roots: &crate::collectors::Roots,
+    ) -> Box<dyn crate::collectors::Collector> {
+        Box::new(Jitter::new(self, roots))
+    }
+    fn check(&self) -> Result<(), (String, String)> {
+        self.validate()
     }
 }
 
@@ -221,27 +236,27 @@ impl JitterConfig {
 }
 
 /// Ranges of this collector's own numeric keys; `cpus` is each CPU listed (Linux pins to at most 1024).
-pub static KEY_RANGES: crate::config::KeyRanges = &[
-    ("cpus", crate::config::KeyRange::between(0.0, 1023.0)),
+pub static KEY_RANGES: crate::keys::KeyRanges = &[
+    ("cpus", crate::keys::KeyRange::between(0.0, 1023.0)),
     (
         "interval_us",
-        crate::config::KeyRange::between(50.0, 1_000_000.0),
+        crate::keys::KeyRange::between(50.0, 1_000_000.0),
     ),
-    ("slice_us", crate::config::KeyRange::between(0.0, 500_000.0)),
+    ("slice_us", crate::keys::KeyRange::between(0.0, 500_000.0)),
     (
         "gap_threshold_us",
-        crate::config::KeyRange::between(1.0, 1_000_000.0),
+        crate::keys::KeyRange::between(1.0, 1_000_000.0),
     ),
-    ("window_secs", crate::config::KeyRange::between(1.0, 3600.0)),
+    ("window_secs", crate::keys::KeyRange::between(1.0, 3600.0)),
     (
         "rotate_ms",
-        crate::config::KeyRange::between(10.0, 3_600_000.0),
+        crate::keys::KeyRange::between(10.0, 3_600_000.0),
     ),
-    ("cpu_budget_ratio", crate::config::KeyRange::above(0.0, 1.0)),
-    ("fifo_priority", crate::config::KeyRange::between(1.0, 99.0)),
+    ("cpu_budget_ratio", crate::keys::KeyRange::above(0.0, 1.0)),
+    ("fifo_priority", crate::keys::KeyRange::between(1.0, 99.0)),
     (
         "max_gaps_per_window",
-        crate::config::KeyRange::between(0.0, 10_000.0),
+        crate::keys::KeyRange::between(0.0, 10_000.0),
     ),
 ];
 

@@ -21,7 +21,6 @@
 //! while the others are measured: a collector can call [`Engine::measure`]
 //! for one GPU with its own sizes and store the plain [`GpuFigures`].
 
-pub mod command;
 pub mod cuda;
 pub mod facts;
 pub mod fake;

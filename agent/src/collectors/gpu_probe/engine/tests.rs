@@ -206,7 +206,7 @@ fn swapped() -> (FakeEngine, HashMap<String, facts::GpuFacts>) {
 #[test]
 fn gpus_are_matched_to_nvml_by_bus_id_not_by_index() {
     let (mut engine, facts) = swapped();
-    let report = command::run(&mut engine, Ok(facts.clone()), None, &sizes()).unwrap();
+    let report = crate::probe_gpu::run(&mut engine, Ok(facts.clone()), None, &sizes()).unwrap();
     // CUDA ordinal 0 is NVML's GPU 1, with NVML's GPU 1's link as its peak.
     assert_eq!(report.gpus[0].gpu, 1);
     assert_eq!(report.gpus[0].cuda_ordinal, 0);
@@ -221,7 +221,7 @@ fn gpus_are_matched_to_nvml_by_bus_id_not_by_index() {
 
     // `--gpu 1` is NVML's 1: CUDA ordinal 0.
     let (mut engine, _) = swapped();
-    let report = command::run(&mut engine, Ok(facts), Some(&[1]), &sizes()).unwrap();
+    let report = crate::probe_gpu::run(&mut engine, Ok(facts), Some(&[1]), &sizes()).unwrap();
     assert_eq!(engine.calls, ["gpu 0"]);
     assert_eq!(report.gpus[0].gpu, 1);
 }
@@ -229,7 +229,7 @@ fn gpus_are_matched_to_nvml_by_bus_id_not_by_index() {
 #[test]
 fn without_nvml_the_figures_stand_without_peaks() {
     let mut engine = FakeEngine::simulated(1);
-    let report = command::run(
+    let report = crate::probe_gpu::run(
         &mut engine,
         Err("no NVIDIA driver: libnvidia-ml.so.1 could not be loaded".into()),
         None,
@@ -256,7 +256,7 @@ fn the_table_sets_each_figure_against_its_peak_in_words() {
         host_to_device_bytes_per_second: 24.1e9,
         ..h100_figures()
     });
-    let report = command::run(&mut engine, Ok(simulated_facts(2)), None, &sizes()).unwrap();
+    let report = crate::probe_gpu::run(&mut engine, Ok(simulated_facts(2)), None, &sizes()).unwrap();
     let table = report.table();
     let line = |start: &str| {
         table
@@ -289,7 +289,7 @@ fn the_table_sets_each_figure_against_its_peak_in_words() {
 fn the_json_holds_every_figure_peak_and_ratio() {
     let mut engine = FakeEngine::simulated(2);
     engine.gpus[1].figures = Err(call_failed("cuLaunchKernel"));
-    let report = command::run(&mut engine, Ok(simulated_facts(2)), None, &sizes()).unwrap();
+    let report = crate::probe_gpu::run(&mut engine, Ok(simulated_facts(2)), None, &sizes()).unwrap();
     let json: serde_json::Value = serde_json::to_value(&report).unwrap();
     assert_eq!(json["sizes"]["copy_bytes"], 1 << 20);
     let gpu0 = &json["gpus"][0];
@@ -332,7 +332,7 @@ fn the_json_holds_every_figure_peak_and_ratio() {
 #[test]
 fn a_simulated_node_of_eight_gpus_measures_56_pairs_over_nvlink() {
     let mut engine = FakeEngine::simulated(8);
-    let report = command::run(&mut engine, Ok(simulated_facts(8)), None, &sizes()).unwrap();
+    let report = crate::probe_gpu::run(&mut engine, Ok(simulated_facts(8)), None, &sizes()).unwrap();
     assert!(report.complete());
     assert_eq!(report.peers.len(), 56);
     assert!(report
@@ -344,10 +344,10 @@ fn a_simulated_node_of_eight_gpus_measures_56_pairs_over_nvlink() {
 #[test]
 fn a_gpu_asked_for_that_is_not_there_is_named() {
     let mut engine = FakeEngine::simulated(2);
-    let e = command::run(&mut engine, Ok(simulated_facts(2)), Some(&[7]), &sizes()).unwrap_err();
+    let e = crate::probe_gpu::run(&mut engine, Ok(simulated_facts(2)), Some(&[7]), &sizes()).unwrap_err();
     assert_eq!(e.to_string(), "no GPU 7: the CUDA driver sees GPU 0, 1");
     let mut engine = FakeEngine::default();
-    let e = command::run(&mut engine, Ok(HashMap::new()), Some(&[0]), &sizes()).unwrap_err();
+    let e = crate::probe_gpu::run(&mut engine, Ok(HashMap::new()), Some(&[0]), &sizes()).unwrap_err();
     assert_eq!(e.to_string(), "no GPU 0: the CUDA driver sees no GPU");
 }
 
@@ -357,7 +357,7 @@ fn copy_sizes_take_units_and_stay_in_range() {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
-        args: command::ProbeGpuArgs,
+        args: crate::probe_gpu::ProbeGpuArgs,
     }
     let parse = |args: &[&str]| {
         Cli::try_parse_from(std::iter::once("probe-gpu").chain(args.iter().copied()))

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 
-use super::facts::GpuFacts;
-use super::render::Report;
-use super::{Engine, Sizes};
+use crate::collectors::gpu_probe::engine::facts::GpuFacts;
+use crate::collectors::gpu_probe::engine::render::Report;
+use crate::collectors::gpu_probe::engine::{Engine, Sizes};
 
 /// Arguments of `vtax probe-gpu`.
 #[derive(clap::Args, Debug)]
@@ -22,15 +22,15 @@ pub struct ProbeGpuArgs {
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = copy_bytes)]
     pub copy_bytes: u64,
     /// Timed repetitions of each large copy; each figure is their median.
-    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_REPEATS,
+    #[arg(long, value_name = "N", default_value_t = crate::collectors::gpu_probe::engine::DEFAULT_REPEATS,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeats: u32,
     /// Uncounted copies before the timed ones.
-    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_WARMUP,
+    #[arg(long, value_name = "N", default_value_t = crate::collectors::gpu_probe::engine::DEFAULT_WARMUP,
           value_parser = clap::value_parser!(u32).range(0..=100))]
     pub warmup: u32,
     /// Timed kernel launches and small round trips; each figure is their median.
-    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_LATENCY_REPEATS,
+    #[arg(long, value_name = "N", default_value_t = crate::collectors::gpu_probe::engine::DEFAULT_LATENCY_REPEATS,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub latency_repeats: u32,
     /// Probe this many simulated GPUs (H100 SXMs) instead of the real ones.
@@ -44,10 +44,10 @@ const MAX_COPY_BYTES: u64 = 16 << 30;
 /// Reads `--copy-bytes`: a size with a unit, at least the small copy's 4 bytes.
 fn copy_bytes(text: &str) -> Result<u64, String> {
     let bytes = vtax_exporters::size::parse_bytes(text)?;
-    if !(super::SMALL_COPY_BYTES..=MAX_COPY_BYTES).contains(&bytes) {
+    if !(crate::collectors::gpu_probe::engine::SMALL_COPY_BYTES..=MAX_COPY_BYTES).contains(&bytes) {
         return Err(format!(
             "{bytes} bytes is out of range: from {} bytes to 16 GiB",
-            super::SMALL_COPY_BYTES
+            crate::collectors::gpu_probe::engine::SMALL_COPY_BYTES
         ));
     }
     Ok(bytes)
@@ -68,12 +68,14 @@ impl ProbeGpuArgs {
 pub fn probe_gpu(args: ProbeGpuArgs) -> Result<()> {
     let (mut engine, facts): (Box<dyn Engine>, _) = match args.simulate_gpus {
         Some(n) => (
-            Box::new(super::fake::FakeEngine::simulated(n)),
-            Ok(super::fake::simulated_facts(n)),
+            Box::new(crate::collectors::gpu_probe::engine::fake::FakeEngine::simulated(n)),
+            Ok(crate::collectors::gpu_probe::engine::fake::simulated_facts(
+                n,
+            )),
         ),
         None => (
-            Box::new(super::cuda::CudaEngine::new()?),
-            super::facts::read_nvml(),
+            Box::new(crate::collectors::gpu_probe::engine::cuda::CudaEngine::new()?),
+            crate::collectors::gpu_probe::engine::facts::read_nvml(),
         ),
     };
     let report = run(engine.as_mut(), facts, args.gpu.as_deref(), &args.sizes())?;
@@ -101,7 +103,7 @@ pub fn run(
         None => None,
         Some(wanted) => {
             let listed = engine.gpus()?;
-            let shown = |g: &super::CudaGpu| {
+            let shown = |g: &crate::collectors::gpu_probe::engine::CudaGpu| {
                 facts
                     .as_ref()
                     .ok()
@@ -128,6 +130,6 @@ pub fn run(
             Some(ordinals)
         }
     };
-    let probe = super::probe(engine, ordinals.as_deref(), sizes)?;
+    let probe = crate::collectors::gpu_probe::engine::probe(engine, ordinals.as_deref(), sizes)?;
     Ok(Report::new(&probe, &facts))
 }
