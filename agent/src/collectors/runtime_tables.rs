@@ -31,7 +31,7 @@ vtax_store::table! {
         tags: [],
         fields: [
             files: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Files uploaded and confirmed (size and ETag checked) since the agent started."),
-            uploaded_bytes: u64 = FieldDef::counter(FieldType::U64, Unit::Bytes, "Bytes of the files uploaded since the agent started."),
+            file_bytes: u64 = FieldDef::counter(FieldType::U64, Unit::Bytes, "Bytes of the files uploaded since the agent started."),
             covered_files: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Merged files recorded as uploaded without a put, since every file they merge is remote."),
             replaced_objects_deleted: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Remote objects deleted because an uploaded file that merges them replaced them."),
             failures: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Failed puts, checks and deletes since the agent started; each is retried at the next pass."),

@@ -589,7 +589,7 @@ fn stats_row(stats: &UploadStats, time_us: i64) -> vtax_store::Batch {
     use crate::collectors::runtime_tables::{UploadRow, UPLOAD};
     let row = UploadRow {
         files: stats.files,
-        uploaded_bytes: stats.bytes,
+        file_bytes: stats.bytes,
         covered_files: stats.covered,
         replaced_objects_deleted: stats.replaced_deleted,
         failures: stats.failures,
