@@ -32,11 +32,15 @@ them from its first walk; newcomer's is not:
 
 Then --quiet-minutes with no antagonist at all. The agent's log says when each
 event opened, its resource, victim and top suspect ("Noisy-neighbour event
-opened."). Per trial: detected when an event opened between 10 s after the
-antagonist's start (the least time three abnormal 5 s windows take; an event
-opened sooner was abnormal before the antagonist began) and its end; latency
-from the start; ranked first when the first such event that names a suspect
-names the antagonist's cgroup. False events: every event opened outside
+opened."), and when an open event names a suspect it has not named first
+before ("Noisy-neighbour event names a new suspect."): an antagonist that
+starts while an event on the same signal is still open is named that way.
+Per trial: detected when an event opened, or an open event named a new
+suspect, between 10 s after the antagonist's start (the least time three
+abnormal 5 s windows take; an event opened sooner was abnormal before the
+antagonist began) and its end; latency from the start; ranked first when the
+first such event that names a suspect names the antagonist's cgroup. False
+events: every event opened (not a new suspect of an open one) outside
 [start + 10 s, end + 45 s) of a trial (the tail lets events that began under
 the antagonist close), counted per hour of the time outside [start, end + 45 s).
 Bars (issue 6): detected within 30 s; ranked first in >= 90% of trials; at most
@@ -95,6 +99,9 @@ TAIL_SECS = 45
 # an event opened less than two windows after an antagonist started was
 # abnormal before it: it cannot be that antagonist's doing.
 CAUSAL_SECS = 10
+# An open event re-ranks its suspects every 5 s window: a new suspect named
+# less than a window after the antagonist started was named before it.
+UPDATE_CAUSAL_SECS = 5
 # What the harness's own /proc/stat reading must show for an event that
 # names the hypervisor to count as the host's doing: 3% of the CPUs' time
 # stolen over the three windows before it opened (a few times this VM's
@@ -109,7 +116,7 @@ LOOKBACK_SECS = 90
 OUTSIDE_SUSPECT = "unattributed: load outside any workload cgroup"
 NEWCOMER = "newcomer"
 OPENED = re.compile(
-    r"^(\S+)\s+WARN\s.*Noisy-neighbour event opened\..*?resource=\"?(\w+)\"?\s+victim=(\S+)\s+signal=\"?(\w+)\"?\s+suspect=(?:\"([^\"]*)\"|(\S+))"
+    r"^(\S+)\s+WARN\s.*Noisy-neighbour event (opened|names a new suspect)\..*?resource=\"?(\w+)\"?\s+victim=(\S+)\s+signal=\"?(\w+)\"?\s+suspect=(?:\"([^\"]*)\"|(\S+))"
 )
 # One suspect of a `neighbor_events` row: `name score=… r=… effect=…`.
 SUSPECT = re.compile(r"^(.*) score=(\S+) r=(\S+) effect=(\S+)$")
@@ -318,10 +325,11 @@ def read_events(log_path):
             if m:
                 events.append({
                     "time": parse_time(m.group(1)),
-                    "resource": m.group(2),
-                    "victim": m.group(3).strip('"'),
-                    "signal": m.group(4),
-                    "suspect": m.group(5) if m.group(5) is not None else m.group(6),
+                    "state": "open" if m.group(2) == "opened" else "updated",
+                    "resource": m.group(3),
+                    "victim": m.group(4).strip('"'),
+                    "signal": m.group(5),
+                    "suspect": m.group(6) if m.group(6) is not None else m.group(7),
                 })
     return events
 
@@ -337,8 +345,9 @@ def parse_suspects(text):
 
 
 def read_opened_rows(vtax, data_dir):
-    """The `neighbor_events` rows written when events opened, each with every
-    suspect it named; [] when the store cannot be read."""
+    """The `neighbor_events` rows written when events opened or named a new
+    first suspect (`updated`), each with every suspect it named; [] when the
+    store cannot be read."""
     try:
         out = subprocess.run(
             [vtax, "query", "neighbor_events", "--data-dir", data_dir, "--format", "json"],
@@ -354,7 +363,7 @@ def read_opened_rows(vtax, data_dir):
         if not line.strip():
             continue
         row = json.loads(line)
-        if row.get("state") != "open":
+        if row.get("state") not in ("open", "updated"):
             continue
         stamp = row.get("time")
         if isinstance(stamp, (int, float)):
@@ -364,7 +373,8 @@ def read_opened_rows(vtax, data_dir):
             if parsed.tzinfo is None:
                 parsed = parsed.replace(tzinfo=timezone.utc)
             at = parsed.timestamp()
-        rows.append({"time": at, "resource": row.get("resource"), "victim": row.get("victim"),
+        rows.append({"time": at, "state": row.get("state"), "start": row.get("start_time_seconds"),
+                     "resource": row.get("resource"), "victim": row.get("victim"),
                      "signal": row.get("signal"), "suspects": parse_suspects(row.get("suspects"))})
     return rows
 
@@ -374,12 +384,14 @@ def attach_suspects(events, rows, slack=15):
     same resource, victim and signal, stamped nearest its log line."""
     unused = list(rows)
     for e in events:
-        same = [r for r in unused if (r["resource"], r["victim"], r["signal"])
-                == (e["resource"], e["victim"], e["signal"]) and abs(r["time"] - e["time"]) <= slack]
+        same = [r for r in unused if (r["state"], r["resource"], r["victim"], r["signal"])
+                == (e.get("state", "open"), e["resource"], e["victim"], e["signal"])
+                and abs(r["time"] - e["time"]) <= slack]
         if same:
             row = min(same, key=lambda r: abs(r["time"] - e["time"]))
             unused.remove(row)
             e["suspects"] = row["suspects"]
+            e["start"] = row["start"]
     return events
 
 
@@ -391,11 +403,14 @@ def named(event):
     return [] if event["suspect"] == "none" else [{"name": event["suspect"], "score": None}]
 
 
-def audit(events, expected, steal):
+def audit(events, expected, steal, seen=None):
     """The accusations of `events`, sorted: `expected` (the antagonist's
     cgroup, None outside the trials) is right, any other workload wrong, the
     hypervisor wrong when the harness read less than HYPERVISOR_STEAL_MIN over
-    the look-back (or read nothing), and the unattributed load apart."""
+    the look-back (or read nothing), and the unattributed load apart. A
+    suspect an event names again (in a later `updated` row of the same event)
+    is one accusation: `seen` holds those already counted."""
+    seen = set() if seen is None else seen
     found = {"events": len(events), "right": 0, "wrong": [], "hypervisor": [],
              "hypervisor_wrong": 0, "unattributed": 0, "no_suspect": 0}
     for e in events:
@@ -403,6 +418,11 @@ def audit(events, expected, steal):
         if not suspects:
             found["no_suspect"] += 1
         for s in suspects:
+            if e.get("start") is not None:
+                accusation = (e["resource"], e["victim"], e["signal"], e["start"], s["name"])
+                if accusation in seen:
+                    continue
+                seen.add(accusation)
             if s["name"] == expected:
                 found["right"] += 1
             elif s["name"] == HOST_SUSPECT:
@@ -432,8 +452,15 @@ def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS, steal=
     (`steal`, [[time, ratio]]) at HOST_STEAL_MIN or more before they opened."""
     results = {"trials": [], "false_events": [], "events": events,
                "judged_from": judged_from, "finished": finished}
+    seen = set()
+
+    def causal(e):
+        # An event opens on its third abnormal window; an open event names a
+        # new suspect on any window, so one window of the antagonist can do.
+        return causal_secs if e.get("state", "open") == "open" else UPDATE_CAUSAL_SECS
+
     for t in trials:
-        during = sorted((e for e in events if t["start"] + causal_secs <= e["time"] < t["end"]),
+        during = sorted((e for e in events if t["start"] + causal(e) <= e["time"] < t["end"]),
                         key=lambda e: e["time"])
         first = during[0] if during else None
         named = next((e for e in during if e["suspect"] != "none"), None)
@@ -450,20 +477,23 @@ def score(trials, events, judged_from, finished, causal_secs=CAUSAL_SECS, steal=
             "ranked_by": f"{named['resource']} {named['signal']} of {named['victim']}" if named else None,
             "ranked_first": bool(named and named["suspect"] == expected),
             "events_during": len(during),
-            "accusations": audit([e for e in events if t["start"] + causal_secs <= e["time"]
-                                  < t["end"] + TAIL_SECS], expected, steal),
+            "accusations": audit([e for e in events if t["start"] + causal(e) <= e["time"]
+                                  < t["end"] + TAIL_SECS], expected, steal, seen),
             "steal_mean": None if mean_steal is None else round(mean_steal, 5),
             "steal_max_15s": None if top_steal is None else round(top_steal, 5),
         })
     busy = [(t["start"], t["end"] + TAIL_SECS) for t in trials]
     quiet_secs = (finished - judged_from) - sum(min(b, finished) - a for a, b in busy)
-    attributed = [(t["start"] + causal_secs, t["end"] + TAIL_SECS) for t in trials]
+    def attributed(e):
+        return any(t["start"] + causal(e) <= e["time"] < t["end"] + TAIL_SECS for t in trials)
+
     results["host_events"] = []
-    quiet_events = [e for e in events if e["time"] >= judged_from
-                    and not any(a <= e["time"] < b for a, b in attributed)]
-    results["quiet_accusations"] = audit(quiet_events, None, steal)
+    quiet_events = [e for e in events if e["time"] >= judged_from and not attributed(e)]
+    results["quiet_accusations"] = audit(quiet_events, None, steal, seen)
     for e in events:
-        if e["time"] >= judged_from and not any(a <= e["time"] < b for a, b in attributed):
+        if e.get("state", "open") != "open":
+            continue  # a new suspect of an open event: audited above, not a new event
+        if e["time"] >= judged_from and not attributed(e):
             stolen = steal_before(steal or [], e["time"]) if e["suspect"] == HOST_SUSPECT else None
             if stolen is not None and stolen >= HOST_STEAL_MIN:
                 results["host_events"].append(dict(e, steal_ratio=round(stolen, 4)))

@@ -98,6 +98,7 @@ impl Detector {
             let event = OpenEvent {
                 start_second,
                 peak_score: score,
+                named: named_first(&suspects),
                 suspects,
                 evidence,
                 last_judged_second: window_end,
@@ -106,7 +107,8 @@ impl Detector {
             self.open.insert(key, event);
         }
         // Suspects are ranked again every window: the more seconds of the
-        // event the look-back holds, the clearer the correlation.
+        // event the look-back holds, the clearer the correlation, and an
+        // antagonist that arrives while the event is open is seen too.
         let keys: Vec<SignalKey> = self.open.keys().cloned().collect();
         for key in keys {
             let Some(since_second) = self.open.get(&key).map(|e| e.start_second - PRE_ONSET_SECS)
@@ -114,24 +116,47 @@ impl Detector {
                 continue;
             };
             let suspects = self.rank(&key, since_second);
-            if let Some(event) = self.open.get_mut(&key) {
-                if !suspects.is_empty() && event.start_second < window {
-                    // The event's row is written when it closes: say in the
-                    // log when the answer to "who" changes meanwhile.
-                    let (before, now) = (top_suspect(&event.suspects), top_suspect(&suspects));
-                    if before != now {
-                        tracing::info!(
-                            resource = key.resource.name(),
-                            victim = %key.victim,
-                            signal = key.signal,
-                            was = before,
-                            suspect = now,
-                            score = format!("{:.2}", suspects[0].score),
-                            "Noisy-neighbour event's top suspect changed."
-                        );
-                    }
-                    event.suspects = suspects;
-                }
+            // Only a suspect that stands out and is busy now is named anew:
+            // an event held open across several antagonists (the node's
+            // pressure under one job after another) ranks over a look-back
+            // that still holds the one before, and a neighbour that merely
+            // flickers along scores by chance.
+            let may_name = suspects.first().is_some_and(|s| {
+                s.score >= MIN_NEW_SUSPECT_SCORE
+                    && self.busy_now(&s.name, window, key.resource.usage_scale())
+            });
+            let Some(event) = self.open.get_mut(&key) else {
+                continue;
+            };
+            if suspects.is_empty() || event.start_second >= window {
+                continue;
+            }
+            let before = top_suspect(&event.suspects).to_string();
+            event.suspects = suspects;
+            let now = top_suspect(&event.suspects).to_string();
+            if now != "none" && may_name && event.named.insert(now.clone()) {
+                // A suspect this event has not named before: an operator
+                // reading the log or the events table must not wait for the
+                // close to learn of it.
+                tracing::warn!(
+                    resource = key.resource.name(),
+                    victim = %key.victim,
+                    signal = key.signal,
+                    suspect = now.as_str(),
+                    was = before.as_str(),
+                    score = format!("{:.2}", event.suspects[0].score),
+                    "Noisy-neighbour event names a new suspect."
+                );
+                push_event_row(&mut event_rows, time_us, &key, event, "updated", None);
+            } else if before != now {
+                tracing::info!(
+                    resource = key.resource.name(),
+                    victim = %key.victim,
+                    signal = key.signal,
+                    was = before.as_str(),
+                    suspect = now.as_str(),
+                    "Noisy-neighbour event's top suspect changed."
+                );
             }
         }
         // A victim that stopped reporting (its cgroup was removed, its GPU
@@ -169,6 +194,7 @@ impl Detector {
                 Some(end_second),
             );
         }
+        self.learn_usual(window);
         self.forget_stale(window);
 
         let mut out = vec![signal_rows.finish(), event_rows.finish()];
@@ -186,6 +212,12 @@ impl Detector {
             return Vec::new();
         };
         let guest = !state.spec.outside_guest;
+        // A leaf cgroup, or one that is gone: a job that ended (its cgroup
+        // removed) may well be who stalled the victim, and the event's
+        // closing row must still say so. One that gained children stopped
+        // being a suspect of its own when it did (its usage holds theirs).
+        let cgroup_eligible =
+            |name: &str| self.leaf_cgroups.contains(name) || !self.present_cgroups.contains(name);
         let eligible = |name: &str, pool: Pool| match pool {
             Pool::GpuProcess => {
                 guest && key.resource == Resource::Gpu && !same_lineage(name, &key.victim)
@@ -193,7 +225,7 @@ impl Detector {
             Pool::Cgroup => {
                 guest
                     && key.resource != Resource::Gpu
-                    && self.leaf_cgroups.contains(name)
+                    && cgroup_eligible(name)
                     && !same_lineage(name, &key.victim)
             }
             Pool::Hypervisor => key.resource == Resource::Cpu,
@@ -204,14 +236,21 @@ impl Detector {
             .suspects
             .iter()
             .filter(|(name, s)| eligible(name, s.pool))
-            .map(|(name, s)| (name.clone(), self.observed_usage(s, &victim)))
+            .map(|(name, s)| (name.clone(), self.observed_usage(name, s, &victim)))
             .collect();
         if eligible(OUTSIDE_SUSPECT, Pool::Outside) {
             suspects.insert(OUTSIDE_SUSPECT.to_string(), self.outside_usage());
         }
-        let mut ranked = rank::rank(&victim, &suspects, key.resource.usage_scale());
+        let scale = key.resource.usage_scale();
+        let mut ranked = rank::rank(&victim, &suspects, scale);
         for suspect in &mut ranked {
-            if suspect.name == HYPERVISOR_SUSPECT && !self.steal_is_material(suspect, key) {
+            if suspect.name == HYPERVISOR_SUSPECT {
+                if !self.steal_is_material(suspect, key) {
+                    suspect.score = 0.0;
+                }
+            } else if self.usual_usage(&suspect.name).is_some_and(|usual| {
+                suspect.busy_usage - usual < MIN_RISE_OVER_USUAL_SCALES * scale
+            }) {
                 suspect.score = 0.0;
             }
         }
@@ -226,6 +265,7 @@ impl Detector {
     /// a newcomer busy throughout, flat, and uncorrelated with the onset.
     pub(super) fn observed_usage(
         &self,
+        name: &str,
         suspect: &SuspectSeries,
         victim: &BTreeMap<i64, f64>,
     ) -> BTreeMap<i64, f64> {
@@ -241,6 +281,17 @@ impl Detector {
             // second before the first usage is when it appeared: unknown.
             for &second in victim.keys() {
                 if second > watched && second < first - 1 {
+                    usage.insert(second, 0.0);
+                }
+            }
+        }
+        // A cgroup that is gone (its job ended) uses nothing from then on:
+        // without those seconds, once the look-back has passed its onset, it
+        // would look busy throughout, flat, and lose the event it caused.
+        let gone = suspect.pool == Pool::Cgroup && !self.present_cgroups.contains(name);
+        if let (true, Some(&last)) = (gone, usage.keys().next_back()) {
+            for &second in victim.keys() {
+                if second > last {
                     usage.insert(second, 0.0);
                 }
             }
@@ -394,6 +445,14 @@ pub(super) fn upper_quartile_mean(values: &[f64]) -> Option<f64> {
     sorted.sort_by(|a, b| b.total_cmp(a));
     let top = &sorted[..sorted.len().div_ceil(4)];
     Some(top.iter().sum::<f64>() / top.len() as f64)
+}
+
+/// The suspect an event names first, as a set of the names it has named.
+pub(super) fn named_first(suspects: &[Suspect]) -> BTreeSet<String> {
+    match top_suspect(suspects) {
+        "none" => BTreeSet::new(),
+        name => [name.to_string()].into(),
+    }
 }
 
 pub(super) fn top_suspect(suspects: &[Suspect]) -> &str {

@@ -40,6 +40,7 @@ use verdict::{Facts, GpuFacts};
 use view::View;
 
 pub use config::{DetectConfig, KEY_DOCS, KEY_RANGES};
+use events::named_first;
 use signals::spec;
 pub use signals::{Resource, Rule, Spec, SPECS};
 
@@ -75,6 +76,22 @@ const PRE_ONSET_SECS: i64 = 30;
 /// cycle at 1 GHz. An idle cgroup's few instructions are wake-ups on cold
 /// caches, whose CPI swings by multiples from second to second.
 const PMU_MIN_INSTRUCTIONS_PER_SECOND: f64 = 1e8;
+/// Windows of a suspect's usage its usual level is the median of (10
+/// minutes at the default window).
+const USUAL_WINDOWS: usize = 120;
+/// Windows of a suspect's usage before its usual level is known; until then
+/// a suspect is ranked on correlation alone.
+const MIN_USUAL_WINDOWS: usize = 6;
+/// How far above its usual level, in units of the resource's usage scale, a
+/// suspect's busy seconds must be for it to be named: a workload that only
+/// came back to its own normal (often because the previous antagonist left
+/// it room) took nothing new from anyone, however well its recovery lines up
+/// with someone else's stall.
+const MIN_RISE_OVER_USUAL_SCALES: f64 = 2.0;
+/// The score a suspect must reach to be named by an event already open
+/// (an `updated` row): well above what a neighbour that switches at random
+/// reaches by chance over a look-back (`bench/detect/eval.py`'s decoy).
+const MIN_NEW_SUSPECT_SCORE: f64 = 0.5;
 /// Suspects ranked per event in `/metrics`.
 const SUSPECTS_EXPORTED: usize = 3;
 /// Suspects listed in an event's row.
@@ -125,6 +142,8 @@ struct OpenEvent {
     start_second: i64,
     peak_score: f64,
     suspects: Vec<Suspect>,
+    /// Every suspect the event has named first in a row of its own.
+    named: BTreeSet<String>,
     evidence: String,
     /// The end of the last window that judged the victim signal (or when a
     /// restarted agent resumed the event): an event whose victim is gone,
@@ -158,6 +177,10 @@ enum Pool {
 struct SuspectSeries {
     pool: Pool,
     seconds: VecDeque<(i64, f64)>,
+    /// Its mean usage per window, learned while no event is open: what it
+    /// usually uses. A suspect that appeared while its kind was watched
+    /// starts with a zero for each window it did not exist.
+    usual: RollingBaseline,
 }
 
 /// The detector's state.
@@ -184,6 +207,9 @@ pub struct Detector {
     /// that has no usage in a second did not exist, which is no usage.
     cgroups_watched_since: Option<i64>,
     gpus_watched_since: Option<i64>,
+    /// Every cgroup of the latest cgroup rows: a suspect cgroup not among
+    /// them is gone (its job ended), still a suspect of what it did.
+    present_cgroups: BTreeSet<String>,
     canary: Option<canary::CacheCanary>,
     last_canary_second: i64,
     /// Start of the oldest window not yet judged.
@@ -220,6 +246,7 @@ impl Detector {
             leaf_busy: VecDeque::new(),
             cgroups_watched_since: None,
             gpus_watched_since: None,
+            present_cgroups: BTreeSet::new(),
             canary,
             last_canary_second: i64::MIN,
             next_window: None,
@@ -262,6 +289,7 @@ impl Detector {
             OpenEvent {
                 start_second: event.start_second,
                 peak_score: event.peak_score,
+                named: named_first(&event.suspects),
                 suspects: event.suspects,
                 evidence: event.evidence,
                 last_judged_second: now_second,

@@ -104,14 +104,93 @@ impl Detector {
 
     pub(super) fn usage(&mut self, name: &str, pool: Pool, time_us: i64, value: f64) {
         let lookback = self.config.lookback_secs as i64;
-        let series = self
-            .suspects
-            .entry(name.to_string())
-            .or_insert_with(|| SuspectSeries {
+        let window_secs = self.config.window_secs as i64;
+        let second = second_of(time_us);
+        let watched_since = match pool {
+            Pool::Cgroup => self.cgroups_watched_since,
+            Pool::GpuProcess => self.gpus_watched_since,
+            Pool::Hypervisor | Pool::Outside => None,
+        };
+        let series = self.suspects.entry(name.to_string()).or_insert_with(|| {
+            let mut usual = RollingBaseline::new(USUAL_WINDOWS);
+            // A usage is a rate, first known a second after the first
+            // sight: one present when watching began has none missing.
+            let absent_windows = watched_since
+                .map_or(0, |watched| (second - 1 - watched).div_euclid(window_secs))
+                .clamp(0, USUAL_WINDOWS as i64);
+            for _ in 0..absent_windows {
+                usual.push(0.0);
+            }
+            SuspectSeries {
                 pool,
                 seconds: VecDeque::new(),
-            });
-        push_second(&mut series.seconds, second_of(time_us), value, lookback);
+                usual,
+            }
+        });
+        push_second(&mut series.seconds, second, value, lookback);
+    }
+
+    /// Teaches each suspect its usual usage from `window`'s seconds, unless
+    /// an event is open (and younger than the time after which a signal's
+    /// baseline learns an abnormal level): an antagonist's busy minutes are
+    /// not its usual, and a victim's starved ones are not its own.
+    pub(super) fn learn_usual(&mut self, window: i64) {
+        let window_secs = self.config.window_secs as i64;
+        let learns_abnormal_after =
+            i64::from(self.config.learn_abnormal_after_windows) * window_secs;
+        let judged_by_baseline =
+            |state: &SignalState| matches!(state.spec.rule, Rule::Baseline { .. });
+        let holding = self.open.iter().any(|(key, event)| {
+            window - event.start_second < learns_abnormal_after
+                && self.signals.get(key).is_some_and(judged_by_baseline)
+        }) || self.signals.values().any(|s| {
+            s.abnormal_run > 0
+                && s.abnormal_run < self.config.learn_abnormal_after_windows
+                && judged_by_baseline(s)
+        });
+        if holding {
+            return;
+        }
+        for series in self.suspects.values_mut() {
+            let (sum, n) = series
+                .seconds
+                .iter()
+                .rev()
+                .take_while(|(second, _)| *second >= window)
+                .filter(|(second, _)| *second < window + window_secs)
+                .fold((0.0, 0usize), |(sum, n), (_, v)| (sum + v, n + 1));
+            if n > 0 {
+                series.usual.push(sum / n as f64);
+            }
+        }
+    }
+
+    /// A suspect's usual usage, once known.
+    pub(super) fn usual_usage(&self, name: &str) -> Option<f64> {
+        self.suspects
+            .get(name)?
+            .usual
+            .summary()
+            .filter(|s| s.windows >= MIN_USUAL_WINDOWS)
+            .map(|s| s.median)
+    }
+
+    /// Whether `name` used more than its usual (zero until known) by the
+    /// rise a suspect must show, over its seconds from `window` on. A
+    /// suspect the detector keeps no usage of (the unattributed load)
+    /// counts as busy.
+    pub(super) fn busy_now(&self, name: &str, window: i64, scale: f64) -> bool {
+        let Some(series) = self.suspects.get(name) else {
+            return true;
+        };
+        let (sum, n) = series
+            .seconds
+            .iter()
+            .filter(|(second, _)| *second >= window)
+            .fold((0.0, 0usize), |(sum, n), (_, v)| (sum + v, n + 1));
+        n > 0
+            && sum / n as f64 - self.usual_usage(name).unwrap_or(0.0)
+                >= MIN_RISE_OVER_USUAL_SCALES * scale
     }
 
     /// Mean over the rows (CPUs) of a counter's rate, as one node signal;
@@ -218,6 +297,11 @@ impl Detector {
             return;
         };
         self.leaf_cgroups = leaves(&paths);
+        if self.present_cgroups.len() != paths.len()
+            || paths.iter().any(|p| !self.present_cgroups.contains(*p))
+        {
+            self.present_cgroups = paths.iter().map(|p| p.to_string()).collect();
+        }
         self.cgroups_watched_since
             .get_or_insert(second_of(view.time_us(0)));
         let mut leaf_busy = Some(0.0);

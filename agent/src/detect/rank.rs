@@ -20,6 +20,9 @@ pub struct Suspect {
     pub effect: f64,
     /// How much the suspect's usage changed between its quiet and busy seconds.
     pub usage_change: f64,
+    /// The suspect's mean usage in its busy seconds (those above the middle
+    /// of its range); its whole mean when its usage is flat.
+    pub busy_usage: f64,
     /// correlation × materiality of the usage change, in [0, 1].
     pub score: f64,
 }
@@ -67,13 +70,18 @@ pub fn rank(
                 return None;
             }
             let correlation = pearson(&u, &v);
-            let (effect, usage_change) = split_effect(&u, &v);
+            let Split {
+                effect,
+                usage_change,
+                busy_usage,
+            } = split_effect(&u, &v);
             let materiality = 1.0 - (-usage_change.max(0.0) / usage_scale).exp();
             Some(Suspect {
                 name: name.clone(),
                 correlation,
                 effect,
                 usage_change,
+                busy_usage,
                 score: if correlation >= MIN_CORRELATION {
                     correlation * materiality
                 } else {
@@ -96,16 +104,31 @@ pub fn sort(ranked: &mut [Suspect]) {
     });
 }
 
+/// A suspect's seconds split into busy and quiet.
+struct Split {
+    /// The victim signal's mean in the busy seconds less its mean in the quiet.
+    effect: f64,
+    /// The suspect's usage mean in the busy seconds less its mean in the quiet.
+    usage_change: f64,
+    /// The suspect's usage mean in the busy seconds.
+    busy_usage: f64,
+}
+
 /// Splits the seconds at the midpoint of the suspect's usage range into busy
-/// and quiet; returns (victim mean busy − quiet, usage mean busy − quiet).
-fn split_effect(usage: &[f64], victim: &[f64]) -> (f64, f64) {
+/// and quiet.
+fn split_effect(usage: &[f64], victim: &[f64]) -> Split {
     let (lo, hi) = usage
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), u| {
             (lo.min(*u), hi.max(*u))
         });
+    let flat = Split {
+        effect: 0.0,
+        usage_change: 0.0,
+        busy_usage: usage.iter().sum::<f64>() / usage.len().max(1) as f64,
+    };
     if hi - lo <= f64::EPSILON {
-        return (0.0, 0.0);
+        return flat;
     }
     let mid = (lo + hi) / 2.0;
     let mut busy = (0.0, 0.0, 0usize);
@@ -117,12 +140,16 @@ fn split_effect(usage: &[f64], victim: &[f64]) -> (f64, f64) {
         side.2 += 1;
     }
     if busy.2 == 0 || quiet.2 == 0 {
-        return (0.0, 0.0);
+        return flat;
     }
     let mean = |s: (f64, f64, usize)| (s.0 / s.2 as f64, s.1 / s.2 as f64);
     let (vb, ub) = mean(busy);
     let (vq, uq) = mean(quiet);
-    (vb - vq, ub - uq)
+    Split {
+        effect: vb - vq,
+        usage_change: ub - uq,
+        busy_usage: ub,
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +192,7 @@ mod tests {
         assert!(ranked[0].correlation > 0.95, "{ranked:?}");
         assert!((ranked[0].effect - 0.39).abs() < 0.02, "{ranked:?}");
         assert!((ranked[0].usage_change - 0.98).abs() < 1e-9);
+        assert!((ranked[0].busy_usage - 0.98).abs() < 1e-9);
         assert!(ranked[0].score > 0.9);
         let tiny = ranked.iter().find(|s| s.name == "tiny").unwrap();
         assert!(tiny.correlation > 0.95 && tiny.score < 0.05, "{tiny:?}");

@@ -75,6 +75,9 @@ pub struct OpenedEvent {
     pub suspect: String,
     /// Distance from the baseline when it opened.
     pub score: f64,
+    /// `open` when it opened, `updated` when an open event named a new
+    /// first suspect.
+    pub state: String,
 }
 
 /// Runs `vtax replay-detector`: one JSON object per opened event on stdout.
@@ -308,11 +311,13 @@ pub(super) fn first_suspect(suspects: &str) -> &str {
         .unwrap_or("none")
 }
 
-/// The events `batch` (of `neighbor_events`) opened.
+/// The events `batch` (of `neighbor_events`) opened, and the open events
+/// that named a new first suspect.
 fn opened(batch: &Batch, events: &mut Vec<OpenedEvent>) {
     let view = View::new(batch);
     for row in 0..view.rows() {
-        if view.tag(row, "state") != "open" {
+        let state = view.tag(row, "state");
+        if !matches!(state, "open" | "updated") {
             continue;
         }
         let suspect = first_suspect(view.tag(row, "suspects"));
@@ -324,6 +329,7 @@ fn opened(batch: &Batch, events: &mut Vec<OpenedEvent>) {
             signal: view.tag(row, "signal").to_string(),
             suspect: suspect.to_string(),
             score: view.value(row, "score").unwrap_or(f64::NAN),
+            state: state.to_string(),
         });
     }
 }

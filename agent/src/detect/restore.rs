@@ -80,7 +80,11 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
     }
     let now_second = now_us.div_euclid(1_000_000);
     let mut resumed = 0;
-    for i in last.into_values().filter(|&i| state[i] == "open") {
+    // `updated`: an open event that named a new suspect.
+    for i in last
+        .into_values()
+        .filter(|&i| matches!(state[i], "open" | "updated"))
+    {
         let Some(resource) = Resource::parse(resource[i]) else {
             continue;
         };
@@ -116,6 +120,7 @@ pub(super) fn parse_suspects(text: &str) -> Vec<Suspect> {
                 correlation,
                 effect,
                 usage_change: 0.0, // not stored
+                busy_usage: 0.0,   // not stored
                 score,
             })
         })

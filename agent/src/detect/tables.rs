@@ -165,13 +165,14 @@ vtax_store::table! {
     /// One row when an event opens, one when it closes.
     pub static NEIGHBOR_EVENTS: TableDef, pub struct NeighborEventRow {
         name: "neighbor_events",
-        help: "Noisy-neighbour events: a row when one opens and a row when it closes, with the \
-               suspects and the evidence. Stored only.",
+        help: "Noisy-neighbour events: a row when one opens, a row each time an open event \
+               names a suspect it has not named first before, and a row when it closes, with \
+               the suspects and the evidence. Stored only.",
         tags: [
             resource = tag("resource", "`cpu`, `memory`, `io`, `gpu` or `network`."),
             victim = tag("victim", "`node`, a cgroup path, `gpu<N>`, or an RDMA port."),
             signal = tag("signal", "The victim signal that held over its threshold, e.g. `pressure_some_ratio`."),
-            state = tag("state", "`open` or `closed`."),
+            state = tag("state", "`open`, `updated` (still open, with a new first suspect: an antagonist that arrived while the event was open) or `closed`."),
             suspects = tag(
                 "suspects",
                 "Ranked suspects, `name score=… r=… effect=…` joined by `; `; empty when none correlates.",

@@ -13,20 +13,31 @@ const START_US: i64 = 1_800_000_000_000_000;
 
 /// One row of `table` with the named fields set and the rest null.
 fn row(table: &'static TableDef, time_us: i64, tags: &[&str], fields: &[(&str, f64)]) -> Batch {
-    let values: Vec<Value> = table
-        .fields
-        .iter()
-        .map(|f| match fields.iter().find(|(n, _)| *n == f.name) {
-            None => Value::Null,
-            Some((_, v)) => match f.ty {
-                FieldType::F64 => Value::F64(*v),
-                FieldType::I64 => Value::I64(*v as i64),
-                FieldType::U64 => Value::U64(*v as u64),
-            },
-        })
-        .collect();
+    rows(table, time_us, &[(tags, fields)])
+}
+
+/// One row's tags and its named fields.
+type RowValues<'a> = (&'a [&'a str], &'a [(&'a str, f64)]);
+
+/// Rows of `table` at one time, each with the named fields set and the rest
+/// null: one batch, as a collector emits all its rows of a tick.
+fn rows(table: &'static TableDef, time_us: i64, rows: &[RowValues]) -> Batch {
     let mut builder = BatchBuilder::new(table);
-    builder.push(time_us, tags, &values).unwrap();
+    for (tags, fields) in rows {
+        let values: Vec<Value> = table
+            .fields
+            .iter()
+            .map(|f| match fields.iter().find(|(n, _)| *n == f.name) {
+                None => Value::Null,
+                Some((_, v)) => match f.ty {
+                    FieldType::F64 => Value::F64(*v),
+                    FieldType::I64 => Value::I64(*v as i64),
+                    FieldType::U64 => Value::U64(*v as u64),
+                },
+            })
+            .collect();
+        builder.push(time_us, tags, &values).unwrap();
+    }
     builder.finish()
 }
 
@@ -69,20 +80,28 @@ impl Node {
     /// One second: each cgroup's CPU use and CPU stall rate, and the node's.
     fn step(&mut self, cgroups: &[(&'static str, f64, f64)], node_stall_rate: f64) {
         let time_us = START_US + self.second * 1_000_000 + 1_000;
+        // Every cgroup in one batch, as the collector reads them: the
+        // detector takes the leaves from the batch it is given.
+        let mut tags = Vec::new();
+        let mut fields = Vec::new();
         for (path, usage, stall) in cgroups {
             *self.usage.entry(path).or_default() += usage;
             *self.stall.entry(path).or_default() += stall;
-            let batch = row(
-                &CGROUP,
-                time_us,
-                &[path, "container"],
-                &[
-                    ("cpu_usage_seconds", self.usage[path]),
-                    ("cpu_pressure_some_seconds", self.stall[path]),
-                    ("memory_pressure_some_seconds", 0.0),
-                    ("io_pressure_some_seconds", 0.0),
-                ],
-            );
+            tags.push([*path, "container"]);
+            fields.push([
+                ("cpu_usage_seconds", self.usage[path]),
+                ("cpu_pressure_some_seconds", self.stall[path]),
+                ("memory_pressure_some_seconds", 0.0),
+                ("io_pressure_some_seconds", 0.0),
+            ]);
+        }
+        if !cgroups.is_empty() {
+            let each: Vec<RowValues> = tags
+                .iter()
+                .zip(&fields)
+                .map(|(t, f)| (&t[..], &f[..]))
+                .collect();
+            let batch = rows(&CGROUP, time_us, &each);
             self.detector.observe(&batch);
             self.observed.push(batch);
         }
@@ -339,6 +358,23 @@ fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     );
     let node_event = opened.iter().find(|e| e.1 == "node").expect("node event");
     assert!(node_event.2.starts_with("/newcomer "), "{opened:?}");
+    // The job ends and its cgroup is removed: the events close, and their
+    // closing rows still name who it was.
+    for _ in 0..90 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
+            quiet(&mut seed),
+        );
+    }
+    let closed = node.events("closed");
+    for victim in ["/victim", "node"] {
+        let event = closed
+            .iter()
+            .find(|e| e.1 == victim)
+            .unwrap_or_else(|| panic!("{victim}'s event closed: {closed:?}"));
+        assert!(event.2.starts_with("/newcomer "), "{closed:?}");
+    }
 }
 
 /// A busy loop outside every workload cgroup, on a VM whose host steals a
@@ -1226,4 +1262,151 @@ fn a_level_that_persists_is_learned_and_its_event_closes() {
     }
     let closed = node.events("closed");
     assert!(closed.iter().any(|e| e.1 == "/victim"), "{closed:?}");
+}
+
+/// The victim of a CPU hog on its own CPU comes back to its usual use when
+/// the hog stops; at that moment something the agent cannot see takes half
+/// of another CPU, where a steady neighbour runs and now stalls. The
+/// victim's recovery lines up with the steady neighbour's stall, but it
+/// only took back its own: it is named for nothing.
+#[test]
+fn a_workload_back_at_its_usual_use_is_not_named() {
+    let mut node = Node::new(config());
+    let mut seed = 19;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..300 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.40 + 0.01 * n, quiet(&mut seed)),
+                ("/steady", 0.15 + 0.005 * n, quiet(&mut seed)),
+                ("/hog", 0.0, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    // The hog shares the victim's CPU for 45 s.
+    for _ in 0..45 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.29 + 0.01 * n, 0.4 + 0.02 * n),
+                ("/steady", 0.15 + 0.005 * n, quiet(&mut seed)),
+                ("/hog", 0.7, 0.4 + 0.02 * n),
+            ],
+            0.4,
+        );
+    }
+    // The hog stops just as an unseen load takes the steady neighbour's CPU.
+    for _ in 0..60 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.40 + 0.01 * n, quiet(&mut seed)),
+                ("/steady", 0.07 + 0.005 * n, 0.65 + 0.02 * n),
+                ("/hog", 0.0, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    let hog_event = event_rows(&node.out, "open")
+        .into_iter()
+        .find(|e| e.victim == "/victim")
+        .expect("the hog's victim had an event");
+    assert!(
+        hog_event.suspects.starts_with("/hog "),
+        "{}",
+        hog_event.suspects
+    );
+    let steady = event_rows(&node.out, "open")
+        .into_iter()
+        .chain(event_rows(&node.out, "updated"))
+        .chain(event_rows(&node.out, "closed"))
+        .filter(|e| e.victim == "/steady")
+        .collect::<Vec<_>>();
+    assert!(
+        !steady.is_empty(),
+        "the steady neighbour's stall opened an event"
+    );
+    for e in &steady {
+        assert!(
+            !e.suspects.contains("/victim "),
+            "the recovered victim is accused: {}",
+            e.suspects
+        );
+    }
+}
+
+/// An event on the node's pressure opens for one hog and stays open; a
+/// second hog then starts in a new cgroup. The open event names it in a row
+/// of its own within the detection bar, without waiting for its close and
+/// without opening a second event.
+#[test]
+fn an_antagonist_arriving_while_an_event_is_open_is_named_at_once() {
+    let mut node = Node::new(config());
+    let mut seed = 23;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..180 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/first", 0.0, 0.0), ("/victim", 0.4 + 0.01 * n, 0.0)],
+            quiet(&mut seed),
+        );
+    }
+    for _ in 0..120 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/first", 0.95 + 0.01 * n, 0.0),
+                ("/victim", 0.4 + 0.01 * n, 0.0),
+            ],
+            0.3 + 0.02 * n,
+        );
+    }
+    let opened = event_rows(&node.out, "open");
+    let first = opened
+        .iter()
+        .find(|e| e.victim == "node")
+        .expect("the node's event opened");
+    assert!(first.suspects.starts_with("/first "), "{}", first.suspects);
+    let onset = START_US / 1_000_000 + node.second;
+    for _ in 0..60 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/first", 0.95 + 0.01 * n, 0.0),
+                ("/victim", 0.4 + 0.01 * n, 0.0),
+                ("/second", 1.9 + 0.02 * n, 0.0),
+            ],
+            0.7 + 0.02 * n,
+        );
+    }
+    assert_eq!(
+        event_rows(&node.out, "open")
+            .iter()
+            .filter(|e| e.victim == "node")
+            .count(),
+        1,
+        "one event, still open"
+    );
+    let named_at = node
+        .out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::NEIGHBOR_EVENTS))
+        .find(|b| {
+            let v = View::new(b);
+            (0..v.rows()).any(|r| {
+                v.tag(r, "state") == "updated"
+                    && v.tag(r, "victim") == "node"
+                    && v.tag(r, "suspects").starts_with("/second ")
+            })
+        })
+        .map(|b| b.time_us[0] / 1_000_000)
+        .expect("an updated row names the newcomer");
+    assert!(
+        named_at - onset <= 30,
+        "named {} s after its onset",
+        named_at - onset
+    );
+    assert!(node.detector.open.keys().any(|k| k.victim == "node"));
 }

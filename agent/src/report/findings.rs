@@ -272,7 +272,7 @@ impl Sections<'_> {
                         lanes.push(lane_name);
                         lanes.len() - 1
                     });
-                let kind = usize::from(!fault) * 2 + usize::from(e.state != "open");
+                let kind = usize::from(!fault) * 2 + usize::from(!e.is_open());
                 spans.push(svg::Span {
                     lane,
                     start_us: e.start_us,
@@ -469,7 +469,7 @@ pub(super) fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
     let neighbours = match s.events.len() {
         0 => "no noisy-neighbour events".to_string(),
         n => {
-            let open = s.events.iter().filter(|e| e.state == "open").count();
+            let open = s.events.iter().filter(|e| e.is_open()).count();
             let mut suspects: Vec<&str> = s
                 .events
                 .iter()

@@ -305,7 +305,7 @@ pub fn causes(
             };
             out.push(Cause {
                 kind,
-                open: e.state == "open",
+                open: e.is_open(),
                 score: e.score.unwrap_or(0.0),
                 title: format!(
                     "{prefix}{}: {}{who}",

@@ -350,6 +350,12 @@ struct Event {
 }
 
 impl Event {
+    /// Whether the event was still open at its latest row: `open`, or
+    /// `updated` (it named a new suspect), not `closed`.
+    fn is_open(&self) -> bool {
+        self.state != "closed"
+    }
+
     /// A fault of the node, not a neighbour: the detector judges its signal
     /// against a fixed threshold where healthy is zero (a PCIe link trained
     /// down, NVLink links missing, a clock held down, InfiniBand errors), so
