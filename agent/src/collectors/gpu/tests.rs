@@ -1,0 +1,752 @@
+//! The collector on simulated and scripted GPUs.
+
+use self::config::DEFAULT_ENERGY_INTERVAL_SECS;
+use super::*;
+use vtax_store::batch::Values;
+use vtax_store::schema::TableDef;
+
+pub(crate) fn simulated(scenarios: &[&str]) -> Gpu {
+    let config = GpuConfig {
+        simulate_gpus: scenarios.len() as u32,
+        simulate_scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
+        ..GpuConfig::default()
+    };
+    let roots = Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+        ..Roots::default()
+    };
+    let mut gpu = Gpu::new(&config, &roots);
+    assert!(matches!(gpu.probe(), Availability::Available(_)));
+    gpu
+}
+
+fn table<'a>(batches: &'a [Batch], table: &TableDef) -> Option<&'a Batch> {
+    batches.iter().find(|b| std::ptr::eq(b.table, table))
+}
+
+/// The value of `field` in the row whose first tags are `tags`.
+fn value(batches: &[Batch], table_def: &TableDef, tags: &[&str], field: &str) -> Option<f64> {
+    let batch = table(batches, table_def)?;
+    let column = &batch.fields[table_def.field_index(field).expect("field exists")];
+    let row = (0..batch.len()).find(|&r| {
+        tags.iter().enumerate().all(|(t, want)| {
+            let c = &batch.tags[t];
+            c.dict[c.codes[r] as usize] == *want
+        })
+    })?;
+    column.is_valid(row).then(|| match &column.values {
+        Values::F64(v) => v[row],
+        Values::I64(v) => v[row] as f64,
+        Values::U64(v) => v[row] as f64,
+    })
+}
+
+#[test]
+fn a_lost_gpu_is_reported_and_the_others_go_on() {
+    let mut gpu = simulated(&["training", "gpu-lost", "training"]);
+    let batches = gpu.collect(1_000_000).unwrap();
+    let rows = table(&batches, &GPU).unwrap();
+    assert_eq!(rows.tags[0].dict, vec!["0", "2"], "GPU 1 has no sample row");
+    assert_eq!(value(&batches, &HEALTH, &["1"], "up"), Some(0.0));
+    assert_eq!(value(&batches, &HEALTH, &["2"], "up"), Some(1.0));
+    assert_eq!(
+        value(&batches, &XID, &["1", &gpu.gpus[1].uuid, "79"], "errors"),
+        Some(1.0)
+    );
+    let events = table(&batches, &EVENT).unwrap();
+    let kinds: Vec<&str> = events.tags[2]
+        .codes
+        .iter()
+        .map(|&c| events.tags[2].dict[c as usize].as_str())
+        .collect();
+    assert_eq!(kinds, vec!["lost", "xid"]);
+    // The info row stays, so the operator knows which board to pull.
+    assert_eq!(table(&batches, &INFO).unwrap().len(), 3);
+    assert!(gpu
+        .problems()
+        .iter()
+        .any(|p| p.contains("GPU 1") && p.contains("lost")));
+
+    // The next tick: still down, counted, but no second "lost" event.
+    let batches = gpu.collect(2_000_000).unwrap();
+    assert_eq!(value(&batches, &HEALTH, &["1"], "sample_errors"), Some(2.0));
+    assert!(table(&batches, &EVENT).is_none());
+}
+
+#[test]
+fn scenarios_show_in_the_metrics_that_reveal_them() {
+    let mut gpu = simulated(&[
+        "training",
+        "thermal-throttle",
+        "pcie-degraded",
+        "nvlink-hidden",
+        "power-throttle",
+    ]);
+    gpu.collect(0).unwrap();
+    // The replay counter is a slow read: the tick of its second read.
+    let b = gpu.collect(30_000_000).unwrap();
+    // Training: HBM bytes/s is the DRAM ratio times the H100's 3.35 TB/s peak.
+    let ratio = value(&b, &GPU, &["0"], "dram_bandwidth_ratio").unwrap();
+    let hbm = value(&b, &GPU, &["0"], "hbm_bytes_per_second").unwrap();
+    assert!((hbm - ratio * 3.35232e12).abs() < 1e6, "{hbm} vs {ratio}");
+    assert_eq!(value(&b, &GPU, &["0"], "clock_event_reasons"), Some(0.0));
+    // Thermal: both thermal reasons, and the SM clock below its maximum.
+    let uuid1 = gpu.gpus[1].uuid.clone();
+    for reason in ["sw_thermal_slowdown", "hw_thermal_slowdown"] {
+        assert_eq!(
+            value(&b, &CLOCK_EVENT, &["1", &uuid1, reason], "active"),
+            Some(1.0)
+        );
+    }
+    assert_eq!(
+        value(&b, &CLOCK_EVENT, &["1", &uuid1, "sw_power_cap"], "active"),
+        Some(0.0)
+    );
+    assert!(
+        value(&b, &GPU, &["1"], "sm_clock_hertz")
+            < value(&b, &GPU, &["1"], "sm_clock_max_hertz")
+    );
+    // PCIe trained down under load, and replays counting.
+    assert_eq!(value(&b, &GPU, &["2"], "pcie_link_gen"), Some(3.0));
+    assert_eq!(value(&b, &GPU, &["2"], "pcie_link_width"), Some(8.0));
+    assert!(value(&b, &GPU, &["2"], "pcie_replays").unwrap() > 0.0);
+    // NVLink hidden: 0 links up of the product's 18, passthrough.
+    assert_eq!(value(&b, &GPU, &["3"], "nvlink_links_up"), Some(0.0));
+    assert_eq!(value(&b, &GPU, &["3"], "nvlink_links_product"), Some(18.0));
+    assert_eq!(
+        value(&b, &GPU, &["3"], "nvlink_total_rx_bytes_per_second"),
+        None
+    );
+    // Power: at the limit with the power-cap reason.
+    assert_eq!(
+        value(&b, &GPU, &["4"], "power_watts"),
+        value(&b, &GPU, &["4"], "power_limit_watts")
+    );
+    let problems = gpu.problems().join("\n");
+    for needle in [
+        "GPU 1 (",
+        "sw_thermal_slowdown",
+        "Gen3 x8 under load",
+        "0 of 18 NVLink links up",
+        "sw_power_cap",
+    ] {
+        assert!(problems.contains(needle), "{needle} in:\n{problems}");
+    }
+    assert!(
+        !problems.contains("GPU 0 ("),
+        "a healthy GPU has no problem:\n{problems}"
+    );
+}
+
+/// Every counter series of `batches` as (table, tags, field) → value.
+fn counters(batches: &[Batch]) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for b in batches.iter().filter(|b| b.table.exported) {
+        for (f, field) in b.table.fields.iter().enumerate() {
+            if field.kind != vtax_store::MetricKind::Counter {
+                continue;
+            }
+            for row in (0..b.len()).filter(|&r| b.fields[f].is_valid(r)) {
+                let tags: Vec<&str> = b
+                    .tags
+                    .iter()
+                    .map(|c| c.dict[c.codes[row] as usize].as_str())
+                    .collect();
+                let v = match &b.fields[f].values {
+                    Values::F64(v) => v[row],
+                    Values::I64(v) => v[row] as f64,
+                    Values::U64(v) => v[row] as f64,
+                };
+                out.insert(format!("{} {tags:?} {}", b.table.name, field.name), v);
+            }
+        }
+    }
+    out
+}
+
+/// A reload that changes the collector's settings builds it anew; the
+/// new one carries on the counts of the old, so none goes back or
+/// leaves (an XID counter once fell from 6 to 1 on SIGHUP).
+#[test]
+fn a_rebuilt_collector_takes_over_the_counts_of_the_old() {
+    let mut old = simulated(&["xid", "gpu-lost", "training"]);
+    old.collect(1_000_000).unwrap();
+    let before = counters(&old.collect(122_000_000).unwrap());
+    assert_eq!(
+        before
+            .iter()
+            .filter(|(k, _)| k.starts_with("gpu_xid "))
+            .count(),
+        3,
+        "31 and 13 on GPU 0, 79 on GPU 1: {before:?}"
+    );
+    let roots = Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+        ..Roots::default()
+    };
+    // The same backend settings (the backend goes on), then other ones
+    // (a new simulator, whose clock starts again).
+    let changes: [fn(&mut GpuConfig); 2] = [
+        |c| c.processes = false,
+        |c| c.simulate_profile = "h200".into(),
+    ];
+    for change in changes {
+        let mut config = old.config.clone();
+        change(&mut config);
+        let mut new = Gpu::new(&config, &roots);
+        new.take_over(Box::new(old));
+        assert!(matches!(new.probe(), Availability::Available(_)));
+        let after = counters(&new.collect(123_000_000).unwrap());
+        for (series, value) in &before {
+            let now = after.get(series);
+            // The driver's own counters, which a new simulator starts
+            // again as a reloaded driver would.
+            let kept_by_the_backend =
+                series.starts_with("gpu ") || series.starts_with("gpu_nvlink ");
+            if kept_by_the_backend && config.simulate_profile == "h200" {
+                continue;
+            }
+            assert!(
+                now.is_some_and(|now| now >= value),
+                "{series}: {value} before, {now:?} after ({config:?})"
+            );
+        }
+        old = new;
+    }
+}
+
+/// Simulated GPUs with the collector's settings changed by `change`.
+fn simulated_with(scenarios: &[&str], change: impl FnOnce(&mut GpuConfig)) -> Gpu {
+    let mut config = GpuConfig {
+        simulate_gpus: scenarios.len() as u32,
+        simulate_scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
+        ..GpuConfig::default()
+    };
+    change(&mut config);
+    let roots = Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+        ..Roots::default()
+    };
+    let mut gpu = Gpu::new(&config, &roots);
+    assert!(matches!(gpu.probe(), Availability::Available(_)));
+    gpu
+}
+
+/// The simulated training GPU draws 615 + 25 sin(2πt/60 + i) W and its
+/// counter is that power's exact integral. Read every 30 s and
+/// integrated by 1 s trapezoids in between, the exported counter must be
+/// the exact one at each exact read (or, where the integration ran
+/// ahead, hold above it by no more than that error), never go back, and
+/// stay within the trapezoid's bound in between: L Δt² max|P''| / 12 =
+/// 30 s × (1 s)² × 25 W × (2π/60 s)² / 12 = 0.69 J.
+#[test]
+fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
+    let scenarios = ["training", "memory-bound", "idle", "training"];
+    let mut spaced = simulated(&scenarios);
+    let mut exact = simulated_with(&scenarios, |c| c.energy_interval_secs = 0.0);
+    let omega = std::f64::consts::TAU / sim::WOBBLE_PERIOD_SECONDS;
+    let bound = DEFAULT_ENERGY_INTERVAL_SECS * 25.0 * omega * omega / 12.0;
+    let mut before: Vec<Option<f64>> = vec![None; scenarios.len()];
+    let (mut exact_reads, mut held, mut largest_gap) = (0, 0, 0.0f64);
+    // Ticks a second apart, each a little late, as a loaded node's are.
+    for second in 0..=300i64 {
+        let time_us = 1_000_000 * second + 7_000 * (second % 3);
+        let a = spaced.collect(time_us).unwrap();
+        let b = exact.collect(time_us).unwrap();
+        for (gpu, previous) in before.iter_mut().enumerate() {
+            let gpu = gpu.to_string();
+            let get = |batches, field| value(batches, &GPU, &[&gpu], field).unwrap();
+            let (ours, truth) = (get(&a, "energy_joules"), get(&b, "energy_joules"));
+            assert_eq!(get(&b, "energy_exact_age_seconds"), 0.0);
+            if let Some(previous) = *previous {
+                assert!(
+                    ours >= previous,
+                    "GPU {gpu} at {second} s: {ours} after {previous}"
+                );
+            }
+            if get(&a, "energy_exact_age_seconds") == 0.0 {
+                exact_reads += 1;
+                if ours != truth {
+                    // Held where the integration ran ahead of the counter.
+                    held += 1;
+                    assert_eq!(Some(ours), *previous, "GPU {gpu} at {second} s");
+                    assert!(ours > truth && ours - truth <= bound, "{ours} vs {truth}");
+                }
+            } else {
+                assert!(get(&a, "energy_exact_age_seconds") < 31.0);
+            }
+            largest_gap = largest_gap.max((ours - truth).abs());
+            assert!(
+                (ours - truth).abs() <= bound,
+                "GPU {gpu} at {second} s: {ours} against the exact {truth}, bound {bound} J"
+            );
+            *previous = Some(ours);
+        }
+    }
+    // 0, 30, ..., 300 s on each of the four GPUs.
+    assert_eq!(exact_reads, 11 * scenarios.len());
+    assert!(held < exact_reads, "most exact reads are met exactly");
+    // A wrong rule (a rectangle, or the power not integrated) is off by
+    // tens to thousands of joules: the comparison is not vacuous.
+    assert!(largest_gap > 0.0 && largest_gap <= bound, "{largest_gap}");
+    let errors = value(
+        &spaced.collect(301_000_000).unwrap(),
+        &GPU,
+        &["0"],
+        "energy_integration_error_joules",
+    )
+    .unwrap();
+    assert!(errors.abs() <= bound, "{errors}");
+}
+
+/// A reload hands the integrated counter to the new collector: it does
+/// not read the exact counter again at once, nor start over.
+#[test]
+fn the_energy_counter_carries_over_a_reload() {
+    let mut old = simulated(&["training"]);
+    let mut last = 0.0;
+    for second in 0..12 {
+        let b = old.collect(second * 1_000_000).unwrap();
+        last = value(&b, &GPU, &["0"], "energy_joules").unwrap();
+    }
+    let config = GpuConfig {
+        processes: false,
+        ..old.config.clone()
+    };
+    let mut new = Gpu::new(&config, &Roots::default());
+    new.take_over(Box::new(old));
+    assert!(matches!(new.probe(), Availability::Available(_)));
+    let b = new.collect(12_000_000).unwrap();
+    assert_eq!(
+        value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
+        Some(12.0)
+    );
+    let now = value(&b, &GPU, &["0"], "energy_joules").unwrap();
+    assert!(now > last && now - last < 700.0, "{last} then {now}");
+}
+
+/// The shares of each GPU's processes at `batches`, by pid.
+fn shares(batches: &[Batch], gpu: &str) -> BTreeMap<String, (Option<f64>, Option<f64>)> {
+    let Some(b) = table(batches, &PROCESS) else {
+        return BTreeMap::new();
+    };
+    let f = |name| match &b.fields[PROCESS.field_index(name).unwrap()].values {
+        Values::F64(v) => v.clone(),
+        _ => unreachable!("f64"),
+    };
+    let valid = |name, row| b.fields[PROCESS.field_index(name).unwrap()].is_valid(row);
+    let (sm, memory) = (f("sm_utilization_ratio"), f("memory_utilization_ratio"));
+    let tag = |t: usize, row: usize| b.tags[t].dict[b.tags[t].codes[row] as usize].clone();
+    (0..b.len())
+        .filter(|&row| tag(0, row) == gpu)
+        .map(|row| {
+            (
+                tag(2, row),
+                (
+                    valid("sm_utilization_ratio", row).then_some(sm[row]),
+                    valid("memory_utilization_ratio", row).then_some(memory[row]),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Wraps a backend, keeping each sample's plan and whether the shares
+/// were read.
+struct Plans {
+    inner: Box<dyn GpuBackend>,
+    seen: Seen,
+}
+
+/// Each sample's GPU, plan, and whether the shares were read.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(u32, ReadPlan, bool)>>>;
+
+impl GpuBackend for Plans {
+    fn kind(&self) -> &'static str {
+        "plans"
+    }
+    fn driver_version(&self) -> String {
+        self.inner.driver_version()
+    }
+    fn identities(&mut self) -> Result<Vec<GpuIdentity>, String> {
+        self.inner.identities()
+    }
+    fn sample(
+        &mut self,
+        gpu: &GpuIdentity,
+        time_us: i64,
+        plan: ReadPlan,
+    ) -> Result<GpuSample, SampleError> {
+        let s = self.inner.sample(gpu, time_us, plan)?;
+        let mut seen = self.seen.lock().unwrap();
+        seen.push((gpu.index, plan, s.process_shares_read));
+        Ok(s)
+    }
+    fn take_xids(&mut self) -> Vec<backend::XidEvent> {
+        self.inner.take_xids()
+    }
+}
+
+/// The collector with its backend wrapped in [`Plans`].
+fn with_plans(mut gpu: Gpu) -> (Gpu, Seen) {
+    let seen = std::sync::Arc::default();
+    gpu.backend = Some(Box::new(Plans {
+        inner: gpu.backend.take().expect("probed"),
+        seen: std::sync::Arc::clone(&seen),
+    }));
+    (gpu, seen)
+}
+
+#[test]
+fn shared_gpus_read_shares_on_their_cadence_and_hold_them_between() {
+    // GPU 0: one training process; GPU 1: MIG, three processes.
+    let (mut gpu, seen) = with_plans(simulated(&["training", "mig"]));
+    let mut read_at = BTreeMap::new();
+    for second in 0..25 {
+        let b = gpu.collect(second * 1_000_000).unwrap();
+        let (one, mig) = (shares(&b, "0"), shares(&b, "1"));
+        // The lone process has the GPU's utilisation, fresh each tick.
+        let utilization = value(&b, &GPU, &["0"], "utilization_ratio");
+        assert_eq!(one.len(), 1);
+        assert_eq!(one.values().next().unwrap().0, utilization);
+        assert_eq!(mig.len(), 3);
+        assert!(mig
+            .values()
+            .all(|(sm, memory)| sm.is_some() && memory.is_some()));
+        let reads = seen.lock().unwrap();
+        let (_, _, read) = *reads.iter().rev().find(|(i, _, _)| *i == 1).unwrap();
+        if read {
+            read_at.insert(second, mig);
+        } else {
+            let (_, last) = read_at.iter().next_back().expect("read at 0 s");
+            assert_eq!(&mig, last, "held at {second} s");
+        }
+    }
+    assert_eq!(read_at.keys().copied().collect::<Vec<_>>(), [0, 10, 20]);
+    // The shares did move between reads (so holding them is seen).
+    assert_ne!(read_at[&0], read_at[&10]);
+    let reads = seen.lock().unwrap();
+    assert!(
+        reads
+            .iter()
+            .filter(|(i, _, _)| *i == 0)
+            .all(|(_, _, read)| !read),
+        "a lone process's shares never need the driver"
+    );
+}
+
+#[test]
+fn every_read_every_tick_when_asked() {
+    let (mut gpu, seen) = with_plans(simulated_with(&["training"], |c| {
+        c.energy_interval_secs = 0.0;
+        c.process_shares_interval_secs = 0.0;
+        c.slow_reads_interval_secs = 0.0;
+        c.single_process_shares_from_utilization = false;
+    }));
+    for second in 0..5 {
+        let b = gpu.collect(second * 1_000_000).unwrap();
+        assert_eq!(
+            value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
+            Some(0.0)
+        );
+    }
+    let reads = seen.lock().unwrap();
+    assert_eq!(reads.len(), 5);
+    // Every read, with the MIG mode of the tick before carried along.
+    assert!(reads.iter().enumerate().all(|(tick, (_, plan, read))| {
+        *plan
+            == ReadPlan {
+                mig_enabled: (tick > 0).then_some(false),
+                ..ReadPlan::ALL
+            }
+            && *read
+    }));
+    // And none with processes off.
+    let (mut gpu, seen) = with_plans(simulated_with(&["mig"], |c| c.processes = false));
+    gpu.collect(0).unwrap();
+    assert!(seen.lock().unwrap().iter().all(|(_, _, read)| !read));
+}
+
+/// Simulated GPUs (settings changed by `change`) on a simulator that
+/// `sim` sets up, and the simulator's count of its reads.
+fn simulated_counting(
+    scenarios: &[&str],
+    change: impl FnOnce(&mut GpuConfig),
+    sim: impl FnOnce(sim::SimBackend) -> sim::SimBackend,
+) -> (Gpu, sim::ReadCounts) {
+    let mut gpu = simulated_with(scenarios, change);
+    let played = scenarios
+        .iter()
+        .map(|s| sim::Scenario::parse(s).expect("a scenario"))
+        .collect();
+    let backend = sim(sim::SimBackend::new(
+        scenarios.len() as u32,
+        sim::PROFILES[0],
+        played,
+    ));
+    let counts = backend.read_counts();
+    gpu.backend = Some(Box::new(backend));
+    (gpu, counts)
+}
+
+/// How many times the simulator made `read`.
+fn reads_of(counts: &sim::ReadCounts, read: &str) -> u64 {
+    counts.lock().unwrap().get(read).copied().unwrap_or(0)
+}
+
+/// Tag `tag` of GPU `gpu`'s info row.
+fn info_tag(batches: &[Batch], gpu: &str, tag: &str) -> String {
+    let b = table(batches, &INFO).expect("info rows");
+    let t = INFO.tags.iter().position(|t| t.name == tag).expect("a tag");
+    let row = (0..b.len())
+        .find(|&r| b.tags[0].dict[b.tags[0].codes[r] as usize] == gpu)
+        .expect("the GPU's row");
+    b.tags[t].dict[b.tags[t].codes[row] as usize].clone()
+}
+
+/// The fields of the `gpu` row that come from the slow reads.
+const SLOW_FIELDS: [&str; 8] = [
+    "power_limit_watts",
+    "ecc_corrected_errors",
+    "ecc_uncorrected_errors",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remapping_pending",
+    "remapping_failed",
+    "pcie_replays",
+];
+
+#[test]
+fn slow_reads_are_made_once_per_interval_and_held_between() {
+    // GPU 0's replays grow 3 a second, GPU 1's corrected ECC errors one
+    // every 10 s; GPU 2 has its NVLink links up with their rates moving.
+    let scenarios = ["pcie-degraded", "xid", "training"];
+    let (mut spaced, counts) = simulated_counting(&scenarios, |_| {}, |s| s);
+    let (mut every, every_counts) =
+        simulated_counting(&scenarios, |c| c.slow_reads_interval_secs = 0.0, |s| s);
+    let mut read_at: Vec<i64> = Vec::new();
+    let mut last_read: BTreeMap<(usize, &str), Option<f64>> = BTreeMap::new();
+    for second in 0..=95i64 {
+        // A little late now and then, as a loaded node's ticks are.
+        let time_us = 1_000_000 * second + 7_000 * (second % 3);
+        let reads_before = reads_of(&counts, "pcie_replay_counter");
+        let a = spaced.collect(time_us).unwrap();
+        let b = every.collect(time_us).unwrap();
+        let read_now = reads_of(&counts, "pcie_replay_counter") > reads_before;
+        if read_now {
+            read_at.push(second);
+        }
+        for gpu in 0..scenarios.len() {
+            let index = gpu.to_string();
+            for field in SLOW_FIELDS {
+                let ours = value(&a, &GPU, &[&index], field);
+                let truth = value(&b, &GPU, &[&index], field);
+                assert!(ours.is_some(), "{field} of GPU {gpu} null at {second} s");
+                if read_now {
+                    assert_eq!(ours, truth, "{field} of GPU {gpu} at {second} s");
+                    last_read.insert((gpu, field), truth);
+                } else {
+                    assert_eq!(
+                        Some(&ours),
+                        last_read.get(&(gpu, field)),
+                        "{field} of GPU {gpu} held at {second} s"
+                    );
+                }
+            }
+            for tag in ["virtualization_mode", "mig"] {
+                assert_eq!(info_tag(&a, &index, tag), info_tag(&b, &index, tag));
+            }
+            // Each tick's own values stay fresh.
+            for field in ["power_watts", "pcie_link_gen", "nvlink_links_up"] {
+                assert_eq!(
+                    value(&a, &GPU, &[&index], field),
+                    value(&b, &GPU, &[&index], field),
+                    "{field} of GPU {gpu} at {second} s"
+                );
+            }
+        }
+        // The links of GPU 2 keep their rows, state and counters, with
+        // this tick's rates.
+        let uuid = spaced.gpus[2].uuid.clone();
+        for link in ["0", "17"] {
+            for field in [
+                "up",
+                "rx_bytes_per_second",
+                "tx_bytes_per_second",
+                "crc_errors",
+            ] {
+                let ours = value(&a, &NVLINK, &["2", &uuid, link], field);
+                assert!(ours.is_some(), "link {link} {field} at {second} s");
+                assert_eq!(ours, value(&b, &NVLINK, &["2", &uuid, link], field));
+            }
+        }
+        assert_eq!(
+            table(&a, &NVLINK).map(Batch::len),
+            table(&b, &NVLINK).map(Batch::len)
+        );
+    }
+    assert_eq!(read_at, [0, 30, 60, 90]);
+    // Once per interval on each GPU, every slow read; the rest each tick.
+    for read in costs::SLOW {
+        assert_eq!(reads_of(&counts, read), 4 * 3, "{read}");
+        assert_eq!(reads_of(&every_counts, read), 96 * 3, "{read}");
+    }
+    for read in costs::EVERY_TICK {
+        assert_eq!(reads_of(&counts, read), 96 * 3, "{read}");
+    }
+    // The values did change between reads, so holding them was seen.
+    assert_eq!(
+        last_read[&(0, "pcie_replays")],
+        Some(270.0),
+        "read at 90 s: 3 a second"
+    );
+    let ecc = last_read[&(1, "ecc_corrected_errors")];
+    assert_eq!(ecc, Some(9.0), "read at 90 s: one every 10 s");
+}
+
+#[test]
+fn a_change_shows_at_the_next_slow_read() {
+    // MIG turned on at 40 s on GPU 0.
+    let (mut gpu, counts) = simulated_counting(
+        &["training", "pcie-degraded"],
+        |_| {},
+        |s| s.turning(0, 40.0, sim::Scenario::Mig),
+    );
+    for second in 0..=65i64 {
+        let b = gpu.collect(second * 1_000_000).unwrap();
+        let mig = info_tag(&b, "0", "mig");
+        let instances = table(&b, &MIG).map_or(0, Batch::len);
+        if second < 60 {
+            assert_eq!(mig, "off", "at {second} s");
+            assert_eq!(instances, 0, "at {second} s");
+        } else {
+            assert_eq!(mig, "on", "at {second} s");
+            assert_eq!(instances, 3, "at {second} s");
+        }
+        // The replay counter grows 3 a second; it shows 3 × the last
+        // slow read's second.
+        let read = second / 30 * 30;
+        assert_eq!(
+            value(&b, &GPU, &["1"], "pcie_replays"),
+            Some((read * 3) as f64),
+            "at {second} s"
+        );
+    }
+    assert_eq!(reads_of(&counts, "mig_mode"), 3 * 2);
+    assert!(reads_of(&counts, "mig instances") > 0);
+}
+
+#[test]
+fn a_gpu_that_answers_again_is_read_in_full() {
+    // GPU 0 falls off the bus from 10 s to 20 s.
+    let (mut gpu, counts) = simulated_counting(
+        &["training"],
+        |_| {},
+        |s| {
+            s.turning(0, 10.0, sim::Scenario::Lost)
+                .turning(0, 20.0, sim::Scenario::Training)
+        },
+    );
+    for second in 0..20 {
+        gpu.collect(second * 1_000_000).unwrap();
+    }
+    assert_eq!(reads_of(&counts, "mig_mode"), 1, "the first tick only");
+    let exact_before = reads_of(&counts, "total_energy_consumption");
+    let b = gpu.collect(20_000_000).unwrap();
+    assert_eq!(value(&b, &HEALTH, &["0"], "up"), Some(1.0));
+    assert_eq!(
+        reads_of(&counts, "mig_mode"),
+        2,
+        "read again when it answers"
+    );
+    assert_eq!(
+        reads_of(&counts, "total_energy_consumption"),
+        exact_before + 1
+    );
+    assert_eq!(
+        value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
+        Some(0.0)
+    );
+    // And then on its cadence from there: 50 s, not 30 s.
+    for second in 21..50 {
+        gpu.collect(second * 1_000_000).unwrap();
+    }
+    assert_eq!(reads_of(&counts, "mig_mode"), 2);
+    gpu.collect(50_000_000).unwrap();
+    assert_eq!(reads_of(&counts, "mig_mode"), 3);
+}
+
+/// A reload hands the values of the last slow read to the new collector:
+/// it neither reads them again at once nor exports them null or reset.
+#[test]
+fn slow_values_carry_over_a_reload() {
+    let (mut old, counts) = simulated_counting(&["pcie-degraded", "mig"], |_| {}, |s| s);
+    for second in 0..=40 {
+        old.collect(second * 1_000_000).unwrap();
+    }
+    assert_eq!(reads_of(&counts, "pcie_replay_counter"), 2 * 2);
+    let config = GpuConfig {
+        processes: false,
+        ..old.config.clone()
+    };
+    let mut new = Gpu::new(&config, &Roots::default());
+    new.take_over(Box::new(old));
+    assert!(matches!(new.probe(), Availability::Available(_)));
+    let b = new.collect(41_000_000).unwrap();
+    assert_eq!(reads_of(&counts, "pcie_replay_counter"), 2 * 2);
+    assert_eq!(value(&b, &GPU, &["0"], "pcie_replays"), Some(90.0));
+    assert_eq!(value(&b, &GPU, &["0"], "power_limit_watts"), Some(700.0));
+    assert_eq!(info_tag(&b, "1", "mig"), "on");
+    assert_eq!(table(&b, &MIG).map(Batch::len), Some(3));
+    let b = new.collect(60_000_000).unwrap();
+    assert_eq!(reads_of(&counts, "pcie_replay_counter"), 3 * 2);
+    assert_eq!(value(&b, &GPU, &["0"], "pcie_replays"), Some(180.0));
+}
+
+#[test]
+fn counters_are_monotonic_across_ticks() {
+    let mut gpu = simulated(&["xid"]);
+    let a = gpu.collect(0).unwrap();
+    let b = gpu.collect(61_000_000).unwrap();
+    for field in ["energy_joules", "ecc_corrected_errors"] {
+        assert!(
+            value(&b, &GPU, &["0"], field) > value(&a, &GPU, &["0"], field),
+            "{field}"
+        );
+    }
+    let uuid = gpu.gpus[0].uuid.clone();
+    assert_eq!(value(&b, &XID, &["0", &uuid, "31"], "errors"), Some(1.0));
+    assert_eq!(value(&b, &XID, &["0", &uuid, "13"], "errors"), Some(1.0));
+    assert_eq!(value(&b, &HEALTH, &["0"], "last_xid"), Some(13.0));
+}
+
+#[test]
+fn mig_instances_are_rows_of_their_own() {
+    let mut gpu = simulated(&["mig"]);
+    let b = gpu.collect(0).unwrap();
+    let mig = table(&b, &MIG).unwrap();
+    assert_eq!(mig.len(), 3);
+    assert_eq!(mig.tags[4].dict, vec!["3g.40gb", "2g.20gb", "1g.10gb"]);
+    let processes = table(&b, &PROCESS).unwrap();
+    assert_eq!(processes.len(), 3, "one process per instance");
+}
+
+#[test]
+fn without_a_driver_the_collector_is_off_with_the_reason() {
+    let mut gpu = Gpu::new(&GpuConfig::default(), &Roots::default());
+    // CI has no driver; on a GPU machine the same probe must find NVML.
+    match (nvml::load(), gpu.probe()) {
+        (Err(_), Availability::Absent(reason)) => {
+            assert!(reason.contains("libnvidia-ml"), "{reason}")
+        }
+        (Ok(_), Availability::Available(found)) => assert!(found.contains("nvml"), "{found}"),
+        (Ok(_), Availability::Absent(reason)) => {
+            assert!(reason.contains("sees no GPU"), "{reason}")
+        }
+        (Err(e), Availability::Available(found)) => panic!("found {found} without NVML: {e}"),
+        (_, Availability::Failed(reason)) => panic!("a driver read failed: {reason}"),
+    }
+}

@@ -1,0 +1,230 @@
+//! One scrape: the request, the limits on what comes back, and the parse of
+//! the body as it arrives; a failure says why.
+
+use super::*;
+
+/// Why a scrape failed: the reasons counted in `scrape_target`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Not reachable.
+    Connect,
+    /// Past its timeout.
+    Timeout,
+    /// Not a 2xx status.
+    Http,
+    /// Not a valid exposition.
+    Invalid,
+    /// Past one of the target's limits.
+    Limit,
+}
+
+impl Reason {
+    /// The reason as logs and field names say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Connect => "connect",
+            Reason::Timeout => "timeout",
+            Reason::Http => "http",
+            Reason::Invalid => "invalid",
+            Reason::Limit => "limit",
+        }
+    }
+
+    pub(super) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A failed scrape: the reason and what happened.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The counted reason.
+    pub reason: Reason,
+    /// The error, for the log.
+    pub message: String,
+}
+
+pub(super) fn fail(reason: Reason, message: impl Into<String>) -> Failure {
+    Failure {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// One parsed scrape: its rows and the histogram series asked for.
+pub struct Scraped {
+    /// One `scraped` row per sample.
+    pub rows: Batch,
+    /// The series of the `histograms` families.
+    pub histograms: Snapshot,
+}
+
+/// Parses an exposition as it is read, into `scraped` rows of `target` at
+/// `time_us`, picking out the histogram series `target` lists. Memory holds
+/// one line and the rows so far; the first line past one of the target's
+/// limits ends the parse (a `limit` failure), as does the first invalid one
+/// (`invalid`). A read error is classified as a fetch's would be.
+pub fn parse_stream(
+    mut body: impl BufRead,
+    format: Format,
+    target: &ScrapeTarget,
+    time_us: i64,
+) -> Result<Scraped, Failure> {
+    let limits = Limits {
+        label_limit: usize::try_from(target.label_limit).unwrap_or(usize::MAX),
+        label_value_length_limit_bytes: usize::try_from(target.label_value_length_limit_bytes)
+            .unwrap_or(usize::MAX),
+    };
+    let mut parser = Parser::with_limits(format, limits);
+    let mut rows = BatchBuilder::new(&tables::SCRAPED);
+    let mut series: Snapshot = BTreeMap::new();
+    let mut line = Vec::new();
+    let mut offset_bytes = 0u64;
+    loop {
+        line.clear();
+        let read = body
+            .read_until(b'\n', &mut line)
+            .map_err(|e| classify(ureq::Error::from(e)))?;
+        if read == 0 {
+            break;
+        }
+        let text = std::str::from_utf8(&line).map_err(|e| {
+            fail(
+                Reason::Invalid,
+                format!(
+                    "body is not UTF-8 (at byte {})",
+                    offset_bytes + e.valid_up_to() as u64
+                ),
+            )
+        })?;
+        offset_bytes += read as u64;
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        let sample = match parser.parse_line(text) {
+            Ok(Some(sample)) => sample,
+            Ok(None) => continue,
+            Err(e) => {
+                let reason = match e.limit {
+                    Some(_) => Reason::Limit,
+                    None => Reason::Invalid,
+                };
+                return Err(fail(reason, e.to_string()));
+            }
+        };
+        if rows.len() as u64 >= target.sample_limit {
+            return Err(fail(
+                Reason::Limit,
+                format!(
+                    "more than sample_limit {} samples (line {})",
+                    target.sample_limit,
+                    parser.line_number()
+                ),
+            ));
+        }
+        if let Some(family) = sample.metric.strip_suffix("_bucket") {
+            if target.histograms.iter().any(|h| h == family) {
+                let (rest, le) = split_le(&sample.labels).ok_or_else(|| {
+                    fail(
+                        Reason::Invalid,
+                        format!(
+                            "line {}: bucket without a valid le label",
+                            parser.line_number()
+                        ),
+                    )
+                })?;
+                let bound: f64 = le.parse().map_err(|_| {
+                    fail(
+                        Reason::Invalid,
+                        format!("line {}: le={le:?} is not a number", parser.line_number()),
+                    )
+                })?;
+                series
+                    .entry((family.to_string(), rest))
+                    .or_default()
+                    .push((bound, sample.value));
+            }
+        }
+        let row = ScrapedRow {
+            target: &target.name,
+            metric: sample.metric,
+            labels: &sample.labels,
+            value: Some(sample.value),
+        };
+        rows.push_row(time_us, &row)
+            .expect("a scraped row is for the scraped table");
+    }
+    parser
+        .finish()
+        .map_err(|e| fail(Reason::Invalid, e.to_string()))?;
+    for buckets in series.values_mut() {
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    Ok(Scraped {
+        rows: rows.finish(),
+        histograms: series,
+    })
+}
+
+/// Scrapes a target once: fetches it and parses the body as it arrives.
+pub(super) fn scrape(agent: &ureq::Agent, target: &ScrapeTarget, time_us: i64) -> Result<Scraped, Failure> {
+    let mut response = agent
+        .get(&target.url)
+        .header("Accept", ACCEPT)
+        .call()
+        .map_err(classify)?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(fail(Reason::Http, format!("HTTP status {status}")));
+    }
+    let format = match response.headers().get("content-type") {
+        Some(v) if v.as_bytes().starts_with(b"application/openmetrics-text") => Format::OpenMetrics,
+        _ => Format::PrometheusText,
+    };
+    // A declared length past the limit is refused before a byte is read.
+    let declared_bytes = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if let Some(bytes) = declared_bytes.filter(|&b| b > target.body_size_limit_bytes) {
+        return Err(body_too_large(bytes, target.body_size_limit_bytes));
+    }
+    // ureq's limit errs on the read after `limit` bytes even at the body's
+    // end: one byte more lets a body of exactly the limit read to its end.
+    let reader = response
+        .body_mut()
+        .with_config()
+        .limit(target.body_size_limit_bytes.saturating_add(1))
+        .reader();
+    parse_stream(
+        std::io::BufReader::with_capacity(64 << 10, reader),
+        format,
+        target,
+        time_us,
+    )
+}
+
+pub(super) fn body_too_large(bytes: u64, limit_bytes: u64) -> Failure {
+    fail(
+        Reason::Limit,
+        format!("body of {bytes} bytes or more, larger than body_size_limit_bytes {limit_bytes}"),
+    )
+}
+
+pub(super) fn classify(e: ureq::Error) -> Failure {
+    use std::io::ErrorKind;
+    let reason = match &e {
+        ureq::Error::Timeout(_) => Reason::Timeout,
+        ureq::Error::Io(io) if matches!(io.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+            Reason::Timeout
+        }
+        ureq::Error::Io(_) | ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => {
+            Reason::Connect
+        }
+        ureq::Error::StatusCode(_) => Reason::Http,
+        // The reader was given the limit plus one byte (see `scrape`).
+        ureq::Error::BodyExceedsLimit(read_bytes) => {
+            return body_too_large(*read_bytes, read_bytes.saturating_sub(1))
+        }
+        _ => Reason::Invalid,
+    };
+    fail(reason, e.to_string())
+}

@@ -1,0 +1,336 @@
+//! Tests of the module.
+
+use super::*;
+
+const INF: f64 = f64::INFINITY;
+
+fn close(a: Option<f64>, b: f64) {
+    let a = a.expect("a quantile");
+    assert!((a - b).abs() < 1e-12, "{a} != {b}");
+}
+
+/// Values worked by hand the way PromQL's bucketQuantile interpolates.
+#[test]
+fn quantiles_interpolate_within_the_bucket() {
+    // 100 observations: 50 at or under 0.1, 40 in (0.1, 0.2], 9 in (0.2, 0.4], 1 above.
+    let b = [(0.1, 50.0), (0.2, 90.0), (0.4, 99.0), (INF, 100.0)];
+    // rank 50 falls at the end of the first bucket, which starts at 0.
+    close(bucket_quantile(0.5, &b), 0.1);
+    // rank 25: half of the first bucket.
+    close(bucket_quantile(0.25, &b), 0.05);
+    // rank 70: 20 of 40 into (0.1, 0.2].
+    close(bucket_quantile(0.7, &b), 0.15);
+    // rank 99: the end of (0.2, 0.4].
+    close(bucket_quantile(0.99, &b), 0.4);
+    // rank 99.9 is in +Inf: the largest finite bound.
+    close(bucket_quantile(0.999, &b), 0.4);
+    // Order of the input does not matter.
+    let shuffled = [(INF, 100.0), (0.2, 90.0), (0.1, 50.0), (0.4, 99.0)];
+    close(bucket_quantile(0.7, &shuffled), 0.15);
+}
+
+#[test]
+fn quantiles_match_promql_for_a_prometheus_shaped_histogram() {
+    // prometheus_http_request_duration_seconds' bounds; 1000 requests.
+    let b = [
+        (0.1, 985.0),
+        (0.2, 991.0),
+        (0.4, 995.0),
+        (1.0, 999.0),
+        (3.0, 1000.0),
+        (8.0, 1000.0),
+        (INF, 1000.0),
+    ];
+    // rank 990: 5 of 6 into (0.1, 0.2].
+    close(bucket_quantile(0.99, &b), 0.1 + 0.1 * 5.0 / 6.0);
+    // rank 999: the end of (0.4, 1].
+    close(bucket_quantile(0.999, &b), 1.0);
+    // rank 500: 500/985 of the first bucket.
+    close(bucket_quantile(0.5, &b), 0.1 * 500.0 / 985.0);
+}
+
+#[test]
+fn empty_window_has_no_quantiles() {
+    let b = [(0.1, 0.0), (1.0, 0.0), (INF, 0.0)];
+    assert_eq!(bucket_quantile(0.99, &b), None);
+    assert_eq!(bucket_quantile(0.5, &[]), None);
+}
+
+#[test]
+fn inf_only_or_no_inf_has_no_quantiles() {
+    assert_eq!(bucket_quantile(0.5, &[(INF, 10.0)]), None);
+    assert_eq!(bucket_quantile(0.5, &[(0.1, 5.0), (1.0, 10.0)]), None);
+    // Everything in +Inf: the largest finite bound, as PromQL says.
+    close(bucket_quantile(0.5, &[(0.1, 0.0), (INF, 7.0)]), 0.1);
+}
+
+#[test]
+fn garbage_counts_give_no_quantile_and_no_panic() {
+    assert_eq!(bucket_quantile(0.5, &[(0.1, f64::NAN), (INF, 1.0)]), None);
+    assert_eq!(bucket_quantile(0.5, &[(f64::NAN, 1.0), (INF, 1.0)]), None);
+    assert_eq!(bucket_quantile(0.5, &[(0.1, 1.0), (INF, INF)]), None);
+    assert_eq!(bucket_quantile(0.5, &[(0.1, -3.0), (INF, -1.0)]), None);
+    // Non-monotonic counts are raised to the running maximum.
+    close(
+        bucket_quantile(0.5, &[(0.1, 10.0), (0.2, 4.0), (INF, 10.0)]),
+        0.05,
+    );
+    // A first bucket with a negative bound answers that bound.
+    close(
+        bucket_quantile(0.1, &[(-1.0, 5.0), (0.0, 10.0), (INF, 10.0)]),
+        -1.0,
+    );
+}
+
+#[test]
+fn deltas_between_window_ends_and_resets() {
+    let before = [(0.1, 10.0), (1.0, 15.0), (INF, 16.0)];
+    let after = [(0.1, 12.0), (1.0, 25.0), (INF, 26.0)];
+    assert_eq!(
+        window_delta(&before, &after),
+        vec![(0.1, 2.0), (1.0, 10.0), (INF, 10.0)]
+    );
+    // rank 5 of 10: 3 of 8 into (0.1, 1].
+    close(
+        bucket_quantile(0.5, &window_delta(&before, &after)),
+        0.1 + 0.9 * 3.0 / 8.0,
+    );
+    // The target restarted: counts went down, the later ones are the window's.
+    let restarted = [(0.1, 1.0), (1.0, 3.0), (INF, 3.0)];
+    assert_eq!(window_delta(&after, &restarted), restarted.to_vec());
+    // Bounds changed: the same.
+    let rebucketed = [(0.5, 30.0), (INF, 40.0)];
+    assert_eq!(window_delta(&after, &rebucketed), rebucketed.to_vec());
+    // No observations in the window: no quantiles, zero count.
+    let idle = window_delta(&after, &after);
+    assert_eq!(idle.last().unwrap().1, 0.0);
+    assert_eq!(bucket_quantile(0.99, &idle), None);
+}
+
+#[test]
+fn le_is_split_from_canonical_labels() {
+    assert_eq!(
+        split_le(r#"code="200",handler="/a,\"b\"",le="0.1""#),
+        Some((r#"code="200",handler="/a,\"b\"""#.to_string(), "0.1"))
+    );
+    assert_eq!(split_le(r#"le="+Inf""#), Some((String::new(), "+Inf")));
+    assert_eq!(split_le(r#"a="1""#), None);
+    assert_eq!(split_le(r#"a="1"#), None);
+}
+
+const BODY: &str = "\
+# TYPE req_seconds histogram
+req_seconds_bucket{path=\"/a\",le=\"0.1\"} 3
+req_seconds_bucket{path=\"/a\",le=\"1\"} 4
+req_seconds_bucket{le=\"+Inf\",path=\"/a\"} 5
+req_seconds_sum{path=\"/a\"} 2.5
+req_seconds_count{path=\"/a\"} 5
+other_total 7
+";
+
+/// A reload that changes `[[scrape]]` rebuilds the collector; each
+/// target's scrape and failure counts carry on from the old one's.
+#[test]
+fn a_rebuilt_collector_carries_on_each_targets_counts() {
+    // Nothing listens on port 1: every scrape is a connect failure.
+    let fast = |timeout_secs| ScrapeTarget {
+        interval_secs: 0.02,
+        timeout_secs,
+        ..ScrapeTarget::new("down", "http://127.0.0.1:1/metrics")
+    };
+    let config = |timeout_secs| ScrapeConfig {
+        targets: vec![fast(timeout_secs)],
+        ..ScrapeConfig::default()
+    };
+    let counts = |scrape: &Scrape| scrape.shared.targets.lock().unwrap()["down"].counts;
+    let wait_for = |scrape: &Scrape, scrapes: u64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while counts(scrape).scrapes < scrapes {
+            assert!(Instant::now() < deadline, "{:?}", counts(scrape));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        counts(scrape)
+    };
+    let mut old = Scrape::new(&config(1.0), &Roots::default());
+    assert!(matches!(old.probe(), Availability::Available(_)));
+    let before = wait_for(&old, 5);
+    assert!(before.failures.iter().sum::<u64>() >= 5, "{before:?}");
+    let mut new = Scrape::new(&config(2.0), &Roots::default());
+    new.take_over(Box::new(old));
+    assert!(matches!(new.probe(), Availability::Available(_)));
+    // Its first scrape goes on from the old counts, not from zero.
+    let after = wait_for(&new, 1);
+    assert!(after.scrapes > before.scrapes, "{after:?} after {before:?}");
+    for (a, b) in after.failures.iter().zip(before.failures) {
+        assert!(*a >= b, "{after:?} after {before:?}");
+    }
+}
+
+fn target(histograms: &[&str]) -> ScrapeTarget {
+    ScrapeTarget {
+        histograms: histograms.iter().map(|h| h.to_string()).collect(),
+        ..ScrapeTarget::new("t", "http://127.0.0.1:1/metrics")
+    }
+}
+
+fn parse(body: &str, format: Format, target: &ScrapeTarget) -> Result<Scraped, Failure> {
+    parse_stream(body.as_bytes(), format, target, 7)
+}
+
+/// (metric, labels, value) of row `i`.
+fn row(rows: &Batch, i: usize) -> (String, String, f64) {
+    let tag = |t: usize| rows.tags[t].dict[rows.tags[t].codes[i] as usize].clone();
+    let vtax_store::batch::Values::F64(values) = &rows.fields[0].values else {
+        panic!("value is f64");
+    };
+    (tag(1), tag(2), values[i])
+}
+
+#[test]
+fn bodies_are_parsed_and_histograms_picked_out() {
+    let scraped = parse(BODY, Format::PrometheusText, &target(&["req_seconds"])).unwrap();
+    assert_eq!(scraped.rows.len(), 6);
+    assert_eq!(scraped.rows.time_us, vec![7; 6]);
+    assert_eq!(
+        row(&scraped.rows, 2),
+        (
+            "req_seconds_bucket".to_string(),
+            r#"le="+Inf",path="/a""#.to_string(),
+            5.0
+        )
+    );
+    let series = &scraped.histograms[&("req_seconds".to_string(), r#"path="/a""#.to_string())];
+    assert_eq!(series, &vec![(0.1, 3.0), (1.0, 4.0), (INF, 5.0)]);
+    let invalid = |body: &str, format, t: &ScrapeTarget| {
+        let f = parse(body, format, t).err().expect("a failure");
+        assert_eq!(f.reason, Reason::Invalid, "{}", f.message);
+        f.message
+    };
+    invalid("<html>oops</html>\n", Format::PrometheusText, &target(&[]));
+    invalid(
+        "x_bucket{le=\"fast\"} 1\n",
+        Format::PrometheusText,
+        &target(&["x"]),
+    );
+    invalid("x 1\n", Format::OpenMetrics, &target(&[]));
+    let not_utf8 = parse_stream(
+        &b"x 1\ny{a=\"\xc3\xa9\xff\"} 2\n"[..],
+        Format::PrometheusText,
+        &target(&[]),
+        7,
+    );
+    let message = not_utf8.err().expect("a failure").message;
+    assert!(message.contains("at byte 11"), "{message}");
+    // Without a final newline the last line counts all the same.
+    assert_eq!(
+        parse("a 1\nb 2", Format::PrometheusText, &target(&[]))
+            .unwrap()
+            .rows
+            .len(),
+        2
+    );
+}
+
+/// A 1M-series target drove the agent past the unit's MemoryMax=256M: a
+/// scrape past a limit is now refused whole, at the first line past it.
+#[test]
+fn a_scrape_past_a_limit_is_refused_whole() {
+    let lines =
+        |n: usize| -> String { (0..n).map(|i| format!("m{{i=\"{i}\"}} {i}\n")).collect() };
+    let t = ScrapeTarget {
+        sample_limit: 100,
+        label_limit: 3,
+        label_value_length_limit_bytes: 16,
+        ..target(&[])
+    };
+    // At every limit: accepted.
+    let at_limit = format!(
+        "{}big{{a=\"{}\",b=\"\",c=\"\"}} 1\n# EOF\n",
+        lines(99),
+        "x".repeat(16)
+    );
+    assert_eq!(
+        parse(&at_limit, Format::OpenMetrics, &t)
+            .unwrap()
+            .rows
+            .len(),
+        100
+    );
+    let limit = |body: &str| {
+        let f = parse(body, Format::PrometheusText, &t)
+            .err()
+            .expect("a failure");
+        assert_eq!(f.reason, Reason::Limit, "{}", f.message);
+        f.message
+    };
+    let message = limit(&lines(1_000_000));
+    assert!(
+        message.contains("more than sample_limit 100 samples (line 101)"),
+        "{message}"
+    );
+    let message = limit(&format!(
+        "{}m{{a=\"1\",b=\"2\",c=\"3\",d=\"4\"}} 1\n",
+        lines(5)
+    ));
+    assert!(
+        message.contains("line 6: 4 labels, more than label_limit 3"),
+        "{message}"
+    );
+    let message = limit(&format!("m{{a=\"{}\"}} 1\n", "x".repeat(8 << 20)));
+    assert!(
+        message.contains("label \"a\" has a value of 8388608 bytes"),
+        "{message}"
+    );
+    // A bad line before the limit is still `invalid`.
+    let f = parse(&format!("{}oops\n", lines(5)), Format::PrometheusText, &t)
+        .err()
+        .unwrap();
+    assert_eq!(f.reason, Reason::Invalid);
+}
+
+#[test]
+fn windows_close_on_wall_clock_multiples() {
+    let snap = |n: f64| -> Snapshot {
+        [(("h".to_string(), String::new()), vec![(0.1, n), (INF, n)])]
+            .into_iter()
+            .collect()
+    };
+    let mut w = Windows::new(10);
+    let s = 1_000_000;
+    assert!(w.advance(100 * s, 100 * s + 3, snap(1.0)).is_empty());
+    // A second scrape in the same window does not close it.
+    assert!(w.advance(105 * s, 105 * s, snap(2.0)).is_empty());
+    let closed = w.advance(110 * s, 110 * s + 3, snap(5.0));
+    assert_eq!(closed.len(), 1);
+    assert_eq!(closed[0].2, vec![(0.1, 4.0), (INF, 4.0)]);
+    assert!((closed[0].3 - 10.0).abs() < 1e-9);
+    // A series new in this window is left for the next.
+    let mut two = snap(9.0);
+    two.insert(("h".into(), "x=\"1\"".into()), vec![(INF, 1.0)]);
+    let closed = w.advance(120 * s, 120 * s, two);
+    assert_eq!(closed.len(), 1);
+}
+
+#[test]
+fn targets_are_validated() {
+    let t = ScrapeTarget {
+        histograms: vec!["x_seconds".into()],
+        ..ScrapeTarget::new("a", "http://127.0.0.1:1/metrics")
+    };
+    assert!(validate_targets(std::slice::from_ref(&t)).is_ok());
+    let with = |f: &dyn Fn(&mut ScrapeTarget)| {
+        let mut t = t.clone();
+        f(&mut t);
+        validate_targets(&[t]).unwrap_err()
+    };
+    assert_eq!(with(&|t| t.url = "https://x/".into()).0, "scrape[0].url");
+    assert_eq!(with(&|t| t.timeout_secs = 10.0).0, "scrape[0].timeout_secs");
+    assert_eq!(with(&|t| t.window_secs = 5).0, "scrape[0].window_secs");
+    assert_eq!(
+        with(&|t| t.histograms = vec!["x_bucket".into()]).0,
+        "scrape[0].histograms"
+    );
+    assert_eq!(with(&|t| t.name = "a b".into()).0, "scrape[0].name");
+    let err = validate_targets(&[t.clone(), t]).unwrap_err();
+    assert_eq!(err.0, "scrape[1].name");
+}
