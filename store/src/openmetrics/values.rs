@@ -1,0 +1,162 @@
+//! Sample values and timestamps, in the Prometheus text and OpenMetrics
+//! forms.
+
+use super::*;
+
+/// Parses a sample value the way Prometheus does (Go's `strconv.ParseFloat` minus hex floats and
+/// underscores): decimal with optional fraction and exponent, `[+-]inf`/`[+-]infinity`, `nan`
+/// (ASCII case-insensitive). Finite decimals that overflow f64 are an error, as in Go.
+pub(super) fn parse_value(s: &str) -> Result<f64, &'static str> {
+    let b = s.as_bytes();
+    let (neg, rest) = match b.first() {
+        Some(b'+') => (false, &s[1..]),
+        Some(b'-') => (true, &s[1..]),
+        _ => (false, s),
+    };
+    match rest.as_bytes().first() {
+        Some(c) if c.is_ascii_digit() || *c == b'.' => {
+            // Rust's grammar for what follows a sign and starts with a digit or '.' is exactly
+            // `(digits [. digits*] | . digits) [(e|E) [+-] digits]`, the same as Go's decimal form.
+            match s.parse::<f64>() {
+                Ok(v) if v.is_finite() => Ok(v),
+                Ok(_) => Err("value out of range for f64"),
+                Err(_) => Err("invalid value"),
+            }
+        }
+        Some(b'i' | b'I')
+            if rest.eq_ignore_ascii_case("inf") || rest.eq_ignore_ascii_case("infinity") =>
+        {
+            Ok(if neg {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            })
+        }
+        Some(b'n' | b'N') if rest.len() == s.len() && rest.eq_ignore_ascii_case("nan") => {
+            Ok(f64::from_bits(NORMAL_NAN_BITS))
+        }
+        None => Err("missing value"),
+        _ => Err("invalid value"),
+    }
+}
+
+/// Prometheus text timestamp: integer milliseconds (optional sign) → microseconds.
+pub(super) fn parse_prom_timestamp_us(s: &str) -> Result<i64, &'static str> {
+    let b = s.as_bytes();
+    let digits = match b.first() {
+        Some(b'+' | b'-') => &b[1..],
+        _ => b,
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err("invalid timestamp (Prometheus text wants integer milliseconds)");
+    }
+    s.parse::<i64>()
+        .ok()
+        .and_then(|ms| ms.checked_mul(1000))
+        .ok_or("timestamp out of range")
+}
+
+/// OpenMetrics timestamp: seconds as `[+-]digits[.digits][(e|E)[+-]digits]` → microseconds,
+/// exactly. Trailing zeros beyond microseconds are fine; any non-zero digit below a
+/// microsecond is an error (no rounding).
+pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
+    const INVALID: &str = "invalid timestamp (OpenMetrics wants seconds, e.g. 1700000000.123)";
+    const RANGE: &str = "timestamp out of range";
+    let b = s.as_bytes();
+    let mut i = 0;
+    let neg = match b.first() {
+        Some(b'-') => {
+            i = 1;
+            true
+        }
+        Some(b'+') => {
+            i = 1;
+            false
+        }
+        _ => false,
+    };
+    // Significant digits without trailing zeros; zeros not yet folded in are `pending_zeros`.
+    let mut mant: u128 = 0;
+    let mut pending_zeros: i64 = 0;
+    let mut frac_digits: i64 = 0;
+    let mut n_digits = 0usize;
+    let mut seen_dot = false;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_digit() {
+            n_digits += 1;
+            if seen_dot {
+                frac_digits += 1;
+            }
+            if c == b'0' {
+                if mant != 0 {
+                    pending_zeros += 1;
+                }
+            } else {
+                for _ in 0..=pending_zeros {
+                    mant = mant.checked_mul(10).ok_or(RANGE)?;
+                }
+                mant = mant.checked_add(u128::from(c - b'0')).ok_or(RANGE)?;
+                pending_zeros = 0;
+            }
+        } else if c == b'.' && !seen_dot {
+            seen_dot = true;
+        } else {
+            break;
+        }
+        i += 1;
+    }
+    if n_digits == 0 {
+        return Err(INVALID);
+    }
+    let mut exp: i64 = 0;
+    if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
+        i += 1;
+        let exp_neg = match b.get(i) {
+            Some(b'-') => {
+                i += 1;
+                true
+            }
+            Some(b'+') => {
+                i += 1;
+                false
+            }
+            _ => false,
+        };
+        let exp_start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            // Saturate: anything this large is out of range or sub-microsecond anyway.
+            exp = (exp * 10 + i64::from(b[i] - b'0')).min(1_000_000);
+            i += 1;
+        }
+        if i == exp_start {
+            return Err(INVALID);
+        }
+        if exp_neg {
+            exp = -exp;
+        }
+    }
+    if i != b.len() {
+        return Err(INVALID);
+    }
+    if mant == 0 {
+        return Ok(0);
+    }
+    // value_us = mant * 10^(pending_zeros + exp - frac_digits + 6)
+    let shift = pending_zeros + exp - frac_digits + 6;
+    if shift < 0 {
+        return Err("timestamp has sub-microsecond digits (more than 6 fractional digits)");
+    }
+    if shift > 38 {
+        return Err(RANGE);
+    }
+    let mag = mant.checked_mul(10u128.pow(shift as u32)).ok_or(RANGE)?;
+    if neg {
+        if mag > 1u128 << 63 {
+            return Err(RANGE);
+        }
+        Ok((mag as i128).wrapping_neg() as i64)
+    } else {
+        i64::try_from(mag).map_err(|_| RANGE)
+    }
+}
