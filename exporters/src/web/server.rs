@@ -1,0 +1,435 @@
+//! The server: connections with their limits and idle timeout, and the
+//! answer to each request.
+
+use super::*;
+
+/// A running `/metrics` server.
+pub struct WebServer {
+    pub(super) runtime: Option<tokio::runtime::Runtime>,
+    pub(super) local_addr: SocketAddr,
+    pub(super) shutdown: Arc<tokio::sync::Notify>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl WebServer {
+    /// The address it listens on (the real port when asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// What it holds and refused since it started.
+    pub fn stats(&self) -> WebStats {
+        self.shared.stats()
+    }
+
+    /// Publishes [`WebServer::stats`] once a second as a row of [`TABLE`]:
+    /// staged in the exposition (shown with the collectors' next render) and
+    /// sent on `rows` (the store's channel), so it is stored like any table.
+    pub fn publish_stats(&self, rows: std::sync::mpsc::Sender<Vec<Arc<Batch>>>) {
+        let Some(runtime) = &self.runtime else {
+            return;
+        };
+        let shared = self.shared.clone();
+        runtime.spawn(async move {
+            let mut every = tokio::time::interval(STATS_INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let time_us = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64);
+                let row = Arc::new(shared.stats().row(time_us));
+                shared.exposition.stage(STATS_SOURCE, vec![row.clone()]);
+                if rows.send(vec![row]).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Stops accepting and drops open connections.
+    pub fn stop(mut self) {
+        self.shutdown.notify_waiters();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        }
+    }
+}
+
+/// What every connection of a server shares.
+pub(super) struct Shared {
+    pub(super) exposition: Arc<Exposition>,
+    pub(super) counters: Counters,
+    /// One permit per open connection.
+    pub(super) connections: Arc<tokio::sync::Semaphore>,
+    pub(super) max_connections: usize,
+    pub(super) bcrypt_slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Shared {
+    pub(super) fn stats(&self) -> WebStats {
+        let counter = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WebStats {
+            connections_open: (self.max_connections - self.connections.available_permits()) as u64,
+            connections_refused: counter(&self.counters.connections_refused),
+            connections_timed_out: counter(&self.counters.connections_timed_out),
+            auth_failures: counter(&self.counters.auth_failures),
+            auth_busy: counter(&self.counters.auth_busy),
+        }
+    }
+}
+
+/// Starts serving `exposition` on `address`, with the web config file if any,
+/// under the default [`WebLimits`].
+pub fn serve(
+    address: SocketAddr,
+    web_config_file: Option<PathBuf>,
+    exposition: Arc<Exposition>,
+) -> anyhow::Result<WebServer> {
+    serve_with(address, web_config_file, exposition, WebLimits::default())
+}
+
+/// Starts serving `exposition` on `address` under `limits`.
+pub fn serve_with(
+    address: SocketAddr,
+    web_config_file: Option<PathBuf>,
+    exposition: Arc<Exposition>,
+    limits: WebLimits,
+) -> anyhow::Result<WebServer> {
+    let web_config = Arc::new(WebConfig::open(web_config_file)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WEB_THREADS)
+        .thread_name("web")
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(address))
+        .map_err(|e| anyhow::anyhow!("listen on {address}: {e}"))?;
+    let local_addr = listener.local_addr()?;
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    let stop = shutdown.clone();
+    let shared = Arc::new(Shared {
+        exposition,
+        counters: Counters::default(),
+        connections: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
+        max_connections: limits.max_connections,
+        bcrypt_slots: Arc::new(tokio::sync::Semaphore::new(BCRYPT_SLOTS)),
+    });
+    let server_shared = shared.clone();
+    runtime.spawn(async move {
+        let shared = server_shared;
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = stop.notified() => return,
+            };
+            let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
+                bump(&shared.counters.connections_refused);
+                tracing::debug!(%peer, "Connection refused: max connections open.");
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let loaded = web_config.current();
+            let shared = shared.clone();
+            let limits = limits.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                serve_connection(stream, peer, loaded, shared, &limits).await;
+            });
+        }
+    });
+    Ok(WebServer {
+        runtime: Some(runtime),
+        local_addr,
+        shutdown,
+        shared,
+    })
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    loaded: Arc<Loaded>,
+    shared: Arc<Shared>,
+    limits: &WebLimits,
+) {
+    let idle = Arc::new(AtomicBool::new(false));
+    let stream = IdleTimeout::new(stream, limits.idle_timeout, idle.clone());
+    let service = {
+        let loaded = loaded.clone();
+        let shared = shared.clone();
+        hyper::service::service_fn(move |request| {
+            let loaded = loaded.clone();
+            let shared = shared.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(request, &loaded, &shared).await) }
+        })
+    };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let (result, handshake_timed_out) = match &loaded.tls {
+        None => (
+            http.serve_connection(TokioIo::new(stream), service).await,
+            false,
+        ),
+        Some(acceptor) => {
+            match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(stream)).await
+            {
+                Ok(Ok(tls)) => (
+                    http.serve_connection(TokioIo::new(tls), service).await,
+                    false,
+                ),
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    (Ok(()), false)
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    (Ok(()), true)
+                }
+            }
+        }
+    };
+    // hyper reports the header read timeout; an idle timeout while no
+    // request is under way ends the connection as quietly as a client's
+    // close would, so the stream says whether it fired.
+    let header_timed_out = result.as_ref().is_err_and(|e| e.is_timeout());
+    if handshake_timed_out || header_timed_out || idle.load(Ordering::Relaxed) {
+        bump(&shared.counters.connections_timed_out);
+    }
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// A stream that fails with `TimedOut` once no byte moved either way for
+/// `timeout` while a read or a write waits: hyper has no such timeout of its
+/// own, and its header read timeout does not cover a client that stops
+/// reading a response.
+pub(super) struct IdleTimeout<T> {
+    pub(super) io: T,
+    pub(super) timeout: Duration,
+    pub(super) last_progress: Instant,
+    pub(super) sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Set once the timeout fired.
+    pub(super) expired: Arc<AtomicBool>,
+}
+
+impl<T> IdleTimeout<T> {
+    pub(super) fn new(io: T, timeout: Duration, expired: Arc<AtomicBool>) -> Self {
+        IdleTimeout {
+            io,
+            timeout,
+            last_progress: Instant::now(),
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+            expired,
+        }
+    }
+
+    /// Passes a poll of the inner stream on; while it waits, fails it once
+    /// the stream has been idle for the timeout.
+    pub(super) fn progress<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if poll.is_ready() {
+            self.last_progress = Instant::now();
+            return poll;
+        }
+        // The timer moves on lazily, when it fires before the deadline,
+        // rather than at every read and write.
+        let deadline = tokio::time::Instant::from_std(self.last_progress + self.timeout);
+        if self.sleep.deadline() != deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.expired.store(true, Ordering::Relaxed);
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no byte moved either way for the idle timeout",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.progress(cx, poll)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.progress(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.progress(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_flush(cx);
+        this.progress(cx, poll)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.progress(cx, poll)
+    }
+}
+
+/// Answers one request: the method, then the credentials, then the path.
+async fn handle(
+    request: Request<Incoming>,
+    loaded: &Arc<Loaded>,
+    shared: &Shared,
+) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "Only GET and HEAD.\n");
+    }
+    let allowed = match loaded.check(request.headers().get(header::AUTHORIZATION)) {
+        Check::Allowed => true,
+        Check::Denied => false,
+        Check::Verify(credential) => {
+            let Ok(slot) = shared.bcrypt_slots.clone().try_acquire_owned() else {
+                bump(&shared.counters.auth_busy);
+                let mut r = plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Busy verifying other credentials; retry.\n",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            };
+            let loaded = loaded.clone();
+            // The slot goes with the verification: a client that hangs up
+            // does not free it before bcrypt is done.
+            tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                loaded.verify(credential)
+            })
+            .await
+            .unwrap_or(false)
+        }
+    };
+    if !allowed {
+        bump(&shared.counters.auth_failures);
+        let mut r = plain(StatusCode::UNAUTHORIZED, "Unauthorized.\n");
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"vtax\""),
+        );
+        return r;
+    }
+    respond(&request, &shared.exposition)
+}
+
+pub(super) fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The answer to an allowed GET or HEAD.
+pub(super) fn respond(
+    request: &Request<Incoming>,
+    exposition: &Exposition,
+) -> Response<Full<Bytes>> {
+    match request.uri().path() {
+        "/metrics" => {
+            let headers = request.headers();
+            let format =
+                Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+            let gzip = headers
+                .get(header::ACCEPT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(accepts_gzip);
+            let body = if request.method() == Method::HEAD {
+                Bytes::new()
+            } else {
+                exposition.body(format, gzip)
+            };
+            let mut r = Response::new(Full::new(body));
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            );
+            if gzip {
+                h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
+            h.insert(
+                header::VARY,
+                HeaderValue::from_static("Accept, Accept-Encoding"),
+            );
+            r
+        }
+        "/" => {
+            let mut r = Response::new(Full::new(Bytes::from_static(LANDING_PAGE.as_bytes())));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            r
+        }
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "Not found: the metrics are at /metrics.\n",
+        ),
+    }
+}
+
+/// Whether an `Accept-Encoding` value allows gzip (and does not refuse it with q=0).
+pub(super) fn accepts_gzip(value: &str) -> bool {
+    value.split(',').any(|part| {
+        let mut pieces = part.split(';').map(str::trim);
+        let coding = pieces.next().unwrap_or("");
+        let refused = pieces.any(|p| {
+            p.strip_prefix("q=")
+                .and_then(|q| q.parse::<f32>().ok())
+                .is_some_and(|q| q == 0.0)
+        });
+        (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+    })
+}
