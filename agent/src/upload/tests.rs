@@ -8,6 +8,7 @@ use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
 use vtax_store::tables::{self, ScrapedRow};
 use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, DAY_US, HOUR_US};
 
+use super::command::pending_summary;
 use super::*;
 use crate::config::Config;
 
