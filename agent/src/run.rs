@@ -15,7 +15,7 @@ use vtax_store::{Batch, Compactor, Store, StoreOptions};
 use crate::args::AgentArgs;
 use crate::config::Config;
 use crate::detect::Detector;
-use crate::runtime::{CollectorSet, Rows};
+use crate::runtime::CollectorSet;
 use crate::store_report::StoreReport;
 use crate::timespec::now_us;
 
@@ -25,6 +25,11 @@ use crate::timespec::now_us;
 const STORE_TICK: Duration = Duration::from_millis(250);
 /// How long the renderer waits after a change for collectors ticking together.
 const RENDER_COALESCE: Duration = Duration::from_millis(20);
+/// Sends the hub holds for the main thread: the collectors send about a
+/// dozen a second, so half a minute of a main thread held up (a publish on
+/// a slow disk) before rows are dropped and counted (`dropped_batches` in
+/// the `store` table), and a bound on the memory they hold meanwhile.
+const HUB_CAPACITY: usize = 384;
 
 /// Arguments of `vtax run`.
 #[derive(clap::Args)]
@@ -106,7 +111,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .spawn(move || exposition.run_renderer(RENDER_COALESCE))
             .context("spawn the renderer")?
     };
-    let (sender, receiver) = std::sync::mpsc::channel::<Rows>();
+    let (sender, receiver) = vtax_store::hub::channel(HUB_CAPACITY);
     // `vtax_build_info`: served for as long as the agent runs, kept once.
     let build = Arc::new(crate::build_info::row(now_us()));
     exposition.update(BUILD_SOURCE, vec![build.clone()]);
@@ -141,7 +146,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 
     let started = Instant::now();
     let mut compactor = Compactor::new(Duration::from_secs(config.store.compact_interval_secs));
-    let mut store_report = StoreReport::new(data_dir.clone());
+    let mut store_report = StoreReport::new(data_dir.clone()).with_hub(sender.clone());
     let mut failures = FailureLogs::default();
     while !stop.load(Ordering::Relaxed) {
         if args

@@ -4,7 +4,6 @@
 //! exposition directly; a collector that fails loses only its own tick.
 
 use std::collections::HashMap;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use crate::ticks::{next_grid, Stopper};
 use crate::timespec::now_us;
 
 /// Rows on their way from a collector to the store.
-pub type Rows = Vec<Arc<Batch>>;
+pub use vtax_store::hub::{RowSender, Rows};
 
 /// One collector's thread, which hands the collector back when it stops.
 struct Running {
@@ -54,7 +53,7 @@ impl CollectorSet {
         config: &CollectorsConfig,
         roots: &Roots,
         exposition: &Arc<Exposition>,
-        rows: &Sender<Rows>,
+        rows: &RowSender,
     ) -> CollectorSet {
         let mut set = CollectorSet {
             collectors: Vec::new(),
@@ -77,7 +76,7 @@ impl CollectorSet {
         old: (&CollectorsConfig, &Roots),
         new: (&CollectorsConfig, &Roots),
         exposition: &Arc<Exposition>,
-        rows: &Sender<Rows>,
+        rows: &RowSender,
     ) -> CollectorSet {
         let (old_config, old_roots) = old;
         let (config, roots) = new;
@@ -117,7 +116,7 @@ impl CollectorSet {
         config: &CollectorsConfig,
         roots: &Roots,
         exposition: &Arc<Exposition>,
-        rows: &Sender<Rows>,
+        rows: &RowSender,
         mut previous: Vec<Box<dyn Collector>>,
     ) {
         // Every collector's first tick is on the next whole second, whatever
@@ -212,7 +211,7 @@ fn status_source(name: &str) -> String {
 }
 
 /// Puts a collector's status row on `/metrics` and sends it to the store.
-fn publish_status(exposition: &Exposition, rows: &Sender<Rows>, name: &str, status: Batch) {
+fn publish_status(exposition: &Exposition, rows: &RowSender, name: &str, status: Batch) {
     let status = Arc::new(status);
     exposition.update(&status_source(name), vec![status.clone()]);
     let _ = rows.send(vec![status]);
@@ -228,7 +227,7 @@ fn spawn_collector(
     interval: Duration,
     stopper: Arc<Stopper>,
     exposition: Arc<Exposition>,
-    rows: Sender<Rows>,
+    rows: RowSender,
 ) -> JoinHandle<Box<dyn Collector>> {
     std::thread::Builder::new()
         .name(format!("collector-{}", collector.name()))
@@ -274,7 +273,7 @@ fn wait_for_source(
     mut probed: Availability,
     stopper: &Stopper,
     exposition: &Exposition,
-    rows: &Sender<Rows>,
+    rows: &RowSender,
 ) -> bool {
     let name = collector.name();
     let first = Duration::from_secs(FAILED_REPROBE_FIRST_SECS);
@@ -328,7 +327,7 @@ fn collector_loop(
     interval: Duration,
     stopper: &Stopper,
     exposition: &Exposition,
-    rows: &Sender<Rows>,
+    rows: &RowSender,
 ) -> Box<dyn Collector> {
     let name = collector.name();
     let mut failing = false;
@@ -597,7 +596,7 @@ mod tests {
         assert!(matches!(probed, Availability::Failed(_)));
         let exposition = Exposition::new(&[&runtime_tables::COLLECTOR]);
         let stopper = Arc::new(Stopper::default());
-        let (rows, received) = std::sync::mpsc::channel();
+        let (rows, received) = vtax_store::hub::channel(64);
         let thread = spawn_collector(
             collector,
             probed,
@@ -673,7 +672,7 @@ mod tests {
             ticks_us: ticks_us.clone(),
         });
         let stopper = Arc::new(Stopper::default());
-        let (rows, _received) = std::sync::mpsc::channel();
+        let (rows, _received) = vtax_store::hub::channel(64);
         let first_tick = next_grid(1_000_000, i64::MIN);
         let thread = spawn_collector(
             collector,

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use vtax_store::hub::RowSender;
 use vtax_store::{Batch, BatchBuilder, Store};
 
 use crate::collectors::filesystem::{FsStat, StatFs, SystemStatFs};
@@ -18,7 +19,14 @@ pub struct StoreReport {
     data_dir: PathBuf,
     next_row: Instant,
     statvfs_failing: bool,
+    /// The hub the rows come through, for what it dropped.
+    hub: Option<RowSender>,
+    dropped_logged: u64,
+    dropped_logged_at: Option<Instant>,
 }
+
+/// Time between two warnings that the hub dropped rows.
+const DROPPED_LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl StoreReport {
     /// A report whose first row is due at once.
@@ -27,7 +35,35 @@ impl StoreReport {
             data_dir,
             next_row: Instant::now(),
             statvfs_failing: false,
+            hub: None,
+            dropped_logged: 0,
+            dropped_logged_at: None,
         }
+    }
+
+    /// Counts, in each row, what `hub` dropped.
+    pub fn with_hub(mut self, hub: RowSender) -> Self {
+        self.hub = Some(hub);
+        self
+    }
+
+    /// Batches the hub dropped since the start; a warning when that grew,
+    /// at most once a minute.
+    fn dropped_batches(&mut self) -> u64 {
+        let dropped = self.hub.as_ref().map_or(0, RowSender::dropped_batches);
+        let quiet = self
+            .dropped_logged_at
+            .is_none_or(|at| at.elapsed() >= DROPPED_LOG_EVERY);
+        if dropped > self.dropped_logged && quiet {
+            tracing::warn!(
+                dropped_batches = dropped,
+                since_last_warning = dropped - self.dropped_logged,
+                "Rows were dropped: the main thread fell behind the collectors (a slow disk?); they are neither stored nor shown to the detector."
+            );
+            self.dropped_logged = dropped;
+            self.dropped_logged_at = Some(Instant::now());
+        }
+        dropped
     }
 
     /// The row, when one is due (a second after the last); `time_us` is
@@ -65,9 +101,11 @@ impl StoreReport {
             }
         };
         let bytes = |blocks: u64, stat: &FsStat| blocks.saturating_mul(stat.fragment_size);
+        let dropped_batches = self.dropped_batches();
         let stats = store.stats();
         let options = store.options();
         let row = StoreRow {
+            dropped_batches,
             table_bytes: store.table_bytes(),
             table_files: store.files().count() as u64,
             wal_bytes: store.wal_bytes(),
@@ -295,5 +333,24 @@ mod tests {
         }
         let sum = started.elapsed() / rows;
         println!("{FILES} files: a row costs {each:?}, of which summing the file sizes {sum:?}");
+    }
+
+    /// A hub that was full when a collector sent: what it dropped is in the
+    /// row, as a counter.
+    #[test]
+    fn rows_the_hub_dropped_are_counted_in_the_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), None);
+        let (hub, _received) = vtax_store::hub::channel(1);
+        let mut report = StoreReport::new(dir.path().to_owned()).with_hub(hub.clone());
+        assert_eq!(
+            exported(report.row(&store, T0))["vtax_store_dropped_batches_total"],
+            0.0
+        );
+        let one = || vec![std::sync::Arc::new(BatchBuilder::new(&STORE).finish())];
+        hub.send(one()).unwrap();
+        hub.send([one(), one()].concat()).unwrap();
+        let row = exported(report.row(&store, T0 + 1_000_000));
+        assert_eq!(row["vtax_store_dropped_batches_total"], 2.0);
     }
 }

@@ -1,11 +1,9 @@
 //! Starts the `/metrics` server from `[web]`.
 
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use anyhow::Result;
 use vtax_exporters::{Exposition, WebServer};
-use vtax_store::Batch;
 
 use crate::config::{parse_listen_address, WebConfig};
 
@@ -14,7 +12,7 @@ use crate::config::{parse_listen_address, WebConfig};
 pub fn start(
     config: &WebConfig,
     exposition: Arc<Exposition>,
-    rows: Sender<Vec<Arc<Batch>>>,
+    rows: vtax_store::hub::RowSender,
 ) -> Result<WebServer> {
     let address = parse_listen_address(&config.listen_address).map_err(anyhow::Error::msg)?;
     let server = vtax_exporters::serve(address, config.config_file.clone(), exposition)?;

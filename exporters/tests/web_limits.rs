@@ -424,7 +424,7 @@ fn stats_are_published_as_rows_and_series() {
     assert_eq!(held.get(None), Some(200));
     let mut refused = Conn::open(server.local_addr());
     assert!(refused.closed_within(LONG / 2));
-    let (rows, received) = std::sync::mpsc::channel();
+    let (rows, received) = vtax_store::hub::channel(16);
     server.publish_stats(rows);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

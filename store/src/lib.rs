@@ -59,6 +59,7 @@ mod compaction;
 mod conform;
 pub mod error;
 pub mod files;
+pub mod hub;
 pub mod log_limit;
 mod merge;
 pub mod openmetrics;

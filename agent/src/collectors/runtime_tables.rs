@@ -59,6 +59,7 @@ vtax_store::table! {
             filesystem_size_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Size of the data directory's filesystem. Absent while statvfs fails."),
             rows_appended: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Rows the store took since the agent started."),
             rows_refused: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Rows the store refused since the agent started, lost: after failed writes it holds rows in memory up to a bound, then refuses more."),
+            dropped_batches: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Batches of rows dropped since the agent started because the queue from the collectors to the main thread was full: the main thread fell behind (a slow disk). Lost: neither stored nor shown to the detector."),
             write_errors: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Failed writes of the WAL or of a Parquet file since the agent started; the rows stay held and are retried."),
             disk_full_errors: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Failed writes that were the disk being full (ENOSPC, EDQUOT) since the agent started."),
             files_written: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Parquet files written since the agent started: publishes and merges."),

@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,7 @@ use object_store::{ObjectStore, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use vtax_exporters::Exposition;
 use vtax_store::files::FileInfo;
-use vtax_store::{date_string, Batch, BatchBuilder, Deletable, HOUR_US};
+use vtax_store::{date_string, BatchBuilder, Deletable, HOUR_US};
 
 use crate::timespec::now_us;
 use manifest::{Manifest, Record};
@@ -626,7 +625,7 @@ pub fn spawn(
     config: &UploadConfig,
     data_dir: &Path,
     exposition: &Arc<Exposition>,
-    rows: &Sender<Vec<Arc<Batch>>>,
+    rows: &vtax_store::hub::RowSender,
 ) -> Result<Option<Handle>> {
     if config.url.is_none() {
         return Ok(None);
@@ -649,7 +648,7 @@ fn upload_loop(
     interval: Duration,
     stop: &AtomicBool,
     exposition: &Exposition,
-    rows: &Sender<Vec<Arc<Batch>>>,
+    rows: &vtax_store::hub::RowSender,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

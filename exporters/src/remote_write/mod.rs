@@ -16,7 +16,6 @@ mod validate;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -132,7 +131,7 @@ impl RemoteWriters {
         data_dir: &Path,
         sync_interval: Duration,
         exposition: &Arc<Exposition>,
-        rows: Sender<Vec<Arc<Batch>>>,
+        rows: vtax_store::hub::RowSender,
     ) -> Result<RemoteWriters, RemoteWriteError> {
         let mut remotes = Vec::new();
         let host = host_name();
@@ -650,7 +649,7 @@ mod tests {
     /// Remote write to one remote, its queue in `dir`.
     fn start(dir: &Path, config: &RemoteWriteConfig) -> RemoteWriters {
         let exposition = Exposition::new(&[&TABLE]);
-        let (rows, _) = mpsc::channel();
+        let (rows, _) = vtax_store::hub::channel(16);
         RemoteWriters::start(
             std::slice::from_ref(config),
             dir,

@@ -25,7 +25,7 @@ impl WebServer {
     /// Publishes [`WebServer::stats`] once a second as a row of [`TABLE`]:
     /// staged in the exposition (shown with the collectors' next render) and
     /// sent on `rows` (the store's channel), so it is stored like any table.
-    pub fn publish_stats(&self, rows: std::sync::mpsc::Sender<Vec<Arc<Batch>>>) {
+    pub fn publish_stats(&self, rows: vtax_store::hub::RowSender) {
         let Some(runtime) = &self.runtime else {
             return;
         };
