@@ -411,6 +411,18 @@ impl SignalState {
     }
 }
 
+/// The mean of the values of `series` (in second order) whose second falls
+/// in `seconds`; `None` when none does.
+fn mean_over(series: &VecDeque<(i64, f64)>, seconds: std::ops::Range<i64>) -> Option<f64> {
+    let (sum, n) = series
+        .iter()
+        .rev()
+        .take_while(|(second, _)| *second >= seconds.start)
+        .filter(|(second, _)| *second < seconds.end)
+        .fold((0.0, 0usize), |(sum, n), (_, v)| (sum + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
 fn push_second(series: &mut VecDeque<(i64, f64)>, second: i64, value: f64, lookback: i64) {
     match series.back_mut() {
         // Two samples in one second (a collector caught up): keep the later.

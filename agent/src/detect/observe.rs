@@ -152,15 +152,8 @@ impl Detector {
             return;
         }
         for series in self.suspects.values_mut() {
-            let (sum, n) = series
-                .seconds
-                .iter()
-                .rev()
-                .take_while(|(second, _)| *second >= window)
-                .filter(|(second, _)| *second < window + window_secs)
-                .fold((0.0, 0usize), |(sum, n), (_, v)| (sum + v, n + 1));
-            if n > 0 {
-                series.usual.push(sum / n as f64);
+            if let Some(mean) = mean_over(&series.seconds, window..window + window_secs) {
+                series.usual.push(mean);
             }
         }
     }
@@ -183,14 +176,9 @@ impl Detector {
         let Some(series) = self.suspects.get(name) else {
             return true;
         };
-        let (sum, n) = series
-            .seconds
-            .iter()
-            .filter(|(second, _)| *second >= window)
-            .fold((0.0, 0usize), |(sum, n), (_, v)| (sum + v, n + 1));
-        n > 0
-            && sum / n as f64 - self.usual_usage(name).unwrap_or(0.0)
-                >= MIN_RISE_OVER_USUAL_SCALES * scale
+        mean_over(&series.seconds, window..i64::MAX).is_some_and(|mean| {
+            mean - self.usual_usage(name).unwrap_or(0.0) >= MIN_RISE_OVER_USUAL_SCALES * scale
+        })
     }
 
     /// Mean over the rows (CPUs) of a counter's rate, as one node signal;
