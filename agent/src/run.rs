@@ -25,10 +25,11 @@ use crate::timespec::now_us;
 const STORE_TICK: Duration = Duration::from_millis(250);
 /// How long the renderer waits after a change for collectors ticking together.
 const RENDER_COALESCE: Duration = Duration::from_millis(20);
-/// Sends the hub holds for the main thread: the collectors send about a
-/// dozen a second, so half a minute of a main thread held up (a publish on
-/// a slow disk) before rows are dropped and counted (`dropped_batches` in
-/// the `store` table), and a bound on the memory they hold meanwhile.
+/// Sends the hub holds for the main thread. Each source sends once a tick:
+/// a dozen sources at 1 s (a node with every collector, and the web
+/// server's stats) fill it in 32 s of a main thread held up (a publish on a
+/// slow disk) before rows are dropped and counted (`dropped_batches` in the
+/// `store` table), and it bounds the memory they hold meanwhile.
 const HUB_CAPACITY: usize = 384;
 
 /// Arguments of `vtax run`.
