@@ -717,7 +717,8 @@ fn remote_write_example() -> String {
          # max_samples_per_send = {}\n\
          # Seconds a sample waits for its request to fill before it is sent anyway. {secs_range}\n\
          # batch_send_deadline_secs = {:?}\n\
-         # Retries after a 5xx, a 429 or a connection error wait from min to max, doubling. {secs_range}\n\
+         # Retries after a 5xx, a 429 or a connection error wait from min to max, doubling,\n\
+         # each at a random point of its upper half, so a fleet does not retry in step. {secs_range}\n\
          # min_backoff_secs = {:?}\n\
          # max_backoff_secs = {:?}\n\
          # Seconds a request may take before it is abandoned and retried. {secs_range}\n\

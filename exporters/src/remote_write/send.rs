@@ -38,29 +38,42 @@ pub fn classify(status: u16) -> Outcome {
     }
 }
 
-/// Exponential backoff between retries: from `min`, doubling, at most `max`.
+/// Exponential backoff between retries with jitter: the ceiling starts at
+/// `min` and doubles up to `max`; each wait is half its ceiling plus a random
+/// part of the other half. Without the random part every node of a fleet
+/// whose receiver came back would retry at the same instants, and the
+/// receiver would meet the whole fleet at once, again and again.
 #[derive(Debug)]
 pub struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
+    rng: fastrand::Rng,
 }
 
 impl Backoff {
-    /// A backoff starting at `min`.
+    /// A backoff starting at `min`, its jitter seeded from the system.
     pub fn new(min: Duration, max: Duration) -> Self {
+        Self::with_rng(min, max, fastrand::Rng::new())
+    }
+
+    /// A backoff whose jitter comes from `rng` (a seeded one, in tests).
+    pub fn with_rng(min: Duration, max: Duration, rng: fastrand::Rng) -> Self {
         Backoff {
             min,
             max,
             next: min,
+            rng,
         }
     }
 
-    /// The wait before the next retry; doubles the one after.
+    /// The wait before the next retry: between half the ceiling and the
+    /// ceiling, which doubles for the one after.
     pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
+        let ceiling = self.next;
         self.next = (self.next * 2).min(self.max);
-        delay
+        let half = ceiling / 2;
+        half + (ceiling - half).mul_f64(self.rng.f64())
     }
 
     /// After a success: start from `min` again.
@@ -365,11 +378,52 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_up_to_its_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(30), Duration::from_millis(200));
-        let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(delays, [30, 60, 120, 200, 200]);
+    fn backoff_ceilings_double_up_to_the_cap_and_each_wait_is_within_its_upper_half() {
+        let mut b = Backoff::with_rng(
+            Duration::from_millis(30),
+            Duration::from_millis(200),
+            fastrand::Rng::with_seed(7),
+        );
+        for ceiling_ms in [30, 60, 120, 200, 200] {
+            let ceiling = Duration::from_millis(ceiling_ms);
+            let delay = b.next_delay();
+            assert!(
+                delay >= ceiling / 2 && delay <= ceiling,
+                "{delay:?} outside [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
+        }
         b.reset();
-        assert_eq!(b.next_delay().as_millis(), 30);
+        let first = b.next_delay();
+        assert!(first >= Duration::from_millis(15) && first <= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_fleet_restarting_together_spreads_its_retries() {
+        // A thousand nodes whose receiver failed at the same instant: their
+        // third retries (ceiling 1.2 s) must not land on a few instants.
+        let third_waits: Vec<Duration> = (0..1000)
+            .map(|_| {
+                let mut b = Backoff::new(Duration::from_millis(300), Duration::from_secs(5));
+                b.next_delay();
+                b.next_delay();
+                b.next_delay()
+            })
+            .collect();
+        let slowest = third_waits.iter().max().unwrap();
+        let fastest = third_waits.iter().min().unwrap();
+        assert!(*fastest >= Duration::from_millis(600) && *slowest <= Duration::from_millis(1200));
+        assert!(
+            *slowest - *fastest > Duration::from_millis(400),
+            "retries bunched within {:?}",
+            *slowest - *fastest
+        );
+        // No 10 ms slot of the 600 ms spread holds more than 5% of the fleet.
+        let mut per_slot = std::collections::BTreeMap::<u128, usize>::new();
+        for wait in &third_waits {
+            *per_slot.entry(wait.as_millis() / 10).or_default() += 1;
+        }
+        let busiest = per_slot.values().max().unwrap();
+        assert!(*busiest <= 50, "{busiest} of 1000 retries in one 10 ms slot");
     }
 }
