@@ -9,7 +9,7 @@
 //! the objects it replaces are deleted afterwards. Every confirmed step is a
 //! fsynced line in the manifest (`manifest.rs`); each put writes a file's bytes
 //! to a key named after it, so doing a step again after a crash is harmless.
-//! See "Object storage" in `docs/architecture.md`.
+//! See `docs/design/object-storage.md`.
 
 mod command;
 pub mod manifest;
