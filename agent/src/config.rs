@@ -703,6 +703,7 @@ fn remote_write_example() -> String {
          # Unset: derived from url (host, port and path, e.g. prometheus-example-9090-api-v1-write).\n\
          # name = \"central\"\n\
          # The receiver's endpoint (Prometheus with --web.enable-remote-write-receiver, Mimir, ...).\n\
+         # Reached through the proxy that HTTPS_PROXY or HTTP_PROXY names, unless NO_PROXY lists its host.\n\
          # url = \"https://prometheus.example:9090/api/v1/write\"\n\
          # At most one of basic_auth, bearer_token, bearer_token_file; files are read per request.\n\
          # basic_auth = {{ username = \"vtax\", password_file = \"/etc/vtax/remote-password\" }}\n\

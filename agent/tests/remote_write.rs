@@ -382,3 +382,133 @@ fn every_stored_sample_arrives_once_across_receiver_and_agent_restarts() {
     assert_eq!(max("samples_dropped_rejected"), 0);
     assert_eq!(max("samples_dropped_unwritten"), 0);
 }
+
+/// A forward proxy that reports the head of every request it gets. A plain
+/// request (`POST http://...`) gets 204; a tunnel (`CONNECT`) is refused
+/// with 502, so no TLS follows.
+fn recording_proxy() -> (u16, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (heads, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            let answer = if head.starts_with("CONNECT ") {
+                "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n"
+            };
+            let _ = stream.write_all(answer.as_bytes());
+            if heads.send(head).is_err() {
+                return;
+            }
+        }
+    });
+    (port, received)
+}
+
+/// Writes a config whose only remote is `url`, on the fixture node.
+fn remote_config(dir: &Path, url: &str, tls: &str) -> String {
+    let root = fixtures().join("baremetal-node");
+    let config = dir.join("vtax.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\ndata_dir = {:?}\n\n[paths]\nprocfs = {:?}\nsysfs = {:?}\n\n\
+             [[remote_write]]\nname = \"proxied\"\nurl = \"{url}\"\n\
+             batch_send_deadline_secs = 1.0\nmin_backoff_secs = 0.05\nmax_backoff_secs = 0.5\n{tls}",
+            dir.join("data"),
+            root.join("proc"),
+            root.join("sys"),
+        ),
+    )
+    .unwrap();
+    config.to_str().unwrap().to_string()
+}
+
+#[test]
+fn remote_write_goes_through_the_proxy_the_environment_names() {
+    // Receivers under `.invalid` cannot resolve: only a proxy reaches them.
+    let (port, heads) = recording_proxy();
+    let proxy = format!("http://127.0.0.1:{port}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = remote_config(dir.path(), "http://receiver.invalid:9201/api/v1/write", "");
+    let agent = Agent::start_with_env(&["--config", &config], &[("HTTP_PROXY", &proxy)]);
+    let head = heads
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("no request reached the proxy:\n{}", agent.log()));
+    assert!(
+        head.starts_with("POST http://receiver.invalid:9201/api/v1/write HTTP/1.1\r\n"),
+        "{head}"
+    );
+    let head_lower = head.to_ascii_lowercase();
+    assert!(head_lower.contains("\r\ncontent-encoding: snappy\r\n"), "{head}");
+    assert!(
+        head_lower.contains("\r\nx-prometheus-remote-write-version: 0.1.0\r\n"),
+        "{head}"
+    );
+    let metrics = agent.wait_for_metric(
+        "vtax_remote_write_samples_sent_total{remote=\"proxied\"",
+        Duration::from_secs(30),
+    );
+    let sent: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("vtax_remote_write_samples_sent_total{remote=\"proxied\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap();
+    assert!(sent > 0.0, "the proxy's 204 counts as sent:\n{metrics}");
+    assert!(agent.stop(), "clean exit on SIGTERM");
+
+    // `https` goes through a tunnel that HTTPS_PROXY names; a refused tunnel
+    // is a failure to retry, and the samples stay queued.
+    let dir = tempfile::tempdir().unwrap();
+    let config = remote_config(
+        dir.path(),
+        "https://receiver.invalid/api/v1/write",
+        "\n[remote_write.tls]\ninsecure_skip_verify = true\n",
+    );
+    let agent = Agent::start_with_env(
+        &["--config", &config],
+        &[("HTTPS_PROXY", &proxy), ("HTTP_PROXY", "")],
+    );
+    let head = heads
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("no tunnel was asked of the proxy:\n{}", agent.log()));
+    assert!(
+        head.starts_with("CONNECT receiver.invalid:443 HTTP/1.1\r\n"),
+        "{head}"
+    );
+    let log = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = agent.log();
+            if log.contains("Remote write failed; retrying") || Instant::now() > deadline {
+                break log;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    assert!(log.contains("Remote write failed; retrying"), "{log}");
+    assert!(agent.stop(), "clean exit on SIGTERM");
+}

@@ -26,11 +26,17 @@ impl Agent {
     /// Starts `vtax run` with `args` (plus a listen address on a free port) and
     /// waits for it to say where it listens.
     pub fn start(args: &[&str]) -> Agent {
+        Agent::start_with_env(args, &[])
+    }
+
+    /// [`Agent::start`] with more environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Agent {
         let mut child = Command::new(VTAX)
             .arg("run")
             .args(["--web.listen-address", "127.0.0.1:0"])
             .args(args)
             .env("VTAX_LOG", "info")
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start vtax");

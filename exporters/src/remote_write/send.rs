@@ -1,16 +1,13 @@
-//! Sending queued records to one receiver: an HTTP/1.1 client (hyper, with
-//! rustls over ring for `https`), the remote write 1.0 headers, and the
-//! retry policy.
+//! Sending queued records to one receiver: an HTTP/1.1 client (reqwest, with
+//! rustls over ring for `https`, and the proxy that `HTTPS_PROXY`,
+//! `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` name), the remote write 1.0
+//! headers, and the retry policy.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper::header::{self, HeaderValue};
-use hyper::{Request, Uri};
-use hyper_util::rt::TokioIo;
+use reqwest::header::{self, HeaderValue};
 
 use super::config::{RemoteWriteConfig, TlsConfig};
 
@@ -90,26 +87,21 @@ pub struct Response {
     pub message: String,
 }
 
-/// One receiver's connection, made again whenever it breaks.
+/// One receiver's client; it keeps a connection alive between requests and
+/// makes a new one whenever it breaks.
 pub struct Client {
-    uri: Uri,
-    host: String,
-    port: u16,
-    tls: Option<(tokio_rustls::TlsConnector, pki_types::ServerName<'static>)>,
+    http: reqwest::Client,
+    url: reqwest::Url,
     config: RemoteWriteConfig,
-    connection: Option<SendRequest<Full<Bytes>>>,
 }
 
 impl Client {
     /// A client for `config` (validated: the URL parses, TLS files load).
     pub fn new(config: &RemoteWriteConfig) -> Result<Client, String> {
-        let uri: Uri = config
-            .url
-            .parse()
-            .map_err(|e| format!("url {:?}: {e}", config.url))?;
-        let https = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
+        let url = reqwest::Url::parse(&config.url).map_err(|e| format!("url {:?}: {e}", config.url))?;
+        let https = match url.scheme() {
+            "http" => false,
+            "https" => true,
             _ => {
                 return Err(format!(
                     "url {:?}: the scheme must be http or https",
@@ -117,111 +109,51 @@ impl Client {
                 ))
             }
         };
-        let host = uri
-            .host()
-            .ok_or_else(|| format!("url {:?}: no host", config.url))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tls = if https {
-            let name = pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| format!("url {:?}: {e}", config.url))?;
-            let tls_config = client_tls(config.tls.as_ref().unwrap_or(&TlsConfig::default()))?;
-            Some((tokio_rustls::TlsConnector::from(Arc::new(tls_config)), name))
-        } else {
-            None
-        };
-        Ok(Client {
-            uri,
-            host,
-            port,
-            tls,
-            config: config.clone(),
-            connection: None,
-        })
-    }
-
-    async fn connect(&mut self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
-            .await
-            .map_err(|e| format!("connect to {}:{}: {e}", self.host, self.port))?;
-        let _ = tcp.set_nodelay(true);
-        // The connection task ends when the connection does; errors surface
-        // on the next request through `SendRequest`.
-        match &self.tls {
-            None => {
-                let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                    .await
-                    .map_err(|e| format!("HTTP handshake: {e}"))?;
-                tokio::spawn(connection);
-                Ok(sender)
-            }
-            Some((connector, name)) => {
-                let stream = connector
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map_err(|e| format!("TLS handshake with {}: {e}", self.host))?;
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                        .await
-                        .map_err(|e| format!("HTTP handshake: {e}"))?;
-                tokio::spawn(connection);
-                Ok(sender)
-            }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(format!("url {:?}: no host", config.url));
         }
+        let mut builder = reqwest::Client::builder()
+            .user_agent(concat!("vtax/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+            .http1_only()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(1);
+        if https {
+            let tls = client_tls(config.tls.as_ref().unwrap_or(&TlsConfig::default()))?;
+            builder = builder.use_preconfigured_tls(tls);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| format!("http client: {}", error_chain(&e)))?;
+        Ok(Client {
+            http,
+            url,
+            config: config.clone(),
+        })
     }
 
     /// POSTs one snappy-compressed write request; an error is a connection
     /// or protocol failure (worth a retry).
     pub async fn post(&mut self, body: Bytes) -> Result<Response, String> {
-        // A kept-alive connection the receiver closed meanwhile fails
-        // `ready`: connect again rather than count a failure.
-        let mut sender = match self.connection.take() {
-            Some(mut s) => match s.ready().await {
-                Ok(()) => s,
-                Err(_) => self.connect().await?,
-            },
-            None => self.connect().await?,
-        };
-        let mut request = Request::post(self.uri.clone())
-            .header(
-                header::HOST,
-                self.uri.authority().map_or("", |a| a.as_str()),
-            )
+        let mut request = self
+            .http
+            .post(self.url.clone())
             .header(header::CONTENT_ENCODING, "snappy")
             .header(header::CONTENT_TYPE, "application/x-protobuf")
-            .header(
-                header::USER_AGENT,
-                concat!("vtax/", env!("CARGO_PKG_VERSION")),
-            )
             .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-            .body(Full::new(body))
-            .map_err(|e| format!("build request: {e}"))?;
+            .body(body);
         if let Some(authorization) = self.authorization()? {
-            request
-                .headers_mut()
-                .insert(header::AUTHORIZATION, authorization);
+            request = request.header(header::AUTHORIZATION, authorization);
         }
-        // hyper's client connection wants the path only, not the full URI.
-        *request.uri_mut() = self
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .parse()
-            .map_err(|e| format!("url path: {e}"))?;
-        let response = sender
-            .send_request(request)
+        let response = request
+            .send()
             .await
-            .map_err(|e| format!("POST {}: {e}", self.config.url))?;
+            .map_err(|e| format!("POST {}: {}", self.config.url, error_chain(&e)))?;
         let status = response.status().as_u16();
         let body = response
-            .into_body()
-            .collect()
+            .bytes()
             .await
-            .map_err(|e| format!("read response: {e}"))?
-            .to_bytes();
-        self.connection = Some(sender);
+            .map_err(|e| format!("read response: {}", error_chain(&e)))?;
         let message = String::from_utf8_lossy(&body[..body.len().min(512)])
             .trim()
             .to_string();
@@ -253,6 +185,19 @@ impl Client {
         value.set_sensitive(true);
         Ok(Some(value))
     }
+}
+
+/// An error and its causes, "a: b: c": reqwest's own message alone says
+/// "error sending request" without saying that the connection was refused.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn read_secret(path: &std::path::Path, key: &str) -> Result<String, String> {
