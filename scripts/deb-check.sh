@@ -12,7 +12,7 @@ check=deb-check
 . scripts/package-check-lib.sh
 
 command -v cargo-deb >/dev/null || cargo install cargo-deb --locked
-cargo build --release -p vtax
+cargo build --release -p vtax --features object-storage
 # The release profile keeps debug info (debug = 1) for profiling: about 220
 # MB. The package takes target/release/vtax.stripped, without it; cargo-deb
 # must neither rebuild (--no-build) nor strip it again (--no-strip).

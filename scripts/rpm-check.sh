@@ -27,7 +27,7 @@ if ! command -v cargo-generate-rpm >/dev/null; then
   echo "$check: installed cargo-generate-rpm in $((SECONDS - start)) s"
 fi
 
-cargo build --release -p vtax
+cargo build --release -p vtax --features object-storage
 start=$SECONDS
 # The binary that ships, without the debug info the release profile keeps
 # (about 220 MB with it), and that debug info apart: target/release/vtax.debug.

@@ -176,7 +176,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("store.compact_interval_secs", "Seconds between passes that merge finished hours and days and apply retention."),
     ("store.retention_max_age_days", "Delete days older than this; 0 keeps everything."),
     ("store.retention_max_bytes", "Delete the oldest files while the tables hold more bytes than this; 0 for no bound."),
-    ("upload.url", "Where sealed Parquet files go: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///mounted/path, under <prefix>/tables/<table>/node=<node>/date=YYYY-MM-DD/. Unset: nothing is uploaded. Credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*)."),
+    ("upload.url", "Where sealed Parquet files go: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///mounted/path, under <prefix>/tables/<table>/node=<node>/date=YYYY-MM-DD/. Unset: nothing is uploaded. Credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*). Needs a build with the object-storage feature, as the packages are."),
     ("upload.interval_secs", "Seconds between two upload passes."),
     ("upload.delete_local_after_upload", "Whether retention deletes a local file only once its upload is confirmed (else retention ignores uploads)."),
     ("upload.endpoint", "Endpoint of an S3- or Azure-compatible service (MinIO, Ceph, an emulator). Unset: the service's own."),

@@ -463,7 +463,10 @@ fn remote_write_goes_through_the_proxy_the_environment_names() {
         "{head}"
     );
     let head_lower = head.to_ascii_lowercase();
-    assert!(head_lower.contains("\r\ncontent-encoding: snappy\r\n"), "{head}");
+    assert!(
+        head_lower.contains("\r\ncontent-encoding: snappy\r\n"),
+        "{head}"
+    );
     assert!(
         head_lower.contains("\r\nx-prometheus-remote-write-version: 0.1.0\r\n"),
         "{head}"

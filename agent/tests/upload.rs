@@ -1,6 +1,8 @@
 //! `vtax upload` end to end: a mounted-path target read back with DuckDB and
 //! pyarrow as a fleet, a crash between a put and its manifest line, and a
-//! local S3 (moto_server).
+//! local S3 (moto_server). Uploads are built with the "object-storage"
+//! feature, which `scripts/test.sh` turns on.
+#![cfg(feature = "object-storage")]
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

@@ -396,7 +396,7 @@ fn the_image_build_agrees_with_the_manifest_and_the_context() {
     let tag = format!("\"$REGISTRY/vtax:{version}\"");
     let docker_build = format!("docker build -f packaging/docker/Dockerfile -t {tag} .");
     for line in [
-        "cargo build --release -p vtax",
+        "cargo build --release -p vtax --features object-storage",
         "scripts/split-debuginfo.sh",
         &docker_build,
         &format!("docker push {tag}"),

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
 use vtax_store::tables::{self, ScrapedRow};

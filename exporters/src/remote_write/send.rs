@@ -98,7 +98,8 @@ pub struct Client {
 impl Client {
     /// A client for `config` (validated: the URL parses, TLS files load).
     pub fn new(config: &RemoteWriteConfig) -> Result<Client, String> {
-        let url = reqwest::Url::parse(&config.url).map_err(|e| format!("url {:?}: {e}", config.url))?;
+        let url =
+            reqwest::Url::parse(&config.url).map_err(|e| format!("url {:?}: {e}", config.url))?;
         let https = match url.scheme() {
             "http" => false,
             "https" => true,
@@ -369,6 +370,9 @@ mod tests {
             *per_slot.entry(wait.as_millis() / 10).or_default() += 1;
         }
         let busiest = per_slot.values().max().unwrap();
-        assert!(*busiest <= 50, "{busiest} of 1000 retries in one 10 ms slot");
+        assert!(
+            *busiest <= 50,
+            "{busiest} of 1000 retries in one 10 ms slot"
+        );
     }
 }
