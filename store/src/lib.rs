@@ -66,6 +66,7 @@ pub mod openmetrics;
 pub mod row;
 pub mod scan;
 pub mod schema;
+pub mod segment_log;
 mod store;
 pub mod tables;
 pub mod wal;

@@ -12,18 +12,24 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::batch::{Batch, FieldColumn, TagColumn, Values};
 use crate::error::{Error, Result};
 use crate::schema::{FieldType, TableDef};
+use crate::segment_log::{Format, Frame as LogFrame, ScanError};
 use crate::Catalog;
 
-const MAGIC: &[u8; 8] = b"VTAXWAL\x01";
-const FRAME_HEADER_BYTES: usize = 8;
-/// A frame larger than this is corruption, not data.
-const MAX_FRAME_BYTES: usize = 1 << 30;
+/// The WAL's framing: no meta, and a frame larger than 1 GiB is corruption,
+/// not data.
+const FORMAT: Format = Format {
+    magic: b"VTAXWAL\x01",
+    extension: "wal",
+    meta_bytes: 0,
+    max_payload_bytes: 1 << 30,
+};
+const MAGIC: &[u8; 8] = FORMAT.magic;
 
 /// Default size at which a segment is closed and a new one started.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
@@ -127,14 +133,9 @@ impl WalWriter {
     /// The caller asks [`Self::admit`] first.
     pub fn append(&mut self, hour: i64, batch: &Batch) -> u64 {
         let seq = self.next_seq;
-        let start = self.pending.len();
-        self.pending.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
-        encode_frame(&mut self.pending, seq, hour, batch);
-        let payload = &self.pending[start + FRAME_HEADER_BYTES..];
-        let len = payload.len() as u32;
-        let crc = crc32fast::hash(payload);
-        self.pending[start..start + 4].copy_from_slice(&len.to_le_bytes());
-        self.pending[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        FORMAT.append_frame(&mut self.pending, |out| {
+            encode_frame(out, seq, hour, batch);
+        });
         self.next_seq += 1;
         if self.pending_bytes() >= WRITE_THROUGH_BYTES && self.last_write_error.is_none() {
             // A failure here is kept for `sync` to report; the frames stay pending.
@@ -167,7 +168,7 @@ impl WalWriter {
         };
         let (whole_bytes, frames) = match failed {
             None => (landed, self.next_seq - self.written_below),
-            Some(_) => whole_frames(unwritten, landed),
+            Some(_) => FORMAT.whole_frames(unwritten, landed),
         };
         if whole_bytes < landed {
             // Cut the partial frame and move the write position back with it,
@@ -324,26 +325,11 @@ impl WalWriter {
     }
 }
 
-/// Of `frames` (whole frames, back to back), the bytes and the count of the
-/// frames that lie whole within the first `landed` bytes.
-fn whole_frames(frames: &[u8], landed: usize) -> (usize, u64) {
-    let (mut end, mut count) = (0, 0);
-    while let Some(header) = frames.get(end..end + FRAME_HEADER_BYTES) {
-        let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let next = end + FRAME_HEADER_BYTES + payload_len;
-        if next > landed {
-            break;
-        }
-        (end, count) = (next, count + 1);
-    }
-    (end, count)
-}
-
 fn new_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf)> {
-    let path = dir.join(format!("{first_seq:020}.wal"));
+    let path = FORMAT.segment_path(dir, first_seq);
     // A segment with this name can exist only if no frame was ever written to it
     // (opened, then closed cleanly): it holds nothing, so start it afresh.
-    if fs::metadata(&path).is_ok_and(|m| m.len() <= MAGIC.len() as u64) {
+    if fs::metadata(&path).is_ok_and(|m| m.len() <= FORMAT.magic.len() as u64) {
         fs::remove_file(&path).map_err(Error::io("remove empty WAL segment", &path))?;
     }
     let mut file = OpenOptions::new()
@@ -352,7 +338,7 @@ fn new_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf)> {
         .open(&path)
         .map_err(Error::io("create WAL segment", &path))?;
     let started = file
-        .write_all(MAGIC)
+        .write_all(FORMAT.magic)
         .and_then(|()| file.sync_data())
         .map_err(Error::io("write WAL segment", &path))
         .and_then(|()| sync_dir(dir));
@@ -374,24 +360,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Segments in `dir`, ordered by first sequence number.
 pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let mut segments = Vec::new();
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(segments),
-        Err(e) => return Err(Error::io("list", dir)(e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(Error::io("list", dir))?;
-        let name = entry.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".wal")) else {
-            continue;
-        };
-        if let Ok(seq) = stem.parse::<u64>() {
-            segments.push((seq, entry.path()));
-        }
-    }
-    segments.sort();
-    Ok(segments)
+    FORMAT.list_segments(dir).map_err(Error::io("list", dir))
 }
 
 /// What replay found.
@@ -417,33 +386,6 @@ pub struct ReplayReport {
     pub frames_skipped: u64,
     /// The sequence number after the last intact frame.
     pub next_seq: u64,
-}
-
-/// The payload length a frame header at `offset` gives, if it could be a
-/// frame's. A zero length is not a frame (every payload has a header): it is
-/// a tail of zeros, as a file extended before its data landed leaves.
-fn frame_len(bytes: &[u8], offset: usize) -> Option<usize> {
-    let header = bytes.get(offset..offset.checked_add(FRAME_HEADER_BYTES)?)?;
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    (len != 0 && len <= MAX_FRAME_BYTES).then_some(len)
-}
-
-/// Where the payload of the intact frame starting at `offset` lies, if one does.
-fn intact_frame(bytes: &[u8], offset: usize) -> Option<std::ops::Range<usize>> {
-    let start = offset + FRAME_HEADER_BYTES;
-    let payload = start..start + frame_len(bytes, offset)?;
-    let crc = u32::from_le_bytes(bytes[offset + 4..start].try_into().expect("4 bytes"));
-    (crc32fast::hash(bytes.get(payload.clone())?) == crc).then_some(payload)
-}
-
-/// Where the frame after a damaged one at `offset` starts, when the damaged
-/// frame's length field still leads to an intact frame: the damage then lay
-/// in that one frame's payload or checksum, and every frame after it is good.
-/// A length that leads elsewhere cannot be told from garbage, so the rest of
-/// the segment is given up.
-fn step_over_damage(bytes: &[u8], offset: usize) -> Option<usize> {
-    let next = offset + FRAME_HEADER_BYTES + frame_len(bytes, offset)?;
-    intact_frame(bytes, next).map(|_| next)
 }
 
 /// Reads every segment in order, calling `on_frame` for each intact frame. With
@@ -511,99 +453,96 @@ fn replay_segments(
 ) -> Result<ReplayReport> {
     let mut report = ReplayReport::default();
     let last_index = segments.len().saturating_sub(1);
-    for (i, (first_seq, path, mut file)) in segments.0.into_iter().enumerate() {
+    let magic_len = FORMAT.magic.len();
+    for (i, (first_seq, path, file)) in segments.0.into_iter().enumerate() {
         let path = &path;
         report.next_seq = report.next_seq.max(first_seq);
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(Error::io("read WAL segment", path))?;
-        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        let file_len = file
+            .metadata()
+            .map_err(Error::io("read WAL segment", path))?
+            .len();
+        let scan = FORMAT
+            .scan(file, file_len, |frame| {
+                replay_frame(frame, path, catalog, &mut report, &mut on_frame)
+            })
+            .map_err(|e| match e {
+                ScanError::Read(source) => Error::io("read WAL segment", path)(source),
+                ScanError::Stopped(e) => e,
+            })?;
+        if scan.torn_magic {
             // A segment torn while being created holds no frames.
-            if bytes.len() < MAGIC.len() && MAGIC.starts_with(&bytes) {
-                if repair {
-                    fs::remove_file(path).map_err(Error::io("remove torn WAL segment", path))?;
-                }
-                continue;
+            if repair {
+                fs::remove_file(path).map_err(Error::io("remove torn WAL segment", path))?;
             }
-            // A damaged magic alone would hide every frame behind it: read on.
-            report.damaged_bytes += MAGIC.len().min(bytes.len()) as u64;
-            report.damaged_segments.push(path.clone());
+            continue;
         }
-        let mut offset = MAGIC.len();
-        let mut good_end = offset;
-        let mut damaged_here = 0;
-        while offset < bytes.len() {
-            let Some(payload) = intact_frame(&bytes, offset) else {
-                match step_over_damage(&bytes, offset) {
-                    Some(next) => {
-                        damaged_here += next - offset;
-                        offset = next;
-                        continue;
-                    }
-                    None => break,
-                }
-            };
-            let mut dropped = Vec::new();
-            let set_aside = |report: &mut ReplayReport, reason: String| {
-                if !report.set_aside_segments.iter().any(|(p, _)| p == path) {
-                    let reason = format!("frame at byte {offset}: {reason}");
-                    report.set_aside_segments.push((path.clone(), reason));
-                }
-            };
-            match decode_frame(&bytes[payload.clone()], catalog, &mut dropped) {
-                Ok(decoded) => {
-                    if !dropped.is_empty() {
-                        let reason = format!(
-                            "table {} does not declare field(s) {}: dropped from the rows replayed",
-                            decoded.batch.table.name,
-                            dropped.join(", ")
-                        );
-                        set_aside(&mut report, reason);
-                    }
-                    report.next_seq = report.next_seq.max(decoded.seq + 1);
-                    report.frames += 1;
-                    on_frame(decoded)?;
-                }
-                Err(reason) => {
-                    // Its checksum holds: not damage, but rows this build has no
-                    // place for. Its number still counts, so no new frame reuses it.
-                    let seq = bytes[payload.start..payload.start + 8]
-                        .try_into()
-                        .map(u64::from_le_bytes)
-                        .unwrap_or(0);
-                    report.next_seq = report.next_seq.max(seq + 1);
-                    report.frames_skipped += 1;
-                    set_aside(&mut report, format!("{reason}: skipped"));
-                }
-            }
-            offset = payload.end;
-            good_end = offset;
-        }
-        let tail = bytes.len().saturating_sub(good_end);
-        if i == last_index && tail > 0 {
+        let last = i == last_index;
+        if last && scan.tail_bytes() > 0 {
             // Frames after the last intact one were being written at a crash.
-            report.torn_bytes += tail as u64;
+            report.torn_bytes += scan.tail_bytes();
             if repair {
                 let file = OpenOptions::new()
                     .write(true)
                     .open(path)
                     .map_err(Error::io("open WAL segment", path))?;
-                file.set_len(good_end as u64)
+                file.set_len(scan.valid_bytes)
                     .and_then(|()| file.sync_all())
                     .map_err(Error::io("cut torn WAL tail", path))?;
             }
-        } else {
-            // A segment before the last was complete when the next began.
-            damaged_here += tail;
         }
-        if damaged_here > 0 {
-            report.damaged_bytes += damaged_here as u64;
-            if report.damaged_segments.last() != Some(path) {
-                report.damaged_segments.push(path.clone());
-            }
+        let damaged = scan.damaged_bytes(magic_len, last);
+        if damaged > 0 || scan.bad_magic {
+            report.damaged_bytes += damaged;
+            report.damaged_segments.push(path.clone());
         }
     }
     Ok(report)
+}
+
+/// Hands one intact frame of `path` to `on_frame`, decoded; a frame whose
+/// rows this build's tables cannot hold is set aside in `report` instead.
+fn replay_frame(
+    frame: LogFrame,
+    path: &PathBuf,
+    catalog: &Catalog,
+    report: &mut ReplayReport,
+    on_frame: &mut impl FnMut(Frame) -> Result<()>,
+) -> Result<()> {
+    let offset = frame.offset;
+    let set_aside = |report: &mut ReplayReport, reason: String| {
+        if !report.set_aside_segments.iter().any(|(p, _)| p == path) {
+            let reason = format!("frame at byte {offset}: {reason}");
+            report.set_aside_segments.push((path.clone(), reason));
+        }
+    };
+    let mut dropped = Vec::new();
+    match decode_frame(&frame.payload, catalog, &mut dropped) {
+        Ok(decoded) => {
+            if !dropped.is_empty() {
+                let reason = format!(
+                    "table {} does not declare field(s) {}: dropped from the rows replayed",
+                    decoded.batch.table.name,
+                    dropped.join(", ")
+                );
+                set_aside(report, reason);
+            }
+            report.next_seq = report.next_seq.max(decoded.seq + 1);
+            report.frames += 1;
+            on_frame(decoded)
+        }
+        Err(reason) => {
+            // Its checksum holds: not damage, but rows this build has no
+            // place for. Its number still counts, so no new frame reuses it.
+            let seq = frame.payload[..8.min(frame.payload.len())]
+                .try_into()
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            report.next_seq = report.next_seq.max(seq + 1);
+            report.frames_skipped += 1;
+            set_aside(report, format!("{reason}: skipped"));
+            Ok(())
+        }
+    }
 }
 
 // ---- frame encoding ----------------------------------------------------------------
@@ -797,6 +736,7 @@ fn decode_frame(
 mod tests {
     use super::*;
     use crate::batch::BatchBuilder;
+    use crate::segment_log::FRAME_HEADER_BYTES;
     use crate::tables::{ScrapedRow, SCRAPED};
 
     fn catalog() -> Catalog {
@@ -851,28 +791,6 @@ mod tests {
     }
 
     #[test]
-    fn a_write_that_stops_partway_keeps_only_the_frames_that_landed_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut wal = WalWriter::create(dir.path(), 1, 1 << 20, 1 << 20).unwrap();
-        for i in 0..3 {
-            wal.append(1, &batch(5 + i, i as i64 * 10));
-        }
-        let pending = wal.pending.clone();
-        let mut with_magic = MAGIC.to_vec();
-        with_magic.extend_from_slice(&pending);
-        let ends: Vec<usize> = frame_offsets(&with_magic)[1..]
-            .iter()
-            .map(|end| end - MAGIC.len())
-            .collect();
-        assert_eq!(ends.len(), 3);
-        assert_eq!(whole_frames(&pending, 0), (0, 0));
-        assert_eq!(whole_frames(&pending, ends[0] - 1), (0, 0));
-        assert_eq!(whole_frames(&pending, ends[0]), (ends[0], 1));
-        assert_eq!(whole_frames(&pending, ends[1] + 9), (ends[1], 2));
-        assert_eq!(whole_frames(&pending, pending.len()), (pending.len(), 3));
-    }
-
-    #[test]
     fn a_torn_tail_is_cut_at_the_last_good_frame() {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = WalWriter::create(dir.path(), 1, 1 << 20, 1 << 20).unwrap();
@@ -898,9 +816,12 @@ mod tests {
     /// Where each frame of a segment starts, and where the last one ends.
     fn frame_offsets(bytes: &[u8]) -> Vec<usize> {
         let mut offsets = vec![MAGIC.len()];
-        while let Some(payload) = intact_frame(bytes, *offsets.last().unwrap()) {
-            offsets.push(payload.end);
-        }
+        FORMAT
+            .scan(bytes, bytes.len() as u64, |frame| -> Result<(), ()> {
+                offsets.push(frame.end(&FORMAT) as usize);
+                Ok(())
+            })
+            .unwrap();
         offsets
     }
 

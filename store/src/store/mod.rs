@@ -756,27 +756,12 @@ fn lock(dir: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// The file an error says is damaged: one whose layout or pages could not be
-/// read. An error of the OS while opening it or reading its footer (a missing
-/// file, a failed read) is not the file's fault and names none. One that fails
-/// a read of its pages counts as damage: the reader hands it back as text, no
-/// longer saying it came from the OS.
 /// Copies `path` to where [`quarantine`] would move it, unless a copy of the
 /// same length is there already (an earlier open copied it). True when copied.
 fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {
-    if kept_in_quarantine(data_dir, path) {
-        return Ok(false);
-    }
     let target = quarantine_path(data_dir, path);
-    let parent = target.parent().expect("a quarantine path has a parent");
-    fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
-    let partial = target.with_extension("copying");
-    fs::copy(path, &partial)
-        .and_then(|_| File::open(&partial)?.sync_all())
-        .map_err(Error::io("copy to quarantine", path))?;
-    fs::rename(&partial, &target).map_err(Error::io("rename into quarantine", &target))?;
-    wal::sync_dir(parent)?;
-    Ok(true)
+    crate::segment_log::copy_to_quarantine(path, &target)
+        .map_err(Error::io("copy to quarantine", path))
 }
 
 /// Whether a copy of `path` (a WAL segment or a file of the store at

@@ -29,6 +29,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use vtax_store::segment_log::{self, Format};
+
 mod segments;
 
 pub use segments::*;
@@ -36,10 +38,19 @@ pub use segments::*;
 #[cfg(test)]
 mod tests;
 
-const MAGIC: &[u8; 8] = b"VTAXRWQ\x01";
-const RECORD_HEADER_BYTES: usize = 20;
-/// A record longer than this is corruption, not data.
-const MAX_RECORD_BYTES: usize = 256 << 20;
+/// The queue's framing: each record's meta is its samples (u32) and its
+/// oldest sample's time (i64, ms); a payload longer than 256 MiB is
+/// corruption, not data.
+const FORMAT: Format = Format {
+    magic: b"VTAXRWQ\x01",
+    extension: "seg",
+    meta_bytes: 12,
+    max_payload_bytes: 256 << 20,
+};
+const MAGIC: &[u8; 8] = FORMAT.magic;
+/// A record's bytes before its payload: the frame header and the meta.
+#[cfg(test)]
+const RECORD_HEADER_BYTES: usize = segment_log::FRAME_HEADER_BYTES + 12;
 const ACK_FILE: &str = "acked";
 /// Where the request being sent ends, written before it is sent: after a
 /// crash the same records go again as one request, so a receiver that took
@@ -119,7 +130,7 @@ pub struct Queue {
 }
 
 fn segment_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join(format!("{seq:020}.seg"))
+    FORMAT.segment_path(dir, seq)
 }
 
 impl Queue {
@@ -136,12 +147,13 @@ impl Queue {
         for seq in seqs {
             let path = segment_path(dir, seq);
             let mut scan = scan_segment(&path)?;
-            if scan.torn_magic {
+            if scan.log.torn_magic {
                 // Torn while being created: start it over.
                 let mut file = OpenOptions::new().write(true).open(&path)?;
                 file.set_len(0)?;
                 file.write_all(MAGIC)?;
-                scan.file_len = MAGIC.len() as u64;
+                scan.log.file_len = MAGIC.len() as u64;
+                scan.log.valid_bytes = MAGIC.len() as u64;
             }
             let tail = scan.tail_bytes();
             let torn = Some(seq) == last_seq;
@@ -156,23 +168,26 @@ impl Queue {
                 report.damaged_bytes += damaged_bytes;
                 report.damaged_segments.push(path.clone());
             }
-            if scan.bad_magic {
+            if scan.log.bad_magic {
                 let mut file = OpenOptions::new().write(true).open(&path)?;
                 file.write_all(MAGIC)?;
+                // Shorter than the magic, it holds the magic alone now.
+                scan.log.valid_bytes = scan.log.valid_bytes.max(MAGIC.len() as u64);
+                scan.log.file_len = scan.log.file_len.max(MAGIC.len() as u64);
             }
             if tail > 0 {
                 if torn {
-                    tracing::warn!(path = %path.display(), valid_bytes = scan.valid_bytes, cut_bytes = tail, "Remote write queue: cut a torn tail.");
+                    tracing::warn!(path = %path.display(), valid_bytes = scan.log.valid_bytes, cut_bytes = tail, "Remote write queue: cut a torn tail.");
                     report.truncated_bytes += tail;
                 }
                 OpenOptions::new()
                     .write(true)
                     .open(&path)?
-                    .set_len(scan.valid_bytes)?;
+                    .set_len(scan.log.valid_bytes)?;
             }
             segments.push_back(Segment {
                 seq,
-                bytes: scan.valid_bytes,
+                bytes: scan.log.valid_bytes,
                 samples: scan.record_ends.iter().map(|&(_, n)| u64::from(n)).sum(),
             });
             record_ends.push(scan.record_ends);
@@ -275,7 +290,7 @@ impl Queue {
     /// Appends one record. When the queue would outgrow its bound, the oldest
     /// segments go first (counted in [`Queue::dropped_samples`]).
     pub fn append(&mut self, payload: &[u8], samples: u32, min_time_ms: i64) -> io::Result<()> {
-        let record_bytes = (RECORD_HEADER_BYTES + payload.len()) as u64;
+        let record_bytes = FORMAT.frame_bytes(payload.len());
         let current = self.segments.back().expect("one segment is always open");
         if current.bytes + record_bytes > self.segment_bytes && current.bytes > MAGIC.len() as u64
             || self.held_bytes() + record_bytes > self.max_bytes && self.segments.len() == 1
@@ -284,13 +299,11 @@ impl Queue {
         }
         self.make_room(record_bytes)?;
         let mut record = Vec::with_capacity(record_bytes as usize);
-        record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        record.extend_from_slice(&[0; 4]);
-        record.extend_from_slice(&samples.to_le_bytes());
-        record.extend_from_slice(&min_time_ms.to_le_bytes());
-        record.extend_from_slice(payload);
-        let crc = crc32fast::hash(&record[8..]);
-        record[4..8].copy_from_slice(&crc.to_le_bytes());
+        FORMAT.append_frame(&mut record, |out| {
+            out.extend_from_slice(&samples.to_le_bytes());
+            out.extend_from_slice(&min_time_ms.to_le_bytes());
+            out.extend_from_slice(payload);
+        });
         let current = self
             .segments
             .back_mut()
@@ -367,11 +380,11 @@ impl Queue {
         let mut reader = io::BufReader::new(file.take(end - start));
         let (mut offset, mut lost) = (start, 0u64);
         while offset - start < bytes && offset < end {
-            let Some((stepped_over, record)) = next_intact_record(&mut reader)? else {
+            let Some((stepped_over, record)) = next_intact_record(&mut reader, offset)? else {
                 self.drop_oldest();
                 return Ok(());
             };
-            offset += stepped_over + (RECORD_HEADER_BYTES + record.payload.len()) as u64;
+            offset += stepped_over + record.bytes();
             lost += u64::from(record.samples);
         }
         self.acked.offset = offset;
@@ -465,7 +478,9 @@ impl Queue {
             file.seek(SeekFrom::Start(position.offset))?;
             let mut reader = io::BufReader::new(file.take(segment.bytes - position.offset));
             while position.offset < segment.bytes {
-                let Some((stepped_over, record)) = next_intact_record(&mut reader)? else {
+                let Some((stepped_over, record)) =
+                    next_intact_record(&mut reader, position.offset)?
+                else {
                     // Damaged since open, past finding the next record: the
                     // reader moves on to the next segment rather than stop.
                     met.push((
@@ -488,7 +503,7 @@ impl Queue {
                     ));
                     position.offset += stepped_over;
                 }
-                let record_bytes = (RECORD_HEADER_BYTES + record.payload.len()) as u64;
+                let record_bytes = record.bytes();
                 let at = position;
                 position.offset += record_bytes;
                 in_segment += u64::from(record.samples);

@@ -1,10 +1,11 @@
-//! The queue's segment files: their records, a scan that steps over a torn
-//! or damaged one, verification, quarantine, and the acknowledged position.
+//! The queue's segment files: its records in `vtax_store::segment_log`'s
+//! framing (which steps over a torn or damaged one), verification,
+//! quarantine, and the acknowledged position.
 
 use super::*;
 
 pub(super) fn create_segment(dir: &Path, seq: u64) -> io::Result<File> {
-    let path = segment_path(dir, seq);
+    let path = FORMAT.segment_path(dir, seq);
     let mut file = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -14,117 +15,74 @@ pub(super) fn create_segment(dir: &Path, seq: u64) -> io::Result<File> {
     Ok(file)
 }
 
-pub(super) enum Record {
-    Intact(IntactRecord),
-    /// A whole record whose checksum fails; `bytes` long if its length field
-    /// is right, which only an intact record after it confirms.
-    Damaged {
-        bytes: u64,
-    },
-    /// The end, a torn record, or a length that cannot be a record's.
-    End,
+/// The next intact record from the reader's position, `offset` in its
+/// segment, and the bytes of a damaged record stepped over to reach it.
+/// `None` at the end, or where damage leaves no next record to find.
+pub(super) fn next_intact_record(
+    reader: &mut impl Read,
+    offset: u64,
+) -> io::Result<Option<(u64, IntactRecord)>> {
+    Ok(FORMAT
+        .next_intact(reader, offset)?
+        .map(|(stepped_over, frame)| (stepped_over, IntactRecord::from_frame(frame))))
 }
 
-pub(super) fn read_record(reader: &mut impl Read) -> io::Result<Record> {
-    let mut header = [0u8; RECORD_HEADER_BYTES];
-    if let Err(e) = reader.read_exact(&mut header) {
-        return match e.kind() {
-            io::ErrorKind::UnexpectedEof => Ok(Record::End),
-            _ => Err(e),
-        };
+impl IntactRecord {
+    fn from_frame(frame: segment_log::Frame) -> IntactRecord {
+        let meta = &frame.meta;
+        IntactRecord {
+            samples: u32::from_le_bytes(meta[0..4].try_into().expect("4 bytes")),
+            min_time_ms: i64::from_le_bytes(meta[4..12].try_into().expect("8 bytes")),
+            payload: frame.payload,
+        }
     }
-    let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
-    let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-    if len > MAX_RECORD_BYTES {
-        return Ok(Record::End);
+
+    /// Bytes of the record on disk.
+    pub(super) fn bytes(&self) -> u64 {
+        FORMAT.frame_bytes(self.payload.len())
     }
-    let mut payload = vec![0; len];
-    if let Err(e) = reader.read_exact(&mut payload) {
-        return match e.kind() {
-            io::ErrorKind::UnexpectedEof => Ok(Record::End),
-            _ => Err(e),
-        };
-    }
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&header[8..]);
-    hasher.update(&payload);
-    if hasher.finalize() != crc {
-        return Ok(Record::Damaged {
-            bytes: (RECORD_HEADER_BYTES + len) as u64,
-        });
-    }
-    Ok(Record::Intact(IntactRecord {
-        samples: u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")),
-        min_time_ms: i64::from_le_bytes(header[12..20].try_into().expect("8 bytes")),
-        payload,
-    }))
 }
 
 /// What a segment holds, as [`Queue::open`] found it.
 pub(super) struct SegmentScan {
-    /// Where the last intact record ends.
-    pub(super) valid_bytes: u64,
+    /// What the shared framing found.
+    pub(super) log: segment_log::SegmentScan,
     /// Where each intact record ends, and its samples.
     pub(super) record_ends: Vec<(u64, u32)>,
-    /// Bytes of damaged records stepped over (not the tail after the last
-    /// intact record).
-    pub(super) stepped_over_bytes: u64,
-    /// Where the last record stepped over ends (0 if none).
-    pub(super) stepped_over_end: u64,
-    pub(super) bad_magic: bool,
-    /// Shorter than the magic: torn while being created.
-    pub(super) torn_magic: bool,
-    pub(super) file_len: u64,
 }
 
 impl SegmentScan {
     /// Bytes after the last intact record.
     pub(super) fn tail_bytes(&self) -> u64 {
-        self.file_len - self.valid_bytes
+        self.log.tail_bytes()
     }
 
     /// Damaged bytes that no read will step over: a damaged magic, and the
     /// tail of a segment before the last (a complete segment has none; the
     /// last one's is taken for a torn append).
     pub(super) fn cut_damage_bytes(&self, last: bool) -> u64 {
-        self.bad_magic_bytes() + if last { 0 } else { self.tail_bytes() }
-    }
-
-    /// The magic's bytes when it is damaged (they end where they count).
-    pub(super) fn bad_magic_bytes(&self) -> u64 {
-        if self.bad_magic {
-            MAGIC.len() as u64
-        } else {
-            0
-        }
+        self.log.cut_damage_bytes(MAGIC.len(), last)
     }
 
     /// Every byte of the segment that held no intact record, but a torn tail.
     pub(super) fn damaged_bytes(&self, last: bool) -> u64 {
-        self.cut_damage_bytes(last) + self.stepped_over_bytes
+        self.log.damaged_bytes(MAGIC.len(), last)
     }
 
     /// Where the last damaged byte ends: a copy at least this long holds
     /// the damage as found (segments are only appended to after it).
     pub(super) fn damage_end(&self, last: bool) -> u64 {
-        let cut_end = if last { 0 } else { self.file_len };
-        cut_end
-            .max(self.stepped_over_end)
-            .max(self.bad_magic_bytes())
+        self.log.damage_end(MAGIC.len(), last)
     }
 }
 
 /// The sequence numbers of the segments in `dir`, in order.
 pub(super) fn segment_seqs(dir: &Path) -> io::Result<Vec<u64>> {
-    let mut seqs: Vec<u64> = fs::read_dir(dir)?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            name.strip_suffix(".seg")?.parse().ok()
-        })
-        .collect();
-    seqs.sort_unstable();
-    Ok(seqs)
+    Ok(FORMAT
+        .list_segments(dir)?
+        .into_iter()
+        .map(|(seq, _)| seq)
+        .collect())
 }
 
 /// What [`verify`] found in a queue.
@@ -172,7 +130,7 @@ pub fn verify(dir: &Path) -> io::Result<Verified> {
         };
         let last = Some(seq) == last_seq;
         verified.segments += 1;
-        if scan.torn_magic {
+        if scan.log.torn_magic {
             // Torn while being created: nothing in it yet (open starts it over).
             continue;
         }
@@ -208,71 +166,28 @@ pub fn verify(dir: &Path) -> io::Result<Verified> {
     Ok(verified)
 }
 
-/// The next intact record and the bytes of a damaged one stepped over to
-/// reach it: a record whose checksum fails is stepped over when the record
-/// its length field points to is intact (the damage lay in that one record).
-/// `None` at the end, or where damage leaves no next record to find.
-pub(super) fn next_intact_record(
-    reader: &mut impl Read,
-) -> io::Result<Option<(u64, IntactRecord)>> {
-    Ok(match read_record(reader)? {
-        Record::Intact(record) => Some((0, record)),
-        Record::Damaged { bytes } => match read_record(reader)? {
-            Record::Intact(record) => Some((bytes, record)),
-            _ => None,
-        },
-        Record::End => None,
-    })
-}
-
-/// Reads a segment's records ([`next_intact_record`]); the segment's intact
-/// part ends where no next record can be found.
+/// Reads a segment's records; the segment's intact part ends where no next
+/// record can be found.
 pub(super) fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
     let file = File::open(path)?;
     let file_len = file.metadata()?.len();
-    let mut reader = io::BufReader::new(file);
-    let mut magic = [0u8; 8];
-    let read_magic = reader.read_exact(&mut magic);
-    let mut scan = SegmentScan {
-        valid_bytes: MAGIC.len() as u64,
-        record_ends: Vec::new(),
-        stepped_over_bytes: 0,
-        stepped_over_end: 0,
-        bad_magic: false,
-        torn_magic: false,
-        file_len,
-    };
-    if read_magic.is_err() {
-        // Torn while being created: it holds nothing.
-        scan.torn_magic = true;
-        return Ok(scan);
-    }
-    if &magic != MAGIC {
-        // A damaged magic alone would hide every record behind it: read on.
-        scan.bad_magic = true;
-    }
-    while let Some((stepped_over, record)) = next_intact_record(&mut reader)? {
-        scan.stepped_over_bytes += stepped_over;
-        if stepped_over > 0 {
-            scan.stepped_over_end = scan.valid_bytes + stepped_over;
-        }
-        scan.valid_bytes += stepped_over + (RECORD_HEADER_BYTES + record.payload.len()) as u64;
-        scan.record_ends.push((scan.valid_bytes, record.samples));
-    }
-    Ok(scan)
+    let mut record_ends = Vec::new();
+    let log = FORMAT
+        .scan(file, file_len, |frame| -> Result<(), io::Error> {
+            let end = frame.end(&FORMAT);
+            record_ends.push((end, IntactRecord::from_frame(frame).samples));
+            Ok(())
+        })
+        .map_err(|e| match e {
+            segment_log::ScanError::Read(e) | segment_log::ScanError::Stopped(e) => e,
+        })?;
+    Ok(SegmentScan { log, record_ends })
 }
 
 /// Copies a segment to `<dir>/quarantine/`, unless a copy of the same length
 /// is there already.
 pub(super) fn copy_to_quarantine(dir: &Path, path: &Path) -> io::Result<()> {
-    let target = quarantine_path(dir, path);
-    fs::create_dir_all(target.parent().expect("in quarantine/"))?;
-    let len = fs::metadata(path)?.len();
-    if fs::metadata(&target).is_ok_and(|m| m.len() == len) {
-        return Ok(());
-    }
-    fs::copy(path, &target)?;
-    File::open(&target)?.sync_all()
+    segment_log::copy_to_quarantine(path, &quarantine_path(dir, path)).map(|_| ())
 }
 
 pub(super) fn read_ack(dir: &Path) -> Option<Position> {

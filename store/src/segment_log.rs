@@ -1,0 +1,363 @@
+//! Segment logs: the on-disk framing that the WAL and remote write's queue
+//! share, with what reading it back after a crash or damage needs.
+//!
+//! A log is a directory of segments `<seq>.<extension>` (20 decimal digits).
+//! A segment is an 8-byte magic, then frames
+//! `[payload_len: u32 LE][crc32: u32 LE][meta][payload]`, where `meta` is a
+//! fixed number of bytes each log chooses (none for the WAL; the samples and
+//! oldest time of a request for the queue) and the CRC covers `meta` and
+//! `payload`. A frame with a zero length or one above the log's bound is not a
+//! frame: a file extended before its data landed ends in zeros.
+//!
+//! Reading a segment ([`Format::scan`]) keeps every intact frame:
+//! - a **torn tail** (a crash mid-append) is what follows the last intact
+//!   frame; the writer of the last segment cuts it off;
+//! - a frame whose checksum fails is **stepped over** when its length field
+//!   leads to an intact frame: the damage lay in that one frame. A length that
+//!   leads elsewhere cannot be told from garbage, and the rest of the segment
+//!   is given up, not the next segments;
+//! - a **damaged magic** alone would hide every frame behind it: the frames
+//!   are read on;
+//! - a segment shorter than the magic and a prefix of it was **torn while
+//!   being created**, and holds nothing.
+//!
+//! Damaged segments are copied to quarantine ([`copy_to_quarantine`]) for
+//! whoever looks into them, while the log goes on reading their intact frames.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// Bytes of a frame's length and checksum.
+pub const FRAME_HEADER_BYTES: usize = 8;
+
+/// What one log's segments look like.
+#[derive(Clone, Copy, Debug)]
+pub struct Format {
+    /// The first 8 bytes of every segment.
+    pub magic: &'static [u8; 8],
+    /// The segment files' extension, without the dot.
+    pub extension: &'static str,
+    /// Bytes of each frame's meta, between its header and its payload.
+    pub meta_bytes: usize,
+    /// A longer payload is damage, not data.
+    pub max_payload_bytes: usize,
+}
+
+/// One intact frame, as read back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Where the frame starts in its segment.
+    pub offset: u64,
+    /// Its [`Format::meta_bytes`] of meta.
+    pub meta: Vec<u8>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// Where the frame ends in its segment.
+    pub fn end(&self, format: &Format) -> u64 {
+        self.offset + format.frame_bytes(self.payload.len())
+    }
+}
+
+/// What [`Format::read_frame`] found at the reader's position.
+enum Read1 {
+    Intact {
+        meta: Vec<u8>,
+        payload: Vec<u8>,
+    },
+    /// A whole frame whose checksum fails; `bytes` long if its length field
+    /// is right, which only an intact frame after it confirms.
+    Damaged {
+        bytes: u64,
+    },
+    /// The end, a torn frame, or a length that cannot be a frame's.
+    End,
+}
+
+/// What [`Format::scan`] found in a segment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SegmentScan {
+    /// Intact frames read.
+    pub frames: u64,
+    /// Where the last intact frame ends (the magic's end when none is).
+    pub valid_bytes: u64,
+    /// Bytes of damaged frames stepped over (not the tail after the last
+    /// intact frame).
+    pub stepped_over_bytes: u64,
+    /// Where the last frame stepped over ends (0 if none).
+    pub stepped_over_end: u64,
+    /// The magic is not the log's.
+    pub bad_magic: bool,
+    /// Shorter than the magic and a prefix of it: torn while being created.
+    pub torn_magic: bool,
+    /// The segment's length as read.
+    pub file_len: u64,
+}
+
+impl SegmentScan {
+    /// Bytes after the last intact frame: a torn tail in the last segment,
+    /// damage in any other (a segment was complete when the next began).
+    pub fn tail_bytes(&self) -> u64 {
+        self.file_len.saturating_sub(self.valid_bytes)
+    }
+
+    /// The magic's bytes when it is damaged.
+    pub fn bad_magic_bytes(&self, magic_len: usize) -> u64 {
+        if self.bad_magic {
+            (magic_len as u64).min(self.file_len)
+        } else {
+            0
+        }
+    }
+
+    /// Damaged bytes that no read steps over: a damaged magic, and the tail
+    /// of a segment before the last.
+    pub fn cut_damage_bytes(&self, magic_len: usize, last: bool) -> u64 {
+        self.bad_magic_bytes(magic_len) + if last { 0 } else { self.tail_bytes() }
+    }
+
+    /// Every byte of the segment that held no intact frame, but a torn tail
+    /// of the last segment.
+    pub fn damaged_bytes(&self, magic_len: usize, last: bool) -> u64 {
+        self.cut_damage_bytes(magic_len, last) + self.stepped_over_bytes
+    }
+
+    /// Where the last damaged byte ends: a copy at least this long holds the
+    /// damage as found (segments are only appended to after it).
+    pub fn damage_end(&self, magic_len: usize, last: bool) -> u64 {
+        let cut_end = if last { 0 } else { self.file_len };
+        cut_end
+            .max(self.stepped_over_end)
+            .max(self.bad_magic_bytes(magic_len))
+    }
+}
+
+impl Format {
+    /// The path of segment `seq` in `dir`.
+    pub fn segment_path(&self, dir: &Path, seq: u64) -> PathBuf {
+        dir.join(format!("{seq:020}.{}", self.extension))
+    }
+
+    /// The segments in `dir` with their sequence numbers, in order; none
+    /// when `dir` does not exist.
+    pub fn list_segments(&self, dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut segments = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(stem) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(self.extension)?.strip_suffix('.'))
+            else {
+                continue;
+            };
+            if let Ok(seq) = stem.parse::<u64>() {
+                segments.push((seq, entry.path()));
+            }
+        }
+        segments.sort();
+        Ok(segments)
+    }
+
+    /// Bytes of a frame whose payload is `payload_len` long.
+    pub fn frame_bytes(&self, payload_len: usize) -> u64 {
+        (FRAME_HEADER_BYTES + self.meta_bytes + payload_len) as u64
+    }
+
+    /// Appends a frame to `out`: `write` appends its meta (exactly
+    /// [`Self::meta_bytes`]) and then its payload; the header is filled in
+    /// after, so the payload is encoded in place, not copied.
+    pub fn append_frame(&self, out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = out.len();
+        out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
+        write(out);
+        let body = &out[start + FRAME_HEADER_BYTES..];
+        let payload_len = body
+            .len()
+            .checked_sub(self.meta_bytes)
+            .expect("a frame holds its meta");
+        assert!(
+            payload_len > 0 && payload_len <= self.max_payload_bytes,
+            "a payload of {payload_len} bytes is outside what the log reads back"
+        );
+        let crc = crc32fast::hash(body);
+        out[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Of `frames` (whole frames of this format, back to back), the bytes and
+    /// the count of those lying whole within their first `landed` bytes: what
+    /// a write that stopped partway left intact.
+    pub fn whole_frames(&self, frames: &[u8], landed: usize) -> (usize, u64) {
+        let (mut end, mut count) = (0, 0);
+        while let Some(header) = frames.get(end..end + FRAME_HEADER_BYTES) {
+            let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let next = end + self.frame_bytes(payload_len) as usize;
+            if next > landed {
+                break;
+            }
+            (end, count) = (next, count + 1);
+        }
+        (end, count)
+    }
+
+    /// Reads the frame at the reader's position.
+    fn read_frame(&self, reader: &mut impl Read) -> io::Result<Read1> {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        if !read_whole(reader, &mut header)? {
+            return Ok(Read1::End);
+        }
+        let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        if payload_len == 0 || payload_len > self.max_payload_bytes {
+            return Ok(Read1::End);
+        }
+        let mut body = vec![0; self.meta_bytes + payload_len];
+        if !read_whole(reader, &mut body)? {
+            return Ok(Read1::End);
+        }
+        if crc32fast::hash(&body) != crc {
+            return Ok(Read1::Damaged {
+                bytes: self.frame_bytes(payload_len),
+            });
+        }
+        let payload = body.split_off(self.meta_bytes);
+        Ok(Read1::Intact {
+            meta: body,
+            payload,
+        })
+    }
+
+    /// The next intact frame from the reader's position, which is `offset`
+    /// in its segment, and the bytes of a damaged frame stepped over to reach
+    /// it. `None` at the end, or where damage leaves no next frame to find.
+    pub fn next_intact(
+        &self,
+        reader: &mut impl Read,
+        offset: u64,
+    ) -> io::Result<Option<(u64, Frame)>> {
+        let (stepped_over, read) = match self.read_frame(reader)? {
+            Read1::Damaged { bytes } => (bytes, self.read_frame(reader)?),
+            read => (0, read),
+        };
+        Ok(match read {
+            Read1::Intact { meta, payload } => Some((
+                stepped_over,
+                Frame {
+                    offset: offset + stepped_over,
+                    meta,
+                    payload,
+                },
+            )),
+            _ => None,
+        })
+    }
+
+    /// Reads a segment from its start, calling `on_frame` for each intact
+    /// frame in order; `file_len` is the segment's length. An error of
+    /// `on_frame` stops the scan.
+    pub fn scan<E>(
+        &self,
+        reader: impl Read,
+        file_len: u64,
+        mut on_frame: impl FnMut(Frame) -> Result<(), E>,
+    ) -> Result<SegmentScan, ScanError<E>> {
+        let mut reader = io::BufReader::new(reader);
+        let magic_len = self.magic.len();
+        let mut scan = SegmentScan {
+            valid_bytes: magic_len as u64,
+            file_len,
+            ..SegmentScan::default()
+        };
+        let mut magic = [0u8; 8];
+        let got = read_up_to(&mut reader, &mut magic).map_err(ScanError::Read)?;
+        if got < magic_len && self.magic.starts_with(&magic[..got]) {
+            scan.torn_magic = true;
+            scan.valid_bytes = got as u64;
+            return Ok(scan);
+        }
+        if magic != *self.magic {
+            scan.bad_magic = true;
+        }
+        if got < magic_len {
+            scan.valid_bytes = got as u64;
+            return Ok(scan);
+        }
+        while let Some((stepped_over, frame)) = self
+            .next_intact(&mut reader, scan.valid_bytes)
+            .map_err(ScanError::Read)?
+        {
+            if stepped_over > 0 {
+                scan.stepped_over_bytes += stepped_over;
+                scan.stepped_over_end = frame.offset;
+            }
+            scan.valid_bytes = frame.end(self);
+            scan.frames += 1;
+            on_frame(frame).map_err(ScanError::Stopped)?;
+        }
+        Ok(scan)
+    }
+}
+
+/// Why [`Format::scan`] ended before the segment did.
+#[derive(Debug)]
+pub enum ScanError<E> {
+    /// Reading the segment failed.
+    Read(io::Error),
+    /// `on_frame` returned this.
+    Stopped(E),
+}
+
+/// Fills `buf`; false if the reader ended first.
+fn read_whole(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    match reader.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads into `buf` until it is full or the reader ends; the bytes read.
+fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Copies a damaged segment to `target`, unless a copy as long as the
+/// segment is there already (its damage was kept at an earlier start);
+/// whether it copied. The copy is written beside `target` and renamed into
+/// place, then its directory fsynced, so a crash leaves either no copy or a
+/// whole one.
+pub fn copy_to_quarantine(segment: &Path, target: &Path) -> io::Result<bool> {
+    let len = fs::metadata(segment)?.len();
+    if fs::metadata(target).is_ok_and(|m| m.len() == len) {
+        return Ok(false);
+    }
+    let parent = target.parent().expect("a quarantine path has a parent");
+    fs::create_dir_all(parent)?;
+    let partial = target.with_extension("copying");
+    fs::copy(segment, &partial)?;
+    File::open(&partial)?.sync_all()?;
+    fs::rename(&partial, target)?;
+    File::open(parent)?.sync_all()?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests;
