@@ -119,28 +119,7 @@ fn render_simulated_gpus() -> String {
     String::from_utf8(text.to_vec()).expect("UTF-8")
 }
 
-pub(crate) fn promtool_complaints(body: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool is installed (scripts/test.sh installs Debian's prometheus)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+pub(crate) use vtax_tests::promtool_complaints;
 
 fn check_golden(fixture: &str) {
     let rendered = if fixture == "simulated-gpus" {

@@ -1,11 +1,7 @@
 //! `vtax probe-gpu`: the probe once, now, on every GPU or the ones asked for.
 
-use std::collections::HashMap;
-
 use anyhow::Result;
 
-use crate::collectors::gpu_probe::engine::facts::GpuFacts;
-use crate::collectors::gpu_probe::engine::render::Report;
 use crate::collectors::gpu_probe::engine::{Engine, Sizes};
 
 /// Arguments of `vtax probe-gpu`.
@@ -78,7 +74,12 @@ pub fn probe_gpu(args: ProbeGpuArgs) -> Result<()> {
             crate::collectors::gpu_probe::engine::facts::read_nvml(),
         ),
     };
-    let report = run(engine.as_mut(), facts, args.gpu.as_deref(), &args.sizes())?;
+    let report = crate::collectors::gpu_probe::engine::probe_and_report(
+        engine.as_mut(),
+        facts,
+        args.gpu.as_deref(),
+        &args.sizes(),
+    )?;
     let text = if args.json {
         serde_json::to_string_pretty(&report)? + "\n"
     } else {
@@ -91,45 +92,33 @@ pub fn probe_gpu(args: ProbeGpuArgs) -> Result<()> {
     Ok(())
 }
 
-/// Probes the GPUs asked for (by the report's numbering: NVML's index where
-/// NVML knows the GPU) and sets the figures against their peaks.
-pub fn run(
-    engine: &mut dyn Engine,
-    facts: Result<HashMap<String, GpuFacts>, String>,
-    only: Option<&[u32]>,
-    sizes: &Sizes,
-) -> Result<Report> {
-    let ordinals = match only {
-        None => None,
-        Some(wanted) => {
-            let listed = engine.gpus()?;
-            let shown = |g: &crate::collectors::gpu_probe::engine::CudaGpu| {
-                facts
-                    .as_ref()
-                    .ok()
-                    .and_then(|f| f.get(&g.pci_bus_id))
-                    .map_or(g.ordinal, |f| f.nvml_index)
-            };
-            let mut ordinals = Vec::new();
-            for w in wanted {
-                match listed.iter().find(|g| shown(g) == *w) {
-                    Some(g) => ordinals.push(g.ordinal),
-                    None if listed.is_empty() => {
-                        anyhow::bail!("no GPU {w}: the CUDA driver sees no GPU")
-                    }
-                    None => anyhow::bail!(
-                        "no GPU {w}: the CUDA driver sees GPU {}",
-                        listed
-                            .iter()
-                            .map(|g| shown(g).to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                }
-            }
-            Some(ordinals)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collectors::gpu_probe::engine::DEFAULT_COPY_BYTES;
+
+    #[test]
+    fn copy_sizes_take_units_and_stay_in_range() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ProbeGpuArgs,
         }
-    };
-    let probe = crate::collectors::gpu_probe::engine::probe(engine, ordinals.as_deref(), sizes)?;
-    Ok(Report::new(&probe, &facts))
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("probe-gpu").chain(args.iter().copied()))
+                .map(|c| c.args.copy_bytes)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(&[]), Ok(DEFAULT_COPY_BYTES));
+        assert_eq!(parse(&["--copy-bytes", "64MiB"]), Ok(64 << 20));
+        assert_eq!(parse(&["--copy-bytes", "1GB"]), Ok(1_000_000_000));
+        assert_eq!(parse(&["--copy-bytes", "4096"]), Ok(4096));
+        let small = parse(&["--copy-bytes", "2"]).unwrap_err();
+        assert!(small.contains("2 bytes is out of range"), "{small}");
+        let large = parse(&["--copy-bytes", "17GiB"]).unwrap_err();
+        assert!(large.contains("out of range"), "{large}");
+        let junk = parse(&["--copy-bytes", "lots"]).unwrap_err();
+        assert!(junk.contains("is not a size"), "{junk}");
+    }
 }

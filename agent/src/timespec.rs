@@ -2,17 +2,11 @@
 //! RFC 3339 time (`2025-11-21T10:00:00Z`), a date (`2025-11-21`, midnight UTC),
 //! or Unix seconds.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use anyhow::{bail, Context, Result};
 
-/// Microseconds since the epoch now.
-pub fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
+pub use vtax_collectors::ticks::now_us;
 
 /// Parses a time argument relative to `now_us`.
 pub fn parse_time(text: &str, now_us: i64) -> Result<i64> {

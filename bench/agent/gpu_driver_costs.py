@@ -4,7 +4,7 @@ bar: at most 0.3% of one core), measured on a machine without a GPU.
 
 The simulated backend, with `collectors.gpu.simulate_nvml_costs = true`, makes
 each read of a simulated GPU spin the collector's thread for the CPU that the
-same NVML reads cost on an H100 (the table in agent/src/collectors/gpu/costs.rs,
+same NVML reads cost on an H100 (the table in collectors/src/gpu/costs.rs,
 from docs/gpus.md): idle figures for an idle GPU, those measured beside a copy
 for a busy one. Agents run with 8 simulated H100s at 1 s, every other collector
 off, and the `collector-gpu` thread's CPU time over the window (utime + stime

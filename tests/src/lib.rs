@@ -430,6 +430,31 @@ pub fn busy_options(data_dir: &Path) -> StoreOptions {
 }
 
 /// A small tmpfs for disk-full tests.
+/// What `promtool check metrics` says of an exposition body: empty when it
+/// finds nothing wrong.
+pub fn promtool_complaints(body: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/test.sh installs Debian's prometheus)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 pub mod tmpfs {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;

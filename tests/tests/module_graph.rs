@@ -12,7 +12,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const CRATES: &[&str] = &["store/src", "agent/src", "exporters/src", "tests/src"];
+const CRATES: &[&str] = &[
+    "store/src",
+    "collectors/src",
+    "agent/src",
+    "exporters/src",
+    "tests/src",
+];
 
 type ModulePath = Vec<String>;
 

@@ -1,0 +1,402 @@
+//! Where a sysfs device hangs in the PCI tree: its PCI address and NUMA node.
+//!
+//! `/sys/block/<dev>`, `/sys/class/net/<if>` and `/sys/bus/pci/devices/<bdf>`
+//! are symlinks into `/sys/devices/pci<domain>:<bus>/<root port>/.../<device>`;
+//! the PCI functions on that path are the device's bridges, nearest last.
+//! Fixture trees keep the same relative links, so resolving them inside a
+//! fixture lands inside the fixture.
+
+use std::path::{Path, PathBuf};
+
+use vtax_store::schema::{FieldDef, FieldType, TagDef, Unit};
+
+/// The `pci_address` tag of tables that place a device.
+pub const PCI_ADDRESS_TAG: TagDef = TagDef {
+    name: "pci_address",
+    help: "The nearest PCI function on the device's sysfs path (for NVMe, the controller); empty without one.",
+};
+
+/// The `numa_node` tag of tables that place a device.
+pub const NUMA_NODE_TAG: TagDef = TagDef {
+    name: "numa_node",
+    help: "NUMA node of that PCI function; empty when the kernel says -1 or there is none.",
+};
+
+/// The one field of an info row, `info` (in a table declaration,
+/// `info: u64 = info_field()`).
+pub const fn info_field(name: &'static str) -> FieldDef {
+    FieldDef::gauge(
+        name,
+        FieldType::U64,
+        Unit::None,
+        "Always 1; the row's tags carry the information.",
+    )
+}
+
+/// Whether `name` is a PCI address: `dddd:bb:dd.f`, lowercase hex.
+pub fn is_pci_address(name: &str) -> bool {
+    let b = name.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(0..4)
+        && hex(5..7)
+        && hex(8..10)
+        && hex(11..12)
+}
+
+/// The PCI functions on a resolved sysfs path, root port first, the device
+/// itself (when it is one) last.
+pub fn pci_chain(resolved: &Path) -> Vec<String> {
+    resolved
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .filter(|c| is_pci_address(c))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A GPU and a NIC or NVMe drive near it: behind the same PCIe switch, on the
+/// same NUMA node, or both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Affinity {
+    /// The GPU's PCI address.
+    pub gpu: String,
+    /// The peer's name: RDMA device (`mlx5_0`), interface (`ens1np0`) or NVMe controller (`nvme0`).
+    pub peer: String,
+    /// `rdma`, `netdev` or `nvme`.
+    pub peer_kind: &'static str,
+    /// The peer's PCI address.
+    pub peer_pci_address: String,
+    /// Whether the two share a bridge below the root port: a PCIe switch, so
+    /// peer-to-peer DMA between them need not cross the CPU.
+    pub same_switch: bool,
+    /// Whether the two are on the same NUMA node.
+    pub same_numa_node: bool,
+}
+
+/// A PCI function as the topology needs it.
+struct Function {
+    address: String,
+    /// Bridges above it, root port first (itself left out).
+    bridges: Vec<String>,
+    numa_node: String,
+    is_gpu: bool,
+    peers: Vec<(&'static str, String)>,
+}
+
+/// A hex number in a sysfs file (`vendor`, `class`): `Ok(None)` when the
+/// file is not there, an error naming what is wrong when it cannot be used.
+fn hex_file(path: &Path) -> Result<Option<u32>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let digits = text.trim().trim_start_matches("0x");
+    u32::from_str_radix(digits, 16)
+        .map(Some)
+        .map_err(|_| format!("{:?} is not a hexadecimal number", text.trim()))
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// NVIDIA's PCI vendor ID.
+const NVIDIA: u32 = 0x10de;
+
+/// What [`gpu_affinity`] found, and the files it could not use.
+#[derive(Debug, Default, PartialEq)]
+pub struct Affinities {
+    /// Sorted by GPU, then kind, then name.
+    pub rows: Vec<Affinity>,
+    /// A `vendor` or `class` file that is there but unreadable or junk, and
+    /// why: its function is taken for no GPU, so a GPU's rows may be missing.
+    pub unusable: Vec<(PathBuf, String)>,
+}
+
+/// For every NVIDIA GPU under `<sysfs>/bus/pci/devices` (class 3D or VGA
+/// controller), the RDMA devices, interfaces and NVMe controllers that share
+/// its PCIe switch or its NUMA node, from the links' paths into
+/// `/sys/devices`. `None` when the directory is not there; functions that
+/// cannot be read are left out, and a `vendor` or `class` file that cannot
+/// be used is named.
+pub fn gpu_affinity(sysfs: &Path) -> Option<Affinities> {
+    let dir = sysfs.join("bus/pci/devices");
+    if !dir.is_dir() {
+        return None;
+    }
+    let mut unusable = Vec::new();
+    let mut hex = |path: PathBuf| match hex_file(&path) {
+        Ok(value) => value,
+        Err(reason) => {
+            unusable.push((path, reason));
+            None
+        }
+    };
+    let mut functions = Vec::new();
+    for address in names_in(&dir) {
+        let link = dir.join(&address);
+        let Ok(resolved) = std::fs::canonicalize(&link) else {
+            continue;
+        };
+        let mut bridges = pci_chain(&resolved);
+        if bridges.pop().as_deref() != Some(address.as_str()) {
+            continue; // not where a PCI function lives
+        }
+        let class = hex(resolved.join("class")).unwrap_or(0);
+        let is_gpu =
+            hex(resolved.join("vendor")) == Some(NVIDIA) && matches!(class >> 8, 0x0302 | 0x0300);
+        let mut peers = Vec::new();
+        for (sub, kind) in [("infiniband", "rdma"), ("net", "netdev"), ("nvme", "nvme")] {
+            peers.extend(names_in(&resolved.join(sub)).into_iter().map(|n| (kind, n)));
+        }
+        if !is_gpu && peers.is_empty() {
+            continue;
+        }
+        functions.push(Function {
+            numa_node: placement_of_resolved(&resolved).numa_node,
+            address,
+            bridges,
+            is_gpu,
+            peers,
+        });
+    }
+    let mut out = Vec::new();
+    for gpu in functions.iter().filter(|f| f.is_gpu) {
+        let mut near = Vec::new();
+        for f in functions.iter().filter(|f| f.address != gpu.address) {
+            let shared = gpu
+                .bridges
+                .iter()
+                .zip(&f.bridges)
+                .take_while(|(a, b)| a == b)
+                .count();
+            // The root port alone is the CPU's root complex, not a switch.
+            let same_switch = shared >= 2;
+            let same_numa_node = !gpu.numa_node.is_empty() && gpu.numa_node == f.numa_node;
+            if !(same_switch || same_numa_node) {
+                continue;
+            }
+            for (kind, name) in &f.peers {
+                near.push(Affinity {
+                    gpu: gpu.address.clone(),
+                    peer: name.clone(),
+                    peer_kind: kind,
+                    peer_pci_address: f.address.clone(),
+                    same_switch,
+                    same_numa_node,
+                });
+            }
+        }
+        near.sort_by(|a, b| (a.peer_kind, natural(&a.peer)).cmp(&(b.peer_kind, natural(&b.peer))));
+        out.extend(near);
+    }
+    Some(Affinities {
+        rows: out,
+        unusable,
+    })
+}
+
+/// Sorts `mlx5_2` before `mlx5_10`.
+fn natural(name: &str) -> (&str, u64) {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (stem, number) = name.split_at(name.len() - digits);
+    (stem, number.parse().unwrap_or(0))
+}
+
+/// Where a device sits: its nearest PCI function and that function's NUMA node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The nearest PCI function on the device's path (`0000:17:00.0`); empty
+    /// for a device with no PCI parent (virtual, platform bus).
+    pub pci_address: String,
+    /// The NUMA node the kernel gives that function; empty when it has none
+    /// (`-1`: one node, or firmware that did not say) or no PCI parent.
+    pub numa_node: String,
+}
+
+/// The placement of the device whose sysfs directory (or link to it) is `dir`.
+/// Never fails: what cannot be resolved or read is left empty.
+pub fn placement(dir: &Path) -> Placement {
+    let Ok(resolved) = std::fs::canonicalize(dir) else {
+        return Placement::default();
+    };
+    placement_of_resolved(&resolved)
+}
+
+/// [`placement`] of a path already resolved.
+pub fn placement_of_resolved(resolved: &Path) -> Placement {
+    let mut function: Option<PathBuf> = None;
+    for ancestor in resolved.ancestors() {
+        if ancestor
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(is_pci_address)
+        {
+            function = Some(ancestor.to_owned());
+            break;
+        }
+    }
+    let Some(function) = function else {
+        return Placement::default();
+    };
+    let numa_node = std::fs::read_to_string(function.join("numa_node"))
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .unwrap_or_default();
+    Placement {
+        pci_address: function
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned(),
+        numa_node,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert!(is_pci_address("0000:00:02.0"));
+        assert!(is_pci_address("0000:af:1f.7"));
+        for bad in [
+            "0000:00:02",
+            "pci0000:00",
+            "0000:AF:00.0",
+            "0000-00:02.0",
+            "virtio1",
+        ] {
+            assert!(!is_pci_address(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn placement_follows_links_to_the_nearest_function() {
+        let dir = tempfile::tempdir().unwrap();
+        let function = dir.path().join("devices/pci0000:00/0000:00:03.0");
+        std::fs::create_dir_all(function.join("virtio2/net/eth0")).unwrap();
+        std::fs::write(function.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("class/net")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../devices/pci0000:00/0000:00:03.0/virtio2/net/eth0",
+            dir.path().join("class/net/eth0"),
+        )
+        .unwrap();
+        let p = placement(&dir.path().join("class/net/eth0"));
+        assert_eq!(p.pci_address, "0000:00:03.0");
+        assert_eq!(p.numa_node, "1");
+        // -1 (no affinity) and garbage are no node.
+        std::fs::write(function.join("numa_node"), "-1\n").unwrap();
+        assert_eq!(placement(&function).numa_node, "");
+        std::fs::write(function.join("numa_node"), "\u{0}x").unwrap();
+        assert_eq!(placement(&function).numa_node, "");
+        assert_eq!(
+            placement(&dir.path().join("class/net/nope")),
+            Placement::default()
+        );
+        let virt = dir.path().join("devices/virtual/net/lo");
+        std::fs::create_dir_all(&virt).unwrap();
+        assert_eq!(placement(&virt), Placement::default());
+    }
+
+    #[test]
+    fn baremetal_gpus_share_switches_with_their_nic_and_nvme() {
+        let sysfs = crate::testutil::node("baremetal-node").join("sys");
+        let found = gpu_affinity(&sysfs).unwrap();
+        assert_eq!(found.unusable, []);
+        let all = found.rows;
+        assert_eq!(all.len(), 64, "8 GPUs x 8 peers on their NUMA node");
+        let first: Vec<_> = all
+            .iter()
+            .filter(|a| a.gpu == "0000:18:00.0")
+            .map(|a| {
+                (
+                    a.peer.as_str(),
+                    a.peer_kind,
+                    a.same_switch,
+                    a.same_numa_node,
+                )
+            })
+            .collect();
+        assert_eq!(
+            first,
+            [
+                ("eno1", "netdev", false, true),
+                ("eno2", "netdev", false, true),
+                ("nvme0", "nvme", true, true),
+                ("nvme1", "nvme", false, true),
+                ("mlx5_0", "rdma", true, true),
+                ("mlx5_1", "rdma", false, true),
+                ("mlx5_2", "rdma", false, true),
+                ("mlx5_3", "rdma", false, true),
+            ]
+        );
+        let last: Vec<_> = all
+            .iter()
+            .filter(|a| a.gpu == "0000:db:00.0")
+            .filter(|a| a.same_switch || a.peer_kind == "netdev")
+            .map(|a| (a.peer.as_str(), a.peer_pci_address.as_str(), a.same_switch))
+            .collect();
+        assert_eq!(
+            last,
+            [
+                ("ens22f0np0", "0000:c6:00.0", false),
+                ("mlx5_7", "0000:dc:00.0", true)
+            ]
+        );
+        assert_eq!(gpu_affinity(Path::new("/nonexistent/vtax/sys")), None);
+    }
+
+    #[test]
+    fn a_flat_topology_shares_no_switch() {
+        // A VM with passthrough: every device on the root bus, no NUMA node.
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path();
+        crate::testutil::flat_pci_tree(sys);
+        assert_eq!(
+            gpu_affinity(sys),
+            Some(Affinities::default()),
+            "no switch, no NUMA node"
+        );
+        std::fs::write(sys.join("devices/pci0000:00/0000:00:05.0/numa_node"), "0\n").unwrap();
+        std::fs::write(sys.join("devices/pci0000:00/0000:00:06.0/numa_node"), "0\n").unwrap();
+        let near = gpu_affinity(sys).unwrap().rows;
+        assert_eq!(near.len(), 1);
+        assert_eq!(
+            (near[0].peer.as_str(), near[0].same_switch),
+            ("mlx5_0", false)
+        );
+        // Garbage in vendor: not taken for a GPU, never a panic, and named,
+        // since the GPU's rows are missing because of it.
+        let vendor = sys.join("devices/pci0000:00/0000:00:05.0/vendor");
+        std::fs::write(&vendor, "\u{0}zz").unwrap();
+        let found = gpu_affinity(sys).unwrap();
+        assert_eq!(found.rows, []);
+        assert_eq!(found.unusable.len(), 1, "{:?}", found.unusable);
+        assert_eq!(found.unusable[0].0, vendor);
+        assert!(found.unusable[0].1.contains("not a hexadecimal number"));
+        // A function without a class file is simply no GPU.
+        std::fs::remove_file(&vendor).unwrap();
+        assert_eq!(gpu_affinity(sys).unwrap().unusable, []);
+    }
+}
