@@ -5,7 +5,6 @@ mod build_info;
 #[cfg(test)]
 mod collector_config_tests;
 mod config;
-mod detect;
 mod doctor;
 #[cfg(test)]
 mod golden;
@@ -15,11 +14,11 @@ mod import;
 mod memory;
 mod probe_gpu;
 mod query;
+mod replay;
 mod report;
 mod run;
 mod runtime;
 mod store_report;
-mod stored_rows;
 mod timespec;
 mod upload;
 mod web;
@@ -31,6 +30,9 @@ use std::process::ExitCode;
 // the config loader or the detector; the agent names them as before.
 use vtax_collectors as collectors;
 use vtax_collectors::{keys, ticks};
+// The detector is its own crate too: rows in, events and the verdict out.
+use vtax_detect as detect;
+use vtax_detect::stored_rows;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -136,7 +138,7 @@ enum Command {
     /// Print the metric catalogue generated from the table declarations.
     Catalogue,
     /// Replay a store's recorded rows through a fresh detector; print the events it opens.
-    ReplayDetector(detect::replay::ReplayArgs),
+    ReplayDetector(replay::ReplayArgs),
     /// Measure what transfers to, from and between GPUs get, and an empty
     /// kernel's launch, each against its peak (PCIe, HBM, NVLink).
     ///
@@ -212,7 +214,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::report(args),
         Command::Upload(args) => upload::upload(args),
         Command::ReplayDetector(args) => {
-            detect::replay::replay_detector(args, |path| Ok(config::Config::load(path)?.detect))
+            replay::replay_detector(args, |path| Ok(config::Config::load(path)?.detect))
         }
         Command::ProbeGpu(args) => probe_gpu::probe_gpu(args),
         Command::Catalogue => {

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 const CRATES: &[&str] = &[
     "store/src",
     "collectors/src",
+    "detect/src",
     "agent/src",
     "exporters/src",
     "tests/src",

@@ -430,7 +430,7 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     write_node(dir.path(), "quiet", 0.5, false);
     let source = Source::open(dir.path()).unwrap();
     let data = load(&source, &crate::catalog(), Some(T0 + 3600 * SECOND), None).unwrap();
-    assert!(data[0].tables.values().all(|rows| rows.len() == 0));
+    assert!(data[0].tables.values().all(|rows| rows.is_empty()));
     let html = render(&context(dir.path(), false, false), &data);
     assert!(!html.contains("<svg"), "no plot without data");
     assert!(html.matches(r#"class="no-data""#).count() >= 6);

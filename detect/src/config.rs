@@ -115,27 +115,42 @@ impl DetectConfig {
 
 /// Ranges of the numeric keys of `[detect]`: the baselines and the history
 /// are held in memory, so their lengths are bounded.
-pub const KEY_RANGES: crate::keys::KeyRanges = &[
-    ("window_secs", crate::keys::KeyRange::between(1.0, 300.0)),
-    ("open_windows", crate::keys::KeyRange::between(1.0, 1000.0)),
-    ("close_windows", crate::keys::KeyRange::between(1.0, 1000.0)),
+pub const KEY_RANGES: vtax_collectors::keys::KeyRanges = &[
+    (
+        "window_secs",
+        vtax_collectors::keys::KeyRange::between(1.0, 300.0),
+    ),
+    (
+        "open_windows",
+        vtax_collectors::keys::KeyRange::between(1.0, 1000.0),
+    ),
+    (
+        "close_windows",
+        vtax_collectors::keys::KeyRange::between(1.0, 1000.0),
+    ),
     (
         "baseline_windows",
-        crate::keys::KeyRange::between(3.0, 100_000.0),
+        vtax_collectors::keys::KeyRange::between(3.0, 100_000.0),
     ),
     (
         "min_baseline_windows",
-        crate::keys::KeyRange::between(3.0, 100_000.0),
+        vtax_collectors::keys::KeyRange::between(3.0, 100_000.0),
     ),
     (
         "learn_abnormal_after_windows",
-        crate::keys::KeyRange::between(1.0, 1_000_000.0),
+        vtax_collectors::keys::KeyRange::between(1.0, 1_000_000.0),
     ),
-    ("z_open", crate::keys::KeyRange::above(0.0, 1000.0)),
-    ("z_close", crate::keys::KeyRange::above(0.0, 1000.0)),
+    (
+        "z_open",
+        vtax_collectors::keys::KeyRange::above(0.0, 1000.0),
+    ),
+    (
+        "z_close",
+        vtax_collectors::keys::KeyRange::above(0.0, 1000.0),
+    ),
     (
         "lookback_secs",
-        crate::keys::KeyRange::between(1.0, 86_400.0),
+        vtax_collectors::keys::KeyRange::between(1.0, 86_400.0),
     ),
 ];
 

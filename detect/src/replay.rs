@@ -1,4 +1,4 @@
-//! `vtax replay-detector`: a recording played back through a fresh detector.
+//! A recording played back through a fresh detector (`vtax replay-detector`).
 //! The rows the collectors stored go in second by second, as the agent fed
 //! them live, and out come the events the detector would have opened.
 //!
@@ -12,10 +12,9 @@
 //! their window, so a window's mean is what it was live.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType, UInt64Type};
 use arrow_array::{Array, ArrowPrimitiveType, RecordBatch, StringArray};
@@ -23,9 +22,8 @@ use arrow_schema::DataType;
 use vtax_store::scan::scan_dir;
 use vtax_store::{Batch, BatchBuilder, FieldType, ScanRequest, TableDef, Value};
 
-use super::view::View;
-use super::{DetectConfig, Detector, Resource, WINDOW_GRACE_SECS};
-use crate::timespec::{now_us, parse_time};
+use crate::view::View;
+use crate::{DetectConfig, Detector, Resource, WINDOW_GRACE_SECS};
 
 /// The tables the detector reads, in the order one second's batches go in:
 /// the facts first, then the signals.
@@ -42,23 +40,6 @@ const OBSERVED_TABLES: &[&str] = &[
     "gpu_process",
     "infiniband_port",
 ];
-
-/// Arguments of `vtax replay-detector`.
-#[derive(clap::Args)]
-pub struct ReplayArgs {
-    /// Data directory of the recording (a store).
-    #[arg(long, env = "VTAX_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// Earliest time replayed, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
-    #[arg(long)]
-    since: String,
-    /// Latest time replayed, exclusive, in the same forms.
-    #[arg(long)]
-    until: String,
-    /// A config file whose `[detect]` section the replay uses (default: the defaults).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
 
 /// An event the replay opened.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -80,35 +61,6 @@ pub struct OpenedEvent {
     pub state: String,
 }
 
-/// Runs `vtax replay-detector`: one JSON object per opened event on stdout.
-/// `detect_config_of` reads the `[detect]` section of a config file.
-pub fn replay_detector(
-    args: ReplayArgs,
-    detect_config_of: impl FnOnce(&std::path::Path) -> Result<DetectConfig>,
-) -> Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    if !data_dir.is_dir() {
-        bail!("no store at {} (set --data-dir)", data_dir.display());
-    }
-    let now = now_us();
-    let from_us = parse_time(&args.since, now)?;
-    let until_us = parse_time(&args.until, now)?;
-    if until_us <= from_us {
-        bail!("--until must be after --since");
-    }
-    let config = match &args.config {
-        Some(path) => detect_config_of(path)?,
-        None => DetectConfig::default(),
-    };
-    let events = replay(&data_dir, config, from_us, until_us)?;
-    let mut out = crate::Stdout;
-    for event in &events {
-        serde_json::to_writer(&mut out, event)?;
-        writeln!(out)?;
-    }
-    Ok(())
-}
-
 /// Replays `[from_us, until_us)` of the store at `data_dir` through a fresh
 /// detector with `config`; returns the events it opened, in order.
 pub fn replay(
@@ -120,7 +72,7 @@ pub fn replay(
     let window_secs = config.window_secs as i64;
     // The canary's samples come from the recording, not from this machine now.
     config.cache_canary = false;
-    let tables = crate::collectors::tables();
+    let tables = vtax_collectors::tables();
     let mut by_second: BTreeMap<i64, Vec<Batch>> = BTreeMap::new();
     for name in OBSERVED_TABLES {
         let Some(table) = tables.iter().find(|t| t.name == *name) else {
@@ -154,7 +106,7 @@ pub fn replay(
             );
         }
         for batch in detector.tick((second + 1) * 1_000_000) {
-            if batch.table.name == super::tables::NEIGHBOR_EVENTS.name {
+            if batch.table.name == crate::tables::NEIGHBOR_EVENTS.name {
                 opened(&batch, &mut events);
             }
         }
@@ -176,7 +128,7 @@ fn load(
         until_us: Some(until_us),
         ..ScanRequest::default()
     };
-    let result = scan_dir(data_dir, &crate::catalog(), &request)
+    let result = scan_dir(data_dir, &crate::tables::catalog(), &request)
         .with_context(|| format!("scan {} in {}", table.name, data_dir.display()))?;
     // Files hold rows sorted by tags; the detector takes them second by
     // second, each second's rows in one batch.
@@ -269,7 +221,7 @@ fn load_canary(
     window_secs: i64,
 ) -> Result<BTreeMap<i64, f64>> {
     let request = ScanRequest {
-        table: super::tables::DETECTOR_SIGNAL.name.to_string(),
+        table: crate::tables::DETECTOR_SIGNAL.name.to_string(),
         from_us: Some(from_us),
         until_us: Some(until_us + window_secs * 1_000_000),
         tag_equals: vec![
@@ -281,7 +233,7 @@ fn load_canary(
         fields_only: false,
         skip_damaged: false,
     };
-    let result = scan_dir(data_dir, &crate::catalog(), &request)
+    let result = scan_dir(data_dir, &crate::tables::catalog(), &request)
         .with_context(|| format!("scan detector_signal in {}", data_dir.display()))?;
     let rows = crate::stored_rows::Rows::from_batches(&result.batches);
     let mut seconds = BTreeMap::new();
@@ -300,7 +252,7 @@ fn load_canary(
 
 /// The first name in a `neighbor_events` row's `suspects` (`name score=…
 /// r=… effect=…; …`), `none` when it is empty.
-pub(super) fn first_suspect(suspects: &str) -> &str {
+pub fn first_suspect(suspects: &str) -> &str {
     // `name score=.. r=.. effect=..; name ...`: a name may hold spaces
     // (`unattributed: load outside any workload cgroup`), never " score=".
     suspects

@@ -62,6 +62,11 @@ impl Rows {
         self.time_us.len()
     }
 
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.time_us.is_empty()
+    }
+
     /// A tag column; empty strings when the table has no such tag.
     pub fn tag(&self, name: &str) -> Vec<&str> {
         match self.tags.get(name) {

@@ -223,3 +223,12 @@ vtax_store::table! {
         exported: false,
     }
 }
+
+/// The tables of a store the detector reads back (a replay, its tests): the
+/// store's own, the collectors' and the detector's.
+pub fn catalog() -> vtax_store::Catalog {
+    let mut tables: Vec<&'static TableDef> = vtax_store::tables::BUILTIN.to_vec();
+    tables.extend(vtax_collectors::tables());
+    tables.extend(TABLES);
+    vtax_store::Catalog::new(&tables).expect("the built-in table declarations are valid")
+}

@@ -4,10 +4,10 @@ use vtax_store::{Batch, BatchBuilder, FieldType, TableDef, Value};
 
 use super::events::*;
 use super::*;
-use crate::collectors::cgroups::CGROUP;
-use crate::collectors::host::{CPU, PRESSURE};
-use crate::collectors::perf::CGROUP_PERF;
-use crate::collectors::{Availability, Collector, Roots};
+use vtax_collectors::cgroups::CGROUP;
+use vtax_collectors::host::{CPU, PRESSURE};
+use vtax_collectors::perf::CGROUP_PERF;
+use vtax_collectors::{Availability, Collector, Roots};
 
 const START_US: i64 = 1_800_000_000_000_000;
 
@@ -198,7 +198,8 @@ fn event_rows(out: &[Batch], state: &str) -> Vec<EventRow> {
 /// A store in `dir` holding `batches`.
 fn store_with(dir: &std::path::Path, batches: &[Batch]) -> vtax_store::Store {
     let mut store =
-        vtax_store::Store::open(vtax_store::StoreOptions::new(dir), crate::catalog()).unwrap();
+        vtax_store::Store::open(vtax_store::StoreOptions::new(dir), crate::tables::catalog())
+            .unwrap();
     for batch in batches {
         store.append(batch).unwrap();
     }
@@ -569,10 +570,12 @@ fn a_restarted_detector_judges_at_once_with_relearned_baselines() {
 #[test]
 fn baselines_are_relearned_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store =
-        vtax_store::Store::open(vtax_store::StoreOptions::new(dir.path()), crate::catalog())
-            .unwrap();
-    let now_us = crate::timespec::now_us();
+    let mut store = vtax_store::Store::open(
+        vtax_store::StoreOptions::new(dir.path()),
+        crate::tables::catalog(),
+    )
+    .unwrap();
+    let now_us = vtax_collectors::ticks::now_us();
     let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
     for i in 0..15 {
         let row = tables::DetectorSignalRow {
@@ -742,7 +745,7 @@ fn stored_suspects_read_back() {
 
 /// Simulated GPUs through the real GPU collector into the detector.
 fn gpu_events(scenarios: &[&str]) -> (Vec<(String, String, String)>, Vec<Batch>) {
-    let config_gpu = crate::collectors::gpu::GpuConfig {
+    let config_gpu = vtax_collectors::gpu::GpuConfig {
         simulate_gpus: scenarios.len() as u32,
         simulate_scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
@@ -752,7 +755,7 @@ fn gpu_events(scenarios: &[&str]) -> (Vec<(String, String, String)>, Vec<Batch>)
         sysfs: "/nonexistent/sys".into(),
         ..Roots::default()
     };
-    let mut gpu = crate::collectors::gpu::Gpu::new(&config_gpu, &roots);
+    let mut gpu = vtax_collectors::gpu::Gpu::new(&config_gpu, &roots);
     assert!(matches!(gpu.probe(), Availability::Available(_)));
     let mut detector = Detector::new(config());
     let mut out = Vec::new();
@@ -840,7 +843,7 @@ fn healthy_simulated_gpus_raise_nothing() {
 /// and, below LOW_TRANSFER_RATIO, the verdict's evidence in words.
 #[test]
 fn the_transfer_probes_ratios_are_tax_and_evidence() {
-    use crate::collectors::gpu_probe::GPU_PROBE;
+    use vtax_collectors::gpu_probe::GPU_PROBE;
     let mut detector = Detector::new(config());
     let gen5_x16 = 16.0 * 3.938e9;
     let probe = |gpu: &str, h2d: f64| {

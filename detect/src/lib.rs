@@ -22,6 +22,7 @@ pub mod rank;
 pub mod replay;
 pub mod restore;
 mod signals;
+pub mod stored_rows;
 pub mod tables;
 pub mod verdict;
 pub mod view;
@@ -33,11 +34,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use vtax_store::{Batch, BatchBuilder};
 
-use crate::collectors::cgroups::leaves;
 use baseline::RollingBaseline;
 use rank::Suspect;
 use verdict::{Facts, GpuFacts};
 use view::View;
+use vtax_collectors::cgroups::leaves;
 
 pub use config::{DetectConfig, KEY_DOCS, KEY_RANGES};
 use events::named_first;
@@ -66,7 +67,7 @@ pub const DEFAULT_Z_CLOSE: f64 = 2.0;
 pub const DEFAULT_LOOKBACK_SECS: u64 = 90;
 /// Seconds after a window ends before it is judged: collectors tick on whole
 /// seconds and their rows reach the main thread within its 250 ms tick.
-const WINDOW_GRACE_SECS: i64 = 2;
+pub const WINDOW_GRACE_SECS: i64 = 2;
 /// Seconds before an event's first abnormal window that its suspects are
 /// ranked over: enough quiet seconds to see who changed at the onset, few
 /// enough that a neighbour who came and went a minute earlier is not in them.

@@ -184,13 +184,15 @@ fn read_last_tax(data_dir: &std::path::Path) -> Result<Option<String>> {
     if !data_dir.join("tables").exists() && !data_dir.join("wal").exists() {
         return Ok(None);
     }
-    let now_us = crate::timespec::now_us();
+    let now_us = vtax_collectors::ticks::now_us();
     let request = ScanRequest {
         table: super::tables::TAX.name.to_string(),
         from_us: Some(now_us - 3_600_000_000),
         ..ScanRequest::default()
     };
-    let result = vtax_store::scan::scan_dir(data_dir, &crate::catalog(), &request)?;
+    // The detector's own tables are all this scan reads.
+    let catalog = vtax_store::Catalog::new(super::tables::TABLES)?;
+    let result = vtax_store::scan::scan_dir(data_dir, &catalog, &request)?;
     let mut last: Option<(i64, &RecordBatch, usize)> = None;
     for batch in &result.batches {
         let time = arrow_cast::cast(batch.column(0), &DataType::Int64)?;

@@ -102,8 +102,7 @@ impl GpuFacts {
         if !self.busy() {
             return None;
         }
-        let lane =
-            |gen: f64| crate::collectors::gpu::backend::pcie_lane_bytes_per_second(gen as u32);
+        let lane = |gen: f64| vtax_collectors::gpu::backend::pcie_lane_bytes_per_second(gen as u32);
         let now = lane(self.pcie_gen?)? * self.pcie_width?;
         let max = lane(self.pcie_gen_max?)? * self.pcie_width_max?;
         (max > 0.0).then(|| (1.0 - now / max).clamp(0.0, 1.0))
@@ -183,7 +182,7 @@ impl Verdict {
     /// machine, 8 GPUs passed through, MIG on 3 of 8".
     pub fn sentence(&self) -> String {
         let host = &self.host;
-        let machine = crate::collectors::platform::host_words(
+        let machine = vtax_collectors::platform::host_words(
             &host.virtualization,
             &host.hypervisor,
             &host.product,
@@ -480,8 +479,8 @@ impl Facts {
                 if ratio < LOW_TRANSFER_RATIO {
                     lines.push(format!(
                         "GPU {index}: {what} at {ratio:.2} of {peak} ({} of {} GB/s), measured by the transfer probe",
-                        crate::collectors::gpu_probe::engine::peaks::gigabytes(b),
-                        crate::collectors::gpu_probe::engine::peaks::gigabytes(max)
+                        vtax_collectors::gpu_probe::engine::peaks::gigabytes(b),
+                        vtax_collectors::gpu_probe::engine::peaks::gigabytes(max)
                     ));
                 }
             }

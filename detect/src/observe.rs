@@ -66,7 +66,9 @@ impl Detector {
         }
     }
 
-    pub(super) fn sample(
+    /// One sample of `signal` of `victim` at `time_us`: what the collectors'
+    /// rows give, or a recorded sample a replay feeds back.
+    pub fn sample(
         &mut self,
         resource: Resource,
         victim: &str,
