@@ -43,7 +43,7 @@ vtax_store::table! {
 }
 
 vtax_store::table! {
-    /// One row a second from the main loop (`crate::store_report`): the
+    /// One row a second from the main loop (the agent's `store_report`): the
     /// store's size against its budget and the disk, and its counters since
     /// the agent started.
     pub static STORE: TableDef, pub struct StoreRow {
@@ -73,7 +73,7 @@ vtax_store::table! {
 }
 
 vtax_store::table! {
-    /// One row when the agent starts (`crate::build_info`):
+    /// One row when the agent starts (the agent's `build_info`):
     /// `vtax_build_info`, as Prometheus exporters give their build.
     pub static BUILD: TableDef, pub struct BuildRow {
         name: "build",
