@@ -52,7 +52,7 @@ cargo fmt --all -- --check
 # then the agent without it, as a plain `cargo build` builds it.
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 cargo clippy -p vtax --all-targets --quiet -- -D warnings
-cargo test -p vtax --bin vtax --quiet upload::
+cargo test -p vtax --lib --quiet upload::
 cargo test --workspace --all-features
 
 [ -z "$deb_check" ] || scripts/deb-check.sh

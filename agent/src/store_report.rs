@@ -309,32 +309,6 @@ mod tests {
         assert!(report.due(&store, T0).is_some());
     }
 
-    #[test]
-    #[ignore = "a timing measurement, not a test: cargo test -p vtax store_report::tests::timing -- --ignored --nocapture"]
-    fn timing() {
-        // A month of compacted days of ~30 tables is about 1000 files.
-        const FILES: i64 = 1000;
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = open(dir.path(), Some(1 << 30));
-        for hour in 0..FILES {
-            append_hour(&mut store, hour, 2);
-            store.flush().unwrap();
-        }
-        let mut report = StoreReport::new(dir.path().to_owned());
-        let rows = 1000;
-        let started = std::time::Instant::now();
-        for _ in 0..rows {
-            std::hint::black_box(report.row(&store, T0));
-        }
-        let each = started.elapsed() / rows;
-        let started = std::time::Instant::now();
-        for _ in 0..rows {
-            std::hint::black_box(store.table_bytes());
-        }
-        let sum = started.elapsed() / rows;
-        println!("{FILES} files: a row costs {each:?}, of which summing the file sizes {sum:?}");
-    }
-
     /// A hub that was full when a collector sent: what it dropped is in the
     /// row, as a counter.
     #[test]

@@ -191,18 +191,17 @@ def write_bar_config(work, cgroup_root, extra=""):
 
 def seed_day(data_dir):
     """Writes yesterday's day of the `cgroup` table for 50 cgroups into `data_dir`,
-    through an ignored test of the agent, with the agent's own store options."""
+    through the agent's seed_day example, with the agent's own store options."""
     subprocess.run(
-        ["cargo", "test", "-q", "--release", "-p", "vtax", "seed_yesterday", "--", "--ignored"],
-        cwd=REPO, check=True, stdout=subprocess.DEVNULL,
-        env=dict(os.environ, VTAX_SEED_DATA_DIR=data_dir))
+        ["cargo", "run", "-q", "--release", "-p", "vtax", "--example", "seed_day", "--", data_dir],
+        cwd=REPO, check=True, stdout=subprocess.DEVNULL)
 
 
 def frozen_copy(binary, seeding):
     """The binary to run: a copy when `seeding` will replace it (the caller deletes
-    it). Seeding runs `cargo test --release`, which builds the agent again with the
-    test dependencies' features and puts that build in target/release/vtax: without
-    a copy, a run with --seed-day measured it. Other paths are kept, so that a
+    it). Seeding runs `cargo run --release --example seed_day` in the same target
+    directory, with the dev-dependencies' features: the copy keeps the binary
+    measured apart from whatever that build writes. Other paths are kept, so that a
     profiler's output still names the caller's file."""
     cargo_binary = os.path.realpath(os.path.join(REPO, "target/release/vtax"))
     if not seeding or os.path.realpath(binary) != cargo_binary:
