@@ -95,6 +95,9 @@ pub struct SegmentScan {
     pub torn_magic: bool,
     /// The segment's length as read.
     pub file_len: u64,
+    /// The log's magic's length, so that the damage it counts needs no
+    /// [`Format`] beside it.
+    pub magic_bytes: u64,
 }
 
 impl SegmentScan {
@@ -105,9 +108,9 @@ impl SegmentScan {
     }
 
     /// The magic's bytes when it is damaged.
-    pub fn bad_magic_bytes(&self, magic_len: usize) -> u64 {
+    pub fn bad_magic_bytes(&self) -> u64 {
         if self.bad_magic {
-            (magic_len as u64).min(self.file_len)
+            self.magic_bytes.min(self.file_len)
         } else {
             0
         }
@@ -115,23 +118,23 @@ impl SegmentScan {
 
     /// Damaged bytes that no read steps over: a damaged magic, and the tail
     /// of a segment before the last.
-    pub fn cut_damage_bytes(&self, magic_len: usize, last: bool) -> u64 {
-        self.bad_magic_bytes(magic_len) + if last { 0 } else { self.tail_bytes() }
+    pub fn cut_damage_bytes(&self, last: bool) -> u64 {
+        self.bad_magic_bytes() + if last { 0 } else { self.tail_bytes() }
     }
 
     /// Every byte of the segment that held no intact frame, but a torn tail
     /// of the last segment.
-    pub fn damaged_bytes(&self, magic_len: usize, last: bool) -> u64 {
-        self.cut_damage_bytes(magic_len, last) + self.stepped_over_bytes
+    pub fn damaged_bytes(&self, last: bool) -> u64 {
+        self.cut_damage_bytes(last) + self.stepped_over_bytes
     }
 
     /// Where the last damaged byte ends: a copy at least this long holds the
     /// damage as found (segments are only appended to after it).
-    pub fn damage_end(&self, magic_len: usize, last: bool) -> u64 {
+    pub fn damage_end(&self, last: bool) -> u64 {
         let cut_end = if last { 0 } else { self.file_len };
         cut_end
             .max(self.stepped_over_end)
-            .max(self.bad_magic_bytes(magic_len))
+            .max(self.bad_magic_bytes())
     }
 }
 
@@ -220,20 +223,20 @@ impl Format {
         if payload_len == 0 || payload_len > self.max_payload_bytes {
             return Ok(Read1::End);
         }
-        let mut body = vec![0; self.meta_bytes + payload_len];
-        if !read_whole(reader, &mut body)? {
+        let mut meta = vec![0; self.meta_bytes];
+        let mut payload = vec![0; payload_len];
+        if !read_whole(reader, &mut meta)? || !read_whole(reader, &mut payload)? {
             return Ok(Read1::End);
         }
-        if crc32fast::hash(&body) != crc {
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&meta);
+        hasher.update(&payload);
+        if hasher.finalize() != crc {
             return Ok(Read1::Damaged {
                 bytes: self.frame_bytes(payload_len),
             });
         }
-        let payload = body.split_off(self.meta_bytes);
-        Ok(Read1::Intact {
-            meta: body,
-            payload,
-        })
+        Ok(Read1::Intact { meta, payload })
     }
 
     /// The next intact frame from the reader's position, which is `offset`
@@ -275,6 +278,7 @@ impl Format {
         let mut scan = SegmentScan {
             valid_bytes: magic_len as u64,
             file_len,
+            magic_bytes: magic_len as u64,
             ..SegmentScan::default()
         };
         let mut magic = [0u8; 8];

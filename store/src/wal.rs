@@ -453,7 +453,6 @@ fn replay_segments(
 ) -> Result<ReplayReport> {
     let mut report = ReplayReport::default();
     let last_index = segments.len().saturating_sub(1);
-    let magic_len = FORMAT.magic.len();
     for (i, (first_seq, path, file)) in segments.0.into_iter().enumerate() {
         let path = &path;
         report.next_seq = report.next_seq.max(first_seq);
@@ -490,7 +489,7 @@ fn replay_segments(
                     .map_err(Error::io("cut torn WAL tail", path))?;
             }
         }
-        let damaged = scan.damaged_bytes(magic_len, last);
+        let damaged = scan.damaged_bytes(last);
         if damaged > 0 || scan.bad_magic {
             report.damaged_bytes += damaged;
             report.damaged_segments.push(path.clone());

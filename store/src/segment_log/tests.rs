@@ -62,7 +62,7 @@ fn frames_come_back_whole_with_their_meta_and_offsets() {
     assert_eq!(report.frames, 3);
     assert_eq!(report.valid_bytes, bytes.len() as u64);
     assert_eq!(report.tail_bytes(), 0);
-    assert_eq!(report.damaged_bytes(8, false), 0);
+    assert_eq!(report.damaged_bytes(false), 0);
 }
 
 #[test]
@@ -74,12 +74,12 @@ fn a_torn_tail_ends_the_frames_and_is_damage_only_before_the_last_segment() {
     assert_eq!(report.valid_bytes, starts[2] as u64);
     assert_eq!(report.tail_bytes(), 5);
     assert_eq!(
-        report.damaged_bytes(8, true),
+        report.damaged_bytes(true),
         0,
         "the last segment's tail is torn"
     );
     assert_eq!(
-        report.damaged_bytes(8, false),
+        report.damaged_bytes(false),
         5,
         "an earlier one was complete"
     );
@@ -96,8 +96,8 @@ fn a_flipped_bit_in_a_payload_or_its_meta_loses_that_frame_only() {
         let frame_1 = (starts[2] - starts[1]) as u64;
         assert_eq!(report.stepped_over_bytes, frame_1);
         assert_eq!(report.stepped_over_end, starts[2] as u64);
-        assert_eq!(report.damaged_bytes(8, true), frame_1);
-        assert_eq!(report.damage_end(8, true), starts[2] as u64);
+        assert_eq!(report.damaged_bytes(true), frame_1);
+        assert_eq!(report.damage_end(true), starts[2] as u64);
         assert_eq!(report.valid_bytes, bytes.len() as u64);
     }
 }
@@ -110,8 +110,8 @@ fn a_damaged_length_gives_up_the_rest_of_its_segment() {
     assert_eq!(metas, [0]);
     let rest = (bytes.len() - starts[1]) as u64;
     assert_eq!(report.tail_bytes(), rest);
-    assert_eq!(report.damaged_bytes(8, false), rest);
-    assert_eq!(report.damage_end(8, false), bytes.len() as u64);
+    assert_eq!(report.damaged_bytes(false), rest);
+    assert_eq!(report.damage_end(false), bytes.len() as u64);
     // A length past the bound is no frame either.
     let (mut bytes, starts) = segment(2);
     bytes[starts[1]..starts[1] + 4].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -125,20 +125,20 @@ fn a_damaged_magic_hides_no_frames() {
     let (metas, report) = scan(&bytes);
     assert_eq!(metas, [0, 1, 2]);
     assert!(report.bad_magic);
-    assert_eq!(report.damaged_bytes(8, true), 8);
-    assert_eq!(report.damage_end(8, true), 8);
+    assert_eq!(report.damaged_bytes(true), 8);
+    assert_eq!(report.damage_end(true), 8);
 }
 
 #[test]
 fn a_segment_torn_while_being_created_holds_nothing_and_a_short_stranger_is_damage() {
     let (_, report) = scan(&FORMAT.magic[..3]);
     assert!(report.torn_magic && !report.bad_magic);
-    assert_eq!(report.damaged_bytes(8, false), 0);
+    assert_eq!(report.damaged_bytes(false), 0);
     let (_, report) = scan(&[]);
     assert!(report.torn_magic);
     let (metas, report) = scan(b"ABC");
     assert!(metas.is_empty() && report.bad_magic && !report.torn_magic);
-    assert_eq!(report.damaged_bytes(8, true), 3);
+    assert_eq!(report.damaged_bytes(true), 3);
 }
 
 #[test]

@@ -155,12 +155,12 @@ impl Queue {
                 scan.log.file_len = MAGIC.len() as u64;
                 scan.log.valid_bytes = MAGIC.len() as u64;
             }
-            let tail = scan.tail_bytes();
+            let tail = scan.log.tail_bytes();
             let torn = Some(seq) == last_seq;
-            let cut_bytes = scan.cut_damage_bytes(torn);
+            let cut_bytes = scan.log.cut_damage_bytes(torn);
             // Records stepped over stay in the segment and count when read.
             cut_damage += cut_bytes;
-            let damaged_bytes = scan.damaged_bytes(torn);
+            let damaged_bytes = scan.log.damaged_bytes(torn);
             if damaged_bytes > 0 {
                 // Kept as found before anything is cut or mended.
                 copy_to_quarantine(dir, &path)?;

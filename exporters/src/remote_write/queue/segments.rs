@@ -51,31 +51,6 @@ pub(super) struct SegmentScan {
     pub(super) record_ends: Vec<(u64, u32)>,
 }
 
-impl SegmentScan {
-    /// Bytes after the last intact record.
-    pub(super) fn tail_bytes(&self) -> u64 {
-        self.log.tail_bytes()
-    }
-
-    /// Damaged bytes that no read will step over: a damaged magic, and the
-    /// tail of a segment before the last (a complete segment has none; the
-    /// last one's is taken for a torn append).
-    pub(super) fn cut_damage_bytes(&self, last: bool) -> u64 {
-        self.log.cut_damage_bytes(MAGIC.len(), last)
-    }
-
-    /// Every byte of the segment that held no intact record, but a torn tail.
-    pub(super) fn damaged_bytes(&self, last: bool) -> u64 {
-        self.log.damaged_bytes(MAGIC.len(), last)
-    }
-
-    /// Where the last damaged byte ends: a copy at least this long holds
-    /// the damage as found (segments are only appended to after it).
-    pub(super) fn damage_end(&self, last: bool) -> u64 {
-        self.log.damage_end(MAGIC.len(), last)
-    }
-}
-
 /// The sequence numbers of the segments in `dir`, in order.
 pub(super) fn segment_seqs(dir: &Path) -> io::Result<Vec<u64>> {
     Ok(FORMAT
@@ -148,11 +123,11 @@ pub fn verify(dir: &Path) -> io::Result<Verified> {
             })
             .map(|&(_, samples)| u64::from(samples))
             .sum::<u64>();
-        let bytes = scan.damaged_bytes(last);
+        let bytes = scan.log.damaged_bytes(last);
         if bytes > 0 {
             let copy = quarantine_path(dir, &path);
             let kept_in_quarantine =
-                fs::metadata(copy).is_ok_and(|m| m.len() >= scan.damage_end(last));
+                fs::metadata(copy).is_ok_and(|m| m.len() >= scan.log.damage_end(last));
             verified.damaged.push(DamagedSegment {
                 path,
                 bytes,
@@ -160,7 +135,7 @@ pub fn verify(dir: &Path) -> io::Result<Verified> {
             });
         }
         if last {
-            verified.tail_bytes = scan.tail_bytes();
+            verified.tail_bytes = scan.log.tail_bytes();
         }
     }
     Ok(verified)
