@@ -490,7 +490,8 @@ fn replay_segments(
             }
         }
         let damaged = scan.damaged_bytes(last);
-        if damaged > 0 || scan.bad_magic {
+        // A damaged magic counts its bytes here too.
+        if damaged > 0 {
             report.damaged_bytes += damaged;
             report.damaged_segments.push(path.clone());
         }
