@@ -202,6 +202,7 @@ pub fn spawn(
         transfer::spawn(config, data_dir, exposition, rows)
     }
 }
+
 /// Retention's hook for the store in `data_dir` when uploads are configured
 /// and `delete_local_after_upload` is on: a file may go once the manifest
 /// has it. The manifest is re-read only when it grew.
