@@ -47,6 +47,9 @@ if ! { command -v moto_server && python3 -c 'import boto3'; } >/dev/null 2>&1; t
     || python3 -m pip install --quiet --break-system-packages "moto[server]"
 fi
 
+# One build from a clean checkout: incremental state would only add gigabytes.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 cargo fmt --all -- --check
 # Every feature (object storage is the agent's one), as the packages build;
 # then the agent without it, as a plain `cargo build` builds it.
