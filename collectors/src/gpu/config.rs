@@ -40,6 +40,9 @@ pub struct GpuConfig {
     pub simulate_profile: String,
     /// Scenario of each simulated GPU, in turn.
     pub simulate_scenarios: Vec<String>,
+    /// A file of scenarios that replaces `simulate_scenarios` whenever it
+    /// changes; empty: none.
+    pub simulate_scenarios_file: String,
     /// Whether the simulated GPUs' reads spend the CPU that NVML's cost on an
     /// H100, for benches.
     pub simulate_nvml_costs: bool,
@@ -74,6 +77,7 @@ impl Default for GpuConfig {
             simulate_gpus: 0,
             simulate_profile: "h100".into(),
             simulate_scenarios: vec!["training".into()],
+            simulate_scenarios_file: String::new(),
             simulate_nvml_costs: false,
         }
     }
@@ -147,6 +151,7 @@ impl GpuConfig {
         self.simulate_gpus == other.simulate_gpus
             && self.simulate_profile == other.simulate_profile
             && self.simulate_scenarios == other.simulate_scenarios
+            && self.simulate_scenarios_file == other.simulate_scenarios_file
             && self.gpm == other.gpm
             && self.simulate_nvml_costs == other.simulate_nvml_costs
     }
@@ -160,10 +165,12 @@ impl GpuConfig {
                 .iter()
                 .filter_map(|s| sim::Scenario::parse(s))
                 .collect();
-            return Ok(Box::new(
-                sim::SimBackend::new(self.simulate_gpus, profile, scenarios)
-                    .charging_nvml_costs(self.simulate_nvml_costs),
-            ));
+            let mut backend = sim::SimBackend::new(self.simulate_gpus, profile, scenarios)
+                .charging_nvml_costs(self.simulate_nvml_costs);
+            if !self.simulate_scenarios_file.is_empty() {
+                backend = backend.with_scenarios_file(self.simulate_scenarios_file.clone().into());
+            }
+            return Ok(Box::new(backend));
         }
         Ok(Box::new(nvml::NvmlBackend::new(self.gpm)?))
     }
@@ -222,7 +229,11 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "simulate_scenarios",
-        "What the simulated GPUs do, GPU i playing scenarios[i % len]: idle, training, memory-bound, thermal-throttle, power-throttle, pcie-degraded, nvlink-hidden, xid, gpu-lost, mig.",
+        "What the simulated GPUs do, GPU i playing scenarios[i % len]: idle, training, memory-bound, thermal-throttle, power-throttle, pcie-degraded, nvlink-hidden, hbm-degraded, xid, gpu-lost, mig.",
+    ),
+    (
+        "simulate_scenarios_file",
+        "A file of scenario names (separated by commas, spaces or lines) that replaces simulate_scenarios whenever it changes, looked at twice a second: a demo or an evaluation degrades and restores a simulated GPU of a running agent by writing it. A file that is missing or names something else leaves the scenarios as they were, with a warning in the log. Empty: none.",
     ),
     (
         "simulate_nvml_costs",

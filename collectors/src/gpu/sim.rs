@@ -1,6 +1,6 @@
 //! The simulated GPU backend: N GPUs of an H100 or H200 profile, each playing a
 //! scenario (training, a throttle, a link trained down, NVLink hidden, an XID,
-//! a GPU lost). Chosen only explicitly (`--simulate-gpus N` or
+//! a GPU lost, HBM running slow). Chosen only explicitly (`--simulate-gpus N` or
 //! `collectors.gpu.simulate_gpus`); it drives the tests, the dashboards' checks
 //! and demos on machines without a GPU.
 //!
@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 use std::f64::consts::TAU;
+use std::path::PathBuf;
+use std::time::SystemTime;
 use std::sync::{Arc, Mutex};
 
 use super::backend::{
@@ -77,6 +79,7 @@ pub enum Scenario {
     PowerThrottle,
     PcieDegraded,
     NvlinkHidden,
+    HbmDegraded,
     Xid,
     Lost,
     Mig,
@@ -91,6 +94,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     ("power-throttle", Scenario::PowerThrottle),
     ("pcie-degraded", Scenario::PcieDegraded),
     ("nvlink-hidden", Scenario::NvlinkHidden),
+    ("hbm-degraded", Scenario::HbmDegraded),
     ("xid", Scenario::Xid),
     ("gpu-lost", Scenario::Lost),
     ("mig", Scenario::Mig),
@@ -114,6 +118,9 @@ impl Scenario {
             }
             Scenario::NvlinkHidden => {
                 "a VM with the GPU passed through and NVLink hidden: no link up"
+            }
+            Scenario::HbmDegraded => {
+                "HBM held at about half its clock: bytes/s about half a healthy step's"
             }
             Scenario::Xid => "XID errors: 31 at the first tick, 13 every minute after",
             Scenario::Lost => "fell off the bus: XID 79 once, then no sample at all",
@@ -153,6 +160,42 @@ pub struct SimBackend {
     /// Scenarios a GPU turns to later: (GPU, seconds since the first
     /// sample, scenario), for tests of a value that changes.
     turns: Vec<(u32, f64, Scenario)>,
+    /// Where the scenarios of a running agent's GPUs are changed.
+    scenarios_file: Option<ScenariosFile>,
+}
+
+/// `simulate_scenarios_file`: GPU i plays the i-th scenario it names (in
+/// turn), read again whenever the file changes, so that a demo or the fleet
+/// evaluation (bench/fleet/evaluate.py) degrades and restores a GPU of an
+/// agent that keeps running, as a real fault comes and goes.
+struct ScenariosFile {
+    path: PathBuf,
+    /// Modification time and length last acted on; None where the file
+    /// could not be looked at.
+    seen: Option<Option<(SystemTime, u64)>>,
+    checked_at_us: Option<i64>,
+}
+
+/// How often the scenarios file is looked at: a change takes effect within
+/// this and a tick.
+const SCENARIOS_FILE_CHECK_US: i64 = 500_000;
+
+/// Scenario names separated by commas, spaces or lines.
+pub fn parse_scenario_list(text: &str) -> Result<Vec<Scenario>, String> {
+    let scenarios = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            Scenario::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = SCENARIOS.iter().map(|(k, _)| *k).collect();
+                format!("{name:?} is not a scenario (one of {})", known.join(", "))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if scenarios.is_empty() {
+        return Err("names no scenario".into());
+    }
+    Ok(scenarios)
 }
 
 /// How many times each read was made, by the NVML backend's name of it
@@ -179,6 +222,56 @@ impl SimBackend {
             charge_nvml_costs: false,
             read_counts: ReadCounts::default(),
             turns: Vec::new(),
+            scenarios_file: None,
+        }
+    }
+
+    /// GPU i plays the i-th scenario `path` names (in turn), read at the
+    /// first sample and again whenever the file changes; until it can be
+    /// read, and while it names something that is not a scenario, the
+    /// scenarios in force stay.
+    pub fn with_scenarios_file(mut self, path: PathBuf) -> SimBackend {
+        self.scenarios_file = Some(ScenariosFile {
+            path,
+            seen: None,
+            checked_at_us: None,
+        });
+        self
+    }
+
+    /// Acts on a change of the scenarios file, looking at most every
+    /// [`SCENARIOS_FILE_CHECK_US`].
+    fn refresh_scenarios(&mut self, time_us: i64) {
+        let Some(file) = self.scenarios_file.as_mut() else {
+            return;
+        };
+        if file
+            .checked_at_us
+            .is_some_and(|at| (time_us - at).abs() < SCENARIOS_FILE_CHECK_US)
+        {
+            return;
+        }
+        file.checked_at_us = Some(time_us);
+        let stamp = std::fs::metadata(&file.path)
+            .ok()
+            .and_then(|m| Some((m.modified().ok()?, m.len())));
+        if file.seen == Some(stamp) {
+            return;
+        }
+        file.seen = Some(stamp);
+        let path = file.path.display().to_string();
+        let read = std::fs::read_to_string(&file.path)
+            .map_err(|e| format!("cannot read it: {e}"))
+            .and_then(|text| parse_scenario_list(&text));
+        match read {
+            Ok(list) => {
+                let count = self.scenarios.len();
+                self.scenarios = (0..count).map(|i| list[i % list.len()]).collect();
+                tracing::info!(file = %path, scenarios = ?self.scenarios, "Simulated GPUs play the scenarios file.");
+            }
+            Err(why) => {
+                tracing::warn!(file = %path, reason = %why, "Scenarios file not used; the simulated GPUs play on as they were.");
+            }
         }
     }
 
@@ -305,6 +398,7 @@ impl GpuBackend for SimBackend {
         time_us: i64,
         plan: ReadPlan,
     ) -> Result<GpuSample, SampleError> {
+        self.refresh_scenarios(time_us);
         let first = *self.first_time_us.get_or_insert(time_us);
         let elapsed_us = (time_us - first).max(0);
         let seconds = elapsed_us as f64 / 1e6;
@@ -379,6 +473,7 @@ fn load(scenario: Scenario) -> (f64, f64, f64, f64) {
         Scenario::NvlinkHidden => (0.80, 0.55, 0.50, 0.0),
         Scenario::ThermalThrottle | Scenario::PowerThrottle => (0.78, 0.50, 0.45, 0.55),
         Scenario::Mig => (0.55, 0.30, 0.35, 0.0),
+        Scenario::HbmDegraded => (0.86, 0.62, 0.30, 0.60),
         _ => (0.86, 0.62, 0.55, 0.60),
     }
 }
@@ -510,7 +605,11 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
             nvlink_tx_bytes_per_second: nvlink_total(true),
         }),
         sm_clock_hz: Some(sm_clock_mhz * 1e6),
-        memory_clock_hz: Some(p.memory_clock_max_mhz * 1e6),
+        memory_clock_hz: Some(if scenario == Scenario::HbmDegraded {
+            p.memory_clock_max_mhz * 0.55e6
+        } else {
+            p.memory_clock_max_mhz * 1e6
+        }),
         clock_event_reasons: Some(reasons),
         power_watts: Some(power),
         power_limit_watts: Some(p.power_limit_watts),
@@ -595,6 +694,48 @@ mod tests {
             again, s1,
             "a pure function of the time since the first sample"
         );
+    }
+
+    /// A running agent's GPU is degraded and restored by writing the file;
+    /// a file that is missing or names no scenario changes nothing.
+    #[test]
+    fn scenarios_file_turns_a_running_gpu_and_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("scenarios");
+        let (b, ids) = backend(&[Scenario::Training, Scenario::Training]);
+        let mut b = b.with_scenarios_file(path.clone());
+        let mut second = 0;
+        let mut clock = |b: &mut SimBackend, gpu: usize| {
+            second += 1;
+            let sample = b.sample(&ids[gpu], second * 1_000_000, ReadPlan::ALL).unwrap();
+            sample.sm_clock_hz.unwrap() / 1e6
+        };
+        assert_eq!(clock(&mut b, 1), 1980.0, "no file yet: as configured");
+        std::fs::write(&path, "training\nthermal-throttle\n").unwrap();
+        assert_eq!(clock(&mut b, 1), 1410.0, "GPU 1 throttled");
+        assert_eq!(clock(&mut b, 0), 1980.0, "GPU 0 as it was");
+        std::fs::write(&path, "training, on-fire").unwrap();
+        assert_eq!(clock(&mut b, 1), 1410.0, "a bad name keeps what is in force");
+        std::fs::write(&path, "training").unwrap();
+        assert_eq!(clock(&mut b, 1), 1980.0, "restored: one name for every GPU");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(clock(&mut b, 1), 1980.0, "a removed file changes nothing");
+        assert!(parse_scenario_list(" \n").unwrap_err().contains("no scenario"));
+    }
+
+    /// HBM held down shows where the peers' rules look: bytes/s against the
+    /// peak while busy, about half a healthy step's, with the memory clock.
+    #[test]
+    fn hbm_degraded_halves_the_bandwidth_under_load() {
+        let (mut b, ids) = backend(&[Scenario::Training, Scenario::HbmDegraded]);
+        let dram = |s: &GpuSample| s.gpm.as_ref().unwrap().dram_bandwidth_ratio.unwrap();
+        let healthy = b.sample(&ids[0], 0, ReadPlan::ALL).unwrap();
+        let slow = b.sample(&ids[1], 0, ReadPlan::ALL).unwrap();
+        let ratio = dram(&slow) / dram(&healthy);
+        assert!((0.5..0.6).contains(&ratio), "{ratio}");
+        assert!(slow.utilization_gpu_ratio.unwrap() > 0.9, "busy");
+        assert!(slow.memory_clock_hz.unwrap() < 0.6 * healthy.memory_clock_hz.unwrap());
+        assert_eq!(slow.sm_clock_hz, healthy.sm_clock_hz, "the SMs run at full clock");
     }
 
     #[test]
