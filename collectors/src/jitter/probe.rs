@@ -1,7 +1,8 @@
 //! The probe thread: wakes on a fixed grid of absolute deadlines
-//! (cyclictest's method) and, when the CPU budget allows, spins for a short
-//! slice right after a wake-up reading the clock (sysjitter's and osnoise's
-//! method). One thread does both so that the two probes never delay each
+//! (cyclictest's method) and, when the CPU budget allows (after a random
+//! part of another slice, [`spin_threshold_ns`]), spins for a short slice
+//! reading the clock (sysjitter's and osnoise's method), from a random
+//! instant before the next deadline ([`spin_start_ns`]). One thread does both so that the two probes never delay each
 //! other: a spin always ends before the next deadline.
 //!
 //! The thread rotates over its CPUs (`sched_setaffinity`), a dwell at a time,
@@ -235,6 +236,38 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 fn wall_offset_ns() -> i128 {
     i128::from(clock_ns(libc::CLOCK_REALTIME)) - i128::from(monotonic_ns())
 }
+
+/// The tokens a spin waits for: a slice's worth and a random part of
+/// another. Spinning as soon as the budget allows repeats with a period of a
+/// few wake-ups, a whole fraction of a second, and so samples the same
+/// instants of every second: a node whose spins fell on a burst that comes
+/// every second (the collectors' ticks on the wall-clock grid, a scrape) saw
+/// it as unexplained time for as long as it ran, and its peers did not (the
+/// fleet evaluation, bench/fleet/evaluate.py, found healthy agents apart by
+/// several times their unexplained share). Random waits spread the spins over
+/// every instant, so the share measured is the share of time lost. Below the
+/// refill's cap of two slices, so always reached.
+fn spin_threshold_ns(slice_ns: u64) -> f64 {
+    slice_ns as f64 * (1.0 + fastrand::f64())
+}
+
+/// When a spin starts: at a random instant between now and the latest
+/// start that still ends it a guard before the next deadline, so that the
+/// spins sample every phase of the timer tick and of whatever else comes
+/// on a fixed period. Right after the wake-up, a spin always fell at the
+/// same offset from the tick (a 10 ms grid and a 4 ms tick meet again
+/// every 20 ms): a node whose offset covered the tick lost the tick's
+/// cost in every spin and reported it as unexplained, several percent,
+/// and a node whose offset did not never saw it (bench/fleet/evaluate.py).
+/// None: no room to move, spin now.
+fn spin_start_ns(now_ns: u64, next_deadline_ns: u64, slice_ns: u64) -> Option<u64> {
+    let latest = next_deadline_ns.checked_sub(slice_ns + SPIN_GUARD_NS)?;
+    (latest > now_ns).then(|| fastrand::u64(now_ns..=latest))
+}
+
+/// Room left between a spin's end and the next deadline, for the late
+/// wake-up of the sleep before it.
+const SPIN_GUARD_NS: u64 = 200_000;
 
 /// The longest a budget skip sleeps.
 const MAX_BUDGET_SKIP_NS: u64 = 10_000_000_000;
@@ -488,6 +521,8 @@ struct Probe {
     wall_offset_ns: i128,
     /// CPU time the budget still allows, nanoseconds (may go negative).
     tokens: f64,
+    /// Tokens the next spin waits for.
+    spin_at_tokens: f64,
     last_ns: u64,
     last_cpu_ns: u64,
 }
@@ -503,6 +538,7 @@ impl Probe {
                 None
             }
         };
+        let settings_slice_ns = settings.slice_ns;
         let mut probe = Probe {
             dwell_end_ns: now + settings.dwell_ns,
             settings,
@@ -516,6 +552,7 @@ impl Probe {
             window_end_us: 0,
             wall_offset_ns: 0,
             tokens: 0.0,
+            spin_at_tokens: spin_threshold_ns(settings_slice_ns),
             last_ns: now,
             last_cpu_ns: thread_cpu_ns(),
         };
@@ -548,8 +585,16 @@ impl Probe {
                 .record_wakeup(woke.saturating_sub(next));
             self.refill(woke);
             let slice = self.settings.slice_ns;
-            if slice > 0 && self.tokens >= slice as f64 && woke + slice < next + interval {
-                self.spin(cpu);
+            if slice > 0 && self.tokens >= self.spin_at_tokens && woke + slice < next + interval {
+                if let Some(start) = spin_start_ns(monotonic_ns(), next + interval, slice) {
+                    sleep_until(start);
+                }
+                // Woken too late to end before the next deadline: no spin,
+                // which would delay that wake-up and be measured in it.
+                if monotonic_ns() + slice < next + interval {
+                    self.spin(cpu);
+                    self.spin_at_tokens = spin_threshold_ns(slice);
+                }
             }
             let now = monotonic_ns();
             if now >= self.dwell_end_ns || now >= self.window_end_ns {
@@ -703,9 +748,40 @@ pub fn wait_setup(shared: &Shared, timeout: Duration) -> Option<Result<Setup, St
 
 #[cfg(test)]
 mod tests {
-    use super::{next_deadline, CpuWindow, BUCKETS, STALL_NS};
+    use super::{
+        next_deadline, spin_start_ns, spin_threshold_ns, CpuWindow, BUCKETS, SPIN_GUARD_NS, STALL_NS,
+    };
 
     const MS: u64 = 1_000_000;
+
+    /// A spin starts anywhere from now to a guard and a slice before the
+    /// next deadline, spread over that whole span.
+    #[test]
+    fn a_spin_starts_at_a_random_point_that_ends_before_the_next_deadline() {
+        let (now, next, slice) = (1_000_000, 11_000_000, 200_000);
+        let starts: Vec<u64> = (0..1000)
+            .map(|_| spin_start_ns(now, next, slice).unwrap())
+            .collect();
+        assert!(starts
+            .iter()
+            .all(|&s| s >= now && s + slice + SPIN_GUARD_NS <= next));
+        let early = starts.iter().filter(|&&s| s < 5_800_000).count();
+        assert!((350..650).contains(&early), "{early} of 1000 in the first half");
+        assert_eq!(spin_start_ns(now, now + slice + SPIN_GUARD_NS, slice), None);
+        assert_eq!(spin_start_ns(now, slice, slice), None, "no underflow");
+    }
+
+    /// Spins wait for a slice's worth of budget and a random part of
+    /// another, never past the refill's cap (two slices), and not the same
+    /// wait every time: a fixed one would make the spins periodic.
+    #[test]
+    fn a_spin_waits_for_a_random_part_of_a_second_slice() {
+        let slice = 200_000;
+        let waits: Vec<f64> = (0..1000).map(|_| spin_threshold_ns(slice)).collect();
+        assert!(waits.iter().all(|&w| (200_000.0..400_000.0).contains(&w)));
+        let low = waits.iter().filter(|&&w| w < 300_000.0).count();
+        assert!((350..650).contains(&low), "{low} of 1000 below the middle");
+    }
 
     #[test]
     fn the_next_deadline_is_one_period_on_when_on_time_and_in_budget() {
