@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""The fleet evaluation: does VtaxNodeSlowerThanPeers find the node that holds a
+job back, soon enough, and keep quiet otherwise?
+
+A local fleet of NODES vtax agents (8 simulated H100s each, InfiniBand ports on
+fixture counters, the real jitter probe) remote-writes to one real Prometheus
+(--web.enable-remote-write-receiver) that evaluates dashboards/alerts/vtax-rules.yml.
+After a quiet stretch, each trial degrades one random node at a random time by one
+cause, holds it HOLD_S seconds and restores it:
+
+  thermal      one GPU thermally throttled    (the simulated GPU's scenarios file)
+  hbm          one GPU's HBM at half its clock
+  nvlink       one GPU's NVLink hidden
+  pcie         one GPU's PCIe link trained down to Gen3 x8
+  cpu          a CPU hog (stress-ng --cpu 2) started in the node's cgroup, which
+               holds the node to one CPU of quota: the agent's threads wait
+  infiniband   one port congested: port_xmit_wait grows by 2e7 ticks/s
+
+Every second it asks Prometheus for the firing alerts. An alert episode (node,
+signal) is true when its node is degraded at the time or was within LINGER_S
+before (rate windows of a minute outlast a restore); any other is false. A trial
+is detected when its node's first true episode fires before the restore plus
+LINGER_S; its latency runs from the degradation to that first firing poll.
+Quiet time is when no node is degraded or within LINGER_S of a restore; false
+alerts per quiet fleet-hour count the false episodes that start then.
+
+Prints one line per trial and a summary; --out writes everything as JSON.
+
+Usage: bench/fleet/evaluate.py [--nodes 6] [--trials 20] [--quiet-secs 600]
+       [--hold-secs 60] [--seed N] [--vtax target/release/vtax] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RULES = os.path.join(REPO, "dashboards", "alerts", "vtax-rules.yml")
+IB_FIXTURE = os.path.join(REPO, "tests", "fixtures", "baremetal-node", "sys", "class", "infiniband")
+GPUS = 8
+CLUSTER = "eval"
+ALERT = "VtaxNodeSlowerThanPeers"
+
+# The simulated scenario each GPU cause plays on its one GPU.
+GPU_CAUSES = {
+    "thermal": "thermal-throttle",
+    "hbm": "hbm-degraded",
+    "nvlink": "nvlink-hidden",
+    "pcie": "pcie-degraded",
+}
+CAUSES = list(GPU_CAUSES) + ["cpu", "infiniband"]
+# The signals that name each cause rightly.
+EXPECTED_SIGNALS = {
+    "thermal": {"sm_clock_ratio", "clock_throttled_gpus_ratio"},
+    "hbm": {"hbm_peak_ratio"},
+    "nvlink": {"nvlink_links_up_ratio"},
+    "pcie": {"pcie_link_ratio"},
+    "cpu": {"jitter_wakeup_p99_seconds", "unexplained_ratio", "run_delay_ratio", "steal_ratio"},
+    "infiniband": {"infiniband_xmit_wait_per_second"},
+}
+CONGESTED_XMIT_WAIT_PER_SECOND = 2e7
+
+
+def log(msg):
+    print(time.strftime("%H:%M:%S ") + msg, flush=True)
+
+
+class CpuCgroups:
+    """One cgroup per node holding it to one CPU of quota (v2's cpu.max, or v1's
+    cpu.cfs_quota_us), so that a hog started in it takes the node's own CPU."""
+
+    def __init__(self, name):
+        self.root, self.why_not = None, None
+        if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            base, self.v2 = "/sys/fs/cgroup", True
+        elif os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+            base, self.v2 = "/sys/fs/cgroup/cpu", False
+        else:
+            self.why_not = "neither cgroup v2 nor v1's cpu hierarchy is mounted"
+            return
+        root = os.path.join(base, name)
+        try:
+            if self.v2:
+                write(os.path.join(base, "cgroup.subtree_control"), "+cpu")
+            os.makedirs(root)
+            if self.v2:
+                write(os.path.join(root, "cgroup.subtree_control"), "+cpu")
+            self.root = root
+        except OSError as e:
+            self.why_not = f"cannot make {root}: {e}"
+
+    def make(self, node):
+        path = os.path.join(self.root, node)
+        os.makedirs(path, exist_ok=True)
+        if self.v2:
+            write(os.path.join(path, "cpu.max"), "100000 100000")
+        else:
+            write(os.path.join(path, "cpu.cfs_period_us"), "100000")
+            write(os.path.join(path, "cpu.cfs_quota_us"), "100000")
+        return path
+
+    def remove(self):
+        if self.root is None:
+            return
+        for node in sorted(os.listdir(self.root)):
+            path = os.path.join(self.root, node)
+            if os.path.isdir(path):
+                for _ in range(50):
+                    try:
+                        os.rmdir(path)
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+        try:
+            os.rmdir(self.root)
+        except OSError:
+            pass
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def in_cgroup(cgroup, argv):
+    """argv as a shell line that first moves itself into cgroup."""
+    line = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+    if cgroup is None:
+        return ["sh", "-c", "exec " + line]
+    return ["sh", "-c", f"echo $$ > '{cgroup}/cgroup.procs' && exec {line}"]
+
+
+class Node:
+    def __init__(self, index, work, port, prom_port, vtax, cgroups, rng):
+        self.name = f"node-{index:02d}"
+        self.dir = os.path.join(work, self.name)
+        self.port = port
+        self.scenarios = os.path.join(self.dir, "scenarios")
+        self.hog = None
+        os.makedirs(os.path.join(self.dir, "sys", "class"))
+        shutil.copytree(IB_FIXTURE, os.path.join(self.dir, "sys", "class", "infiniband"), symlinks=True)
+        self.ports = []
+        ib = os.path.join(self.dir, "sys", "class", "infiniband")
+        for device in sorted(os.listdir(ib)):
+            for p in sorted(os.listdir(os.path.join(ib, device, "ports"))):
+                counters = os.path.join(ib, device, "ports", p, "counters")
+                # Ports without the congestion counter (some fixture ports lack
+                # it, as some adapters do) are left as they are.
+                if os.path.exists(os.path.join(counters, "port_xmit_wait")):
+                    self.ports.append(IbPort(counters, rng))
+        write(self.scenarios, "training\n")
+        config = os.path.join(self.dir, "vtax.toml")
+        write(config, f"""\
+[web]
+listen_address = "127.0.0.1:{port}"
+
+[paths]
+sysfs = "{self.dir}/sys"
+
+[store]
+node = "{self.name}"
+
+[collectors.gpu]
+simulate_gpus = {GPUS}
+simulate_scenarios_file = "{self.scenarios}"
+
+[[remote_write]]
+name = "fleet"
+url = "http://127.0.0.1:{prom_port}/api/v1/write"
+external_labels = {{ cluster = "{CLUSTER}", instance = "{self.name}" }}
+""")
+        self.cgroup = cgroups.make(self.name) if cgroups.root else None
+        self.log = open(os.path.join(self.dir, "agent.log"), "w")
+        self.agent = subprocess.Popen(
+            in_cgroup(self.cgroup, [vtax, "run", "--config", config, "--data-dir", os.path.join(self.dir, "data")]),
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def set_gpu(self, gpu, scenario):
+        names = ["training"] * GPUS
+        names[gpu] = scenario
+        write(self.scenarios + ".new", "\n".join(names) + "\n")
+        os.replace(self.scenarios + ".new", self.scenarios)
+
+    def start_hog(self):
+        self.hog = subprocess.Popen(
+            in_cgroup(self.cgroup, ["stress-ng", "--cpu", "2", "--timeout", "0", "--quiet"]),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def stop_hog(self):
+        if self.hog is not None:
+            os.killpg(self.hog.pid, signal.SIGTERM)
+            self.hog.wait()
+            self.hog = None
+
+    def stop(self):
+        self.stop_hog()
+        if self.agent.poll() is None:
+            os.killpg(self.agent.pid, signal.SIGTERM)
+            try:
+                self.agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.agent.pid, signal.SIGKILL)
+                self.agent.wait()
+        self.log.close()
+
+
+class IbPort:
+    """A port's counters, grown in place every second as a busy fabric grows
+    them. In place: the collector keeps each file open and reads it again, and
+    a replaced file would read as a port that went away."""
+
+    def __init__(self, counters, rng):
+        self.counters = counters
+        self.rng = rng
+        # Healthy ports wait a little, each its own amount.
+        self.xmit_wait_per_second = rng.uniform(1e3, 5e4)
+        self.data_words_per_second = rng.uniform(2e8, 6e8)
+        self.congested = False
+        self.values = {}
+        for name in ("port_xmit_wait", "port_xmit_data", "port_rcv_data",
+                     "port_xmit_packets", "port_rcv_packets"):
+            if os.path.exists(os.path.join(counters, name)):
+                with open(os.path.join(counters, name)) as f:
+                    self.values[name] = int(f.read().strip() or 0)
+
+    def tick(self, seconds):
+        noise = lambda: max(0.0, self.rng.gauss(1.0, 0.2))
+        wait = self.xmit_wait_per_second * noise()
+        if self.congested:
+            wait += CONGESTED_XMIT_WAIT_PER_SECOND * noise()
+        data = self.data_words_per_second * noise()
+        grow = {
+            "port_xmit_wait": wait,
+            "port_xmit_data": data,
+            "port_rcv_data": data * 0.97,
+            "port_xmit_packets": data / 1024,
+            "port_rcv_packets": data * 0.97 / 1024,
+        }
+        for name, per_second in grow.items():
+            if name not in self.values:
+                continue
+            self.values[name] += int(per_second * seconds)
+            fd = os.open(os.path.join(self.counters, name), os.O_WRONLY)
+            try:
+                os.pwrite(fd, f"{self.values[name]}\n".encode(), 0)
+            finally:
+                os.close(fd)
+
+
+class Prometheus:
+    def __init__(self, work, port):
+        self.port = port
+        config = os.path.join(work, "prometheus.yml")
+        write(config, f"""\
+global:
+  evaluation_interval: 5s
+rule_files:
+  - {RULES}
+""")
+        self.log = open(os.path.join(work, "prometheus.log"), "w")
+        self.process = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={work}/tsdb",
+             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2)
+                return
+            except OSError:
+                time.sleep(1)
+        raise SystemExit("prometheus did not become ready; see " + self.log.name)
+
+    def get(self, path, **params):
+        url = f"http://127.0.0.1:{self.port}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.load(r)["data"]
+
+    def query(self, expr):
+        return self.get("/api/v1/query", query=expr)["result"]
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+        self.log.close()
+
+
+class AlertWatch(threading.Thread):
+    """Polls the firing alerts every second; keeps each episode's start and end."""
+
+    def __init__(self, prometheus):
+        super().__init__(daemon=True)
+        self.prometheus = prometheus
+        self.open = {}
+        self.episodes = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.poll_errors = 0
+
+    def run(self):
+        while not self.stopping.wait(1.0):
+            now = time.time()
+            try:
+                alerts = self.prometheus.get("/api/v1/alerts")["alerts"]
+            except (OSError, ValueError):
+                self.poll_errors += 1
+                continue
+            firing = {}
+            for a in alerts:
+                if a["labels"].get("alertname") == ALERT and a["state"] == "firing":
+                    key = (a["labels"].get("instance"), a["labels"].get("signal"))
+                    firing[key] = a
+            with self.lock:
+                for key, a in firing.items():
+                    if key not in self.open:
+                        self.open[key] = {"node": key[0], "signal": key[1], "start": now,
+                                          "pending_since": a.get("activeAt"), "end": None,
+                                          "summary": a["annotations"].get("description", "")}
+                for key in list(self.open):
+                    if key not in firing:
+                        episode = self.open.pop(key)
+                        episode["end"] = now
+                        self.episodes.append(episode)
+
+    def finish(self):
+        self.stopping.set()
+        self.join()
+        with self.lock:
+            self.episodes.extend(self.open.values())
+            self.open.clear()
+            return sorted(self.episodes, key=lambda e: e["start"])
+
+
+def score(trials, episodes, start, end, linger_secs, nodes):
+    """Classifies the episodes and scores the trials (pure: tested on its own)."""
+    def degraded_then(node, at):
+        # The latest degradation of the node that had begun by then.
+        for t in sorted(trials, key=lambda t: -t["degraded_at"]):
+            if t["node"] == node and t["degraded_at"] <= at:
+                return t if at <= t["restored_at"] + linger_secs else None
+        return None
+
+    for e in episodes:
+        trial = degraded_then(e["node"], e["start"])
+        e["true"] = trial is not None
+        e["trial"] = trials.index(trial) if trial else None
+    for i, t in enumerate(trials):
+        mine = [e for e in episodes if e["trial"] == i]
+        t["detected"] = bool(mine)
+        t["latency_secs"] = round(mine[0]["start"] - t["degraded_at"], 1) if mine else None
+        t["signals"] = sorted({e["signal"] for e in mine})
+        t["named_rightly"] = bool(set(t["signals"]) & EXPECTED_SIGNALS[t["cause"]])
+    # Quiet: no node degraded, and none within linger_secs of its restore.
+    busy = sorted((t["degraded_at"], t["restored_at"] + linger_secs) for t in trials)
+    quiet_secs, cursor = 0.0, start
+    for a, b in busy:
+        quiet_secs += max(0.0, min(a, end) - cursor)
+        cursor = max(cursor, b)
+    quiet_secs += max(0.0, end - cursor)
+
+    def quiet_at(at):
+        return not any(a <= at <= b for a, b in busy)
+
+    false = [e for e in episodes if not e["true"]]
+    false_quiet = [e for e in false if quiet_at(e["start"])]
+    latencies = [t["latency_secs"] for t in trials if t["detected"]]
+    true_count = sum(e["true"] for e in episodes)
+    quiet_fleet_hours = quiet_secs / 3600.0
+    return {
+        "nodes": nodes,
+        "trials": len(trials),
+        "detected": len(latencies),
+        "recall": len(latencies) / len(trials) if trials else None,
+        "precision": true_count / len(episodes) if episodes else None,
+        "named_rightly": sum(t["named_rightly"] for t in trials),
+        "latency_median_secs": statistics.median(latencies) if latencies else None,
+        "latency_max_secs": max(latencies) if latencies else None,
+        "alert_episodes": len(episodes),
+        "false_episodes": len(false),
+        "false_episodes_in_quiet_time": len(false_quiet),
+        "quiet_fleet_hours": quiet_fleet_hours,
+        "false_alerts_per_quiet_fleet_hour":
+            len(false_quiet) / quiet_fleet_hours if quiet_fleet_hours else None,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=6)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--quiet-secs", type=float, default=600, help="quiet stretch before the first trial")
+    ap.add_argument("--hold-secs", type=float, default=60, help="how long a degradation lasts")
+    ap.add_argument("--gap-secs", type=float, nargs=2, default=(60, 120),
+                    help="quiet between a restore and the next degradation, drawn from this range")
+    ap.add_argument("--linger-secs", type=float, default=90,
+                    help="after a restore, how long its node's alerts still count as true")
+    ap.add_argument("--warmup-secs", type=float, default=120)
+    ap.add_argument("--causes", default=",".join(CAUSES))
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--vtax", default=os.path.join(REPO, "target", "release", "vtax"))
+    ap.add_argument("--prometheus-port", type=int, default=19290)
+    ap.add_argument("--agent-port", type=int, default=19300)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    rng = random.Random(seed)
+    causes = args.causes.split(",")
+    for c in causes:
+        if c not in CAUSES:
+            raise SystemExit(f"unknown cause {c!r} (one of {', '.join(CAUSES)})")
+    if args.nodes < 4:
+        raise SystemExit("--nodes: at least 4 (the rules need 3 peers besides the slow one)")
+    if not os.access(args.vtax, os.X_OK):
+        raise SystemExit(f"{args.vtax}: not built (cargo build --release -p vtax)")
+
+    work = tempfile.mkdtemp(prefix="vtax-fleet-eval-")
+    cgroups = CpuCgroups(os.path.basename(work))
+    if "cpu" in causes and cgroups.root is None:
+        log(f"cause cpu left out: {cgroups.why_not}")
+        causes.remove("cpu")
+    prometheus, nodes, watch = None, [], None
+    stop_ticks = threading.Event()
+    try:
+        prometheus = Prometheus(work, args.prometheus_port)
+        for i in range(args.nodes):
+            nodes.append(Node(i, work, args.agent_port + i, args.prometheus_port, args.vtax, cgroups, rng))
+            # Apart, so that the simulated GPUs' slow wobble is not in step.
+            time.sleep(rng.uniform(0.5, 5.0))
+
+        def grow_counters():
+            last = time.monotonic()
+            while not stop_ticks.wait(1.0):
+                now = time.monotonic()
+                for n in nodes:
+                    for p in n.ports:
+                        p.tick(now - last)
+                last = now
+        threading.Thread(target=grow_counters, daemon=True).start()
+
+        log(f"{args.nodes} agents, Prometheus on :{args.prometheus_port}, work in {work}, seed {seed}")
+        time.sleep(args.warmup_secs)
+        for n in nodes:
+            if n.agent.poll() is not None:
+                raise SystemExit(f"{n.name} exited; see {n.log.name}")
+        seen = prometheus.query(f'count(vtax:node_peer_z:worst{{cluster="{CLUSTER}"}})')
+        log(f"after warm-up: {seen[0]['value'][1] if seen else 0} nodes with a peer z")
+        watch = AlertWatch(prometheus)
+        watch.start()
+        start = time.time()
+        if args.quiet_secs > 0:
+            log(f"quiet for {args.quiet_secs:.0f} s")
+            time.sleep(args.quiet_secs)
+        # Every cause about as often, in a random order.
+        plan = [causes[i % len(causes)] for i in range(args.trials)]
+        rng.shuffle(plan)
+        trials = []
+        for i, cause in enumerate(plan):
+            if i > 0:
+                time.sleep(rng.uniform(*args.gap_secs))
+            node = rng.choice(nodes)
+            trial = {"cause": cause, "node": node.name}
+            if cause in GPU_CAUSES:
+                trial["gpu"] = rng.randrange(GPUS)
+                node.set_gpu(trial["gpu"], GPU_CAUSES[cause])
+            elif cause == "cpu":
+                node.start_hog()
+            else:
+                port = rng.choice(node.ports)
+                trial["port"] = os.path.relpath(os.path.dirname(port.counters), node.dir)
+                port.congested = True
+            trial["degraded_at"] = time.time()
+            time.sleep(args.hold_secs)
+            if cause in GPU_CAUSES:
+                node.set_gpu(trial["gpu"], "training")
+            elif cause == "cpu":
+                node.stop_hog()
+            else:
+                port.congested = False
+            trial["restored_at"] = time.time()
+            trials.append(trial)
+            with watch.lock:
+                now_firing = [e for e in watch.open.values() if e["node"] == node.name]
+            first = min((e["start"] for e in now_firing), default=None)
+            log(f"trial {i + 1:2}/{len(plan)}: {cause:10} on {node.name}: "
+                + (f"alert after {first - trial['degraded_at']:.1f} s ({', '.join(e['signal'] for e in now_firing)})"
+                   if first else "no alert firing at the restore"))
+        # Let the last trial's alerts resolve before the books close.
+        time.sleep(args.linger_secs)
+        end = time.time()
+        episodes = watch.finish()
+        result = score(trials, episodes, start, end, args.linger_secs, args.nodes)
+        result.update({"seed": seed, "hold_secs": args.hold_secs, "causes": causes,
+                       "poll_errors": watch.poll_errors})
+        for e in episodes:
+            if not e["true"]:
+                log(f"false alert: {e['node']} {e['signal']} at +{e['start'] - start:.0f} s: {e['summary']}")
+        for cause in causes:
+            mine = [t for t in trials if t["cause"] == cause]
+            lat = [t["latency_secs"] for t in mine if t["detected"]]
+            log(f"{cause:10}: {len(lat)}/{len(mine)} detected, latencies {lat}, "
+                f"named rightly {sum(t['named_rightly'] for t in mine)}/{len(mine)}")
+        print(json.dumps(result, indent=2))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"summary": result, "trials": trials, "episodes": episodes}, f, indent=2)
+        if watch.poll_errors:
+            log(f"{watch.poll_errors} polls of Prometheus failed")
+    finally:
+        stop_ticks.set()
+        if watch is not None and watch.is_alive():
+            watch.finish()
+        for n in nodes:
+            n.stop()
+        if prometheus is not None:
+            prometheus.stop()
+        cgroups.remove()
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
