@@ -180,7 +180,12 @@ name = "fleet"
 url = "http://127.0.0.1:{prom_port}/api/v1/write"
 external_labels = {{ cluster = "{CLUSTER}", instance = "{self.name}" }}
 """)
-        self.cgroup = cgroups.make(self.name) if cgroups.root else None
+        self.cgroup = None
+        if cgroups.root:
+            try:
+                self.cgroup = cgroups.make(self.name)
+            except OSError as e:
+                log(f"{self.name} runs outside a cgroup of its own: {e}")
         self.log = open(os.path.join(self.dir, "agent.log"), "w")
         self.agent = subprocess.Popen(
             in_cgroup(self.cgroup, [vtax, "run", "--config", config, "--data-dir", os.path.join(self.dir, "data")]),
@@ -193,6 +198,8 @@ external_labels = {{ cluster = "{CLUSTER}", instance = "{self.name}" }}
         os.replace(self.scenarios + ".new", self.scenarios)
 
     def start_hog(self):
+        if self.cgroup is None:
+            raise SystemExit(f"{self.name} has no cgroup to start a CPU hog in")
         self.hog = subprocess.Popen(
             in_cgroup(self.cgroup, ["stress-ng", "--cpu", "2", "--timeout", "0", "--quiet"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
