@@ -585,12 +585,13 @@ impl Probe {
                 .record_wakeup(woke.saturating_sub(next));
             self.refill(woke);
             let slice = self.settings.slice_ns;
-            if slice > 0 && self.tokens >= self.spin_at_tokens && woke + slice < next + interval {
-                if let Some(start) = spin_start_ns(monotonic_ns(), next + interval, slice) {
+            if slice > 0 && self.tokens >= self.spin_at_tokens {
+                if let Some(start) = spin_start_ns(woke, next + interval, slice) {
                     sleep_until(start);
                 }
-                // Woken too late to end before the next deadline: no spin,
-                // which would delay that wake-up and be measured in it.
+                // Too late to end before the next deadline (woken late, or
+                // no room): no spin, which would delay that wake-up and be
+                // measured in it.
                 if monotonic_ns() + slice < next + interval {
                     self.spin(cpu);
                     self.spin_at_tokens = spin_threshold_ns(slice);
