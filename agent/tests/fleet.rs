@@ -59,10 +59,6 @@ fn a_local_fleet_names_each_degraded_node_and_why() {
             "60",
             "--seed",
             "7",
-            "--prometheus-port",
-            "19390",
-            "--agent-port",
-            "19400",
             "--out",
         ])
         .arg(&out)

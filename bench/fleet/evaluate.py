@@ -34,8 +34,10 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -134,11 +136,18 @@ def write(path, text):
 
 
 def in_cgroup(cgroup, argv):
-    """argv as a shell line that first moves itself into cgroup."""
-    line = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+    """argv, started inside cgroup when there is one."""
     if cgroup is None:
-        return ["sh", "-c", "exec " + line]
-    return ["sh", "-c", f"echo $$ > '{cgroup}/cgroup.procs' && exec {line}"]
+        return argv
+    procs = shlex.quote(os.path.join(cgroup, "cgroup.procs"))
+    return ["sh", "-c", f"echo $$ > {procs} && exec {shlex.join(argv)}"]
+
+
+def free_port():
+    """A loopback port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Node:
@@ -417,8 +426,9 @@ def main():
     ap.add_argument("--causes", default=",".join(CAUSES))
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--vtax", default=os.path.join(REPO, "target", "release", "vtax"))
-    ap.add_argument("--prometheus-port", type=int, default=19290)
-    ap.add_argument("--agent-port", type=int, default=19300)
+    ap.add_argument("--prometheus-port", type=int, default=0, help="0: a free one")
+    ap.add_argument("--agent-port", type=int, default=0,
+                    help="the first agent's port, the next ones after it; 0: a free one each")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -441,9 +451,11 @@ def main():
     prometheus, nodes, watch = None, [], None
     stop_ticks = threading.Event()
     try:
-        prometheus = Prometheus(work, args.prometheus_port)
+        prometheus_port = args.prometheus_port or free_port()
+        prometheus = Prometheus(work, prometheus_port)
         for i in range(args.nodes):
-            nodes.append(Node(i, work, args.agent_port + i, args.prometheus_port, args.vtax, cgroups, rng))
+            port = args.agent_port + i if args.agent_port else free_port()
+            nodes.append(Node(i, work, port, prometheus_port, args.vtax, cgroups, rng))
             # Apart, so that the simulated GPUs' slow wobble is not in step.
             time.sleep(rng.uniform(0.5, 5.0))
 
@@ -457,7 +469,7 @@ def main():
                 last = now
         threading.Thread(target=grow_counters, daemon=True).start()
 
-        log(f"{args.nodes} agents, Prometheus on :{args.prometheus_port}, work in {work}, seed {seed}")
+        log(f"{args.nodes} agents, Prometheus on :{prometheus_port}, work in {work}, seed {seed}")
         time.sleep(args.warmup_secs)
         for n in nodes:
             if n.agent.poll() is not None:
