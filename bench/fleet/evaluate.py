@@ -2,11 +2,12 @@
 """The fleet evaluation: does VtaxNodeSlowerThanPeers find the node that holds a
 job back, soon enough, and keep quiet otherwise?
 
-A local fleet of NODES vtax agents (8 simulated H100s each, InfiniBand ports on
-fixture counters, the real jitter probe) remote-writes to one real Prometheus
-(--web.enable-remote-write-receiver) that evaluates dashboards/alerts/vtax-rules.yml.
-After a quiet stretch, each trial degrades one random node at a random time by one
-cause, holds it HOLD_S seconds and restores it:
+A local fleet of GROUPS peer groups (the `cluster` label) of NODES vtax agents
+each (8 simulated H100s each, InfiniBand ports on fixture counters, the real jitter
+probe) remote-writes to one real Prometheus (--web.enable-remote-write-receiver)
+that evaluates dashboards/alerts/vtax-rules.yml. After a quiet stretch, each trial
+degrades one random node of the whole fleet at a random time by one cause, holds it
+HOLD_S seconds and restores it:
 
   thermal      one GPU thermally throttled    (the simulated GPU's scenarios file)
   hbm          one GPU's HBM at half its clock
@@ -21,12 +22,15 @@ signal) is true when its node is degraded at the time or was within LINGER_S
 before (rate windows of a minute outlast a restore); any other is false. A trial
 is detected when its node's first true episode fires before the restore plus
 LINGER_S; its latency runs from the degradation to that first firing poll.
-Quiet time is when no node is degraded or within LINGER_S of a restore; false
-alerts per quiet fleet-hour count the false episodes that start then.
+A peer group is quiet when none of its nodes is degraded or within LINGER_S of a
+restore; quiet fleet-hours add up each group's quiet time (so that more groups give
+more quiet hours in the same wall time, each group a fleet of NODES), and false
+alerts per quiet fleet-hour count the false episodes that start in their group's
+quiet time.
 
 Prints one line per trial and a summary; --out writes everything as JSON.
 
-Usage: bench/fleet/evaluate.py [--nodes 6] [--trials 20] [--quiet-secs 600]
+Usage: bench/fleet/evaluate.py [--nodes 6] [--groups 1] [--trials 20] [--quiet-secs 600]
        [--hold-secs 60] [--seed N] [--vtax target/release/vtax] [--out FILE]
 """
 
@@ -51,7 +55,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RULES = os.path.join(REPO, "dashboards", "alerts", "vtax-rules.yml")
 IB_FIXTURE = os.path.join(REPO, "tests", "fixtures", "baremetal-node", "sys", "class", "infiniband")
 GPUS = 8
-CLUSTER = "eval"
 ALERT = "VtaxNodeSlowerThanPeers"
 
 # The simulated scenario each GPU cause plays on its one GPU.
@@ -151,8 +154,9 @@ def free_port():
 
 
 class Node:
-    def __init__(self, index, work, port, prom_port, vtax, cgroups, rng):
+    def __init__(self, index, cluster, work, port, prom_port, vtax, cgroups, rng):
         self.name = f"node-{index:02d}"
+        self.cluster = cluster
         self.dir = os.path.join(work, self.name)
         self.port = port
         self.scenarios = os.path.join(self.dir, "scenarios")
@@ -187,7 +191,7 @@ simulate_scenarios_file = "{self.scenarios}"
 [[remote_write]]
 name = "fleet"
 url = "http://127.0.0.1:{prom_port}/api/v1/write"
-external_labels = {{ cluster = "{CLUSTER}", instance = "{self.name}" }}
+external_labels = {{ cluster = "{cluster}", instance = "{self.name}" }}
 """)
         self.cgroup = None
         if cgroups.root:
@@ -359,8 +363,9 @@ class AlertWatch(threading.Thread):
             return sorted(self.episodes, key=lambda e: e["start"])
 
 
-def score(trials, episodes, start, end, linger_secs, nodes):
-    """Classifies the episodes and scores the trials (pure: tested on its own)."""
+def score(trials, episodes, start, end, linger_secs, group_of):
+    """Classifies the episodes and scores the trials (pure: tested on its own).
+    group_of maps each node to its peer group."""
     def degraded_then(node, at):
         # The latest degradation of the node that had begun by then.
         for t in sorted(trials, key=lambda t: -t["degraded_at"]):
@@ -378,24 +383,30 @@ def score(trials, episodes, start, end, linger_secs, nodes):
         t["latency_secs"] = round(mine[0]["start"] - t["degraded_at"], 1) if mine else None
         t["signals"] = sorted({e["signal"] for e in mine})
         t["named_rightly"] = bool(set(t["signals"]) & EXPECTED_SIGNALS[t["cause"]])
-    # Quiet: no node degraded, and none within linger_secs of its restore.
-    busy = sorted((t["degraded_at"], t["restored_at"] + linger_secs) for t in trials)
-    quiet_secs, cursor = 0.0, start
-    for a, b in busy:
-        quiet_secs += max(0.0, min(a, end) - cursor)
-        cursor = max(cursor, b)
-    quiet_secs += max(0.0, end - cursor)
+    # A group is quiet when none of its nodes is degraded, and none within
+    # linger_secs of its restore.
+    groups = sorted(set(group_of.values()))
+    busy = {g: sorted((t["degraded_at"], t["restored_at"] + linger_secs)
+                      for t in trials if group_of[t["node"]] == g) for g in groups}
+    quiet_secs = 0.0
+    for g in groups:
+        cursor = start
+        for a, b in busy[g]:
+            quiet_secs += max(0.0, min(a, end) - cursor)
+            cursor = max(cursor, b)
+        quiet_secs += max(0.0, end - cursor)
 
-    def quiet_at(at):
-        return not any(a <= at <= b for a, b in busy)
+    def quiet_at(node, at):
+        return not any(a <= at <= b for a, b in busy[group_of[node]])
 
     false = [e for e in episodes if not e["true"]]
-    false_quiet = [e for e in false if quiet_at(e["start"])]
+    false_quiet = [e for e in false if quiet_at(e["node"], e["start"])]
     latencies = [t["latency_secs"] for t in trials if t["detected"]]
     true_count = sum(e["true"] for e in episodes)
     quiet_fleet_hours = quiet_secs / 3600.0
     return {
-        "nodes": nodes,
+        "nodes": len(group_of),
+        "groups": len(groups),
         "trials": len(trials),
         "detected": len(latencies),
         "recall": len(latencies) / len(trials) if trials else None,
@@ -414,7 +425,9 @@ def score(trials, episodes, start, end, linger_secs, nodes):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=6)
+    ap.add_argument("--nodes", type=int, default=6, help="nodes in each peer group")
+    ap.add_argument("--groups", type=int, default=1,
+                    help="peer groups (cluster label eval-0, eval-1, ...); trials pick a node of any")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--quiet-secs", type=float, default=600, help="quiet stretch before the first trial")
     ap.add_argument("--hold-secs", type=float, default=60, help="how long a degradation lasts")
@@ -440,6 +453,8 @@ def main():
             raise SystemExit(f"unknown cause {c!r} (one of {', '.join(CAUSES)})")
     if args.nodes < 4:
         raise SystemExit("--nodes: at least 4 (the rules need 3 peers besides the slow one)")
+    if args.groups < 1:
+        raise SystemExit("--groups: at least 1")
     if not os.access(args.vtax, os.X_OK):
         raise SystemExit(f"{args.vtax}: not built (cargo build --release -p vtax)")
 
@@ -453,9 +468,10 @@ def main():
     try:
         prometheus_port = args.prometheus_port or free_port()
         prometheus = Prometheus(work, prometheus_port)
-        for i in range(args.nodes):
+        for i in range(args.nodes * args.groups):
             port = args.agent_port + i if args.agent_port else free_port()
-            nodes.append(Node(i, work, port, prometheus_port, args.vtax, cgroups, rng))
+            cluster = f"eval-{i // args.nodes}"
+            nodes.append(Node(i, cluster, work, port, prometheus_port, args.vtax, cgroups, rng))
             # Apart, so that the simulated GPUs' slow wobble is not in step.
             time.sleep(rng.uniform(0.5, 5.0))
 
@@ -469,12 +485,12 @@ def main():
                 last = now
         threading.Thread(target=grow_counters, daemon=True).start()
 
-        log(f"{args.nodes} agents, Prometheus on :{prometheus_port}, work in {work}, seed {seed}")
+        log(f"{len(nodes)} agents in {args.groups} peer groups, Prometheus on :{prometheus_port}, work in {work}, seed {seed}")
         time.sleep(args.warmup_secs)
         for n in nodes:
             if n.agent.poll() is not None:
                 raise SystemExit(f"{n.name} exited; see {n.log.name}")
-        seen = prometheus.query(f'count(vtax:node_peer_z:worst{{cluster="{CLUSTER}"}})')
+        seen = prometheus.query('count(vtax:node_peer_z:worst{cluster=~"eval-.*"})')
         log(f"after warm-up: {seen[0]['value'][1] if seen else 0} nodes with a peer z")
         watch = AlertWatch(prometheus)
         watch.start()
@@ -513,19 +529,21 @@ def main():
             with watch.lock:
                 now_firing = [e for e in watch.open.values() if e["node"] == node.name]
             first = min((e["start"] for e in now_firing), default=None)
-            log(f"trial {i + 1:2}/{len(plan)}: {cause:10} on {node.name}: "
+            log(f"trial {i + 1:2}/{len(plan)}: {cause:10} on {node.name} ({node.cluster}): "
                 + (f"alert after {first - trial['degraded_at']:.1f} s ({', '.join(e['signal'] for e in now_firing)})"
                    if first else "no alert firing at the restore"))
         # Let the last trial's alerts resolve before the books close.
         time.sleep(args.linger_secs)
         end = time.time()
         episodes = watch.finish()
-        result = score(trials, episodes, start, end, args.linger_secs, args.nodes)
+        group_of_node = {n.name: n.cluster for n in nodes}
+        result = score(trials, episodes, start, end, args.linger_secs, group_of_node)
         result.update({"seed": seed, "hold_secs": args.hold_secs, "causes": causes,
                        "poll_errors": watch.poll_errors})
         for e in episodes:
             if not e["true"]:
-                log(f"false alert: {e['node']} {e['signal']} at +{e['start'] - start:.0f} s: {e['summary']}")
+                log(f"false alert: {e['node']} ({group_of_node[e['node']]}) {e['signal']} "
+                    f"at +{e['start'] - start:.0f} s: {e['summary']}")
         for cause in causes:
             mine = [t for t in trials if t["cause"] == cause]
             lat = [t["latency_secs"] for t in mine if t["detected"]]

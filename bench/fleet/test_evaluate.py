@@ -11,6 +11,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from evaluate import score  # noqa: E402
 
 
+SIX = {f"n{i}": "a" for i in range(1, 7)}
+
+
 def trial(cause, node, degraded_at, restored_at):
     return {"cause": cause, "node": node, "degraded_at": degraded_at, "restored_at": restored_at}
 
@@ -24,7 +27,7 @@ class Score(unittest.TestCase):
         trials = [trial("thermal", "n1", 1000, 1060), trial("infiniband", "n2", 1200, 1260)]
         episodes = [episode("n1", "sm_clock_ratio", 1022), episode("n1", "clock_throttled_gpus_ratio", 1025),
                     episode("n2", "infiniband_xmit_wait_per_second", 1219)]
-        r = score(trials, episodes, start=0, end=2000, linger_secs=90, nodes=6)
+        r = score(trials, episodes, start=0, end=2000, linger_secs=90, group_of=SIX)
         self.assertEqual((r["detected"], r["recall"], r["precision"]), (2, 1.0, 1.0))
         self.assertEqual(r["latency_median_secs"], 20.5)
         self.assertEqual(r["named_rightly"], 2)
@@ -38,7 +41,7 @@ class Score(unittest.TestCase):
                     episode("n3", "unexplained_ratio", 1040),  # another node, during the trial
                     episode("n1", "jitter_wakeup_p99_seconds", 1200),  # past the linger
                     episode("n4", "steal_ratio", 500)]  # before any trial
-        r = score(trials, episodes, start=0, end=2000, linger_secs=90, nodes=6)
+        r = score(trials, episodes, start=0, end=2000, linger_secs=90, group_of=SIX)
         self.assertEqual(r["precision"], 0.25)
         self.assertEqual(r["false_episodes"], 3)
         # The one during the trial is false but not in quiet time.
@@ -49,7 +52,7 @@ class Score(unittest.TestCase):
     def test_a_missed_trial_and_a_wrong_signal(self):
         trials = [trial("pcie", "n1", 1000, 1060), trial("nvlink", "n2", 1300, 1360)]
         episodes = [episode("n2", "unexplained_ratio", 1320)]
-        r = score(trials, episodes, start=0, end=2000, linger_secs=90, nodes=6)
+        r = score(trials, episodes, start=0, end=2000, linger_secs=90, group_of=SIX)
         self.assertEqual((r["detected"], r["recall"]), (1, 0.5))
         self.assertEqual(r["named_rightly"], 0, "found the node, but not by its NVLink")
         self.assertFalse(trials[0]["detected"])
@@ -60,9 +63,23 @@ class Score(unittest.TestCase):
         trials = [trial("cpu", "n1", 1000, 1060), trial("infiniband", "n1", 1080, 1140)]
         episodes = [episode("n1", "jitter_wakeup_p99_seconds", 1021),
                     episode("n1", "infiniband_xmit_wait_per_second", 1103)]
-        r = score(trials, episodes, start=0, end=2000, linger_secs=90, nodes=6)
+        r = score(trials, episodes, start=0, end=2000, linger_secs=90, group_of=SIX)
         self.assertEqual([t["latency_secs"] for t in trials], [21, 23])
         self.assertEqual(r["named_rightly"], 2)
+
+    def test_each_peer_group_has_its_own_quiet_time(self):
+        # Two groups of three: a trial in one leaves the other quiet.
+        groups = {"a1": "a", "a2": "a", "a3": "a", "b1": "b", "b2": "b", "b3": "b"}
+        trials = [trial("thermal", "a1", 1000, 1060)]
+        episodes = [episode("a1", "sm_clock_ratio", 1020),
+                    episode("a2", "steal_ratio", 1030),  # its group is busy: not quiet
+                    episode("b2", "steal_ratio", 1040)]  # its group is quiet
+        r = score(trials, episodes, start=0, end=2000, linger_secs=90, group_of=groups)
+        self.assertEqual(r["groups"], 2)
+        self.assertEqual(r["nodes"], 6)
+        self.assertEqual(r["false_episodes"], 2)
+        self.assertEqual(r["false_episodes_in_quiet_time"], 1)
+        self.assertAlmostEqual(r["quiet_fleet_hours"], (2000 - 150 + 2000) / 3600)
 
 
 if __name__ == "__main__":
