@@ -28,6 +28,10 @@ more quiet hours in the same wall time, each group a fleet of NODES), and false
 alerts per quiet fleet-hour count the false episodes that start in their group's
 quiet time.
 
+At the end of the first quiet stretch it also gives, per signal, how close the
+quiet fleet came to alerting: the highest peer z and the share of evaluations over
+2 and over 3 (the alert needs over 4 for 15 s).
+
 Prints one line per trial and a summary; --out writes everything as JSON.
 
 Usage: bench/fleet/evaluate.py [--nodes 6] [--groups 1] [--trials 20] [--quiet-secs 600]
@@ -308,8 +312,33 @@ rule_files:
         with urllib.request.urlopen(url, timeout=10) as r:
             return json.load(r)["data"]
 
-    def query(self, expr):
-        return self.get("/api/v1/query", query=expr)["result"]
+    def query(self, expr, at=None):
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        return self.get("/api/v1/query", **params)["result"]
+
+    def quiet_margin(self, start, end):
+        """Per signal, how close the quiet fleet came to alerting between start
+        and end: the highest peer z any node reached, and the share of the
+        rules' evaluations with a node above 2 and above 3 (the alert is > 4
+        for 15 s)."""
+        window = f"{max(5, int(end - start))}s"
+        z = 'vtax:node_signal:peer_z{cluster=~"eval-.*"}'
+        def by_signal(expr):
+            return {r["metric"].get("signal"): float(r["value"][1])
+                    for r in self.query(expr, at=end)}
+        highest = by_signal(f"max by (signal) (max_over_time({z}[{window}]))")
+        evaluations = by_signal(f"sum by (signal) (count_over_time({z}[{window}]))")
+        margin = {}
+        for signal in sorted(highest):
+            row = {"highest_z": round(highest[signal], 2), "evaluations": int(evaluations.get(signal, 0))}
+            for level in (2, 3):
+                over = by_signal(f"sum by (signal) (count_over_time(({z} > {level})[{window}:5s]))")
+                row[f"share_over_{level}"] = (over.get(signal, 0.0) / row["evaluations"]
+                                              if row["evaluations"] else None)
+            margin[signal] = row
+        return margin
 
     def stop(self):
         self.process.terminate()
@@ -495,9 +524,15 @@ def main():
         watch = AlertWatch(prometheus)
         watch.start()
         start = time.time()
+        margin = None
         if args.quiet_secs > 0:
             log(f"quiet for {args.quiet_secs:.0f} s")
             time.sleep(args.quiet_secs)
+            margin = prometheus.quiet_margin(start, time.time())
+            for signal, row in margin.items():
+                log(f"quiet margin {signal:32} highest z {row['highest_z']:6.2f}, "
+                    f"over 2: {row['share_over_2']:.2e}, over 3: {row['share_over_3']:.2e} "
+                    f"of {row['evaluations']} evaluations")
         # Every cause about as often, in a random order.
         plan = [causes[i % len(causes)] for i in range(args.trials)]
         rng.shuffle(plan)
@@ -539,7 +574,7 @@ def main():
         group_of_node = {n.name: n.cluster for n in nodes}
         result = score(trials, episodes, start, end, args.linger_secs, group_of_node)
         result.update({"seed": seed, "hold_secs": args.hold_secs, "causes": causes,
-                       "poll_errors": watch.poll_errors})
+                       "poll_errors": watch.poll_errors, "quiet_margin": margin})
         for e in episodes:
             if not e["true"]:
                 log(f"false alert: {e['node']} ({group_of_node[e['node']]}) {e['signal']} "
