@@ -66,65 +66,86 @@ pub fn load() -> Result<&'static Nvml, String> {
     }
 }
 
-/// GPM metrics read each tick: the GPU-wide ones, then rx and tx of every link.
-fn gpm_metric_ids() -> Vec<GpmMetricId> {
+/// GPM's GPU-wide metrics, in the order [`NvmlBackend::gpm`] reads them.
+const GPM_GPU_WIDE: [GpmMetricId; 8] = [
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::PcieRxPerSec,
+    GpmMetricId::PcieTxPerSec,
+    GpmMetricId::NvlinkTotalRxPerSec,
+    GpmMetricId::NvlinkTotalTxPerSec,
+];
+
+/// GPM's (rx, tx) metrics of each NVLink link, by link number.
+const GPM_PER_LINK: [(GpmMetricId, GpmMetricId); NVLINK_MAX_LINKS as usize] = {
     use GpmMetricId::*;
-    let mut ids = vec![
-        SmUtil,
-        SmOccupancy,
-        AnyTensorUtil,
-        DramBwUtil,
-        PcieRxPerSec,
-        PcieTxPerSec,
-        NvlinkTotalRxPerSec,
-        NvlinkTotalTxPerSec,
-    ];
-    ids.extend([
-        NvlinkL0RxPerSec,
-        NvlinkL0TxPerSec,
-        NvlinkL1RxPerSec,
-        NvlinkL1TxPerSec,
-        NvlinkL2RxPerSec,
-        NvlinkL2TxPerSec,
-        NvlinkL3RxPerSec,
-        NvlinkL3TxPerSec,
-        NvlinkL4RxPerSec,
-        NvlinkL4TxPerSec,
-        NvlinkL5RxPerSec,
-        NvlinkL5TxPerSec,
-        NvlinkL6RxPerSec,
-        NvlinkL6TxPerSec,
-        NvlinkL7RxPerSec,
-        NvlinkL7TxPerSec,
-        NvlinkL8RxPerSec,
-        NvlinkL8TxPerSec,
-        NvlinkL9RxPerSec,
-        NvlinkL9TxPerSec,
-        NvlinkL10RxPerSec,
-        NvlinkL10TxPerSec,
-        NvlinkL11RxPerSec,
-        NvlinkL11TxPerSec,
-        NvlinkL12RxPerSec,
-        NvlinkL12TxPerSec,
-        NvlinkL13RxPerSec,
-        NvlinkL13TxPerSec,
-        NvlinkL14RxPerSec,
-        NvlinkL14TxPerSec,
-        NvlinkL15RxPerSec,
-        NvlinkL15TxPerSec,
-        NvlinkL16RxPerSec,
-        NvlinkL16TxPerSec,
-        NvlinkL17RxPerSec,
-        NvlinkL17TxPerSec,
-    ]);
+    [
+        (NvlinkL0RxPerSec, NvlinkL0TxPerSec),
+        (NvlinkL1RxPerSec, NvlinkL1TxPerSec),
+        (NvlinkL2RxPerSec, NvlinkL2TxPerSec),
+        (NvlinkL3RxPerSec, NvlinkL3TxPerSec),
+        (NvlinkL4RxPerSec, NvlinkL4TxPerSec),
+        (NvlinkL5RxPerSec, NvlinkL5TxPerSec),
+        (NvlinkL6RxPerSec, NvlinkL6TxPerSec),
+        (NvlinkL7RxPerSec, NvlinkL7TxPerSec),
+        (NvlinkL8RxPerSec, NvlinkL8TxPerSec),
+        (NvlinkL9RxPerSec, NvlinkL9TxPerSec),
+        (NvlinkL10RxPerSec, NvlinkL10TxPerSec),
+        (NvlinkL11RxPerSec, NvlinkL11TxPerSec),
+        (NvlinkL12RxPerSec, NvlinkL12TxPerSec),
+        (NvlinkL13RxPerSec, NvlinkL13TxPerSec),
+        (NvlinkL14RxPerSec, NvlinkL14TxPerSec),
+        (NvlinkL15RxPerSec, NvlinkL15TxPerSec),
+        (NvlinkL16RxPerSec, NvlinkL16TxPerSec),
+        (NvlinkL17RxPerSec, NvlinkL17TxPerSec),
+    ]
+};
+
+/// The GPM metrics to ask for a GPU: the GPU-wide ones, then rx and tx of
+/// each link in `links` (every link where they are not known yet).
+///
+/// A link's rates are kept only while it is up (the collector drops them
+/// for a link that is down or hidden), and each per-link pair adds to what
+/// the driver spends computing the metrics: on an idle H100 one second
+/// apart, 0.30-0.36 ms with the GPU-wide eight, 0.43-0.45 ms with all 18
+/// links' as well (docs/gpus.md, "what single NVML calls cost"). A GPU
+/// whose links a hypervisor hides, or a PCIe product, asks for none.
+fn gpm_metric_ids(links: Option<&[u32]>) -> Vec<GpmMetricId> {
+    let mut ids = GPM_GPU_WIDE.to_vec();
+    let all: Vec<u32> = (0..NVLINK_MAX_LINKS).collect();
+    for &link in links.unwrap_or(&all) {
+        if let Some(&(rx, tx)) = GPM_PER_LINK.get(link as usize) {
+            ids.extend([rx, tx]);
+        }
+    }
     ids
+}
+
+/// Each link's (rx, tx), by link number, from GPM's values for `ids` (as
+/// [`gpm_metric_ids`] made them: per-link values follow the GPU-wide ones,
+/// rx then tx); links not asked for have none.
+fn per_link_rates(ids: &[GpmMetricId], value: impl Fn(usize) -> Option<f64>) -> Vec<LinkRates> {
+    let mut rates = vec![(None, None); NVLINK_MAX_LINKS as usize];
+    let per_link = ids.get(GPM_GPU_WIDE.len()..).unwrap_or_default();
+    for (pair, id) in per_link.chunks(2).enumerate() {
+        let link = GPM_PER_LINK.iter().position(|&(rx, _)| rx == id[0]);
+        if let Some(rate) = link.and_then(|l| rates.get_mut(l)) {
+            let at = GPM_GPU_WIDE.len() + 2 * pair;
+            *rate = (value(at), value(at + 1));
+        }
+    }
+    rates
 }
 
 /// NVML as a [`GpuBackend`].
 pub struct NvmlBackend {
     nvml: &'static Nvml,
     use_gpm: bool,
-    gpm_ids: Vec<GpmMetricId>,
+    /// The links that were up at each GPU's last link read, by index: GPM's
+    /// per-link rates are asked for these only.
+    links_up: HashMap<u32, Vec<u32>>,
     /// The previous GPM sample of each GPU, by index.
     gpm_previous: HashMap<u32, GpmSample<'static>>,
     /// The last process-utilisation timestamp seen, by GPU index.
@@ -144,7 +165,7 @@ impl NvmlBackend {
         Ok(NvmlBackend {
             nvml,
             use_gpm,
-            gpm_ids: gpm_metric_ids(),
+            links_up: HashMap::new(),
             gpm_previous: HashMap::new(),
             process_seen_us: HashMap::new(),
             xids: Arc::default(),
@@ -177,7 +198,9 @@ impl NvmlBackend {
         let now = device.gpm_sample().ok()?;
         let previous = self.gpm_previous.insert(index, now)?;
         let now = self.gpm_previous.get(&index)?;
-        let results = gpm_metrics_get(self.nvml, &previous, now, &self.gpm_ids).ok()?;
+        let links = self.links_up.get(&index).map(Vec::as_slice);
+        let ids = gpm_metric_ids(links);
+        let results = gpm_metrics_get(self.nvml, &previous, now, &ids).ok()?;
         let value = |i: usize| {
             results
                 .get(i)
@@ -197,15 +220,12 @@ impl NvmlBackend {
             nvlink_rx_bytes_per_second: mib(6),
             nvlink_tx_bytes_per_second: mib(7),
         };
-        // Per-link values follow the GPU-wide ones, rx then tx.
-        let links = (0..NVLINK_MAX_LINKS as usize)
-            .map(|l| (mib(8 + 2 * l), mib(9 + 2 * l)))
-            .collect();
-        Some((metrics, links))
+        Some((metrics, per_link_rates(&ids, mib)))
     }
 
-    /// Links the GPU has: those NVML answers for; rates from GPM when it ran.
-    fn links(&self, d: &Device<'static>, rates: &[LinkRates]) -> Vec<LinkSample> {
+    /// Links the GPU has: those NVML answers for, without rates (the
+    /// collector puts each tick's GPM rates on them); keeps which are up.
+    fn links(&mut self, index: u32, d: &Device<'static>) -> Vec<LinkSample> {
         let mut links = Vec::new();
         for link in 0..NVLINK_MAX_LINKS {
             let wrapper = d.link_wrapper_for(link);
@@ -214,17 +234,18 @@ impl NvmlBackend {
                 continue;
             };
             let counter = |c| active.then(|| wrapper.error_counter(c).ok()).flatten();
-            let (rx, tx) = rates.get(link as usize).copied().unwrap_or((None, None));
             links.push(LinkSample {
                 link,
                 active,
-                rx_bytes_per_second: rx.filter(|_| active),
-                tx_bytes_per_second: tx.filter(|_| active),
+                rx_bytes_per_second: None,
+                tx_bytes_per_second: None,
                 crc_errors: counter(ErrorCounter::DlCrcFlit),
                 replay_errors: counter(ErrorCounter::DlReplay),
                 recovery_errors: counter(ErrorCounter::DlRecovery),
             });
         }
+        let up = links.iter().filter(|l| l.active).map(|l| l.link).collect();
+        self.links_up.insert(index, up);
         links
     }
 
@@ -487,6 +508,19 @@ impl GpuBackend for NvmlBackend {
         let utilization = reads
             .time("utilization_rates", || d.utilization_rates())
             .ok();
+        // The values that change rarely, and counters read for their
+        // increase, only when the plan says (every slow_reads_interval_secs):
+        // mig_mode and the replay counter cost the driver 0.4-0.5 ms of CPU
+        // each (docs/gpus.md); the collector carries them in between.
+        let slow = plan.slow;
+        // Link state before GPM, which asks for the rates of the links up.
+        let links = if slow {
+            reads.time("nvlink is_active, error_counter", || {
+                self.links(gpu.index, &d)
+            })
+        } else {
+            Vec::new()
+        };
         let (gpm, link_rates) = match (self.use_gpm && gpu.gpm_supported)
             .then(|| reads.time("gpm_sample, gpm_metrics_get", || self.gpm(gpu.index, &d)))
             .flatten()
@@ -513,11 +547,6 @@ impl GpuBackend for NvmlBackend {
                 })),
             )
         };
-        // The values that change rarely, and counters read for their
-        // increase, only when the plan says (every slow_reads_interval_secs):
-        // mig_mode and the replay counter cost the driver 0.4-0.5 ms of CPU
-        // each (docs/gpus.md); the collector carries them in between.
-        let slow = plan.slow;
         let remapped = slow
             .then(|| reads.time("remapped_rows", || remapped_rows(self.nvml, &d)))
             .flatten();
@@ -535,13 +564,6 @@ impl GpuBackend for NvmlBackend {
                 SampleValue::U64(x) => x as f64,
                 SampleValue::I64(x) => x as f64,
             });
-        let links = if slow {
-            reads.time("nvlink is_active, error_counter", || {
-                self.links(&d, &link_rates)
-            })
-        } else {
-            Vec::new()
-        };
         let mig_read = slow
             .then(|| reads.time("mig_mode", || d.mig_mode()).ok())
             .flatten()
@@ -692,5 +714,51 @@ impl Reads {
             cpu_seconds: thread_cpu_ns().saturating_sub(cpu_ns) as f64 * 1e-9,
         });
         value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpm_asks_for_the_rates_of_the_links_up_only() {
+        assert_eq!(gpm_metric_ids(Some(&[])), GPM_GPU_WIDE.to_vec());
+        let two = gpm_metric_ids(Some(&[3, 17]));
+        assert_eq!(two.len(), GPM_GPU_WIDE.len() + 4);
+        assert_eq!(
+            two[GPM_GPU_WIDE.len()..],
+            [
+                GpmMetricId::NvlinkL3RxPerSec,
+                GpmMetricId::NvlinkL3TxPerSec,
+                GpmMetricId::NvlinkL17RxPerSec,
+                GpmMetricId::NvlinkL17TxPerSec,
+            ]
+        );
+        // Before the first link read: every link.
+        let all = gpm_metric_ids(None);
+        assert_eq!(all.len(), GPM_GPU_WIDE.len() + 2 * NVLINK_MAX_LINKS as usize);
+        assert_eq!(all.last(), Some(&GpmMetricId::NvlinkL17TxPerSec));
+        // A link number past the last one asks for nothing more.
+        assert_eq!(gpm_metric_ids(Some(&[18])), GPM_GPU_WIDE.to_vec());
+    }
+
+    #[test]
+    fn each_links_rates_land_on_its_own_number() {
+        let ids = gpm_metric_ids(Some(&[3, 17]));
+        // The metric at position i reads i.
+        let rates = per_link_rates(&ids, |i| Some(i as f64));
+        assert_eq!(rates.len(), NVLINK_MAX_LINKS as usize);
+        assert_eq!(rates[3], (Some(8.0), Some(9.0)));
+        assert_eq!(rates[17], (Some(10.0), Some(11.0)));
+        let others = rates.iter().enumerate().filter(|(l, _)| ![3, 17].contains(l));
+        assert!(others.into_iter().all(|(_, r)| *r == (None, None)));
+        // Every link asked, in order: link l at 8 + 2l.
+        let all = per_link_rates(&gpm_metric_ids(None), |i| Some(i as f64));
+        assert_eq!(all[0], (Some(8.0), Some(9.0)));
+        assert_eq!(all[17], (Some(42.0), Some(43.0)));
+        // Only the GPU-wide metrics: no link has rates.
+        let none = per_link_rates(&GPM_GPU_WIDE, |i| Some(i as f64));
+        assert!(none.iter().all(|r| *r == (None, None)));
     }
 }
