@@ -9,10 +9,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{body_attribute, chromium, VTAX};
+use common::{body_attribute, chromium, stdout_of, VTAX};
 
 /// Seconds each generated node runs: enough for several jitter windows
 /// (make_fleet sets them to 2 s) and a minute boundary or not, either works.
@@ -35,52 +35,35 @@ fn fleet() -> &'static Path {
     static FLEET: OnceLock<PathBuf> = OnceLock::new();
     FLEET.get_or_init(|| {
         let out = artifacts().join("fleet-data");
-        let output = Command::new("python3")
-            .arg(repo().join("tests/analysis/make_fleet.py"))
-            .arg(VTAX)
-            .arg(&out)
-            .arg(FLEET_SECONDS)
-            .output()
-            .expect("python3 runs");
-        assert!(
-            output.status.success(),
-            "make_fleet failed:\n{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+        stdout_of(
+            Command::new("python3")
+                .arg(repo().join("tests/analysis/make_fleet.py"))
+                .arg(VTAX)
+                .arg(&out)
+                .arg(FLEET_SECONDS),
         );
         out
     })
 }
 
-fn run_recipes(arg: &Path) -> Output {
-    Command::new("python3")
-        .arg(repo().join("tests/analysis/run_recipes.py"))
-        .arg(arg)
-        .output()
-        .expect("python3 runs")
+/// What the recipes printed, once they all succeeded.
+fn run_recipes(arg: &Path) -> String {
+    stdout_of(
+        Command::new("python3")
+            .arg(repo().join("tests/analysis/run_recipes.py"))
+            .arg(arg),
+    )
 }
 
 #[test]
 fn the_analysis_page_shows_every_recipe_file_verbatim() {
-    let out = run_recipes(Path::new("--docs-only"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_recipes(Path::new("--docs-only"));
     assert!(stdout.contains("recipes shown verbatim"), "{stdout}");
 }
 
 #[test]
 fn every_recipe_answers_on_a_generated_fleet() {
-    let out = run_recipes(fleet());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "recipes failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_recipes(fleet());
     // `vtax compact` named the merged files after the store's node, not the host.
     let leftover = fleet().join("leftover/tables/gpu");
     for day in std::fs::read_dir(&leftover).unwrap() {

@@ -13,7 +13,7 @@ use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
 use vtax_store::scan::scan_dir;
 use vtax_store::{tables, Catalog, ScanRequest};
 
-use common::VTAX;
+use common::{stdout_of, VTAX};
 
 /// 2025-11-21T23:00:00Z: the samples straddle midnight, so two date partitions.
 const START_MS: i64 = 1_763_766_000_000;
@@ -148,15 +148,13 @@ fn import_is_lossless_and_duckdb_pyarrow_polars_read_the_store() {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/python/check_readers.py"
     );
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(&readers_data)
-        .arg(&expected_path)
-        .output()
-        .expect("python3 runs (the README's test command installs duckdb, pyarrow and polars)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "readers failed:\n{stdout}\n{stderr}");
+    // The README's test command installs duckdb, pyarrow and polars.
+    let stdout = stdout_of(
+        Command::new("python3")
+            .arg(script)
+            .arg(&readers_data)
+            .arg(&expected_path),
+    );
     for reader in ["duckdb", "pyarrow", "polars"] {
         assert!(
             stdout.contains(&format!("{reader}: 2000 rows match bit for bit")),

@@ -9,7 +9,7 @@ mod common;
 
 use std::process::Command;
 
-use common::require_program;
+use common::{require_program, stdout_of};
 
 #[test]
 fn every_dashboard_panel_queries_data_from_a_real_prometheus() {
@@ -17,21 +17,14 @@ fn every_dashboard_panel_queries_data_from_a_real_prometheus() {
     require_program("prometheus");
     let python = require_program("python3");
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let output = Command::new(python)
-        .args([
-            "dashboards/check_dashboards.py",
-            "--vtax",
-            env!("CARGO_BIN_EXE_vtax"),
-        ])
-        .current_dir(root)
-        .output()
-        .expect("run dashboards/check_dashboards.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "dashboards/check_dashboards.py failed ({}):\n{stdout}\n{stderr}",
-        output.status
+    let stdout = stdout_of(
+        Command::new(python)
+            .args([
+                "dashboards/check_dashboards.py",
+                "--vtax",
+                env!("CARGO_BIN_EXE_vtax"),
+            ])
+            .current_dir(root),
     );
     assert!(
         stdout.contains("check_dashboards: OK"),

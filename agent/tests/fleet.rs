@@ -10,22 +10,17 @@ mod common;
 
 use std::process::Command;
 
-use common::require_program;
+use common::{require_program, stdout_of};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 #[test]
 fn the_evaluations_scoring_counts_what_it_should() {
     let python = require_program("python3");
-    let output = Command::new(python)
-        .args(["-m", "unittest", "bench/fleet/test_evaluate.py"])
-        .current_dir(ROOT)
-        .output()
-        .expect("run python3 -m unittest");
-    assert!(
-        output.status.success(),
-        "bench/fleet/test_evaluate.py failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    stdout_of(
+        Command::new(python)
+            .args(["-m", "unittest", "bench/fleet/test_evaluate.py"])
+            .current_dir(ROOT),
     );
 }
 
@@ -35,42 +30,35 @@ fn a_local_fleet_names_each_degraded_node_and_why() {
     let python = require_program("python3");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("evaluation.json");
-    let output = Command::new(python)
-        .args([
-            "bench/fleet/evaluate.py",
-            "--vtax",
-            env!("CARGO_BIN_EXE_vtax"),
-            "--nodes",
-            "6",
-            "--trials",
-            "2",
-            "--causes",
-            "thermal,infiniband",
-            "--quiet-secs",
-            "0",
-            "--warmup-secs",
-            "75",
-            "--hold-secs",
-            "45",
-            "--gap-secs",
-            "5",
-            "10",
-            "--linger-secs",
-            "60",
-            "--seed",
-            "7",
-            "--out",
-        ])
-        .arg(&out)
-        .current_dir(ROOT)
-        .output()
-        .expect("run bench/fleet/evaluate.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "bench/fleet/evaluate.py failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = stdout_of(
+        Command::new(python)
+            .args([
+                "bench/fleet/evaluate.py",
+                "--vtax",
+                env!("CARGO_BIN_EXE_vtax"),
+                "--nodes",
+                "6",
+                "--trials",
+                "2",
+                "--causes",
+                "thermal,infiniband",
+                "--quiet-secs",
+                "0",
+                "--warmup-secs",
+                "75",
+                "--hold-secs",
+                "45",
+                "--gap-secs",
+                "5",
+                "10",
+                "--linger-secs",
+                "60",
+                "--seed",
+                "7",
+                "--out",
+            ])
+            .arg(&out)
+            .current_dir(ROOT),
     );
     let result: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();

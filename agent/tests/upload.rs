@@ -17,7 +17,7 @@ use vtax_store::tables::{self, ScrapedRow};
 use vtax_store::{date_string, BatchBuilder, Catalog, Store, StoreOptions};
 use vtax_store::{DAY_US, HOUR_US};
 
-use common::{Agent, VTAX};
+use common::{stdout_of, Agent, VTAX};
 /// 2025-11-21T00:00:00Z.
 const T0: i64 = 1_763_683_200_000_000;
 /// Day D's last two hours, then day D+1's first two.
@@ -122,19 +122,10 @@ fn assert_target_holds(target: &Path, expected: &BTreeMap<String, FileInfo>) {
 }
 
 fn python(script: &str, args: &[&str]) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python3 runs (scripts/test.sh installs duckdb, pyarrow and moto)");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    // scripts/test.sh installs duckdb, pyarrow and moto.
+    stdout_of(Command::new("python3").arg("-c").arg(script).args(args))
+        .trim()
+        .to_string()
 }
 
 /// Rows per (node, date) as DuckDB and pyarrow see the fleet layout with

@@ -217,6 +217,22 @@ pub fn vtax_stdout<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>)
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
+/// Runs `command` to its end, asserts that it succeeded (showing what it
+/// printed if not) and returns its stdout.
+pub fn stdout_of(command: &mut Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?} did not start: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{command:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Every row of a table, from `vtax query --format json`.
 pub fn query_rows(data_dir: &Path, table: &str) -> Vec<serde_json::Value> {
     let data_dir = format!("--data-dir={}", data_dir.display());
