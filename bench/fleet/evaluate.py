@@ -39,6 +39,7 @@ Usage: bench/fleet/evaluate.py [--nodes 6] [--groups 1] [--trials 20] [--quiet-s
 """
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -573,8 +574,16 @@ def main():
         episodes = watch.finish()
         group_of_node = {n.name: n.cluster for n in nodes}
         result = score(trials, episodes, start, end, args.linger_secs, group_of_node)
+        # The agents write their build row once, at start.
+        built = prometheus.query(
+            'count by (revision) (last_over_time(vtax_build_info{cluster=~"eval-.*"}[1w]))')
+        revisions = sorted(r["metric"].get("revision", "unknown") for r in built)
+        with open(RULES, "rb") as f:
+            rules_sha256 = hashlib.sha256(f.read()).hexdigest()
         result.update({"seed": seed, "hold_secs": args.hold_secs, "causes": causes,
-                       "poll_errors": watch.poll_errors, "quiet_margin": margin})
+                       "poll_errors": watch.poll_errors, "quiet_margin": margin,
+                       # What the figures hold for: runs add up only where these match.
+                       "vtax_revisions": revisions, "rules_sha256": rules_sha256})
         for e in episodes:
             if not e["true"]:
                 log(f"false alert: {e['node']} ({group_of_node[e['node']]}) {e['signal']} "

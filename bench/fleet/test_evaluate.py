@@ -9,6 +9,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from evaluate import score  # noqa: E402
+from quiet_total import total  # noqa: E402
 
 
 SIX = {f"n{i}": "a" for i in range(1, 7)}
@@ -80,6 +81,25 @@ class Score(unittest.TestCase):
         self.assertEqual(r["false_episodes"], 2)
         self.assertEqual(r["false_episodes_in_quiet_time"], 1)
         self.assertAlmostEqual(r["quiet_fleet_hours"], (2000 - 150 + 2000) / 3600)
+
+
+class QuietTotal(unittest.TestCase):
+    def run_of(self, hours, false, rules="r1", revisions=("abc",)):
+        return {"quiet_fleet_hours": hours, "false_episodes_in_quiet_time": false,
+                "rules_sha256": rules, "vtax_revisions": list(revisions)}
+
+    def test_matching_runs_add_up(self):
+        t = total([self.run_of(11.0, 0), self.run_of(13.0, 1)])
+        self.assertEqual((t["runs"], t["quiet_fleet_hours"], t["false_episodes_in_quiet_time"]), (2, 24.0, 1))
+        self.assertEqual(t["false_alerts_per_quiet_fleet_day"], 1.0)
+
+    def test_runs_of_other_rules_or_builds_do_not(self):
+        with self.assertRaisesRegex(ValueError, "rules_sha256"):
+            total([self.run_of(1, 0), self.run_of(1, 0, rules="r2")])
+        with self.assertRaisesRegex(ValueError, "vtax_revisions"):
+            total([self.run_of(1, 0), self.run_of(1, 0, revisions=("abc", "def"))])
+        with self.assertRaisesRegex(ValueError, "does not say"):
+            total([self.run_of(1, 0, rules=None)])
 
 
 if __name__ == "__main__":
