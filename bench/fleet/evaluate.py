@@ -321,9 +321,10 @@ rule_files:
 
     def quiet_margin(self, start, end):
         """Per signal, how close the quiet fleet came to alerting between start
-        and end: the highest peer z any node reached, and the share of the
-        rules' evaluations with a node above 2 and above 3 (the alert is > 4
-        for 15 s)."""
+        and end: the highest peer z any node reached, the share of the rules'
+        evaluations with a node above 2 and above 3, and the stretches a node
+        stayed above 4 by how many evaluations in a row (the alert needs 4:
+        over 4 for 15 s at a 5 s interval)."""
         window = f"{max(5, int(end - start))}s"
         z = 'vtax:node_signal:peer_z{cluster=~"eval-.*"}'
         def by_signal(expr):
@@ -331,13 +332,23 @@ rule_files:
                     for r in self.query(expr, at=end)}
         highest = by_signal(f"max by (signal) (max_over_time({z}[{window}]))")
         evaluations = by_signal(f"sum by (signal) (count_over_time({z}[{window}]))")
+        over = {level: by_signal(f"sum by (signal) (count_over_time(({z} > {level})[{window}:5s]))")
+                for level in (2, 3)}
+        stretches = {}
+        # An hour at a time: a range query gives at most 11,000 points a series.
+        for a in range(int(start), int(end), 3600):
+            b = min(end, a + 3600)
+            for r in self.get("/api/v1/query_range", query=f"{z} > 4", start=a, end=b, step=5)["result"]:
+                counts = stretches.setdefault(r["metric"].get("signal"), {})
+                for length, n in stretch_lengths([float(t) for t, _ in r["values"]], 5).items():
+                    counts[length] = counts.get(length, 0) + n
         margin = {}
         for signal in sorted(highest):
-            row = {"highest_z": round(highest[signal], 2), "evaluations": int(evaluations.get(signal, 0))}
+            count = int(evaluations.get(signal, 0))
+            row = {"highest_z": round(highest[signal], 2), "evaluations": count}
             for level in (2, 3):
-                over = by_signal(f"sum by (signal) (count_over_time(({z} > {level})[{window}:5s]))")
-                row[f"share_over_{level}"] = (over.get(signal, 0.0) / row["evaluations"]
-                                              if row["evaluations"] else None)
+                row[f"share_over_{level}"] = over[level].get(signal, 0.0) / count if count else None
+            row["stretches_over_4"] = dict(sorted(stretches.get(signal, {}).items()))
             margin[signal] = row
         return margin
 
@@ -391,6 +402,17 @@ class AlertWatch(threading.Thread):
             self.episodes.extend(self.open.values())
             self.open.clear()
             return sorted(self.episodes, key=lambda e: e["start"])
+
+
+def stretch_lengths(times, step):
+    """How many stretches of each length (in samples `step` apart) the sorted
+    sample times hold (pure: tested on its own)."""
+    counts, run = {}, 0
+    for i, t in enumerate(times):
+        run = run + 1 if i and abs(t - times[i - 1] - step) < step / 10 else 1
+        if i + 1 == len(times) or abs(times[i + 1] - t - step) >= step / 10:
+            counts[run] = counts.get(run, 0) + 1
+    return counts
 
 
 def score(trials, episodes, start, end, linger_secs, group_of):
@@ -533,7 +555,8 @@ def main():
             for signal, row in margin.items():
                 log(f"quiet margin {signal:32} highest z {row['highest_z']:6.2f}, "
                     f"over 2: {row['share_over_2']:.2e}, over 3: {row['share_over_3']:.2e} "
-                    f"of {row['evaluations']} evaluations")
+                    f"of {row['evaluations']} evaluations; over 4, evaluations in a row: "
+                    f"{row['stretches_over_4'] or 'none'}")
         # Every cause about as often, in a random order.
         plan = [causes[i % len(causes)] for i in range(args.trials)]
         rng.shuffle(plan)

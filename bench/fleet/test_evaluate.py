@@ -8,7 +8,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evaluate import score  # noqa: E402
+from evaluate import score, stretch_lengths  # noqa: E402
 from quiet_total import total  # noqa: E402
 
 
@@ -81,6 +81,15 @@ class Score(unittest.TestCase):
         self.assertEqual(r["false_episodes"], 2)
         self.assertEqual(r["false_episodes_in_quiet_time"], 1)
         self.assertAlmostEqual(r["quiet_fleet_hours"], (2000 - 150 + 2000) / 3600)
+
+
+class StretchLengths(unittest.TestCase):
+    def test_stretches_are_counted_by_length(self):
+        # 100-105 (2), 200 (1), 300-315 (4), 400-405 (2)
+        times = [100, 105, 200, 300, 305, 310, 315, 400, 405]
+        self.assertEqual(stretch_lengths(times, 5), {2: 2, 1: 1, 4: 1})
+        self.assertEqual(stretch_lengths([], 5), {})
+        self.assertEqual(stretch_lengths([7.0], 5), {1: 1})
 
 
 class QuietTotal(unittest.TestCase):
