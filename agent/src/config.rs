@@ -490,6 +490,10 @@ impl Config {
                     .validate()
                     .map_err(|(key, message)| (format!("remote_write[{i}].{key}"), message)),
             );
+            check(
+                remote_tables_exist(remote)
+                    .map_err(|message| (format!("remote_write[{i}].tables"), message)),
+            );
             if self.remote_write[..i].iter().any(|r| r.name == remote.name) {
                 check(Err((
                     format!("remote_write[{i}].name"),
@@ -691,6 +695,33 @@ pub fn render_example() -> String {
     out
 }
 
+/// A remote's `tables` must name tables the agent exports: a misspelt one
+/// would send nothing of what was meant, silently.
+fn remote_tables_exist(remote: &RemoteWriteConfig) -> Result<(), String> {
+    let catalog = crate::catalog();
+    let exported: Vec<&str> = catalog
+        .tables()
+        .iter()
+        .filter(|t| t.exported)
+        .map(|t| t.name)
+        .collect();
+    for name in remote.tables.iter().flatten() {
+        if !exported.contains(&name.as_str()) {
+            let why = if catalog.get(name).is_some() {
+                "is stored but not exported"
+            } else {
+                "is no table"
+            };
+            return Err(format!(
+                "remote_write {}: tables: {name:?} {why}; the exported tables are {}",
+                remote.name,
+                exported.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The commented `[[remote_write]]` example: there is none by default.
 fn remote_write_example() -> String {
     format!(
@@ -710,6 +741,8 @@ fn remote_write_example() -> String {
          # bearer_token_file = \"/etc/vtax/remote-token\"\n\
          # Labels on every series sent; instance (the node's name, store.node) and job (vtax) unless set here.\n\
          # external_labels = {{ cluster = \"train-a\", instance = \"gpu-node-17\" }}\n\
+         # Only these tables' series are sent (docs/metrics.md); unset: every exported table.\n\
+         # tables = [\"gpu\", \"gpu_info\", \"jitter\", \"cpu\"]\n\
          # TLS for https: CAs to trust (unset: the system's), a client certificate if asked for.\n\
          # tls = {{ ca_file = \"/etc/vtax/ca.crt\", cert_file = \"/etc/vtax/client.crt\", key_file = \"/etc/vtax/client.key\", insecure_skip_verify = false }}\n\
          # Bytes the queue may hold; past that its oldest samples are dropped, and counted. {queue_range}\n\
@@ -981,7 +1014,9 @@ mod tests {
             RemoteWriteConfig::new("central", "https://prometheus.example:9090/api/v1/write");
         expected.basic_auth = remote.basic_auth.clone();
         expected.external_labels = remote.external_labels.clone();
+        expected.tables = remote.tables.clone();
         assert_eq!(remote.external_labels["cluster"], "train-a");
+        assert!(remote.sends("jitter") && !remote.sends("netdev"));
         assert_eq!(remote, &expected);
         assert_eq!(remote.basic_auth.as_ref().unwrap().username, "vtax");
         let with_tls = format!(
@@ -996,6 +1031,33 @@ mod tests {
                 .as_deref(),
             Some(ca.as_path())
         );
+    }
+
+    /// `tables` sends some tables only: each must be one the agent exports,
+    /// and an empty list, which would send nothing, is refused.
+    #[test]
+    fn a_remote_sends_the_tables_it_names_and_no_misspelt_one() {
+        let remote = |tables: &str| {
+            Config::parse(
+                &format!("[[remote_write]]\nurl = \"http://p/w\"\ntables = {tables}\n"),
+                "v.toml",
+            )
+        };
+        let config = remote(r#"["gpu", "jitter", "cpu"]"#).unwrap();
+        let sent = &config.remote_write[0];
+        assert!(sent.sends("jitter") && !sent.sends("memory"));
+        let err = remote(r#"["gpu", "jiter"]"#).unwrap_err().to_string();
+        assert!(
+            err.contains("v.toml:3:")
+                && err.contains(r#"tables: "jiter" is no table"#)
+                && err.contains("the exported tables are "),
+            "{err}"
+        );
+        // jitter_gap is stored, one row per gap, but not exported.
+        let err = remote(r#"["jitter_gap"]"#).unwrap_err().to_string();
+        assert!(err.contains("is stored but not exported"), "{err}");
+        let err = remote("[]").unwrap_err().to_string();
+        assert!(err.contains("leave it unset to send every table"), "{err}");
     }
 
     /// A `[[remote_write]]` table needs only its url: the name, which names

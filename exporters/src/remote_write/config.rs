@@ -53,6 +53,12 @@ pub struct RemoteWriteConfig {
     /// A table's own tag of the same name wins.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub external_labels: BTreeMap<String, String>,
+    /// Only these tables' series are sent (names as in docs/metrics.md);
+    /// unset, every exported table's. A fleet that remote-writes every
+    /// second to one receiver can send what its dashboards and rules read
+    /// and keep the rest in each node's store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<Vec<String>>,
     /// Bytes the on-disk queue may hold before its oldest samples are dropped.
     #[serde(
         default = "default_queue_max_bytes",
@@ -138,6 +144,7 @@ impl RemoteWriteConfig {
             bearer_token_file: None,
             tls: None,
             external_labels: BTreeMap::new(),
+            tables: None,
             queue_max_bytes: DEFAULT_QUEUE_MAX_BYTES,
             max_samples_per_send: DEFAULT_MAX_SAMPLES_PER_SEND,
             batch_send_deadline_secs: DEFAULT_BATCH_SEND_DEADLINE_SECS,
@@ -160,6 +167,13 @@ impl RemoteWriteConfig {
             .filter(|(_, value)| !value.is_empty())
             .map(|(name, value)| super::encode::Label { name, value })
             .collect()
+    }
+
+    /// Whether this remote is sent the series of `table`.
+    pub fn sends(&self, table: &str) -> bool {
+        self.tables
+            .as_ref()
+            .is_none_or(|tables| tables.iter().any(|t| t == table))
     }
 
     /// The name of a remote whose table gives only its `url`, as Prometheus

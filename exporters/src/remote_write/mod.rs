@@ -222,9 +222,12 @@ impl RemoteWriters {
             return;
         }
         for remote in &mut self.remotes {
+            if !remote.config.sends(batch.table.name) {
+                continue;
+            }
             let series = encode::batch_series(batch, &remote.labels);
             if series.is_empty() {
-                return;
+                continue;
             }
             let chunk = remote.config.max_samples_per_send as usize;
             let mut queue = remote.queue.lock().expect("not poisoned");
@@ -740,6 +743,68 @@ mod tests {
         let queue = writers.remotes[0].queue.clone();
         drop(writers);
         assert_eq!(queue.lock().unwrap().pending_samples(), 0);
+    }
+
+    vtax_store::table! {
+        static OTHER: TableDef, struct OtherRow {
+            name: "u",
+            help: "another test table",
+            tags: [],
+            fields: [w: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "y")],
+            exported: true,
+        }
+    }
+
+    #[test]
+    fn a_remote_with_tables_is_sent_those_tables_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (only_port, only_requests) = fake_receiver(vec![]);
+        let (all_port, all_requests) = fake_receiver(vec![]);
+        let mut only = RemoteWriteConfig::new("only", &format!("http://127.0.0.1:{only_port}/w"));
+        only.tables = Some(vec!["u".into()]);
+        let all = RemoteWriteConfig::new("all", &format!("http://127.0.0.1:{all_port}/w"));
+        for config in [&only, &all] {
+            config.validate().unwrap();
+        }
+        assert!(!only.sends("t") && only.sends("u") && all.sends("t"));
+        let exposition = Exposition::new(&[&TABLE]);
+        let (rows, _) = vtax_store::hub::channel(16);
+        let mut writers = RemoteWriters::start(
+            &[only, all],
+            dir.path(),
+            Duration::from_secs(1),
+            &exposition,
+            rows,
+        )
+        .unwrap();
+        writers.append(&batch(0, 3));
+        let mut other = BatchBuilder::new(&OTHER);
+        other
+            .push_row(now_ms() * 1000, &OtherRow { w: 42.0 })
+            .unwrap();
+        writers.append(&other.finish());
+        let metric_names = |requests: &mpsc::Receiver<Received>, series: usize| {
+            let mut names = Vec::new();
+            while names.len() < series {
+                let got = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+                for s in got.request.timeseries {
+                    let name = s.labels.iter().find(|l| l.name == "__name__").unwrap();
+                    names.push(name.value.clone());
+                }
+            }
+            names.sort();
+            names
+        };
+        assert_eq!(metric_names(&only_requests, 1), ["vtax_u_w"]);
+        assert_eq!(
+            metric_names(&all_requests, 4),
+            ["vtax_t_v", "vtax_t_v", "vtax_t_v", "vtax_u_w"]
+        );
+        drop(writers);
+        assert!(
+            only_requests.try_recv().is_err(),
+            "nothing of table t reached the remote that asked for u only"
+        );
     }
 
     #[test]

@@ -71,6 +71,15 @@ impl RemoteWriteConfig {
                 ),
             ));
         }
+        if self.tables.as_ref().is_some_and(Vec::is_empty) {
+            return Err((
+                "tables",
+                format!(
+                    "remote_write {}: tables = [] sends nothing; leave it unset to send every table",
+                    self.name
+                ),
+            ));
+        }
         if self.queue_max_bytes < MIN_QUEUE_MAX_BYTES {
             return Err((
                 "queue_max_bytes",
