@@ -168,8 +168,10 @@ fn unknown_user_costs_what_a_wrong_password_costs() {
         started.elapsed()
     };
     let (mut known, mut unknown) = (Duration::MAX, Duration::MAX);
-    for _ in 0..5 {
-        // The fastest of each: other load only ever adds time.
+    // The fastest of each: other load only ever adds time. Ten of each,
+    // taken in turn: on a 2-vCPU machine with a CPU hog running, the fastest
+    // of five left the unknown user at 2.4 times a wrong password.
+    for _ in 0..10 {
         known = known.min(timed("prometheus"));
         unknown = unknown.min(timed("nobody"));
     }
@@ -183,7 +185,7 @@ fn unknown_user_costs_what_a_wrong_password_costs() {
         (0.5..2.0).contains(&ratio),
         "an unknown user takes {unknown:?}, a wrong password {known:?}"
     );
-    assert_eq!(server.stats().auth_failures, 10);
+    assert_eq!(server.stats().auth_failures, 20);
     server.stop();
 }
 
