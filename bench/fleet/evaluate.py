@@ -517,6 +517,12 @@ def main():
     if not os.access(args.vtax, os.X_OK):
         raise SystemExit(f"{args.vtax}: not built (cargo build --release -p vtax)")
 
+    if "cpu" in causes and args.groups > 1:
+        # The hog takes one CPU of the machine, and every other node on it pays
+        # too: with six groups of six on two vCPUs every agent's wake-up p99 was
+        # 15-35 ms, and two hogs of three went unseen (docs/benchmarks.md).
+        log("cause cpu with several groups: the other nodes share this machine's CPUs, "
+            "so a hog slows them too; run it with one group where CPUs are few")
     work = tempfile.mkdtemp(prefix="vtax-fleet-eval-")
     cgroups = CpuCgroups(os.path.basename(work))
     if "cpu" in causes and cgroups.root is None:
