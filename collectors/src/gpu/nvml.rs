@@ -103,8 +103,19 @@ const GPM_PER_LINK: [(GpmMetricId, GpmMetricId); NVLINK_MAX_LINKS as usize] = {
     ]
 };
 
-/// The GPM metrics to ask for a GPU: the GPU-wide ones, then rx and tx of
-/// each link in `links` (every link where they are not known yet).
+/// Every link number NVML may have.
+const ALL_LINKS: [u32; NVLINK_MAX_LINKS as usize] = {
+    let mut links = [0; NVLINK_MAX_LINKS as usize];
+    let mut link = 0;
+    while link < NVLINK_MAX_LINKS {
+        links[link as usize] = link;
+        link += 1;
+    }
+    links
+};
+
+/// What GPM is asked for a GPU: the GPU-wide metrics, then rx and tx of
+/// each of `links`. Made at each link read, kept until the next.
 ///
 /// A link's rates are kept only while it is up (the collector drops them
 /// for a link that is down or hidden), and each per-link pair adds to what
@@ -112,29 +123,36 @@ const GPM_PER_LINK: [(GpmMetricId, GpmMetricId); NVLINK_MAX_LINKS as usize] = {
 /// apart, 0.30-0.36 ms with the GPU-wide eight, 0.43-0.45 ms with all 18
 /// links' as well (docs/gpus.md, "what single NVML calls cost"). A GPU
 /// whose links a hypervisor hides, or a PCIe product, asks for none.
-fn gpm_metric_ids(links: Option<&[u32]>) -> Vec<GpmMetricId> {
-    let mut ids = GPM_GPU_WIDE.to_vec();
-    let all: Vec<u32> = (0..NVLINK_MAX_LINKS).collect();
-    for &link in links.unwrap_or(&all) {
-        if let Some(&(rx, tx)) = GPM_PER_LINK.get(link as usize) {
-            ids.extend([rx, tx]);
-        }
-    }
-    ids
+struct GpmAsk {
+    links: Vec<u32>,
+    ids: Vec<GpmMetricId>,
 }
 
-/// Each link's (rx, tx), by link number, from GPM's values for `ids` (as
-/// [`gpm_metric_ids`] made them: per-link values follow the GPU-wide ones,
-/// rx then tx); links not asked for have none.
-fn per_link_rates(ids: &[GpmMetricId], value: impl Fn(usize) -> Option<f64>) -> Vec<LinkRates> {
-    let mut rates = vec![(None, None); NVLINK_MAX_LINKS as usize];
-    let per_link = ids.get(GPM_GPU_WIDE.len()..).unwrap_or_default();
-    for (pair, id) in per_link.chunks(2).enumerate() {
-        let link = GPM_PER_LINK.iter().position(|&(rx, _)| rx == id[0]);
-        if let Some(rate) = link.and_then(|l| rates.get_mut(l)) {
-            let at = GPM_GPU_WIDE.len() + 2 * pair;
-            *rate = (value(at), value(at + 1));
+impl GpmAsk {
+    /// The ask for these links (those past the last link number left out).
+    fn new(links: &[u32]) -> GpmAsk {
+        let links: Vec<u32> = links
+            .iter()
+            .copied()
+            .filter(|&l| l < NVLINK_MAX_LINKS)
+            .collect();
+        let mut ids = GPM_GPU_WIDE.to_vec();
+        for &link in &links {
+            let (rx, tx) = GPM_PER_LINK[link as usize];
+            ids.extend([rx, tx]);
         }
+        GpmAsk { links, ids }
+    }
+}
+
+/// Each link's (rx, tx), by link number, from GPM's values for an ask of
+/// `links` (per-link values follow the GPU-wide ones, rx then tx); links
+/// not asked for have none.
+fn per_link_rates(links: &[u32], value: impl Fn(usize) -> Option<f64>) -> Vec<LinkRates> {
+    let mut rates = vec![(None, None); NVLINK_MAX_LINKS as usize];
+    for (pair, &link) in links.iter().enumerate() {
+        let at = GPM_GPU_WIDE.len() + 2 * pair;
+        rates[link as usize] = (value(at), value(at + 1));
     }
     rates
 }
@@ -143,9 +161,9 @@ fn per_link_rates(ids: &[GpmMetricId], value: impl Fn(usize) -> Option<f64>) -> 
 pub struct NvmlBackend {
     nvml: &'static Nvml,
     use_gpm: bool,
-    /// The links that were up at each GPU's last link read, by index: GPM's
-    /// per-link rates are asked for these only.
-    links_up: HashMap<u32, Vec<u32>>,
+    /// What GPM is asked for each GPU, by index: the rates of the links up
+    /// at its last link read; every link's before the first.
+    gpm_asks: HashMap<u32, GpmAsk>,
     /// The previous GPM sample of each GPU, by index.
     gpm_previous: HashMap<u32, GpmSample<'static>>,
     /// The last process-utilisation timestamp seen, by GPU index.
@@ -165,7 +183,7 @@ impl NvmlBackend {
         Ok(NvmlBackend {
             nvml,
             use_gpm,
-            links_up: HashMap::new(),
+            gpm_asks: HashMap::new(),
             gpm_previous: HashMap::new(),
             process_seen_us: HashMap::new(),
             xids: Arc::default(),
@@ -198,9 +216,11 @@ impl NvmlBackend {
         let now = device.gpm_sample().ok()?;
         let previous = self.gpm_previous.insert(index, now)?;
         let now = self.gpm_previous.get(&index)?;
-        let links = self.links_up.get(&index).map(Vec::as_slice);
-        let ids = gpm_metric_ids(links);
-        let results = gpm_metrics_get(self.nvml, &previous, now, &ids).ok()?;
+        let ask = self
+            .gpm_asks
+            .entry(index)
+            .or_insert_with(|| GpmAsk::new(&ALL_LINKS));
+        let results = gpm_metrics_get(self.nvml, &previous, now, &ask.ids).ok()?;
         let value = |i: usize| {
             results
                 .get(i)
@@ -220,7 +240,7 @@ impl NvmlBackend {
             nvlink_rx_bytes_per_second: mib(6),
             nvlink_tx_bytes_per_second: mib(7),
         };
-        Some((metrics, per_link_rates(&ids, mib)))
+        Some((metrics, per_link_rates(&ask.links, mib)))
     }
 
     /// Links the GPU has: those NVML answers for, without rates (the
@@ -244,8 +264,8 @@ impl NvmlBackend {
                 recovery_errors: counter(ErrorCounter::DlRecovery),
             });
         }
-        let up = links.iter().filter(|l| l.active).map(|l| l.link).collect();
-        self.links_up.insert(index, up);
+        let up: Vec<u32> = links.iter().filter(|l| l.active).map(|l| l.link).collect();
+        self.gpm_asks.insert(index, GpmAsk::new(&up));
         links
     }
 
@@ -723,8 +743,8 @@ mod tests {
 
     #[test]
     fn gpm_asks_for_the_rates_of_the_links_up_only() {
-        assert_eq!(gpm_metric_ids(Some(&[])), GPM_GPU_WIDE.to_vec());
-        let two = gpm_metric_ids(Some(&[3, 17]));
+        assert_eq!(GpmAsk::new(&[]).ids, GPM_GPU_WIDE.to_vec());
+        let two = GpmAsk::new(&[3, 17]).ids;
         assert_eq!(two.len(), GPM_GPU_WIDE.len() + 4);
         assert_eq!(
             two[GPM_GPU_WIDE.len()..],
@@ -736,29 +756,29 @@ mod tests {
             ]
         );
         // Before the first link read: every link.
-        let all = gpm_metric_ids(None);
+        let all = GpmAsk::new(&ALL_LINKS).ids;
         assert_eq!(all.len(), GPM_GPU_WIDE.len() + 2 * NVLINK_MAX_LINKS as usize);
         assert_eq!(all.last(), Some(&GpmMetricId::NvlinkL17TxPerSec));
         // A link number past the last one asks for nothing more.
-        assert_eq!(gpm_metric_ids(Some(&[18])), GPM_GPU_WIDE.to_vec());
+        assert_eq!(GpmAsk::new(&[18]).ids, GPM_GPU_WIDE.to_vec());
     }
 
     #[test]
     fn each_links_rates_land_on_its_own_number() {
-        let ids = gpm_metric_ids(Some(&[3, 17]));
+        let ask = GpmAsk::new(&[3, 17]);
         // The metric at position i reads i.
-        let rates = per_link_rates(&ids, |i| Some(i as f64));
+        let rates = per_link_rates(&ask.links, |i| Some(i as f64));
         assert_eq!(rates.len(), NVLINK_MAX_LINKS as usize);
         assert_eq!(rates[3], (Some(8.0), Some(9.0)));
         assert_eq!(rates[17], (Some(10.0), Some(11.0)));
         let others = rates.iter().enumerate().filter(|(l, _)| ![3, 17].contains(l));
         assert!(others.into_iter().all(|(_, r)| *r == (None, None)));
         // Every link asked, in order: link l at 8 + 2l.
-        let all = per_link_rates(&gpm_metric_ids(None), |i| Some(i as f64));
+        let all = per_link_rates(&GpmAsk::new(&ALL_LINKS).links, |i| Some(i as f64));
         assert_eq!(all[0], (Some(8.0), Some(9.0)));
         assert_eq!(all[17], (Some(42.0), Some(43.0)));
         // Only the GPU-wide metrics: no link has rates.
-        let none = per_link_rates(&GPM_GPU_WIDE, |i| Some(i as f64));
+        let none = per_link_rates(&GpmAsk::new(&[]).links, |i| Some(i as f64));
         assert!(none.iter().all(|r| *r == (None, None)));
     }
 }
