@@ -519,8 +519,9 @@ def main():
 
     if "cpu" in causes and args.groups > 1:
         # The hog takes one CPU of the machine, and every other node on it pays
-        # too: with six groups of six on two vCPUs every agent's wake-up p99 was
-        # 15-35 ms, and two hogs of three went unseen (docs/benchmarks.md).
+        # too: with six groups of six on two vCPUs the hogged node's peers read
+        # a wake-up p99 of 7-38 ms, and two hogs of three went unseen
+        # (docs/benchmarks.md).
         log("cause cpu with several groups: the other nodes share this machine's CPUs, "
             "so a hog slows them too; run it with one group where CPUs are few")
     work = tempfile.mkdtemp(prefix="vtax-fleet-eval-")
