@@ -15,7 +15,8 @@
 #      which the agent should count and store. It resets nothing, but it does
 #      put an error in the kernel log: opt in;
 #   5. the store the agent wrote, read back: `vtax query` and pyarrow;
-#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real);
+#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real),
+#      then the same with GPM off; OVERHEAD_SECS (default 45) is each window;
 #   7. the transfer probe: `vtax probe-gpu` (its table, every GPU), then
 #      bench/gpu/probe_vs_torch.py: the probe's host<->device, device->device
 #      and launch figures beside the same transfers timed by PyTorch, PASS or
@@ -272,7 +273,12 @@ fi
 
 if want overhead && [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 0 ]; then
   echo
-  python3 bench/agent/gpu_overhead.py --real --seconds 45 --vtax "$VTAX" | tee "$out/overhead.txt"
+  python3 bench/agent/gpu_overhead.py --real --seconds "${OVERHEAD_SECS:-45}" --vtax "$VTAX" | tee "$out/overhead.txt"
+  # GPM's share of it: the same with GPM off.
+  printf '[collectors.gpu]\ngpm = false\n' > "$out/gpm-off.toml"
+  echo "with gpm = false:"
+  python3 bench/agent/gpu_overhead.py --real --seconds "${OVERHEAD_SECS:-45}" --vtax "$VTAX" \
+    --config "$out/gpm-off.toml" | tee "$out/overhead-gpm-off.txt"
 fi
 
 # The transfer probe on idle GPUs: its own table first (every GPU and pair),

@@ -19,7 +19,10 @@ With `--real` the second agent reads this machine's GPUs through NVML instead
 (the first runs with `--no-collector.gpu`): what the real driver calls cost, per
 GPU the machine has. Run it on a GPU machine (scripts/gpu-smoke.sh does).
 
-Usage: bench/agent/gpu_overhead.py [--seconds 120] [--real] [--vtax target/release/vtax]
+`--config FILE` starts the agent with GPUs from that config file, to price a
+choice (for example `gpm = false` under `[collectors.gpu]`).
+
+Usage: bench/agent/gpu_overhead.py [--seconds 120] [--real] [--config FILE] [--vtax target/release/vtax]
 """
 import argparse
 import os
@@ -42,12 +45,21 @@ def cpu_seconds(pid):
 
 
 def thread_cpu_seconds(pid, name):
+    """CPU time of the process's threads called `name`. schedstat gives it in
+    nanoseconds; utime + stime come in clock ticks (10 ms), which over a
+    minute is a third of what one GPU's collector spends."""
     total = 0.0
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/comm") as f:
                 if f.read().strip() != name:
                     continue
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0]) / 1e9
+                    continue
+            except (OSError, ValueError, IndexError):
+                pass
             with open(f"/proc/{pid}/task/{task}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
@@ -83,11 +95,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
     parser.add_argument("--real", action="store_true", help="read the real GPUs through NVML")
+    parser.add_argument("--config", help="config file for the agent with GPUs")
     args = parser.parse_args()
     if args.real:
         base_flags, gpu_flags, gpus_named = ["--no-collector.gpu"], [], "the real GPUs"
     else:
         base_flags, gpu_flags, gpus_named = [], ["--simulate-gpus", "8"], "8 simulated GPUs"
+    if args.config:
+        gpu_flags += ["--config", args.config]
     with tempfile.TemporaryDirectory() as tmp:
         base, base_addr = start(args.vtax, os.path.join(tmp, "base"), base_flags)
         gpus, gpus_addr = start(args.vtax, os.path.join(tmp, "gpus"), gpu_flags)

@@ -133,6 +133,8 @@ def main():
         ("memory_info", lambda: n.nvmlDeviceGetMemoryInfo(h)),
         ("throttle reasons", lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h)),
         ("running_compute_processes", lambda: n.nvmlDeviceGetComputeRunningProcesses(h)),
+        ("current_pcie_link_gen", lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+        ("current_pcie_link_width", lambda: n.nvmlDeviceGetCurrPcieLinkWidth(h)),
     ]
     try:
         calls.append(("GPM: sample, 8 GPU-wide", gpm_pair(gpu_wide)))
