@@ -197,7 +197,7 @@ pub static KEY_RANGES: crate::keys::KeyRanges = &[
 pub static KEY_DOCS: &[(&str, &str)] = &[
     (
         "gpm",
-        "Read GPM metrics on Hopper and newer (SM activity and occupancy, tensor activity, DRAM bandwidth, per-link NVLink throughput). GPM does not take the profiling lock that DCGM's profiling fields take, so it can stay on while people run Nsight.",
+        "Read GPM metrics on Hopper and newer (SM activity and occupancy, tensor activity, DRAM bandwidth, per-link NVLink throughput). GPM does not take the profiling lock that DCGM's profiling fields take, so it can stay on while people run Nsight. Turning it off costs more CPU, not less: the PCIe rates then come from NVML's own throughput read, which holds the collector 20 ms per direction (about three times the collector's CPU on an idle H200, docs/gpus.md).",
     ),
     (
         "processes",
