@@ -310,7 +310,11 @@ fn the_agent_merges_a_finished_day_beside_its_writes_and_applies_retention() {
     .unwrap();
     let agent = start_on_fixture(&config, &data);
     let deadline = Instant::now() + Duration::from_secs(300);
-    while files_of(finished_day).len() > 1 || !files_of(expired_day).is_empty() {
+    // Done when one file holds the whole day: while a merge commits, its
+    // output is pending (not live) as its inputs go, so the live count
+    // falls to one or none before the round ends.
+    let merged_into_one = |day: i64, rows: usize| matches!(files_of(day).as_slice(), [only] if only.rows as usize == rows);
+    while !merged_into_one(finished_day, seeded) || !files_of(expired_day).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the day was not merged or the old day kept:\n{}",
@@ -413,7 +417,10 @@ fn sigterm_during_a_day_merge_stops_it_promptly_and_loses_no_row() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let began = Instant::now();
-    while day_files_and_rows().0 > 1 {
+    // Done when one file holds every row: the live count alone falls to one
+    // while a round commits (its output pending as its inputs go), with
+    // another round still to come.
+    while day_files_and_rows() != (1, seeded) {
         assert!(
             Instant::now() < deadline,
             "the interrupted day was not merged on the next run:\n{}",
