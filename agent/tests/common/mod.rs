@@ -107,6 +107,37 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+
+    /// Waits until the sample of a series that starts with `series` (the
+    /// name and any labels up to there) has a value `done` accepts, and
+    /// returns that value. A counter that is exported from the start at 0
+    /// is there before the work it counts is done: waiting for its name
+    /// alone and then asserting its value races with that work.
+    pub fn wait_for_value(
+        &self,
+        series: &str,
+        done: impl Fn(f64) -> bool,
+        timeout: Duration,
+    ) -> f64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let body = self.get("/metrics", &[]).text();
+            let value = body
+                .lines()
+                .find(|l| l.starts_with(series))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+            if let Some(v) = value.filter(|v| done(*v)) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{series:?} read {value:?} and never came to the value waited for:\n{body}\nlog:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Agent {
