@@ -54,8 +54,11 @@ fn render_fixture(fixture: &str) -> String {
         } else if name == "filesystem" && statvfs.exists() {
             // statvfs answers for the fixture's mounts come from its table
             // (a hung one included), not from this machine's filesystems.
+            // The timeout is what a stat answered from the table meets on a
+            // loaded machine: at 50 ms, beside a fleet evaluation, an
+            // answering mount was once reported hung.
             let fast = FilesystemConfig {
-                stat_timeout_ms: 50,
+                stat_timeout_ms: 1000,
                 ..config.filesystem.clone()
             };
             let fixed = FixedStatFs::from_file(&statvfs).expect("a statvfs table");
