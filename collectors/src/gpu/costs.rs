@@ -8,8 +8,11 @@
 //! - idle: the doctor's third read on 2026-11-26 ("H100 80GB HBM3,
 //!   2026-11-26: what single NVML calls cost", the agent built from 9c9e796:
 //!   energy 3.27, `mig_mode` 0.47, PCIe replays 0.38, NVLink 0.12, the other
-//!   17 reads 0.21 together), GPM from that section's table (sample and the
-//!   collector's 8 + 36 metrics, idle, 1 s apart: 0.43-0.45);
+//!   17 reads 0.21 together), GPM from that section's table (idle, 1 s
+//!   apart: the sample and the collector's 8 GPU-wide metrics 0.30-0.36 ms,
+//!   with the 36 per-link metrics of 18 links up 0.43-0.45), split into the
+//!   GPU-wide part and a part for each link up ([`GPM_LINK_PAIR`]), as the
+//!   backend asks only for the rates of links that are up;
 //! - busy: the doctor beside a device-to-device copy ("What each read
 //!   costs", the table's run 4 column: energy 4.72, process shares 5.77,
 //!   PCIe replays 1.10, `mig_mode` 0.55, the other reads 0.48 together); GPM
@@ -34,6 +37,16 @@ pub struct CallCost {
     /// Calling thread's CPU with work on the GPU.
     pub busy_ms: f64,
 }
+
+/// GPM's sample and GPU-wide metrics: the middle of 0.30-0.36 ms idle;
+/// busy, 0.50 ms (8 + 36 metrics) scaled by 0.33 / 0.44.
+const GPM_GPU_WIDE_IDLE_MS: f64 = 0.33;
+const GPM_GPU_WIDE_BUSY_MS: f64 = 0.50 * 0.33 / 0.44;
+
+/// What each link up adds to GPM's read: its rx and tx metrics. Charged
+/// once a tick for each link GPM is asked about; not a read of its own in
+/// the NVML backend's doctor timing, which includes it in GPM's.
+pub const GPM_LINK_PAIR: &str = "gpm per-link rx, tx (each link up)";
 
 /// The 15 small reads that are not listed apart: 0.21 ms together idle,
 /// less the list and the power reading (0.187 ms), and 0.48 ms busy less
@@ -62,7 +75,14 @@ pub static NVML_CALL_COSTS: &[CallCost] = &[
     call("total_energy_consumption", 3.27, 4.72),
     // Idle: the 2026-11-22 doctor with GPM off (the shares with the list).
     call("process_utilization_stats", 2.73, 5.77),
-    call("gpm_sample, gpm_metrics_get", 0.44, 0.50),
+    // The sample and the 8 GPU-wide metrics; busy, the 0.50 of 8 + 36
+    // metrics in the same proportion.
+    call("gpm_sample, gpm_metrics_get", GPM_GPU_WIDE_IDLE_MS, GPM_GPU_WIDE_BUSY_MS),
+    call(
+        GPM_LINK_PAIR,
+        (0.44 - GPM_GPU_WIDE_IDLE_MS) / 18.0,
+        (0.50 - GPM_GPU_WIDE_BUSY_MS) / 18.0,
+    ),
     call("pcie_replay_counter", 0.38, 1.10),
     call("mig_mode", 0.47, 0.55),
     // Timed in a VM whose hypervisor hides the links: one failing call per
@@ -153,6 +173,7 @@ mod tests {
     #[test]
     fn every_read_charged_is_in_the_table() {
         for read in EVERY_TICK.iter().chain(SLOW).chain(LOST).chain(&[
+            GPM_LINK_PAIR,
             "total_energy_consumption",
             "process_utilization_stats",
             "mig instances",
@@ -165,8 +186,8 @@ mod tests {
     }
 
     /// The table adds up to what the doctor measured per tick: 4.66 ms on
-    /// an idle H100 (2026-11-26) with GPM at its 1 s-apart figure in place of
-    /// the doctor's 0.21.
+    /// an idle H100 (2026-11-26), 18 links up, with GPM at its 1 s-apart
+    /// figure in place of the doctor's 0.21.
     #[test]
     fn an_idle_tick_costs_what_the_doctor_measured() {
         let with_energy: Vec<&str> = EVERY_TICK
@@ -174,10 +195,14 @@ mod tests {
             .chain(SLOW)
             .copied()
             .chain(["total_energy_consumption"])
+            .chain([GPM_LINK_PAIR; 18])
             .collect();
         let idle_ms = seconds_of(&with_energy, false) * 1e3;
         assert!((idle_ms - (4.66 - 0.21 + 0.44)).abs() < 1e-9, "{idle_ms}");
         assert!(seconds_of(&with_energy, true) > seconds_of(&with_energy, false));
+        // With the links hidden GPM costs its GPU-wide part alone.
+        let gpm = ["gpm_sample, gpm_metrics_get"];
+        assert!((seconds_of(&gpm, false) * 1e3 - 0.33).abs() < 1e-9);
     }
 
     #[test]

@@ -456,6 +456,9 @@ impl GpuBackend for SimBackend {
         if mig_enabled == Some(true) {
             reads.push("mig instances");
         }
+        // GPM is asked for the rates of the links up, as the NVML backend asks.
+        let links_asked = sample.link_rates.iter().filter(|r| r.0.is_some()).count();
+        reads.extend(std::iter::repeat_n(costs::GPM_LINK_PAIR, links_asked));
         self.make_reads(&reads, scenario != Scenario::Idle);
         Ok(sample)
     }

@@ -750,3 +750,15 @@ fn without_a_driver_the_collector_is_off_with_the_reason() {
         (_, Availability::Failed(reason)) => panic!("a driver read failed: {reason}"),
     }
 }
+
+#[test]
+fn gpm_is_charged_for_the_links_up_only() {
+    // As the NVML backend asks GPM for the rates of the links up: 18 on a
+    // training GPU, none where a hypervisor hides NVLink.
+    let (mut gpu, counts) = simulated_counting(&["training", "nvlink-hidden"], |_| {}, |s| s);
+    for second in 0..5i64 {
+        gpu.collect(second * 1_000_000).unwrap();
+    }
+    assert_eq!(reads_of(&counts, "gpm_sample, gpm_metrics_get"), 5 * 2);
+    assert_eq!(reads_of(&counts, costs::GPM_LINK_PAIR), 5 * 18);
+}
