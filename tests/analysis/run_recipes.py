@@ -152,6 +152,7 @@ def main():
     hours = sorted(hour for hour, node, signal in duck_scores
                    if (node, signal) == (STRAGGLER, "sm_clock_ratio") and duck_scores[(hour, node, signal)][2] == len(NODES))
     assert hours and {r[0] for r in duck_ranking} == {"fleet"}, duck_ranking
+    first_fixed = None
     for hour in hours:
         ranked = [r for r in duck_ranking if r[1].replace(tzinfo=None) == hour]
         assert sorted(r[2] for r in ranked) == sorted(NODES), ranked
@@ -164,6 +165,7 @@ def main():
                 fixed[node] = max(fixed.get(node, (float("-inf"), "")), (v[3], signal))
         assert max(fixed, key=lambda n: fixed[n]) == STRAGGLER, fixed
         assert fixed[STRAGGLER][1] == "sm_clock_ratio" and fixed[STRAGGLER][0] > 4, fixed
+        first_fixed = first_fixed or fixed[STRAGGLER]
         clock = {node: duck_scores[(hour, node, "sm_clock_ratio")] for node in NODES}
         assert clock[STRAGGLER][0] < 0.9 and clock[STRAGGLER][3] > 4, clock
         assert all(v[3] <= 1 for n, v in clock.items() if n != STRAGGLER), clock
@@ -186,7 +188,10 @@ def main():
     filters = [line for line in plan.splitlines() if line.startswith("PartitionFilters:")]
     assert len(filters) >= 4 and all("(date#" in f and ">=" in f for f in filters), plan
     top = next(r for r in duck_ranking if r[1].replace(tzinfo=None) == hours[0] and r[2] == STRAGGLER)
-    print(f"stragglers: {len(hours)} hour(s), {STRAGGLER} first by {top[3]} (z {top[4]:.1f}) in DuckDB and Spark; "
+    # The signal the fixtures drive, then the ranking's own "why", which the
+    # live jitter tail may take on a loaded machine.
+    print(f"stragglers: {len(hours)} hour(s), {STRAGGLER} first by {first_fixed[1]} (z {first_fixed[0]:.1f}) "
+          f"of the fixture-driven signals, by {top[3]} (z {top[4]:.1f}) of all, in DuckDB and Spark; "
           f"{len(duck_scores)} node-signal-hours agree; {len(filters)} scans pruned by date")
     ran.update({"duckdb_stragglers", "spark_stragglers"})
 
