@@ -291,12 +291,18 @@ class IbPort:
 class Prometheus:
     def __init__(self, work, port):
         self.port = port
+        # Prometheus reads a copy taken now, and the result names that copy's
+        # hash: an edit of the rules while a run goes on changes neither.
+        rules = os.path.join(work, "vtax-rules.yml")
+        shutil.copyfile(RULES, rules)
+        with open(rules, "rb") as f:
+            self.rules_sha256 = hashlib.sha256(f.read()).hexdigest()
         config = os.path.join(work, "prometheus.yml")
         write(config, f"""\
 global:
   evaluation_interval: 5s
 rule_files:
-  - {RULES}
+  - {rules}
 """)
         self.log = open(os.path.join(work, "prometheus.log"), "w")
         self.process = subprocess.Popen(
@@ -616,8 +622,7 @@ def main():
         built = prometheus.query(
             'count by (revision) (last_over_time(vtax_build_info{cluster=~"eval-.*"}[1w]))')
         revisions = sorted(r["metric"].get("revision", "unknown") for r in built)
-        with open(RULES, "rb") as f:
-            rules_sha256 = hashlib.sha256(f.read()).hexdigest()
+        rules_sha256 = prometheus.rules_sha256
         result.update({"seed": seed, "hold_secs": args.hold_secs, "causes": causes,
                        "poll_errors": watch.poll_errors, "quiet_margin": margin,
                        # What the figures hold for: runs add up only where these match.
