@@ -92,20 +92,9 @@ impl Agent {
 
     /// Waits until `/metrics` holds `needle`.
     pub fn wait_for_metric(&self, needle: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let body = self.get("/metrics", &[]).text();
-            if body.contains(needle) {
-                return body;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{needle:?} never appeared in /metrics:\n{body}\nlog:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.poll_metrics(timeout, &format!("{needle:?} never appeared"), |body| {
+            body.contains(needle).then(|| body.to_string())
+        })
     }
 
     /// Waits until the sample of a series that starts with `series` (the
@@ -119,21 +108,31 @@ impl Agent {
         done: impl Fn(f64) -> bool,
         timeout: Duration,
     ) -> f64 {
+        let what = format!("{series:?} never came to the value waited for");
+        self.poll_metrics(timeout, &what, |body| {
+            body.lines()
+                .find(|l| l.starts_with(series))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .filter(|v| done(*v))
+        })
+    }
+
+    /// Reads `/metrics` every 100 ms until `found` gives something, and
+    /// panics with `what`, the last body and the log at `timeout`.
+    fn poll_metrics<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        found: impl Fn(&str) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + timeout;
         loop {
             let body = self.get("/metrics", &[]).text();
-            let value = body
-                .lines()
-                .find(|l| l.starts_with(series))
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-            if let Some(v) = value.filter(|v| done(*v)) {
-                return v;
+            if let Some(t) = found(&body) {
+                return t;
             }
             if Instant::now() > deadline {
-                panic!(
-                    "{series:?} read {value:?} and never came to the value waited for:\n{body}\nlog:\n{}",
-                    self.log()
-                );
+                panic!("{what} in /metrics:\n{body}\nlog:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
