@@ -168,24 +168,31 @@ fn unknown_user_costs_what_a_wrong_password_costs() {
         started.elapsed()
     };
     let (mut known, mut unknown) = (Duration::MAX, Duration::MAX);
-    // The fastest of each: other load only ever adds time. Ten of each,
-    // taken in turn: on a 2-vCPU machine with a CPU hog running, the fastest
-    // of five left the unknown user at 2.4 times a wrong password.
-    for _ in 0..10 {
+    // The fastest of each, taken in turn: other load only ever adds time, so
+    // the two minimums close in on the true costs as rounds are added. Load
+    // beside the test (the workspace's other tests on two vCPUs) once left the
+    // fastest wrong password of ten at 2.4 times the fastest unknown user, so
+    // rounds go on until the two agree or 40 rounds have run. An unknown user
+    // refused before bcrypt never comes within range however many rounds run.
+    let mut rounds: u64 = 0;
+    let in_range = |known: Duration, unknown: Duration| {
+        (0.5..2.0).contains(&(unknown.as_secs_f64() / known.as_secs_f64()))
+    };
+    while rounds < 40 && (rounds < 10 || !in_range(known, unknown)) {
         known = known.min(timed("prometheus"));
         unknown = unknown.min(timed("nobody"));
+        rounds += 1;
     }
-    println!("wrong password: {known:?}; unknown user: {unknown:?}");
+    println!("wrong password: {known:?}; unknown user: {unknown:?}; rounds: {rounds}");
     assert!(
         known > Duration::from_millis(5),
         "bcrypt did not run: {known:?}"
     );
-    let ratio = unknown.as_secs_f64() / known.as_secs_f64();
     assert!(
-        (0.5..2.0).contains(&ratio),
+        in_range(known, unknown),
         "an unknown user takes {unknown:?}, a wrong password {known:?}"
     );
-    assert_eq!(server.stats().auth_failures, 20);
+    assert_eq!(server.stats().auth_failures, 2 * rounds);
     server.stop();
 }
 
