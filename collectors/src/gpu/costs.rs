@@ -48,7 +48,8 @@ const GPM_GPU_WIDE_BUSY_MS: f64 = 0.50 * 0.33 / 0.44;
 /// the NVML backend's doctor timing, which includes it in GPM's.
 pub const GPM_LINK_PAIR: &str = "gpm per-link rx, tx (each link up)";
 
-/// The 15 small reads that are not listed apart: 0.21 ms together idle,
+/// The small reads that are not listed apart, of the 15 the doctor timed
+/// in a group: 0.21 ms together idle,
 /// less the list and the power reading (0.187 ms), and 0.48 ms busy less
 /// the same two and the NVLink reads (0.257 ms).
 const SMALL_IDLE_MS: f64 = 0.187 / 15.0;
@@ -102,8 +103,12 @@ pub static NVML_CALL_COSTS: &[CallCost] = &[
     small("temperature"),
     small("total_ecc_errors(corrected)"),
     small("total_ecc_errors(uncorrected)"),
-    small("current_pcie_link_gen"),
-    small("current_pcie_link_width"),
+    // Timed apart only on an H200, a second apart as a tick makes them
+    // ("H200, 2026-11-27: the collector's cost read by read": idle, and
+    // beside a copy); the H100's doctor timed them among its small reads,
+    // back to back, where they cost less.
+    call("current_pcie_link_gen", 0.054, 0.049),
+    call("current_pcie_link_width", 0.176, 0.180),
     small("virtualization_mode"),
     small("mig instances"),
 ];
@@ -123,6 +128,14 @@ pub const EVERY_TICK: &[&str] = &[
     "current_throttle_reasons",
     "power_usage",
     "temperature",
+    "current_pcie_link_gen",
+    "current_pcie_link_width",
+];
+
+/// The reads of [`EVERY_TICK`] that a quiet GPU makes only every
+/// `slow_reads_interval_secs` (see `backend::is_quiet`).
+pub const QUIET_SKIPS: &[&str] = &[
+    "gpm_sample, gpm_metrics_get",
     "current_pcie_link_gen",
     "current_pcie_link_width",
 ];
@@ -186,8 +199,9 @@ mod tests {
     }
 
     /// The table adds up to what the doctor measured per tick: 4.66 ms on
-    /// an idle H100 (2026-11-26), 18 links up, with GPM at its 1 s-apart
-    /// figure in place of the doctor's 0.21.
+    /// an idle H100 (2026-11-26), 18 links up, with GPM and the PCIe link
+    /// at their 1 s-apart figures (GPM 0.44 in place of the doctor's 0.21,
+    /// the link 0.23 on an H200 in place of two small reads).
     #[test]
     fn an_idle_tick_costs_what_the_doctor_measured() {
         let with_energy: Vec<&str> = EVERY_TICK
@@ -198,7 +212,11 @@ mod tests {
             .chain([GPM_LINK_PAIR; 18])
             .collect();
         let idle_ms = seconds_of(&with_energy, false) * 1e3;
-        assert!((idle_ms - (4.66 - 0.21 + 0.44)).abs() < 1e-9, "{idle_ms}");
+        let link_ms = 0.054 + 0.176 - 2.0 * SMALL_IDLE_MS;
+        assert!(
+            (idle_ms - (4.66 - 0.21 + 0.44 + link_ms)).abs() < 1e-9,
+            "{idle_ms}"
+        );
         assert!(seconds_of(&with_energy, true) > seconds_of(&with_energy, false));
         // With the links hidden GPM costs its GPU-wide part alone.
         let gpm = ["gpm_sample, gpm_metrics_get"];

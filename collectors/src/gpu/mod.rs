@@ -72,6 +72,51 @@ struct GpuState {
     slow_read_us: Option<i64>,
     /// What the last slow read gave, carried on between slow reads.
     slow: SlowValues,
+    /// Whether the last tick found the GPU quiet (`backend::is_quiet`).
+    was_quiet: bool,
+    /// What the last quiet tick after a quiet tick read, held on the quiet
+    /// ticks that skip those reads; `None` once anything runs.
+    quiet_reads: Option<QuietReads>,
+    /// GPM's previous sample is older than the last tick (a tick skipped
+    /// GPM, or the GPU did not answer): its next figures average over more
+    /// than one tick.
+    gpm_span_stale: bool,
+}
+
+/// The reads a quiet GPU makes only every `slow_reads_interval_secs`: GPM,
+/// the PCIe throughput and the PCIe link, as a quiet tick read them.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct QuietReads {
+    read_us: i64,
+    gpm: Option<backend::GpmMetrics>,
+    link_rates: Vec<(Option<f64>, Option<f64>)>,
+    pcie_rx_bytes_per_second: Option<f64>,
+    pcie_tx_bytes_per_second: Option<f64>,
+    pcie_link_gen: Option<u32>,
+    pcie_link_width: Option<u32>,
+}
+
+impl QuietReads {
+    fn of(s: &GpuSample, read_us: i64) -> QuietReads {
+        QuietReads {
+            read_us,
+            gpm: s.gpm.clone(),
+            link_rates: s.link_rates.clone(),
+            pcie_rx_bytes_per_second: s.pcie_rx_bytes_per_second,
+            pcie_tx_bytes_per_second: s.pcie_tx_bytes_per_second,
+            pcie_link_gen: s.pcie_link_gen,
+            pcie_link_width: s.pcie_link_width,
+        }
+    }
+
+    fn fill(&self, s: &mut GpuSample) {
+        s.gpm = self.gpm.clone();
+        s.link_rates = self.link_rates.clone();
+        s.pcie_rx_bytes_per_second = self.pcie_rx_bytes_per_second;
+        s.pcie_tx_bytes_per_second = self.pcie_tx_bytes_per_second;
+        s.pcie_link_gen = self.pcie_link_gen;
+        s.pcie_link_width = self.pcie_link_width;
+    }
 }
 
 /// The values of a GPU read every `slow_reads_interval_secs`, as the last
@@ -153,7 +198,52 @@ impl GpuState {
             },
             slow: due(self.slow_read_us, config.slow_reads_interval_secs),
             mig_enabled: self.slow.mig_enabled,
+            skip_quiet_reads: !fresh
+                && self.quiet_reads.as_ref().is_some_and(|q| {
+                    !due(Some(q.read_us), config.slow_reads_interval_secs)
+                }),
         }
+    }
+
+    /// Puts the held quiet reads on a tick that skipped them, and decides
+    /// what the next quiet ticks may hold. `gpm_expected`: GPM is on and
+    /// the GPU has it.
+    ///
+    /// Held figures come only from a tick that was quiet, as was the tick
+    /// before it, so that GPM's interval had nothing running at either end;
+    /// a read that gave no GPM figures where GPM runs (a new backend's first
+    /// sample, a failed call) is not held. GPM's figures average over the
+    /// time since its previous sample: on the first tick that is not quiet
+    /// after skipped ticks, they would spread the new work over the quiet
+    /// seconds before it, so that tick has none (as a GPU's first tick has
+    /// none); on a quiet tick, the average of quiet seconds is kept.
+    fn settle_quiet(&mut self, s: &mut GpuSample, time_us: i64, gpm_expected: bool) {
+        if s.quiet_reads_skipped {
+            if let Some(held) = &self.quiet_reads {
+                held.fill(s);
+            }
+            self.gpm_span_stale = true;
+        } else {
+            if self.gpm_span_stale && !s.quiet && s.gpm.take().is_some() {
+                // The PCIe and NVLink rates were GPM's too.
+                s.link_rates.clear();
+                s.pcie_rx_bytes_per_second = None;
+                s.pcie_tx_bytes_per_second = None;
+            }
+            self.gpm_span_stale = false;
+            let holdable = s.quiet && self.was_quiet && (s.gpm.is_some() || !gpm_expected);
+            self.quiet_reads = holdable.then(|| QuietReads::of(s, time_us));
+        }
+        self.was_quiet = s.quiet;
+    }
+
+    /// The GPU gave no sample: everything is read when it answers, and the
+    /// GPM figures of that tick span the silence.
+    fn forget_after_silence(&mut self) {
+        self.slow_read_us = None;
+        self.was_quiet = false;
+        self.quiet_reads = None;
+        self.gpm_span_stale = true;
     }
 
     /// Keeps what a slow read gave, or puts the last one's values on a
@@ -546,6 +636,7 @@ impl Collector for Gpu {
                     }
                     *answered_at = true;
                     let state = &mut self.states[at];
+                    state.settle_quiet(&mut sample, time_us, self.config.gpm && g.gpm_supported);
                     state.settle_slow(plan, &mut sample, time_us);
                     state.settle_shares(&self.config, &mut sample, time_us);
                     let energy =
@@ -567,7 +658,7 @@ impl Collector for Gpu {
                         rows.event.push_row(time_us, &row)?;
                         state.lost = true;
                     }
-                    state.slow_read_us = None;
+                    state.forget_after_silence();
                     state.sample_errors += 1;
                     state.problems = vec![format!("GPU {index} ({uuid}): lost: {why}")];
                 }
@@ -576,7 +667,7 @@ impl Collector for Gpu {
                     if state.sample_errors == 0 {
                         tracing::warn!(gpu = g.index, uuid = %uuid, reason = %why, "Reading a GPU failed; retried every tick.");
                     }
-                    state.slow_read_us = None;
+                    state.forget_after_silence();
                     state.sample_errors += 1;
                     state.problems = vec![format!("GPU {index} ({uuid}): read failed: {why}")];
                 }

@@ -31,7 +31,7 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
 use super::backend::{
-    nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample, MigSample,
+    is_quiet, nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample, MigSample,
     ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead, VirtualizationMode, XidEvent,
 };
 use crate::jitter::thread_cpu_ns;
@@ -271,7 +271,7 @@ impl NvmlBackend {
 
     /// Compute processes with their memory, and, when `shares` says so for
     /// this many processes, their SM and memory shares since the last read;
-    /// and whether the shares were read.
+    /// whether the list was read, and whether the shares were.
     fn processes(
         &mut self,
         index: u32,
@@ -279,11 +279,11 @@ impl NvmlBackend {
         reads: &mut Reads,
         shares: SharesRead,
         mig_enabled: Option<bool>,
-    ) -> (Vec<ProcessSample>, bool) {
+    ) -> (Vec<ProcessSample>, bool, bool) {
         let Ok(running) = reads.time("running_compute_processes", || {
             d.running_compute_processes()
         }) else {
-            return (Vec::new(), false);
+            return (Vec::new(), false, false);
         };
         // The shares cost the driver 2.5-5.8 ms of CPU on an H100 against
         // 0.02-0.1 ms for the list: on an idle GPU there is no one to share
@@ -323,7 +323,7 @@ impl NvmlBackend {
                 }
             })
             .collect();
-        (processes, read_shares)
+        (processes, true, read_shares)
     }
 }
 
@@ -528,11 +528,27 @@ impl GpuBackend for NvmlBackend {
         let utilization = reads
             .time("utilization_rates", || d.utilization_rates())
             .ok();
+        let utilization_gpu_ratio = utilization.as_ref().map(|u| f64::from(u.gpu) / 100.0);
         // The values that change rarely, and counters read for their
         // increase, only when the plan says (every slow_reads_interval_secs):
         // mig_mode and the replay counter cost the driver 0.4-0.5 ms of CPU
         // each (docs/gpus.md); the collector carries them in between.
         let slow = plan.slow;
+        let mig_read = slow
+            .then(|| reads.time("mig_mode", || d.mig_mode()).ok())
+            .flatten()
+            .map(|m| m.current == 1);
+        let mig_enabled = plan.mig_mode(mig_read);
+        // The processes before GPM: whether anything runs decides whether
+        // GPM and the PCIe link are read.
+        let (processes, listed, process_shares_read) =
+            self.processes(gpu.index, &d, &mut reads, plan.process_shares, mig_enabled);
+        let quiet = is_quiet(
+            utilization_gpu_ratio,
+            listed.then_some(processes.len()),
+            mig_enabled,
+        );
+        let skip_quiet_reads = plan.skip_quiet_reads && quiet;
         // Link state before GPM, which asks for the rates of the links up.
         let links = if slow {
             reads.time("nvlink is_active, error_counter", || {
@@ -541,7 +557,7 @@ impl GpuBackend for NvmlBackend {
         } else {
             Vec::new()
         };
-        let (gpm, link_rates) = match (self.use_gpm && gpu.gpm_supported)
+        let (gpm, link_rates) = match (self.use_gpm && gpu.gpm_supported && !skip_quiet_reads)
             .then(|| reads.time("gpm_sample, gpm_metrics_get", || self.gpm(gpu.index, &d)))
             .flatten()
         {
@@ -554,7 +570,7 @@ impl GpuBackend for NvmlBackend {
         let gpm_has_pcie = gpm.as_ref().is_some_and(|g| {
             g.pcie_rx_bytes_per_second.is_some() && g.pcie_tx_bytes_per_second.is_some()
         });
-        let (pcie_rx, pcie_tx) = if gpm_has_pcie {
+        let (pcie_rx, pcie_tx) = if gpm_has_pcie || skip_quiet_reads {
             (None, None)
         } else {
             let kib = |r: Result<u32, NvmlError>| r.ok().map(|kib| f64::from(kib) * 1024.0);
@@ -584,20 +600,13 @@ impl GpuBackend for NvmlBackend {
                 SampleValue::U64(x) => x as f64,
                 SampleValue::I64(x) => x as f64,
             });
-        let mig_read = slow
-            .then(|| reads.time("mig_mode", || d.mig_mode()).ok())
-            .flatten()
-            .map(|m| m.current == 1);
-        let mig_enabled = plan.mig_mode(mig_read);
-        let (processes, process_shares_read) =
-            self.processes(gpu.index, &d, &mut reads, plan.process_shares, mig_enabled);
         let mig = if mig_enabled == Some(true) {
             reads.time("mig instances", || mig_instances(self.nvml, &d))
         } else {
             Vec::new()
         };
         let sample = GpuSample {
-            utilization_gpu_ratio: utilization.as_ref().map(|u| f64::from(u.gpu) / 100.0),
+            utilization_gpu_ratio,
             utilization_memory_ratio: utilization.as_ref().map(|u| f64::from(u.memory) / 100.0),
             gpm,
             sm_clock_hz: hz(reads.time("clock_info(sm)", || d.clock_info(Clock::SM))),
@@ -657,12 +666,23 @@ impl GpuBackend for NvmlBackend {
             remapping_failed: remapped.map(|r| r.3),
             pcie_rx_bytes_per_second: pcie_rx,
             pcie_tx_bytes_per_second: pcie_tx,
-            pcie_link_gen: reads
-                .time("current_pcie_link_gen", || d.current_pcie_link_gen())
-                .ok(),
-            pcie_link_width: reads
-                .time("current_pcie_link_width", || d.current_pcie_link_width())
-                .ok(),
+            // 0.23 ms of the driver's CPU a tick on an H200 (docs/gpus.md);
+            // an idle link trains down by design, and the first tick a GPU
+            // is not quiet reads it again.
+            pcie_link_gen: (!skip_quiet_reads)
+                .then(|| {
+                    reads
+                        .time("current_pcie_link_gen", || d.current_pcie_link_gen())
+                        .ok()
+                })
+                .flatten(),
+            pcie_link_width: (!skip_quiet_reads)
+                .then(|| {
+                    reads
+                        .time("current_pcie_link_width", || d.current_pcie_link_width())
+                        .ok()
+                })
+                .flatten(),
             pcie_replays: slow
                 .then(|| {
                     reads
@@ -693,6 +713,8 @@ impl GpuBackend for NvmlBackend {
             mig,
             processes,
             process_shares_read,
+            quiet,
+            quiet_reads_skipped: skip_quiet_reads,
         };
         if let (Some(all), Some(times)) = (self.read_times.as_mut(), reads.0) {
             all.insert(gpu.index, times);

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use std::sync::{Arc, Mutex};
 
 use super::backend::{
-    nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
+    is_quiet, nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
     LinkSample, MigSample, ProcessSample, ReadPlan, SampleError, VirtualizationMode, XidEvent,
 };
 use super::costs;
@@ -456,6 +456,23 @@ impl GpuBackend for SimBackend {
         if mig_enabled == Some(true) {
             reads.push("mig instances");
         }
+        // As the NVML backend: a quiet GPU whose quiet reads the plan lets
+        // go skips GPM, the PCIe throughput and the PCIe link.
+        sample.quiet = is_quiet(
+            sample.utilization_gpu_ratio,
+            Some(sample.processes.len()),
+            mig_enabled,
+        );
+        sample.quiet_reads_skipped = plan.skip_quiet_reads && sample.quiet;
+        if sample.quiet_reads_skipped {
+            sample.gpm = None;
+            sample.link_rates.clear();
+            sample.pcie_rx_bytes_per_second = None;
+            sample.pcie_tx_bytes_per_second = None;
+            sample.pcie_link_gen = None;
+            sample.pcie_link_width = None;
+            reads.retain(|read| !costs::QUIET_SKIPS.contains(read));
+        }
         // GPM is asked for the rates of the links up, as the NVML backend asks.
         let links_asked = sample.link_rates.iter().filter(|r| r.0.is_some()).count();
         reads.extend(std::iter::repeat_n(costs::GPM_LINK_PAIR, links_asked));
@@ -654,6 +671,8 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         mig,
         processes,
         process_shares_read: true,
+        quiet: false,
+        quiet_reads_skipped: false,
     }
 }
 
@@ -804,6 +823,7 @@ mod tests {
             process_shares: SharesRead::IfShared,
             slow: true,
             mig_enabled: None,
+            skip_quiet_reads: false,
         };
         let one = b.sample(&ids[0], 0, plan).unwrap();
         assert_eq!(one.energy_joules, None);

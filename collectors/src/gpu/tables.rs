@@ -46,7 +46,7 @@ vtax_store::table! {
     /// One row per GPU per tick.
     pub static GPU: TableDef, pub struct GpuRow {
         name: "gpu",
-        help: "One row per GPU per tick: utilisation and GPM activity, HBM bandwidth against its peak, clocks against their maxima, power, temperatures, memory, ECC, PCIe and NVLink totals. Null where the GPU or driver does not support a value (GPM before Hopper). The power limit, ECC counters, remapped rows and PCIe replays are read every slow_reads_interval_secs (30 s by default) and keep their last value in between.",
+        help: "One row per GPU per tick: utilisation and GPM activity, HBM bandwidth against its peak, clocks against their maxima, power, temperatures, memory, ECC, PCIe and NVLink totals. Null where the GPU or driver does not support a value (GPM before Hopper). The power limit, ECC counters, remapped rows and PCIe replays are read every slow_reads_interval_secs (30 s by default) and keep their last value in between. On a quiet GPU (no compute process, utilisation 0, MIG off) so are the GPM figures, the PCIe throughput and the PCIe link, each as the last quiet tick read them; the first tick anything runs reads them again, with null GPM figures that tick (GPM's interval would span the quiet seconds).",
         tags: [
             gpu = GPU_TAG,
             gpu_uuid = UUID_TAG,

@@ -607,6 +607,75 @@ fn slow_reads_are_made_once_per_interval_and_held_between() {
     assert_eq!(ecc, Some(9.0), "read at 90 s: one every 10 s");
 }
 
+/// A quiet GPU (no process, no kernel) reads GPM and its PCIe link once
+/// per `slow_reads_interval_secs` and holds them in between; the first
+/// tick anything runs reads them again, without GPM figures that would
+/// spread the new work over the quiet seconds GPM's sample spans.
+#[test]
+fn a_quiet_gpu_reads_gpm_and_its_link_once_per_interval() {
+    // GPU 0 idle, training from 40 s to 70 s, idle again; GPU 1 idle
+    // throughout; GPU 2 training throughout.
+    let scenarios = ["idle", "idle", "training"];
+    let turns = |s: sim::SimBackend| {
+        s.turning(0, 40.0, sim::Scenario::Training)
+            .turning(0, 70.0, sim::Scenario::Idle)
+    };
+    let (mut spaced, counts) = simulated_counting(&scenarios, |_| {}, turns);
+    let (mut every, _) =
+        simulated_counting(&scenarios, |c| c.slow_reads_interval_secs = 0.0, turns);
+    let gpm_read = "gpm_sample, gpm_metrics_get";
+    let mut gpm_reads_at: Vec<i64> = Vec::new();
+    for second in 0..=110i64 {
+        let time_us = 1_000_000 * second;
+        let before = (reads_of(&counts, gpm_read), reads_of(&counts, "current_pcie_link_gen"));
+        let a = spaced.collect(time_us).unwrap();
+        let b = every.collect(time_us).unwrap();
+        let after = (reads_of(&counts, gpm_read), reads_of(&counts, "current_pcie_link_gen"));
+        assert_eq!(after.0 - before.0, after.1 - before.1, "GPM and the link together");
+        // GPU 2 is read every tick; what is left is GPUs 0 and 1.
+        assert!(after.0 - before.0 >= 1, "GPU 2 at {second} s");
+        for _ in 1..after.0 - before.0 {
+            gpm_reads_at.push(second);
+        }
+        for gpu in ["0", "1", "2"] {
+            for field in [
+                "sm_active_ratio",
+                "dram_bandwidth_ratio",
+                "pcie_rx_bytes_per_second",
+                "pcie_link_gen",
+                "pcie_link_width",
+            ] {
+                let ours = value(&a, &GPU, &[gpu], field);
+                let truth = value(&b, &GPU, &[gpu], field);
+                if gpu == "0" && second == 40 && field != "pcie_link_gen" && field != "pcie_link_width" {
+                    // GPM's interval spans the skipped quiet ticks.
+                    assert_eq!(ours, None, "{field} of GPU 0 as the work starts");
+                    assert!(truth.is_some());
+                } else {
+                    assert!(ours.is_some(), "{field} of GPU {gpu} null at {second} s");
+                    assert_eq!(ours, truth, "{field} of GPU {gpu} at {second} s");
+                }
+            }
+        }
+        assert_eq!(
+            value(&a, &GPU, &["0"], "pcie_link_gen"),
+            Some(if (40..70).contains(&second) { 5.0 } else { 1.0 }),
+            "at {second} s: the link is read again the tick the work starts"
+        );
+    }
+    // GPU 0: its first two ticks (the second is the first it may hold),
+    // 31; the work from 40 to 69; 70 (the tick after work is not held)
+    // and 71; 101. GPU 1: 0, 1, 31, 61, 91.
+    let mut expected: Vec<i64> = [0, 1, 31]
+        .into_iter()
+        .chain(40..=71)
+        .chain([101])
+        .chain([0, 1, 31, 61, 91])
+        .collect();
+    expected.sort();
+    assert_eq!(gpm_reads_at, expected);
+}
+
 #[test]
 fn a_change_shows_at_the_next_slow_read() {
     // MIG turned on at 40 s on GPU 0.
