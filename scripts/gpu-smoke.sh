@@ -15,8 +15,15 @@
 #      which the agent should count and store. It resets nothing, but it does
 #      put an error in the kernel log: opt in;
 #   5. the store the agent wrote, read back: `vtax query` and pyarrow;
-#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real),
-#      then the same with GPM off; OVERHEAD_SECS (default 45) is each window;
+#   6. what the real NVML reads cost the agent (bench/agent/gpu_overhead.py --real)
+#      on idle GPUs, beside nvidia-smi reading them once a second
+#      (bench/gpu/nvidia_smi_cost.py, PEER_SECS a way, default 30), then both
+#      again with GPU 0 copying (OVERHEAD_BUSY=0 leaves that out), and with
+#      OVERHEAD_GPM_OFF=1 the agent with GPM off; OVERHEAD_SECS (default 45)
+#      is each agent window;
+#   6b. (quiet) the agent on defaults while GPU 0 idles, copies for 12 s and
+#      idles again (QUIET_IDLE_SECS, default 20, each side), scraped each
+#      second: GPM's figures and the PCIe link, held on quiet ticks;
 #   7. the transfer probe: `vtax probe-gpu` (its table, every GPU), then
 #      bench/gpu/probe_vs_torch.py: the probe's host<->device, device->device
 #      and launch figures beside the same transfers timed by PyTorch, PASS or
@@ -31,7 +38,8 @@
 # keeps the raw files there (default: a new temporary folder).
 # STEPS picks the steps, by name, comma- or space-separated (default: all):
 #   doctor (1), agent (2 and 5: the agent under load, and its store read back),
-#   ncu (3), xid (4, with XID=1), overhead (6), probe (7), probe-agent (8).
+#   ncu (3), xid (4, with XID=1), overhead (6), quiet (6b), probe (7),
+#   probe-agent (8).
 # ncu and xid run inside the agent's window, so only with agent. PROBE_ONLY=1
 # is STEPS=probe: a couple of minutes on a node of a few GPUs. PROBE_GPU=N
 # compares GPU N (nvidia-smi's index, default 0) with PyTorch; PROBE_ARGS adds
@@ -41,14 +49,14 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 out=${SMOKE_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-steps=${STEPS:-doctor agent ncu xid overhead probe probe-agent}
+steps=${STEPS:-doctor agent ncu xid overhead quiet probe probe-agent}
 [ "${PROBE_ONLY:-0}" = 1 ] && steps=probe
 steps=" ${steps//,/ } "
 want() { [[ $steps == *" $1 "* ]]; }
 for step in $steps; do
   case $step in
-    doctor|agent|ncu|xid|overhead|probe|probe-agent) ;;
-    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead probe probe-agent)" >&2; exit 2 ;;
+    doctor|agent|ncu|xid|overhead|quiet|probe|probe-agent) ;;
+    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead quiet probe probe-agent)" >&2; exit 2 ;;
   esac
 done
 
@@ -95,23 +103,7 @@ rm -f "$out/.stop"
 scrape_pid=$!
 sleep 4
 
-python3 - "$seconds" > "$out/copy.txt" <<'PY' &
-import os, sys, time, torch
-seconds = float(sys.argv[1])
-n = 2 << 30  # 2 GiB per buffer
-a = torch.empty(n, dtype=torch.uint8, device="cuda")
-b = torch.empty_like(a)
-b.copy_(a); torch.cuda.synchronize()
-start = time.time(); copies = 0
-while time.time() - start < seconds:
-    for _ in range(20):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    copies += 20
-end = time.time()
-# A device-to-device copy reads and writes every byte: 2 n bytes of HBM traffic.
-print(f"pid={os.getpid()} start={start:.3f} end={end:.3f} hbm_bytes_per_second={2 * n * copies / (end - start):.6e}")
-PY
+python3 bench/gpu/hbm_copy_load.py --seconds "$seconds" > "$out/copy.txt" &
 copy_pid=$!
 sleep $((seconds / 2 + 2))
 fetch "http://127.0.0.1:$port/metrics" > "$out/metrics-under-load.txt" || true
@@ -273,12 +265,76 @@ fi
 
 if want overhead && [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 0 ]; then
   echo
-  python3 bench/agent/gpu_overhead.py --real --seconds "${OVERHEAD_SECS:-45}" --vtax "$VTAX" | tee "$out/overhead.txt"
-  # GPM's share of it: the same with GPM off.
-  printf '[collectors.gpu]\ngpm = false\n' > "$out/gpm-off.toml"
-  echo "with gpm = false:"
-  python3 bench/agent/gpu_overhead.py --real --seconds "${OVERHEAD_SECS:-45}" --vtax "$VTAX" \
-    --config "$out/gpm-off.toml" | tee "$out/overhead-gpm-off.txt"
+  overhead_secs=${OVERHEAD_SECS:-45}
+  echo "idle:"
+  python3 bench/agent/gpu_overhead.py --real --seconds "$overhead_secs" --vtax "$VTAX" | tee "$out/overhead.txt"
+  # The peer on the same GPUs: nvidia-smi reading them once a second.
+  python3 bench/gpu/nvidia_smi_cost.py --seconds "${PEER_SECS:-30}" | tee "$out/nvidia-smi-cost.txt" || true
+  if [ "${OVERHEAD_BUSY:-1}" != 0 ]; then
+    # The same beside one process copying within GPU 0 at ~99% utilisation.
+    echo "busy (GPU 0 copying):"
+    python3 bench/gpu/hbm_copy_load.py --seconds "$((overhead_secs + ${PEER_SECS:-30} + 30))" \
+      > "$out/overhead-busy-load.txt" 2>&1 &
+    load_pid=$!
+    sleep 5
+    python3 bench/agent/gpu_overhead.py --real --seconds "$overhead_secs" --vtax "$VTAX" | tee "$out/overhead-busy.txt"
+    python3 bench/gpu/nvidia_smi_cost.py --seconds "${PEER_SECS:-30}" --ways loop | tee "$out/nvidia-smi-cost-busy.txt" || true
+    wait "$load_pid" || true
+    cat "$out/overhead-busy-load.txt"
+  fi
+  if [ "${OVERHEAD_GPM_OFF:-0}" != 0 ]; then
+    # GPM's share of it: the same with GPM off.
+    printf '[collectors.gpu]\ngpm = false\n' > "$out/gpm-off.toml"
+    echo "with gpm = false:"
+    python3 bench/agent/gpu_overhead.py --real --seconds "$overhead_secs" --vtax "$VTAX" \
+      --config "$out/gpm-off.toml" | tee "$out/overhead-gpm-off.txt"
+  fi
+fi
+
+# A quiet GPU (no process, no kernel) reads GPM and its PCIe link once per
+# slow_reads_interval_secs and holds them; the tick work starts reads them
+# again. The agent on defaults, GPU 0 idle, then copying, then idle, one
+# scrape a second: GPM's figures and the link, each second.
+if want quiet; then
+  echo
+  port=19435
+  "$VTAX" run --data-dir "$out/quiet-data" --web.listen-address "127.0.0.1:$port" \
+    --no-collector.cgroups --no-collector.infiniband > "$out/quiet.log" 2>&1 &
+  quiet_pid=$!
+  rm -f "$out/.quiet-stop"
+  ( while [ ! -e "$out/.quiet-stop" ]; do
+      printf '### %s\n' "$(now)"
+      fetch "http://127.0.0.1:$port/metrics" \
+        | grep -E '^vtax_gpu_(utilization_ratio|sm_active_ratio|dram_bandwidth_ratio|pcie_rx_bytes_per_second|pcie_link_gen|pcie_link_width)\{gpu="0"' || true
+      sleep 1
+    done ) > "$out/quiet-scrapes.txt" &
+  quiet_scrape_pid=$!
+  sleep "${QUIET_IDLE_SECS:-20}"
+  python3 bench/gpu/hbm_copy_load.py --seconds 12 > "$out/quiet-load.txt" 2>&1
+  sleep "${QUIET_IDLE_SECS:-20}"
+  touch "$out/.quiet-stop"; wait "$quiet_scrape_pid" || true
+  kill -TERM "$quiet_pid"; wait "$quiet_pid" || true
+  cat "$out/quiet-load.txt"
+  python3 - "$out/quiet-scrapes.txt" <<'PY'
+import re, sys
+names = ["utilization_ratio", "sm_active_ratio", "dram_bandwidth_ratio",
+         "pcie_rx_bytes_per_second", "pcie_link_gen", "pcie_link_width"]
+print("s      " + "  ".join(f"{n[:12]:>12}" for n in names))
+start, row = None, {}
+def flush(t):
+    if t is not None:
+        print(f"{t - start:5.1f}  " + "  ".join(f"{row.get(n, float('nan')):12.4g}" for n in names))
+t = None
+for line in open(sys.argv[1]):
+    if line.startswith("###"):
+        flush(t)
+        t = float(line.split()[1]); start = start if start is not None else t; row = {}
+        continue
+    m = re.match(r"vtax_gpu_(\w+)\{[^}]*\} (\S+)", line)
+    if m:
+        row[m.group(1)] = float(m.group(2))
+flush(t)
+PY
 fi
 
 # The transfer probe on idle GPUs: its own table first (every GPU and pair),
