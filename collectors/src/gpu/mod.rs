@@ -17,7 +17,10 @@
 //! their increase (MIG and virtualisation mode, the enforced power limit,
 //! NVLink link state and error counters, PCIe replays, ECC, remapped rows),
 //! are read every `slow_reads_interval_secs` and carried in between; all of
-//! it is read at a GPU's first tick and when it answers again.
+//! it is read at a GPU's first tick and when it answers again. A quiet GPU
+//! (nothing runs on it: `backend::is_quiet`) reads GPM and its PCIe link on
+//! that cadence too, and the first tick anything runs reads them again
+//! (`GpuState::settle_quiet`).
 //!
 //! `config.rs` holds `[collectors.gpu]`, `tables.rs` the tables, `doctor.rs`
 //! `vtax doctor --gpu`, `costs.rs` what each NVML read costs on an H100 (for
