@@ -739,8 +739,14 @@ fn a_gpu_that_answers_again_is_read_in_full() {
         value(&b, &GPU, &["0"], "energy_exact_age_seconds"),
         Some(0.0)
     );
+    // GPM's previous sample is from before the silence: no figures from
+    // an average over it, and this tick's own from the next.
+    assert_eq!(value(&b, &GPU, &["0"], "sm_active_ratio"), None);
+    assert!(value(&b, &GPU, &["0"], "power_watts").is_some());
+    let next = gpu.collect(21_000_000).unwrap();
+    assert!(value(&next, &GPU, &["0"], "sm_active_ratio").is_some());
     // And then on its cadence from there: 50 s, not 30 s.
-    for second in 21..50 {
+    for second in 22..50 {
         gpu.collect(second * 1_000_000).unwrap();
     }
     assert_eq!(reads_of(&counts, "mig_mode"), 2);
@@ -773,6 +779,29 @@ fn slow_values_carry_over_a_reload() {
     let b = new.collect(60_000_000).unwrap();
     assert_eq!(reads_of(&counts, "pcie_replay_counter"), 3 * 2);
     assert_eq!(value(&b, &GPU, &["0"], "pcie_replays"), Some(180.0));
+}
+
+/// A reload hands a quiet GPU's held GPM figures and link to the new
+/// collector, which goes on skipping those reads until they are due.
+#[test]
+fn quiet_reads_carry_over_a_reload() {
+    let gpm_read = "gpm_sample, gpm_metrics_get";
+    let (mut old, counts) = simulated_counting(&["idle"], |_| {}, |s| s);
+    for second in 0..=10 {
+        old.collect(second * 1_000_000).unwrap();
+    }
+    assert_eq!(reads_of(&counts, gpm_read), 2, "the first two ticks");
+    let mut new = Gpu::new(&old.config.clone(), &Roots::default());
+    new.take_over(Box::new(old));
+    assert!(matches!(new.probe(), Availability::Available(_)));
+    let b = new.collect(11_000_000).unwrap();
+    assert_eq!(reads_of(&counts, gpm_read), 2);
+    assert_eq!(value(&b, &GPU, &["0"], "sm_active_ratio"), Some(0.0));
+    assert_eq!(value(&b, &GPU, &["0"], "pcie_link_gen"), Some(1.0));
+    for second in 12..=31 {
+        new.collect(second * 1_000_000).unwrap();
+    }
+    assert_eq!(reads_of(&counts, gpm_read), 3, "due 30 s after the second tick");
 }
 
 #[test]
