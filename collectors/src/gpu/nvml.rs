@@ -31,8 +31,9 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
 use super::backend::{
-    is_quiet, nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample, MigSample,
-    ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead, VirtualizationMode, XidEvent,
+    is_quiet, nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample,
+    MigSample, ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead, VirtualizationMode,
+    XidEvent,
 };
 use crate::jitter::thread_cpu_ns;
 use crate::ticks::now_us;
