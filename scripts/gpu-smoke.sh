@@ -23,7 +23,8 @@
 #      is each agent window;
 #   6b. (quiet) the agent on defaults while GPU 0 idles, copies for 12 s and
 #      idles again (QUIET_IDLE_SECS, default 20, each side), scraped each
-#      second: GPM's figures and the PCIe link, held on quiet ticks;
+#      second: GPM's figures and the PCIe link, held on quiet ticks, with
+#      PASS or FAIL for what the held reads must keep true;
 #   7. the transfer probe: `vtax probe-gpu` (its table, every GPU), then
 #      bench/gpu/probe_vs_torch.py: the probe's host<->device, device->device
 #      and launch figures beside the same transfers timed by PyTorch, PASS or
@@ -316,24 +317,40 @@ if want quiet; then
   kill -TERM "$quiet_pid"; wait "$quiet_pid" || true
   cat "$out/quiet-load.txt"
   python3 - "$out/quiet-scrapes.txt" <<'PY'
-import re, sys
+import math, re, sys
 names = ["utilization_ratio", "sm_active_ratio", "dram_bandwidth_ratio",
          "pcie_rx_bytes_per_second", "pcie_link_gen", "pcie_link_width"]
-print("s      " + "  ".join(f"{n[:12]:>12}" for n in names))
-start, row = None, {}
-def flush(t):
-    if t is not None:
-        print(f"{t - start:5.1f}  " + "  ".join(f"{row.get(n, float('nan')):12.4g}" for n in names))
-t = None
+rows = []
 for line in open(sys.argv[1]):
     if line.startswith("###"):
-        flush(t)
-        t = float(line.split()[1]); start = start if start is not None else t; row = {}
+        rows.append((float(line.split()[1]), {}))
         continue
     m = re.match(r"vtax_gpu_(\w+)\{[^}]*\} (\S+)", line)
-    if m:
-        row[m.group(1)] = float(m.group(2))
-flush(t)
+    if m and rows:
+        rows[-1][1][m.group(1)] = float(m.group(2))
+start = rows[0][0] if rows else 0.0
+print("s      " + "  ".join(f"{n[:12]:>12}" for n in names))
+for t, row in rows:
+    print(f"{t - start:5.1f}  " + "  ".join(f"{row.get(n, math.nan):12.4g}" for n in names))
+# Judge from the agent's third scrape with a sample on: its first tick has
+# no GPM figures by design.
+sampled = [r for _, r in rows if "utilization_ratio" in r][2:]
+gaps = [i for i, r in enumerate(sampled) if "sm_active_ratio" not in r]
+checks = [
+    ("GPM null on one tick at most (scraped at most twice), as work starts",
+     len(gaps) <= 2 and (not gaps or gaps[-1] - gaps[0] <= 1)),
+    ("the PCIe link on every scrape", all("pcie_link_gen" in r for r in sampled)),
+    ("SM activity over 0.5 while utilisation is 0.9 or more",
+     all(r["sm_active_ratio"] > 0.5 for r in sampled
+         if r["utilization_ratio"] >= 0.9 and "sm_active_ratio" in r)),
+    ("SM activity under 0.01 on quiet scrapes away from the work",
+     all(r["sm_active_ratio"] < 0.01 for k, r in enumerate(sampled)
+         if all(s.get("utilization_ratio") == 0 for s in sampled[max(0, k - 3):k + 1])
+         and "sm_active_ratio" in r)),
+    ("some scrapes busy", any(r["utilization_ratio"] >= 0.9 for r in sampled)),
+]
+for what, ok in checks:
+    print(f"quiet: {'PASS' if ok else 'FAIL'}  {what}")
 PY
 fi
 
