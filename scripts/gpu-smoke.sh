@@ -76,6 +76,28 @@ fetch() {
 }
 now() { date +%s.%N; }
 
+# What runs in the background (agents, scrapes, loads) is ended when the
+# script exits, early (set -e) or not: a lent machine must not keep it.
+background=()
+stop_background() {
+  [ ${#background[@]} -eq 0 ] || kill "${background[@]}" 2>/dev/null || true
+}
+trap stop_background EXIT
+
+# Scrapes the agent on port $1 once a second into the file $2, keeping the
+# lines that match the pattern $3, each scrape headed by '### <time>', until
+# the file $2.stop exists; sets scrape_pid.
+scrape_each_second() {
+  rm -f "$2.stop"
+  ( while [ ! -e "$2.stop" ]; do
+      printf '### %s\n' "$(now)"
+      fetch "http://127.0.0.1:$1/metrics" | grep -E "$3" || true
+      sleep 1
+    done ) > "$2" &
+  scrape_pid=$!
+  background+=("$scrape_pid")
+}
+
 nvidia-smi -L | tee "$out/nvidia-smi-L.txt"
 nvidia-smi -q > "$out/nvidia-smi-q.txt" 2>&1 || true
 if want doctor; then
@@ -91,21 +113,15 @@ vtax_pid=$!
 nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,power.draw,clocks.sm,clocks.mem,memory.used,pcie.link.gen.current,pcie.link.width.current \
   --format=csv,noheader,nounits -lms 1000 > "$out/nvidia-smi.csv" &
 smi_pid=$!
-trap 'kill $vtax_pid $smi_pid 2>/dev/null || true; touch "$out/.stop"' EXIT
+background+=("$vtax_pid" "$smi_pid")
 
-# Scrape the agent once a second until told to stop; keep the GPU and
-# collector series, stamped with the time of the scrape.
-rm -f "$out/.stop"
-( while [ ! -e "$out/.stop" ]; do
-    printf '### %s\n' "$(now)"
-    fetch "http://127.0.0.1:$port/metrics" | grep -E '^vtax_(gpu_|collector_duration_seconds\{collector="gpu")' || true
-    sleep 1
-  done ) > "$out/vtax-scrapes.txt" &
-scrape_pid=$!
+# The GPU and collector series, once a second.
+scrape_each_second "$port" "$out/vtax-scrapes.txt" '^vtax_(gpu_|collector_duration_seconds\{collector="gpu")'
 sleep 4
 
 python3 bench/gpu/hbm_copy_load.py --seconds "$seconds" > "$out/copy.txt" &
 copy_pid=$!
+background+=("$copy_pid")
 sleep $((seconds / 2 + 2))
 fetch "http://127.0.0.1:$port/metrics" > "$out/metrics-under-load.txt" || true
 wait $copy_pid
@@ -147,7 +163,7 @@ PY
   dmesg 2>/dev/null | grep -i xid > "$out/dmesg-xid.txt" || true
 fi
 
-touch "$out/.stop"
+touch "$out/vtax-scrapes.txt.stop"
 wait $scrape_pid || true
 kill $vtax_pid $smi_pid 2>/dev/null || true
 wait $vtax_pid 2>/dev/null || true
@@ -277,6 +293,7 @@ if want overhead && [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 
     python3 bench/gpu/hbm_copy_load.py --seconds "$((overhead_secs + ${PEER_SECS:-30} + 30))" \
       > "$out/overhead-busy-load.txt" 2>&1 &
     load_pid=$!
+    background+=("$load_pid")
     sleep 5
     python3 bench/agent/gpu_overhead.py --real --seconds "$overhead_secs" --vtax "$VTAX" | tee "$out/overhead-busy.txt"
     python3 bench/gpu/nvidia_smi_cost.py --seconds "${PEER_SECS:-30}" --ways loop | tee "$out/nvidia-smi-cost-busy.txt" || true
@@ -302,18 +319,13 @@ if want quiet; then
   "$VTAX" run --data-dir "$out/quiet-data" --web.listen-address "127.0.0.1:$port" \
     --no-collector.cgroups --no-collector.infiniband > "$out/quiet.log" 2>&1 &
   quiet_pid=$!
-  rm -f "$out/.quiet-stop"
-  ( while [ ! -e "$out/.quiet-stop" ]; do
-      printf '### %s\n' "$(now)"
-      fetch "http://127.0.0.1:$port/metrics" \
-        | grep -E '^vtax_gpu_(utilization_ratio|sm_active_ratio|dram_bandwidth_ratio|pcie_rx_bytes_per_second|pcie_link_gen|pcie_link_width)\{gpu="0"' || true
-      sleep 1
-    done ) > "$out/quiet-scrapes.txt" &
-  quiet_scrape_pid=$!
+  background+=("$quiet_pid")
+  scrape_each_second "$port" "$out/quiet-scrapes.txt" \
+    '^vtax_gpu_(utilization_ratio|sm_active_ratio|dram_bandwidth_ratio|pcie_rx_bytes_per_second|pcie_link_gen|pcie_link_width)\{gpu="0"'
   sleep "${QUIET_IDLE_SECS:-20}"
   python3 bench/gpu/hbm_copy_load.py --seconds 12 > "$out/quiet-load.txt" 2>&1
   sleep "${QUIET_IDLE_SECS:-20}"
-  touch "$out/.quiet-stop"; wait "$quiet_scrape_pid" || true
+  touch "$out/quiet-scrapes.txt.stop"; wait "$scrape_pid" || true
   kill -TERM "$quiet_pid"; wait "$quiet_pid" || true
   cat "$out/quiet-load.txt"
   python3 - "$out/quiet-scrapes.txt" <<'PY'
@@ -389,6 +401,7 @@ TOML
     --web.listen-address "127.0.0.1:$port" --no-collector.cgroups --no-collector.infiniband \
     > "$out/probe-agent.log" 2>&1 &
   agent_pid=$!
+  background+=("$agent_pid")
   sleep "${PROBE_AGENT_SECS:-45}"
   fetch "http://127.0.0.1:$port/metrics" | grep -E '^vtax_(gpu_probe|tax_probe)' > "$out/probe-agent-metrics.txt" || true
   kill -TERM "$agent_pid"; wait "$agent_pid" || true
