@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent"))
+import cpu_vs_node_exporter as bench  # noqa: E402
+
 FIELDS = (
     "timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total,"
     "power.draw,clocks.sm,clocks.mem,temperature.gpu,pcie.link.gen.current,"
@@ -34,14 +37,7 @@ def process_cpu_seconds(pid):
     """CPU time of all the process's threads, from schedstat in nanoseconds:
     utime + stime count 10 ms ticks, and a 30 s window of a process that
     spends well under 1% of a core is then a tick or two."""
-    total = 0.0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+    return sum(bench.thread_cpu_seconds(pid).values())
 
 
 def loop(seconds):
