@@ -22,8 +22,9 @@ use std::time::SystemTime;
 use std::sync::{Arc, Mutex};
 
 use super::backend::{
-    is_quiet, nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity, GpuSample,
-    LinkSample, MigSample, ProcessSample, ReadPlan, SampleError, VirtualizationMode, XidEvent,
+    is_quiet, nvlink_link_bytes_per_second_each_way, GpmMetrics, GpuBackend, GpuIdentity,
+    GpuSample, LinkSample, MigSample, ProcessSample, ReadPlan, SampleError, VirtualizationMode,
+    XidEvent,
 };
 use super::costs;
 
