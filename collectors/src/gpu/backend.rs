@@ -256,12 +256,11 @@ pub struct GpuSample {
     /// Whether the driver was asked for the processes' shares this tick: when
     /// not, their shares are `None` and the collector fills them.
     pub process_shares_read: bool,
-    /// Whether the GPU was quiet this tick ([`is_quiet`]).
+    /// Whether the GPU was quiet this tick ([`is_quiet`]). With the plan's
+    /// `skip_quiet_reads`, GPM, the PCIe throughput and the PCIe link were
+    /// then not read: they are `None`, and the collector puts the last quiet
+    /// tick's on the sample.
     pub quiet: bool,
-    /// Whether this tick skipped the reads a quiet GPU holds ([`ReadPlan`]'s
-    /// `skip_quiet_reads`): GPM, the PCIe throughput and the PCIe link are
-    /// `None`, and the collector puts the last quiet tick's on the sample.
-    pub quiet_reads_skipped: bool,
 }
 
 /// Whether a GPU is quiet: the driver lists no compute process on it, no

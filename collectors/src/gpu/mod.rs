@@ -208,8 +208,9 @@ impl GpuState {
         }
     }
 
-    /// Puts the held quiet reads on a tick that skipped them, and decides
-    /// what the next quiet ticks may hold. `gpm_expected`: GPM is on and
+    /// Puts the held quiet reads on a tick that skipped them (the plan let
+    /// it, and the backend found the GPU quiet), and decides what the next
+    /// quiet ticks may hold. `gpm_expected`: GPM is on and
     /// the GPU has it.
     ///
     /// Held figures come only from a tick that was quiet, as was the tick
@@ -220,8 +221,14 @@ impl GpuState {
     /// after skipped ticks, they would spread the new work over the quiet
     /// seconds before it, so that tick has none (as a GPU's first tick has
     /// none); on a quiet tick, the average of quiet seconds is kept.
-    fn settle_quiet(&mut self, s: &mut GpuSample, time_us: i64, gpm_expected: bool) {
-        if s.quiet_reads_skipped {
+    fn settle_quiet(
+        &mut self,
+        plan: ReadPlan,
+        s: &mut GpuSample,
+        time_us: i64,
+        gpm_expected: bool,
+    ) {
+        if plan.skip_quiet_reads && s.quiet {
             if let Some(held) = &self.quiet_reads {
                 held.fill(s);
             }
@@ -639,7 +646,7 @@ impl Collector for Gpu {
                     }
                     *answered_at = true;
                     let state = &mut self.states[at];
-                    state.settle_quiet(&mut sample, time_us, self.config.gpm && g.gpm_supported);
+                    state.settle_quiet(plan, &mut sample, time_us, self.config.gpm && g.gpm_supported);
                     state.settle_slow(plan, &mut sample, time_us);
                     state.settle_shares(&self.config, &mut sample, time_us);
                     let energy =

@@ -715,7 +715,6 @@ impl GpuBackend for NvmlBackend {
             processes,
             process_shares_read,
             quiet,
-            quiet_reads_skipped: skip_quiet_reads,
         };
         if let (Some(all), Some(times)) = (self.read_times.as_mut(), reads.0) {
             all.insert(gpu.index, times);

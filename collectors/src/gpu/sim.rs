@@ -464,8 +464,7 @@ impl GpuBackend for SimBackend {
             Some(sample.processes.len()),
             mig_enabled,
         );
-        sample.quiet_reads_skipped = plan.skip_quiet_reads && sample.quiet;
-        if sample.quiet_reads_skipped {
+        if plan.skip_quiet_reads && sample.quiet {
             sample.gpm = None;
             sample.link_rates.clear();
             sample.pcie_rx_bytes_per_second = None;
@@ -673,7 +672,6 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         processes,
         process_shares_read: true,
         quiet: false,
-        quiet_reads_skipped: false,
     }
 }
 
