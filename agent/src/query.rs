@@ -177,15 +177,77 @@ pub fn query(args: QueryArgs) -> Result<()> {
                 writer.write(batch)?;
             }
         }
-        OutputFormat::Json => {
-            let mut writer = arrow_json::LineDelimitedWriter::new(&mut out);
-            for batch in &batches {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
-        }
+        OutputFormat::Json => write_json_lines(&batches, &mut out)?,
     }
     Ok(())
+}
+
+/// One JSON object a row. JSON has no NaN or infinities, and arrow-json
+/// prints them as `null`, the same as a field that holds nothing; so a
+/// float that is not finite prints as the string Prometheus's HTTP API
+/// gives it (`"NaN"`, `"+Inf"`, `"-Inf"`), and every other as a number.
+fn write_json_lines(batches: &[RecordBatch], out: &mut impl Write) -> Result<()> {
+    let mut writer = arrow_json::WriterBuilder::new()
+        .with_encoder_factory(Arc::new(NonFiniteAsStrings))
+        .build::<_, arrow_json::writer::LineDelimited>(out);
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    Ok(())
+}
+
+#[derive(Debug)]
+struct NonFiniteAsStrings;
+
+impl arrow_json::EncoderFactory for NonFiniteAsStrings {
+    fn make_default_encoder<'a>(
+        &self,
+        _field: &'a arrow_schema::FieldRef,
+        array: &'a dyn arrow_array::Array,
+        _options: &'a arrow_json::EncoderOptions,
+    ) -> Result<Option<arrow_json::writer::NullableEncoder<'a>>, arrow_schema::ArrowError> {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Float32Type, Float64Type};
+        let encoder: Box<dyn arrow_json::Encoder + 'a> =
+            if let Some(values) = array.as_primitive_opt::<Float64Type>() {
+                Box::new(FloatEncoder(values))
+            } else if let Some(values) = array.as_primitive_opt::<Float32Type>() {
+                Box::new(FloatEncoder(values))
+            } else {
+                return Ok(None);
+            };
+        Ok(Some(arrow_json::writer::NullableEncoder::new(
+            encoder,
+            array.logical_nulls(),
+        )))
+    }
+}
+
+struct FloatEncoder<'a, T: arrow_array::ArrowPrimitiveType>(&'a arrow_array::PrimitiveArray<T>);
+
+impl<T> arrow_json::Encoder for FloatEncoder<'_, T>
+where
+    T: arrow_array::ArrowPrimitiveType,
+    T::Native: Into<f64> + std::fmt::Debug,
+{
+    fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
+        let native = self.0.value(idx);
+        let value: f64 = native.into();
+        let text: &[u8] = if value.is_nan() {
+            b"\"NaN\""
+        } else if value == f64::INFINITY {
+            b"\"+Inf\""
+        } else if value == f64::NEG_INFINITY {
+            b"\"-Inf\""
+        } else {
+            // Debug is the shortest text that reads back to the same bits,
+            // and is valid JSON for a finite value ("0.1", "1e308", "-0.0").
+            let _ = write!(out, "{native:?}");
+            return;
+        };
+        out.extend_from_slice(text);
+    }
 }
 
 /// What `--where node=NAME` selects: a node's store, or one node of a fleet copy.
@@ -257,4 +319,65 @@ fn plain_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
             Ok(RecordBatch::try_new(plain, columns)?)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Float32Array, Float64Array};
+
+    fn json_lines(batch: RecordBatch) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        write_json_lines(&[batch], &mut out).unwrap();
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn json_keeps_nan_and_the_infinities_apart_from_a_missing_value() {
+        let finite = [0.1, 1e308, -0.0, 5e-324, 1.0 / 3.0];
+        let mut values: Vec<Option<f64>> = finite.iter().copied().map(Some).collect();
+        values.extend([
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(f64::NEG_INFINITY),
+            None,
+        ]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("value", DataType::Float64, true),
+            Field::new("ratio", DataType::Float32, true),
+        ]));
+        let finite_ratios = [0.1f32, 3e38, -0.0, 1e-45, 1.0 / 3.0];
+        let mut ratios: Vec<Option<f32>> = finite_ratios.iter().copied().map(Some).collect();
+        ratios.extend([
+            Some(f32::NAN),
+            Some(f32::INFINITY),
+            Some(f32::NEG_INFINITY),
+            None,
+        ]);
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Float64Array::from(values)),
+                Arc::new(Float32Array::from(ratios)),
+            ],
+        )
+        .unwrap();
+        let rows = json_lines(batch);
+        assert_eq!(rows.len(), 9);
+        for ((row, value), ratio) in rows.iter().zip(finite).zip(finite_ratios) {
+            let got = row["value"].as_f64().unwrap();
+            assert_eq!(got.to_bits(), value.to_bits(), "{row}");
+            let got = row["ratio"].as_f64().unwrap() as f32;
+            assert_eq!(got.to_bits(), ratio.to_bits(), "{row}");
+        }
+        for (row, text) in rows[5..8].iter().zip(["NaN", "+Inf", "-Inf"]) {
+            assert_eq!(row["value"], text);
+            assert_eq!(row["ratio"], text);
+        }
+        assert!(rows[8].get("value").is_none(), "{}", rows[8]);
+    }
 }
