@@ -7,8 +7,8 @@ each read of a simulated GPU spin the collector's thread for the CPU that the
 same NVML reads cost on an H100 (the table in collectors/src/gpu/costs.rs,
 from docs/gpus.md): idle figures for an idle GPU, those measured beside a copy
 for a busy one. Agents run with 8 simulated H100s at 1 s, every other collector
-off, and the `collector-gpu` thread's CPU time over the window (utime + stime
-from /proc/<pid>/task/<tid>/stat) is its share of one core. The spin counts the
+off, and the `collector-gpu` thread's CPU time over the window (the scheduler's
+nanosecond runtime, from /proc/<pid>/task/<tid>/schedstat) is its share of one core. The spin counts the
 thread's own CPU clock, so a loaded machine charges the same.
 
 Three builds of the reads, each on an idle node (every GPU `idle`) and a busy
@@ -41,8 +41,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_vs_node_exporter as bench  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HZ = os.sysconf("SC_CLK_TCK")
 COLLECTORS = ["host", "cgroups", "perf", "infiniband", "platform", "gpu", "jitter",
               "block", "netdev", "filesystem", "scrape"]
 
@@ -53,21 +55,6 @@ BUILDS = {
     "spaced": "slow_reads_interval_secs = 0\n",
     "after": "",
 }
-
-
-def thread_cpu_seconds(pid, name):
-    total = 0.0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/comm") as f:
-                if f.read().strip() != name:
-                    continue
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / HZ
-    return total
 
 
 def start(vtax, tmp, name, scenario, build):
@@ -108,10 +95,10 @@ def main():
         try:
             time.sleep(args.warmup)
             t0 = time.monotonic()
-            c0 = {n: thread_cpu_seconds(p.pid, "collector-gpu") for n, p in agents.items()}
+            c0 = {n: bench.thread_cpu_seconds(p.pid).get("collector-gpu", 0.0) for n, p in agents.items()}
             time.sleep(args.seconds)
             elapsed = time.monotonic() - t0
-            c1 = {n: thread_cpu_seconds(p.pid, "collector-gpu") for n, p in agents.items()}
+            c1 = {n: bench.thread_cpu_seconds(p.pid).get("collector-gpu", 0.0) for n, p in agents.items()}
         finally:
             for p in agents.values():
                 p.send_signal(signal.SIGTERM)

@@ -9,7 +9,7 @@ After a warm-up, each process's CPU time (utime + stime from /proc/<pid>/stat)
 over the window gives its share of one core; the difference is what the GPUs
 cost: the collector thread, the store writing their rows (WAL, Parquet) and
 /metrics rendering their series. The GPU collector thread's own CPU is printed
-too.
+too, from its schedstat (the scheduler's runtime, in nanoseconds).
 
 The simulated backend costs less than NVML calls do (a real read is a few
 driver ioctls per metric); this measures the agent's side: building, storing
@@ -34,38 +34,17 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_vs_node_exporter as bench  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HZ = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ
-
-
-def thread_cpu_seconds(pid, name):
-    """CPU time of the process's threads called `name`. schedstat gives it in
-    nanoseconds; utime + stime come in clock ticks (10 ms), which over a
-    minute is a third of what one GPU's collector spends."""
-    total = 0.0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/comm") as f:
-                if f.read().strip() != name:
-                    continue
-            try:
-                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0]) / 1e9
-                    continue
-            except (OSError, ValueError, IndexError):
-                pass
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / HZ
-    return total
+def cpu_now(base, gpus):
+    """Both agents' CPU seconds, and the GPU agent's collector and XID threads'."""
+    threads = bench.thread_cpu_seconds(gpus.pid)
+    return (bench.cpu_seconds(base.pid), bench.cpu_seconds(gpus.pid),
+            threads.get("collector-gpu", 0.0), threads.get("gpu-xid", 0.0))
 
 
 def start(vtax, data_dir, extra):
@@ -110,7 +89,7 @@ def main():
             time.sleep(args.warmup)
             series = (scrape(base_addr), scrape(gpus_addr))
             t0 = time.monotonic()
-            c0 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"), thread_cpu_seconds(gpus.pid, "gpu-xid"))
+            c0 = cpu_now(base, gpus)
             next_scrape = t0 + 15
             while time.monotonic() - t0 < args.seconds:
                 time.sleep(max(0.0, min(next_scrape, t0 + args.seconds) - time.monotonic()))
@@ -119,7 +98,7 @@ def main():
                     scrape(gpus_addr)
                     next_scrape += 15
             elapsed = time.monotonic() - t0
-            c1 = (cpu_seconds(base.pid), cpu_seconds(gpus.pid), thread_cpu_seconds(gpus.pid, "collector-gpu"), thread_cpu_seconds(gpus.pid, "gpu-xid"))
+            c1 = cpu_now(base, gpus)
         finally:
             for p in (base, gpus):
                 p.send_signal(signal.SIGTERM)
