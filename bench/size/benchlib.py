@@ -17,6 +17,7 @@
   benchlib.py get KEY < JSON               -> one field of a JSON object
 """
 
+import csv
 import datetime
 import decimal
 import glob
@@ -24,6 +25,8 @@ import json
 import os
 import re
 import socket
+import struct
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -226,9 +229,31 @@ def _unescape(v):
     return re.sub(r'\\(.)', lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), v)
 
 
+LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _label_tuple(text):
+    """`a="1",b="x"` as sorted (name, value) pairs, empty values left out."""
+    return tuple(sorted((k, _unescape(v)) for k, v in LABEL_PAIR.findall(text) if v != ""))
+
+
+def input_samples(path):
+    """Each sample of an OpenMetrics input: ((name, labels), value text, time in ms)."""
+    keys = {}
+    with open(path, "r", encoding="utf-8", newline="\n") as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            series, value, ts = split_om_sample(line.rstrip("\n"))
+            key = keys.get(series)
+            if key is None:
+                name = series.split("{", 1)[0]
+                key = keys[series] = (name, _label_tuple(series[len(name):]))
+            yield key, value, om_ts_to_ms(ts)
+
+
 def cmd_vm_compare(url, path, start_ms, end_ms):
     """Compare every input value with what /api/v1/export returns (float64 equality)."""
-    lr = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
     q = urllib.parse.urlencode({"match[]": '{__name__!=""}', "start": "%.3f" % (int(start_ms) / 1000.0),
                                 "end": "%.3f" % (int(end_ms) / 1000.0)})
     vm = {}
@@ -240,32 +265,66 @@ def cmd_vm_compare(url, path, start_ms, end_ms):
             m = d["metric"]
             name = m.pop("__name__")
             vm[(name, tuple(sorted(m.items())))] = dict(zip(d["timestamps"], d["values"]))
-    keys = {}
     total = changed = missing = 0
     by_name = {}
-    with open(path, "r", encoding="utf-8", newline="\n") as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            series, value, ts = split_om_sample(line.rstrip("\n"))
-            key = keys.get(series)
-            if key is None:
-                name = series.split("{", 1)[0]
-                labels = tuple(sorted((k, _unescape(v)) for k, v in lr.findall(series[len(name):]) if v != ""))
-                key = keys[series] = (name, labels)
-            total += 1
-            got = vm.get(key, {}).get(om_ts_to_ms(ts))
-            if got is None:
-                missing += 1
-            elif float(got) == float(value):
-                continue
-            else:
-                changed += 1
-            e = by_name.setdefault(key[0], [0, value, got])
-            e[0] += 1
+    for key, value, ms in input_samples(path):
+        total += 1
+        got = vm.get(key, {}).get(ms)
+        if got is None:
+            missing += 1
+        elif float(got) == float(value):
+            continue
+        else:
+            changed += 1
+        e = by_name.setdefault(key[0], [0, value, got])
+        e[0] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:3]
     print(json.dumps({"samples": total, "changed": changed, "missing": missing,
                       "examples": ["%s %s -> %s" % (n, e[1], e[2]) for n, e in top]}))
+
+
+def _f64_bits(value):
+    """The f64's bits; every NaN the same (the text formats have one NaN)."""
+    v = float(value)
+    return "NaN" if v != v else struct.pack("<d", v).hex()
+
+
+def cmd_vtax_compare(vtax, data_dir, table, path):
+    """Compare every input value with what `vtax query TABLE --format csv` returns,
+    bit for bit (the CSV prints each f64 in its shortest round-trip form)."""
+    ms_of = {}
+    series_of = {}
+    stored = {}
+    query = subprocess.Popen([vtax, "query", table, "--data-dir", data_dir, "--since", "0",
+                              "--format", "csv"], stdout=subprocess.PIPE, text=True)
+    rows = csv.reader(query.stdout)
+    header = next(rows)
+    t_at, metric_at, labels_at, value_at = (header.index(c) for c in ("time", "metric", "labels", "value"))
+    for row in rows:
+        t = row[t_at]
+        ms = ms_of.get(t)
+        if ms is None:
+            when = datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+            ms = ms_of[t] = round(when.timestamp() * 1000)
+        series = series_of.get((row[metric_at], row[labels_at]))
+        if series is None:
+            series = series_of[(row[metric_at], row[labels_at])] = (row[metric_at], _label_tuple(row[labels_at]))
+        stored[(series, ms)] = _f64_bits(row[value_at])
+    if query.wait() != 0:
+        sys.exit("vtax query failed")
+    total = changed = missing = 0
+    examples = []
+    for key, value, ms in input_samples(path):
+        total += 1
+        got = stored.pop((key, ms), None)
+        if got is None:
+            missing += 1
+        elif got != _f64_bits(value):
+            changed += 1
+            if len(examples) < 3:
+                examples.append("%s %s -> bits %s" % (key[0], value, got))
+    print(json.dumps({"samples": total, "changed": changed, "missing": missing,
+                      "extra": len(stored), "examples": examples}))
 
 
 def cmd_prom_meta(d):
@@ -336,16 +395,20 @@ def cmd_report(path):
             checks.append("- %s: vtax not measured." % inp)
         else:
             ok1 = p is not None and x <= p / 2
-            ok2 = v is not None and x <= v
-            raw = bps.get("VictoriaMetrics raw")
-            checks.append("- %s: vtax %.3f B/sample; <= half of Prometheus (%.3f): %s; <= VictoriaMetrics net (%.3f): %s"
-                          " (raw: %.3f, %s)"
-                          % (inp, x, p / 2 if p else float("nan"), "PASS" if ok1 else "FAIL",
-                             v if v else float("nan"), "PASS" if ok2 else "FAIL",
-                             raw if raw else float("nan"), "PASS" if raw and x <= raw else "FAIL"))
+            vtax_row = next(r for r in rs if r["system"] == "vtax")
+            if "values_changed" in vtax_row:
+                lost = (vtax_row["values_changed"] or 0) + (vtax_row["values_missing"] or 0)
+                exact = "every value bit for bit: %s" % ("PASS" if lost == 0 else "FAIL (%d not)" % lost)
+            else:
+                exact = "values not compared (no --check-values)"
+            checks.append("- %s: vtax %.3f B/sample; <= half of Prometheus (%.3f): %s; %s"
+                          " (VictoriaMetrics net, for reference: %.3f)"
+                          % (inp, x, p / 2 if p else float("nan"), "PASS" if ok1 else "FAIL", exact,
+                             v if v else float("nan")))
     print("\n".join(out))
     print()
-    print("Bar (vtax bytes/sample <= 1/2 x Prometheus and <= VictoriaMetrics net):")
+    print("Bar (vtax bytes/sample <= 1/2 x Prometheus, every value kept bit for bit:"
+          " --check-values compares them):")
     print("\n".join(checks))
 
 
@@ -380,7 +443,8 @@ def main():
           "wait-http": cmd_wait_http, "vm-metric": cmd_vm_metric, "vm-settle": cmd_vm_settle,
           "vm-count": cmd_vm_count, "vm-count-query": cmd_vm_count_query, "prom-meta": cmd_prom_meta,
           "months": cmd_months, "report": cmd_report,
-          "record": cmd_record, "get": cmd_get, "vm-compare": cmd_vm_compare}[cmd]
+          "record": cmd_record, "get": cmd_get, "vm-compare": cmd_vm_compare,
+          "vtax-compare": cmd_vtax_compare}[cmd]
     rc = fn(*args)
     sys.exit(rc or 0)
 

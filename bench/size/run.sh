@@ -250,8 +250,15 @@ for IN in "${INPUTS[@]}"; do
                 notes="$what; sample count not verified (vtax printed none, query unavailable)"
             fi
             [ -z "$STORED" ] || [ "$STORED" = "$NS" ] || log "!!! MISMATCH vtax holds $STORED samples, input has $NS"
+            XCMP=()
+            if [ "$CHECK_VALUES" = 1 ]; then
+                log "   comparing every value with vtax query, bit for bit"
+                CMPJ=$("${LIB[@]}" vtax-compare "$VTAX" "$X" "$VTAX_TABLE" "$IN")
+                XCMP=(values_changed="$(jget changed <<<"$CMPJ")" values_missing="$(jget missing <<<"$CMPJ")")
+                notes="$notes; values not bit-exact: $(jget changed <<<"$CMPJ") changed, $(jget missing <<<"$CMPJ") missing, $(jget extra <<<"$CMPJ") extra"
+            fi
             record input="$name" system="vtax" expected_samples="$NS" stored_samples="$STORED" series="$XSER" \
-                bytes="$XB" wall_s="$(elapsed "$t0" "$t1")" notes="$notes; whole data dir $XT B"
+                bytes="$XB" wall_s="$(elapsed "$t0" "$t1")" "${XCMP[@]}" notes="$notes; whole data dir $XT B"
             log "   $XB bytes"
         else
             rc=$?
