@@ -233,20 +233,12 @@ where
 {
     fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
         let native = self.0.value(idx);
-        let value: f64 = native.into();
-        let text: &[u8] = if value.is_nan() {
-            b"\"NaN\""
-        } else if value == f64::INFINITY {
-            b"\"+Inf\""
-        } else if value == f64::NEG_INFINITY {
-            b"\"-Inf\""
-        } else {
+        let _ = match vtax_store::openmetrics::non_finite_text(native.into()) {
+            Some(text) => write!(out, "\"{text}\""),
             // Debug is the shortest text that reads back to the same bits,
             // and is valid JSON for a finite value ("0.1", "1e308", "-0.0").
-            let _ = write!(out, "{native:?}");
-            return;
+            None => write!(out, "{native:?}"),
         };
-        out.extend_from_slice(text);
     }
 }
 

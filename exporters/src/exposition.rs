@@ -613,15 +613,12 @@ fn label_sets(table: &TableDef, batch: &Batch, skip: Option<usize>) -> Vec<Strin
 }
 
 fn format_f64(value: f64, out: &mut String) {
-    if value.is_nan() {
-        out.push_str("NaN");
-    } else if value == f64::INFINITY {
-        out.push_str("+Inf");
-    } else if value == f64::NEG_INFINITY {
-        out.push_str("-Inf");
-    } else {
+    match vtax_store::openmetrics::non_finite_text(value) {
+        Some(text) => out.push_str(text),
         // Rust prints the shortest string that reads back to the same double.
-        let _ = write!(out, "{value}");
+        None => {
+            let _ = write!(out, "{value}");
+        }
     }
 }
 

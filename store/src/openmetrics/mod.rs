@@ -21,6 +21,8 @@ mod values;
 use labels::*;
 use values::*;
 
+pub use values::non_finite_text;
+
 #[cfg(test)]
 mod tests;
 

@@ -40,6 +40,22 @@ pub(super) fn parse_value(s: &str) -> Result<f64, &'static str> {
     }
 }
 
+/// How the text formats, and Prometheus's HTTP API, spell a value that is not
+/// finite: `NaN`, `+Inf`, `-Inf`. `None` for a finite value, which each
+/// writer prints in its own number form.
+#[inline]
+pub fn non_finite_text(value: f64) -> Option<&'static str> {
+    if value.is_nan() {
+        Some("NaN")
+    } else if value == f64::INFINITY {
+        Some("+Inf")
+    } else if value == f64::NEG_INFINITY {
+        Some("-Inf")
+    } else {
+        None
+    }
+}
+
 /// Prometheus text timestamp: integer milliseconds (optional sign) → microseconds.
 pub(super) fn parse_prom_timestamp_us(s: &str) -> Result<i64, &'static str> {
     let b = s.as_bytes();
