@@ -301,9 +301,9 @@ pub struct ReadPlan {
     pub mig_enabled: Option<bool>,
     /// The GPU was quiet at its last two ticks and its quiet reads are not
     /// due: if this tick finds it quiet still ([`is_quiet`]), skip GPM, the
-    /// PCIe throughput and the PCIe link: on an idle H200, GPM (0.29 ms)
-    /// and the link (0.23 ms) were most of the 0.8 ms of CPU a GPU's
-    /// second cost (docs/gpus.md).
+    /// PCIe throughput and the PCIe link: on an idle H200, GPM and the
+    /// link were most of what a GPU's second cost (docs/gpus.md, "the
+    /// collector's cost read by read").
     pub skip_quiet_reads: bool,
 }
 

@@ -667,9 +667,9 @@ impl GpuBackend for NvmlBackend {
             remapping_failed: remapped.map(|r| r.3),
             pcie_rx_bytes_per_second: pcie_rx,
             pcie_tx_bytes_per_second: pcie_tx,
-            // 0.23 ms of the driver's CPU a tick on an H200 (docs/gpus.md);
-            // an idle link trains down by design, and the first tick a GPU
-            // is not quiet reads it again.
+            // Second only to GPM among an idle H200's per-tick reads
+            // (docs/gpus.md); an idle link trains down by design, and the
+            // first tick a GPU is not quiet reads it again.
             pcie_link_gen: (!skip_quiet_reads)
                 .then(|| {
                     reads
