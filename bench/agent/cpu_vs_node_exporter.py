@@ -23,7 +23,8 @@ figure is each process's CPU time over the window, whatever it exported.
 
 Usage: bench/agent/cpu_vs_node_exporter.py [--seconds 120] [--busy 10] [--vtax target/release/vtax] [--seed-day]
        bench/agent/cpu_vs_node_exporter.py --defaults [--seconds 120] [--vtax-arg=--no-collector.jitter]
-Needs root (to create cgroups) and prometheus-node-exporter installed.
+Needs prometheus-node-exporter installed, and root for the heavy configuration
+(to create cgroups).
 """
 import argparse
 import atexit
