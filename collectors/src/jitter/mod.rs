@@ -355,7 +355,8 @@ vtax_store::table! {
             run_delay_ratio: Option<f64> = ratio("Share of the spin time the probe thread waited runnable for the CPU (other threads of this guest ran), from thread-self/schedstat; null where the kernel lacks it."),
             irq_ratio: Option<f64> = ratio("Share of this CPU's time in irq and softirq while probed, from /proc/stat: the expected share of a spin lost to interrupts the guest handled."),
             steal_ratio: Option<f64> = ratio("Share of this CPU's time stolen by the hypervisor while probed, from /proc/stat."),
-            unexplained_ratio: Option<f64> = ratio("interrupted_ratio minus run_delay_ratio, irq_ratio and steal_ratio (at least 0): lost time the guest's own accounting does not show, taken by the hypervisor (VM exits) or the hardware (SMIs)."),
+            busy_ratio: Option<f64> = ratio("Share of this CPU's time while probed that was neither idle nor iowait, from /proc/stat, the probe's own time included. It says which regime the spins measured: near 1, a CPU that other work keeps running (what a thread running throughout meets); near 0, a vCPU that halts between spins, which lets the host run other work on its core, so that a spin soon after may share the core and lose more than on a CPU kept busy (bench/jitter/vs_oslat.py measures both). Compare interrupted_ratio and unexplained_ratio between CPUs and nodes of like busy_ratio."),
+            unexplained_ratio: Option<f64> = ratio("interrupted_ratio minus run_delay_ratio, irq_ratio and steal_ratio (at least 0): lost time the guest's own accounting does not show, taken by the hypervisor (VM exits) or the hardware (SMIs). It errs high on a CPU that is mostly idle and has steal: a hypervisor steals only from a vCPU that wants to run, so a spin meets steal at its share of the CPU's busy time, but steal_ratio is its share of all the time."),
         ],
         exported: true,
     }
@@ -569,6 +570,8 @@ fn jitter_row<'a>(cpu: &'a str, c: &probe::CpuWindow, hz: f64) -> JitterRow<'a> 
         run_delay_ratio: run_delay.filter(|_| spun),
         irq_ratio: if_probed(irq),
         steal_ratio: if_probed(steal),
+        busy_ratio: (c.all_ticks > 0)
+            .then(|| c.all_ticks.saturating_sub(c.idle_ticks) as f64 / c.all_ticks as f64),
         unexplained_ratio: if_spun(unexplained),
     }
 }
@@ -852,6 +855,8 @@ mod tests {
             let interrupted = q("interrupted_ratio");
             assert!((0.0..=1.0).contains(&interrupted), "{interrupted}");
             assert!(q("unexplained_ratio") <= interrupted);
+            let busy = q("busy_ratio");
+            assert!((0.0..=1.0).contains(&busy), "{busy}");
             assert!(u64_at(rows, "stalls_over_500us", r) <= u64_at(rows, "stalls_over_50us", r));
         }
         // Gaps: above the threshold, at most max_gaps_per_window per window.
@@ -1178,6 +1183,64 @@ mod tests {
         let batches = harvest(&mut jitter, 20, Duration::from_secs(20));
         assert_eq!(f64_at(&batches[0], "run_delay_ratio", 0), None);
         assert!(f64_at(&batches[0], "interrupted_ratio", 0).is_some());
+        // The fake /proc/stat never moves: how busy the CPU was is unknown,
+        // not 0 or 1.
+        assert_eq!(f64_at(&batches[0], "busy_ratio", 0), None);
+    }
+
+    /// busy_ratio is the share of the CPU's ticks, while probed, that were
+    /// neither idle nor iowait.
+    #[test]
+    fn busy_ratio_is_the_share_of_ticks_not_idle() {
+        let mut window = probe::CpuWindow::new(3, false);
+        window.probed_ns = 5_000_000_000;
+        let row = |w: &probe::CpuWindow| jitter_row("3", w, 100.0).busy_ratio;
+        assert_eq!(row(&window), None, "no ticks seen");
+        window.all_ticks = 500;
+        window.idle_ticks = 495;
+        assert_eq!(row(&window), Some(0.01));
+        window.idle_ticks = 0;
+        assert_eq!(row(&window), Some(1.0));
+    }
+
+    /// A CPU that another thread keeps running reads busy: the regime in
+    /// which the spins meet what a thread running throughout meets.
+    #[test]
+    fn a_cpu_another_thread_keeps_running_reads_busy() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cpu = *probe::allowed_cpus().last().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinner = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // SAFETY: a zeroed cpu_set_t is empty; cpu is one this
+                // process may use, so below CPU_SETSIZE.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    assert_eq!(
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                        0
+                    );
+                }
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let mut jitter = Jitter::new(
+            &JitterConfig {
+                cpus: vec![cpu],
+                ..config(1)
+            },
+            &roots(),
+        );
+        assert!(matches!(jitter.probe(), Availability::Available(_)));
+        let batches = harvest(&mut jitter, 20, Duration::from_secs(20));
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().unwrap();
+        let busy = f64_at(&batches[0], "busy_ratio", 0);
+        assert!(busy.is_some_and(|b| b > 0.9), "busy_ratio {busy:?}");
     }
 
     #[test]

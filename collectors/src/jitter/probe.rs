@@ -163,10 +163,14 @@ pub struct CpuWindow {
     pub irq_ticks: u64,
     /// The CPU's steal ticks while probed.
     pub steal_ticks: u64,
+    /// The CPU's idle and iowait ticks while probed.
+    pub idle_ticks: u64,
+    /// All the CPU's ticks while probed.
+    pub all_ticks: u64,
 }
 
 impl CpuWindow {
-    fn new(cpu: usize, run_delay: bool) -> Self {
+    pub(super) fn new(cpu: usize, run_delay: bool) -> Self {
         CpuWindow {
             cpu,
             latency: Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2)
@@ -183,6 +187,8 @@ impl CpuWindow {
             run_delay_ns: run_delay.then_some(0),
             irq_ticks: 0,
             steal_ticks: 0,
+            idle_ticks: 0,
+            all_ticks: 0,
         }
     }
 
@@ -714,7 +720,7 @@ impl Probe {
     }
 
     /// Charges the dwell's wall time, thread CPU time and the CPU's
-    /// irq/softirq/steal ticks to the CPU placed on, then moves on to the
+    /// irq/softirq/steal/idle ticks to the CPU placed on, then moves on to the
     /// next CPU when the dwell is over.
     fn close_dwell(&mut self, now: u64, rotate: bool) {
         let cpu = self.settings.cpus[self.cpu_index];
@@ -734,6 +740,8 @@ impl Probe {
             if let (Some(a), Some(b)) = (find(before), find(after)) {
                 window.irq_ticks += b.irq.saturating_sub(a.irq);
                 window.steal_ticks += b.steal.saturating_sub(a.steal);
+                window.idle_ticks += b.idle.saturating_sub(a.idle);
+                window.all_ticks += b.total.saturating_sub(a.total);
             }
         }
         self.ticks_at = ticks;

@@ -1,5 +1,5 @@
-//! The two procfs sources of the interruption probe: a CPU's irq, softirq and
-//! steal ticks from `<procfs>/stat` (the host's, `--path.procfs`), and the
+//! The two procfs sources of the interruption probe: a CPU's irq, softirq,
+//! steal and idle ticks from `<procfs>/stat` (the host's, `--path.procfs`), and the
 //! probe thread's own run delay from `/proc/thread-self/schedstat` (the
 //! agent's own procfs, since the thread is the agent's).
 
@@ -16,6 +16,11 @@ pub struct CpuTicks {
     pub irq: u64,
     /// steal: the hypervisor ran something else on this vCPU's core.
     pub steal: u64,
+    /// idle + iowait: the CPU had nothing to run, and a vCPU halted.
+    pub idle: u64,
+    /// All eight columns: user, nice, system, idle, iowait, irq, softirq
+    /// and steal (guest time is already in user and nice).
+    pub total: u64,
 }
 
 /// Parses the `cpuN` lines of `/proc/stat` (`cpuN user nice system idle
@@ -37,13 +42,15 @@ pub fn parse_stat(text: &[u8], path: &str) -> Result<Vec<CpuTicks>, ParseError> 
             return Err(fail(
                 path,
                 n + 1,
-                format!("{columns} columns where irq, softirq and steal need 8"),
+                format!("{columns} columns where idle, irq, softirq and steal need 8"),
             ));
         }
         cpus.push(CpuTicks {
             cpu,
             irq: ticks[5].saturating_add(ticks[6]),
             steal: ticks[7],
+            idle: ticks[3].saturating_add(ticks[4]),
+            total: ticks.iter().fold(0, |sum, t| sum.saturating_add(*t)),
         });
     }
     if cpus.is_empty() {
@@ -80,12 +87,16 @@ mod tests {
                 CpuTicks {
                     cpu: 0,
                     irq: 13,
-                    steal: 8
+                    steal: 8,
+                    idle: 9,
+                    total: 36,
                 },
                 CpuTicks {
                     cpu: 1,
                     irq: 130,
-                    steal: 80
+                    steal: 80,
+                    idle: 9,
+                    total: 225,
                 }
             ]
         );
@@ -100,7 +111,7 @@ mod tests {
         );
         assert_eq!(
             err(b"cpu0 1 2 3 4\n"),
-            "/p/stat:1: 4 columns where irq, softirq and steal need 8"
+            "/p/stat:1: 4 columns where idle, irq, softirq and steal need 8"
         );
         assert_eq!(
             err(b"cpuX 1 2 3 4 5 6 7 8\n"),
