@@ -66,6 +66,12 @@ HOG_CPUS = (0.02, 1.6)
 VICTIM = "/system.slice/slurmd.service"
 VICTIM_PRESSURE = f"sys/fs/cgroup/unified{VICTIM}/cpu.pressure"
 VICTIM_STALL = (0.002, 0.35)
+# Each CPU's ticks (USER_HZ) added to the fixture copy's /proc/stat per second, in its
+# first five columns (user nice system idle iowait): the jitter probe's busy_ratio is
+# the share of ticks not idle while it probed, so a /proc/stat that never moves leaves
+# it null and its panel empty. 40% busy, the same every second, so nothing for the
+# detector to find.
+STAT_TICKS_PER_SECOND = (30, 0, 10, 60, 0)
 # The detector judges 2 s windows, learns its baseline from 3 of them and opens an event
 # after 2 abnormal ones in a row, so the first burst, after QUIET_S seconds of quiet
 # (counted from the first scrape), opens one some 6 s in. Bursts of BURST_S seconds
@@ -237,16 +243,20 @@ def stop(proc):
 
 
 class Neighbour(threading.Thread):
-    """Advances the hog's CPU usage and the victim's CPU pressure in a fixture copy once a
-    second, from `start()` until `stop()`. Files are rewritten in place: the agent keeps
-    them open and re-reads them at offset 0, so a new file (a rename) would read to it as
-    a removed cgroup. Their text only grows (counters rise), so a read never finds it cut
-    short."""
+    """Advances the hog's CPU usage, the victim's CPU pressure and every CPU's ticks in
+    /proc/stat in a fixture copy once a second, from `start()` until `stop()`. Files are
+    rewritten in place: the agent keeps them open and re-reads them at offset 0, so a new
+    file (a rename) would read to it as a removed cgroup. Their text only grows (counters
+    rise), so a read never finds it cut short."""
 
     def __init__(self, root):
         super().__init__(name="neighbour", daemon=True)
         self.usage_path = os.path.join(root, HOG_USAGE)
         self.pressure_path = os.path.join(root, VICTIM_PRESSURE)
+        self.stat_path = os.path.join(root, "proc", "stat")
+        with open(self.stat_path) as f:
+            self.stat = f.read()
+        self.cpus = len(re.findall(r"^cpu\d+ ", self.stat, re.M))
         with open(self.usage_path) as f:
             self.usage_ns = int(f.read())
         with open(self.pressure_path) as f:
@@ -273,6 +283,14 @@ class Neighbour(threading.Thread):
         finally:
             os.close(fd)
 
+    def advance_ticks(self, m):
+        """One second more of a /proc/stat CPU line's first five columns; the all-CPU
+        line (`cpu`) adds every CPU's."""
+        per_line = self.cpus if m.group(1).strip() == "cpu" else 1
+        ticks = [int(t) + per_line * add
+                 for t, add in zip(m.group(2).split(), STAT_TICKS_PER_SECOND)]
+        return m.group(1) + " ".join(str(t) for t in ticks)
+
     def run(self):
         started = time.time()
         try:
@@ -289,6 +307,9 @@ class Neighbour(threading.Thread):
                 self.pressure = re.sub(r"^(some .*total=)\d+$", rf"\g<1>{self.stall_us}",
                                        self.pressure, count=1, flags=re.M)
                 self.rewrite(self.pressure_path, self.pressure)
+                self.stat = re.sub(r"^(cpu\d* +)(\d+(?: \d+){4})", self.advance_ticks,
+                                   self.stat, flags=re.M)
+                self.rewrite(self.stat_path, self.stat)
         except OSError as e:
             self.error = str(e)
 
