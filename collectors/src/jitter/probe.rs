@@ -293,8 +293,8 @@ struct Spun {
 /// ended: recording touches the gap heap and converts the clock, cold after
 /// the interruption, and timed as part of the next step it often went over a
 /// 1 µs threshold itself, so that one interruption counted as two
-/// (bench/jitter/vs_oslat.py, where the extra gaps lay between 1 and 2 µs).
-/// That recording time is neither lost nor watched.
+/// (bench/jitter/vs_oslat.py counts the gaps beside oslat's). That
+/// recording time is neither lost nor watched.
 fn spin_until(
     mut clock: impl FnMut() -> u64,
     start_ns: u64,
