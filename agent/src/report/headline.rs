@@ -30,12 +30,22 @@ impl Taker {
     }
 }
 
+/// Which way a `tax` figure gets worse: what its tile's worst window is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Worse {
+    /// A loss: the worst window is the highest.
+    Higher,
+    /// A share of a peak reached: the worst window is the lowest.
+    Lower,
+}
+
 /// A `tax` field the headline shows.
 pub struct TaxField {
     pub field: &'static str,
     pub label: &'static str,
     pub unit: Unit,
     pub taker: Taker,
+    pub worse: Worse,
     /// Above this the figure is marked: where a workload notices (the
     /// detector's thresholds for the hardware signals).
     pub bad_above: Option<f64>,
@@ -50,6 +60,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "steal",
         unit: Unit::Ratio,
         taker: Taker::Hypervisor,
+        worse: Worse::Higher,
         bad_above: Some(0.01),
         help: "CPU time the hypervisor ran something else, mean over CPUs.",
     },
@@ -58,6 +69,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "interrupted",
         unit: Unit::Ratio,
         taker: Taker::Hypervisor,
+        worse: Worse::Higher,
         bad_above: None,
         help: "Share of the jitter probe's spin time lost to gaps, whoever took it.",
     },
@@ -66,6 +78,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "unexplained",
         unit: Unit::Ratio,
         taker: Taker::Hypervisor,
+        worse: Worse::Higher,
         bad_above: Some(0.005),
         help: "Interrupted time the guest's accounting does not show: the hypervisor or the firmware took it.",
     },
@@ -74,6 +87,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "wake-up p99",
         unit: Unit::Seconds,
         taker: Taker::Hypervisor,
+        worse: Worse::Higher,
         bad_above: Some(200e-6),
         help: "Worst CPU's 99th percentile wake-up latency (the median window; the note gives the worst).",
     },
@@ -82,6 +96,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "HBM of peak",
         unit: Unit::Ratio,
         taker: Taker::Peak,
+        worse: Worse::Lower,
         bad_above: None,
         help: "HBM bandwidth against its peak, mean over GPUs busier than 50%.",
     },
@@ -90,6 +105,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "NVLink of peak",
         unit: Unit::Ratio,
         taker: Taker::Peak,
+        worse: Worse::Lower,
         bad_above: None,
         help: "NVLink rx+tx against the product's links' peak (hidden links count as lost), mean over busy GPUs.",
     },
@@ -98,6 +114,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "NVLink links missing",
         unit: Unit::Ratio,
         taker: Taker::Hardware,
+        worse: Worse::Higher,
         bad_above: Some(0.0),
         help: "NVLink links not up against the links the products have: hidden in a VM, or down.",
     },
@@ -106,6 +123,7 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "PCIe bandwidth lost",
         unit: Unit::Ratio,
         taker: Taker::Hardware,
+        worse: Worse::Higher,
         bad_above: Some(0.01),
         help: "Worst busy GPU's PCIe bandwidth lost to a link trained below its generation or width.",
     },
@@ -114,17 +132,20 @@ pub const TAX_FIELDS: &[TaxField] = &[
         label: "SM clock throttled",
         unit: Unit::Ratio,
         taker: Taker::Hardware,
+        worse: Worse::Higher,
         bad_above: Some(0.05),
         help: "Worst GPU's SM clock below its maximum while a power or thermal slowdown holds it.",
     },
 ];
 
 /// A tax figure over the range: the mean of its windows (the median for a
-/// latency, which one bad window would drag), and the worst window.
+/// latency, which one bad window would drag), and its lowest and highest
+/// windows.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Figure {
     pub value: Option<f64>,
-    pub worst: Option<f64>,
+    pub lowest: Option<f64>,
+    pub highest: Option<f64>,
     /// Windows in the range, null or not.
     pub windows: usize,
 }
@@ -145,9 +166,18 @@ impl Figure {
         }
     }
 
+    /// The worst window: the highest of a loss, the lowest of a share of a
+    /// peak.
+    pub fn worst(&self, field: &TaxField) -> Option<f64> {
+        match field.worse {
+            Worse::Higher => self.highest,
+            Worse::Lower => self.lowest,
+        }
+    }
+
     /// The line under the figure.
     pub fn note(&self, field: &TaxField) -> String {
-        match (self.value, self.worst) {
+        match (self.value, self.worst(field)) {
             _ if self.windows == 0 => "no detector windows".into(),
             (None, _) if field.taker != Taker::Hypervisor => "no busy GPU".into(),
             (None, _) => "no source".into(),
@@ -178,7 +208,8 @@ pub fn tax(rows: &Rows) -> Vec<Figure> {
             };
             Figure {
                 value,
-                worst: values.last().copied(),
+                lowest: values.first().copied(),
+                highest: values.last().copied(),
                 windows: rows.len(),
             }
         })

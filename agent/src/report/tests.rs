@@ -627,3 +627,38 @@ fn every_gpu_is_listed_the_lost_one_as_lost_and_faults_apart_from_neighbours() {
     let legend = legend_of(&html, "events-timeline");
     assert!(legend.iter().any(|(_, l)| l == "fault, open"), "{legend:?}");
 }
+
+/// Each tax tile's worst window is the one where the platform took most: the
+/// highest loss, the lowest share of a peak.
+#[test]
+fn the_worst_window_is_the_highest_loss_or_the_lowest_share_of_a_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(StoreOptions::new(dir.path()), crate::catalog()).unwrap();
+    let window = |t: i64, steal: f64, unexplained: f64, hbm: f64| {
+        (
+            T0 + t * 10 * SECOND,
+            vec![],
+            vec![
+                ("steal_ratio", Value::F64(steal)),
+                ("unexplained_ratio", Value::F64(unexplained)),
+                ("hbm_peak_ratio", Value::F64(hbm)),
+            ],
+        )
+    };
+    push(
+        &mut store,
+        "tax",
+        &[window(1, 0.002, 0.03, 0.9), window(2, 0.004, 0.05, 0.5)],
+    );
+    store.close().unwrap();
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    let s = summarize(&data[0]);
+    let note = |field: &str| {
+        let i = TAX_FIELDS.iter().position(|f| f.field == field).unwrap();
+        s.tax[i].note(&TAX_FIELDS[i])
+    };
+    assert_eq!(note("steal_ratio"), "worst window 0.4%");
+    assert_eq!(note("unexplained_ratio"), "worst window 5%");
+    assert_eq!(note("hbm_peak_ratio"), "worst window 50%");
+}
