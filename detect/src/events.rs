@@ -410,6 +410,7 @@ impl Detector {
             interrupted_ratio: jitter.and_then(|j| j.interrupted_ratio),
             unexplained_ratio: jitter.and_then(|j| j.unexplained_ratio),
             jitter_p99_seconds: jitter.map(|j| j.p99_seconds),
+            jitter_busy_ratio: jitter.and_then(|j| j.busy_ratio),
             hbm_peak_ratio: facts.hbm_peak_ratio(),
             nvlink_peak_ratio: facts.nvlink_peak_ratio(),
             nvlink_links_missing_ratio: facts.nvlink_links_missing_ratio(),

@@ -222,6 +222,7 @@ struct JitterWindow {
     p99_seconds: f64,
     interrupted_ratio: Option<f64>,
     unexplained_ratio: Option<f64>,
+    busy_ratio: Option<f64>,
 }
 
 /// The second a sample belongs to (collectors tick just after whole seconds).

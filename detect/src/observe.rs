@@ -381,13 +381,14 @@ impl Detector {
 
     pub(super) fn observe_jitter(&mut self, view: &View) {
         let mut p99: Option<f64> = None;
-        let (mut interrupted, mut unexplained) = (Vec::new(), Vec::new());
+        let (mut interrupted, mut unexplained, mut busy) = (Vec::new(), Vec::new(), Vec::new());
         for row in 0..view.rows() {
             if let Some(v) = view.value(row, "wakeup_p99_seconds") {
                 p99 = Some(p99.map_or(v, |p: f64| p.max(v)));
             }
             interrupted.extend(view.value(row, "interrupted_ratio"));
             unexplained.extend(view.value(row, "unexplained_ratio"));
+            busy.extend(view.value(row, "busy_ratio"));
         }
         let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
         let time_us = view.time_us(0);
@@ -397,6 +398,7 @@ impl Detector {
                 p99_seconds: p99,
                 interrupted_ratio: mean(&interrupted),
                 unexplained_ratio: mean(&unexplained),
+                busy_ratio: mean(&busy),
             });
         }
         if let Some(u) = mean(&unexplained) {

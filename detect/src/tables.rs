@@ -90,6 +90,12 @@ vtax_store::table! {
                 Unit::Seconds,
                 "Worst CPU's 99th percentile wake-up latency in the last jitter window.",
             ),
+            jitter_busy_ratio: Option<f64> = ratio(
+                "How busy the probed CPUs were while probed, averaged over them (the jitter rows' busy_ratio, \
+                 last jitter window): the regime interrupted_ratio and unexplained_ratio were measured in. \
+                 Near 0 the CPUs halted between the probe's spins, and a spin then loses more than on a busy CPU: \
+                 compare nodes of like busy ratio.",
+            ),
             hbm_peak_ratio: Option<f64> = ratio(
                 "HBM bytes/s achieved against the peak, averaged over GPUs busier than 50%.",
             ),

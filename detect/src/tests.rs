@@ -888,6 +888,46 @@ fn the_transfer_probes_ratios_are_tax_and_evidence() {
     );
 }
 
+/// The tax row carries the jitter window's figures with the regime they
+/// were measured in: the probed CPUs' mean busy_ratio beside the mean
+/// interrupted and unexplained shares.
+#[test]
+fn the_tax_says_how_busy_the_probed_cpus_were() {
+    use vtax_collectors::jitter::JITTER;
+    let mut detector = Detector::new(config());
+    let cpu = |interrupted: f64, unexplained: f64, busy: f64| {
+        [
+            ("wakeup_p99_seconds", 80e-6),
+            ("interrupted_ratio", interrupted),
+            ("unexplained_ratio", unexplained),
+            ("busy_ratio", busy),
+        ]
+    };
+    let (quiet, busy) = (cpu(0.05, 0.04, 0.01), cpu(0.03, 0.02, 0.03));
+    detector.observe(&rows(
+        &JITTER,
+        START_US,
+        &[(&["0"], &quiet), (&["1"], &busy)],
+    ));
+    let mut out = Vec::new();
+    for second in 0..30 {
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let tax = out
+        .iter()
+        .rev()
+        .find(|b| std::ptr::eq(b.table, &tables::TAX))
+        .unwrap();
+    let v = View::new(tax);
+    let near = |field: &str, want: f64| {
+        let got = v.value(0, field).unwrap();
+        assert!((got - want).abs() < 1e-12, "{field} {got}, not {want}");
+    };
+    near("jitter_busy_ratio", 0.02);
+    near("interrupted_ratio", 0.04);
+    near("unexplained_ratio", 0.03);
+}
+
 #[test]
 fn leaves_and_lineage() {
     let set = leaves(&["/a", "/a/b", "/a-x", "/c/", "/c/d/e"]);
