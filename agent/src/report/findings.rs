@@ -425,8 +425,16 @@ pub(super) fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
     let hypervisor = if s.tax.iter().all(|f| f.windows == 0) {
         "no detector windows in this range (was the detector off?)".to_string()
     } else if bad("steal_ratio") || bad("unexplained_ratio") {
+        // A probe on CPUs that halt between its spins loses more than one on
+        // busy CPUs (bench/jitter/vs_oslat.py): say which it was.
+        let regime = match figure("jitter_busy_ratio") {
+            Some((_, busy)) if busy.value.is_some() => {
+                format!(", on probed CPUs {} busy", text("jitter_busy_ratio"))
+            }
+            _ => String::new(),
+        };
         format!(
-            "{} of CPU time stolen, {} of the probe's time lost where the guest cannot see why",
+            "{} of CPU time stolen, {} of the probe's time lost where the guest cannot see why{regime}",
             text("steal_ratio"),
             text("unexplained_ratio")
         )

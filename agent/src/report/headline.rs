@@ -37,6 +37,8 @@ pub enum Worse {
     Higher,
     /// A share of a peak reached: the worst window is the lowest.
     Lower,
+    /// Context for the others, neither good nor bad: the tile gives the range.
+    Neither,
 }
 
 /// A `tax` field the headline shows.
@@ -90,6 +92,15 @@ pub const TAX_FIELDS: &[TaxField] = &[
         worse: Worse::Higher,
         bad_above: Some(200e-6),
         help: "Worst CPU's 99th percentile wake-up latency (the median window; the note gives the worst).",
+    },
+    TaxField {
+        field: "jitter_busy_ratio",
+        label: "probed CPUs busy",
+        unit: Unit::Ratio,
+        taker: Taker::Hypervisor,
+        worse: Worse::Neither,
+        bad_above: None,
+        help: "How busy the jitter probe's CPUs were while it measured, mean over them: near 0 they halted between its spins, and a spin then loses more than on a busy CPU, so compare nodes of like busy share.",
     },
     TaxField {
         field: "hbm_peak_ratio",
@@ -167,22 +178,27 @@ impl Figure {
     }
 
     /// The worst window: the highest of a loss, the lowest of a share of a
-    /// peak.
+    /// peak; none for a figure that is context.
     pub fn worst(&self, field: &TaxField) -> Option<f64> {
         match field.worse {
             Worse::Higher => self.highest,
             Worse::Lower => self.lowest,
+            Worse::Neither => None,
         }
     }
 
     /// The line under the figure.
     pub fn note(&self, field: &TaxField) -> String {
-        match (self.value, self.worst(field)) {
+        let text = |v: f64| format_value(v, field.unit);
+        match (self.value, self.worst(field), self.lowest, self.highest) {
             _ if self.windows == 0 => "no detector windows".into(),
-            (None, _) if field.taker != Taker::Hypervisor => "no busy GPU".into(),
-            (None, _) => "no source".into(),
-            (Some(_), Some(w)) => format!("worst window {}", format_value(w, field.unit)),
-            (Some(_), None) => String::new(),
+            (None, ..) if field.taker != Taker::Hypervisor => "no busy GPU".into(),
+            (None, ..) => "no source".into(),
+            (Some(_), Some(w), ..) => format!("worst window {}", text(w)),
+            (Some(_), None, Some(lo), Some(hi)) if field.worse == Worse::Neither => {
+                format!("windows {}–{}", text(lo), text(hi))
+            }
+            (Some(_), ..) => String::new(),
         }
     }
 }

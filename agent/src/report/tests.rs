@@ -629,18 +629,21 @@ fn every_gpu_is_listed_the_lost_one_as_lost_and_faults_apart_from_neighbours() {
 }
 
 /// Each tax tile's worst window is the one where the platform took most: the
-/// highest loss, the lowest share of a peak.
+/// highest loss, the lowest share of a peak; the probed CPUs' busy share is
+/// context, shown as its range, and named where the hypervisor line blames
+/// unexplained time.
 #[test]
-fn the_worst_window_is_the_highest_loss_or_the_lowest_share_of_a_peak() {
+fn the_worst_window_is_the_worst_way_and_busy_is_context() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(StoreOptions::new(dir.path()), crate::catalog()).unwrap();
-    let window = |t: i64, steal: f64, unexplained: f64, hbm: f64| {
+    let window = |t: i64, steal: f64, unexplained: f64, busy: f64, hbm: f64| {
         (
             T0 + t * 10 * SECOND,
             vec![],
             vec![
                 ("steal_ratio", Value::F64(steal)),
                 ("unexplained_ratio", Value::F64(unexplained)),
+                ("jitter_busy_ratio", Value::F64(busy)),
                 ("hbm_peak_ratio", Value::F64(hbm)),
             ],
         )
@@ -648,7 +651,10 @@ fn the_worst_window_is_the_highest_loss_or_the_lowest_share_of_a_peak() {
     push(
         &mut store,
         "tax",
-        &[window(1, 0.002, 0.03, 0.9), window(2, 0.004, 0.05, 0.5)],
+        &[
+            window(1, 0.002, 0.03, 0.01, 0.9),
+            window(2, 0.004, 0.05, 0.03, 0.5),
+        ],
     );
     store.close().unwrap();
     let source = Source::open(dir.path()).unwrap();
@@ -661,4 +667,11 @@ fn the_worst_window_is_the_highest_loss_or_the_lowest_share_of_a_peak() {
     assert_eq!(note("steal_ratio"), "worst window 0.4%");
     assert_eq!(note("unexplained_ratio"), "worst window 5%");
     assert_eq!(note("hbm_peak_ratio"), "worst window 50%");
+    assert_eq!(note("jitter_busy_ratio"), "windows 1%–3%");
+    let (who, hypervisor) = &findings::who_takes(&s)[0];
+    assert_eq!(*who, "The hypervisor");
+    assert!(
+        hypervisor.ends_with("where the guest cannot see why, on probed CPUs 2% busy"),
+        "{hypervisor}"
+    );
 }
