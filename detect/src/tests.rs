@@ -839,6 +839,19 @@ fn healthy_simulated_gpus_raise_nothing() {
     assert!(opened.is_empty(), "{opened:?}");
 }
 
+/// Ticks `detector` once a second for `seconds` from START_US and returns
+/// the last `tax` batch it wrote.
+fn tax_after(detector: &mut Detector, seconds: i64) -> Batch {
+    let mut out = Vec::new();
+    for second in 0..seconds {
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    out.into_iter()
+        .rev()
+        .find(|b| std::ptr::eq(b.table, &tables::TAX))
+        .expect("the detector writes a tax row every window")
+}
+
 /// The transfer probe's ratios reach the tax gauges (the lowest GPU's)
 /// and, below LOW_TRANSFER_RATIO, the verdict's evidence in words.
 #[test]
@@ -863,16 +876,8 @@ fn the_transfer_probes_ratios_are_tax_and_evidence() {
     };
     detector.observe(&probe("0", 53.9e9));
     detector.observe(&probe("1", 24.1e9));
-    let mut out = Vec::new();
-    for second in 0..30 {
-        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
-    }
-    let tax = out
-        .iter()
-        .rev()
-        .find(|b| std::ptr::eq(b.table, &tables::TAX))
-        .unwrap();
-    let v = View::new(tax);
+    let tax = tax_after(&mut detector, 30);
+    let v = View::new(&tax);
     let h2d = v.value(0, "probe_host_to_device_ratio").unwrap();
     assert!((h2d - 24.1e9 / gen5_x16).abs() < 1e-9, "{h2d}");
     let d2d = v.value(0, "probe_device_to_device_ratio").unwrap();
@@ -909,16 +914,8 @@ fn the_tax_says_how_busy_the_probed_cpus_were() {
         START_US,
         &[(&["0"], &quiet), (&["1"], &busy)],
     ));
-    let mut out = Vec::new();
-    for second in 0..30 {
-        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
-    }
-    let tax = out
-        .iter()
-        .rev()
-        .find(|b| std::ptr::eq(b.table, &tables::TAX))
-        .unwrap();
-    let v = View::new(tax);
+    let tax = tax_after(&mut detector, 30);
+    let v = View::new(&tax);
     let near = |field: &str, want: f64| {
         let got = v.value(0, field).unwrap();
         assert!((got - want).abs() < 1e-12, "{field} {got}, not {want}");
