@@ -1213,16 +1213,7 @@ mod tests {
         let spinner = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                // SAFETY: a zeroed cpu_set_t is empty; cpu is one this
-                // process may use, so below CPU_SETSIZE.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    assert_eq!(
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                        0
-                    );
-                }
+                probe::pin(cpu).unwrap();
                 while !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }

@@ -375,7 +375,7 @@ fn sleep_until(deadline_ns: u64) {
 }
 
 /// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) -> std::io::Result<()> {
+pub(super) fn pin(cpu: usize) -> std::io::Result<()> {
     // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays in bounds
     // for cpu < CPU_SETSIZE, which the config checks.
     unsafe {
