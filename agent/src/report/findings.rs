@@ -428,8 +428,8 @@ pub(super) fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
         // A probe on CPUs that halt between its spins loses more than one on
         // busy CPUs (bench/jitter/vs_oslat.py): say which it was.
         let regime = match figure("jitter_busy_ratio") {
-            Some((_, busy)) if busy.value.is_some() => {
-                format!(", on probed CPUs {} busy", text("jitter_busy_ratio"))
+            Some((field, busy)) if busy.value.is_some() => {
+                format!(", on probed CPUs {} busy", busy.text(field))
             }
             _ => String::new(),
         };

@@ -190,15 +190,18 @@ impl Figure {
     /// The line under the figure.
     pub fn note(&self, field: &TaxField) -> String {
         let text = |v: f64| format_value(v, field.unit);
-        match (self.value, self.worst(field), self.lowest, self.highest) {
+        match self.value {
             _ if self.windows == 0 => "no detector windows".into(),
-            (None, ..) if field.taker != Taker::Hypervisor => "no busy GPU".into(),
-            (None, ..) => "no source".into(),
-            (Some(_), Some(w), ..) => format!("worst window {}", text(w)),
-            (Some(_), None, Some(lo), Some(hi)) if field.worse == Worse::Neither => {
-                format!("windows {}–{}", text(lo), text(hi))
-            }
-            (Some(_), ..) => String::new(),
+            None if field.taker != Taker::Hypervisor => "no busy GPU".into(),
+            None => "no source".into(),
+            Some(_) => match (field.worse, self.lowest, self.highest) {
+                (Worse::Neither, Some(lo), Some(hi)) => {
+                    format!("windows {}–{}", text(lo), text(hi))
+                }
+                _ => self
+                    .worst(field)
+                    .map_or(String::new(), |w| format!("worst window {}", text(w))),
+            },
         }
     }
 }
