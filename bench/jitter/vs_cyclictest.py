@@ -42,8 +42,9 @@ Part 2, the defaults. The agent runs the jitter collector with its defaults
 (every CPU in turn, 10 ms wake-ups, 200 us spins, 1% of one core) for
 --default-windows windows. Per window and CPU: the interruption probe's
 interrupted and unexplained ratios beside the CPU's steal from /proc/stat read
-by this script at the window's edges, and its busy_ratio (the regime it measured); and the probe thread's CPU time, read
-from /proc/<pid>/task/<tid>/schedstat (nanoseconds on CPU), against the budget.
+by this script at the window's edges, and its busy_ratio (the regime it
+measured); and the probe thread's CPU time, read from
+/proc/<pid>/task/<tid>/schedstat (nanoseconds on CPU), against the budget.
 
 Usage: sudo bench/jitter/vs_cyclictest.py [--vtax target/release/vtax] [--fifo] [--window-secs 10]
                                           [--laptop] [--min-gap-us 250 | --align] [--control]
@@ -550,15 +551,15 @@ def part2(vtax, windows):
         probe_cpu += float(row["probe_cpu_seconds"])
 
         def pct(k):
-            return f"{float(row[k]) * 100:.3f}%" if row[k] else "-"
+            # A dash for a null, and for a column a binary predates (busy_ratio).
+            return f"{float(row[k]) * 100:.3f}%" if row.get(k) else "-"
 
         print(f"{time.strftime('%H:%M:%S', time.gmtime(end)):<10} {cpu:>3} {probed:>8.2f} "
               f"{float(row['spin_seconds']) * 1e3:>8.1f} {row['gaps']:>6} {pct('interrupted_ratio'):>11} "
               f"{pct('run_delay_ratio'):>9} {pct('irq_ratio'):>7} {pct('steal_ratio'):>7} "
               f"{pct('unexplained_ratio'):>11} {steal * 100:>30.3f}% "
               f"{float(row['probe_cpu_seconds']) / probed * 100 if probed else 0:>10.3f}% "
-              # busy_ratio: absent from a binary that predates it.
-              f"{pct('busy_ratio') if row.get('busy_ratio') else '-':>7}")
+              f"{pct('busy_ratio'):>7}")
     share = (cpu1 - cpu0) / ((t1 - t0) * 1e9)
     print(f"probe thread CPU over {t1 - t0:.1f} s, from /proc/{agent.pid}/task/{tid}/schedstat: "
           f"{share * 100:.3f}% of one core (budget 1%); the agent's own probe_cpu_seconds sum: "

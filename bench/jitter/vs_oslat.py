@@ -70,7 +70,7 @@ def stop(proc):
 
 class Turn:
     """One tool's turn: seconds spun, seconds lost to gaps, gaps; and for the
-    probe the lowest and highest busy_ratio of its windows."""
+    probe the busy_ratio of each of its windows."""
 
     def __init__(self, spun, lost, gaps, busy=()):
         self.spun, self.lost, self.gaps, self.busy = spun, lost, gaps, list(busy)
@@ -170,12 +170,12 @@ def summary(name, probe, reference):
     lost_ratio = v.lost_share() / o.lost_share()
     rate_ratio = v.gaps_per_second() / o.gaps_per_second()
     ok = 0.8 <= lost_ratio <= 1.2 and 0.8 <= rate_ratio <= 1.2
-    for who, turns in (("vtax", probe), ("oslat", reference)):
+    for who, turns, total in (("vtax", probe, v), ("oslat", reference, o)):
         lo, mid, hi = spread(turns, Turn.lost_share)
         glo, gmid, ghi = spread(turns, Turn.gaps_per_second)
-        print(f"{name} {who:<5}: {len(turns)} turns, {pooled(turns).spun:.3f} s spun; lost share "
-              f"pooled {pooled(turns).lost_share():.4f} (turns {lo:.4f} / {mid:.4f} / {hi:.4f}); "
-              f"gaps/s pooled {pooled(turns).gaps_per_second():.0f} "
+        print(f"{name} {who:<5}: {len(turns)} turns, {total.spun:.3f} s spun; lost share "
+              f"pooled {total.lost_share():.4f} (turns {lo:.4f} / {mid:.4f} / {hi:.4f}); "
+              f"gaps/s pooled {total.gaps_per_second():.0f} "
               f"(turns {glo:.0f} / {gmid:.0f} / {ghi:.0f})")
     busy = f"{min(v.busy):.3f}-{max(v.busy):.3f}" if v.busy else "-"
     print(f"{name}: vtax/oslat lost share {lost_ratio:.2f}, gaps/s {rate_ratio:.2f}; "
