@@ -163,6 +163,11 @@ pub struct SimBackend {
     turns: Vec<(u32, f64, Scenario)>,
     /// Where the scenarios of a running agent's GPUs are changed.
     scenarios_file: Option<ScenariosFile>,
+    /// Per GPU: the scenario of its last sample, and what its energy counter
+    /// carries over the changes of scenario before, so that the counter
+    /// goes on from where the last scenario left it (as a real GPU's does
+    /// when its work changes) rather than jump to the new scenario's curve.
+    energy_carried: Vec<Option<(Scenario, f64)>>,
 }
 
 /// `simulate_scenarios_file`: GPU i plays the i-th scenario it names (in
@@ -224,6 +229,7 @@ impl SimBackend {
             read_counts: ReadCounts::default(),
             turns: Vec::new(),
             scenarios_file: None,
+            energy_carried: Vec::new(),
         }
     }
 
@@ -415,6 +421,20 @@ impl GpuBackend for SimBackend {
             ));
         }
         let mut sample = simulate(&self.profile, gpu, scenario, seconds);
+        let at = index as usize;
+        if self.energy_carried.len() <= at {
+            self.energy_carried.resize(at + 1, None);
+        }
+        let carried = match self.energy_carried[at] {
+            Some((before, carried)) if before != scenario => {
+                carried + energy_joules(&self.profile, index, before, seconds)
+                    - energy_joules(&self.profile, index, scenario, seconds)
+            }
+            Some((_, carried)) => carried,
+            None => 0.0,
+        };
+        self.energy_carried[at] = Some((scenario, carried));
+        sample.energy_joules = sample.energy_joules.map(|e| e + carried);
         let mut reads = costs::EVERY_TICK.to_vec();
         if plan.energy {
             reads.push("total_energy_consumption");
@@ -603,14 +623,7 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
             gpu_instance: None,
         }],
     };
-    // The integral of the power since the first sample, from a level that
-    // differs per GPU: the exact counter the collector's integration is
-    // checked against.
-    let energy = 1.0e6 * f64::from(index + 1)
-        + power_base * seconds
-        + power_swing * WOBBLE_PERIOD_SECONDS / TAU
-            * (f64::from(index).cos()
-                - (TAU * seconds / WOBBLE_PERIOD_SECONDS + f64::from(index)).cos());
+    let energy = energy_joules(p, index, scenario, seconds);
     GpuSample {
         utilization_gpu_ratio: Some(if busy { jiggle(0.97) } else { 0.0 }),
         utilization_memory_ratio: Some(jiggle(dram * 0.85)),
@@ -673,6 +686,19 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         process_shares_read: true,
         quiet: false,
     }
+}
+
+/// The integral of a scenario's power since the first sample, from a level
+/// that differs per GPU: the exact counter the collector's integration is
+/// checked against, for a GPU that played `scenario` throughout (the
+/// backend carries it over a change of scenario: `SimBackend::sample`).
+fn energy_joules(p: &Profile, index: u32, scenario: Scenario, seconds: f64) -> f64 {
+    let (power_base, power_swing) = power_curve(p, scenario);
+    1.0e6 * f64::from(index + 1)
+        + power_base * seconds
+        + power_swing * WOBBLE_PERIOD_SECONDS / TAU
+            * (f64::from(index).cos()
+                - (TAU * seconds / WOBBLE_PERIOD_SECONDS + f64::from(index)).cos())
 }
 
 /// A scenario's power draw: a level, and how far the wobble moves it.
@@ -786,6 +812,34 @@ mod tests {
         ));
         let xids: Vec<u64> = b.take_xids().iter().map(|x| x.xid).collect();
         assert_eq!(xids, vec![79]);
+    }
+
+    /// When a GPU's work changes, its counter goes on from where it was: it
+    /// neither jumps to the new scenario's curve (up by hundreds of
+    /// kilojoules, idle to training) nor falls back to it (training to idle,
+    /// which the collector would take for a driver reload).
+    #[test]
+    fn the_energy_counter_goes_on_across_a_change_of_work() {
+        let (b, ids) = backend(&[Scenario::Idle]);
+        let mut b = b
+            .turning(0, 40.0, Scenario::Training)
+            .turning(0, 70.0, Scenario::Idle);
+        let mut before: Option<(f64, f64)> = None;
+        for second in 0..=100i64 {
+            let s = b.sample(&ids[0], second * 1_000_000, ReadPlan::ALL).unwrap();
+            let (energy, power) = (s.energy_joules.unwrap(), s.power_watts.unwrap());
+            if let Some((energy_before, power_before)) = before {
+                // The second's energy lies between the powers at its ends
+                // (the wobble moves training's by under 3 W a second).
+                let (low, high) = (power.min(power_before), power.max(power_before));
+                let drawn = energy - energy_before;
+                assert!(
+                    drawn >= low - 3.0 && drawn <= high + 3.0,
+                    "at {second} s: {drawn} J drawn, power {power_before} then {power} W"
+                );
+            }
+            before = Some((energy, power));
+        }
     }
 
     /// The energy counter is what the power drew: the counter's increase
