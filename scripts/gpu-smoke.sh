@@ -20,7 +20,9 @@
 #      (bench/gpu/nvidia_smi_cost.py, PEER_SECS a way, default 30), then both
 #      again with GPU 0 copying (OVERHEAD_BUSY=0 leaves that out), and with
 #      OVERHEAD_GPM_OFF=1 the agent with GPM off; OVERHEAD_SECS (default 45)
-#      is each agent window;
+#      is each agent window (an idle GPU reads its exact energy counter every
+#      300 s: a window shorter than that leaves the read out, so the idle
+#      figure of the steady cost needs OVERHEAD_SECS=300);
 #   6b. (quiet) the agent on defaults while GPU 0 idles, copies for 12 s and
 #      idles again (QUIET_IDLE_SECS, default 20, each side), scraped each
 #      second: GPM's figures and the PCIe link, held on quiet ticks, with
@@ -32,7 +34,8 @@
 #   8. the transfer probe inside the agent (collectors.gpu_probe on, idle_secs
 #      10) on the idle GPU for PROBE_AGENT_SECS (default 45): its rows, outcome
 #      counts, tax gauges and series, and the energy counter's exact reads
-#      beside its integration (energy_interval_secs 30) from the same run.
+#      beside its integration from the same run (every 30 s on a GPU at work,
+#      every 300 s on a quiet one: a 45 s run on an idle GPU shows the first).
 #
 # Usage: scripts/gpu-smoke.sh [seconds of load, default 20]
 # VTAX=path/to/vtax uses a built binary instead of building one; SMOKE_DIR=dir
@@ -387,7 +390,8 @@ fi
 # The transfer probe in the running agent, on the idle GPU: it should probe
 # each GPU once idle_secs after the start, and write rows, outcome counts and
 # tax gauges. The same run's gpu rows show the energy counter's exact reads
-# (every 30 s) beside the integrated counter in between.
+# (every 30 s at work, every 300 s quiet) beside the integrated counter in
+# between.
 if want probe-agent; then
   echo
   cat > "$out/probe-agent.toml" <<'TOML'

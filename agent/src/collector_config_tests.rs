@@ -30,6 +30,7 @@ fn cgroups_errors_point_at_the_line() {
 fn gpu_intervals_out_of_range_name_their_key() {
     for key in [
         "energy_interval_secs",
+        "quiet_energy_interval_secs",
         "process_shares_interval_secs",
         "slow_reads_interval_secs",
     ] {

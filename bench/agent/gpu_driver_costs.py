@@ -11,7 +11,7 @@ off, and the `collector-gpu` thread's CPU time over the window (the scheduler's
 nanosecond runtime, from /proc/<pid>/task/<tid>/schedstat) is its share of one core. The spin counts the
 thread's own CPU clock, so a loaded machine charges the same.
 
-Three builds of the reads, each on an idle node (every GPU `idle`) and a busy
+Four builds of the reads, each on an idle node (every GPU `idle`) and a busy
 one (every GPU `training`, one process each; with `--shared`, `mig`, three
 processes each, whose shares need the driver):
   before  every read every tick: the exact energy counter, the process shares
@@ -19,12 +19,16 @@ processes each, whose shares need the driver):
           process_shares_interval_secs = 0, slow_reads_interval_secs = 0,
           single_process_shares_from_utilization = false);
   spaced  the exact counter every 30 s with the power integrated in between,
-          the shares every 10 s where a GPU is shared, the slow reads (MIG
-          mode, PCIe replays, NVLink state, ...) still every tick
-          (slow_reads_interval_secs = 0);
-  after   the defaults: as `spaced`, and the slow reads every 30 s.
+          quiet or not, the shares every 10 s where a GPU is shared, the slow
+          reads (MIG mode, PCIe replays, NVLink state, ...) still every tick
+          (slow_reads_interval_secs = 0, quiet_energy_interval_secs = 0);
+  slow    as `spaced`, and the slow reads every 30 s, with a quiet GPU's
+          GPM and PCIe link (quiet_energy_interval_secs = 0);
+  after   the defaults: as `slow`, and a quiet GPU's exact energy counter
+          every 300 s. A window under 300 s may hold none of those reads:
+          --seconds 300 holds one per GPU, its steady share.
 
-The six agents run side by side for the same window.
+The eight agents run side by side for the same window.
 
 `bench/agent/gpu_overhead.py --real` measures the same on a lent GPU with the
 real driver, per GPU.
@@ -52,7 +56,8 @@ BUILDS = {
     "before": "energy_interval_secs = 0\nprocess_shares_interval_secs = 0\n"
               "slow_reads_interval_secs = 0\n"
               "single_process_shares_from_utilization = false\n",
-    "spaced": "slow_reads_interval_secs = 0\n",
+    "spaced": "slow_reads_interval_secs = 0\nquiet_energy_interval_secs = 0\n",
+    "slow": "quiet_energy_interval_secs = 0\n",
     "after": "",
 }
 

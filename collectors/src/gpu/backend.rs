@@ -305,6 +305,13 @@ pub struct ReadPlan {
     /// link were most of what a GPU's second cost (docs/gpus.md, "the
     /// collector's cost read by read").
     pub skip_quiet_reads: bool,
+    /// The GPU was quiet at every tick since its last exact energy read,
+    /// and the quiet cadence (`quiet_energy_interval_secs`) has not come:
+    /// if this tick finds it quiet still, skip the exact energy read that
+    /// `energy` asks for. A quiet GPU's power hardly moves, so the
+    /// integrated counter stays close to the exact one, and the exact read
+    /// was over a third of an idle H200's second (docs/gpus.md).
+    pub skip_quiet_energy: bool,
 }
 
 #[cfg(test)]
@@ -316,10 +323,17 @@ impl ReadPlan {
         slow: true,
         mig_enabled: None,
         skip_quiet_reads: false,
+        skip_quiet_energy: false,
     };
 }
 
 impl ReadPlan {
+    /// Whether a tick that found the GPU `quiet` or not reads the exact
+    /// energy counter.
+    pub fn reads_energy(&self, quiet: bool) -> bool {
+        self.energy && !(self.skip_quiet_energy && quiet)
+    }
+
     /// MIG mode on a tick with the plan's slow reads: the one read then,
     /// else the one the plan carries.
     pub fn mig_mode(&self, read: Option<bool>) -> Option<bool> {

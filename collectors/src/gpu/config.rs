@@ -22,6 +22,10 @@ pub struct GpuConfig {
     /// readings are integrated in between. At or below `interval_secs`:
     /// every tick.
     pub energy_interval_secs: f64,
+    /// Seconds between two reads of the exact energy counter on a GPU that
+    /// has been quiet since the last one; at or below
+    /// `energy_interval_secs`: the same cadence as a GPU at work.
+    pub quiet_energy_interval_secs: f64,
     /// Seconds between two reads of the per-process shares of a GPU; each
     /// process keeps its last shares in between. 0: every tick.
     pub process_shares_interval_secs: f64,
@@ -55,6 +59,13 @@ pub struct GpuConfig {
 /// over 30 s at most.
 pub const DEFAULT_ENERGY_INTERVAL_SECS: f64 = 30.0;
 
+/// Default of `quiet_energy_interval_secs`: a quiet GPU draws a steady
+/// idle power, so the integration between exact reads stays within a few
+/// joules of the counter (docs/gpus.md), and the exact read, 4-5 ms of the
+/// driver's CPU, is then over a third of what an idle H200 costs a second.
+/// Read every 5 minutes, it is a tenth of that.
+pub const DEFAULT_QUIET_ENERGY_INTERVAL_SECS: f64 = 300.0;
+
 /// Default of `process_shares_interval_secs`.
 pub const DEFAULT_PROCESS_SHARES_INTERVAL_SECS: f64 = 10.0;
 
@@ -72,6 +83,7 @@ impl Default for GpuConfig {
             gpm: true,
             processes: true,
             energy_interval_secs: DEFAULT_ENERGY_INTERVAL_SECS,
+            quiet_energy_interval_secs: DEFAULT_QUIET_ENERGY_INTERVAL_SECS,
             process_shares_interval_secs: DEFAULT_PROCESS_SHARES_INTERVAL_SECS,
             slow_reads_interval_secs: DEFAULT_SLOW_READS_INTERVAL_SECS,
             single_process_shares_from_utilization: true,
@@ -185,6 +197,10 @@ pub static KEY_RANGES: crate::keys::KeyRanges = &[
         crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
     (
+        "quiet_energy_interval_secs",
+        crate::keys::KeyRange::between(0.0, 86_400.0),
+    ),
+    (
         "process_shares_interval_secs",
         crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
@@ -206,7 +222,11 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "energy_interval_secs",
-        "Seconds between two reads of the exact energy counter (nvmlDeviceGetTotalEnergyConsumption: 3-5 ms of the driver's CPU a read on an H100, the dearest read of an idle tick). In between, energy_joules goes on by integrating the power readings (trapezoids a tick wide) and is reconciled at each exact read: it steps up to the exact counter, or holds where it was until the counter passes it, so it never goes back. vtax_gpu_energy_exact_age_seconds says how old the exact read is, vtax_gpu_energy_integration_error_joules what the integration got wrong over the interval before it. 0 (or anything at or below interval_secs): the exact counter every tick.",
+        "Seconds between two reads of the exact energy counter (nvmlDeviceGetTotalEnergyConsumption: 3-5 ms of the driver's CPU a read on an H100, the dearest read of an idle tick). In between, energy_joules goes on by integrating the power readings (trapezoids a tick wide) and is reconciled at each exact read: it steps up to the exact counter, or holds where it was until the counter passes it, so it never goes back. vtax_gpu_energy_exact_age_seconds says how old the exact read is, vtax_gpu_energy_integration_error_joules what the integration got wrong over the interval before it. 0 (or anything at or below interval_secs): the exact counter every tick, on every GPU.",
+    ),
+    (
+        "quiet_energy_interval_secs",
+        "Seconds between two reads of the exact energy counter on a GPU that has been quiet (no compute process, utilisation 0, MIG off) at every tick since the last one. A quiet GPU's power hardly moves, so the integration stays within a few joules of the counter over minutes. The first tick anything runs on the GPU reads the counter if energy_interval_secs has passed since the last read, and the work's cadence holds from then on. At or below energy_interval_secs: the same cadence as a GPU at work.",
     ),
     (
         "process_shares_interval_secs",

@@ -1,5 +1,6 @@
-//! The energy counter of one GPU, exact every `energy_interval_secs` and
-//! carried on in between by integrating the power readings.
+//! The energy counter of one GPU, exact every `energy_interval_secs` (on a
+//! quiet GPU every `quiet_energy_interval_secs`) and carried on in between
+//! by integrating the power readings.
 //!
 //! NVML's exact counter (`nvmlDeviceGetTotalEnergyConsumption`) costs the
 //! driver 3.1-4.9 ms of CPU a read on an H100, the power reading

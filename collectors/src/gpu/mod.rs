@@ -20,7 +20,9 @@
 //! it is read at a GPU's first tick and when it answers again. A quiet GPU
 //! (nothing runs on it: `backend::is_quiet`) reads GPM and its PCIe link on
 //! that cadence too, and the first tick anything runs reads them again
-//! (`GpuState::settle_quiet`).
+//! (`GpuState::settle_quiet`); a GPU quiet since its last exact energy read
+//! reads the counter only every `quiet_energy_interval_secs`, its steady
+//! idle power integrated in between (`GpuState::settle_energy`).
 //!
 //! `config.rs` holds `[collectors.gpu]`, `tables.rs` the tables, `doctor.rs`
 //! `vtax doctor --gpu`, `costs.rs` what each NVML read costs on an H100 (for
@@ -65,6 +67,9 @@ struct GpuState {
     problems: Vec<String>,
     /// The energy counter, exact or carried on from the power readings.
     energy: EnergyCounter,
+    /// The GPU was quiet at the tick of its last exact energy read and at
+    /// every tick since.
+    quiet_since_exact_energy: bool,
     /// When the driver last gave the processes' shares.
     shares_read_us: Option<i64>,
     /// The shares it gave then, by pid: (SM, memory).
@@ -205,7 +210,26 @@ impl GpuState {
                 && self.quiet_reads.as_ref().is_some_and(|q| {
                     !due(Some(q.read_us), config.slow_reads_interval_secs)
                 }),
+            skip_quiet_energy: !fresh
+                && self.quiet_since_exact_energy
+                && config.energy_interval_secs > tick
+                && config.quiet_energy_interval_secs > config.energy_interval_secs
+                && !self
+                    .energy
+                    .exact_due(time_us, config.quiet_energy_interval_secs, tick),
         }
+    }
+
+    /// Carries the energy counter on with this tick's readings, and keeps
+    /// whether the GPU has been quiet since its last exact read.
+    fn settle_energy(&mut self, s: &GpuSample, time_us: i64) -> EnergyReading {
+        let reading = self.energy.update(time_us, s.power_watts, s.energy_joules);
+        self.quiet_since_exact_energy = if s.energy_joules.is_some() {
+            s.quiet
+        } else {
+            self.quiet_since_exact_energy && s.quiet
+        };
+        reading
     }
 
     /// Puts the held quiet reads on a tick that skipped them (the plan let
@@ -252,6 +276,7 @@ impl GpuState {
     fn forget_after_silence(&mut self) {
         self.slow_read_us = None;
         self.was_quiet = false;
+        self.quiet_since_exact_energy = false;
         self.quiet_reads = None;
         self.gpm_span_stale = true;
     }
@@ -649,10 +674,7 @@ impl Collector for Gpu {
                     state.settle_quiet(plan, &mut sample, time_us, self.config.gpm && g.gpm_supported);
                     state.settle_slow(plan, &mut sample, time_us);
                     state.settle_shares(&self.config, &mut sample, time_us);
-                    let energy =
-                        state
-                            .energy
-                            .update(time_us, sample.power_watts, sample.energy_joules);
+                    let energy = state.settle_energy(&sample, time_us);
                     self.push_sample(&mut rows, at, &sample, energy, time_us)?;
                 }
                 Err(SampleError::Lost(why)) => {

@@ -629,10 +629,11 @@ impl GpuBackend for NvmlBackend {
                 .flatten()
                 .map(|mw| f64::from(mw) / 1000.0),
             // The driver's dearest read of an idle tick (docs/gpus.md): the
-            // collector asks for it every energy_interval_secs and integrates
-            // power_usage in between.
+            // collector asks for it every energy_interval_secs (a quiet GPU
+            // every quiet_energy_interval_secs) and integrates power_usage in
+            // between.
             energy_joules: plan
-                .energy
+                .reads_energy(quiet)
                 .then(|| reads.time("total_energy_consumption", || d.total_energy_consumption()))
                 .and_then(Result::ok)
                 .map(|mj| mj as f64 / 1000.0),

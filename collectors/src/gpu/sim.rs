@@ -436,11 +436,6 @@ impl GpuBackend for SimBackend {
         self.energy_carried[at] = Some((scenario, carried));
         sample.energy_joules = sample.energy_joules.map(|e| e + carried);
         let mut reads = costs::EVERY_TICK.to_vec();
-        if plan.energy {
-            reads.push("total_energy_consumption");
-        } else {
-            sample.energy_joules = None;
-        }
         if plan.slow {
             reads.extend(costs::SLOW);
         } else {
@@ -484,6 +479,11 @@ impl GpuBackend for SimBackend {
             Some(sample.processes.len()),
             mig_enabled,
         );
+        if plan.reads_energy(sample.quiet) {
+            reads.push("total_energy_consumption");
+        } else {
+            sample.energy_joules = None;
+        }
         if plan.skip_quiet_reads && sample.quiet {
             sample.gpm = None;
             sample.link_rates.clear();
@@ -877,6 +877,7 @@ mod tests {
             slow: true,
             mig_enabled: None,
             skip_quiet_reads: false,
+            skip_quiet_energy: false,
         };
         let one = b.sample(&ids[0], 0, plan).unwrap();
         assert_eq!(one.energy_joules, None);

@@ -1,6 +1,6 @@
 //! The collector on simulated and scripted GPUs.
 
-use self::config::DEFAULT_ENERGY_INTERVAL_SECS;
+use self::config::{DEFAULT_ENERGY_INTERVAL_SECS, DEFAULT_QUIET_ENERGY_INTERVAL_SECS};
 use super::*;
 use vtax_store::batch::Values;
 use vtax_store::schema::TableDef;
@@ -236,8 +236,9 @@ fn simulated_with(scenarios: &[&str], change: impl FnOnce(&mut GpuConfig)) -> Gp
 }
 
 /// The simulated training GPU draws 615 + 25 sin(2πt/60 + i) W and its
-/// counter is that power's exact integral. Read every 30 s and
-/// integrated by 1 s trapezoids in between, the exported counter must be
+/// counter is that power's exact integral. Read every 30 s (the idle GPU,
+/// quiet, every 300 s) and integrated by 1 s trapezoids in between, the
+/// exported counter must be
 /// the exact one at each exact read (or, where the integration ran
 /// ahead, hold above it by no more than that error), never go back, and
 /// stay within the trapezoid's bound in between: L Δt² max|P''| / 12 =
@@ -276,7 +277,13 @@ fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
                     assert!(ours > truth && ours - truth <= bound, "{ours} vs {truth}");
                 }
             } else {
-                assert!(get(&a, "energy_exact_age_seconds") < 31.0);
+                // The idle GPU is quiet: its cadence is the quiet one.
+                let interval = if scenarios[gpu.parse::<usize>().unwrap()] == "idle" {
+                    DEFAULT_QUIET_ENERGY_INTERVAL_SECS
+                } else {
+                    DEFAULT_ENERGY_INTERVAL_SECS
+                };
+                assert!(get(&a, "energy_exact_age_seconds") < interval + 1.0);
             }
             largest_gap = largest_gap.max((ours - truth).abs());
             assert!(
@@ -286,8 +293,9 @@ fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
             *previous = Some(ours);
         }
     }
-    // 0, 30, ..., 300 s on each of the four GPUs.
-    assert_eq!(exact_reads, 11 * scenarios.len());
+    // 0, 30, ..., 300 s on each of the three GPUs at work; 0 and 300 s on
+    // the idle one.
+    assert_eq!(exact_reads, 11 * 3 + 2);
     assert!(held < exact_reads, "most exact reads are met exactly");
     // A wrong rule (a rectangle, or the power not integrated) is off by
     // tens to thousands of joules: the comparison is not vacuous.
@@ -300,6 +308,81 @@ fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
     )
     .unwrap();
     assert!(errors.abs() <= bound, "{errors}");
+}
+
+/// A quiet GPU reads the exact energy counter every
+/// `quiet_energy_interval_secs`, a GPU at work every
+/// `energy_interval_secs`; the first tick of work reads it when the work's
+/// interval has passed, and the counter stays within the integration's
+/// bound of the exact one throughout.
+#[test]
+fn a_quiet_gpu_reads_the_exact_energy_counter_once_per_quiet_interval() {
+    // GPU 0 idle, training from 400 s to 450 s, idle again; GPU 1 idle
+    // throughout; GPU 2 training throughout.
+    let scenarios = ["idle", "idle", "training"];
+    let turns = |s: sim::SimBackend| {
+        s.turning(0, 400.0, sim::Scenario::Training)
+            .turning(0, 450.0, sim::Scenario::Idle)
+    };
+    let (mut spaced, counts) = simulated_counting(&scenarios, |_| {}, turns);
+    let (mut exact, _) = simulated_counting(&scenarios, |c| c.energy_interval_secs = 0.0, turns);
+    let (mut unstretched, _) =
+        simulated_counting(&scenarios, |c| c.quiet_energy_interval_secs = 0.0, turns);
+    assert_eq!(DEFAULT_QUIET_ENERGY_INTERVAL_SECS, 300.0);
+    let omega = std::f64::consts::TAU / sim::WOBBLE_PERIOD_SECONDS;
+    let wobble_bound = DEFAULT_ENERGY_INTERVAL_SECS * 25.0 * omega * omega / 12.0;
+    // Work that stops between two readings: the trapezoid takes half of
+    // the step from training's 615 ± 25 W to idle's 72 W for one second.
+    let step_bound = (615.0 + 25.0 - 72.0) / 2.0 + wobble_bound;
+    let mut reads_at: Vec<Vec<i64>> = vec![Vec::new(); scenarios.len()];
+    let mut unstretched_reads = 0;
+    let mut before: Vec<Option<f64>> = vec![None; scenarios.len()];
+    for second in 0..=700i64 {
+        let time_us = 1_000_000 * second;
+        let reads_before = reads_of(&counts, "total_energy_consumption");
+        let a = spaced.collect(time_us).unwrap();
+        let b = exact.collect(time_us).unwrap();
+        let c = unstretched.collect(time_us).unwrap();
+        let mut read_now = 0;
+        for (gpu, previous) in before.iter_mut().enumerate() {
+            let name = gpu.to_string();
+            let get = |batches, field| value(batches, &GPU, &[&name], field).unwrap();
+            let (ours, truth) = (get(&a, "energy_joules"), get(&b, "energy_joules"));
+            if get(&a, "energy_exact_age_seconds") == 0.0 {
+                reads_at[gpu].push(second);
+                read_now += 1;
+            }
+            if get(&c, "energy_exact_age_seconds") == 0.0 {
+                unstretched_reads += 1;
+            }
+            if let Some(previous) = *previous {
+                assert!(ours >= previous, "GPU {gpu} at {second} s: {ours} after {previous}");
+            }
+            *previous = Some(ours);
+            let bound = if gpu == 0 && (450..460).contains(&second) {
+                step_bound
+            } else {
+                wobble_bound
+            };
+            assert!(
+                (ours - truth).abs() <= bound,
+                "GPU {gpu} at {second} s: {ours} against the exact {truth}, bound {bound} J"
+            );
+        }
+        assert_eq!(
+            reads_of(&counts, "total_energy_consumption") - reads_before,
+            read_now,
+            "at {second} s: each exact read is one read of the driver"
+        );
+    }
+    // GPU 0: quiet from 0 (read at 300), the first tick of work (400),
+    // work's cadence (430), the first read after the work stopped (460),
+    // quiet again from there (760 is after the end).
+    assert_eq!(reads_at[0], vec![0, 300, 400, 430, 460]);
+    assert_eq!(reads_at[1], vec![0, 300, 600]);
+    assert_eq!(reads_at[2], (0..=690).step_by(30).collect::<Vec<i64>>());
+    // Not stretched: every GPU on work's cadence, 0 to 690 s.
+    assert_eq!(unstretched_reads, 3 * 24);
 }
 
 /// A reload hands the integrated counter to the new collector: it does
