@@ -3,11 +3,16 @@
 //!
 //! A `statvfs` on a network filesystem whose server is gone blocks in the
 //! kernel, uninterruptibly on a `hard` NFS mount, for as long as the server
-//! stays away. So every stat runs on a thread of its own and the collector waits
-//! for it only up to `stat_timeout_ms`: a stat still running then is reported
-//! (`stat_hung` = 1, a problem for `vtax doctor`) and is not issued again
-//! until it returns, so a hung mount costs one parked thread, not one per tick.
-//! When it returns, the next tick stats the mount afresh.
+//! stays away. So each mount is stat'ed on a thread of its own and the
+//! collector waits for it only up to `stat_timeout_ms`: a stat still running
+//! then is reported (`stat_hung` = 1, a problem for `vtax doctor`) and is not
+//! issued again until it returns, so a hung mount costs one parked thread,
+//! not one per tick. When it returns, the next tick stats the mount afresh.
+//! A mount's thread lives from tick to tick, waiting for the next ask: a
+//! thread started and ended for every stat cost three times what a message
+//! each way costs (`bench/agent/filesystem_mounts_cpu.py`), and a node with
+//! dozens of mounts (a Kubernetes node's volumes) pays it for each of them
+//! every second.
 //!
 //! The stat is behind [`StatFs`] so tests make it hang, fail or answer fixed
 //! numbers; the mount table comes from the fixture's `proc/self/mountinfo`.
@@ -21,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -345,10 +350,34 @@ fn parse_mountinfo_line(
     }))
 }
 
+/// The answer to one stat.
+type Answer = io::Result<FsStat>;
+
+/// One mount's stat thread: it stats the path each ask names and answers on
+/// the ask's channel, then waits for the next ask. Dropping it ends the
+/// thread once its stat in progress, if any, returns.
+struct Stater {
+    asks: mpsc::Sender<(PathBuf, mpsc::SyncSender<Answer>)>,
+}
+
+impl Stater {
+    fn spawn(statfs: Arc<dyn StatFs>) -> io::Result<Stater> {
+        let (asks, inbox) = mpsc::channel::<(PathBuf, mpsc::SyncSender<Answer>)>();
+        std::thread::Builder::new()
+            .name("statvfs".into())
+            .spawn(move || {
+                for (path, answer) in inbox {
+                    let _ = answer.send(statfs.statvfs(&path));
+                }
+            })?;
+        Ok(Stater { asks })
+    }
+}
+
 /// A stat issued and not yet answered.
 struct Pending {
     since: Instant,
-    answer: Receiver<io::Result<FsStat>>,
+    answer: Receiver<Answer>,
 }
 
 /// The filesystem collector.
@@ -361,6 +390,8 @@ pub struct Filesystem {
     statfs: Arc<dyn StatFs>,
     /// Stats still running, by mount point: one at most per mount.
     pending: HashMap<String, Pending>,
+    /// Each mount's stat thread, by mount point.
+    staters: HashMap<String, Stater>,
     buf: Vec<u8>,
     rows: BatchBuilder,
     problems: Vec<String>,
@@ -391,6 +422,7 @@ impl Filesystem {
             timeout: Duration::from_millis(config.stat_timeout_ms),
             statfs,
             pending: HashMap::new(),
+            staters: HashMap::new(),
             buf: Vec::new(),
             rows: BatchBuilder::new(&FILESYSTEM),
             problems: Vec::new(),
@@ -433,16 +465,23 @@ impl Filesystem {
         Ok(chosen)
     }
 
-    /// Starts a stat of `mount` on a thread of its own.
+    /// Asks `mount`'s stat thread for a stat, starting the thread if the
+    /// mount has none (or its thread is gone).
     fn issue(&mut self, mount: &str) -> io::Result<()> {
         let (tx, rx) = mpsc::sync_channel(1);
-        let statfs = self.statfs.clone();
-        let path = self.roots.host_path(mount);
-        std::thread::Builder::new()
-            .name("statvfs".into())
-            .spawn(move || {
-                let _ = tx.send(statfs.statvfs(&path));
-            })?;
+        let ask = (self.roots.host_path(mount), tx);
+        let unsent = match self.staters.get(mount) {
+            Some(stater) => stater.asks.send(ask).err().map(|e| e.0),
+            None => Some(ask),
+        };
+        if let Some(ask) = unsent {
+            let stater = Stater::spawn(self.statfs.clone())?;
+            stater
+                .asks
+                .send(ask)
+                .map_err(|_| io::Error::other("the stat thread died"))?;
+            self.staters.insert(mount.to_owned(), stater);
+        }
         self.pending.insert(
             mount.to_owned(),
             Pending {
@@ -497,6 +536,8 @@ impl Filesystem {
         }
         // Forget stats of mounts that went away; their threads finish alone.
         self.pending
+            .retain(|mp, _| mounts.iter().any(|m| &m.mount_point == mp));
+        self.staters
             .retain(|mp, _| mounts.iter().any(|m| &m.mount_point == mp));
 
         for mount in &mounts {
@@ -867,6 +908,75 @@ mod tests {
             "{:?}",
             c.problems()
         );
+    }
+
+    /// Answers every stat at once and records which thread made it.
+    #[derive(Default)]
+    struct ThreadRecorder {
+        seen: std::sync::Mutex<Vec<(PathBuf, std::thread::ThreadId)>>,
+    }
+
+    impl StatFs for ThreadRecorder {
+        fn statvfs(&self, path: &Path) -> io::Result<FsStat> {
+            let me = std::thread::current().id();
+            self.seen.lock().unwrap().push((path.to_owned(), me));
+            Ok(FsStat {
+                fragment_size: 4096,
+                blocks: 100,
+                blocks_free: 50,
+                blocks_available: 40,
+                files: 10,
+                files_free: 5,
+            })
+        }
+    }
+
+    /// Each mount is stat'ed on a thread of its own, the same one tick after
+    /// tick, and a mount that goes away takes its thread with it.
+    #[test]
+    fn each_mount_keeps_one_stat_thread_from_tick_to_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(&node("baremetal-node").join("proc"), &dir.path().join("proc"));
+        let recorder = Arc::new(ThreadRecorder::default());
+        let statfs: Arc<dyn StatFs> = recorder.clone();
+        let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), statfs.clone());
+        for tick in 0..5 {
+            let batches = c.collect(tick).unwrap();
+            assert_eq!(u64s(&batches[0], "size_bytes"), [Some(409_600); 6]);
+        }
+        let seen = recorder.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 6 * 5, "one stat per mount per tick");
+        let mut threads: HashMap<PathBuf, std::collections::HashSet<std::thread::ThreadId>> =
+            HashMap::new();
+        for (path, thread) in &seen {
+            threads.entry(path.clone()).or_default().insert(*thread);
+        }
+        assert_eq!(threads.len(), 6);
+        assert!(threads.values().all(|t| t.len() == 1), "{threads:?}");
+        let distinct: std::collections::HashSet<_> = threads.values().flatten().collect();
+        assert_eq!(distinct.len(), 6, "the mounts do not share a thread");
+        // Each living stat thread holds the stat: the test's two, the
+        // collector's, and one a mount.
+        assert_eq!(Arc::strong_count(&statfs), 3 + 6);
+
+        // Every mount but the root goes away: their threads end.
+        let mountinfo = dir.path().join("proc/self/mountinfo");
+        let text = std::fs::read_to_string(&mountinfo).unwrap();
+        let root: String = text.lines().filter(|l| l.contains(" / / ")).collect();
+        std::fs::write(&mountinfo, format!("{root}\n")).unwrap();
+        let batches = c.collect(5).unwrap();
+        assert_eq!(tags(&batches[0], "mount_point"), ["/"]);
+        let waited = Instant::now();
+        while Arc::strong_count(&statfs) > 4 && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(Arc::strong_count(&statfs), 4);
+        drop(c);
+        let waited = Instant::now();
+        while Arc::strong_count(&statfs) > 2 && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(Arc::strong_count(&statfs), 2, "the collector gone, so are its threads");
     }
 
     /// In a container with the host's `/` at `/host`: the host's mounts come
