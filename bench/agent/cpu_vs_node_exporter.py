@@ -31,6 +31,7 @@ import atexit
 import glob
 import gzip
 import os
+import re
 import shutil
 import signal
 import socket
@@ -50,6 +51,20 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_vtax_run(vtax, args):
+    """`vtax run ARGS` on a port of its own choosing: the process and the
+    address it listens on, once its log says it. Its stderr is drained from
+    then on, so that the agent never blocks on a full pipe."""
+    proc = subprocess.Popen([vtax, "run", "--web.listen-address", "127.0.0.1:0", *args],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        m = re.search(r"listen_address=(\S+)", line)
+        if m:
+            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+            return proc, m.group(1)
+    sys.exit(f"{vtax} run {' '.join(args)} did not start")
 
 
 def cpu_seconds(pid):

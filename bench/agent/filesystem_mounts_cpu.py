@@ -16,9 +16,7 @@ Usage: bench/agent/filesystem_mounts_cpu.py [--mounts 40] [--seconds 60] [--warm
 """
 import argparse
 import os
-import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,18 +49,9 @@ def start(vtax, root, name, mounts):
     work = os.path.join(root, name)
     procfs = make_procfs(work, mounts)
     off = [f"--no-collector.{c}" for c in COLLECTORS if c != "filesystem"]
-    proc = subprocess.Popen(
-        [vtax, "run", "--data-dir", os.path.join(work, "data"), "--path.procfs", procfs,
-         "--web.listen-address", "127.0.0.1:0", *off],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for line in proc.stderr:
-        if re.search(r"listen_address=(\S+)", line):
-            # Keep draining stderr so the agent never blocks on a full pipe.
-            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
-            return proc
-    sys.exit(f"{vtax} did not start ({name})")
+    proc, _ = bench.start_vtax_run(
+        vtax, ["--data-dir", os.path.join(work, "data"), "--path.procfs", procfs, *off])
+    return proc
 
 
 def main():

@@ -38,9 +38,7 @@ Usage: bench/agent/gpu_driver_costs.py [--seconds 60] [--warmup 5] [--shared]
 """
 import argparse
 import os
-import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,18 +67,9 @@ def start(vtax, tmp, name, scenario, build):
                 f"simulate_scenarios = [\"{scenario}\"]\nsimulate_nvml_costs = true\n")
         f.write(BUILDS[build])
     off = [f"--no-collector.{c}" for c in COLLECTORS if c != "gpu"]
-    proc = subprocess.Popen(
-        [vtax, "run", "--config", config, "--data-dir", os.path.join(tmp, name),
-         "--web.listen-address", "127.0.0.1:0", *off],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for line in proc.stderr:
-        if re.search(r"listen_address=(\S+)", line):
-            # Keep draining stderr so the agent never blocks on a full pipe.
-            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
-            return proc
-    sys.exit(f"{vtax} did not start ({name})")
+    proc, _ = bench.start_vtax_run(
+        vtax, ["--config", config, "--data-dir", os.path.join(tmp, name), *off])
+    return proc
 
 
 def main():

@@ -26,9 +26,7 @@ Usage: bench/agent/gpu_overhead.py [--seconds 120] [--real] [--config FILE] [--v
 """
 import argparse
 import os
-import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,18 +46,7 @@ def cpu_now(base, gpus):
 
 
 def start(vtax, data_dir, extra):
-    proc = subprocess.Popen(
-        [vtax, "run", "--data-dir", data_dir, "--web.listen-address", "127.0.0.1:0", *extra],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for line in proc.stderr:
-        m = re.search(r"listen_address=(\S+)", line)
-        if m:
-            # Keep draining stderr so the agent never blocks on a full pipe.
-            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
-            return proc, m.group(1)
-    sys.exit(f"{vtax} did not start")
+    return bench.start_vtax_run(vtax, ["--data-dir", data_dir, *extra])
 
 
 def scrape(address):
