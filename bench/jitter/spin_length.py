@@ -29,43 +29,18 @@ Usage: sudo bench/jitter/spin_length.py [--vtax target/release/vtax] [--cpu N]
 """
 import argparse
 import os
-import shutil
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vs_cyclictest as bench  # noqa: E402  (the agent, store and clock helpers)
 import vs_oslat  # noqa: E402  (turns, pooling and the SCHED_IDLE spinner)
 
-WINDOW_SECS = vs_oslat.WINDOW_SECS
-
 
 def probe_turn(vtax, cpu, seconds, slice_us, budget):
     """The probe alone on `cpu` for `seconds` of whole windows, spinning
     `slice_us` at a time."""
-    windows = max(1, seconds // WINDOW_SECS)
-    data = tempfile.mkdtemp(prefix="vtax-spin-length-")
-    config = (f"[collectors.jitter]\ncpus = [{cpu}]\nwindow_secs = {WINDOW_SECS}\n"
-              f"slice_us = {slice_us}\ncpu_budget_ratio = {budget}\n")
-    agent, _ = bench.start_agent(vtax, config, data)
-    try:
-        first = (int(time.time() + 1) // WINDOW_SECS + 1) * WINDOW_SECS
-        last = first + windows * WINDOW_SECS
-        bench.sleep_until(last + 1.5)
-    finally:
-        bench.stop_agent(agent)
-    rows = [r for r in bench.query(vtax, data, "jitter")
-            if r["cpu"] == str(cpu) and first < bench.window_end(r) <= last]
-    shutil.rmtree(data)
-    if len(rows) != windows:
-        sys.exit(f"the agent wrote {len(rows)} whole windows for CPU {cpu}, not {windows}")
-    spun = sum(float(r["spin_seconds"]) for r in rows)
-    if spun == 0:
-        sys.exit(f"the probe did not spin at slice_us = {slice_us}")
-    lost = sum(float(r["interrupted_ratio"]) * float(r["spin_seconds"]) for r in rows)
-    gaps = sum(int(r["gaps"]) for r in rows)
-    return vs_oslat.Turn(spun, lost, gaps, (float(r["busy_ratio"]) for r in rows))
+    return vs_oslat.vtax_turn(vtax, cpu, seconds,
+                              f"slice_us = {slice_us}\ncpu_budget_ratio = {budget}\n")
 
 
 def main():

@@ -82,11 +82,12 @@ class Turn:
         return self.gaps / self.spun
 
 
-def vtax_turn(vtax, cpu, seconds):
-    """The probe alone on `cpu` for `seconds` of whole windows."""
+def vtax_turn(vtax, cpu, seconds, settings=""):
+    """The probe alone on `cpu` for `seconds` of whole windows, with the
+    jitter collector's `settings` (TOML lines) on top of the turn's own."""
     windows = max(1, seconds // WINDOW_SECS)
     data = tempfile.mkdtemp(prefix="vtax-oslat-bench-")
-    config = f"[collectors.jitter]\ncpus = [{cpu}]\nwindow_secs = {WINDOW_SECS}\n"
+    config = f"[collectors.jitter]\ncpus = [{cpu}]\nwindow_secs = {WINDOW_SECS}\n{settings}"
     agent, _ = bench.start_agent(vtax, config, data)
     try:
         first = (int(time.time() + 1) // WINDOW_SECS + 1) * WINDOW_SECS
