@@ -317,13 +317,7 @@ fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
 /// bound of the exact one throughout.
 #[test]
 fn a_quiet_gpu_reads_the_exact_energy_counter_once_per_quiet_interval() {
-    // GPU 0 idle, training from 400 s to 450 s, idle again; GPU 1 idle
-    // throughout; GPU 2 training throughout.
-    let scenarios = ["idle", "idle", "training"];
-    let turns = |s: sim::SimBackend| {
-        s.turning(0, 400.0, sim::Scenario::Training)
-            .turning(0, 450.0, sim::Scenario::Idle)
-    };
+    let (scenarios, turns) = (WORK_ON_GPU_0, work_on_gpu_0(400.0, 450.0));
     let (mut spaced, counts) = simulated_counting(&scenarios, |_| {}, turns);
     let (mut exact, _) = simulated_counting(&scenarios, |c| c.energy_interval_secs = 0.0, turns);
     let (mut unstretched, _) =
@@ -575,6 +569,19 @@ fn simulated_counting(
     (gpu, counts)
 }
 
+/// Three simulated GPUs: GPU 0 idle but for training from `from` to `to`
+/// seconds ([`work_on_gpu_0`]), GPU 1 idle throughout, GPU 2 training
+/// throughout.
+const WORK_ON_GPU_0: [&str; 3] = ["idle", "idle", "training"];
+
+/// GPU 0's turns to training at `from` seconds and back to idle at `to`.
+fn work_on_gpu_0(from: f64, to: f64) -> impl Fn(sim::SimBackend) -> sim::SimBackend + Copy {
+    move |s| {
+        s.turning(0, from, sim::Scenario::Training)
+            .turning(0, to, sim::Scenario::Idle)
+    }
+}
+
 /// How many times the simulator made `read`.
 fn reads_of(counts: &sim::ReadCounts, read: &str) -> u64 {
     counts.lock().unwrap().get(read).copied().unwrap_or(0)
@@ -696,13 +703,7 @@ fn slow_reads_are_made_once_per_interval_and_held_between() {
 /// spread the new work over the quiet seconds GPM's sample spans.
 #[test]
 fn a_quiet_gpu_reads_gpm_and_its_link_once_per_interval() {
-    // GPU 0 idle, training from 40 s to 70 s, idle again; GPU 1 idle
-    // throughout; GPU 2 training throughout.
-    let scenarios = ["idle", "idle", "training"];
-    let turns = |s: sim::SimBackend| {
-        s.turning(0, 40.0, sim::Scenario::Training)
-            .turning(0, 70.0, sim::Scenario::Idle)
-    };
+    let (scenarios, turns) = (WORK_ON_GPU_0, work_on_gpu_0(40.0, 70.0));
     let (mut spaced, counts) = simulated_counting(&scenarios, |_| {}, turns);
     let (mut every, _) =
         simulated_counting(&scenarios, |c| c.slow_reads_interval_secs = 0.0, turns);
