@@ -9,10 +9,10 @@
 //! issued again until it returns, so a hung mount costs one parked thread,
 //! not one per tick. When it returns, the next tick stats the mount afresh.
 //! A mount's thread lives from tick to tick, waiting for the next ask: a
-//! thread started and ended for every stat cost three times what a message
-//! each way costs (`bench/agent/filesystem_mounts_cpu.py`), and a node with
-//! dozens of mounts (a Kubernetes node's volumes) pays it for each of them
-//! every second.
+//! thread started and ended for every stat cost more than the stat and a
+//! message each way together (`bench/agent/filesystem_mounts_cpu.py`), and
+//! a node with dozens of mounts (a Kubernetes node's volumes) pays it for
+//! each of them every second.
 //!
 //! The stat is behind [`StatFs`] so tests make it hang, fail or answer fixed
 //! numbers; the mount table comes from the fixture's `proc/self/mountinfo`.

@@ -310,7 +310,7 @@ pub struct ReadPlan {
     /// if this tick finds it quiet still, skip the exact energy read that
     /// `energy` asks for. A quiet GPU's power hardly moves, so the
     /// integrated counter stays close to the exact one, and the exact read
-    /// was over a third of an idle H200's second (docs/gpus.md).
+    /// is the dearest part of an idle GPU's second (docs/gpus.md).
     pub skip_quiet_energy: bool,
 }
 

@@ -60,10 +60,9 @@ pub struct GpuConfig {
 pub const DEFAULT_ENERGY_INTERVAL_SECS: f64 = 30.0;
 
 /// Default of `quiet_energy_interval_secs`: a quiet GPU draws a steady
-/// idle power, so the integration between exact reads stays within a few
-/// joules of the counter (docs/gpus.md), and the exact read, 4-5 ms of the
-/// driver's CPU, is then over a third of what an idle H200 costs a second.
-/// Read every 5 minutes, it is a tenth of that.
+/// idle power, so the integration between exact reads stays close to the
+/// counter, while the exact read is the dearest part of an idle GPU's
+/// second (docs/gpus.md, "Choices" and the H200's read-by-read costs).
 pub const DEFAULT_QUIET_ENERGY_INTERVAL_SECS: f64 = 300.0;
 
 /// Default of `process_shares_interval_secs`.
