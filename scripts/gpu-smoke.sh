@@ -34,8 +34,8 @@
 #   8. the transfer probe inside the agent (collectors.gpu_probe on, idle_secs
 #      10) on the idle GPU for PROBE_AGENT_SECS (default 45): its rows, outcome
 #      counts, tax gauges and series, and the energy counter's exact reads
-#      beside its integration from the same run (every 30 s on a GPU at work,
-#      every 300 s on a quiet one: a 45 s run on an idle GPU shows the first).
+#      beside its integration (every 30 s: quiet_energy_interval_secs = 0)
+#      from the same run.
 #
 # Usage: scripts/gpu-smoke.sh [seconds of load, default 20]
 # VTAX=path/to/vtax uses a built binary instead of building one; SMOKE_DIR=dir
@@ -390,8 +390,8 @@ fi
 # The transfer probe in the running agent, on the idle GPU: it should probe
 # each GPU once idle_secs after the start, and write rows, outcome counts and
 # tax gauges. The same run's gpu rows show the energy counter's exact reads
-# (every 30 s at work, every 300 s quiet) beside the integrated counter in
-# between.
+# (every 30 s, the quiet cadence turned off for the step) beside the
+# integrated counter in between.
 if want probe-agent; then
   echo
   cat > "$out/probe-agent.toml" <<'TOML'
@@ -399,6 +399,10 @@ if want probe-agent; then
 enabled = true
 interval_secs = 1
 idle_secs = 10
+# The idle GPU's exact energy reads every 30 s, as at work, so that the
+# step's run holds some beside the integration (quiet: every 300 s).
+[collectors.gpu]
+quiet_energy_interval_secs = 0
 TOML
   port=19434
   "$VTAX" run --config "$out/probe-agent.toml" --data-dir "$out/probe-data" \
