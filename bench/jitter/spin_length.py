@@ -68,21 +68,24 @@ def main():
                 finally:
                     vs_oslat.stop(spinner)
                 turns[name, s].append(t)
+                busy = f"{min(t.busy):.3f}-{max(t.busy):.3f}" if t.busy else "-"
                 print(f"{name} turn {n + 1}, slice {s} us: {t.spun:.3f} s spun, lost "
                       f"{t.lost_share():.4f}, {t.gaps_per_second():.0f} gaps/s, busy_ratio "
-                      f"{min(t.busy):.3f}-{max(t.busy):.3f}", flush=True)
+                      f"{busy}", flush=True)
     results = {name: {s: vs_oslat.pooled(turns[name, s]) for s in slices} for name in regimes}
     for name, pooled in results.items():
         shortest = pooled[slices[0]].lost_share()
         for s in slices:
             t = pooled[s]
+            ratio = f"{t.lost_share() / shortest:.2f}" if shortest else "-"
             print(f"{name} slice {s:>5} us: {t.spun:.3f} s spun, lost share pooled "
-                  f"{t.lost_share():.4f} ({t.lost_share() / shortest:.2f} of {slices[0]} us's), "
+                  f"{t.lost_share():.4f} ({ratio} of {slices[0]} us's), "
                   f"{t.gaps_per_second():.0f} gaps/s spun")
     if len(results) == 2:
         for s in slices:
-            ratio = results["idle"][s].lost_share() / results["busy"][s].lost_share()
-            print(f"slice {s:>5} us: idle / busy lost share {ratio:.2f}")
+            busy = results["busy"][s].lost_share()
+            ratio = f"{results['idle'][s].lost_share() / busy:.2f}" if busy else "-"
+            print(f"slice {s:>5} us: idle / busy lost share {ratio}")
 
 
 if __name__ == "__main__":
