@@ -7,12 +7,13 @@ cannot hold up. Two agents run side by side, only the `filesystem` collector
 on, each reading a mount table of its own (a procfs made for the bench, whose
 `self/mountinfo` lists --mounts ext4 mounts, or one, at directories under a
 temporary folder: `statvfs` answers for any directory). The difference of the
-two processes' CPU over the window (utime + stime from /proc/<pid>/stat,
-which counts threads that have ended too), divided by the extra mounts, is one
-mount's cost a tick.
+two processes' CPU over their lives (the rusage of each once it has ended:
+every thread that ran, in microseconds; start-up is the same for both),
+divided by the extra mounts and the seconds, is one mount's cost a tick.
+Several --vtax binaries run side by side, two agents each, in one window.
 
-Usage: bench/agent/filesystem_mounts_cpu.py [--mounts 40] [--seconds 60] [--warmup 5]
-                                            [--vtax target/release/vtax]
+Usage: bench/agent/filesystem_mounts_cpu.py [--mounts 40] [--seconds 120]
+                                            [--vtax BIN [--vtax BIN ...]]
 """
 import argparse
 import os
@@ -57,32 +58,38 @@ def start(vtax, root, name, mounts):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mounts", type=int, default=40)
-    parser.add_argument("--seconds", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--vtax", action="append",
+                        help="a vtax binary; repeat to run several side by side "
+                             "(default target/release/vtax)")
     args = parser.parse_args()
+    binaries = args.vtax or [os.path.join(REPO, "target/release/vtax")]
     if args.mounts < 2:
         sys.exit("--mounts: at least 2")
+    runs = [(b, n, mounts) for b, binary in enumerate(binaries)
+            for n, mounts in (("many", args.mounts), ("one", 1))]
     with tempfile.TemporaryDirectory(prefix="vtax-mounts-bench-") as root:
-        agents = {"many": start(args.vtax, root, "many", args.mounts),
-                  "one": start(args.vtax, root, "one", 1)}
-        try:
-            time.sleep(args.warmup)
-            t0 = time.monotonic()
-            c0 = {n: bench.cpu_seconds(p.pid) for n, p in agents.items()}
-            time.sleep(args.seconds)
-            elapsed = time.monotonic() - t0
-            c1 = {n: bench.cpu_seconds(p.pid) for n, p in agents.items()}
-        finally:
-            for p in agents.values():
-                p.send_signal(signal.SIGTERM)
-            for p in agents.values():
-                p.wait(timeout=30)
-    ms = {n: 1000 * (c1[n] - c0[n]) / elapsed for n in agents}
-    per_mount_us = 1000 * (ms["many"] - ms["one"]) / (args.mounts - 1)
-    print(f"window {elapsed:.0f} s, the filesystem collector alone at 1 s")
-    print(f"{args.mounts} mounts: {ms['many']:.2f} ms of CPU a second; 1 mount: {ms['one']:.2f}")
-    print(f"each mount: {per_mount_us:.1f} us of CPU a tick")
+        t0 = time.monotonic()
+        agents = {(b, n): start(binaries[b], root, f"{b}-{n}", mounts) for b, n, mounts in runs}
+        time.sleep(args.seconds)
+        for p in agents.values():
+            p.send_signal(signal.SIGTERM)
+        # Each agent's CPU over its whole life, every thread that ever ran
+        # counted, in microseconds: the rusage of the child once reaped.
+        cpu = {}
+        for key, p in agents.items():
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            cpu[key] = usage.ru_utime + usage.ru_stime
+        elapsed = time.monotonic() - t0
+    print(f"{elapsed:.0f} s of each agent's life, the filesystem collector alone at 1 s: "
+          f"{args.mounts} mounts beside 1")
+    for b, binary in enumerate(binaries):
+        many, one = cpu[b, "many"], cpu[b, "one"]
+        per_mount_us = 1e6 * (many - one) / (args.mounts - 1) / elapsed
+        print(f"{binary}: the agent {1000 * many / elapsed:.2f} ms of CPU a second with "
+              f"{args.mounts} mounts, {1000 * one / elapsed:.2f} with 1; "
+              f"each mount {per_mount_us:.1f} us a tick")
 
 
 if __name__ == "__main__":
