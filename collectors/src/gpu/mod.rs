@@ -224,7 +224,9 @@ impl GpuState {
     /// whether the GPU has been quiet since its last exact read.
     fn settle_energy(&mut self, s: &GpuSample, time_us: i64) -> EnergyReading {
         let reading = self.energy.update(time_us, s.power_watts, s.energy_joules);
-        self.quiet_since_exact_energy = if s.energy_joules.is_some() {
+        // A read the counter took (not one it threw out as no number).
+        let exact_read = s.energy_joules.is_some() && reading.exact_age_seconds == Some(0.0);
+        self.quiet_since_exact_energy = if exact_read {
             s.quiet
         } else {
             self.quiet_since_exact_energy && s.quiet

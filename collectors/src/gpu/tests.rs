@@ -956,3 +956,23 @@ fn gpm_is_charged_for_the_links_up_only() {
     assert_eq!(reads_of(&counts, "gpm_sample, gpm_metrics_get"), 5 * 2);
     assert_eq!(reads_of(&counts, costs::GPM_LINK_PAIR), 5 * 18);
 }
+
+/// Only a read the counter takes starts a quiet spell: one it throws out
+/// (not a number, or below zero) leaves the GPU on work's cadence.
+#[test]
+fn a_reading_the_counter_throws_out_starts_no_quiet_spell() {
+    let sample = |energy: f64| GpuSample {
+        quiet: true,
+        power_watts: Some(72.0),
+        energy_joules: Some(energy),
+        ..GpuSample::default()
+    };
+    let mut state = GpuState::default();
+    state.settle_energy(&sample(1000.0), 0);
+    assert!(state.quiet_since_exact_energy, "a quiet exact read");
+    state.quiet_since_exact_energy = false;
+    for (n, bad) in [f64::NAN, -5.0].into_iter().enumerate() {
+        state.settle_energy(&sample(bad), (n as i64 + 1) * 1_000_000);
+        assert!(!state.quiet_since_exact_energy, "{bad} J is not a read");
+    }
+}
