@@ -52,6 +52,15 @@ def free_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+# The agent's collectors, each with a --no-collector.<name> flag.
+COLLECTORS = ["host", "cgroups", "perf", "infiniband", "platform", "gpu", "jitter",
+              "block", "netdev", "filesystem", "scrape"]
+
+
+def only_collector(name):
+    """The flags that leave `name` the agent's one collector."""
+    return [f"--no-collector.{c}" for c in COLLECTORS if c != name]
+
 
 def start_vtax_run(vtax, args):
     """`vtax run ARGS` on a port of its own choosing: the process and the

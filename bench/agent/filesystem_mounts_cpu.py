@@ -26,8 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_vs_node_exporter as bench  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COLLECTORS = ["host", "cgroups", "perf", "infiniband", "platform", "gpu", "jitter",
-              "block", "netdev", "filesystem", "scrape"]
 
 
 def make_procfs(root, mounts):
@@ -49,7 +47,7 @@ def make_procfs(root, mounts):
 def start(vtax, root, name, mounts):
     work = os.path.join(root, name)
     procfs = make_procfs(work, mounts)
-    off = [f"--no-collector.{c}" for c in COLLECTORS if c != "filesystem"]
+    off = bench.only_collector("filesystem")
     proc, _ = bench.start_vtax_run(
         vtax, ["--data-dir", os.path.join(work, "data"), "--path.procfs", procfs, *off])
     return proc

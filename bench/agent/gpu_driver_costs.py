@@ -47,8 +47,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_vs_node_exporter as bench  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COLLECTORS = ["host", "cgroups", "perf", "infiniband", "platform", "gpu", "jitter",
-              "block", "netdev", "filesystem", "scrape"]
 
 BUILDS = {
     "before": "energy_interval_secs = 0\nprocess_shares_interval_secs = 0\n"
@@ -66,7 +64,7 @@ def start(vtax, tmp, name, scenario, build):
         f.write("[collectors.gpu]\nsimulate_gpus = 8\ninterval_secs = 1\n"
                 f"simulate_scenarios = [\"{scenario}\"]\nsimulate_nvml_costs = true\n")
         f.write(BUILDS[build])
-    off = [f"--no-collector.{c}" for c in COLLECTORS if c != "gpu"]
+    off = bench.only_collector("gpu")
     proc, _ = bench.start_vtax_run(
         vtax, ["--config", config, "--data-dir", os.path.join(tmp, name), *off])
     return proc
