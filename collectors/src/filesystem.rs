@@ -353,24 +353,30 @@ fn parse_mountinfo_line(
 /// The answer to one stat.
 type Answer = io::Result<FsStat>;
 
-/// One mount's stat thread: it stats the path each ask names and answers on
-/// the ask's channel, then waits for the next ask. Dropping it ends the
-/// thread once its stat in progress, if any, returns.
+/// One mount's stat thread, and the stat it has not answered yet. The
+/// thread stats the mount at each ask and answers on the ask's channel,
+/// then waits for the next ask. Dropping the `Stater` ends the thread once
+/// its stat in progress, if any, returns.
 struct Stater {
-    asks: mpsc::Sender<(PathBuf, mpsc::SyncSender<Answer>)>,
+    asks: mpsc::Sender<mpsc::SyncSender<Answer>>,
+    /// The stat asked for and not yet answered: one at most.
+    pending: Option<Pending>,
 }
 
 impl Stater {
-    fn spawn(statfs: Arc<dyn StatFs>) -> io::Result<Stater> {
-        let (asks, inbox) = mpsc::channel::<(PathBuf, mpsc::SyncSender<Answer>)>();
+    fn spawn(statfs: Arc<dyn StatFs>, path: PathBuf) -> io::Result<Stater> {
+        let (asks, inbox) = mpsc::channel::<mpsc::SyncSender<Answer>>();
         std::thread::Builder::new()
             .name("statvfs".into())
             .spawn(move || {
-                for (path, answer) in inbox {
+                for answer in inbox {
                     let _ = answer.send(statfs.statvfs(&path));
                 }
             })?;
-        Ok(Stater { asks })
+        Ok(Stater {
+            asks,
+            pending: None,
+        })
     }
 }
 
@@ -388,9 +394,7 @@ pub struct Filesystem {
     mount_points: Vec<String>,
     timeout: Duration,
     statfs: Arc<dyn StatFs>,
-    /// Stats still running, by mount point: one at most per mount.
-    pending: HashMap<String, Pending>,
-    /// Each mount's stat thread, by mount point.
+    /// Each mount's stat thread and its stat still running, by mount point.
     staters: HashMap<String, Stater>,
     buf: Vec<u8>,
     rows: BatchBuilder,
@@ -421,7 +425,6 @@ impl Filesystem {
             mount_points: config.mount_points.clone(),
             timeout: Duration::from_millis(config.stat_timeout_ms),
             statfs,
-            pending: HashMap::new(),
             staters: HashMap::new(),
             buf: Vec::new(),
             rows: BatchBuilder::new(&FILESYSTEM),
@@ -434,7 +437,19 @@ impl Filesystem {
     /// Stats still outstanding (hung).
     #[cfg(test)]
     fn hung(&self) -> usize {
-        self.pending.len()
+        self.staters.values().filter(|s| s.pending.is_some()).count()
+    }
+
+    /// `mount`'s stat still running, if any.
+    fn pending(&self, mount: &str) -> Option<&Pending> {
+        self.staters.get(mount)?.pending.as_ref()
+    }
+
+    /// Forgets `mount`'s stat still running: it answered, or cannot.
+    fn answered(&mut self, mount: &str) {
+        if let Some(stater) = self.staters.get_mut(mount) {
+            stater.pending = None;
+        }
     }
 
     fn mounts(&mut self) -> anyhow::Result<Vec<Mount>> {
@@ -469,26 +484,24 @@ impl Filesystem {
     /// mount has none (or its thread is gone).
     fn issue(&mut self, mount: &str) -> io::Result<()> {
         let (tx, rx) = mpsc::sync_channel(1);
-        let ask = (self.roots.host_path(mount), tx);
         let unsent = match self.staters.get(mount) {
-            Some(stater) => stater.asks.send(ask).err().map(|e| e.0),
-            None => Some(ask),
+            Some(stater) => stater.asks.send(tx).err().map(|e| e.0),
+            None => Some(tx),
         };
-        if let Some(ask) = unsent {
-            let stater = Stater::spawn(self.statfs.clone())?;
+        if let Some(tx) = unsent {
+            let stater = Stater::spawn(self.statfs.clone(), self.roots.host_path(mount))?;
             stater
                 .asks
-                .send(ask)
+                .send(tx)
                 .map_err(|_| io::Error::other("the stat thread died"))?;
             self.staters.insert(mount.to_owned(), stater);
         }
-        self.pending.insert(
-            mount.to_owned(),
-            Pending {
+        if let Some(stater) = self.staters.get_mut(mount) {
+            stater.pending = Some(Pending {
                 since: Instant::now(),
                 answer: rx,
-            },
-        );
+            });
+        }
         Ok(())
     }
 
@@ -496,16 +509,14 @@ impl Filesystem {
         let mounts = self.mounts()?;
         let start = Instant::now();
         let deadline = start + self.timeout;
-        let mut answers: HashMap<String, io::Result<FsStat>> = HashMap::new();
+        let mut answers: HashMap<String, Answer> = HashMap::new();
         // Issue every stat first, so they run side by side within one timeout.
         for mount in &mounts {
             let mp = &mount.mount_point;
-            if let Some(p) = self.pending.get(mp) {
+            if let Some(p) = self.pending(mp) {
                 match p.answer.try_recv() {
                     // The hung stat came back: its numbers are old, ask again.
-                    Ok(_) | Err(TryRecvError::Disconnected) => {
-                        self.pending.remove(mp);
-                    }
+                    Ok(_) | Err(TryRecvError::Disconnected) => self.answered(mp),
                     Err(TryRecvError::Empty) => continue,
                 }
             }
@@ -515,7 +526,7 @@ impl Filesystem {
         }
         for mount in &mounts {
             let mp = &mount.mount_point;
-            let Some(p) = self.pending.get(mp) else {
+            let Some(p) = self.pending(mp) else {
                 continue;
             };
             if p.since < start {
@@ -525,18 +536,16 @@ impl Filesystem {
             match p.answer.recv_timeout(left) {
                 Ok(answer) => {
                     answers.insert(mp.clone(), answer);
-                    self.pending.remove(mp);
+                    self.answered(mp);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
-                    self.pending.remove(mp);
+                    self.answered(mp);
                     answers.insert(mp.clone(), Err(io::Error::other("the stat thread died")));
                 }
             }
         }
-        // Forget stats of mounts that went away; their threads finish alone.
-        self.pending
-            .retain(|mp, _| mounts.iter().any(|m| &m.mount_point == mp));
+        // Forget mounts that went away; their threads finish alone.
         self.staters
             .retain(|mp, _| mounts.iter().any(|m| &m.mount_point == mp));
 
@@ -549,7 +558,7 @@ impl Filesystem {
                 read_only: u64::from(mount.read_only),
                 ..FilesystemRow::default()
             };
-            if let Some(p) = self.pending.get(mp) {
+            if let Some(p) = self.pending(mp) {
                 row.stat_hung = 1;
                 self.problems.push(format!(
                     "statvfs({mp}) on {} ({}) has not returned for {:.1} s: the filesystem is hung (server unreachable?); not asked again until it returns",
