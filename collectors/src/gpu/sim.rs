@@ -222,6 +222,7 @@ impl SimBackend {
         SimBackend {
             profile,
             xid_emitted_until: vec![None; scenarios.len()],
+            energy_carried: vec![None; scenarios.len()],
             scenarios,
             first_time_us: None,
             pending_xids: Vec::new(),
@@ -229,7 +230,6 @@ impl SimBackend {
             read_counts: ReadCounts::default(),
             turns: Vec::new(),
             scenarios_file: None,
-            energy_carried: Vec::new(),
         }
     }
 
@@ -422,9 +422,6 @@ impl GpuBackend for SimBackend {
         }
         let mut sample = simulate(&self.profile, gpu, scenario, seconds);
         let at = index as usize;
-        if self.energy_carried.len() <= at {
-            self.energy_carried.resize(at + 1, None);
-        }
         let carried = match self.energy_carried[at] {
             Some((before, carried)) if before != scenario => {
                 carried + energy_joules(&self.profile, index, before, seconds)
