@@ -28,13 +28,15 @@ processes each, whose shares need the driver):
           every 300 s. A window under 300 s may hold none of those reads:
           --seconds 300 holds one per GPU, its steady share.
 
-The eight agents run side by side for the same window.
+The eight agents run side by side for the same window. --compare OLD adds a
+fifth pair, `compare`: another binary (an earlier commit's) on its own
+defaults, beside the rest, for a change that has no setting of its own.
 
 `bench/agent/gpu_overhead.py --real` measures the same on a lent GPU with the
 real driver, per GPU.
 
 Usage: bench/agent/gpu_driver_costs.py [--seconds 60] [--warmup 5] [--shared]
-                                       [--vtax target/release/vtax]
+                                       [--vtax target/release/vtax] [--compare OLD]
 """
 import argparse
 import os
@@ -59,6 +61,7 @@ BUILDS = {
 
 
 def start(vtax, tmp, name, scenario, build):
+    build = "after" if build == "compare" else build
     config = os.path.join(tmp, f"{name}.toml")
     with open(config, "w") as f:
         f.write("[collectors.gpu]\nsimulate_gpus = 8\ninterval_secs = 1\n"
@@ -77,12 +80,15 @@ def main():
     parser.add_argument("--shared", action="store_true",
                         help="busy GPUs with MIG and three processes each")
     parser.add_argument("--vtax", default=os.path.join(REPO, "target/release/vtax"))
+    parser.add_argument("--compare", help="another vtax binary, run on its defaults beside the rest")
     args = parser.parse_args()
+    builds = list(BUILDS) + (["compare"] if args.compare else [])
     busy = "mig" if args.shared else "training"
     runs = [(f"{build}-{load}", scenario, build)
-            for build in BUILDS for load, scenario in (("idle", "idle"), ("busy", busy))]
+            for build in builds for load, scenario in (("idle", "idle"), ("busy", busy))]
     with tempfile.TemporaryDirectory() as tmp:
-        agents = {name: start(args.vtax, tmp, name, scenario, build)
+        agents = {name: start(args.compare if build == "compare" else args.vtax,
+                              tmp, name, scenario, build)
                   for name, scenario, build in runs}
         try:
             time.sleep(args.warmup)
