@@ -115,6 +115,17 @@ def main():
             print(f"GPM tick {i + 1} of a fresh process: CPU {(time.thread_time_ns() - c0) / 1e6:.3f} ms,"
                   f" wall {(time.perf_counter_ns() - w0) / 1e6:.3f} ms")
 
+    def process_count():
+        # The list's first half: the count alone, with no buffer. Whether it
+        # costs less than the whole list says whether a tick could ask it
+        # and list the processes only when it changes.
+        count = n.c_uint(0)
+        get = n._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+        ret = get(h, n.byref(count), None)
+        if ret not in (n.NVML_SUCCESS, n.NVML_ERROR_INSUFFICIENT_SIZE):
+            raise n.NVMLError(ret)
+        return count.value
+
     calls = [
         ("total_energy_consumption", lambda: n.nvmlDeviceGetTotalEnergyConsumption(h)),
         ("field 83 (total energy)", field(n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)),
@@ -133,6 +144,7 @@ def main():
         ("memory_info", lambda: n.nvmlDeviceGetMemoryInfo(h)),
         ("throttle reasons", lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h)),
         ("running_compute_processes", lambda: n.nvmlDeviceGetComputeRunningProcesses(h)),
+        ("running_compute_processes count", process_count),
         ("current_pcie_link_gen", lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(h)),
         ("current_pcie_link_width", lambda: n.nvmlDeviceGetCurrPcieLinkWidth(h)),
     ]
