@@ -32,9 +32,10 @@ pub struct GpuConfig {
     /// Seconds between two reads of the values that change rarely or are
     /// counters read for their increase (MIG and virtualisation mode, the
     /// enforced power limit, NVLink link state and error counters, PCIe
-    /// replays, ECC counters, remapped rows), and on a quiet GPU of GPM,
-    /// the PCIe throughput and the PCIe link; each keeps its last value in
-    /// between. 0: every tick.
+    /// replays, ECC counters, remapped rows), on a quiet GPU of GPM, the
+    /// PCIe throughput and the PCIe link, and under load of a PCIe link
+    /// last found at its maximum; each keeps its last value in between.
+    /// 0: every tick.
     pub slow_reads_interval_secs: f64,
     /// Whether the one compute process of a GPU without MIG takes the GPU's
     /// utilisation as its shares, with no per-process read.
@@ -233,7 +234,7 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "slow_reads_interval_secs",
-        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. On a quiet GPU (no compute process, utilisation 0, MIG off) GPM, the PCIe throughput and the PCIe link generation and width (0.5 ms of the driver's CPU a tick on an idle H200) are read on this cadence too, each held as the last quiet tick read it; the first tick anything runs on the GPU reads them again. On a GPU at work they are read every tick. XIDs arrive as events at once. 0: every tick.",
+        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. On a quiet GPU (no compute process, utilisation 0, MIG off) GPM, the PCIe throughput and the PCIe link generation and width (0.5 ms of the driver's CPU a tick on an idle H200) are read on this cadence too, each held as the last quiet tick read it; the first tick anything runs on the GPU reads them again. On a GPU at work GPM and the PCIe throughput are read every tick; so is the link, but under load (utilisation at least 0.5) a read that found it at its maximum generation and width is held on this cadence while the load lasts, so a link that trains down under load shows up to this long late, and one below its maximum is read every tick. XIDs arrive as events at once. 0: every tick.",
     ),
     (
         "single_process_shares_from_utilization",

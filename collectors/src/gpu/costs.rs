@@ -140,6 +140,10 @@ pub const QUIET_SKIPS: &[&str] = &[
     "current_pcie_link_width",
 ];
 
+/// The PCIe link reads that a GPU under load holds while its last read found
+/// the link at its maximum (`ReadPlan::hold_loaded_link`).
+pub const PCIE_LINK_READS: &[&str] = &["current_pcie_link_gen", "current_pcie_link_width"];
+
 /// The reads of the values that change rarely or are counters read for
 /// their increase, made every `slow_reads_interval_secs`.
 pub const SLOW: &[&str] = &[

@@ -20,7 +20,9 @@
 //! it is read at a GPU's first tick and when it answers again. A quiet GPU
 //! (nothing runs on it: `backend::is_quiet`) reads GPM and its PCIe link on
 //! that cadence too, and the first tick anything runs reads them again
-//! (`GpuState::settle_quiet`); a GPU quiet since its last exact energy read
+//! (`GpuState::settle_quiet`); a GPU under load whose link read found it at
+//! its maximum holds that read on the same cadence while the load lasts
+//! (`GpuState::settle_link`); a GPU quiet since its last exact energy read
 //! reads the counter only every `quiet_energy_interval_secs`, its steady
 //! idle power integrated in between (`GpuState::settle_energy`).
 //!
@@ -89,6 +91,18 @@ struct GpuState {
     /// GPM, or the GPU did not answer): its next figures average over more
     /// than one tick.
     gpm_span_stale: bool,
+    /// The PCIe link as the last read found it under load at its maximum,
+    /// held on the ticks under load that skip the link reads; `None` once
+    /// a tick is not under load or a read finds the link below its maximum.
+    loaded_link: Option<LoadedLink>,
+}
+
+/// A PCIe link read under load at its maximum generation and width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LoadedLink {
+    read_us: i64,
+    gen: u32,
+    width: u32,
 }
 
 /// The reads a quiet GPU makes only every `slow_reads_interval_secs`: GPM,
@@ -217,6 +231,10 @@ impl GpuState {
                 && !self
                     .energy
                     .exact_due(time_us, config.quiet_energy_interval_secs, tick),
+            hold_loaded_link: !fresh
+                && self.loaded_link.is_some_and(|l| {
+                    !due(Some(l.read_us), config.slow_reads_interval_secs)
+                }),
         }
     }
 
@@ -273,6 +291,45 @@ impl GpuState {
         self.was_quiet = s.quiet;
     }
 
+    /// Puts the held link on a tick under load that skipped its reads, and
+    /// decides whether the next ticks may hold this one's. Only a read under
+    /// load that found the link at its maximum is held, and only while every
+    /// tick stays under load: a link below its maximum under load (the
+    /// problem `problems_of` reports) is read every tick, so that its
+    /// recovery shows at once, and a tick below the load threshold reads it
+    /// again, because an idle link trains down by design and a value held
+    /// from before the load would show a link it no longer has. A link that
+    /// trains down under load shows up to `slow_reads_interval_secs` late,
+    /// as the slow reads do; the alert on it waits 10 minutes.
+    fn settle_link(&mut self, plan: ReadPlan, s: &mut GpuSample, time_us: i64, g: &GpuIdentity) {
+        if !backend::under_load(s.utilization_gpu_ratio) {
+            self.loaded_link = None;
+        } else if plan.holds_loaded_link(s.utilization_gpu_ratio) {
+            if let Some(held) = self.loaded_link {
+                s.pcie_link_gen = Some(held.gen);
+                s.pcie_link_width = Some(held.width);
+            }
+        } else {
+            self.loaded_link = match (
+                s.pcie_link_gen,
+                s.pcie_link_width,
+                g.pcie_link_gen_max,
+                g.pcie_link_width_max,
+            ) {
+                (Some(gen), Some(width), Some(gen_max), Some(width_max))
+                    if gen >= gen_max && width >= width_max =>
+                {
+                    Some(LoadedLink {
+                        read_us: time_us,
+                        gen,
+                        width,
+                    })
+                }
+                _ => None,
+            };
+        }
+    }
+
     /// The GPU gave no sample: everything is read when it answers, and the
     /// GPM figures of that tick span the silence.
     fn forget_after_silence(&mut self) {
@@ -281,6 +338,7 @@ impl GpuState {
         self.quiet_since_exact_energy = false;
         self.quiet_reads = None;
         self.gpm_span_stale = true;
+        self.loaded_link = None;
     }
 
     /// Keeps what a slow read gave, or puts the last one's values on a
@@ -549,7 +607,7 @@ impl Gpu {
 fn problems_of(g: &GpuIdentity, s: &GpuSample, links_up: u64) -> Vec<String> {
     let mut problems = Vec::new();
     let who = format!("GPU {} ({})", g.index, g.uuid);
-    let busy = s.utilization_gpu_ratio.unwrap_or(0.0) >= 0.5;
+    let busy = backend::under_load(s.utilization_gpu_ratio);
     if let (true, Some(gen), Some(gen_max), Some(width), Some(width_max)) = (
         busy,
         s.pcie_link_gen,
@@ -674,6 +732,7 @@ impl Collector for Gpu {
                     *answered_at = true;
                     let state = &mut self.states[at];
                     state.settle_quiet(plan, &mut sample, time_us, self.config.gpm && g.gpm_supported);
+                    state.settle_link(plan, &mut sample, time_us, g);
                     state.settle_slow(plan, &mut sample, time_us);
                     state.settle_shares(&self.config, &mut sample, time_us);
                     let energy = state.settle_energy(&sample, time_us);

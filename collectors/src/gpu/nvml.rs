@@ -550,6 +550,7 @@ impl GpuBackend for NvmlBackend {
             mig_enabled,
         );
         let skip_quiet_reads = plan.skip_quiet_reads && quiet;
+        let skip_link = skip_quiet_reads || plan.holds_loaded_link(utilization_gpu_ratio);
         // Link state before GPM, which asks for the rates of the links up.
         let links = if slow {
             reads.time("nvlink is_active, error_counter", || {
@@ -668,17 +669,18 @@ impl GpuBackend for NvmlBackend {
             remapping_failed: remapped.map(|r| r.3),
             pcie_rx_bytes_per_second: pcie_rx,
             pcie_tx_bytes_per_second: pcie_tx,
-            // Second only to GPM among an idle H200's per-tick reads
+            // Second only to GPM among an H200's per-tick reads
             // (docs/gpus.md); an idle link trains down by design, and the
-            // first tick a GPU is not quiet reads it again.
-            pcie_link_gen: (!skip_quiet_reads)
+            // first tick a GPU is not quiet reads it again. Under load a
+            // link read at its maximum is held (`ReadPlan::hold_loaded_link`).
+            pcie_link_gen: (!skip_link)
                 .then(|| {
                     reads
                         .time("current_pcie_link_gen", || d.current_pcie_link_gen())
                         .ok()
                 })
                 .flatten(),
-            pcie_link_width: (!skip_quiet_reads)
+            pcie_link_width: (!skip_link)
                 .then(|| {
                     reads
                         .time("current_pcie_link_width", || d.current_pcie_link_width())

@@ -490,6 +490,11 @@ impl GpuBackend for SimBackend {
             sample.pcie_link_width = None;
             reads.retain(|read| !costs::QUIET_SKIPS.contains(read));
         }
+        if plan.holds_loaded_link(sample.utilization_gpu_ratio) {
+            sample.pcie_link_gen = None;
+            sample.pcie_link_width = None;
+            reads.retain(|read| !costs::PCIE_LINK_READS.contains(read));
+        }
         // GPM is asked for the rates of the links up, as the NVML backend asks.
         let links_asked = sample.link_rates.iter().filter(|r| r.0.is_some()).count();
         reads.extend(std::iter::repeat_n(costs::GPM_LINK_PAIR, links_asked));
@@ -878,6 +883,7 @@ mod tests {
             mig_enabled: None,
             skip_quiet_reads: false,
             skip_quiet_energy: false,
+            hold_loaded_link: true,
         };
         let one = b.sample(&ids[0], 0, plan).unwrap();
         assert_eq!(one.energy_joules, None);
@@ -885,6 +891,11 @@ mod tests {
         assert!(!one.process_shares_read, "one process, MIG off");
         assert_eq!(one.processes[0].sm_utilization_ratio, None);
         assert!(one.processes[0].used_memory_bytes.is_some());
+        assert_eq!(
+            (one.pcie_link_gen, one.pcie_link_width),
+            (None, None),
+            "under load, the held link is not read"
+        );
         let mig = b.sample(&ids[1], 0, plan).unwrap();
         assert!(mig.process_shares_read, "MIG on: the driver splits it");
         assert!(mig
@@ -893,6 +904,7 @@ mod tests {
             .all(|p| p.sm_utilization_ratio.is_some()));
         let all = b.sample(&ids[0], 0, ReadPlan::ALL).unwrap();
         assert!(all.process_shares_read && all.energy_joules.is_some());
+        assert!(all.pcie_link_gen.is_some() && all.pcie_link_width.is_some());
     }
 
     #[test]
