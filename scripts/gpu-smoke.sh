@@ -23,6 +23,10 @@
 #      is each agent window (an idle GPU reads its exact energy counter every
 #      300 s: a window shorter than that leaves the read out, so the idle
 #      figure of the steady cost needs OVERHEAD_SECS=300);
+#   6a. (calls) single NVML calls on GPU 0, a second apart, idle and then beside
+#      a copy (bench/agent/nvml_call_costs.py): what a busy GPU's second still
+#      reads each tick (the process list and its count alone, GPM's sample, the
+#      PCIe link), CALLS_REPEATS (default 8) of each;
 #   6b. (quiet) the agent on defaults while GPU 0 idles, copies for 12 s and
 #      idles again (QUIET_IDLE_SECS, default 20, each side), scraped each
 #      second: GPM's figures and the PCIe link, held on quiet ticks, with
@@ -42,7 +46,7 @@
 # keeps the raw files there (default: a new temporary folder).
 # STEPS picks the steps, by name, comma- or space-separated (default: all):
 #   doctor (1), agent (2 and 5: the agent under load, and its store read back),
-#   ncu (3), xid (4, with XID=1), overhead (6), quiet (6b), probe (7),
+#   ncu (3), xid (4, with XID=1), overhead (6), calls (6a), quiet (6b), probe (7),
 #   probe-agent (8).
 # ncu and xid run inside the agent's window, so only with agent. PROBE_ONLY=1
 # is STEPS=probe: a couple of minutes on a node of a few GPUs. PROBE_GPU=N
@@ -53,14 +57,14 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 out=${SMOKE_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-steps=${STEPS:-doctor agent ncu xid overhead quiet probe probe-agent}
+steps=${STEPS:-doctor agent ncu xid overhead calls quiet probe probe-agent}
 [ "${PROBE_ONLY:-0}" = 1 ] && steps=probe
 steps=" ${steps//,/ } "
 want() { [[ $steps == *" $1 "* ]]; }
 for step in $steps; do
   case $step in
-    doctor|agent|ncu|xid|overhead|quiet|probe|probe-agent) ;;
-    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead quiet probe probe-agent)" >&2; exit 2 ;;
+    doctor|agent|ncu|xid|overhead|calls|quiet|probe|probe-agent) ;;
+    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead calls quiet probe probe-agent)" >&2; exit 2 ;;
   esac
 done
 
@@ -310,6 +314,28 @@ if want overhead && [ -e bench/agent/gpu_overhead.py ] && [ "${OVERHEAD:-1}" != 
     python3 bench/agent/gpu_overhead.py --real --seconds "$overhead_secs" --vtax "$VTAX" \
       --config "$out/gpm-off.toml" | tee "$out/overhead-gpm-off.txt"
   fi
+fi
+
+# What a busy GPU's second still reads each tick, call by call: is the process
+# count alone cheaper than the list, and what do GPM's sample and the link cost
+# beside a copy?
+if want calls; then
+  echo
+  calls_only="running_compute,GPM: sample only,GPM: sample, 8 GPU,current_pcie_link"
+  calls_repeats=${CALLS_REPEATS:-8}
+  echo "single NVML calls, idle:"
+  python3 bench/agent/nvml_call_costs.py --repeats "$calls_repeats" --gap-seconds 1 \
+    --only "$calls_only" | tee "$out/calls-idle.txt" || true
+  python3 bench/gpu/hbm_copy_load.py --seconds "$((calls_repeats * 8 + 20))" \
+    > "$out/calls-busy-load.txt" 2>&1 &
+  load_pid=$!
+  background+=("$load_pid")
+  sleep 5
+  echo "single NVML calls, GPU 0 copying:"
+  python3 bench/agent/nvml_call_costs.py --repeats "$calls_repeats" --gap-seconds 1 \
+    --only "$calls_only" | tee "$out/calls-busy.txt" || true
+  kill "$load_pid" 2>/dev/null || true
+  wait "$load_pid" 2>/dev/null || true
 fi
 
 # A quiet GPU (no process, no kernel) reads GPM and its PCIe link once per
