@@ -232,7 +232,9 @@ pub struct GpuSample {
     pub pcie_rx_bytes_per_second: Option<f64>,
     /// PCIe transmit throughput.
     pub pcie_tx_bytes_per_second: Option<f64>,
-    /// PCIe generation the link trained to.
+    /// PCIe generation the link trained to; `None` on a tick that skipped
+    /// the link (a quiet tick, or one under load with the plan's
+    /// `hold_loaded_link`), and the collector puts the held read on it.
     pub pcie_link_gen: Option<u32>,
     /// PCIe lanes the link trained to.
     pub pcie_link_width: Option<u32>,
