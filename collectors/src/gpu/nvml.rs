@@ -333,12 +333,18 @@ type LinkRates = (Option<f64>, Option<f64>);
 
 /// Remapped rows: correctable, uncorrectable, pending, failed. No wrapper
 /// for this call exists, so it goes to the library directly.
+///
+/// Calls into the library take the function pointer that loading it found
+/// (`None` from a driver older than the call) rather than the sys crate's
+/// method of the same name, which panics when the symbol is missing: a
+/// panic fails the whole tick of every GPU, every tick.
 fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Option<(u64, u64, bool, bool)> {
+    let get = *nvml.lib().nvmlDeviceGetRemappedRows.as_ref().ok()?;
     let (mut correctable, mut uncorrectable, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
     // SAFETY: the handle is live while `d` is, and the four out-pointers are
     // valid u32s that the call fills.
     let status = unsafe {
-        nvml.lib().nvmlDeviceGetRemappedRows(
+        get(
             d.handle(),
             &mut correctable,
             &mut uncorrectable,
@@ -363,14 +369,17 @@ fn mig_instances(nvml: &Nvml, d: &Device<'_>) -> Vec<MigSample> {
             continue;
         };
         let mut instance = 0u32;
-        // SAFETY: a live MIG handle and a valid out-pointer.
-        let status = unsafe {
-            nvml.lib()
-                .nvmlDeviceGetGpuInstanceId(m.handle(), &mut instance)
-        };
+        // As in `remapped_rows`: the pointer, not the method that panics.
+        let read = nvml
+            .lib()
+            .nvmlDeviceGetGpuInstanceId
+            .as_ref()
+            .ok()
+            // SAFETY: a live MIG handle and a valid out-pointer.
+            .is_some_and(|get| unsafe { get(m.handle(), &mut instance) } == 0);
         let memory = m.memory_info().ok();
         instances.push(MigSample {
-            gpu_instance: if status == 0 { instance } else { i },
+            gpu_instance: if read { instance } else { i },
             uuid: m.uuid().unwrap_or_default(),
             profile: m.name().unwrap_or_default(),
             memory_used_bytes: memory.as_ref().map(|m| m.used),
@@ -786,6 +795,48 @@ mod tests {
         assert_eq!(all.last(), Some(&GpmMetricId::NvlinkL17TxPerSec));
         // A link number past the last one asks for nothing more.
         assert_eq!(GpmAsk::new(&[18]).ids, GPM_GPU_WIDE.to_vec());
+    }
+
+    /// The calls made at `.lib()` of each file that holds an `Nvml`: the
+    /// name after it, and whether it is called straight away (`(`) rather
+    /// than taken as the loaded function pointer (`.as_ref()`).
+    fn sys_calls(source: &str) -> Vec<(String, bool)> {
+        source
+            .split(".lib()")
+            .skip(1)
+            .map(|after| {
+                let after = after.trim_start().trim_start_matches('.').trim_start();
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let called = after[name.len()..].trim_start().starts_with('(');
+                (name, called)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn library_calls_never_take_the_method_that_panics_on_an_old_driver() {
+        let sources = [
+            ("nvml.rs", include_str!("nvml.rs")),
+            ("gpu_probe/engine/facts.rs", include_str!("../gpu_probe/engine/facts.rs")),
+        ];
+        let mut seen = 0;
+        for (file, source) in sources {
+            for (name, called) in sys_calls(source) {
+                if name.starts_with("nvml") {
+                    seen += 1;
+                    assert!(!called, "{file}: lib().{name}(...) panics where the driver lacks it");
+                }
+            }
+        }
+        assert!(seen >= 2, "remapped rows and the MIG instance id go to the library");
+        // The check itself tells the two forms apart.
+        let method = "nvml.lib()\n    .nvmlDeviceGetX(h)";
+        let pointer = "nvml.lib().nvmlDeviceGetX.as_ref()";
+        assert_eq!(sys_calls(method), [("nvmlDeviceGetX".to_string(), true)]);
+        assert_eq!(sys_calls(pointer), [("nvmlDeviceGetX".to_string(), false)]);
     }
 
     #[test]
