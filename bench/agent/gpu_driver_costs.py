@@ -23,10 +23,12 @@ processes each, whose shares need the driver):
           reads (MIG mode, PCIe replays, NVLink state, ...) still every tick
           (slow_reads_interval_secs = 0, quiet_energy_interval_secs = 0);
   slow    as `spaced`, and the slow reads every 30 s, with a quiet GPU's
-          GPM and PCIe link (quiet_energy_interval_secs = 0);
-  after   the defaults: as `slow`, and a quiet GPU's exact energy counter
-          every 300 s. A window under 300 s may hold none of those reads:
-          --seconds 300 holds one per GPU, its steady share.
+          GPM and PCIe link (quiet_energy_interval_secs = 0,
+          loaded_link_interval_secs = 0);
+  after   the defaults: as `slow`, a quiet GPU's exact energy counter every
+          300 s, and a busy GPU's PCIe link held for 5 s while it is at its
+          maximum. A window under 300 s may hold none of the quiet energy
+          reads: --seconds 300 holds one per GPU, its steady share.
 
 The eight agents run side by side for the same window. --compare OLD adds a
 fifth pair, `compare`: another binary (an earlier commit's) on its own
@@ -52,10 +54,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 BUILDS = {
     "before": "energy_interval_secs = 0\nprocess_shares_interval_secs = 0\n"
-              "slow_reads_interval_secs = 0\n"
+              "slow_reads_interval_secs = 0\nloaded_link_interval_secs = 0\n"
               "single_process_shares_from_utilization = false\n",
-    "spaced": "slow_reads_interval_secs = 0\nquiet_energy_interval_secs = 0\n",
-    "slow": "quiet_energy_interval_secs = 0\n",
+    "spaced": "slow_reads_interval_secs = 0\nquiet_energy_interval_secs = 0\n"
+              "loaded_link_interval_secs = 0\n",
+    "slow": "quiet_energy_interval_secs = 0\nloaded_link_interval_secs = 0\n",
     "after": "",
 }
 

@@ -328,7 +328,7 @@ pub struct ReadPlan {
     pub skip_quiet_energy: bool,
     /// The PCIe link's last read was at a tick under load ([`under_load`]),
     /// as was every tick since, found the link at its maximum generation
-    /// and width, and is younger than `slow_reads_interval_secs`: if this
+    /// and width, and is younger than `loaded_link_interval_secs`: if this
     /// tick is under load too, skip the link's two reads, and the collector
     /// holds what that read found. A busy H200 spent 0.23 ms of the
     /// driver's CPU a tick on them, second only to GPM (docs/gpus.md).

@@ -32,11 +32,14 @@ pub struct GpuConfig {
     /// Seconds between two reads of the values that change rarely or are
     /// counters read for their increase (MIG and virtualisation mode, the
     /// enforced power limit, NVLink link state and error counters, PCIe
-    /// replays, ECC counters, remapped rows), on a quiet GPU of GPM, the
-    /// PCIe throughput and the PCIe link, and under load of a PCIe link
-    /// last found at its maximum; each keeps its last value in between.
-    /// 0: every tick.
+    /// replays, ECC counters, remapped rows), and on a quiet GPU of GPM,
+    /// the PCIe throughput and the PCIe link; each keeps its last value in
+    /// between. 0: every tick.
     pub slow_reads_interval_secs: f64,
+    /// Seconds a GPU under load holds a PCIe link read that found the link
+    /// at its maximum generation and width, while every tick stays under
+    /// load. 0: every tick.
+    pub loaded_link_interval_secs: f64,
     /// Whether the one compute process of a GPU without MIG takes the GPU's
     /// utilisation as its shares, with no per-process read.
     pub single_process_shares_from_utilization: bool,
@@ -75,6 +78,13 @@ pub const DEFAULT_PROCESS_SHARES_INTERVAL_SECS: f64 = 10.0;
 /// so 30 s late at most costs an alert nothing it would act on.
 pub const DEFAULT_SLOW_READS_INTERVAL_SECS: f64 = 30.0;
 
+/// Default of `loaded_link_interval_secs`: a link that trains down under
+/// load is a straggler the fleet's rules find in about 25 s
+/// (`bench/fleet/evaluate.py`), so it may show a few seconds late but not
+/// the slow reads' 30 s; a read every 5 s still leaves out four fifths of
+/// a busy GPU's link reads.
+pub const DEFAULT_LOADED_LINK_INTERVAL_SECS: f64 = 5.0;
+
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
@@ -86,6 +96,7 @@ impl Default for GpuConfig {
             quiet_energy_interval_secs: DEFAULT_QUIET_ENERGY_INTERVAL_SECS,
             process_shares_interval_secs: DEFAULT_PROCESS_SHARES_INTERVAL_SECS,
             slow_reads_interval_secs: DEFAULT_SLOW_READS_INTERVAL_SECS,
+            loaded_link_interval_secs: DEFAULT_LOADED_LINK_INTERVAL_SECS,
             single_process_shares_from_utilization: true,
             simulate_gpus: 0,
             simulate_profile: "h100".into(),
@@ -208,6 +219,10 @@ pub static KEY_RANGES: crate::keys::KeyRanges = &[
         "slow_reads_interval_secs",
         crate::keys::KeyRange::between(0.0, 86_400.0),
     ),
+    (
+        "loaded_link_interval_secs",
+        crate::keys::KeyRange::between(0.0, 86_400.0),
+    ),
 ];
 
 /// Comments for this collector's own keys in the example config.
@@ -234,7 +249,11 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "slow_reads_interval_secs",
-        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. On a quiet GPU (no compute process, utilisation 0, MIG off) GPM, the PCIe throughput and the PCIe link generation and width (0.5 ms of the driver's CPU a tick on an idle H200) are read on this cadence too, each held as the last quiet tick read it; the first tick anything runs on the GPU reads them again. On a GPU at work GPM and the PCIe throughput are read every tick; so is the link, but under load (utilisation at least 0.5) a read that found it at its maximum generation and width is held on this cadence while the load lasts, so a link that trains down under load shows up to this long late, and one below its maximum is read every tick. XIDs arrive as events at once. 0: every tick.",
+        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. On a quiet GPU (no compute process, utilisation 0, MIG off) GPM, the PCIe throughput and the PCIe link generation and width (0.5 ms of the driver's CPU a tick on an idle H200) are read on this cadence too, each held as the last quiet tick read it; the first tick anything runs on the GPU reads them again. On a GPU at work they are read every tick (the link see loaded_link_interval_secs). XIDs arrive as events at once. 0: every tick.",
+    ),
+    (
+        "loaded_link_interval_secs",
+        "Seconds a GPU under load (utilisation at least 0.5) holds a PCIe link generation and width that a read under load found at their maxima (the two reads cost 0.23 ms of the driver's CPU a tick on a busy H200). A tick below 0.5 reads the link again, since an idle link trains down by design, and a link below its maximum under load is read every tick, so its recovery shows at once; a link that trains down under load shows up to this long late. 0: every tick.",
     ),
     (
         "single_process_shares_from_utilization",

@@ -21,7 +21,7 @@
 //! (nothing runs on it: `backend::is_quiet`) reads GPM and its PCIe link on
 //! that cadence too, and the first tick anything runs reads them again
 //! (`GpuState::settle_quiet`); a GPU under load whose link read found it at
-//! its maximum holds that read on the same cadence while the load lasts
+//! its maximum holds that read for `loaded_link_interval_secs` while the load lasts
 //! (`GpuState::settle_link`); a GPU quiet since its last exact energy read
 //! reads the counter only every `quiet_energy_interval_secs`, its steady
 //! idle power integrated in between (`GpuState::settle_energy`).
@@ -233,7 +233,7 @@ impl GpuState {
                     .exact_due(time_us, config.quiet_energy_interval_secs, tick),
             hold_loaded_link: !fresh
                 && self.loaded_link.is_some_and(|l| {
-                    !due(Some(l.read_us), config.slow_reads_interval_secs)
+                    !due(Some(l.read_us), config.loaded_link_interval_secs)
                 }),
         }
     }
@@ -299,8 +299,7 @@ impl GpuState {
     /// recovery shows at once, and a tick below the load threshold reads it
     /// again, because an idle link trains down by design and a value held
     /// from before the load would show a link it no longer has. A link that
-    /// trains down under load shows up to `slow_reads_interval_secs` late,
-    /// as the slow reads do; the alert on it waits 10 minutes.
+    /// trains down under load shows up to `loaded_link_interval_secs` late.
     fn settle_link(&mut self, plan: ReadPlan, s: &mut GpuSample, time_us: i64, g: &GpuIdentity) {
         if !backend::under_load(s.utilization_gpu_ratio) {
             self.loaded_link = None;

@@ -533,6 +533,7 @@ fn every_read_every_tick_when_asked() {
         c.energy_interval_secs = 0.0;
         c.process_shares_interval_secs = 0.0;
         c.slow_reads_interval_secs = 0.0;
+        c.loaded_link_interval_secs = 0.0;
         c.single_process_shares_from_utilization = false;
     }));
     for second in 0..5 {
@@ -697,10 +698,11 @@ fn slow_reads_are_made_once_per_interval_and_held_between() {
         assert_eq!(reads_of(&every_counts, read), 96 * 3, "{read}");
     }
     for read in costs::EVERY_TICK {
-        // Under load a link at its maximum is held on the slow cadence
-        // (GPUs 1 and 2); GPU 0's, below it, is read every tick.
+        // Under load a link at its maximum is held for
+        // `loaded_link_interval_secs` (5 s: GPUs 1 and 2); GPU 0's, below
+        // it, is read every tick.
         let expected = if costs::PCIE_LINK_READS.contains(read) {
-            96 + 4 * 2
+            96 + 20 * 2
         } else {
             96 * 3
         };
@@ -736,8 +738,9 @@ fn a_quiet_gpu_reads_gpm_and_its_link_once_per_interval() {
         let after = (reads_of(&counts, gpm_read), reads_of(&counts, "current_pcie_link_gen"));
         // The link with GPM, but for the GPUs under load that hold it
         // (`a_loaded_link_is_held_while_at_its_maximum`): GPU 2 but at its
-        // reads every 30 s, GPU 0 through its work after the first tick.
-        let holding = u64::from(second % 30 != 0) + u64::from((41..70).contains(&second));
+        // reads every 5 s, GPU 0 through its work but at those.
+        let holding = u64::from(second % 5 != 0)
+            + u64::from((41..70).contains(&second) && second % 5 != 0);
         assert_eq!(
             after.1 - before.1,
             after.0 - before.0 - holding,
@@ -788,22 +791,25 @@ fn a_quiet_gpu_reads_gpm_and_its_link_once_per_interval() {
 }
 
 /// A GPU under load whose link read found it at its maximum holds that
-/// read while the load lasts, for `slow_reads_interval_secs`; a link below
+/// read while the load lasts, for `loaded_link_interval_secs`; a link below
 /// its maximum under load is read every tick, and a tick off load reads it.
 #[test]
 fn a_loaded_link_is_held_while_at_its_maximum() {
     use sim::Scenario::{Idle, PcieDegraded, Training};
-    // Training; the link trains down to Gen3 x8 under load at 45 s and back
+    // Training; the link trains down to Gen3 x8 under load at 47 s and back
     // at 75 s; idle from 85 s; training again from 95 s.
     let turns = |s: sim::SimBackend| {
-        s.turning(0, 45.0, PcieDegraded)
+        s.turning(0, 47.0, PcieDegraded)
             .turning(0, 75.0, Training)
             .turning(0, 85.0, Idle)
             .turning(0, 95.0, Training)
     };
     let (mut held, counts) = simulated_counting(&["training"], |_| {}, turns);
-    let (mut every, every_counts) =
-        simulated_counting(&["training"], |c| c.slow_reads_interval_secs = 0.0, turns);
+    let every_tick = |c: &mut GpuConfig| {
+        c.slow_reads_interval_secs = 0.0;
+        c.loaded_link_interval_secs = 0.0;
+    };
+    let (mut every, every_counts) = simulated_counting(&["training"], every_tick, turns);
     let link = |b: &[Batch]| {
         (
             value(b, &GPU, &["0"], "pcie_link_gen"),
@@ -822,24 +828,25 @@ fn a_loaded_link_is_held_while_at_its_maximum() {
             .problems()
             .iter()
             .any(|p| p.contains("PCIe link at Gen3 x8 under load"));
-        if (45..60).contains(&second) {
-            // Held from the read at 30 s: the downtrain shows at the next
-            // read, less than `slow_reads_interval_secs` late.
+        if (47..50).contains(&second) {
+            // Held from the read at 45 s: the downtrain shows at the next
+            // read, less than `loaded_link_interval_secs` late.
             assert_eq!(link(&ours), (Some(5.0), Some(16.0)), "at {second} s");
             assert_eq!(link(&truth), (Some(3.0), Some(8.0)), "at {second} s");
             assert!(!degraded_reported, "at {second} s");
         } else {
             assert_eq!(link(&ours), link(&truth), "at {second} s");
-            assert_eq!(degraded_reported, (60..75).contains(&second), "at {second} s");
+            assert_eq!(degraded_reported, (50..75).contains(&second), "at {second} s");
         }
     }
-    // 0 and 30: read at the maximum, then held; 60-74 below it, each tick;
-    // 75 back at the maximum; 85 and 86 off load (86 is the quiet tick
-    // that the quiet ticks after it hold); 95 under load again.
-    let expected: Vec<i64> = [0, 30]
-        .into_iter()
-        .chain(60..=75)
-        .chain([85, 86, 95])
+    // Every 5 s at the maximum, held in between; 50-74 below it, each
+    // tick; 75 back at the maximum, 80; 85 and 86 off load (86 is the
+    // quiet tick that the quiet ticks after it hold); under load again
+    // from 95.
+    let expected: Vec<i64> = (0..=45)
+        .step_by(5)
+        .chain(50..=75)
+        .chain([80, 85, 86, 95, 100, 105, 110])
         .collect();
     assert_eq!(reads_at, expected);
     assert_eq!(reads_of(&every_counts, "current_pcie_link_gen"), 111);
