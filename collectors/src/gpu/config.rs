@@ -79,10 +79,10 @@ pub const DEFAULT_PROCESS_SHARES_INTERVAL_SECS: f64 = 10.0;
 pub const DEFAULT_SLOW_READS_INTERVAL_SECS: f64 = 30.0;
 
 /// Default of `loaded_link_interval_secs`: a link that trains down under
-/// load is a straggler the fleet's rules find in about 25 s
-/// (`bench/fleet/evaluate.py`), so it may show a few seconds late but not
-/// the slow reads' 30 s; a read every 5 s still leaves out four fifths of
-/// a busy GPU's link reads.
+/// load makes a straggler that the fleet's rules must find within half a
+/// minute (`bench/fleet/evaluate.py`), so it may show a few seconds late
+/// but not the slow reads' interval late; a read every 5 s still leaves
+/// out four fifths of a busy GPU's link reads.
 pub const DEFAULT_LOADED_LINK_INTERVAL_SECS: f64 = 5.0;
 
 impl Default for GpuConfig {
@@ -249,7 +249,7 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "slow_reads_interval_secs",
-        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. On a quiet GPU (no compute process, utilisation 0, MIG off) GPM, the PCIe throughput and the PCIe link generation and width (0.5 ms of the driver's CPU a tick on an idle H200) are read on this cadence too, each held as the last quiet tick read it; the first tick anything runs on the GPU reads them again. On a GPU at work they are read every tick (the link see loaded_link_interval_secs). XIDs arrive as events at once. 0: every tick.",
+        "Seconds between two reads of the values that change rarely or are counters read for their increase: MIG mode, virtualisation mode, the enforced power limit, NVLink link state and error counters, the PCIe replay counter (mig_mode and the replay counter cost the driver about 0.4-0.5 ms of CPU each a read on an H100 or H200), ECC counters and remapped rows. Each keeps its last value in between, and all are read at the first tick and when a GPU answers again. On a quiet GPU (no compute process, utilisation 0, MIG off) GPM, the PCIe throughput and the PCIe link generation and width (0.5 ms of the driver's CPU a tick on an idle H200) are read on this cadence too, each held as the last quiet tick read it; the first tick anything runs on the GPU reads them again. On a GPU at work they are read every tick, but for the link under load: see loaded_link_interval_secs. XIDs arrive as events at once. 0: every tick.",
     ),
     (
         "loaded_link_interval_secs",
