@@ -1,7 +1,7 @@
 //! The GPU collector end to end on the simulated backend: `vtax run
 //! --simulate-gpus` serves every GPU's series, a lost GPU stops nothing else,
-//! and the rows reach the Parquet store. (CI has no GPU; the NVML path runs
-//! only on a lent GPU machine, through scripts/gpu-smoke.sh.)
+//! and the rows reach the Parquet store. (The NVML backend runs against a
+//! fake NVML in gpu_nvml.rs, and on a lent GPU through scripts/gpu-smoke.sh.)
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Helpers shared by the end-to-end tests: a running agent and a plain HTTP client.
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod fake_nvml;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;

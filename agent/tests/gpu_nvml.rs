@@ -1,0 +1,515 @@
+//! The GPU collector's NVML backend end to end, on a fake NVML
+//! (`fake_nvml/libnvidia-ml.c`) put first on `LD_LIBRARY_PATH`: what NVML
+//! says in its units reaches /metrics and the store in ours, the backend
+//! makes only the driver calls its read plan asks for, a GPU that falls off
+//! the bus stops nothing else, and a driver that lacks calls loses only
+//! their values. The simulated backend stands in for NVML everywhere else;
+//! this is the real backend's one run without a GPU.
+
+mod common;
+
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use common::fake_nvml::{Driver, FakeNvml, Tick};
+use common::Agent;
+
+const GPU0: &str = "gpu=\"0\",gpu_uuid=\"GPU-fa4e0000-0000-0000-0000-000000000000\"";
+const GPU1: &str = "gpu=\"1\",gpu_uuid=\"GPU-fa4e0000-0000-0000-0000-000000000001\"";
+
+/// `vtax run` on the fake, with `config` as its config file.
+fn start(fake: &FakeNvml, dir: &std::path::Path, config: &str) -> Agent {
+    let config_path = dir.join("vtax.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let data = dir.join("data");
+    let env = fake.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Agent::start_with_env(
+        &[
+            "--config",
+            config_path.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--no-collector.cgroups",
+            "--no-collector.jitter",
+        ],
+        &env,
+    )
+}
+
+/// The value of the one series `series` (name and labels, exactly) in `body`.
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+fn sleeper() -> Child {
+    Command::new("sleep").arg("60").spawn().unwrap()
+}
+
+/// Seconds of the day of a store row's RFC 3339 time.
+fn seconds_of(row: &serde_json::Value) -> f64 {
+    let time = row["time"].as_str().unwrap();
+    let clock = time.split('T').nth(1).unwrap().trim_end_matches('Z');
+    let mut parts = clock.split(':').map(|p| p.parse::<f64>().unwrap());
+    let (h, m, s) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    h * 3600.0 + m * 60.0 + s
+}
+
+#[test]
+fn what_nvml_says_is_served_and_stored_in_our_units() {
+    let mut processes = [sleeper(), sleeper(), sleeper()];
+    let pids: Vec<u32> = processes.iter().map(Child::id).collect();
+    let dir = tempfile::tempdir().unwrap();
+    // GPU 0 at work with two processes, 16 of its 18 NVLink links up; GPU 1
+    // with MIG on, two instances and one process in the first.
+    let fake = FakeNvml::new(
+        Driver::Current,
+        &format!(
+            "gpu=0 utilization=80 memory_utilization=35 memory_used=21474836480 power_mw=350500 \
+             temperature=61 memory_temperature=70 sm_mhz=1980 clock_event_reasons=4 pcie_gen=5 \
+             gpm_sm=62.5 gpm_occupancy=40 gpm_tensor=30 gpm_dram=55 gpm_pcie_rx_mib=100 \
+             gpm_pcie_tx_mib=200 gpm_nvlink_rx_mib=1600 gpm_nvlink_tx_mib=800 nvlinks_up=16 \
+             nvlink_crc_errors=5 ecc_corrected=3 ecc_uncorrected=1 remapped_correctable=2 \
+             remap_pending=1 pcie_replays=7 processes={}:2147483648:40:20,{}:1073741824:10:5\n\
+             gpu=1 mig=1 mig_instances=2 power_mw=90000 processes={}:536870912\n",
+            pids[0], pids[1], pids[2]
+        ),
+    );
+    let agent = start(
+        &fake,
+        dir.path(),
+        "[collectors.gpu]\nenergy_interval_secs = 2\nprocess_shares_interval_secs = 0\n",
+    );
+    // The third tick: GPM has two samples, and the links' rates are asked
+    // for the links up.
+    agent.wait_for_value(
+        &format!("vtax_gpu_nvlink_rx_bytes_per_second{{{GPU0},link=\"15\"}}"),
+        |_| true,
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let body = agent.get("/metrics", &[]).text();
+    let mib = 1024.0 * 1024.0;
+    for (series, expected) in [
+        ("vtax_gpu_utilization_ratio", 0.8),
+        ("vtax_gpu_memory_utilization_ratio", 0.35),
+        ("vtax_gpu_memory_used_bytes", 21474836480.0),
+        ("vtax_gpu_memory_total_bytes", 85899345920.0),
+        ("vtax_gpu_power_watts", 350.5),
+        ("vtax_gpu_power_limit_watts", 700.0),
+        ("vtax_gpu_temperature_celsius", 61.0),
+        ("vtax_gpu_memory_temperature_celsius", 70.0),
+        ("vtax_gpu_sm_clock_hertz", 1.98e9),
+        ("vtax_gpu_sm_clock_max_hertz", 1.98e9),
+        ("vtax_gpu_memory_clock_hertz", 2.619e9),
+        ("vtax_gpu_clock_event_reasons", 4.0),
+        ("vtax_gpu_sm_active_ratio", 0.625),
+        ("vtax_gpu_sm_occupancy_ratio", 0.4),
+        ("vtax_gpu_tensor_active_ratio", 0.3),
+        ("vtax_gpu_dram_bandwidth_ratio", 0.55),
+        ("vtax_gpu_pcie_rx_bytes_per_second", 100.0 * mib),
+        ("vtax_gpu_pcie_tx_bytes_per_second", 200.0 * mib),
+        ("vtax_gpu_nvlink_total_rx_bytes_per_second", 1600.0 * mib),
+        ("vtax_gpu_nvlink_total_tx_bytes_per_second", 800.0 * mib),
+        ("vtax_gpu_nvlink_links_up", 16.0),
+        ("vtax_gpu_pcie_link_gen", 5.0),
+        ("vtax_gpu_pcie_link_width", 16.0),
+        ("vtax_gpu_pcie_link_gen_max", 5.0),
+        ("vtax_gpu_pcie_replays_total", 7.0),
+        ("vtax_gpu_ecc_corrected_errors_total", 3.0),
+        ("vtax_gpu_ecc_uncorrected_errors_total", 1.0),
+        ("vtax_gpu_remapped_rows_correctable", 2.0),
+        ("vtax_gpu_remapping_pending", 1.0),
+        ("vtax_gpu_health_up", 1.0),
+    ] {
+        let series = format!("{series}{{{GPU0}}}");
+        assert_eq!(value(&body, &series), Some(expected), "{series}\n{body}");
+    }
+    // Each link up carries its share of GPM's rates; the two down, none.
+    let link = |name: &str, link: u32| value(&body, &format!("{name}{{{GPU0},link=\"{link}\"}}"));
+    assert_eq!(
+        link("vtax_gpu_nvlink_rx_bytes_per_second", 0),
+        Some(100.0 * mib)
+    );
+    assert_eq!(
+        link("vtax_gpu_nvlink_tx_bytes_per_second", 15),
+        Some(50.0 * mib)
+    );
+    assert_eq!(link("vtax_gpu_nvlink_rx_bytes_per_second", 16), None);
+    assert_eq!(link("vtax_gpu_nvlink_up", 16), Some(0.0));
+    assert_eq!(link("vtax_gpu_nvlink_up", 15), Some(1.0));
+    assert_eq!(link("vtax_gpu_nvlink_crc_errors_total", 0), Some(5.0));
+    assert!(body.contains(&format!(
+        "vtax_gpu_info{{{GPU0},name=\"NVIDIA H100 80GB HBM3\",pci_bus_id=\"00000000:18:00.0\",\
+         architecture=\"hopper\",virtualization_mode=\"passthrough\",mig=\"off\",\
+         driver_version=\"550.54.15\",backend=\"nvml\"}} 1"
+    )));
+
+    // The processes, found by pid, named from /proc, with their shares.
+    let process = |name: &str, pid: u32| {
+        body.lines()
+            .find(|l| l.starts_with(name) && l.contains(&format!(",pid=\"{pid}\",")))
+            .unwrap_or_else(|| panic!("no {name} of pid {pid}:\n{body}"))
+            .to_string()
+    };
+    let memory = process("vtax_gpu_process_used_memory_bytes", pids[0]);
+    assert!(memory.starts_with(&format!("vtax_gpu_process_used_memory_bytes{{{GPU0},")));
+    assert!(memory.contains("command=\"sleep\""), "{memory}");
+    assert!(memory.ends_with(" 2147483648"), "{memory}");
+    assert!(process("vtax_gpu_process_sm_utilization_ratio", pids[1]).ends_with(" 0.1"));
+    assert!(process("vtax_gpu_process_memory_utilization_ratio", pids[0]).ends_with(" 0.2"));
+
+    // MIG: no GPU-wide utilisation; each instance by the id the driver
+    // gives it, which is not its handle's index; the process in its instance.
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_utilization_ratio{{{GPU1}}}")),
+        None
+    );
+    assert!(body.contains(&format!("vtax_gpu_info{{{GPU1},")) && body.contains("mig=\"on\""));
+    let instances: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with(&format!("vtax_gpu_mig_memory_total_bytes{{{GPU1},")))
+        .collect();
+    assert_eq!(instances.len(), 2, "{body}");
+    for instance in ["1", "3"] {
+        assert!(
+            instances
+                .iter()
+                .any(|l| l.contains(&format!("gpu_instance=\"{instance}\""))
+                    && l.ends_with(" 42949672960")),
+            "instance {instance}: {instances:?}"
+        );
+    }
+    assert!(process("vtax_gpu_process_gpu_instance", pids[2]).ends_with(" 1"));
+    assert!(agent.stop());
+
+    // The energy counter in joules, rising at the power drawn, over exact
+    // reads (every 2 s) and the integration between them alike.
+    let rows: Vec<_> = common::query_rows(&dir.path().join("data"), "gpu")
+        .into_iter()
+        .filter(|r| r["gpu"] == "0")
+        .collect();
+    assert!(rows.len() >= 4, "{rows:?}");
+    let exact_reads = rows
+        .iter()
+        .filter(|r| r["energy_exact_age_seconds"].as_f64() == Some(0.0))
+        .count();
+    assert!(exact_reads >= 2, "{rows:?}");
+    for pair in rows.windows(2) {
+        let seconds = seconds_of(&pair[1]) - seconds_of(&pair[0]);
+        let joules =
+            pair[1]["energy_joules"].as_f64().unwrap() - pair[0]["energy_joules"].as_f64().unwrap();
+        let watts = joules / seconds;
+        assert!((watts - 350.5).abs() < 350.5 * 0.05, "{watts} W: {pair:?}");
+    }
+    for p in &mut processes {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}
+
+/// Gaps in seconds between the ticks that made `call`.
+fn gaps_seconds(ticks: &[Tick], call: &str) -> Vec<f64> {
+    let at: Vec<i64> = ticks
+        .iter()
+        .filter(|t| t.made(call))
+        .map(|t| t.at_us)
+        .collect();
+    at.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e6).collect()
+}
+
+#[test]
+fn the_backend_calls_the_driver_only_for_the_reads_its_plan_asks_for() {
+    let dir = tempfile::tempdir().unwrap();
+    // GPU 0 under load with its link at its maximum and one process; GPU 1 quiet.
+    let busy = "gpu=0 utilization=90 pcie_gen=5 gpm_pcie_rx_mib=10 gpm_pcie_tx_mib=10 processes=4242:1024\n";
+    let fake = FakeNvml::new(Driver::Current, busy);
+    let agent = start(
+        &fake,
+        dir.path(),
+        "[collectors.gpu]\nenergy_interval_secs = 3\nslow_reads_interval_secs = 4\n\
+         loaded_link_interval_secs = 3\n",
+    );
+    agent.wait_for_value(
+        &format!("vtax_gpu_pcie_link_gen{{{GPU0}}}"),
+        |v| v == 5.0,
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_secs(9));
+
+    let busy_ticks = fake.ticks(0);
+    assert!(busy_ticks.len() >= 8, "{busy_ticks:?}");
+    for (i, tick) in busy_ticks.iter().enumerate() {
+        // GPM every tick; its PCIe rates spare NVML's 20 ms throughput reads
+        // from the second tick on.
+        assert!(tick.made("nvmlGpmSampleGet"), "tick {i}: {tick:?}");
+        assert_eq!(
+            tick.made("nvmlDeviceGetPcieThroughput"),
+            i == 0,
+            "tick {i}: {tick:?}"
+        );
+        // One process: its shares are the GPU's utilisation, no driver call.
+        assert!(
+            !tick.made("nvmlDeviceGetProcessUtilization"),
+            "tick {i}: {tick:?}"
+        );
+        // Everything slow together.
+        let slow = tick.made("nvmlDeviceGetMigMode");
+        for call in [
+            "nvmlDeviceGetNvLinkState",
+            "nvmlDeviceGetPcieReplayCounter",
+            "nvmlDeviceGetRemappedRows",
+            "nvmlDeviceGetTotalEccErrors",
+            "nvmlDeviceGetVirtualizationMode",
+            "nvmlDeviceGetEnforcedPowerLimit",
+        ] {
+            assert_eq!(tick.made(call), slow, "tick {i}, {call}: {tick:?}");
+        }
+    }
+    // Half a tick of slack on each cadence, as the plan has, and the ticks'
+    // own lateness on this machine.
+    let at_least = |call: &str, secs: f64, ticks: &[Tick]| {
+        let gaps = gaps_seconds(ticks, call);
+        assert!(!gaps.is_empty(), "{call} read once at most: {ticks:?}");
+        assert!(
+            gaps.iter().all(|&g| g >= secs - 0.6),
+            "{call}: gaps {gaps:?}"
+        );
+    };
+    at_least("nvmlDeviceGetTotalEnergyConsumption", 3.0, &busy_ticks);
+    at_least("nvmlDeviceGetMigMode", 4.0, &busy_ticks);
+    // The link at its maximum under load is held between reads.
+    at_least("nvmlDeviceGetCurrPcieLinkGeneration", 3.0, &busy_ticks);
+    assert_eq!(
+        gaps_seconds(&busy_ticks, "nvmlDeviceGetCurrPcieLinkGeneration"),
+        gaps_seconds(&busy_ticks, "nvmlDeviceGetCurrPcieLinkWidth")
+    );
+
+    // The quiet GPU: past its first two ticks, GPM and the PCIe link only
+    // every slow_reads_interval_secs, together (NVML's PCIe throughput
+    // never: GPM has it); the exact energy counter once.
+    let quiet_ticks = fake.ticks(1);
+    for (i, tick) in quiet_ticks.iter().enumerate().skip(2) {
+        assert_eq!(
+            tick.made("nvmlGpmSampleGet"),
+            tick.made("nvmlDeviceGetCurrPcieLinkGeneration"),
+            "tick {i}: {quiet_ticks:?}"
+        );
+        assert!(
+            !tick.made("nvmlDeviceGetPcieThroughput"),
+            "tick {i}: {quiet_ticks:?}"
+        );
+    }
+    at_least("nvmlGpmSampleGet", 4.0, &quiet_ticks[1..]);
+    let energy_reads = quiet_ticks
+        .iter()
+        .filter(|t| t.made("nvmlDeviceGetTotalEnergyConsumption"))
+        .count();
+    assert_eq!(energy_reads, 1, "{quiet_ticks:?}");
+
+    // Under load the link trains down to Gen3: shown within the hold, then
+    // read every tick while below its maximum.
+    fake.set(&busy.replace("pcie_gen=5", "pcie_gen=3"));
+    let changed_us = fake.calls().last().unwrap().at_us;
+    agent.wait_for_value(
+        &format!("vtax_gpu_pcie_link_gen{{{GPU0}}}"),
+        |v| v == 3.0,
+        Duration::from_secs(6),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let degraded: Vec<Tick> = fake
+        .ticks(0)
+        .into_iter()
+        .filter(|t| t.at_us > changed_us)
+        .collect();
+    let first_read = degraded
+        .iter()
+        .position(|t| t.made("nvmlDeviceGetCurrPcieLinkGeneration"))
+        .expect("the link read again");
+    assert!(first_read <= 3, "{degraded:?}");
+    assert!(degraded.len() - first_read >= 3, "{degraded:?}");
+    assert!(
+        degraded[first_read..]
+            .iter()
+            .all(|t| t.made("nvmlDeviceGetCurrPcieLinkGeneration")),
+        "{degraded:?}"
+    );
+    assert!(agent.stop());
+
+    // Every GPM sample allocated was freed but the one kept per GPU, which
+    // the library keeps until it is unloaded.
+    let calls = fake.calls();
+    let count = |name: &str| calls.iter().filter(|c| c.name == name).count();
+    let live = count("nvmlGpmSampleAlloc") - count("nvmlGpmSampleFree");
+    assert!(live <= 2, "{live} GPM samples left");
+}
+
+#[test]
+fn a_gpu_that_falls_off_the_bus_stops_nothing_else_and_is_back_when_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeNvml::new(Driver::Current, "gpu=1 xids=79\n");
+    let agent = start(&fake, dir.path(), "");
+    // The XID reaches the event thread, then the GPU falls off the bus.
+    agent.wait_for_value(
+        &format!("vtax_gpu_xid_errors_total{{{GPU1},xid=\"79\"}}"),
+        |v| v == 1.0,
+        Duration::from_secs(20),
+    );
+    let energy_before = value(
+        &agent.get("/metrics", &[]).text(),
+        &format!("vtax_gpu_energy_joules_total{{{GPU1}}}"),
+    )
+    .unwrap();
+    fake.set("gpu=1 xids=79 lost=1\ngpu=0 power_mw=123000\n");
+    agent.wait_for_value(
+        &format!("vtax_gpu_health_up{{{GPU1}}}"),
+        |v| v == 0.0,
+        Duration::from_secs(10),
+    );
+    // GPU 0 goes on, with the value it says now.
+    agent.wait_for_value(
+        &format!("vtax_gpu_power_watts{{{GPU0}}}"),
+        |v| v == 123.0,
+        Duration::from_secs(5),
+    );
+    let body = agent.get("/metrics", &[]).text();
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_health_up{{{GPU0}}}")),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_power_watts{{{GPU1}}}")),
+        None,
+        "{body}"
+    );
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_health_last_xid{{{GPU1}}}")),
+        Some(79.0)
+    );
+    assert_eq!(
+        value(&body, "vtax_collector_success{collector=\"gpu\"}"),
+        Some(1.0)
+    );
+    // A lost GPU costs the driver one read a tick, after its handle.
+    let lost_ticks = fake.ticks(1);
+    let last = lost_ticks.last().unwrap();
+    let calls: Vec<&str> = last.calls.keys().map(String::as_str).collect();
+    assert_eq!(
+        calls,
+        [
+            "nvmlDeviceGetHandleByIndex_v2",
+            "nvmlDeviceGetMemoryInfo_v2"
+        ],
+        "{last:?}"
+    );
+    let lost_lines = |log: &str| log.lines().filter(|l| l.contains("GPU lost")).count();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(lost_lines(&agent.log()), 1, "{}", agent.log());
+
+    // It answers again after a reset, its energy counter started again: its
+    // series come back, and the exported counter does not go back.
+    fake.set("gpu=1 xids=79 energy_mj=5000\n");
+    agent.wait_for_value(
+        &format!("vtax_gpu_health_up{{{GPU1}}}"),
+        |v| v == 1.0,
+        Duration::from_secs(10),
+    );
+    agent.wait_for_value(
+        &format!("vtax_gpu_power_watts{{{GPU1}}}"),
+        |v| v == 70.0,
+        Duration::from_secs(5),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let energy_after = value(
+        &agent.get("/metrics", &[]).text(),
+        &format!("vtax_gpu_energy_joules_total{{{GPU1}}}"),
+    )
+    .unwrap();
+    assert!(
+        energy_after >= energy_before,
+        "{energy_after} after {energy_before}"
+    );
+    assert!(agent.stop());
+    // In the order they happened (the store orders rows by series first).
+    let mut rows: Vec<_> = common::query_rows(&dir.path().join("data"), "gpu_event")
+        .into_iter()
+        .filter(|r| r["gpu"] == "1")
+        .collect();
+    rows.sort_by(|a, b| a["time"].as_str().cmp(&b["time"].as_str()));
+    let events: Vec<&str> = rows.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(events, ["xid", "lost", "recovered"], "{events:?}");
+}
+
+#[test]
+fn a_driver_without_some_calls_loses_only_their_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut process = sleeper();
+    let fake = FakeNvml::new(
+        Driver::Old,
+        &format!(
+            "gpu=0 utilization=50 gpm_sm=40 processes={}:1024\n",
+            process.id()
+        ),
+    );
+    let agent = start(
+        &fake,
+        dir.path(),
+        "[collectors.gpu]\nslow_reads_interval_secs = 0\n",
+    );
+    agent.wait_for_value(
+        &format!("vtax_gpu_utilization_ratio{{{GPU0}}}"),
+        |v| v == 0.5,
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let body = agent.get("/metrics", &[]).text();
+    // Every other read of every tick is there.
+    assert_eq!(
+        value(&body, "vtax_collector_success{collector=\"gpu\"}"),
+        Some(1.0)
+    );
+    for series in [
+        "vtax_gpu_power_watts",
+        "vtax_gpu_memory_used_bytes",
+        "vtax_gpu_pcie_link_gen",
+        "vtax_gpu_ecc_corrected_errors_total",
+        "vtax_gpu_energy_joules_total",
+    ] {
+        assert!(
+            value(&body, &format!("{series}{{{GPU0}}}")).is_some(),
+            "{series}\n{body}"
+        );
+    }
+    // What the driver lacks is absent, not zero.
+    for series in [
+        "vtax_gpu_sm_active_ratio",
+        "vtax_gpu_remapped_rows_correctable",
+    ] {
+        assert_eq!(
+            value(&body, &format!("{series}{{{GPU0}}}")),
+            None,
+            "{series}\n{body}"
+        );
+    }
+    assert!(
+        !body.contains("vtax_gpu_process_used_memory_bytes{"),
+        "no process list without the call: {body}"
+    );
+    // Without GPM, NVML's own PCIe throughput every tick.
+    let ticks = fake.ticks(0);
+    assert!(
+        ticks.iter().all(|t| t.made("nvmlDeviceGetPcieThroughput")),
+        "{ticks:?}"
+    );
+    let log = agent.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(agent.stop());
+    let _ = process.kill();
+    let _ = process.wait();
+}
