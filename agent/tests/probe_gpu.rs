@@ -2,7 +2,10 @@
 //! line it prints where there is no CUDA driver, and the CUDA engine itself
 //! against a fake driver (`fake_cuda/libcuda.c`, compiled here with `cc`,
 //! which a Rust toolchain on Linux links with), so its calls, its timing
-//! arithmetic and its freeing run without a GPU.
+//! arithmetic and its freeing run without a GPU; with the fake NVML
+//! (`fake_nvml/libnvidia-ml.c`) beside it, the GPUs' numbers and peaks.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -113,8 +116,18 @@ fn probe_fake(
     args: &[&str],
 ) -> (Option<i32>, serde_json::Value, String, String) {
     let dir = tempfile::tempdir().unwrap();
-    let libs = fake_driver(dir.path());
-    let ledger = dir.path().join("ledger");
+    probe_fake_in(dir.path(), env, args)
+}
+
+/// [`probe_fake`] with the fake driver compiled into `dir`, which other fake
+/// libraries may share.
+fn probe_fake_in(
+    dir: &Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (Option<i32>, serde_json::Value, String, String) {
+    let libs = fake_driver(dir);
+    let ledger = dir.join("ledger");
     let out = Command::new(VTAX)
         .args([
             "probe-gpu",
@@ -271,5 +284,61 @@ fn a_driver_without_gpus_fails_in_one_line_naming_the_call() {
     assert_eq!(
         stderr,
         "vtax: error: cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)\n"
+    );
+}
+
+#[test]
+fn nvml_numbers_the_gpus_and_gives_their_peaks_by_bus_id() {
+    // NVML numbers the GPUs the other way round from CUDA; GPU 0 (CUDA's 1)
+    // is on a Gen4 slot; four NVLink links join the two, two of GPU 1's up.
+    let nvml = common::fake_nvml::FakeNvml::new(
+        common::fake_nvml::Driver::Current,
+        "gpu=0 bus_id=00000000:28:00.0 pcie_gen_max=4 nvlinks=4 nvlinks_up=4 \
+         nvlink_remote=00000000:18:00.0\n\
+         gpu=1 bus_id=00000000:18:00.0 nvlinks=4 nvlinks_up=2 nvlink_remote=00000000:28:00.0\n",
+    );
+    let env = nvml.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (code, json, stderr, ledger) = probe_fake_in(nvml.lib_dir(), &env, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(ledger, NOTHING_LEFT);
+    let peak = |g: &serde_json::Value, what: &str| {
+        g["measurements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["what"] == what)
+            .map(|m| m["peak"]["label"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    let (cuda0, cuda1) = (gpu(&json, 0), gpu(&json, 1));
+    assert_eq!(
+        (&cuda0["gpu"], &cuda1["gpu"]),
+        (&1.into(), &0.into()),
+        "{json:#}"
+    );
+    assert_eq!(peak(cuda0, "host_to_device"), "Gen5 x16");
+    assert_eq!(peak(cuda1, "host_to_device"), "Gen4 x16");
+    assert_eq!(peak(cuda1, "device_to_device"), "HBM peak");
+    // Each direction over the links up at its source.
+    let peers: Vec<(u64, u64, String)> = json["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["src"].as_u64().unwrap(),
+                p["dst"].as_u64().unwrap(),
+                p["peak"]["label"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        peers.contains(&(0, 1, "4 NVLink links × 25 GB/s".into())),
+        "{peers:?}"
+    );
+    assert!(
+        peers.contains(&(1, 0, "2 NVLink links × 25 GB/s".into())),
+        "{peers:?}"
     );
 }
