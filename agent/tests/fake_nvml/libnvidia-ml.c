@@ -8,9 +8,9 @@
  * Only the entry points the agent calls are here, with NVML's signatures and
  * units (nvml.h): power in milliwatts, energy in millijoules, clocks in MHz,
  * PCIe throughput in KB/s, GPM bandwidths in MiB/s, ratios in percent.
- * Built with -DFAKE_NVML_OLD_DRIVER it lacks the calls an older driver lacks
- * (GPM, remapped rows, the v3 process list, GPU instance ids), which
- * nvml-wrapper then finds missing at load.
+ * Built with -DFAKE_NVML_OLD_DRIVER it lacks calls that older drivers lack
+ * (GPM, remapped rows, the v3 process list, GPU instance ids), all at once,
+ * as no one release does; nvml-wrapper then finds them missing at load.
  *
  * Environment:
  *   FAKE_NVML_GPUS=N      GPUs (default 2), unless the state file says `gpus=N`
@@ -531,7 +531,7 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned counter, 
     DEVICE("nvmlDeviceGetPcieThroughput");
     OUT(kb);
     if (counter > 1) RETURN(INVALID_ARGUMENT);
-    /* NVML holds the caller for its 20 ms sampling window. */
+    /* The real call holds its caller for a 20 ms sampling window; this one answers at once. */
     *kb = counter == 0 ? g->pcie_tx_kb_per_s : g->pcie_rx_kb_per_s;
     RETURN(SUCCESS);
 }
