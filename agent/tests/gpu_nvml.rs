@@ -44,6 +44,11 @@ fn value(body: &str, series: &str) -> Option<f64> {
         .map(|v| v.parse().unwrap())
 }
 
+/// The value of `series` on the agent's /metrics now.
+fn served(agent: &Agent, series: &str) -> Option<f64> {
+    value(&agent.get("/metrics", &[]).text(), series)
+}
+
 fn sleeper() -> Child {
     Command::new("sleep").arg("60").spawn().unwrap()
 }
@@ -361,11 +366,7 @@ fn a_gpu_that_falls_off_the_bus_stops_nothing_else_and_is_back_when_it_answers()
         |v| v == 1.0,
         Duration::from_secs(20),
     );
-    let energy_before = value(
-        &agent.get("/metrics", &[]).text(),
-        &format!("vtax_gpu_energy_joules_total{{{GPU1}}}"),
-    )
-    .unwrap();
+    let energy_before = served(&agent, &format!("vtax_gpu_energy_joules_total{{{GPU1}}}")).unwrap();
     fake.set("gpu=1 xids=79 lost=1\ngpu=0 power_mw=123000\n");
     agent.wait_for_value(
         &format!("vtax_gpu_health_up{{{GPU1}}}"),
@@ -408,9 +409,13 @@ fn a_gpu_that_falls_off_the_bus_stops_nothing_else_and_is_back_when_it_answers()
         ],
         "{last:?}"
     );
-    let lost_lines = |log: &str| log.lines().filter(|l| l.contains("GPU lost")).count();
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(lost_lines(&agent.log()), 1, "{}", agent.log());
+    let log = agent.log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("GPU lost")).count(),
+        1,
+        "{log}"
+    );
 
     // It answers again after a reset, its energy counter started again: its
     // series come back, and the exported counter does not go back.
@@ -426,11 +431,7 @@ fn a_gpu_that_falls_off_the_bus_stops_nothing_else_and_is_back_when_it_answers()
         Duration::from_secs(5),
     );
     std::thread::sleep(Duration::from_millis(1500));
-    let energy_after = value(
-        &agent.get("/metrics", &[]).text(),
-        &format!("vtax_gpu_energy_joules_total{{{GPU1}}}"),
-    )
-    .unwrap();
+    let energy_after = served(&agent, &format!("vtax_gpu_energy_joules_total{{{GPU1}}}")).unwrap();
     assert!(
         energy_after >= energy_before,
         "{energy_after} after {energy_before}"
