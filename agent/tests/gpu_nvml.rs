@@ -2,9 +2,10 @@
 //! (`fake_nvml/libnvidia-ml.c`) put first on `LD_LIBRARY_PATH`: what NVML
 //! says in its units reaches /metrics and the store in ours, the backend
 //! makes only the driver calls its read plan asks for, a GPU that falls off
-//! the bus stops nothing else, and a driver that lacks calls loses only
-//! their values. The simulated backend stands in for NVML everywhere else;
-//! this is the real backend's one run without a GPU.
+//! the bus stops nothing else, and older drivers are read through the calls
+//! they have, losing only the values they lack. The simulated backend
+//! stands in for NVML everywhere else; this is the real backend's one run
+//! without a GPU.
 
 mod common;
 
@@ -157,12 +158,7 @@ fn what_nvml_says_is_served_and_stored_in_our_units() {
     )));
 
     // The processes, found by pid, named from /proc, with their shares.
-    let process = |name: &str, pid: u32| {
-        body.lines()
-            .find(|l| l.starts_with(name) && l.contains(&format!(",pid=\"{pid}\",")))
-            .unwrap_or_else(|| panic!("no {name} of pid {pid}:\n{body}"))
-            .to_string()
-    };
+    let process = |name: &str, pid: u32| process_series(&body, name, pid).to_string();
     let memory = process("vtax_gpu_process_used_memory_bytes", pids[0]);
     assert!(memory.starts_with(&format!("vtax_gpu_process_used_memory_bytes{{{GPU0},")));
     assert!(memory.contains("command=\"sleep\""), "{memory}");
@@ -447,39 +443,88 @@ fn a_gpu_that_falls_off_the_bus_stops_nothing_else_and_is_back_when_it_answers()
     assert_eq!(events, ["xid", "lost", "recovered"], "{events:?}");
 }
 
-#[test]
-fn a_driver_without_some_calls_loses_only_their_values() {
+/// `vtax doctor --gpu` on the fake: its stdout.
+fn doctor(fake: &FakeNvml) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let mut process = sleeper();
-    let fake = FakeNvml::new(
-        Driver::Old,
-        &format!(
-            "gpu=0 utilization=50 gpm_sm=40 processes={}:1024\n",
-            process.id()
-        ),
-    );
-    let agent = start(
-        &fake,
-        dir.path(),
-        "[collectors.gpu]\nslow_reads_interval_secs = 0\n",
-    );
+    let mut command = Command::new(common::VTAX);
+    command
+        .args(["doctor", "--gpu", "--no-collector.cgroups", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .envs(fake.env());
+    common::stdout_of(&mut command)
+}
+
+/// The line of `stdout` that starts with `start` (after its indent).
+fn line_of<'a>(stdout: &'a str, start: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(start))
+        .unwrap_or_else(|| panic!("no line {start:?}:\n{stdout}"))
+}
+
+/// `vtax run` on the fake with `config`, once GPU 0 shows the 50%
+/// utilisation the test's state gives it and `settle` more has passed: the
+/// agent and its /metrics then, where the collector succeeded.
+fn started_at_half_load(
+    fake: &FakeNvml,
+    dir: &std::path::Path,
+    config: &str,
+    settle: Duration,
+) -> (Agent, String) {
+    let agent = start(fake, dir, config);
     agent.wait_for_value(
         &format!("vtax_gpu_utilization_ratio{{{GPU0}}}"),
         |v| v == 0.5,
         Duration::from_secs(20),
     );
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(settle);
     let body = agent.get("/metrics", &[]).text();
-    // Every other read of every tick is there.
     assert_eq!(
         value(&body, "vtax_collector_success{collector=\"gpu\"}"),
-        Some(1.0)
+        Some(1.0),
+        "{body}"
+    );
+    (agent, body)
+}
+
+/// The line of series `name` for process `pid` in `body`.
+fn process_series<'a>(body: &'a str, name: &str, pid: u32) -> &'a str {
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!(",pid=\"{pid}\",")))
+        .unwrap_or_else(|| panic!("no {name} of pid {pid}:\n{body}"))
+}
+
+/// R470 (the last branch before R510's v2 memory and v3 process-list
+/// calls, still on many V100 and A100 nodes): every GPU read, memory and
+/// processes through the older calls, and the doctor saying so; a product
+/// without MIG (NOT_SUPPORTED) has it off, and is quiet when idle.
+#[test]
+fn an_r470_driver_is_read_through_its_older_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut process = sleeper();
+    let pid = process.id();
+    let fake = FakeNvml::new(
+        Driver::R470,
+        &format!(
+            "memory_used=1073741824 memory_reserved=536870912\n\
+             gpu=0 utilization=50 processes={pid}:2147483648\n\
+             gpu=1 mig_supported=0\n"
+        ),
+    );
+    let (agent, body) = started_at_half_load(
+        &fake,
+        dir.path(),
+        "[collectors.gpu]\nslow_reads_interval_secs = 4\n",
+        Duration::from_secs(6),
+    );
+    // The v1 call counts the driver's reservation as used.
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_memory_used_bytes{{{GPU0}}}")),
+        Some(1.5 * (1u64 << 30) as f64)
     );
     for series in [
         "vtax_gpu_power_watts",
-        "vtax_gpu_memory_used_bytes",
-        "vtax_gpu_pcie_link_gen",
-        "vtax_gpu_ecc_corrected_errors_total",
+        "vtax_gpu_remapped_rows_correctable",
         "vtax_gpu_energy_joules_total",
     ] {
         assert!(
@@ -487,7 +532,104 @@ fn a_driver_without_some_calls_loses_only_their_values() {
             "{series}\n{body}"
         );
     }
-    // What the driver lacks is absent, not zero.
+    // No GPM before R525: absent, not zero.
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_sm_active_ratio{{{GPU0}}}")),
+        None
+    );
+    let memory = process_series(&body, "vtax_gpu_process_used_memory_bytes", pid);
+    assert!(
+        memory.contains("command=\"sleep\"") && memory.ends_with(" 2147483648"),
+        "{memory}"
+    );
+    assert!(
+        body.lines().any(|l| l.starts_with(&format!("vtax_gpu_info{{{GPU1},")) && l.contains("mig=\"off\"")),
+        "{body}"
+    );
+
+    // The busy GPU: NVML's PCIe throughput every tick (no GPM has it); one
+    // process with MIG off: its shares from the utilisation, no driver call.
+    let busy = fake.ticks(0);
+    assert!(busy.len() >= 6, "{busy:?}");
+    for (i, tick) in busy.iter().enumerate() {
+        for call in [
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+            "nvmlDeviceGetPcieThroughput",
+        ] {
+            assert!(tick.made(call), "tick {i}, {call}: {tick:?}");
+        }
+        assert!(
+            !tick.made("nvmlDeviceGetProcessUtilization"),
+            "tick {i}: {tick:?}"
+        );
+    }
+    // GPU 1, idle with MIG not supported (an L40S, say), is quiet: past its
+    // first two ticks its PCIe throughput and link are read together, only
+    // every slow_reads_interval_secs.
+    let quiet = fake.ticks(1);
+    assert!(quiet.len() >= 6, "{quiet:?}");
+    for (i, tick) in quiet.iter().enumerate().skip(2) {
+        assert_eq!(
+            tick.made("nvmlDeviceGetPcieThroughput"),
+            tick.made("nvmlDeviceGetCurrPcieLinkGeneration"),
+            "tick {i}: {quiet:?}"
+        );
+    }
+    let gaps = gaps_seconds(&quiet[1..], "nvmlDeviceGetPcieThroughput");
+    assert!(
+        !gaps.is_empty() && gaps.iter().all(|&g| g >= 4.0 - 0.6),
+        "gaps {gaps:?}: {quiet:?}"
+    );
+    assert!(!agent.log().contains("panicked"));
+    assert!(agent.stop());
+
+    // The doctor names the older calls and what they change, and lists the process.
+    let stdout = doctor(&fake);
+    assert!(
+        line_of(
+            &stdout,
+            "driver 470.256.02: memory through nvmlDeviceGetMemoryInfo "
+        )
+        .contains("includes what the driver reserves"),
+        "{stdout}"
+    );
+    line_of(
+        &stdout,
+        "driver 470.256.02: processes through nvmlDeviceGetComputeRunningProcesses_v2 ",
+    );
+    let listed = line_of(&stdout, &format!("process {pid} "));
+    assert!(
+        listed.contains("sleep") && listed.contains("2.0 GiB"),
+        "{listed}"
+    );
+    let _ = process.kill();
+    let _ = process.wait();
+
+    // A current driver needs no such word.
+    let current = doctor(&FakeNvml::new(Driver::Current, ""));
+    assert!(current.contains("GPU 0 "), "{current}");
+    assert!(!current.contains("driver 550.54.15: "), "{current}");
+}
+
+/// R418, before MIG: processes listed through the unversioned call, without
+/// instance ids; what it lacks (remapped rows, MIG) is absent, not zero,
+/// and MIG counts as off.
+#[test]
+fn an_r418_driver_lists_processes_and_loses_only_what_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut process = sleeper();
+    let pid = process.id();
+    let fake = FakeNvml::new(
+        Driver::R418,
+        &format!("gpu=0 utilization=50 processes={pid}:2048\n"),
+    );
+    let (agent, body) = started_at_half_load(
+        &fake,
+        dir.path(),
+        "[collectors.gpu]\nslow_reads_interval_secs = 0\n",
+        Duration::from_millis(2500),
+    );
     for series in [
         "vtax_gpu_sm_active_ratio",
         "vtax_gpu_remapped_rows_correctable",
@@ -498,19 +640,37 @@ fn a_driver_without_some_calls_loses_only_their_values() {
             "{series}\n{body}"
         );
     }
+    let memory = process_series(&body, "vtax_gpu_process_used_memory_bytes", pid);
+    assert!(memory.ends_with(" 2048"), "{memory}");
     assert!(
-        !body.contains("vtax_gpu_process_used_memory_bytes{"),
-        "no process list without the call: {body}"
+        body.lines().any(|l| l.starts_with(&format!("vtax_gpu_info{{{GPU0},")) && l.contains("mig=\"off\"")),
+        "{body}"
     );
-    // Without GPM, NVML's own PCIe throughput every tick.
     let ticks = fake.ticks(0);
-    assert!(
-        ticks.iter().all(|t| t.made("nvmlDeviceGetPcieThroughput")),
-        "{ticks:?}"
-    );
-    let log = agent.log();
-    assert!(!log.contains("panicked"), "{log}");
+    assert!(!ticks.is_empty());
+    for (i, tick) in ticks.iter().enumerate() {
+        assert!(
+            tick.made("nvmlDeviceGetComputeRunningProcesses"),
+            "tick {i}: {tick:?}"
+        );
+        // One process with MIG off (no MIG at all): no per-process call.
+        assert!(
+            !tick.made("nvmlDeviceGetProcessUtilization"),
+            "tick {i}: {tick:?}"
+        );
+    }
+    assert!(!agent.log().contains("panicked"), "{}", agent.log());
     assert!(agent.stop());
+    let stdout = doctor(&fake);
+    assert!(
+        line_of(
+            &stdout,
+            "driver 418.226.00: processes through nvmlDeviceGetComputeRunningProcesses "
+        )
+        .contains("no GPU instance ids"),
+        "{stdout}"
+    );
+    line_of(&stdout, &format!("process {pid} "));
     let _ = process.kill();
     let _ = process.wait();
 }

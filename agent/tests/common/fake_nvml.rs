@@ -23,12 +23,15 @@ pub struct Call {
     pub name: String,
 }
 
-/// What a whole driver has; `Old` lacks GPM, remapped rows, the v3 process
-/// list and GPU instance ids.
+/// Which driver branch the fake's entry points are those of.
 #[derive(Clone, Copy, PartialEq)]
 pub enum Driver {
     Current,
-    Old,
+    /// No GPM, and only the older memory and process-list calls.
+    R470,
+    /// R470's lacks, and no MIG, GPU instance ids, remapped rows or v2
+    /// process list either.
+    R418,
 }
 
 impl FakeNvml {
@@ -41,8 +44,14 @@ impl FakeNvml {
         cc.args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
             .arg(dir.path().join("libnvidia-ml.so.1"))
             .arg(&source);
-        if driver == Driver::Old {
-            cc.arg("-DFAKE_NVML_OLD_DRIVER");
+        match driver {
+            Driver::Current => {}
+            Driver::R470 => {
+                cc.arg("-DFAKE_NVML_R470");
+            }
+            Driver::R418 => {
+                cc.arg("-DFAKE_NVML_R418");
+            }
         }
         let out = cc.output().expect("cc runs");
         assert!(
@@ -98,7 +107,8 @@ impl FakeNvml {
 
     /// Each sample of `gpu`: the calls of the collector's thread from one
     /// `nvmlDeviceGetHandleByIndex_v2` to the next, where they read its
-    /// memory (the first read of every sample; finding the GPUs does not).
+    /// memory, by either call (the first read of every sample; finding the
+    /// GPUs does not).
     pub fn ticks(&self, gpu: i32) -> Vec<Tick> {
         let calls = self.calls();
         // The XID thread is the one that made the event set.
@@ -121,7 +131,7 @@ impl FakeNvml {
                 *tick.calls.entry(call.name).or_default() += 1;
             }
         }
-        ticks.retain(|t| t.made("nvmlDeviceGetMemoryInfo_v2"));
+        ticks.retain(|t| t.made("nvmlDeviceGetMemoryInfo_v2") || t.made("nvmlDeviceGetMemoryInfo"));
         ticks
     }
 }

@@ -8,9 +8,12 @@
  * Only the entry points the agent calls are here, with NVML's signatures and
  * units (nvml.h): power in milliwatts, energy in millijoules, clocks in MHz,
  * PCIe throughput in KB/s, GPM bandwidths in MiB/s, ratios in percent.
- * Built with -DFAKE_NVML_OLD_DRIVER it lacks calls that older drivers lack
- * (GPM, remapped rows, the v3 process list, GPU instance ids), all at once,
- * as no one release does; nvml-wrapper then finds them missing at load.
+ * Built with -DFAKE_NVML_R470 it lacks what the agent calls that came after
+ * the R470 branch: GPM (R525), and the v2 memory and v3 process-list calls
+ * (R510); their older forms are there, as in every driver. Built with
+ * -DFAKE_NVML_R418 as well, it also lacks what R450 brought: MIG, GPU
+ * instance ids, remapped rows and the v2 process list. nvml-wrapper then
+ * finds those entry points missing at load, as on a node with that driver.
  *
  * Environment:
  *   FAKE_NVML_GPUS=N      GPUs (default 2), unless the state file says `gpus=N`
@@ -22,6 +25,11 @@
  *   FAKE_NVML_CALLS=path  each call, appended as it is made: `<microseconds>
  *                         <gpu, -1 for none> <thread id> <entry point>`
  */
+/* What R470 lacks, R418 lacks too. */
+#ifdef FAKE_NVML_R418
+#define FAKE_NVML_R470
+#endif
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,6 +67,7 @@ typedef struct {
     unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
     char busId[32];
 } nvmlPciInfo_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct {
     unsigned version;
     unsigned long long total, reserved, free, used;
@@ -69,6 +78,10 @@ typedef struct {
     unsigned long long usedGpuMemory;
     unsigned gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_t;
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
 typedef struct {
     unsigned pid;
     unsigned long long timeStamp;
@@ -119,7 +132,9 @@ struct gpu {
     char name[96], uuid[80], bus_id[32];
     unsigned architecture, memory_bus_width_bits;
     unsigned utilization_percent, memory_utilization_percent;
-    unsigned long long memory_total_bytes, memory_used_bytes;
+    /* The v2 memory call gives the driver's reservation apart; the v1
+       call counts it as used. */
+    unsigned long long memory_total_bytes, memory_used_bytes, memory_reserved_bytes;
     unsigned power_mw, power_limit_mw;
     unsigned temperature_c, memory_temperature_c;
     unsigned sm_mhz, memory_mhz, sm_mhz_max, memory_mhz_max;
@@ -129,7 +144,9 @@ struct gpu {
     unsigned long long ecc_corrected, ecc_uncorrected;
     unsigned remapped_correctable, remapped_uncorrectable, remap_pending, remap_failed;
     unsigned virtualization_mode;
-    unsigned mig, mig_instances;
+    /* mig_supported=0: a product without MIG (an L40S, say): the mode
+       call answers NOT_SUPPORTED. */
+    unsigned mig_supported, mig, mig_instances;
     unsigned nvlinks, nvlinks_up;
     unsigned long long nvlink_crc_errors, nvlink_replay_errors, nvlink_recovery_errors;
     /* The bus ids at the far ends of the links, in turn; none: not supported. */
@@ -187,6 +204,7 @@ static void defaults(int i, struct gpu *g) {
     g->pcie_gen_max = 5;
     g->pcie_width_max = 16;
     g->virtualization_mode = 1; /* passthrough */
+    g->mig_supported = 1;
     g->nvlinks = MAX_LINKS;
     g->nvlinks_up = MAX_LINKS;
     g->gpm = 1;
@@ -246,6 +264,7 @@ static void apply(struct gpu *g, const char *key, const char *v) {
     U("architecture", architecture)
     U("utilization", utilization_percent) U("memory_utilization", memory_utilization_percent)
     ULL("memory_total", memory_total_bytes) ULL("memory_used", memory_used_bytes)
+    ULL("memory_reserved", memory_reserved_bytes)
     U("power_mw", power_mw) U("power_limit_mw", power_limit_mw)
     U("temperature", temperature_c) U("memory_temperature", memory_temperature_c)
     U("sm_mhz", sm_mhz) U("memory_mhz", memory_mhz)
@@ -259,7 +278,7 @@ static void apply(struct gpu *g, const char *key, const char *v) {
     U("remapped_uncorrectable", remapped_uncorrectable)
     U("remap_pending", remap_pending) U("remap_failed", remap_failed)
     U("virtualization", virtualization_mode)
-    U("mig", mig) U("mig_instances", mig_instances)
+    U("mig_supported", mig_supported) U("mig", mig) U("mig_instances", mig_instances)
     U("nvlinks", nvlinks) U("nvlinks_up", nvlinks_up)
     ULL("nvlink_crc_errors", nvlink_crc_errors)
     ULL("nvlink_replay_errors", nvlink_replay_errors)
@@ -411,7 +430,13 @@ const char *nvmlErrorString(nvmlReturn_t r) {
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned length) {
     ENTER("nvmlSystemGetDriverVersion", -1);
     OUT(version);
+#if defined(FAKE_NVML_R418)
+    snprintf(version, length, "418.226.00");
+#elif defined(FAKE_NVML_R470)
+    snprintf(version, length, "470.256.02");
+#else
     snprintf(version, length, "550.54.15");
+#endif
     RETURN(SUCCESS);
 }
 
@@ -543,18 +568,43 @@ nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned *value
     RETURN(SUCCESS);
 }
 
+/* Total, used apart from the reservation, and the reservation, of a GPU or
+   of a MIG instance (which takes its share of each). */
+static void memory_of(nvmlDevice_t device, const struct gpu *g, unsigned long long *total,
+                      unsigned long long *used, unsigned long long *reserved) {
+    unsigned long long instances = g->mig_instances ? g->mig_instances : 1;
+    *total = g->memory_total_bytes;
+    *used = g->memory_used_bytes;
+    *reserved = g->memory_reserved_bytes;
+    if (device->mig >= 0) {
+        *total = (unsigned long long)mig_memory_total(g) << 20;
+        *used /= instances;
+        *reserved /= instances;
+    }
+}
+
+#ifndef FAKE_NVML_R470
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     DEVICE("nvmlDeviceGetMemoryInfo_v2");
     OUT(memory);
-    unsigned long long total = g->memory_total_bytes, used = g->memory_used_bytes;
-    if (device->mig >= 0) {
-        total = (unsigned long long)mig_memory_total(g) << 20;
-        used = used / (g->mig_instances ? g->mig_instances : 1);
-    }
+    unsigned long long total, used, reserved;
+    memory_of(device, g, &total, &used, &reserved);
     memory->total = total;
-    memory->reserved = 0;
+    memory->reserved = reserved;
     memory->used = used;
-    memory->free = total - used;
+    memory->free = total - used - reserved;
+    RETURN(SUCCESS);
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    DEVICE("nvmlDeviceGetMemoryInfo");
+    OUT(memory);
+    unsigned long long total, used, reserved;
+    memory_of(device, g, &total, &used, &reserved);
+    memory->total = total;
+    memory->used = used + reserved;
+    memory->free = total - used - reserved;
     RETURN(SUCCESS);
 }
 
@@ -640,9 +690,11 @@ nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, unsigned *mode
     RETURN(SUCCESS);
 }
 
+#ifndef FAKE_NVML_R418
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned *current, unsigned *pending) {
     DEVICE("nvmlDeviceGetMigMode");
     OUT(current && pending);
+    if (!g->mig_supported) RETURN(NOT_SUPPORTED);
     *current = *pending = g->mig ? 1 : 0;
     RETURN(SUCCESS);
 }
@@ -662,6 +714,7 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
     *mig = &mig_handles[device->gpu][index];
     RETURN(SUCCESS);
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned link, unsigned *active) {
     DEVICE("nvmlDeviceGetNvLinkState");
@@ -717,25 +770,46 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     RETURN(SUCCESS);
 }
 
-#ifndef FAKE_NVML_OLD_DRIVER
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned *count,
-                                                     nvmlProcessInfo_t *infos) {
-    DEVICE("nvmlDeviceGetComputeRunningProcesses_v3");
-    OUT(count);
-    if (!infos || *count < g->processes) {
-        *count = g->processes;
-        RETURN(g->processes ? INSUFFICIENT_SIZE : SUCCESS);
-    }
-    for (unsigned i = 0; i < g->processes; i++) {
-        unsigned instance =
-            g->mig && g->mig_instances ? 1 + 2 * (i % g->mig_instances) : 0xFFFFFFFF;
-        infos[i] = (nvmlProcessInfo_t){g->pids[i], g->process_memory_bytes[i], instance,
-                                       g->mig ? 0 : 0xFFFFFFFF};
-    }
-    *count = g->processes;
-    RETURN(SUCCESS);
+/* The process list in each of its three versions: v1 has no instance ids;
+   v2 and v3 share a struct (v3 changed what a process under MPS is). */
+#define PROCESS_LIST(call, infos, fill)                                  \
+    DEVICE(call);                                                        \
+    OUT(count);                                                          \
+    if (!(infos) || *count < g->processes) {                             \
+        *count = g->processes;                                           \
+        RETURN(g->processes ? INSUFFICIENT_SIZE : SUCCESS);              \
+    }                                                                    \
+    for (unsigned i = 0; i < g->processes; i++) fill;                    \
+    *count = g->processes;                                               \
+    RETURN(SUCCESS)
+
+static inline nvmlProcessInfo_t process_info(const struct gpu *g, unsigned i) {
+    unsigned instance = g->mig && g->mig_instances ? 1 + 2 * (i % g->mig_instances) : 0xFFFFFFFF;
+    return (nvmlProcessInfo_t){g->pids[i], g->process_memory_bytes[i], instance,
+                               g->mig ? 0 : 0xFFFFFFFF};
 }
 
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned *count,
+                                                  nvmlProcessInfo_v1_t *infos) {
+    PROCESS_LIST("nvmlDeviceGetComputeRunningProcesses", infos,
+                 infos[i] = ((nvmlProcessInfo_v1_t){g->pids[i], g->process_memory_bytes[i]}));
+}
+
+#ifndef FAKE_NVML_R418
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned *count,
+                                                     nvmlProcessInfo_t *infos) {
+    PROCESS_LIST("nvmlDeviceGetComputeRunningProcesses_v2", infos, infos[i] = process_info(g, i));
+}
+#endif
+
+#ifndef FAKE_NVML_R470
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned *count,
+                                                     nvmlProcessInfo_t *infos) {
+    PROCESS_LIST("nvmlDeviceGetComputeRunningProcesses_v3", infos, infos[i] = process_info(g, i));
+}
+#endif
+
+#ifndef FAKE_NVML_R418
 nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned *correctable,
                                        unsigned *uncorrectable, unsigned *pending,
                                        unsigned *failed) {
@@ -757,6 +831,9 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned *id) {
     RETURN(SUCCESS);
 }
 
+#endif
+
+#ifndef FAKE_NVML_R470
 nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
     DEVICE("nvmlGpmQueryDeviceSupport");
     OUT(support);

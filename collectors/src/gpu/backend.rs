@@ -440,6 +440,11 @@ pub trait GpuBackend: Send {
     fn kind(&self) -> &'static str;
     /// Driver version, for the info row and the doctor.
     fn driver_version(&self) -> String;
+    /// For the doctor: each read the driver serves through an older call
+    /// than the backend's first choice, with what that changes.
+    fn older_driver_calls(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The GPUs, read once per probe.
     fn identities(&mut self) -> Result<Vec<GpuIdentity>, String>;
     /// Reads one GPU, the dear reads as `plan` says.

@@ -5,6 +5,7 @@ use vtax_store::schema::{FieldDef, Unit};
 use vtax_store::Batch;
 
 use super::backend::GpuBackend;
+use super::tables::PROCESS;
 use super::{Gpu, GpuConfig, CLOCK_EVENT_REASONS, GPU};
 use crate::{Availability, Collector, Roots};
 
@@ -42,6 +43,12 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
         Availability::Available(found) => found,
     };
     let mut lines = vec![found];
+    if let Some(backend) = collector.backend.as_deref() {
+        let driver = backend.driver_version();
+        for call in backend.older_driver_calls() {
+            lines.push(format!("driver {driver}: {call}"));
+        }
+    }
     let batches = match doctor_reads(&mut collector, pause) {
         Ok(batches) => batches,
         Err(e) => return vec![format!("reading the GPUs failed: {e:#}")],
@@ -88,10 +95,50 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
             };
             lines.push(format!("  {:<34} {value}", field.name));
         }
+        let processes = batches.iter().find(|b| std::ptr::eq(b.table, &PROCESS));
+        lines.extend(process_lines(processes, &gpu.uuid));
         lines.extend(read_time_lines(collector.backend.as_deref(), gpu.index));
     }
     for problem in collector.problems() {
         lines.push(format!("problem: {problem}"));
+    }
+    lines
+}
+
+/// The compute processes the driver listed on the GPU `uuid`: pid,
+/// command, whose (workload and cgroup) and memory, one line each.
+fn process_lines(batch: Option<&Batch>, uuid: &str) -> Vec<String> {
+    let Some(batch) = batch else {
+        return Vec::new();
+    };
+    let tag = |name: &str, row: usize| -> &str {
+        PROCESS.tag_index(name).map_or("", |i| {
+            let column = &batch.tags[i];
+            &column.dict[column.codes[row] as usize]
+        })
+    };
+    let memory = PROCESS
+        .field_index("used_memory_bytes")
+        .map(|i| (&PROCESS.fields[i], &batch.fields[i]));
+    let mut lines = Vec::new();
+    for row in (0..batch.len()).filter(|&row| tag("gpu_uuid", row) == uuid) {
+        let used = match memory {
+            Some((field, column)) if column.is_valid(row) => match &column.values {
+                vtax_store::batch::Values::U64(v) => human(field, v[row] as f64),
+                _ => "memory not reported".to_string(),
+            },
+            _ => "memory not reported".to_string(),
+        };
+        let command = match tag("command", row) {
+            "" => "(another PID namespace)",
+            command => command,
+        };
+        let whose = format!("{} {}", tag("workload", row), tag("cgroup", row));
+        lines.push(format!(
+            "  process {:<8} {command:<24} {used:>12}  {}",
+            tag("pid", row),
+            whose.trim_end()
+        ));
     }
     lines
 }

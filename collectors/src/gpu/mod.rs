@@ -36,6 +36,7 @@ pub mod costs;
 mod doctor;
 mod energy;
 pub mod nvml;
+pub(crate) mod nvml_fallback;
 pub mod owner;
 pub mod sim;
 mod tables;

@@ -27,14 +27,15 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
-use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::structs::device::{FieldId, MigMode};
 use nvml_wrapper::{Device, Nvml};
 
 use super::backend::{
-    is_quiet, nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity, GpuSample, LinkSample,
-    MigSample, ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead, VirtualizationMode,
-    XidEvent,
+    is_quiet, nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity,
+    GpuSample, LinkSample, MigSample, ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead,
+    VirtualizationMode, XidEvent,
 };
+use super::nvml_fallback;
 use crate::jitter::thread_cpu_ns;
 use crate::ticks::now_us;
 
@@ -282,7 +283,7 @@ impl NvmlBackend {
         mig_enabled: Option<bool>,
     ) -> (Vec<ProcessSample>, bool, bool) {
         let Ok(running) = reads.time("running_compute_processes", || {
-            d.running_compute_processes()
+            nvml_fallback::compute_processes(self.nvml, d)
         }) else {
             return (Vec::new(), false, false);
         };
@@ -377,13 +378,13 @@ fn mig_instances(nvml: &Nvml, d: &Device<'_>) -> Vec<MigSample> {
             .ok()
             // SAFETY: a live MIG handle and a valid out-pointer.
             .is_some_and(|get| unsafe { get(m.handle(), &mut instance) } == 0);
-        let memory = m.memory_info().ok();
+        let memory = nvml_fallback::memory(nvml, &m).ok();
         instances.push(MigSample {
             gpu_instance: if read { instance } else { i },
             uuid: m.uuid().unwrap_or_default(),
             profile: m.name().unwrap_or_default(),
-            memory_used_bytes: memory.as_ref().map(|m| m.used),
-            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            memory_used_bytes: memory.map(|m| m.used_bytes),
+            memory_total_bytes: memory.map(|m| m.total_bytes),
             sm_active_ratio: None,
         });
     }
@@ -445,6 +446,23 @@ fn xid_loop(nvml: &'static Nvml, count: u32, xids: &Mutex<Vec<XidEvent>>, stop: 
     }
 }
 
+/// Whether MIG is on, from the mode read; `None` when the read failed. A
+/// product without MIG (NOT_SUPPORTED: an L40S, a V100) and a driver from
+/// before MIG (no such call) have it off: taken as unknown, that GPU would
+/// never count as quiet, and a single process's shares, which its GPU's
+/// utilisation gives, would cost a driver call.
+fn mig_on(read: Result<MigMode, NvmlError>) -> Option<bool> {
+    match read {
+        Ok(mode) => Some(mode.current == 1),
+        Err(
+            NvmlError::NotSupported
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound,
+        ) => Some(false),
+        Err(_) => None,
+    }
+}
+
 fn lost_or_failed(e: NvmlError) -> SampleError {
     match e {
         NvmlError::GpuLost => {
@@ -467,6 +485,10 @@ impl GpuBackend for NvmlBackend {
         self.nvml
             .sys_driver_version()
             .unwrap_or_else(|_| "unknown".into())
+    }
+
+    fn older_driver_calls(&self) -> Vec<String> {
+        nvml_fallback::older_calls(self.nvml)
     }
 
     fn identities(&mut self) -> Result<Vec<GpuIdentity>, String> {
@@ -533,7 +555,7 @@ impl GpuBackend for NvmlBackend {
         // The cheapest call that fails on a lost GPU goes first, so a lost GPU
         // costs one call a tick.
         let memory = reads
-            .time("memory_info", || d.memory_info())
+            .time("memory_info", || nvml_fallback::memory(self.nvml, &d))
             .map_err(lost_or_failed)?;
         let utilization = reads
             .time("utilization_rates", || d.utilization_rates())
@@ -545,9 +567,8 @@ impl GpuBackend for NvmlBackend {
         // each (docs/gpus.md); the collector carries them in between.
         let slow = plan.slow;
         let mig_read = slow
-            .then(|| reads.time("mig_mode", || d.mig_mode()).ok())
-            .flatten()
-            .map(|m| m.current == 1);
+            .then(|| reads.time("mig_mode", || mig_on(d.mig_mode())))
+            .flatten();
         let mig_enabled = plan.mig_mode(mig_read);
         // The processes before GPM: whether anything runs decides whether
         // GPM and the PCIe link are read.
@@ -652,8 +673,8 @@ impl GpuBackend for NvmlBackend {
                 .ok()
                 .map(f64::from),
             memory_temperature_celsius: memory_temperature,
-            memory_used_bytes: Some(memory.used),
-            memory_total_bytes: Some(memory.total),
+            memory_used_bytes: Some(memory.used_bytes),
+            memory_total_bytes: Some(memory.total_bytes),
             ecc_corrected_errors: slow
                 .then(|| {
                     reads

@@ -72,7 +72,7 @@ vtax_store::table! {
             energy_integration_error_joules: Option<f64> = FieldDef::gauge(FieldType::F64, Unit::Joules, "At the last exact read of the energy counter: the counter as integrated from the power readings minus the exact one, over the interval before it (positive: the integration ran ahead). Null until the second exact read."),
             temperature_celsius: Option<f64> = FieldDef::gauge(FieldType::F64, Unit::Celsius, "GPU die temperature."),
             memory_temperature_celsius: Option<f64> = FieldDef::gauge(FieldType::F64, Unit::Celsius, "HBM temperature."),
-            memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Device memory allocated."),
+            memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Device memory allocated, apart from what the driver reserves for itself; drivers before R510 count that reservation in (vtax doctor --gpu says so)."),
             memory_total_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Device memory installed."),
             ecc_corrected_errors: Option<u64> = events("Corrected (single-bit) ECC errors since the driver loaded."),
             ecc_uncorrected_errors: Option<u64> = events("Uncorrected (double-bit) ECC errors since the driver loaded."),
@@ -203,7 +203,7 @@ vtax_store::table! {
             profile = tag("profile", "MIG profile, e.g. `1g.10gb`."),
         ],
         fields: [
-            memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory allocated in the instance."),
+            memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory allocated in the instance; drivers before R510 count the driver's reservation in."),
             memory_total_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory of the instance."),
             sm_active_ratio: Option<f64> = ratio("GPM: SM activity of the instance."),
         ],

@@ -77,7 +77,9 @@ impl Source for NvmlSource {
                 index,
                 pci_bus_id,
                 utilization_ratio: d.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0),
-                compute_processes: d.running_compute_processes().ok().map(|p| p.len()),
+                compute_processes: crate::gpu::nvml_fallback::compute_processes(nvml, &d)
+                    .ok()
+                    .map(|p| p.len()),
             });
         }
         Ok(gpus)
