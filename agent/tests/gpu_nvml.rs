@@ -2,7 +2,8 @@
 //! (`fake_nvml/libnvidia-ml.c`) put first on `LD_LIBRARY_PATH`: what NVML
 //! says in its units reaches /metrics and the store in ours, the backend
 //! makes only the driver calls its read plan asks for, a GPU that falls off
-//! the bus stops nothing else, and older drivers are read through the calls
+//! the bus stops nothing else (nor one lost when the agent starts), XID
+//! counting outlives failures, and older drivers are read through the calls
 //! they have, losing only the values they lack. The simulated backend
 //! stands in for NVML everywhere else; this is the real backend's one run
 //! without a GPU.
@@ -673,4 +674,70 @@ fn an_r418_driver_lists_processes_and_loses_only_what_it_lacks() {
     line_of(&stdout, &format!("process {pid} "));
     let _ = process.kill();
     let _ = process.wait();
+}
+
+/// A GPU lost when the agent starts is identified once it answers, and XID
+/// counting outlives what would stop it for good: a GPU that will not
+/// register costs neither the other GPUs' XIDs nor its own once it answers,
+/// and a failed wait is followed by a new event set; each interruption is
+/// logged once.
+#[test]
+fn a_gpu_lost_at_start_is_identified_later_and_xids_outlive_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeNvml::new(Driver::Current, "gpu=1 lost=1\n");
+    let agent = start(&fake, dir.path(), "");
+    // Lost when found: no UUID to go by yet.
+    agent.wait_for_value(
+        "vtax_gpu_health_up{gpu=\"1\",gpu_uuid=\"unknown-1\"}",
+        |v| v == 0.0,
+        Duration::from_secs(20),
+    );
+    fake.set("gpu=0 xids=13\ngpu=1 lost=1\n");
+    agent.wait_for_value(
+        &format!("vtax_gpu_xid_errors_total{{{GPU0},xid=\"13\"}}"),
+        |v| v == 1.0,
+        Duration::from_secs(5),
+    );
+    // GPU 1 answers: identified, its series under its UUID, and registered
+    // at the next attempt, 10 s apart.
+    fake.set("gpu=0 xids=13\ngpu=1 xids=79\n");
+    agent.wait_for_value(
+        &format!("vtax_gpu_power_watts{{{GPU1}}}"),
+        |v| v == 70.0,
+        Duration::from_secs(5),
+    );
+    let body = agent.get("/metrics", &[]).text();
+    assert!(!body.contains("unknown-1"), "{body}");
+    assert!(
+        body.contains(&format!(
+            "vtax_gpu_info{{{GPU1},name=\"NVIDIA H100 80GB HBM3\","
+        )),
+        "{body}"
+    );
+    agent.wait_for_value(
+        &format!("vtax_gpu_xid_errors_total{{{GPU1},xid=\"79\"}}"),
+        |v| v == 1.0,
+        Duration::from_secs(15),
+    );
+    // The driver's wait fails for a while (NVML_ERROR_UNKNOWN), then works.
+    fake.set("gpu=0 xids=13 event_wait_error=999\ngpu=1 xids=79\n");
+    std::thread::sleep(Duration::from_secs(2));
+    fake.set("gpu=0 xids=13,31\ngpu=1 xids=79\n");
+    agent.wait_for_value(
+        &format!("vtax_gpu_xid_errors_total{{{GPU0},xid=\"31\"}}"),
+        |v| v == 1.0,
+        Duration::from_secs(15),
+    );
+    let log = agent.log();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("GPU identified now that it answers"), 1, "{log}");
+    assert_eq!(count("did not register for XID events"), 1, "{log}");
+    assert_eq!(
+        count("XID events of this GPU are counted again"),
+        1,
+        "{log}"
+    );
+    assert_eq!(count("NVML event wait failed"), 1, "{log}");
+    assert_eq!(count("XID errors are counted again"), 1, "{log}");
+    assert!(agent.stop());
 }

@@ -160,6 +160,8 @@ struct gpu {
     unsigned process_sm_percent[MAX_PROCESSES], process_memory_percent[MAX_PROCESSES];
     int lost;
     unsigned xids, xid[MAX_XIDS];
+    /* event_wait_error=code: waits on a set this GPU is in fail so. */
+    int event_wait_error;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -288,7 +290,7 @@ static void apply(struct gpu *g, const char *key, const char *v) {
     D("gpm_tensor", gpm_tensor_percent) D("gpm_dram", gpm_dram_percent)
     D("gpm_pcie_rx_mib", gpm_pcie_rx_mib) D("gpm_pcie_tx_mib", gpm_pcie_tx_mib)
     D("gpm_nvlink_rx_mib", gpm_nvlink_rx_mib) D("gpm_nvlink_tx_mib", gpm_nvlink_tx_mib)
-    U("lost", lost)
+    U("lost", lost) U("event_wait_error", event_wait_error)
     /* The energy counter starts again from this many mJ (a reset). */
     else if (strcmp(key, "energy_mj") == 0) energy_mj[g - state] = x;
     else if (strcmp(key, "processes") == 0) set_processes(g, v);
@@ -939,6 +941,11 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         pthread_mutex_lock(&lock);
         if (!initialised) RETURN(UNINITIALIZED);
         refresh();
+        for (int i = 0; i < gpus; i++)
+            if ((set->registered[i] & EVENT_XID_CRITICAL) && state[i].event_wait_error) {
+                log_call(i, "nvmlEventSetWait_v2");
+                RETURN(state[i].event_wait_error);
+            }
         for (int i = 0; i < gpus; i++) {
             if (!(set->registered[i] & EVENT_XID_CRITICAL) || xids_delivered[i] >= state[i].xids)
                 continue;

@@ -31,7 +31,20 @@ pub struct GpuIdentity {
     pub gpm_supported: bool,
 }
 
+/// What stands for the UUID of a GPU whose UUID could not be read when it
+/// was found (lost then): its other facts are placeholders too, until the
+/// collector reads them again once it answers.
+pub fn unread_uuid(index: u32) -> String {
+    format!("unknown-{index}")
+}
+
 impl GpuIdentity {
+    /// Whether this GPU's UUID, and with it its facts, could not be read
+    /// when it was found ([`unread_uuid`]).
+    pub fn uuid_unread(&self) -> bool {
+        self.uuid == unread_uuid(self.index)
+    }
+
     /// Peak HBM bandwidth: bus width times the maximum memory clock, two
     /// transfers a clock (HBM is double data rate). 5120 bits at 2619 MHz is an
     /// H100 SXM's 3.35 TB/s.

@@ -653,6 +653,26 @@ fn problems_of(g: &GpuIdentity, s: &GpuSample, links_up: u64) -> Vec<String> {
     problems
 }
 
+/// Reads again the facts of a GPU that was lost when it was found, now that
+/// it answers: without its UUID its series would stay apart from the ones
+/// it had, and its XIDs, which arrive by UUID, would find no GPU.
+fn identify_again(backend: &mut dyn GpuBackend, gpu: &mut GpuIdentity) {
+    let found = backend
+        .identities()
+        .ok()
+        .and_then(|all| all.into_iter().find(|g| g.index == gpu.index))
+        .filter(|g| !g.uuid_unread());
+    if let Some(found) = found {
+        tracing::info!(
+            gpu = found.index,
+            uuid = %found.uuid,
+            name = %found.name,
+            "GPU identified now that it answers."
+        );
+        *gpu = found;
+    }
+}
+
 impl Collector for Gpu {
     fn name(&self) -> &'static str {
         "gpu"
@@ -712,9 +732,12 @@ impl Collector for Gpu {
                 .backend
                 .as_mut()
                 .ok_or_else(|| anyhow::anyhow!("the GPU collector was not probed"))?;
-            let g = &self.gpus[at];
             let plan = self.states[at].plan(&self.config, time_us);
-            let result = backend.sample(g, time_us, plan);
+            let result = backend.sample(&self.gpus[at], time_us, plan);
+            if result.is_ok() && self.gpus[at].uuid_unread() {
+                identify_again(backend.as_mut(), &mut self.gpus[at]);
+            }
+            let g = &self.gpus[at];
             let (index, uuid) = (g.index.to_string(), g.uuid.clone());
             match result {
                 Ok(mut sample) => {

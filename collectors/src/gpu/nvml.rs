@@ -10,11 +10,11 @@
 //! XID errors arrive on an NVML event set, waited on by a thread of its own
 //! so a tick never blocks on the driver's event queue.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
@@ -27,11 +27,12 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::structs::device::{FieldId, MigMode};
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::{Device, EventSet, Nvml};
 
 use super::backend::{
-    is_quiet, nvlink_links_of_product, GpmMetrics, GpuBackend, GpuIdentity,
+    is_quiet, nvlink_links_of_product, unread_uuid, GpmMetrics, GpuBackend, GpuIdentity,
     GpuSample, LinkSample, MigSample, ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead,
     VirtualizationMode, XidEvent,
 };
@@ -400,49 +401,128 @@ impl Drop for NvmlBackend {
     }
 }
 
+/// How long the XID thread waits before making its event set again: after a
+/// wait failed, and, while some GPU refused to register (lost at start, say),
+/// to try that GPU again.
+const XID_SET_RETRY: Duration = Duration::from_secs(10);
+
+/// The XID thread: waits on an event set of every GPU that registers and
+/// queues what arrives. A failed wait, or a GPU that would not register,
+/// makes the set again after [`XID_SET_RETRY`] rather than stopping: XID
+/// counting that stopped for good would read as a node with no errors.
 fn xid_loop(nvml: &'static Nvml, count: u32, xids: &Mutex<Vec<XidEvent>>, stop: &AtomicBool) {
-    let mut set = match nvml.create_event_set() {
-        Ok(set) => set,
-        Err(e) => {
-            tracing::warn!(error = %e, "No NVML event set: XID errors are not counted.");
-            return;
-        }
-    };
-    for index in 0..count {
-        let Ok(device) = nvml.device_by_index(index) else {
-            continue;
-        };
-        set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+    let mut refused: HashSet<u32> = HashSet::new();
+    // Whether counting is interrupted: warned of once, and said when it
+    // counts again.
+    let mut failing = false;
+    while !stop.load(Ordering::Relaxed) {
+        let set = match xid_event_set(nvml, count, &mut refused) {
             Ok(set) => set,
             Err(e) => {
-                tracing::warn!(gpu = index, error = %e.error, "XID events not available for this GPU.");
-                match nvml.create_event_set() {
-                    Ok(set) => set,
-                    Err(_) => return,
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(
+                        error = %e,
+                        retry_secs = XID_SET_RETRY.as_secs(),
+                        "No NVML event set: XID errors are not counted until one can be made."
+                    );
                 }
+                pause(stop, XID_SET_RETRY);
+                continue;
             }
         };
-    }
-    while !stop.load(Ordering::Relaxed) {
-        match set.wait(500) {
-            Ok(event) => {
-                let xid = match event.event_data {
-                    Some(XidError::Value(code)) => code,
-                    _ => continue,
-                };
-                let uuid = event.device.uuid().unwrap_or_default();
-                xids.lock().expect("not poisoned").push(XidEvent {
-                    uuid,
-                    xid,
-                    time_us: now_us(),
-                });
+        let remake_at = (!refused.is_empty()).then(|| Instant::now() + XID_SET_RETRY);
+        while !stop.load(Ordering::Relaxed) && remake_at.is_none_or(|at| Instant::now() < at) {
+            let waited = set.wait(500);
+            if matches!(waited, Ok(_) | Err(NvmlError::Timeout))
+                && std::mem::replace(&mut failing, false)
+            {
+                tracing::info!("XID errors are counted again.");
             }
-            Err(NvmlError::Timeout) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "NVML event wait failed; XID counting stops.");
-                return;
+            match waited {
+                Ok(event) => queue_xid(event, xids),
+                Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(
+                            error = %e,
+                            retry_secs = XID_SET_RETRY.as_secs(),
+                            "NVML event wait failed: XID errors are not counted until a new event set waits."
+                        );
+                    }
+                    pause(stop, XID_SET_RETRY);
+                    break;
+                }
             }
         }
+        // What arrived since the last wait, before the set goes.
+        while let Ok(event) = set.wait(0) {
+            queue_xid(event, xids);
+        }
+    }
+}
+
+fn queue_xid(event: EventData<'_>, xids: &Mutex<Vec<XidEvent>>) {
+    let Some(XidError::Value(xid)) = event.event_data else {
+        return;
+    };
+    let uuid = event.device.uuid().unwrap_or_default();
+    xids.lock().expect("not poisoned").push(XidEvent {
+        uuid,
+        xid,
+        time_us: now_us(),
+    });
+}
+
+/// An event set with every GPU that registers for XID errors; `refused`
+/// keeps those that did not, each logged at its first refusal.
+/// A refused registration releases the set (nvml-wrapper frees it), so the
+/// set is made again with the GPUs registered before.
+fn xid_event_set(
+    nvml: &'static Nvml,
+    count: u32,
+    refused: &mut HashSet<u32>,
+) -> Result<EventSet<'static>, NvmlError> {
+    let register = |index: u32, set: EventSet<'static>| {
+        let device = nvml.device_by_index(index)?;
+        device
+            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|e| e.error)
+    };
+    let mut set = nvml.create_event_set()?;
+    let mut registered: Vec<u32> = Vec::new();
+    for index in 0..count {
+        match register(index, set) {
+            Ok(with) => {
+                set = with;
+                registered.push(index);
+                if refused.remove(&index) {
+                    tracing::info!(gpu = index, "XID events of this GPU are counted again.");
+                }
+            }
+            Err(e) => {
+                if refused.insert(index) {
+                    tracing::warn!(
+                        gpu = index,
+                        error = %e,
+                        retry_secs = XID_SET_RETRY.as_secs(),
+                        "This GPU did not register for XID events: its XID errors are not counted until it does."
+                    );
+                }
+                set = nvml.create_event_set()?;
+                for &again in &registered {
+                    set = register(again, set)?;
+                }
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// Sleeps for `duration`, or until `stop`.
+fn pause(stop: &AtomicBool, duration: Duration) {
+    let until = Instant::now() + duration;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -503,7 +583,7 @@ impl GpuBackend for NvmlBackend {
                     let name = d.name().unwrap_or_else(|_| "unknown".into());
                     GpuIdentity {
                         index,
-                        uuid: d.uuid().unwrap_or_else(|_| format!("unknown-{index}")),
+                        uuid: d.uuid().unwrap_or_else(|_| unread_uuid(index)),
                         nvlink_links_product: nvlink_links_of_product(&name),
                         name,
                         pci_bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
@@ -523,7 +603,7 @@ impl GpuBackend for NvmlBackend {
                 // samples fail and say why.
                 Err(e) => GpuIdentity {
                     index,
-                    uuid: format!("unknown-{index}"),
+                    uuid: unread_uuid(index),
                     name: format!("unavailable: {e}"),
                     pci_bus_id: String::new(),
                     architecture: "unknown".into(),
