@@ -741,3 +741,63 @@ fn a_gpu_lost_at_start_is_identified_later_and_xids_outlive_failures() {
     assert_eq!(count("XID errors are counted again"), 1, "{log}");
     assert!(agent.stop());
 }
+
+/// A process list the driver refuses (no permission, as on a MIG parent
+/// without the monitor capability) is a problem the doctor names and one
+/// log line, not an empty list: the idle GPU is not taken as quiet.
+#[test]
+fn a_process_list_the_driver_refuses_is_a_problem_not_an_empty_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = "gpu=0 processes_error=4\n";
+    let fake = FakeNvml::new(Driver::Current, refused);
+    let agent = start(&fake, dir.path(), "");
+    agent.wait_for_value(
+        &format!("vtax_gpu_power_watts{{{GPU0}}}"),
+        |v| v == 70.0,
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    // Not known to be quiet: GPM every tick, where GPU 1, quiet, skips it.
+    let ticks = fake.ticks(0);
+    assert!(ticks.len() >= 4, "{ticks:?}");
+    assert!(
+        ticks[1..].iter().all(|t| t.made("nvmlGpmSampleGet")),
+        "{ticks:?}"
+    );
+    let quiet = fake.ticks(1);
+    assert!(
+        quiet[2..].iter().any(|t| !t.made("nvmlGpmSampleGet")),
+        "{quiet:?}"
+    );
+
+    let mut process = sleeper();
+    let pid = process.id();
+    fake.set(&format!("gpu=0 processes={pid}:4096\n"));
+    agent.wait_for_metric(
+        &format!("vtax_gpu_process_used_memory_bytes{{{GPU0},pid=\"{pid}\""),
+        Duration::from_secs(5),
+    );
+    let log = agent.log();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        count("does not list this GPU's compute processes"),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        count("lists this GPU's compute processes again"),
+        1,
+        "{log}"
+    );
+    assert!(agent.stop());
+
+    fake.set(refused);
+    let stdout = doctor(&fake);
+    let problem = line_of(
+        &stdout,
+        "problem: GPU 0 (GPU-fa4e0000-0000-0000-0000-000000000000): the driver did not list its compute processes",
+    );
+    assert!(problem.contains("who uses it is not known"), "{problem}");
+    let _ = process.kill();
+    let _ = process.wait();
+}

@@ -47,6 +47,7 @@ enum {
     UNINITIALIZED = 1,
     INVALID_ARGUMENT = 2,
     NOT_SUPPORTED = 3,
+    NO_PERMISSION = 4,
     NOT_FOUND = 6,
     INSUFFICIENT_SIZE = 7,
     TIMEOUT = 10,
@@ -155,6 +156,9 @@ struct gpu {
     int gpm;
     double gpm_sm_percent, gpm_occupancy_percent, gpm_tensor_percent, gpm_dram_percent;
     double gpm_pcie_rx_mib, gpm_pcie_tx_mib, gpm_nvlink_rx_mib, gpm_nvlink_tx_mib;
+    /* processes_error=code: every process-list call fails so (4: no
+       permission, as for a MIG parent without the monitor capability). */
+    int processes_error;
     unsigned processes, pids[MAX_PROCESSES];
     unsigned long long process_memory_bytes[MAX_PROCESSES];
     unsigned process_sm_percent[MAX_PROCESSES], process_memory_percent[MAX_PROCESSES];
@@ -291,6 +295,7 @@ static void apply(struct gpu *g, const char *key, const char *v) {
     D("gpm_pcie_rx_mib", gpm_pcie_rx_mib) D("gpm_pcie_tx_mib", gpm_pcie_tx_mib)
     D("gpm_nvlink_rx_mib", gpm_nvlink_rx_mib) D("gpm_nvlink_tx_mib", gpm_nvlink_tx_mib)
     U("lost", lost) U("event_wait_error", event_wait_error)
+    U("processes_error", processes_error)
     /* The energy counter starts again from this many mJ (a reset). */
     else if (strcmp(key, "energy_mj") == 0) energy_mj[g - state] = x;
     else if (strcmp(key, "processes") == 0) set_processes(g, v);
@@ -425,6 +430,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case SUCCESS: return "Success";
     case NOT_SUPPORTED: return "Not Supported";
     case GPU_IS_LOST: return "GPU is lost";
+    case NO_PERMISSION: return "Insufficient Permissions";
     default: return "Unknown Error";
     }
 }
@@ -777,6 +783,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
 #define PROCESS_LIST(call, infos, fill)                                  \
     DEVICE(call);                                                        \
     OUT(count);                                                          \
+    if (g->processes_error) RETURN(g->processes_error);                  \
     if (!(infos) || *count < g->processes) {                             \
         *count = g->processes;                                           \
         RETURN(g->processes ? INSUFFICIENT_SIZE : SUCCESS);              \

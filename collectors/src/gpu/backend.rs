@@ -268,6 +268,9 @@ pub struct GpuSample {
     pub mig: Vec<MigSample>,
     /// Processes using the GPU.
     pub processes: Vec<ProcessSample>,
+    /// Why the driver did not list the processes this tick (no permission,
+    /// say); `None` when it did. An empty list is then not "no process".
+    pub processes_unlisted: Option<String>,
     /// Whether the driver was asked for the processes' shares this tick: when
     /// not, their shares are `None` and the collector fills them.
     pub process_shares_read: bool,

@@ -68,6 +68,8 @@ struct GpuState {
     last_xid: Option<u64>,
     xid_by_code: BTreeMap<u64, u64>,
     problems: Vec<String>,
+    /// The last sample's process list could not be read (logged once).
+    processes_unlisted: bool,
     /// The energy counter, exact or carried on from the power readings.
     energy: EnergyCounter,
     /// The GPU was quiet at the tick of its last exact energy read and at
@@ -598,7 +600,23 @@ impl Gpu {
                 rows.process.push_row(time_us, &row)?;
             }
         }
-        self.states[at].problems = problems_of(g, s, links_up);
+        let state = &mut self.states[at];
+        match (&s.processes_unlisted, state.processes_unlisted) {
+            (Some(why), false) => tracing::warn!(
+                gpu = g.index,
+                uuid = %g.uuid,
+                reason = %why,
+                "The driver does not list this GPU's compute processes: who uses it is not known."
+            ),
+            (None, true) => tracing::info!(
+                gpu = g.index,
+                uuid = %g.uuid,
+                "The driver lists this GPU's compute processes again."
+            ),
+            _ => {}
+        }
+        state.processes_unlisted = s.processes_unlisted.is_some();
+        state.problems = problems_of(g, s, links_up);
         Ok(())
     }
 }
@@ -641,6 +659,11 @@ fn problems_of(g: &GpuIdentity, s: &GpuSample, links_up: u64) -> Vec<String> {
         .collect();
     if !held.is_empty() {
         problems.push(format!("{who}: clocks held down by {}", held.join(", ")));
+    }
+    if let Some(why) = &s.processes_unlisted {
+        problems.push(format!(
+            "{who}: the driver did not list its compute processes ({why}): who uses it is not known"
+        ));
     }
     if s.remapping_pending == Some(true) {
         problems.push(format!("{who}: an HBM row remapping waits for a GPU reset"));

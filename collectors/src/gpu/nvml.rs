@@ -274,7 +274,8 @@ impl NvmlBackend {
 
     /// Compute processes with their memory, and, when `shares` says so for
     /// this many processes, their SM and memory shares since the last read;
-    /// whether the list was read, and whether the shares were.
+    /// why the list could not be read (`None`: it was), and whether the
+    /// shares were.
     fn processes(
         &mut self,
         index: u32,
@@ -282,11 +283,12 @@ impl NvmlBackend {
         reads: &mut Reads,
         shares: SharesRead,
         mig_enabled: Option<bool>,
-    ) -> (Vec<ProcessSample>, bool, bool) {
-        let Ok(running) = reads.time("running_compute_processes", || {
+    ) -> (Vec<ProcessSample>, Option<String>, bool) {
+        let running = match reads.time("running_compute_processes", || {
             nvml_fallback::compute_processes(self.nvml, d)
-        }) else {
-            return (Vec::new(), false, false);
+        }) {
+            Ok(running) => running,
+            Err(e) => return (Vec::new(), Some(e.to_string()), false),
         };
         // The shares cost the driver 2.5-5.8 ms of CPU on an H100 against
         // 0.02-0.1 ms for the list: on an idle GPU there is no one to share
@@ -326,7 +328,7 @@ impl NvmlBackend {
                 }
             })
             .collect();
-        (processes, true, read_shares)
+        (processes, None, read_shares)
     }
 }
 
@@ -652,11 +654,11 @@ impl GpuBackend for NvmlBackend {
         let mig_enabled = plan.mig_mode(mig_read);
         // The processes before GPM: whether anything runs decides whether
         // GPM and the PCIe link are read.
-        let (processes, listed, process_shares_read) =
+        let (processes, processes_unlisted, process_shares_read) =
             self.processes(gpu.index, &d, &mut reads, plan.process_shares, mig_enabled);
         let quiet = is_quiet(
             utilization_gpu_ratio,
-            listed.then_some(processes.len()),
+            processes_unlisted.is_none().then_some(processes.len()),
             mig_enabled,
         );
         let skip_quiet_reads = plan.skip_quiet_reads && quiet;
@@ -826,6 +828,7 @@ impl GpuBackend for NvmlBackend {
             link_rates,
             mig,
             processes,
+            processes_unlisted,
             process_shares_read,
             quiet,
         };

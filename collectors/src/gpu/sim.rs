@@ -685,6 +685,7 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         links,
         mig,
         processes,
+        processes_unlisted: None,
         process_shares_read: true,
         quiet: false,
     }
