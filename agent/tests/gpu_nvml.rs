@@ -671,6 +671,7 @@ fn an_r418_driver_lists_processes_and_loses_only_what_it_lacks() {
         .contains("no GPU instance ids"),
         "{stdout}"
     );
+    line_of(&stdout, "driver 418.226.00: MPS clients not listed");
     line_of(&stdout, &format!("process {pid} "));
     let _ = process.kill();
     let _ = process.wait();
@@ -800,4 +801,71 @@ fn a_process_list_the_driver_refuses_is_a_problem_not_an_empty_list() {
     assert!(problem.contains("who uses it is not known"), "{problem}");
     let _ = process.kill();
     let _ = process.wait();
+}
+
+/// Under MPS the compute list names only the server: its clients, the
+/// processes whose load it is, come from the MPS list (`_v3`, or `_v2` on
+/// R470), read only while a listed process may be a server.
+#[test]
+fn mps_clients_are_listed_beside_their_server() {
+    for driver in [Driver::Current, Driver::R470] {
+        let dir = tempfile::tempdir().unwrap();
+        // A server by name: the kernel keeps "nvidia-cuda-mps" of it.
+        let server_binary = dir.path().join("nvidia-cuda-mps-server");
+        std::fs::copy("/bin/sleep", &server_binary).unwrap();
+        let mut server = Command::new(&server_binary).arg("60").spawn().unwrap();
+        let mut clients = [sleeper(), sleeper()];
+        let mut plain = sleeper();
+        let fake = FakeNvml::new(
+            driver,
+            &format!(
+                "gpu=0 utilization=60 processes={}:512 mps_clients={}:1024,{}:2048\n\
+                 gpu=1 utilization=60 processes={}:4096\n",
+                server.id(),
+                clients[0].id(),
+                clients[1].id(),
+                plain.id()
+            ),
+        );
+        let agent = start(&fake, dir.path(), "");
+        let memory = "vtax_gpu_process_used_memory_bytes";
+        agent.wait_for_metric(
+            &format!("{memory}{{{GPU0},pid=\"{}\"", clients[1].id()),
+            Duration::from_secs(20),
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let body = agent.get("/metrics", &[]).text();
+        let of = |pid: u32| process_series(&body, memory, pid).to_string();
+        assert!(of(server.id()).contains("command=\"nvidia-cuda-mps\""));
+        assert!(of(server.id()).ends_with(" 512"));
+        assert!(of(clients[0].id()).contains("command=\"sleep\""));
+        assert!(of(clients[0].id()).ends_with(" 1024"));
+        assert!(of(clients[1].id()).ends_with(" 2048"));
+        assert!(of(plain.id()).ends_with(" 4096"));
+
+        let mps_call = if driver == Driver::Current {
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3"
+        } else {
+            "nvmlDeviceGetMPSComputeRunningProcesses_v2"
+        };
+        let served = fake.ticks(0);
+        assert!(served.iter().all(|t| t.made(mps_call)), "{served:?}");
+        // No server among GPU 1's processes: no MPS list.
+        let unserved = fake.ticks(1);
+        assert!(!unserved.is_empty());
+        assert!(
+            unserved
+                .iter()
+                .all(|t| !t.calls.keys().any(|c| c.contains("MPS"))),
+            "{unserved:?}"
+        );
+        assert!(agent.stop());
+        for child in [&mut server, &mut plain]
+            .into_iter()
+            .chain(clients.iter_mut())
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

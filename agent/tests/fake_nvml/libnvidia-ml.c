@@ -11,8 +11,8 @@
  * Built with -DFAKE_NVML_R470 it lacks what the agent calls that came after
  * the R470 branch: GPM (R525), and the v2 memory and v3 process-list calls
  * (R510); their older forms are there, as in every driver. Built with
- * -DFAKE_NVML_R418 as well, it also lacks what R450 brought: MIG, GPU
- * instance ids, remapped rows and the v2 process list. nvml-wrapper then
+ * -DFAKE_NVML_R418 as well, it also lacks what came after R418: MIG, GPU
+ * instance ids, remapped rows, the v2 process list and the MPS lists. nvml-wrapper then
  * finds those entry points missing at load, as on a node with that driver.
  *
  * Environment:
@@ -162,6 +162,10 @@ struct gpu {
     unsigned processes, pids[MAX_PROCESSES];
     unsigned long long process_memory_bytes[MAX_PROCESSES];
     unsigned process_sm_percent[MAX_PROCESSES], process_memory_percent[MAX_PROCESSES];
+    /* mps_clients=pid:bytes,...: the clients of an MPS server (itself on
+       the compute list), on the MPS list alone. */
+    unsigned mps_clients, mps_pids[MAX_PROCESSES];
+    unsigned long long mps_memory_bytes[MAX_PROCESSES];
     int lost;
     unsigned xids, xid[MAX_XIDS];
     /* event_wait_error=code: waits on a set this GPU is in fail so. */
@@ -235,6 +239,21 @@ static void set_processes(struct gpu *g, const char *v) {
     }
 }
 
+/* `pid:bytes,...` */
+static void set_mps_clients(struct gpu *g, const char *v) {
+    g->mps_clients = 0;
+    while (*v && g->mps_clients < MAX_PROCESSES) {
+        char *end;
+        unsigned n = g->mps_clients;
+        g->mps_pids[n] = (unsigned)strtoul(v, &end, 10);
+        if (end == v) break;
+        g->mps_memory_bytes[n] = *end == ':' ? strtoull(end + 1, &end, 10) : 0;
+        g->mps_clients++;
+        if (*end != ',') break;
+        v = end + 1;
+    }
+}
+
 static void set_nvlink_remotes(struct gpu *g, const char *v) {
     g->nvlink_remotes = 0;
     while (*v && g->nvlink_remotes < MAX_LINKS) {
@@ -299,6 +318,7 @@ static void apply(struct gpu *g, const char *key, const char *v) {
     /* The energy counter starts again from this many mJ (a reset). */
     else if (strcmp(key, "energy_mj") == 0) energy_mj[g - state] = x;
     else if (strcmp(key, "processes") == 0) set_processes(g, v);
+    else if (strcmp(key, "mps_clients") == 0) set_mps_clients(g, v);
     else if (strcmp(key, "xids") == 0) set_xids(g, v);
     else if (strcmp(key, "nvlink_remote") == 0) set_nvlink_remotes(g, v);
 #undef U
@@ -780,16 +800,18 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
 
 /* The process list in each of its three versions: v1 has no instance ids;
    v2 and v3 share a struct (v3 changed what a process under MPS is). */
-#define PROCESS_LIST(call, infos, fill)                                  \
+#define PROCESS_LIST(call, infos, fill) LIST_OF(call, infos, g->processes, fill)
+#define MPS_LIST(call, infos, fill) LIST_OF(call, infos, g->mps_clients, fill)
+#define LIST_OF(call, infos, n, fill)                                    \
     DEVICE(call);                                                        \
     OUT(count);                                                          \
     if (g->processes_error) RETURN(g->processes_error);                  \
-    if (!(infos) || *count < g->processes) {                             \
-        *count = g->processes;                                           \
-        RETURN(g->processes ? INSUFFICIENT_SIZE : SUCCESS);              \
+    if (!(infos) || *count < (n)) {                                      \
+        *count = (n);                                                    \
+        RETURN((n) ? INSUFFICIENT_SIZE : SUCCESS);                       \
     }                                                                    \
-    for (unsigned i = 0; i < g->processes; i++) fill;                    \
-    *count = g->processes;                                               \
+    for (unsigned i = 0; i < (n); i++) fill;                             \
+    *count = (n);                                                        \
     RETURN(SUCCESS)
 
 static inline nvmlProcessInfo_t process_info(const struct gpu *g, unsigned i) {
@@ -804,7 +826,22 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned 
                  infos[i] = ((nvmlProcessInfo_v1_t){g->pids[i], g->process_memory_bytes[i]}));
 }
 
+static inline nvmlProcessInfo_t mps_client_info(const struct gpu *g, unsigned i) {
+    return (nvmlProcessInfo_t){g->mps_pids[i], g->mps_memory_bytes[i], 0xFFFFFFFF, 0xFFFFFFFF};
+}
+
 #ifndef FAKE_NVML_R418
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned *count,
+                                                     nvmlProcessInfo_v1_t *infos) {
+    MPS_LIST("nvmlDeviceGetMPSComputeRunningProcesses", infos,
+             infos[i] = ((nvmlProcessInfo_v1_t){g->mps_pids[i], g->mps_memory_bytes[i]}));
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned *count,
+                                                        nvmlProcessInfo_t *infos) {
+    MPS_LIST("nvmlDeviceGetMPSComputeRunningProcesses_v2", infos, infos[i] = mps_client_info(g, i));
+}
+
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned *count,
                                                      nvmlProcessInfo_t *infos) {
     PROCESS_LIST("nvmlDeviceGetComputeRunningProcesses_v2", infos, infos[i] = process_info(g, i));
@@ -815,6 +852,11 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned *count,
                                                      nvmlProcessInfo_t *infos) {
     PROCESS_LIST("nvmlDeviceGetComputeRunningProcesses_v3", infos, infos[i] = process_info(g, i));
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned *count,
+                                                        nvmlProcessInfo_t *infos) {
+    MPS_LIST("nvmlDeviceGetMPSComputeRunningProcesses_v3", infos, infos[i] = mps_client_info(g, i));
 }
 #endif
 

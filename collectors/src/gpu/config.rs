@@ -1,6 +1,8 @@
 //! `[collectors.gpu]`: the collector's settings, their ranges and their
 //! comments in the example config.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use super::backend::GpuBackend;
@@ -180,7 +182,9 @@ impl GpuConfig {
             && self.simulate_nvml_costs == other.simulate_nvml_costs
     }
 
-    pub(super) fn backend(&self) -> Result<Box<dyn GpuBackend>, String> {
+    /// The backend: simulated GPUs when the config asks, else NVML, which
+    /// looks under `procfs` for MPS servers.
+    pub(super) fn backend(&self, procfs: &Path) -> Result<Box<dyn GpuBackend>, String> {
         if self.simulate_gpus > 0 {
             let profile = sim::profile(&self.simulate_profile)
                 .ok_or_else(|| format!("unknown profile {:?}", self.simulate_profile))?;
@@ -196,7 +200,7 @@ impl GpuConfig {
             }
             return Ok(Box::new(backend));
         }
-        Ok(Box::new(nvml::NvmlBackend::new(self.gpm)?))
+        Ok(Box::new(nvml::NvmlBackend::new(self.gpm, procfs)?))
     }
 }
 

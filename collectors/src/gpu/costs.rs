@@ -90,6 +90,9 @@ pub static NVML_CALL_COSTS: &[CallCost] = &[
     // link. With links up the error counters add three calls a link.
     call("nvlink is_active, error_counter", 0.12, 0.12),
     call("running_compute_processes", 0.02, 0.10),
+    // Not timed on a GPU yet: taken to cost what the compute list does. Read
+    // only while a listed process may be an MPS server.
+    call("mps_compute_processes", 0.02, 0.10),
     call("power_usage", 0.003, 0.003),
     small("device_by_index"),
     small("memory_info"),

@@ -11,6 +11,7 @@
 //! so a tick never blocks on the driver's event queue.
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,7 +27,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
-use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::struct_wrappers::device::{FieldValueSample, ProcessInfo};
 use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::structs::device::{FieldId, MigMode};
 use nvml_wrapper::{Device, EventSet, Nvml};
@@ -36,9 +37,13 @@ use super::backend::{
     GpuSample, LinkSample, MigSample, ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead,
     VirtualizationMode, XidEvent,
 };
-use super::nvml_fallback;
+use super::nvml_fallback::{self, ProcessList};
 use crate::jitter::thread_cpu_ns;
 use crate::ticks::now_us;
+
+/// The comm of NVIDIA's MPS server, `nvidia-cuda-mps-server`: the kernel
+/// keeps 15 characters of a name.
+const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
 
 /// NVML's field id of the HBM temperature.
 const FIELD_MEMORY_TEMPERATURE: u32 = 82;
@@ -171,6 +176,12 @@ pub struct NvmlBackend {
     gpm_previous: HashMap<u32, GpmSample<'static>>,
     /// The last process-utilisation timestamp seen, by GPU index.
     process_seen_us: HashMap<u32, u64>,
+    /// Where /proc is (`--path.procfs`).
+    procfs: PathBuf,
+    /// Whether each listed process may be an MPS server (its comm says so,
+    /// or cannot be read), by GPU index and pid, for those of each GPU's
+    /// last list.
+    may_serve_mps: HashMap<(u32, u32), bool>,
     xids: Arc<Mutex<Vec<XidEvent>>>,
     xid_stop: Arc<AtomicBool>,
     xid_thread: Option<JoinHandle<()>>,
@@ -180,8 +191,9 @@ pub struct NvmlBackend {
 }
 
 impl NvmlBackend {
-    /// Loads NVML; `use_gpm` turns the GPM metrics on.
-    pub fn new(use_gpm: bool) -> Result<NvmlBackend, String> {
+    /// Loads NVML; `use_gpm` turns the GPM metrics on; processes are
+    /// looked at under `procfs`.
+    pub fn new(use_gpm: bool, procfs: &Path) -> Result<NvmlBackend, String> {
         let nvml = load()?;
         Ok(NvmlBackend {
             nvml,
@@ -189,6 +201,8 @@ impl NvmlBackend {
             gpm_asks: HashMap::new(),
             gpm_previous: HashMap::new(),
             process_seen_us: HashMap::new(),
+            procfs: procfs.to_path_buf(),
+            may_serve_mps: HashMap::new(),
             xids: Arc::default(),
             xid_stop: Arc::default(),
             xid_thread: None,
@@ -284,12 +298,35 @@ impl NvmlBackend {
         shares: SharesRead,
         mig_enabled: Option<bool>,
     ) -> (Vec<ProcessSample>, Option<String>, bool) {
-        let running = match reads.time("running_compute_processes", || {
-            nvml_fallback::compute_processes(self.nvml, d)
+        let mut running = match reads.time("running_compute_processes", || {
+            nvml_fallback::processes(self.nvml, d, ProcessList::Compute)
         }) {
             Ok(running) => running,
             Err(e) => return (Vec::new(), Some(e.to_string()), false),
         };
+        // Under MPS the compute list names the server alone, which holds the
+        // one context its clients share; the clients, the processes an
+        // operator looks for, are on a list of their own, read only while a
+        // listed process may be a server.
+        let mut unlisted = None;
+        if self.lists_an_mps_server(index, &running) {
+            match reads.time("mps_compute_processes", || {
+                nvml_fallback::processes(self.nvml, d, ProcessList::Mps)
+            }) {
+                Ok(clients) => {
+                    for client in clients {
+                        if running.iter().all(|p| p.pid != client.pid) {
+                            running.push(client);
+                        }
+                    }
+                }
+                // A driver without the list, or a GPU without MPS: the
+                // doctor says the first; neither hides a client here.
+                Err(e) if nvml_fallback::lacks_the_call(&e) => {}
+                Err(NvmlError::NotSupported) => {}
+                Err(e) => unlisted = Some(format!("its MPS clients: {e}")),
+            }
+        }
         // The shares cost the driver 2.5-5.8 ms of CPU on an H100 against
         // 0.02-0.1 ms for the list: on an idle GPU there is no one to share
         // out, and the collector spaces the reads out.
@@ -328,7 +365,25 @@ impl NvmlBackend {
                 }
             })
             .collect();
-        (processes, None, read_shares)
+        (processes, unlisted, read_shares)
+    }
+
+    /// Whether one of `running` may be an MPS server: its comm is the
+    /// server's (`nvidia-cuda-mps-server`, cut to 15 characters), or cannot
+    /// be read (the process is in another PID namespace, or gone). Each
+    /// pid's comm is read once while it is listed.
+    fn lists_an_mps_server(&mut self, index: u32, running: &[ProcessInfo]) -> bool {
+        let procfs = &self.procfs;
+        self.may_serve_mps
+            .retain(|&(gpu, pid), _| gpu != index || running.iter().any(|p| p.pid == pid));
+        let mut any = false;
+        for p in running {
+            any |= *self.may_serve_mps.entry((index, p.pid)).or_insert_with(|| {
+                std::fs::read_to_string(procfs.join(p.pid.to_string()).join("comm"))
+                    .map_or(true, |comm| comm.trim_end() == MPS_SERVER_COMM)
+            });
+        }
+        any
     }
 }
 

@@ -7,21 +7,25 @@
 //! the first of every tick, would fail for every GPU, and the process list
 //! would be empty with no word of why. Every driver still has the older
 //! forms, so the fall back is to them, and `vtax doctor --gpu` says which
-//! one a node uses ([`older_calls`]).
+//! one a node uses ([`older_calls`]). The MPS clients' list
+//! (`nvmlDeviceGetMPSComputeRunningProcesses_v3`) falls back the same way.
+
+use std::os::raw::c_uint;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
+
 use nvml_wrapper_sys::bindings::{
-    nvmlMemory_t, nvmlProcessInfo_v1_t,
-    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
+    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_v1_t, nvmlProcessInfo_v2_t,
+    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE, nvmlReturn_t,
 };
 
 /// Whether `e` says the driver lacks the entry point: not in the library at
 /// all, or there and answering FUNCTION_NOT_FOUND (as early R510 builds did
 /// for the v2 memory call).
-fn lacks_the_call(e: &NvmlError) -> bool {
+pub fn lacks_the_call(e: &NvmlError) -> bool {
     matches!(
         e,
         NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound
@@ -72,27 +76,81 @@ pub fn memory(nvml: &Nvml, d: &Device<'_>) -> Result<Memory, NvmlError> {
     })
 }
 
-/// Processes with a compute context on the GPU, through the newest of
-/// `nvmlDeviceGetComputeRunningProcesses_v3`, `_v2` (R450 to R470) and the
-/// unversioned call (before R450: no GPU instance ids) that the driver has.
-pub fn compute_processes(nvml: &Nvml, d: &Device<'_>) -> Result<Vec<ProcessInfo>, NvmlError> {
-    match d.running_compute_processes() {
+/// Which of NVML's process lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessList {
+    /// Processes with a compute context of their own.
+    Compute,
+    /// The clients of an MPS server, which has the one compute context
+    /// they share: the compute list names only the server.
+    Mps,
+}
+
+/// An older list call: the device, the count in and out, the array.
+type ListCall<T> = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t;
+
+/// The processes of `list` on the GPU, through the newest of its `_v3`
+/// (R510), `_v2` and unversioned (no GPU instance ids) calls that the
+/// driver has.
+pub fn processes(
+    nvml: &Nvml,
+    d: &Device<'_>,
+    list: ProcessList,
+) -> Result<Vec<ProcessInfo>, NvmlError> {
+    let newest = match list {
+        ProcessList::Compute => d.running_compute_processes(),
+        ProcessList::Mps => d.mps_running_compute_processes(),
+    };
+    match newest {
         Err(e) if lacks_the_call(&e) => {}
         listed => return listed,
     }
-    match d.running_compute_processes_v2() {
-        Err(e) if lacks_the_call(&e) => {}
-        listed => return listed,
+    let lib = nvml.lib();
+    let (v2, v1) = match list {
+        ProcessList::Compute => (
+            &lib.nvmlDeviceGetComputeRunningProcesses_v2,
+            &lib.nvmlDeviceGetComputeRunningProcesses,
+        ),
+        ProcessList::Mps => (
+            &lib.nvmlDeviceGetMPSComputeRunningProcesses_v2,
+            &lib.nvmlDeviceGetMPSComputeRunningProcesses,
+        ),
+    };
+    if let Ok(get) = v2 {
+        let empty = nvmlProcessInfo_v2_t {
+            pid: 0,
+            usedGpuMemory: 0,
+            gpuInstanceId: 0,
+            computeInstanceId: 0,
+        };
+        match list_through(d, *get, empty, ProcessInfo::from) {
+            Err(e) if lacks_the_call(&e) => {}
+            listed => return listed,
+        }
     }
-    let get = *symbol(&nvml.lib().nvmlDeviceGetComputeRunningProcesses)?;
     let empty = nvmlProcessInfo_v1_t {
         pid: 0,
         usedGpuMemory: 0,
     };
-    // The count first; then room for a few more, in case processes start
-    // between the two calls.
-    let mut count = 0u32;
-    // SAFETY: a null array with a count of 0 asks only for the count.
+    list_through(d, *symbol(v1)?, empty, |p| ProcessInfo {
+        pid: p.pid,
+        used_gpu_memory: UsedGpuMemory::from(p.usedGpuMemory),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+    })
+}
+
+/// The list an older call gives: the count first, then room for a few
+/// more, in case processes start between the two calls.
+fn list_through<T: Copy>(
+    d: &Device<'_>,
+    get: ListCall<T>,
+    empty: T,
+    info: impl Fn(T) -> ProcessInfo,
+) -> Result<Vec<ProcessInfo>, NvmlError> {
+    let mut count: c_uint = 0;
+    // SAFETY: the handle is live while `d` is; a null array with a count
+    // of 0 asks only for the count.
     match unsafe { get(d.handle(), &mut count, std::ptr::null_mut()) } {
         INSUFFICIENT_SIZE => {}
         status => {
@@ -102,18 +160,10 @@ pub fn compute_processes(nvml: &Nvml, d: &Device<'_>) -> Result<Vec<ProcessInfo>
     }
     count += 5;
     let mut infos = vec![empty; count as usize];
-    // SAFETY: `infos` holds `count` v1 structs for the call to fill.
+    // SAFETY: `infos` holds `count` structs of the call's version to fill.
     nvml_try(unsafe { get(d.handle(), &mut count, infos.as_mut_ptr()) })?;
     infos.truncate(count as usize);
-    Ok(infos
-        .into_iter()
-        .map(|p| ProcessInfo {
-            pid: p.pid,
-            used_gpu_memory: UsedGpuMemory::from(p.usedGpuMemory),
-            gpu_instance_id: None,
-            compute_instance_id: None,
-        })
-        .collect())
+    Ok(infos.into_iter().map(info).collect())
 }
 
 /// A line for each read that the loaded driver serves through an older
@@ -141,6 +191,16 @@ pub fn older_calls(nvml: &Nvml) -> Vec<String> {
                 "processes not listed: the driver has no nvmlDeviceGetComputeRunningProcesses call"
             }
             .to_string(),
+        );
+    }
+    if lib.nvmlDeviceGetMPSComputeRunningProcesses_v3.is_err()
+        && lib.nvmlDeviceGetMPSComputeRunningProcesses_v2.is_err()
+        && lib.nvmlDeviceGetMPSComputeRunningProcesses.is_err()
+    {
+        lines.push(
+            "MPS clients not listed: the driver has no nvmlDeviceGetMPSComputeRunningProcesses \
+             call, so under MPS only the server shows"
+                .to_string(),
         );
     }
     lines

@@ -215,7 +215,7 @@ vtax_store::table! {
     /// Processes on each GPU and whose they are.
     pub static PROCESS: TableDef, pub struct GpuProcessRow {
         name: "gpu_process",
-        help: "One row per compute process per GPU per tick: its GPU memory and share of SM time, and whose it is, from its cgroup.",
+        help: "One row per compute process per GPU per tick: its GPU memory and share of SM time, and whose it is, from its cgroup. Under MPS, a row for the server and one for each of its clients.",
         tags: [
             gpu = GPU_TAG,
             gpu_uuid = UUID_TAG,

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use crate::gpu;
+
 use crate::gpu_probe::engine::facts::{self, GpuFacts};
 use crate::gpu_probe::engine::fake::{simulated_bus_id, simulated_facts, FakeEngine};
 use crate::gpu_probe::engine::{Engine, ProbeError};
@@ -77,7 +79,7 @@ impl Source for NvmlSource {
                 index,
                 pci_bus_id,
                 utilization_ratio: d.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0),
-                compute_processes: crate::gpu::nvml_fallback::compute_processes(nvml, &d)
+                compute_processes: gpu::nvml_fallback::processes(nvml, &d, gpu::nvml_fallback::ProcessList::Compute)
                     .ok()
                     .map(|p| p.len()),
             });
