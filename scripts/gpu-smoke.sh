@@ -40,6 +40,11 @@
 #      counts, tax gauges and series, and the energy counter's exact reads
 #      beside its integration (every 30 s: quiet_energy_interval_secs = 0)
 #      from the same run.
+#   9. (mps) with nvidia-cuda-mps-control on the PATH, an MPS daemon of the
+#      script's own (its pipe and log under the raw files' folder, quit at
+#      exit) and two PyTorch clients on GPU 0: nvidia-smi's compute apps and
+#      `vtax doctor --gpu`'s process lines beside each other, PASS when the
+#      doctor lists both clients (the compute list alone names the server).
 #
 # Usage: scripts/gpu-smoke.sh [seconds of load, default 20]
 # VTAX=path/to/vtax uses a built binary instead of building one; SMOKE_DIR=dir
@@ -47,7 +52,7 @@
 # STEPS picks the steps, by name, comma- or space-separated (default: all):
 #   doctor (1), agent (2 and 5: the agent under load, and its store read back),
 #   ncu (3), xid (4, with XID=1), overhead (6), calls (6a), quiet (6b), probe (7),
-#   probe-agent (8).
+#   probe-agent (8), mps (9).
 # ncu and xid run inside the agent's window, so only with agent. PROBE_ONLY=1
 # is STEPS=probe: a couple of minutes on a node of a few GPUs. PROBE_GPU=N
 # compares GPU N (nvidia-smi's index, default 0) with PyTorch; PROBE_ARGS adds
@@ -57,14 +62,14 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 out=${SMOKE_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-steps=${STEPS:-doctor agent ncu xid overhead calls quiet probe probe-agent}
+steps=${STEPS:-doctor agent ncu xid overhead calls quiet probe probe-agent mps}
 [ "${PROBE_ONLY:-0}" = 1 ] && steps=probe
 steps=" ${steps//,/ } "
 want() { [[ $steps == *" $1 "* ]]; }
 for step in $steps; do
   case $step in
-    doctor|agent|ncu|xid|overhead|calls|quiet|probe|probe-agent) ;;
-    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead calls quiet probe probe-agent)" >&2; exit 2 ;;
+    doctor|agent|ncu|xid|overhead|calls|quiet|probe|probe-agent|mps) ;;
+    *) echo "gpu-smoke: unknown step '$step' in STEPS (doctor agent ncu xid overhead calls quiet probe probe-agent mps)" >&2; exit 2 ;;
   esac
 done
 
@@ -86,8 +91,13 @@ now() { date +%s.%N; }
 # What runs in the background (agents, scrapes, loads) is ended when the
 # script exits, early (set -e) or not: a lent machine must not keep it.
 background=()
+# The MPS daemon of step 9, by its pipe directory, once started.
+mps_pipe=
 stop_background() {
   [ ${#background[@]} -eq 0 ] || kill "${background[@]}" 2>/dev/null || true
+  if [ -n "$mps_pipe" ]; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY="$mps_pipe" nvidia-cuda-mps-control 2>/dev/null || true
+  fi
 }
 trap stop_background EXIT
 
@@ -453,5 +463,51 @@ TOML
   awk -F, 'NR == 1 || $NF != "" && $(NF-1) == 0' "$out/probe-agent-energy.csv"
   grep -iE 'probe|error' "$out/probe-agent.log" | head -n 20 || true
 fi
+
+# MPS: the compute list names only the server; the agent reads the MPS list
+# beside it, so the doctor should list each client.
+mps_rc=0
+if want mps; then
+  echo
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "gpu-smoke: no nvidia-cuda-mps-control on the PATH: the mps step is left out"
+  else
+    mps_pipe="$out/mps/pipe"
+    mkdir -p "$mps_pipe" "$out/mps/log"
+    export CUDA_MPS_PIPE_DIRECTORY="$mps_pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps/log"
+    nvidia-cuda-mps-control -d
+    clients=()
+    for i in 1 2; do
+      CUDA_VISIBLE_DEVICES=0 python3 -c '
+import os, sys, time, torch
+a = torch.randn(4096, 4096, device="cuda")
+open(sys.argv[1], "w").write(str(os.getpid()))
+end = time.time() + 20
+while time.time() < end:
+    (a @ a).sum().item()
+' "$out/mps/client-$i.pid" > "$out/mps/client-$i.txt" 2>&1 &
+      clients+=("$!")
+      background+=("$!")
+    done
+    sleep 10
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$out/mps-smi.csv" 2>&1 || true
+    "$VTAX" doctor --gpu --no-collector.cgroups > "$out/mps-doctor.txt" 2>&1 || true
+    wait "${clients[@]}" || true
+    echo quit | nvidia-cuda-mps-control || true
+    mps_pipe=
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    echo "== nvidia-smi compute apps under MPS"; cat "$out/mps-smi.csv"
+    echo "== vtax doctor --gpu, its process lines"; grep -E '^ *process ' "$out/mps-doctor.txt" || true
+    for i in 1 2; do
+      pid=$(cat "$out/mps/client-$i.pid" 2>/dev/null || echo none)
+      if grep -qE "^ *process $pid " "$out/mps-doctor.txt"; then
+        echo "PASS: MPS client $i (pid $pid) listed by the doctor"
+      else
+        echo "FAIL: MPS client $i (pid $pid) not listed by the doctor"; mps_rc=1
+      fi
+    done
+  fi
+fi
 echo "gpu-smoke: raw files in $out"
-exit "$probe_rc"
+[ "$probe_rc" -ne 0 ] && exit "$probe_rc"
+exit "$mps_rc"
