@@ -463,6 +463,14 @@ pub trait GpuBackend: Send {
     }
     /// The GPUs, read once per probe.
     fn identities(&mut self) -> Result<Vec<GpuIdentity>, String>;
+    /// The GPU at `index` read again: for one whose facts could not be
+    /// read when it was found.
+    fn identity(&mut self, index: u32) -> Option<GpuIdentity> {
+        self.identities()
+            .ok()?
+            .into_iter()
+            .find(|g| g.index == index)
+    }
     /// Reads one GPU, the dear reads as `plan` says.
     fn sample(
         &mut self,

@@ -683,11 +683,7 @@ fn problems_of(g: &GpuIdentity, s: &GpuSample, links_up: u64) -> Vec<String> {
 /// it answers: without its UUID its series would stay apart from the ones
 /// it had, and its XIDs, which arrive by UUID, would find no GPU.
 fn identify_again(backend: &mut dyn GpuBackend, gpu: &mut GpuIdentity) {
-    let found = backend
-        .identities()
-        .ok()
-        .and_then(|all| all.into_iter().find(|g| g.index == gpu.index))
-        .filter(|g| !g.uuid_unread());
+    let found = backend.identity(gpu.index).filter(|g| !g.uuid_unread());
     if let Some(found) = found {
         tracing::info!(
             gpu = found.index,

@@ -600,6 +600,47 @@ fn mig_on(read: Result<MigMode, NvmlError>) -> Option<bool> {
     }
 }
 
+/// What NVML says of the GPU at `index`. A GPU that cannot even be opened
+/// still gets one, with [`unread_uuid`]: its samples fail and say why.
+fn identity_of(nvml: &Nvml, index: u32) -> GpuIdentity {
+    match nvml.device_by_index(index) {
+        Ok(d) => {
+            let name = d.name().unwrap_or_else(|_| "unknown".into());
+            GpuIdentity {
+                index,
+                uuid: d.uuid().unwrap_or_else(|_| unread_uuid(index)),
+                nvlink_links_product: nvlink_links_of_product(&name),
+                name,
+                pci_bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                architecture: d
+                    .architecture()
+                    .map(|a| a.to_string().to_ascii_lowercase())
+                    .unwrap_or_else(|_| "unknown".into()),
+                memory_bus_width_bits: d.memory_bus_width().ok(),
+                memory_clock_max_hz: hz(d.max_clock_info(Clock::Memory)),
+                sm_clock_max_hz: hz(d.max_clock_info(Clock::SM)),
+                pcie_link_gen_max: d.max_pcie_link_gen().ok(),
+                pcie_link_width_max: d.max_pcie_link_width().ok(),
+                gpm_supported: d.gpm_support().unwrap_or(false),
+            }
+        }
+        Err(e) => GpuIdentity {
+            index,
+            uuid: unread_uuid(index),
+            name: format!("unavailable: {e}"),
+            pci_bus_id: String::new(),
+            architecture: "unknown".into(),
+            memory_bus_width_bits: None,
+            memory_clock_max_hz: None,
+            sm_clock_max_hz: None,
+            pcie_link_gen_max: None,
+            pcie_link_width_max: None,
+            nvlink_links_product: None,
+            gpm_supported: false,
+        },
+    }
+}
+
 fn lost_or_failed(e: NvmlError) -> SampleError {
     match e {
         NvmlError::GpuLost => {
@@ -633,50 +674,13 @@ impl GpuBackend for NvmlBackend {
             .nvml
             .device_count()
             .map_err(|e| format!("NVML could not count the GPUs: {e}"))?;
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let identity = match self.nvml.device_by_index(index) {
-                Ok(d) => {
-                    let name = d.name().unwrap_or_else(|_| "unknown".into());
-                    GpuIdentity {
-                        index,
-                        uuid: d.uuid().unwrap_or_else(|_| unread_uuid(index)),
-                        nvlink_links_product: nvlink_links_of_product(&name),
-                        name,
-                        pci_bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
-                        architecture: d
-                            .architecture()
-                            .map(|a| a.to_string().to_ascii_lowercase())
-                            .unwrap_or_else(|_| "unknown".into()),
-                        memory_bus_width_bits: d.memory_bus_width().ok(),
-                        memory_clock_max_hz: hz(d.max_clock_info(Clock::Memory)),
-                        sm_clock_max_hz: hz(d.max_clock_info(Clock::SM)),
-                        pcie_link_gen_max: d.max_pcie_link_gen().ok(),
-                        pcie_link_width_max: d.max_pcie_link_width().ok(),
-                        gpm_supported: d.gpm_support().unwrap_or(false),
-                    }
-                }
-                // A GPU that cannot even be opened still gets its row: its
-                // samples fail and say why.
-                Err(e) => GpuIdentity {
-                    index,
-                    uuid: unread_uuid(index),
-                    name: format!("unavailable: {e}"),
-                    pci_bus_id: String::new(),
-                    architecture: "unknown".into(),
-                    memory_bus_width_bits: None,
-                    memory_clock_max_hz: None,
-                    sm_clock_max_hz: None,
-                    pcie_link_gen_max: None,
-                    pcie_link_width_max: None,
-                    nvlink_links_product: None,
-                    gpm_supported: false,
-                },
-            };
-            gpus.push(identity);
-        }
+        let gpus: Vec<GpuIdentity> = (0..count).map(|index| identity_of(self.nvml, index)).collect();
         self.start_xid_thread(count);
         Ok(gpus)
+    }
+
+    fn identity(&mut self, index: u32) -> Option<GpuIdentity> {
+        Some(identity_of(self.nvml, index))
     }
 
     fn sample(
