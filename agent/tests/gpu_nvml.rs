@@ -860,6 +860,24 @@ fn mps_clients_are_listed_beside_their_server() {
             "{unserved:?}"
         );
         assert!(agent.stop());
+        if driver == Driver::Current {
+            // With the process table off, no MPS list either.
+            let off = tempfile::tempdir().unwrap();
+            let agent = start(&fake, off.path(), "[collectors.gpu]\nprocesses = false\n");
+            let since_us = fake.calls().last().unwrap().at_us;
+            agent.wait_for_metric(
+                &format!("vtax_gpu_power_watts{{{GPU0}}}"),
+                Duration::from_secs(20),
+            );
+            std::thread::sleep(Duration::from_secs(2));
+            assert!(agent.stop());
+            let calls = fake.calls();
+            let after: Vec<_> = calls.iter().filter(|c| c.at_us > since_us).collect();
+            assert!(after
+                .iter()
+                .any(|c| c.name.contains("ComputeRunningProcesses")));
+            assert!(!after.iter().any(|c| c.name.contains("MPS")), "{after:?}");
+        }
         for child in [&mut server, &mut plain]
             .into_iter()
             .chain(clients.iter_mut())

@@ -349,6 +349,9 @@ pub struct ReadPlan {
     /// holds what that read found. A busy H200 spent 0.23 ms of the
     /// driver's CPU a tick on them, second only to GPM (docs/gpus.md).
     pub hold_loaded_link: bool,
+    /// List the clients of an MPS server when the compute list may name
+    /// one: only the process table wants them (`processes`).
+    pub mps_clients: bool,
 }
 
 #[cfg(test)]
@@ -362,6 +365,7 @@ impl ReadPlan {
         skip_quiet_reads: false,
         skip_quiet_energy: false,
         hold_loaded_link: false,
+        mps_clients: true,
     };
 }
 

@@ -222,6 +222,7 @@ impl GpuState {
                 (true, false) => SharesRead::Always,
             },
             slow: due(self.slow_read_us, config.slow_reads_interval_secs),
+            mps_clients: config.processes,
             mig_enabled: self.slow.mig_enabled,
             skip_quiet_reads: !fresh
                 && self.quiet_reads.as_ref().is_some_and(|q| {

@@ -34,7 +34,7 @@ use nvml_wrapper::{Device, EventSet, Nvml};
 
 use super::backend::{
     is_quiet, nvlink_links_of_product, unread_uuid, GpmMetrics, GpuBackend, GpuIdentity,
-    GpuSample, LinkSample, MigSample, ProcessSample, ReadPlan, ReadTime, SampleError, SharesRead,
+    GpuSample, LinkSample, MigSample, ProcessSample, ReadPlan, ReadTime, SampleError,
     VirtualizationMode, XidEvent,
 };
 use super::nvml_fallback::{self, ProcessList};
@@ -286,16 +286,17 @@ impl NvmlBackend {
         links
     }
 
-    /// Compute processes with their memory, and, when `shares` says so for
-    /// this many processes, their SM and memory shares since the last read;
-    /// why the list could not be read (`None`: it was), and whether the
-    /// shares were.
+    /// Compute processes with their memory (under MPS with the server's
+    /// clients, when the plan wants them), and, when the plan's
+    /// `process_shares` says so for this many processes, their SM and
+    /// memory shares since the last read; why the list could not be read
+    /// (`None`: it was), and whether the shares were.
     fn processes(
         &mut self,
         index: u32,
         d: &Device<'static>,
         reads: &mut Reads,
-        shares: SharesRead,
+        plan: ReadPlan,
         mig_enabled: Option<bool>,
     ) -> (Vec<ProcessSample>, Option<String>, bool) {
         let mut running = match reads.time("running_compute_processes", || {
@@ -309,7 +310,7 @@ impl NvmlBackend {
         // operator looks for, are on a list of their own, read only while a
         // listed process may be a server.
         let mut unlisted = None;
-        if self.lists_an_mps_server(index, &running) {
+        if plan.mps_clients && self.lists_an_mps_server(index, &running) {
             match reads.time("mps_compute_processes", || {
                 nvml_fallback::processes(self.nvml, d, ProcessList::Mps)
             }) {
@@ -330,7 +331,9 @@ impl NvmlBackend {
         // The shares cost the driver 2.5-5.8 ms of CPU on an H100 against
         // 0.02-0.1 ms for the list: on an idle GPU there is no one to share
         // out, and the collector spaces the reads out.
-        let read_shares = shares.calls_the_driver(running.len(), mig_enabled);
+        let read_shares = plan
+            .process_shares
+            .calls_the_driver(running.len(), mig_enabled);
         let since = self.process_seen_us.get(&index).copied();
         let mut shares: HashMap<u32, (f64, f64)> = HashMap::new();
         let read = read_shares.then(|| {
@@ -714,7 +717,7 @@ impl GpuBackend for NvmlBackend {
         // The processes before GPM: whether anything runs decides whether
         // GPM and the PCIe link are read.
         let (processes, processes_unlisted, process_shares_read) =
-            self.processes(gpu.index, &d, &mut reads, plan.process_shares, mig_enabled);
+            self.processes(gpu.index, &d, &mut reads, plan, mig_enabled);
         let quiet = is_quiet(
             utilization_gpu_ratio,
             processes_unlisted.is_none().then_some(processes.len()),

@@ -885,6 +885,7 @@ mod tests {
             skip_quiet_reads: false,
             skip_quiet_energy: false,
             hold_loaded_link: true,
+            mps_clients: true,
         };
         let one = b.sample(&ids[0], 0, plan).unwrap();
         assert_eq!(one.energy_joules, None);
