@@ -119,15 +119,28 @@ pub fn ratio(measured_bytes_per_second: f64, peak: Option<&Peak>) -> Option<f64>
     (peak > 0.0 && measured_bytes_per_second.is_finite()).then(|| measured_bytes_per_second / peak)
 }
 
+/// Above this share of its peak a figure says more of the peak than of the
+/// transfer: no copy beats its link or its memory, so the peak NVML's
+/// figures gave is too low (a link NVML reports narrower than it is, a
+/// product whose memory clock it gives wrong). Above 1 by the timing's own
+/// spread, so that a copy at its peak is not flagged.
+pub const ABOVE_PEAK_RATIO: f64 = 1.05;
+
 /// The figure against its peak, in words: "0.38 of Gen5 x16 (24.1 of 63.0
-/// GB/s)", or "24.1 GB/s, no peak known".
+/// GB/s)", with a word when it is above [`ABOVE_PEAK_RATIO`], or "24.1
+/// GB/s, no peak known".
 pub fn describe(measured_bytes_per_second: f64, peak: Option<&Peak>) -> String {
     match (peak, ratio(measured_bytes_per_second, peak)) {
         (Some(p), Some(r)) => format!(
-            "{r:.2} of {} ({} of {} GB/s)",
+            "{r:.2} of {} ({} of {} GB/s){}",
             p.label,
             gigabytes(measured_bytes_per_second),
-            gigabytes(p.bytes_per_second)
+            gigabytes(p.bytes_per_second),
+            if r > ABOVE_PEAK_RATIO {
+                ": above the peak, which NVML's figures must understate"
+            } else {
+                ""
+            }
         ),
         _ => format!(
             "{} GB/s, no peak known",
@@ -203,6 +216,20 @@ mod tests {
         };
         assert_eq!(hbm_peak(&no_hbm), None);
         assert_eq!(describe(2.65e12, None), "2650 GB/s, no peak known");
+    }
+
+    #[test]
+    fn a_figure_above_its_peak_says_the_peak_is_too_low() {
+        let gen4 = pcie_peak(Some(4), Some(16)).unwrap();
+        assert_eq!(
+            describe(34.0e9, Some(&gen4)),
+            "1.08 of Gen4 x16 (34.0 of 31.5 GB/s): above the peak, which NVML's figures must understate"
+        );
+        // At its peak, within the timing's spread: no word.
+        assert_eq!(
+            describe(32.5e9, Some(&gen4)),
+            "1.03 of Gen4 x16 (32.5 of 31.5 GB/s)"
+        );
     }
 
     #[test]
