@@ -54,16 +54,11 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
         Err(e) => return vec![format!("reading the GPUs failed: {e:#}")],
     };
     let samples = batches.iter().find(|b| std::ptr::eq(b.table, &GPU));
-    let uuid_tag = GPU.tag_index("gpu_uuid");
-    let uuid_of = |batch: &Batch, row: usize| -> Option<String> {
-        let column = &batch.tags[uuid_tag?];
-        Some(column.dict[column.codes[row] as usize].clone())
-    };
     for (gpu, state) in collector.gpus.iter().zip(&collector.states) {
         let head = format!("GPU {} {} {}", gpu.index, gpu.uuid, gpu.name);
         let sample = samples.and_then(|batch| {
             (0..batch.len())
-                .find(|&row| uuid_of(batch, row).as_ref() == Some(&gpu.uuid))
+                .find(|&row| tag_at(batch, "gpu_uuid", row) == gpu.uuid)
                 .map(|row| (batch, row))
         });
         let Some((batch, row)) = sample else {
@@ -105,18 +100,22 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
     lines
 }
 
+/// The value of the tag `name` at `row` of `batch`; empty when its table
+/// has no such tag.
+fn tag_at<'a>(batch: &'a Batch, name: &str, row: usize) -> &'a str {
+    batch.table.tag_index(name).map_or("", |i| {
+        let column = &batch.tags[i];
+        &column.dict[column.codes[row] as usize]
+    })
+}
+
 /// The compute processes the driver listed on the GPU `uuid`: pid,
 /// command, whose (workload and cgroup) and memory, one line each.
 fn process_lines(batch: Option<&Batch>, uuid: &str) -> Vec<String> {
     let Some(batch) = batch else {
         return Vec::new();
     };
-    let tag = |name: &str, row: usize| -> &str {
-        PROCESS.tag_index(name).map_or("", |i| {
-            let column = &batch.tags[i];
-            &column.dict[column.codes[row] as usize]
-        })
-    };
+    let tag = |name: &str, row: usize| tag_at(batch, name, row);
     let memory = PROCESS
         .field_index("used_memory_bytes")
         .map(|i| (&PROCESS.fields[i], &batch.fields[i]));

@@ -406,8 +406,6 @@ pub struct Gpu {
     states: Vec<GpuState>,
     driver_version: String,
     owners: Owners,
-    /// Where /proc is, for the backend's look at which process is an MPS server.
-    procfs: std::path::PathBuf,
     /// What the collector this one replaced on a reload knew of each GPU,
     /// by UUID, until the probe finds the GPUs again.
     carried: BTreeMap<String, GpuState>,
@@ -423,7 +421,6 @@ impl Gpu {
             states: Vec::new(),
             driver_version: String::new(),
             owners: Owners::new(roots),
-            procfs: roots.procfs.clone(),
             carried: BTreeMap::new(),
         }
     }
@@ -707,7 +704,7 @@ impl Collector for Gpu {
         let backend = match self
             .backend
             .take()
-            .map_or_else(|| self.config.backend(&self.procfs), Ok)
+            .map_or_else(|| self.config.backend(self.owners.procfs()), Ok)
         {
             Ok(b) => self.backend.insert(b),
             Err(reason) => return Availability::Absent(reason),

@@ -13,7 +13,7 @@
 use std::os::raw::c_uint;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
 
@@ -30,12 +30,6 @@ pub fn lacks_the_call(e: &NvmlError) -> bool {
         e,
         NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound
     )
-}
-
-fn symbol<T, E: std::fmt::Display>(found: &Result<T, E>) -> Result<&T, NvmlError> {
-    found
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))
 }
 
 /// Device memory in use and in all, in bytes.
@@ -61,7 +55,7 @@ pub fn memory(nvml: &Nvml, d: &Device<'_>) -> Result<Memory, NvmlError> {
         Err(e) if !lacks_the_call(&e) => return Err(e),
         Err(_) => {}
     }
-    let get = *symbol(&nvml.lib().nvmlDeviceGetMemoryInfo)?;
+    let get = *nvml_sym(nvml.lib().nvmlDeviceGetMemoryInfo.as_ref())?;
     let mut m = nvmlMemory_t {
         total: 0,
         free: 0,
@@ -132,7 +126,7 @@ pub fn processes(
         pid: 0,
         usedGpuMemory: 0,
     };
-    list_through(d, *symbol(v1)?, empty, |p| ProcessInfo {
+    list_through(d, *nvml_sym(v1.as_ref())?, empty, |p| ProcessInfo {
         pid: p.pid,
         used_gpu_memory: UsedGpuMemory::from(p.usedGpuMemory),
         gpu_instance_id: None,

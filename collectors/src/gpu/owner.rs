@@ -42,6 +42,11 @@ impl Owners {
         }
     }
 
+    /// Where processes are read from.
+    pub fn procfs(&self) -> &std::path::Path {
+        &self.roots.procfs
+    }
+
     /// The owner of `pid`.
     pub fn of(&mut self, pid: u32) -> &Owner {
         let roots = &self.roots;
