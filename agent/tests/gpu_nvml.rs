@@ -803,6 +803,59 @@ fn a_process_list_the_driver_refuses_is_a_problem_not_an_empty_list() {
     let _ = process.wait();
 }
 
+/// A driver's sentinel (`u32::MAX` MHz) and a percentage past 100 are left
+/// out of what is served, named once in the log and by the doctor, and
+/// served again once the driver reports them in range.
+#[test]
+fn values_no_gpu_can_have_are_left_out_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbled = "gpu=0 sm_mhz=4294967295 utilization=250\n";
+    let fake = FakeNvml::new(Driver::Current, garbled);
+    let agent = start(&fake, dir.path(), "");
+    agent.wait_for_value(
+        &format!("vtax_gpu_power_watts{{{GPU0}}}"),
+        |v| v == 70.0,
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let body = agent.get("/metrics", &[]).text();
+    for series in ["vtax_gpu_utilization_ratio", "vtax_gpu_sm_clock_hertz"] {
+        assert_eq!(
+            value(&body, &format!("{series}{{{GPU0}}}")),
+            None,
+            "{series}"
+        );
+        assert!(
+            value(&body, &format!("{series}{{{GPU1}}}")).is_some(),
+            "{series}"
+        );
+    }
+    assert_eq!(
+        value(&body, &format!("vtax_gpu_memory_clock_hertz{{{GPU0}}}")),
+        Some(2.619e9)
+    );
+
+    fake.set("gpu=0 sm_mhz=1980 utilization=80\n");
+    agent.wait_for_value(
+        &format!("vtax_gpu_utilization_ratio{{{GPU0}}}"),
+        |v| v == 0.8,
+        Duration::from_secs(10),
+    );
+    let log = agent.log();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("a value no GPU can have"), 2, "{log}");
+    assert_eq!(count("within range again"), 2, "{log}");
+    assert!(agent.stop());
+
+    fake.set(garbled);
+    let stdout = doctor(&fake);
+    let problem = line_of(
+        &stdout,
+        "problem: GPU 0 (GPU-fa4e0000-0000-0000-0000-000000000000): the driver reported sm_clock_hertz = 4294967295000000",
+    );
+    assert!(problem.contains("which no GPU can; left out"), "{problem}");
+}
+
 /// Under MPS the compute list names only the server: its clients, the
 /// processes whose load it is, come from the MPS list (`_v3`, or `_v2` on
 /// R470), read only while a listed process may be a server.

@@ -38,6 +38,7 @@ mod energy;
 pub mod nvml;
 pub(crate) mod nvml_fallback;
 pub mod owner;
+mod plausible;
 pub mod sim;
 mod tables;
 
@@ -70,6 +71,9 @@ struct GpuState {
     problems: Vec<String>,
     /// The last sample's process list could not be read (logged once).
     processes_unlisted: bool,
+    /// The values the last sample gave that no GPU can have, left out
+    /// (each logged when it first appears).
+    implausible: Vec<plausible::Implausible>,
     /// The energy counter, exact or carried on from the power readings.
     energy: EnergyCounter,
     /// The GPU was quiet at the tick of its last exact energy read and at
@@ -240,6 +244,33 @@ impl GpuState {
                     !due(Some(l.read_us), config.loaded_link_interval_secs)
                 }),
         }
+    }
+
+    /// Keeps the values this tick's sample gave that no GPU can have, and
+    /// logs each one the tick before did not have, and each that is gone.
+    fn note_implausible(&mut self, g: &GpuIdentity, now: Vec<plausible::Implausible>) {
+        for i in &now {
+            if !self.implausible.iter().any(|before| before.field == i.field) {
+                tracing::warn!(
+                    gpu = g.index,
+                    uuid = %g.uuid,
+                    field = i.field,
+                    value = i.value,
+                    "The driver reported a value no GPU can have; left out while it lasts."
+                );
+            }
+        }
+        for before in &self.implausible {
+            if !now.iter().any(|i| i.field == before.field) {
+                tracing::info!(
+                    gpu = g.index,
+                    uuid = %g.uuid,
+                    field = before.field,
+                    "The driver reports this value within range again."
+                );
+            }
+        }
+        self.implausible = now;
     }
 
     /// Carries the energy counter on with this tick's readings, and keeps
@@ -618,6 +649,12 @@ impl Gpu {
         }
         state.processes_unlisted = s.processes_unlisted.is_some();
         state.problems = problems_of(g, s, links_up);
+        for i in &state.implausible {
+            state.problems.push(format!(
+                "GPU {} ({}): the driver reported {} = {}, which no GPU can; left out",
+                g.index, g.uuid, i.field, i.value
+            ));
+        }
         Ok(())
     }
 }
@@ -774,6 +811,9 @@ impl Collector for Gpu {
                     }
                     *answered_at = true;
                     let state = &mut self.states[at];
+                    // Before anything uses the sample: the quiet rule, the
+                    // held reads and the energy integration take its values.
+                    state.note_implausible(g, plausible::screen(&mut sample));
                     state.settle_quiet(plan, &mut sample, time_us, self.config.gpm && g.gpm_supported);
                     state.settle_link(plan, &mut sample, time_us, g);
                     state.settle_slow(plan, &mut sample, time_us);

@@ -310,6 +310,69 @@ fn energy_is_exact_at_each_exact_read_and_within_the_bound_between() {
     assert!(errors.abs() <= bound, "{errors}");
 }
 
+/// One sentinel power reading between exact reads would run the
+/// integrated counter 4.3 MJ ahead, and the counter, which never goes
+/// back, would then stand still for hours. Left out, it costs the
+/// integration one reading: the counter stays within the trapezoid's bound
+/// of the exact one, and the value is named while it lasts.
+#[test]
+fn a_value_no_gpu_can_have_is_left_out_and_named() {
+    let garbled_us = 10_000_000;
+    let mut garbled = simulated(&["training"]);
+    // What a driver's sentinel looks like, once, on GPU 0: `u32::MAX`
+    // milliwatts and a percentage past 100.
+    garbled.backend = Some(Box::new(Tapped {
+        inner: garbled.backend.take().expect("probed"),
+        tap: move |gpu: &GpuIdentity, time_us, _, s: &mut GpuSample| {
+            if gpu.index == 0 && time_us == garbled_us {
+                s.power_watts = Some(f64::from(u32::MAX) / 1e3);
+                s.utilization_gpu_ratio = Some(2.55);
+            }
+        },
+    }));
+    let mut exact = simulated_with(&["training"], |c| c.energy_interval_secs = 0.0);
+    let omega = std::f64::consts::TAU / sim::WOBBLE_PERIOD_SECONDS;
+    // One interval of two ticks where the reading is missing: 2³ s³ in place
+    // of 2 × 1 s³ in the trapezoid's error term.
+    let bound = (DEFAULT_ENERGY_INTERVAL_SECS + 6.0) * 25.0 * omega * omega / 12.0;
+    let mut before = None;
+    for second in 0..=60i64 {
+        let time_us = 1_000_000 * second;
+        let a = garbled.collect(time_us).unwrap();
+        let b = exact.collect(time_us).unwrap();
+        let get = |batches, field| value(batches, &GPU, &["0"], field);
+        let (ours, truth) = (get(&a, "energy_joules"), get(&b, "energy_joules"));
+        let (ours, truth) = (ours.unwrap(), truth.unwrap());
+        if time_us == garbled_us {
+            // Without the tick's reading the counter holds, and takes the
+            // two seconds in at the next reading.
+            assert_eq!(Some(ours), before, "at {second} s");
+        } else {
+            assert!(
+                (ours - truth).abs() <= bound,
+                "at {second} s: {ours} J against the exact {truth} J, bound {bound} J"
+            );
+        }
+        before = Some(ours);
+        let named: Vec<String> = garbled
+            .problems()
+            .into_iter()
+            .filter(|p| p.contains("no GPU can"))
+            .collect();
+        if time_us == garbled_us {
+            assert_eq!(get(&a, "power_watts"), None);
+            assert_eq!(get(&a, "utilization_ratio"), None);
+            assert_eq!(named.len(), 2, "{named:?}");
+            assert!(named[0].contains("utilization_ratio = 2.55"), "{named:?}");
+            assert!(named[1].contains("power_watts = 4294967.295"), "{named:?}");
+        } else {
+            assert!(get(&a, "power_watts").is_some_and(|w| w > 500.0));
+            assert_eq!(get(&a, "utilization_ratio"), get(&b, "utilization_ratio"));
+            assert!(named.is_empty(), "at {second} s: {named:?}");
+        }
+    }
+}
+
 /// A quiet GPU reads the exact energy counter every
 /// `quiet_energy_interval_secs`, a GPU at work every
 /// `energy_interval_secs`; the first tick of work reads it when the work's
@@ -443,19 +506,22 @@ fn shares(batches: &[Batch], gpu: &str) -> BTreeMap<String, (Option<f64>, Option
         .collect()
 }
 
-/// Wraps a backend, keeping each sample's plan and whether the shares
-/// were read.
-struct Plans {
+/// Wraps a backend, handing each sample to `tap` (which may change it)
+/// before the collector takes it.
+struct Tapped<F> {
     inner: Box<dyn GpuBackend>,
-    seen: Seen,
+    tap: F,
 }
 
 /// Each sample's GPU, plan, and whether the shares were read.
 type Seen = std::sync::Arc<std::sync::Mutex<Vec<(u32, ReadPlan, bool)>>>;
 
-impl GpuBackend for Plans {
+impl<F> GpuBackend for Tapped<F>
+where
+    F: FnMut(&GpuIdentity, i64, ReadPlan, &mut GpuSample) + Send,
+{
     fn kind(&self) -> &'static str {
-        "plans"
+        "tapped"
     }
     fn driver_version(&self) -> String {
         self.inner.driver_version()
@@ -469,9 +535,8 @@ impl GpuBackend for Plans {
         time_us: i64,
         plan: ReadPlan,
     ) -> Result<GpuSample, SampleError> {
-        let s = self.inner.sample(gpu, time_us, plan)?;
-        let mut seen = self.seen.lock().unwrap();
-        seen.push((gpu.index, plan, s.process_shares_read));
+        let mut s = self.inner.sample(gpu, time_us, plan)?;
+        (self.tap)(gpu, time_us, plan, &mut s);
         Ok(s)
     }
     fn take_xids(&mut self) -> Vec<backend::XidEvent> {
@@ -479,12 +544,17 @@ impl GpuBackend for Plans {
     }
 }
 
-/// The collector with its backend wrapped in [`Plans`].
+/// The collector with its backend keeping each sample's plan and whether
+/// the shares were read.
 fn with_plans(mut gpu: Gpu) -> (Gpu, Seen) {
-    let seen = std::sync::Arc::default();
-    gpu.backend = Some(Box::new(Plans {
+    let seen: Seen = std::sync::Arc::default();
+    let kept = std::sync::Arc::clone(&seen);
+    gpu.backend = Some(Box::new(Tapped {
         inner: gpu.backend.take().expect("probed"),
-        seen: std::sync::Arc::clone(&seen),
+        tap: move |gpu: &GpuIdentity, _, plan, s: &mut GpuSample| {
+            let read = s.process_shares_read;
+            kept.lock().unwrap().push((gpu.index, plan, read));
+        },
     }));
     (gpu, seen)
 }
