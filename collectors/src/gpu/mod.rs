@@ -811,13 +811,15 @@ impl Collector for Gpu {
                     }
                     *answered_at = true;
                     let state = &mut self.states[at];
-                    // Before anything uses the sample: the quiet rule, the
-                    // held reads and the energy integration take its values.
-                    state.note_implausible(g, plausible::screen(&mut sample));
                     state.settle_quiet(plan, &mut sample, time_us, self.config.gpm && g.gpm_supported);
                     state.settle_link(plan, &mut sample, time_us, g);
                     state.settle_slow(plan, &mut sample, time_us);
                     state.settle_shares(&self.config, &mut sample, time_us);
+                    // After the held reads are put on the sample, so a value
+                    // held between reads is left out (and named) on every
+                    // tick it is held, not only where it was read; before
+                    // the energy integration and the rows.
+                    state.note_implausible(g, plausible::screen(&mut sample));
                     let energy = state.settle_energy(&sample, time_us);
                     self.push_sample(&mut rows, at, &sample, energy, time_us)?;
                 }

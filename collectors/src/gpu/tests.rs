@@ -328,6 +328,11 @@ fn a_value_no_gpu_can_have_is_left_out_and_named() {
                 s.power_watts = Some(f64::from(u32::MAX) / 1e3);
                 s.utilization_gpu_ratio = Some(2.55);
             }
+            // A slow read, made at the first tick and every 30 s: held
+            // between, and so left out between too.
+            if gpu.index == 0 && s.power_limit_watts.is_some() {
+                s.power_limit_watts = Some(f64::from(u32::MAX) / 1e3);
+            }
         },
     }));
     let mut exact = simulated_with(&["training"], |c| c.energy_interval_secs = 0.0);
@@ -357,14 +362,25 @@ fn a_value_no_gpu_can_have_is_left_out_and_named() {
         let named: Vec<String> = garbled
             .problems()
             .into_iter()
-            .filter(|p| p.contains("no GPU can"))
+            .filter(|p| p.contains("no GPU can") && !p.contains("power_limit_watts"))
             .collect();
+        assert_eq!(get(&a, "power_limit_watts"), None, "at {second} s");
+        assert!(
+            garbled
+                .problems()
+                .iter()
+                .any(|p| p.contains("power_limit_watts = 4294967.295")),
+            "at {second} s"
+        );
         if time_us == garbled_us {
             assert_eq!(get(&a, "power_watts"), None);
             assert_eq!(get(&a, "utilization_ratio"), None);
-            assert_eq!(named.len(), 2, "{named:?}");
+            // The lone process's share, taken from the GPU's utilisation,
+            // is left out with it.
+            assert_eq!(named.len(), 3, "{named:?}");
             assert!(named[0].contains("utilization_ratio = 2.55"), "{named:?}");
             assert!(named[1].contains("power_watts = 4294967.295"), "{named:?}");
+            assert!(named[2].contains("process sm_utilization_ratio = 2.55"), "{named:?}");
         } else {
             assert!(get(&a, "power_watts").is_some_and(|w| w > 500.0));
             assert_eq!(get(&a, "utilization_ratio"), get(&b, "utilization_ratio"));
