@@ -1,4 +1,6 @@
-//! Values no GPU can have, taken out of a sample before anything uses them.
+//! Values no GPU can have, taken out of a sample before the energy
+//! integration and the rows take it (and after the collector has put its
+//! held reads on it, so a held value is taken out on every tick it is held).
 //!
 //! A driver answers SUCCESS with a sentinel now and then: `0xFFFFFFFF`
 //! milliwatts or MHz from a board whose sensor is not ready, a percentage
