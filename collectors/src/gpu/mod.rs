@@ -71,9 +71,11 @@ struct GpuState {
     problems: Vec<String>,
     /// The last sample's process list could not be read (logged once).
     processes_unlisted: bool,
-    /// The values the last sample gave that no GPU can have, left out
-    /// (each logged when it first appears).
+    /// The values the last sample gave that no GPU can have, left out.
     implausible: Vec<plausible::Implausible>,
+    /// The fields logged as left out and not read in range since: each is
+    /// logged once when it goes out and once when it is back.
+    implausible_named: Vec<&'static str>,
     /// The energy counter, exact or carried on from the power readings.
     energy: EnergyCounter,
     /// The GPU was quiet at the tick of its last exact energy read and at
@@ -248,9 +250,9 @@ impl GpuState {
 
     /// Keeps the values this tick's sample gave that no GPU can have, and
     /// logs each one the tick before did not have, and each that is gone.
-    fn note_implausible(&mut self, g: &GpuIdentity, now: Vec<plausible::Implausible>) {
-        for i in &now {
-            if !self.implausible.iter().any(|before| before.field == i.field) {
+    fn note_implausible(&mut self, g: &GpuIdentity, now: plausible::Screened) {
+        for i in &now.left_out {
+            if !self.implausible_named.contains(&i.field) {
                 tracing::warn!(
                     gpu = g.index,
                     uuid = %g.uuid,
@@ -258,19 +260,24 @@ impl GpuState {
                     value = i.value,
                     "The driver reported a value no GPU can have; left out while it lasts."
                 );
+                self.implausible_named.push(i.field);
             }
         }
-        for before in &self.implausible {
-            if !now.iter().any(|i| i.field == before.field) {
+        // Back only once read in range again: a tick that did not read the
+        // field (a held read, GPM after a stale span) says nothing of it.
+        self.implausible_named.retain(|field| {
+            let back = now.back_in_range(field);
+            if back {
                 tracing::info!(
                     gpu = g.index,
                     uuid = %g.uuid,
-                    field = before.field,
+                    field = *field,
                     "The driver reports this value within range again."
                 );
             }
-        }
-        self.implausible = now;
+            !back
+        });
+        self.implausible = now.left_out;
     }
 
     /// Carries the energy counter on with this tick's readings, and keeps

@@ -59,13 +59,35 @@ pub struct Implausible {
     pub value: f64,
 }
 
+/// What one screen found: the values it took out, and the fields it found
+/// read and in range (so a field that was out is said to be back only when
+/// it was read again, not when a tick did not read it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Screened {
+    pub left_out: Vec<Implausible>,
+    pub kept: Vec<&'static str>,
+}
+
+impl Screened {
+    /// Whether `field` is in range again: read in range, and not out
+    /// elsewhere on the same tick (one link in range, another not).
+    pub fn back_in_range(&self, field: &str) -> bool {
+        self.kept.contains(&field) && !self.left_out.iter().any(|i| i.field == field)
+    }
+}
+
 /// Takes out of `s` every value outside what a GPU can report, and says
 /// which it took.
-pub fn screen(s: &mut GpuSample) -> Vec<Implausible> {
+pub fn screen(s: &mut GpuSample) -> Screened {
     let mut out = Vec::new();
+    let mut kept = Vec::new();
     let mut keep = |field: &'static str, v: &mut Option<f64>, min: f64, max: f64| {
         if let Some(x) = *v {
-            if !(x.is_finite() && (min..=max).contains(&x)) {
+            if x.is_finite() && (min..=max).contains(&x) {
+                if !kept.contains(&field) {
+                    kept.push(field);
+                }
+            } else {
                 out.push(Implausible { field, value: x });
                 *v = None;
             }
@@ -128,8 +150,13 @@ pub fn screen(s: &mut GpuSample) -> Vec<Implausible> {
     }
     let mut keep_whole = |field: &'static str, v: &mut Option<u32>, max: u32| {
         if let Some(x) = *v {
-            if !(1..=max).contains(&x) {
-                out.push(Implausible { field, value: f64::from(x) });
+            if (1..=max).contains(&x) {
+                kept.push(field);
+            } else {
+                out.push(Implausible {
+                    field,
+                    value: f64::from(x),
+                });
                 *v = None;
             }
         }
@@ -145,9 +172,14 @@ pub fn screen(s: &mut GpuSample) -> Vec<Implausible> {
                 value: used as f64,
             });
             s.memory_used_bytes = None;
+        } else {
+            kept.push("memory_used_bytes");
         }
     }
-    out
+    Screened {
+        left_out: out,
+        kept,
+    }
 }
 
 #[cfg(test)]
@@ -193,8 +225,15 @@ mod tests {
     fn real_readings_at_their_edges_are_kept_whole() {
         let mut s = sample();
         let before = s.clone();
-        assert_eq!(screen(&mut s), vec![]);
+        let screened = screen(&mut s);
+        assert_eq!(screened.left_out, vec![]);
         assert_eq!(s, before);
+        // Each field read is named once as kept, a field not read is not.
+        for field in ["power_watts", "nvlink rx_bytes_per_second"] {
+            assert_eq!(screened.kept.iter().filter(|f| **f == field).count(), 1, "{field}");
+            assert!(screened.back_in_range(field));
+        }
+        assert!(!screened.kept.contains(&"memory_clock_hertz"));
     }
 
     #[test]
@@ -211,8 +250,17 @@ mod tests {
         gpm.pcie_rx_bytes_per_second = Some(-1.0);
         s.links[0].rx_bytes_per_second = Some(f64::INFINITY);
         s.processes[0].sm_utilization_ratio = Some(-0.5);
+        // A second link in range: the field is out on this tick all the same.
+        s.links.push(LinkSample {
+            active: true,
+            rx_bytes_per_second: Some(25e9),
+            ..LinkSample::default()
+        });
 
-        let out = screen(&mut s);
+        let screened = screen(&mut s);
+        assert!(!screened.back_in_range("nvlink rx_bytes_per_second"));
+        assert!(screened.back_in_range("memory_temperature_celsius"));
+        let out = screened.left_out;
         let fields: Vec<&str> = out.iter().map(|i| i.field).collect();
         assert_eq!(
             fields,

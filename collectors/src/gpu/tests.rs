@@ -389,6 +389,32 @@ fn a_value_no_gpu_can_have_is_left_out_and_named() {
     }
 }
 
+/// A value left out is back once it is read in range again: a tick that
+/// did not read it (the read failed, the GPU did not give it) says nothing
+/// of it, so the log does not say it is back while it may still be wrong.
+#[test]
+fn a_value_left_out_is_back_only_when_read_in_range_again() {
+    let mut gpu = simulated(&["training"]);
+    gpu.backend = Some(Box::new(Tapped {
+        inner: gpu.backend.take().expect("probed"),
+        tap: |gpu: &GpuIdentity, time_us, _, s: &mut GpuSample| match (gpu.index, time_us) {
+            (0, 1_000_000) => s.sm_clock_hz = Some(f64::from(u32::MAX) * 1e6),
+            (0, 2_000_000) => s.sm_clock_hz = None,
+            _ => {}
+        },
+    }));
+    let named = |gpu: &Gpu| gpu.states[0].implausible_named.clone();
+    gpu.collect(0).unwrap();
+    assert!(named(&gpu).is_empty());
+    gpu.collect(1_000_000).unwrap();
+    assert_eq!(named(&gpu), ["sm_clock_hertz"]);
+    gpu.collect(2_000_000).unwrap();
+    assert_eq!(named(&gpu), ["sm_clock_hertz"], "not read: not back");
+    assert!(gpu.problems().iter().all(|p| !p.contains("sm_clock_hertz")));
+    gpu.collect(3_000_000).unwrap();
+    assert!(named(&gpu).is_empty(), "read in range: back");
+}
+
 /// A quiet GPU reads the exact energy counter every
 /// `quiet_energy_interval_secs`, a GPU at work every
 /// `energy_interval_secs`; the first tick of work reads it when the work's
