@@ -843,7 +843,7 @@ fn values_no_gpu_can_have_are_left_out_and_named() {
     );
     let log = agent.log();
     let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
-    assert_eq!(count("a value no GPU can have"), 2, "{log}");
+    assert_eq!(count("a value not believed"), 2, "{log}");
     assert_eq!(count("within range again"), 2, "{log}");
     assert!(agent.stop());
 

@@ -19,9 +19,18 @@
 //!   integrated since, so it never goes back; it is exact again at the first
 //!   exact read that passes it (the next one, unless the power went almost
 //!   to nothing);
-//! - an exact read below the exact read before it is the driver's counter
-//!   starting again (a driver reload): the exported counter starts again with
-//!   it, as it did when every tick read the counter.
+//! - an exact read that does not follow from the exact read before it
+//!   (below it, or past it by more than any GPU draws in the time between:
+//!   [`POWER_WATTS_MAX`] over that time and a second more) is doubted: it is
+//!   left out, named as left out, and the counter carries on as between
+//!   exact reads. It is a driver's glitch, or the counter starting again
+//!   (a GPU reset, a driver reload); the next exact read tells which. One
+//!   that follows from the exact read before the doubted one is the counter
+//!   as it was, and the doubted read is forgotten; one that follows from the
+//!   doubted read is the counter starting again, and the exported counter
+//!   starts again with it (Prometheus sees a counter reset when it went
+//!   down). So a single wrong read never moves the counter, and a counter
+//!   that really started again is followed one exact interval late.
 //!
 //! So between two exact reads the counter is off the exact one by the
 //! integration's error over that interval, and never more than the error of
@@ -40,8 +49,20 @@
 //! the energy, and the trapezoid differs from it by the half-tick at each
 //! end: `Δt × |P_n − P_0| / 2`.
 
+use super::plausible::POWER_WATTS_MAX;
+
 /// Microseconds in a second.
 const US: f64 = 1e6;
+
+/// Whether the exact read `joules` at `time_us` follows from the exact read
+/// `from`: not below it, and not past it by more than a GPU can draw in the
+/// time between. The second more allows for a driver that updates its
+/// counter a little after the read before.
+fn follows(from: (i64, f64), time_us: i64, joules: f64) -> bool {
+    let (at, before) = from;
+    let seconds = ((time_us - at) as f64 / US).max(0.0) + 1.0;
+    joules >= before && joules - before <= POWER_WATTS_MAX * seconds
+}
 
 /// What one tick exports.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -53,6 +74,9 @@ pub struct EnergyReading {
     pub exact_age_seconds: Option<f64>,
     /// At the last exact read: the integrated counter minus the exact one.
     pub integration_error_joules: Option<f64>,
+    /// An exact read this tick that did not follow from the one before it,
+    /// left out until the next exact read says what it was.
+    pub doubted_joules: Option<f64>,
 }
 
 /// One GPU's counter between ticks. It is part of the collector's state of
@@ -69,6 +93,8 @@ pub struct EnergyCounter {
     exported_joules: Option<f64>,
     /// At the last exact read, the integrated counter minus the exact one.
     integration_error_joules: Option<f64>,
+    /// An exact read that did not follow from `exact`: when and its value.
+    doubted: Option<(i64, f64)>,
 }
 
 impl EnergyCounter {
@@ -78,10 +104,16 @@ impl EnergyCounter {
     /// there), and then once `interval_secs` has passed. Half a tick of
     /// slack keeps a tick that comes a little early from slipping the read
     /// to the tick after.
+    /// A doubted read counts as a read here: the next one comes an interval
+    /// after it, at the cost of any other.
     pub fn exact_due(&self, time_us: i64, interval_secs: f64, tick_secs: f64) -> bool {
-        match self.exact {
+        let last = match (self.exact, self.doubted) {
+            (Some((at, _)), Some((doubted_at, _))) => Some(at.max(doubted_at)),
+            (exact, doubted) => exact.or(doubted).map(|(at, _)| at),
+        };
+        match last {
             None => true,
-            Some((at, _)) => (time_us - at) as f64 / US + tick_secs / 2.0 >= interval_secs,
+            Some(at) => (time_us - at) as f64 / US + tick_secs / 2.0 >= interval_secs,
         }
     }
 
@@ -105,10 +137,23 @@ impl EnergyCounter {
         if let Some(now) = power_watts {
             self.power = Some((time_us, now));
         }
-        let exact_joules = exact_joules.filter(|e| e.is_finite() && *e >= 0.0);
+        let mut exact_joules = exact_joules.filter(|e| e.is_finite() && *e >= 0.0);
+        let mut restarted = false;
+        let mut doubted_joules = None;
+        if let (Some(exact), Some(last)) = (exact_joules, self.exact) {
+            if follows(last, time_us, exact) {
+                self.doubted = None;
+            } else if self.doubted.is_some_and(|d| follows(d, time_us, exact)) {
+                self.doubted = None;
+                restarted = true;
+            } else {
+                self.doubted = Some((time_us, exact));
+                doubted_joules = Some(exact);
+                exact_joules = None;
+            }
+        }
         let exported = match (exact_joules, self.exact) {
             (Some(exact), previous) => {
-                let restarted = previous.is_some_and(|(_, before)| exact < before);
                 if previous.is_some() && !restarted {
                     self.integration_error_joules = Some(self.integrated_joules - exact);
                 } else {
@@ -135,6 +180,7 @@ impl EnergyCounter {
             joules: Some(exported),
             exact_age_seconds: self.exact.map(|(at, _)| (time_us - at).max(0) as f64 / US),
             integration_error_joules: self.integration_error_joules,
+            doubted_joules,
         }
     }
 }
@@ -204,15 +250,52 @@ mod tests {
     }
 
     #[test]
-    fn a_counter_that_starts_again_is_followed() {
+    fn a_counter_that_starts_again_is_followed_at_the_next_exact_read() {
         let mut c = EnergyCounter::default();
         c.update(0, Some(500.0), Some(1_000_000.0));
         c.update(S, Some(500.0), None);
-        // The driver reloaded: its counter starts from nothing.
+        // The driver reloaded: its counter starts from nothing. Doubted at
+        // first, carried on from the power readings.
         let r = c.update(2 * S, Some(500.0), Some(250.0));
-        assert_eq!(r.joules, Some(250.0));
+        assert_eq!(r.doubted_joules, Some(250.0));
+        assert_eq!(r.joules, Some(1_001_000.0));
+        assert_eq!(r.exact_age_seconds, Some(2.0));
+        // The next exact read comes an interval after the doubted one.
+        assert!(!c.exact_due(31 * S, 30.0, 1.0));
+        assert!(c.exact_due(32 * S, 30.0, 1.0));
+        // It follows from the doubted read: the counter started again.
+        let r = c.update(32 * S, Some(500.0), Some(15_250.0));
+        assert_eq!(r.doubted_joules, None);
+        assert_eq!(r.joules, Some(15_250.0));
+        assert_eq!(r.exact_age_seconds, Some(0.0));
         assert_eq!(r.integration_error_joules, None);
-        assert_eq!(c.update(3 * S, Some(500.0), None).joules, Some(750.0));
+        assert_eq!(c.update(33 * S, Some(500.0), None).joules, Some(15_750.0));
+    }
+
+    #[test]
+    fn one_exact_read_that_does_not_follow_never_moves_the_counter() {
+        // A leap of 1e12 J in 30 s, then the counter as it was; then a read
+        // of nothing, then the counter as it was again.
+        let mut c = EnergyCounter::default();
+        c.update(0, Some(700.0), Some(5e8));
+        let r = c.update(30 * S, Some(700.0), Some(1e12));
+        assert_eq!(r.doubted_joules, Some(1e12));
+        assert_eq!(r.joules, Some(5e8 + 21_000.0));
+        let r = c.update(60 * S, Some(700.0), Some(5e8 + 42_100.0));
+        assert_eq!(r.doubted_joules, None);
+        assert_eq!(r.joules, Some(5e8 + 42_100.0));
+        assert_eq!(r.integration_error_joules, Some(-100.0));
+        let r = c.update(90 * S, Some(700.0), Some(0.0));
+        assert_eq!(r.doubted_joules, Some(0.0));
+        assert_eq!(r.joules, Some(5e8 + 63_100.0));
+        let r = c.update(120 * S, Some(700.0), Some(5e8 + 84_000.0));
+        assert_eq!(r.doubted_joules, None);
+        assert_eq!(r.joules, Some(5e8 + 84_000.0), "exact again");
+        assert_eq!(r.integration_error_joules, Some(100.0));
+        // The most a GPU can draw between two reads still follows.
+        let most = 5e8 + 84_000.0 + POWER_WATTS_MAX * 31.0;
+        let r = c.update(150 * S, Some(700.0), Some(most));
+        assert_eq!((r.doubted_joules, r.joules), (None, Some(most)));
     }
 
     #[test]

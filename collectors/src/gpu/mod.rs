@@ -71,7 +71,7 @@ struct GpuState {
     problems: Vec<String>,
     /// The last sample's process list could not be read (logged once).
     processes_unlisted: bool,
-    /// The values the last sample gave that no GPU can have, left out.
+    /// The values the last sample gave that are not believed, left out.
     implausible: Vec<plausible::Implausible>,
     /// The fields logged as left out and not read in range since: each is
     /// logged once when it goes out and once when it is back.
@@ -258,7 +258,8 @@ impl GpuState {
                     uuid = %g.uuid,
                     field = i.field,
                     value = i.value,
-                    "The driver reported a value no GPU can have; left out while it lasts."
+                    why = i.why,
+                    "The driver reported a value not believed; left out while it lasts."
                 );
                 self.implausible_named.push(i.field);
             }
@@ -658,8 +659,8 @@ impl Gpu {
         state.problems = problems_of(g, s, links_up);
         for i in &state.implausible {
             state.problems.push(format!(
-                "GPU {} ({}): the driver reported {} = {}, which no GPU can; left out",
-                g.index, g.uuid, i.field, i.value
+                "GPU {} ({}): the driver reported {} = {}, {}; left out",
+                g.index, g.uuid, i.field, i.value, i.why
             ));
         }
         Ok(())
@@ -826,8 +827,16 @@ impl Collector for Gpu {
                     // held between reads is left out (and named) on every
                     // tick it is held, not only where it was read; before
                     // the energy integration and the rows.
-                    state.note_implausible(g, plausible::screen(&mut sample));
+                    let mut screened = plausible::screen(&mut sample);
                     let energy = state.settle_energy(&sample, time_us);
+                    if let Some(value) = energy.doubted_joules {
+                        screened.left_out.push(plausible::Implausible {
+                            field: "energy_joules",
+                            value,
+                            why: "which does not follow from the exact read before it",
+                        });
+                    }
+                    state.note_implausible(g, screened);
                     self.push_sample(&mut rows, at, &sample, energy, time_us)?;
                 }
                 Err(SampleError::Lost(why)) => {

@@ -26,7 +26,13 @@ const RATIO_MAX: f64 = 1.01;
 
 /// Above any board's power: the largest limits today are around 1.2 kW a
 /// GPU; the sentinel `u32::MAX` mW is 4.29 MW.
-const POWER_WATTS_MAX: f64 = 5_000.0;
+pub const POWER_WATTS_MAX: f64 = 5_000.0;
+
+/// A century at [`POWER_WATTS_MAX`]: more than any driver's counter (joules
+/// since the driver loaded) can hold; the sentinel `u64::MAX` mJ is 1.8e16 J.
+/// How far one exact read may run past the one before it is the energy
+/// counter's own check (`energy.rs`).
+const ENERGY_JOULES_MAX: f64 = POWER_WATTS_MAX * 100.0 * 365.25 * 86_400.0;
 
 /// Silicon and HBM shut down well below this; the sentinel reads billions.
 const TEMPERATURE_CELSIUS_MAX: f64 = 200.0;
@@ -50,13 +56,19 @@ const NVLINK_BYTES_PER_SECOND_MAX: f64 = 1e13;
 const PCIE_GEN_MAX: u32 = 8;
 const PCIE_WIDTH_MAX: u32 = 32;
 
-/// One value taken out of a sample: which, and what the driver gave.
+/// Why a value is left out, as [`Implausible::why`] says it.
+pub const NO_GPU_CAN: &str = "which no GPU can";
+
+/// One value taken out of a sample: which, what the driver gave and why it
+/// is not believed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Implausible {
     /// The value, as the collector's field names it.
     pub field: &'static str,
     /// What the driver reported, in the field's unit.
     pub value: f64,
+    /// A clause that follows the value: [`NO_GPU_CAN`], or the check's own.
+    pub why: &'static str,
 }
 
 /// What one screen found: the values it took out, and the fields it found
@@ -88,7 +100,11 @@ pub fn screen(s: &mut GpuSample) -> Screened {
                     kept.push(field);
                 }
             } else {
-                out.push(Implausible { field, value: x });
+                out.push(Implausible {
+                    field,
+                    value: x,
+                    why: NO_GPU_CAN,
+                });
                 *v = None;
             }
         }
@@ -99,6 +115,7 @@ pub fn screen(s: &mut GpuSample) -> Screened {
     keep("memory_clock_hertz", &mut s.memory_clock_hz, 0.0, CLOCK_HZ_MAX);
     keep("power_watts", &mut s.power_watts, 0.0, POWER_WATTS_MAX);
     keep("power_limit_watts", &mut s.power_limit_watts, 0.0, POWER_WATTS_MAX);
+    keep("energy_joules", &mut s.energy_joules, 0.0, ENERGY_JOULES_MAX);
     let temperature = (TEMPERATURE_CELSIUS_MIN, TEMPERATURE_CELSIUS_MAX);
     keep("temperature_celsius", &mut s.temperature_celsius, temperature.0, temperature.1);
     keep(
@@ -156,6 +173,7 @@ pub fn screen(s: &mut GpuSample) -> Screened {
                 out.push(Implausible {
                     field,
                     value: f64::from(x),
+                    why: NO_GPU_CAN,
                 });
                 *v = None;
             }
@@ -170,6 +188,7 @@ pub fn screen(s: &mut GpuSample) -> Screened {
             out.push(Implausible {
                 field: "memory_used_bytes",
                 value: used as f64,
+                why: NO_GPU_CAN,
             });
             s.memory_used_bytes = None;
         } else {
@@ -224,12 +243,13 @@ mod tests {
     #[test]
     fn real_readings_at_their_edges_are_kept_whole() {
         let mut s = sample();
+        s.energy_joules = Some(4.2e12);
         let before = s.clone();
         let screened = screen(&mut s);
         assert_eq!(screened.left_out, vec![]);
         assert_eq!(s, before);
         // Each field read is named once as kept, a field not read is not.
-        for field in ["power_watts", "nvlink rx_bytes_per_second"] {
+        for field in ["power_watts", "energy_joules", "nvlink rx_bytes_per_second"] {
             assert_eq!(screened.kept.iter().filter(|f| **f == field).count(), 1, "{field}");
             assert!(screened.back_in_range(field));
         }
@@ -250,6 +270,7 @@ mod tests {
         gpm.pcie_rx_bytes_per_second = Some(-1.0);
         s.links[0].rx_bytes_per_second = Some(f64::INFINITY);
         s.processes[0].sm_utilization_ratio = Some(-0.5);
+        s.energy_joules = Some(u64::MAX as f64 / 1e3);
         // A second link in range: the field is out on this tick all the same.
         s.links.push(LinkSample {
             active: true,
@@ -268,6 +289,7 @@ mod tests {
                 "utilization_ratio",
                 "sm_clock_hertz",
                 "power_watts",
+                "energy_joules",
                 "temperature_celsius",
                 "sm_active_ratio",
                 "pcie_rx_bytes_per_second",
@@ -278,6 +300,7 @@ mod tests {
             ]
         );
         assert_eq!(out[2].value, 4_294_967.295);
+        assert!(out.iter().all(|i| i.why == NO_GPU_CAN));
         // Taken out; what was right beside them stays.
         assert_eq!(s.power_watts, None);
         assert_eq!(s.utilization_gpu_ratio, None);

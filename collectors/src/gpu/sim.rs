@@ -823,7 +823,7 @@ mod tests {
     /// When a GPU's work changes, its counter goes on from where it was: it
     /// neither jumps to the new scenario's curve (up by hundreds of
     /// kilojoules, idle to training) nor falls back to it (training to idle,
-    /// which the collector would take for a driver reload).
+    /// which the collector would take for a counter started again).
     #[test]
     fn the_energy_counter_goes_on_across_a_change_of_work() {
         let (b, ids) = backend(&[Scenario::Idle]);

@@ -389,6 +389,66 @@ fn a_value_no_gpu_can_have_is_left_out_and_named() {
     }
 }
 
+/// An exact energy read a terajoule past the one before (a driver's glitch
+/// within what a counter can hold) is doubted:
+/// the counter carries on from the power readings, stays within the
+/// trapezoid's bound of the exact counter, and the read is named on its
+/// tick; the next exact read, which follows from the one before the glitch,
+/// makes the counter exact again.
+#[test]
+fn an_exact_energy_read_that_does_not_follow_is_doubted_and_named() {
+    let glitch_us = 1_000_000 * DEFAULT_ENERGY_INTERVAL_SECS as i64;
+    let mut glitched = simulated(&["training"]);
+    glitched.backend = Some(Box::new(Tapped {
+        inner: glitched.backend.take().expect("probed"),
+        tap: move |_: &GpuIdentity, time_us, _, s: &mut GpuSample| {
+            if time_us == glitch_us {
+                let read = s.energy_joules.expect("an exact read is due");
+                s.energy_joules = Some(read + 1e12);
+            }
+        },
+    }));
+    let mut exact = simulated_with(&["training"], |c| c.energy_interval_secs = 0.0);
+    let omega = std::f64::consts::TAU / sim::WOBBLE_PERIOD_SECONDS;
+    // Two intervals with no exact read between: the one doubted.
+    let bound = (2.0 * DEFAULT_ENERGY_INTERVAL_SECS + 6.0) * 25.0 * omega * omega / 12.0;
+    let mut before: Option<f64> = None;
+    for second in 0..=70i64 {
+        let time_us = 1_000_000 * second;
+        let a = glitched.collect(time_us).unwrap();
+        let b = exact.collect(time_us).unwrap();
+        let get = |batches, field| value(batches, &GPU, &["0"], field);
+        let (ours, truth) = (get(&a, "energy_joules").unwrap(), get(&b, "energy_joules").unwrap());
+        assert!(
+            (ours - truth).abs() <= bound,
+            "at {second} s: {ours} J against the exact {truth} J, bound {bound} J"
+        );
+        assert!(before.is_none_or(|b| ours >= b), "at {second} s: went back");
+        before = Some(ours);
+        let age = get(&a, "energy_exact_age_seconds").unwrap();
+        let named: Vec<String> = glitched
+            .problems()
+            .into_iter()
+            .filter(|p| p.contains("energy_joules"))
+            .collect();
+        if time_us == glitch_us {
+            assert_eq!(named.len(), 1, "{named:?}");
+            assert!(
+                named[0].contains("which does not follow from the exact read before it; left out"),
+                "{named:?}"
+            );
+            assert_eq!(age, DEFAULT_ENERGY_INTERVAL_SECS);
+        } else {
+            assert!(named.is_empty(), "at {second} s: {named:?}");
+        }
+        if second == 2 * DEFAULT_ENERGY_INTERVAL_SECS as i64 {
+            assert_eq!(age, 0.0, "exact again");
+            let error = get(&a, "energy_integration_error_joules").expect("an exact read");
+            assert!(error.abs() <= bound, "{error} J");
+        }
+    }
+}
+
 /// A value left out is back once it is read in range again: a tick that
 /// did not read it (the read failed, the GPU did not give it) says nothing
 /// of it, so the log does not say it is back while it may still be wrong.
