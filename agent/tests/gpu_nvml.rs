@@ -834,6 +834,21 @@ fn values_no_gpu_can_have_are_left_out_and_named() {
         value(&body, &format!("vtax_gpu_memory_clock_hertz{{{GPU0}}}")),
         Some(2.619e9)
     );
+    // Counted, two a tick on GPU 0 (the lone process's share is not there:
+    // the fake lists none), none on GPU 1: the series an alert rule reads.
+    let left_out = |gpu: &str| {
+        let name = format!("vtax_gpu_health_values_left_out_total{{{gpu}}}");
+        served(&agent, &name).unwrap_or_else(|| panic!("{name} is not served"))
+    };
+    let garbled_count = value(
+        &body,
+        &format!("vtax_gpu_health_values_left_out_total{{{GPU0}}}"),
+    );
+    assert!(
+        garbled_count.is_some_and(|n| n >= 4.0 && n % 2.0 == 0.0),
+        "{garbled_count:?}"
+    );
+    assert_eq!(left_out(GPU1), 0.0);
 
     fake.set("gpu=0 sm_mhz=1980 utilization=80\n");
     agent.wait_for_value(
@@ -841,6 +856,9 @@ fn values_no_gpu_can_have_are_left_out_and_named() {
         |v| v == 0.8,
         Duration::from_secs(10),
     );
+    let settled = left_out(GPU0);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(left_out(GPU0), settled, "no more once the values are back");
     let log = agent.log();
     let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
     assert_eq!(count("a value not believed"), 2, "{log}");

@@ -66,6 +66,8 @@ struct GpuState {
     virtualization_mode: &'static str,
     mig: &'static str,
     sample_errors: u64,
+    /// Values left out as not believed, since the agent started.
+    values_left_out: u64,
     last_xid: Option<u64>,
     xid_by_code: BTreeMap<u64, u64>,
     problems: Vec<String>,
@@ -278,6 +280,7 @@ impl GpuState {
             }
             !back
         });
+        self.values_left_out += now.left_out.len() as u64;
         self.implausible = now.left_out;
     }
 
@@ -916,6 +919,7 @@ impl Collector for Gpu {
                 gpu_uuid: &g.uuid,
                 up: u64::from(answered[at]),
                 sample_errors: state.sample_errors,
+                values_left_out: state.values_left_out,
                 last_xid: state.last_xid,
             };
             rows.health.push_row(time_us, &health)?;

@@ -132,6 +132,7 @@ vtax_store::table! {
         fields: [
             up: u64 = count("1 when the GPU answered this tick; 0 when it is lost (fell off the bus) or its read failed."),
             sample_errors: u64 = events("Ticks on which reading the GPU failed, since the agent started."),
+            values_left_out: u64 = events("Values the driver reported that were left out as not believed (outside what any GPU can report, or an exact energy read that does not follow the one before), since the agent started; vtax doctor --gpu names them."),
             last_xid: Option<u64> = count("Code of the last XID error since the agent started; null when none."),
         ],
         exported: true,

@@ -426,6 +426,8 @@ fn an_exact_energy_read_that_does_not_follow_is_doubted_and_named() {
         assert!(before.is_none_or(|b| ours >= b), "at {second} s: went back");
         before = Some(ours);
         let age = get(&a, "energy_exact_age_seconds").unwrap();
+        let left_out = value(&a, &HEALTH, &["0"], "values_left_out");
+        assert_eq!(left_out, Some(if time_us < glitch_us { 0.0 } else { 1.0 }), "at {second} s");
         let named: Vec<String> = glitched
             .problems()
             .into_iter()
