@@ -21,22 +21,26 @@ const GPU1: &str = "gpu=\"1\",gpu_uuid=\"GPU-fa4e0000-0000-0000-0000-00000000000
 
 /// `vtax run` on the fake, with `config` as its config file.
 fn start(fake: &FakeNvml, dir: &std::path::Path, config: &str) -> Agent {
+    start_with_args(fake, dir, config, &[])
+}
+
+/// [`start`] with `more` flags.
+fn start_with_args(fake: &FakeNvml, dir: &std::path::Path, config: &str, more: &[&str]) -> Agent {
     let config_path = dir.join("vtax.toml");
     std::fs::write(&config_path, config).unwrap();
     let data = dir.join("data");
     let env = fake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Agent::start_with_env(
-        &[
-            "--config",
-            config_path.to_str().unwrap(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--no-collector.cgroups",
-            "--no-collector.jitter",
-        ],
-        &env,
-    )
+    let mut args = vec![
+        "--config",
+        config_path.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.cgroups",
+        "--no-collector.jitter",
+    ];
+    args.extend_from_slice(more);
+    Agent::start_with_env(&args, &env)
 }
 
 /// The value of the one series `series` (name and labels, exactly) in `body`.
@@ -453,6 +457,139 @@ fn doctor(fake: &FakeNvml) -> String {
         .arg(dir.path().join("data"))
         .envs(fake.env());
     common::stdout_of(&mut command)
+}
+
+/// A sysfs tree holding NVIDIA GPUs on the PCI bus at `functions`
+/// (address, the driver bound to it), each a link into `devices/`.
+fn pci_bus_with_gpus(sys: &std::path::Path, functions: &[(&str, Option<&str>)]) {
+    let devices = sys.join("bus/pci/devices");
+    std::fs::create_dir_all(&devices).unwrap();
+    for (address, driver) in functions {
+        let function = sys.join("devices/pci0000:00").join(address);
+        std::fs::create_dir_all(&function).unwrap();
+        std::fs::write(function.join("vendor"), "0x10de\n").unwrap();
+        std::fs::write(function.join("class"), "0x030200\n").unwrap();
+        if let Some(driver) = driver {
+            std::fs::create_dir_all(sys.join("bus/pci/drivers").join(driver)).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../../../bus/pci/drivers/{driver}"),
+                function.join("driver"),
+            )
+            .unwrap();
+        }
+        std::os::unix::fs::symlink(
+            format!("../../../devices/pci0000:00/{address}"),
+            devices.join(address),
+        )
+        .unwrap();
+    }
+}
+
+/// `vtax doctor --gpu` on the fake with the PCI bus of `sys`, and `env`.
+fn doctor_on(fake: &FakeNvml, sys: &std::path::Path, env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(common::VTAX);
+    command
+        .args(["doctor", "--gpu", "--no-collector.cgroups", "--path.sysfs"])
+        .arg(sys)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .envs(fake.env())
+        .envs(env.iter().copied());
+    common::stdout_of(&mut command)
+}
+
+/// The GPUs on the PCI bus are what NVML should read. One that NVML leaves
+/// out is named as a source that reads badly; when NVML does not start at
+/// all, the collector reads badly (it fails, and is probed again) rather
+/// than waiting as on a node without GPUs, and says what mends it. A GPU
+/// bound to vfio-pci is a virtual machine's, not the host's to read.
+#[test]
+fn gpus_on_the_pci_bus_that_nvml_does_not_read_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("sys");
+    // The fake's two GPUs, a third that the driver did not bring up, and a
+    // fourth handed to a VM.
+    pci_bus_with_gpus(
+        &sys,
+        &[
+            ("0000:18:00.0", Some("nvidia")),
+            ("0000:28:00.0", Some("nvidia")),
+            ("0000:38:00.0", Some("nvidia")),
+            ("0000:48:00.0", Some("vfio-pci")),
+        ],
+    );
+    let fake = FakeNvml::new(Driver::Current, "");
+    let stdout = doctor_on(&fake, &sys, &[]);
+    let unlisted = format!("- gpu: {}/bus/pci/devices/0000:38:00.0: ", sys.display());
+    let problem = line_of(&stdout, &unlisted);
+    assert!(
+        problem.contains("an NVIDIA GPU bound to the nvidia driver that NVML does not list"),
+        "{problem}"
+    );
+    let problems: Vec<&str> = stdout.lines().filter(|l| l.contains("- gpu:")).collect();
+    assert_eq!(problems.len(), 1, "{stdout}");
+    assert!(
+        line_of(&stdout, "gpu ").contains("2 × NVIDIA H100"),
+        "{stdout}"
+    );
+    // The running agent counts it where the VtaxGpuNotRead alert reads it,
+    // and logs it once.
+    let agent = start_with_args(
+        &fake,
+        dir.path(),
+        "",
+        &["--path.sysfs", sys.to_str().unwrap()],
+    );
+    agent.wait_for_value(
+        "vtax_collector_failed_sources{collector=\"gpu\"}",
+        |v| v == 1.0,
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        served(&agent, &format!("vtax_gpu_health_up{{{GPU1}}}")),
+        Some(1.0),
+        "the listed GPUs are read"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = agent.log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("0000:38:00.0")).count(),
+        1,
+        "{log}"
+    );
+    assert!(agent.stop());
+
+    // NVML does not start: the driver upgraded without a reboot.
+    let stdout = doctor_on(&fake, &sys, &[("FAKE_NVML_INIT", "18")]);
+    assert!(
+        line_of(&stdout, "gpu ").contains("its source reads badly"),
+        "{stdout}"
+    );
+    let problem = line_of(&stdout, "- gpu: 3 NVIDIA GPUs are on the PCI bus (");
+    assert!(
+        problem.contains(
+            "0000:18:00.0 (bound to nvidia), 0000:28:00.0 (bound to nvidia), \
+             0000:38:00.0 (bound to nvidia)), but NVML did not initialise: the loaded NVIDIA \
+             kernel driver and libnvidia-ml.so.1 are of different versions"
+        ),
+        "{problem}"
+    );
+    assert!(problem.contains("reboot the node"), "{problem}");
+
+    // With no GPU on the bus (or each given to a VM) it waits, as before.
+    let vm_host = dir.path().join("vm-host-sys");
+    pci_bus_with_gpus(&vm_host, &[("0000:48:00.0", Some("vfio-pci"))]);
+    for sys in [vm_host, dir.path().join("no-pci")] {
+        let stdout = doctor_on(&fake, &sys, &[("FAKE_NVML_INIT", "9")]);
+        let gpu = line_of(&stdout, "gpu ");
+        assert!(
+            gpu.contains("off  NVML did not initialise: the NVIDIA kernel driver is not loaded")
+                && gpu.contains("(probed again every 60 s)"),
+            "{stdout}"
+        );
+        assert!(!stdout.contains("- gpu:"), "{stdout}");
+    }
 }
 
 /// The line of `stdout` that starts with `start` (after its indent).

@@ -160,8 +160,7 @@ pub fn gpu_affinity(sysfs: &Path) -> Option<Affinities> {
             continue; // not where a PCI function lives
         }
         let class = hex(resolved.join("class")).unwrap_or(0);
-        let is_gpu =
-            hex(resolved.join("vendor")) == Some(NVIDIA) && matches!(class >> 8, 0x0302 | 0x0300);
+        let is_gpu = is_nvidia_gpu(hex(resolved.join("vendor")), class);
         let mut peers = Vec::new();
         for (sub, kind) in [("infiniband", "rdma"), ("net", "netdev"), ("nvme", "nvme")] {
             peers.extend(names_in(&resolved.join(sub)).into_iter().map(|n| (kind, n)));
@@ -211,6 +210,81 @@ pub fn gpu_affinity(sysfs: &Path) -> Option<Affinities> {
         rows: out,
         unusable,
     })
+}
+
+/// A 3D or VGA controller of NVIDIA's.
+fn is_nvidia_gpu(vendor: Option<u32>, class: u32) -> bool {
+    vendor == Some(NVIDIA) && matches!(class >> 8, 0x0302 | 0x0300)
+}
+
+/// An NVIDIA GPU on the PCI bus, and the driver bound to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PciGpu {
+    /// Its PCI address, `0000:17:00.0`.
+    pub address: String,
+    /// The bound driver (`nvidia`, `vfio-pci`, `nouveau`); `None` when none is.
+    pub driver: Option<String>,
+}
+
+impl PciGpu {
+    /// Bound to a driver that hands the device to a virtual machine
+    /// (`vfio-pci`, `pci-stub`): the host has given it away, and no NVML on
+    /// the host can read it.
+    pub fn given_to_a_vm(&self) -> bool {
+        matches!(self.driver.as_deref(), Some("vfio-pci" | "pci-stub"))
+    }
+
+    /// `0000:17:00.0 (bound to nvidia)`, or `(bound to no driver)`.
+    pub fn describe(&self) -> String {
+        match &self.driver {
+            Some(driver) => format!("{} (bound to {driver})", self.address),
+            None => format!("{} (bound to no driver)", self.address),
+        }
+    }
+}
+
+/// The NVIDIA GPUs (3D or VGA controllers) under `<sysfs>/bus/pci/devices`,
+/// in address order, whatever driver they are bound to; `None` when the
+/// directory is not there. A function whose `vendor` or `class` cannot be
+/// read is taken for no GPU. Two small reads a function: cheap enough for a
+/// probe, not meant for every tick.
+pub fn nvidia_gpus(sysfs: &Path) -> Option<Vec<PciGpu>> {
+    let dir = sysfs.join("bus/pci/devices");
+    if !dir.is_dir() {
+        return None;
+    }
+    let gpus = names_in(&dir)
+        .into_iter()
+        .filter(|address| is_pci_address(address))
+        .filter_map(|address| {
+            let function = dir.join(&address);
+            let vendor = hex_file(&function.join("vendor")).ok().flatten();
+            let class = hex_file(&function.join("class"))
+                .ok()
+                .flatten()
+                .unwrap_or(0);
+            is_nvidia_gpu(vendor, class).then(|| PciGpu {
+                driver: std::fs::read_link(function.join("driver"))
+                    .ok()
+                    .and_then(|to| Some(to.file_name()?.to_str()?.to_owned())),
+                address,
+            })
+        })
+        .collect();
+    Some(gpus)
+}
+
+/// Whether NVML's bus id (`00000000:17:00.0`, an 8-digit domain, upper
+/// case) and a sysfs address (`0000:17:00.0`) name the same function.
+pub fn same_pci_function(nvml_bus_id: &str, sysfs_address: &str) -> bool {
+    fn parts(id: &str) -> Option<[u32; 4]> {
+        let (domain, rest) = id.trim().split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (device, function) = rest.split_once('.')?;
+        let hex = |t: &str| u32::from_str_radix(t, 16).ok();
+        Some([hex(domain)?, hex(bus)?, hex(device)?, hex(function)?])
+    }
+    parts(nvml_bus_id).is_some_and(|a| parts(sysfs_address) == Some(a))
 }
 
 /// Sorts `mlx5_2` before `mlx5_10`.
@@ -398,5 +472,65 @@ mod tests {
         // A function without a class file is simply no GPU.
         std::fs::remove_file(&vendor).unwrap();
         assert_eq!(gpu_affinity(sys).unwrap().unusable, []);
+    }
+
+    #[test]
+    fn nvidia_gpus_are_listed_with_the_driver_bound_to_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path();
+        // One GPU bound to no driver, an HCA and an NVMe drive.
+        crate::testutil::flat_pci_tree(sys);
+        // One bound to nvidia, one to vfio-pci, an NVSwitch (a bridge, not a
+        // GPU) and a VGA controller of NVIDIA's.
+        for (bdf, class, driver) in [
+            ("0000:00:08.0", "0x030200", Some("nvidia")),
+            ("0000:00:09.0", "0x030200", Some("vfio-pci")),
+            ("0000:00:0a.0", "0x068000", Some("nvidia")),
+            ("0000:00:0b.0", "0x030000", Some("nvidia")),
+        ] {
+            let f = sys.join("devices/pci0000:00").join(bdf);
+            std::fs::create_dir_all(&f).unwrap();
+            std::fs::write(f.join("vendor"), "0x10de\n").unwrap();
+            std::fs::write(f.join("class"), class).unwrap();
+            if let Some(driver) = driver {
+                std::os::unix::fs::symlink(
+                    format!("../../../bus/pci/drivers/{driver}"),
+                    f.join("driver"),
+                )
+                .unwrap();
+            }
+            std::os::unix::fs::symlink(
+                format!("../../../devices/pci0000:00/{bdf}"),
+                sys.join("bus/pci/devices").join(bdf),
+            )
+            .unwrap();
+        }
+        let gpus = nvidia_gpus(sys).unwrap();
+        let found: Vec<(&str, Option<&str>, bool)> = gpus
+            .iter()
+            .map(|g| (g.address.as_str(), g.driver.as_deref(), g.given_to_a_vm()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("0000:00:05.0", None, false),
+                ("0000:00:08.0", Some("nvidia"), false),
+                ("0000:00:09.0", Some("vfio-pci"), true),
+                ("0000:00:0b.0", Some("nvidia"), false),
+            ]
+        );
+        assert_eq!(gpus[0].describe(), "0000:00:05.0 (bound to no driver)");
+        assert_eq!(gpus[1].describe(), "0000:00:08.0 (bound to nvidia)");
+        assert_eq!(nvidia_gpus(&sys.join("nonexistent")), None);
+    }
+
+    #[test]
+    fn nvml_bus_ids_name_sysfs_functions() {
+        assert!(same_pci_function("00000000:3B:00.0", "0000:3b:00.0"));
+        assert!(same_pci_function("00000001:3B:00.1", "0001:3b:00.1"));
+        assert!(!same_pci_function("00000000:3B:00.0", "0000:3b:00.1"));
+        assert!(!same_pci_function("00000000:3B:00.0", "0001:3b:00.0"));
+        assert!(!same_pci_function("", "0000:3b:00.0"));
+        assert!(!same_pci_function("garbage", "garbage"));
     }
 }

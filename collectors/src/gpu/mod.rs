@@ -43,6 +43,7 @@ pub mod sim;
 mod tables;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use vtax_store::{Batch, BatchBuilder};
 
@@ -52,7 +53,8 @@ use self::backend::{
 };
 use self::energy::{EnergyCounter, EnergyReading};
 use self::owner::Owners;
-use super::{Availability, Collector, Roots};
+use super::{Availability, Collector, ParseError, Roots};
+use crate::pci::PciGpu;
 
 pub use self::config::GpuConfig;
 pub use self::doctor::doctor_lines;
@@ -451,6 +453,12 @@ pub struct Gpu {
     /// What the collector this one replaced on a reload knew of each GPU,
     /// by UUID, until the probe finds the GPUs again.
     carried: BTreeMap<String, GpuState>,
+    /// Where the PCI bus is seen: the GPUs on it are what NVML should list.
+    sysfs: PathBuf,
+    /// NVIDIA GPUs on the PCI bus that NVML does not list, found at the
+    /// probe (NVML enumerates its GPUs once, at init): the collector's
+    /// sources that read badly while it reads the others.
+    unlisted: Vec<ParseError>,
 }
 
 impl Gpu {
@@ -464,7 +472,70 @@ impl Gpu {
             driver_version: String::new(),
             owners: Owners::new(roots),
             carried: BTreeMap::new(),
+            sysfs: roots.sysfs.clone(),
+            unlisted: Vec::new(),
         }
+    }
+
+    /// The NVIDIA GPUs on the PCI bus that NVML on this host should read:
+    /// none for the simulator, none given to virtual machines.
+    fn gpus_on_pci(&self) -> Vec<PciGpu> {
+        if self.config.simulate_gpus > 0 {
+            return Vec::new();
+        }
+        let mut gpus = crate::pci::nvidia_gpus(&self.sysfs).unwrap_or_default();
+        gpus.retain(|g| !g.given_to_a_vm());
+        gpus
+    }
+
+    /// Why no GPU is read, as the probe says it: the source is absent when
+    /// no GPU is on the PCI bus for NVML to read, and reads badly when GPUs
+    /// are there and NVML cannot read them, so that the collector counts as
+    /// failing (`vtax_collector_success` 0, the `VtaxCollectorFailing`
+    /// alert) instead of waiting quietly on a node whose GPUs go unread.
+    fn unread(&self, reason: String) -> Availability {
+        let on_pci = self.gpus_on_pci();
+        if on_pci.is_empty() {
+            return Availability::Absent(reason);
+        }
+        let each: Vec<String> = on_pci.iter().map(PciGpu::describe).collect();
+        let gpus = match on_pci.len() {
+            1 => "1 NVIDIA GPU is".to_string(),
+            n => format!("{n} NVIDIA GPUs are"),
+        };
+        Availability::Failed(format!("{gpus} on the PCI bus ({}), but {reason}", each.join(", ")))
+    }
+
+    /// The GPUs on the PCI bus that `listed` (NVML's) leaves out, each as
+    /// a source that reads badly, with what the driver bound to it says.
+    fn unlisted_on_pci(&self, listed: &[GpuIdentity]) -> Vec<ParseError> {
+        self.gpus_on_pci()
+            .into_iter()
+            .filter(|g| !listed.iter().any(|l| crate::pci::same_pci_function(&l.pci_bus_id, &g.address)))
+            .map(|g| {
+                let why = match g.driver.as_deref() {
+                    Some("nvidia") => {
+                        "an NVIDIA GPU bound to the nvidia driver that NVML does not list: the \
+                         driver did not bring it up (dmesg names why, RmInitAdapter failed), it \
+                         fell off the bus before NVML started, or the agent's container was given \
+                         only some GPUs (NVIDIA_VISIBLE_DEVICES); restart the agent once it is \
+                         back (NVML lists GPUs when it starts)"
+                            .to_string()
+                    }
+                    Some(driver) => format!(
+                        "an NVIDIA GPU bound to {driver}, not to the nvidia driver: NVML cannot read it"
+                    ),
+                    None => "an NVIDIA GPU bound to no driver: the nvidia driver did not take it \
+                             (dmesg says why)"
+                        .to_string(),
+                };
+                ParseError {
+                    path: self.sysfs.join("bus/pci/devices").join(&g.address).display().to_string(),
+                    line: 0,
+                    reason: why,
+                }
+            })
+            .collect()
     }
 }
 
@@ -755,15 +826,17 @@ impl Collector for Gpu {
             .map_or_else(|| self.config.backend(self.owners.procfs()), Ok)
         {
             Ok(b) => self.backend.insert(b),
-            Err(reason) => return Availability::Absent(reason),
+            Err(reason) => return self.unread(reason),
         };
         self.gpus = match backend.identities() {
             Ok(gpus) if gpus.is_empty() => {
-                return Availability::Absent("the NVIDIA driver is loaded but sees no GPU".into())
+                return self.unread("the NVIDIA driver is loaded but sees no GPU".into())
             }
             Ok(gpus) => gpus,
-            Err(reason) => return Availability::Absent(reason),
+            Err(reason) => return self.unread(reason),
         };
+        self.unlisted = self.unlisted_on_pci(&self.gpus);
+        let backend = self.backend.as_mut().expect("put there above");
         self.driver_version = backend.driver_version();
         let mut carried = std::mem::take(&mut self.carried);
         self.states = self
@@ -954,6 +1027,10 @@ impl Collector for Gpu {
             self.backend = backend;
         }
         self.carried = gpus.into_iter().map(|g| g.uuid).zip(states).collect();
+    }
+
+    fn source_errors(&self) -> Vec<ParseError> {
+        self.unlisted.clone()
     }
 
     fn problems(&self) -> Vec<String> {

@@ -70,6 +70,18 @@ pub fn load() -> Result<&'static Nvml, String> {
         Err(NvmlError::LibloadingError(e)) => Err(format!(
             "no NVIDIA driver: libnvidia-ml.so.1 could not be loaded ({e})"
         )),
+        // The two an operator meets most, with what mends them.
+        Err(NvmlError::LibRmVersionMismatch) => Err(
+            "NVML did not initialise: the loaded NVIDIA kernel driver and libnvidia-ml.so.1 are \
+             of different versions, as after a driver upgrade without a reboot; reboot the node \
+             (or unload and load the nvidia modules)"
+                .into(),
+        ),
+        Err(NvmlError::DriverNotLoaded) => Err(
+            "NVML did not initialise: the NVIDIA kernel driver is not loaded (modprobe nvidia; \
+             dmesg says why it did not load)"
+                .into(),
+        ),
         Err(e) => Err(format!("NVML did not initialise: {e}")),
     }
 }
