@@ -212,7 +212,7 @@ impl Verdict {
             "vm_passthrough" => format!("{} passed through", gpus(n)),
             "bare_metal" if n > 0 => format!("{}, not virtualized", gpus(n)),
             _ if n > 0 => gpus(n),
-            _ => "no GPU".to_string(),
+            _ => "no GPU read".to_string(),
         };
         format!("{machine}, {how}")
     }
@@ -237,7 +237,7 @@ impl Verdict {
             ),
         ];
         if self.gpu_virtualization == "none" {
-            lines.push("GPUs: none".into());
+            lines.push("GPUs: none read".into());
         } else {
             lines.push(format!(
                 "GPUs: NVML virtualization mode {}, MIG {}, NVLink links up {}, PCIe {}",
@@ -629,10 +629,13 @@ mod tests {
             sentence("vm", vec![gpu("vgpu", "off"); 4]),
             "KVM virtual machine (test), 4 GPUs, vGPU on all"
         );
-        assert_eq!(sentence("vm", vec![]), "KVM virtual machine (test), no GPU");
+        assert_eq!(
+            sentence("vm", vec![]),
+            "KVM virtual machine (test), no GPU read"
+        );
         assert_eq!(
             Facts::default().verdict().sentence(),
-            "virtualization unknown, no GPU"
+            "virtualization unknown, no GPU read"
         );
         let explained = facts("vm", vec![gpu("bare", "on")]).verdict().explain();
         assert!(explained[0].ends_with("{verdict=\"mig\"}"), "{explained:?}");

@@ -38,7 +38,7 @@ fn doctor_report(config: &GpuConfig, roots: &Roots, pause: std::time::Duration) 
     let mut collector = Gpu::new(&every_read, roots);
     let found = match collector.probe() {
         Availability::Absent(reason) | Availability::Failed(reason) => {
-            return vec![format!("no GPU: {reason}")]
+            return vec![format!("no GPU read: {reason}")]
         }
         Availability::Available(found) => found,
     };
