@@ -217,19 +217,25 @@ fn is_nvidia_gpu(vendor: Option<u32>, class: u32) -> bool {
     vendor == Some(NVIDIA) && matches!(class >> 8, 0x0302 | 0x0300)
 }
 
-/// An NVIDIA GPU on the PCI bus, and the driver bound to it.
+/// A PCI function of the kind a collector looks for (an NVIDIA GPU, an
+/// InfiniBand controller), and what the kernel made of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PciGpu {
+pub struct PciFunction {
     /// Its PCI address, `0000:17:00.0`.
     pub address: String,
-    /// The bound driver (`nvidia`, `vfio-pci`, `nouveau`); `None` when none is.
+    /// The bound driver (`nvidia`, `mlx5_core`, `vfio-pci`); `None` when none is.
     pub driver: Option<String>,
+    /// An SR-IOV virtual function (it has a `physfn` link): one of the
+    /// slices a physical function hands out, idle until something takes it.
+    pub virtual_function: bool,
+    /// The RDMA devices the kernel made of it (`infiniband/mlx5_0`).
+    pub rdma_devices: Vec<String>,
 }
 
-impl PciGpu {
+impl PciFunction {
     /// Bound to a driver that hands the device to a virtual machine
-    /// (`vfio-pci`, `pci-stub`): the host has given it away, and no NVML on
-    /// the host can read it.
+    /// (`vfio-pci`, `pci-stub`): the host has given it away, and reads
+    /// nothing of it.
     pub fn given_to_a_vm(&self) -> bool {
         matches!(self.driver.as_deref(), Some("vfio-pci" | "pci-stub"))
     }
@@ -243,17 +249,20 @@ impl PciGpu {
     }
 }
 
-/// The NVIDIA GPUs (3D or VGA controllers) under `<sysfs>/bus/pci/devices`,
-/// in address order, whatever driver they are bound to; `None` when the
-/// directory is not there. A function whose `vendor` or `class` cannot be
-/// read is taken for no GPU. Two small reads a function: cheap enough for a
-/// probe, not meant for every tick.
-pub fn nvidia_gpus(sysfs: &Path) -> Option<Vec<PciGpu>> {
+/// The functions under `<sysfs>/bus/pci/devices` whose vendor and class
+/// `wanted` takes, in address order; `None` when the directory is not
+/// there. A function whose `vendor` or `class` cannot be read is not
+/// taken. Two small reads a function: cheap enough for a probe or a walk,
+/// not meant for every tick.
+fn functions_where(
+    sysfs: &Path,
+    wanted: impl Fn(Option<u32>, u32) -> bool,
+) -> Option<Vec<PciFunction>> {
     let dir = sysfs.join("bus/pci/devices");
     if !dir.is_dir() {
         return None;
     }
-    let gpus = names_in(&dir)
+    let found = names_in(&dir)
         .into_iter()
         .filter(|address| is_pci_address(address))
         .filter_map(|address| {
@@ -263,15 +272,31 @@ pub fn nvidia_gpus(sysfs: &Path) -> Option<Vec<PciGpu>> {
                 .ok()
                 .flatten()
                 .unwrap_or(0);
-            is_nvidia_gpu(vendor, class).then(|| PciGpu {
+            wanted(vendor, class).then(|| PciFunction {
                 driver: std::fs::read_link(function.join("driver"))
                     .ok()
                     .and_then(|to| Some(to.file_name()?.to_str()?.to_owned())),
+                virtual_function: function.join("physfn").symlink_metadata().is_ok(),
+                rdma_devices: names_in(&function.join("infiniband")),
                 address,
             })
         })
         .collect();
-    Some(gpus)
+    Some(found)
+}
+
+/// The NVIDIA GPUs (3D or VGA controllers) on the PCI bus, whatever driver
+/// they are bound to.
+pub fn nvidia_gpus(sysfs: &Path) -> Option<Vec<PciFunction>> {
+    functions_where(sysfs, is_nvidia_gpu)
+}
+
+/// The InfiniBand controllers (class 0x0207, any vendor) on the PCI bus.
+/// An HCA in Ethernet mode (RoCE) is a network controller (0x0200) and is
+/// not one: without RDMA it is an Ethernet NIC, which is the netdev
+/// collector's.
+pub fn infiniband_controllers(sysfs: &Path) -> Option<Vec<PciFunction>> {
+    functions_where(sysfs, |_, class| class >> 8 == 0x0207)
 }
 
 /// Whether NVML's bus id (`00000000:17:00.0`, an 8-digit domain, upper
@@ -510,6 +535,9 @@ mod tests {
             .iter()
             .map(|g| (g.address.as_str(), g.driver.as_deref(), g.given_to_a_vm()))
             .collect();
+        assert!(gpus
+            .iter()
+            .all(|g| !g.virtual_function && g.rdma_devices.is_empty()));
         assert_eq!(
             found,
             [
@@ -522,6 +550,12 @@ mod tests {
         assert_eq!(gpus[0].describe(), "0000:00:05.0 (bound to no driver)");
         assert_eq!(gpus[1].describe(), "0000:00:08.0 (bound to nvidia)");
         assert_eq!(nvidia_gpus(&sys.join("nonexistent")), None);
+        // The tree's HCA (class 0x020700, an InfiniBand controller), with
+        // its RDMA device.
+        let hcas = infiniband_controllers(sys).unwrap();
+        assert_eq!(hcas.len(), 1);
+        assert_eq!(hcas[0].address, "0000:00:06.0");
+        assert_eq!(hcas[0].rdma_devices, ["mlx5_0"]);
     }
 
     #[test]

@@ -54,7 +54,7 @@ use self::backend::{
 use self::energy::{EnergyCounter, EnergyReading};
 use self::owner::Owners;
 use super::{Availability, Collector, ParseError, Roots};
-use crate::pci::PciGpu;
+use crate::pci::PciFunction;
 
 pub use self::config::GpuConfig;
 pub use self::doctor::doctor_lines;
@@ -479,7 +479,7 @@ impl Gpu {
 
     /// The NVIDIA GPUs on the PCI bus that NVML on this host should read:
     /// none for the simulator, none given to virtual machines.
-    fn gpus_on_pci(&self) -> Vec<PciGpu> {
+    fn gpus_on_pci(&self) -> Vec<PciFunction> {
         if self.config.simulate_gpus > 0 {
             return Vec::new();
         }
@@ -498,7 +498,7 @@ impl Gpu {
         if on_pci.is_empty() {
             return Availability::Absent(reason);
         }
-        let each: Vec<String> = on_pci.iter().map(PciGpu::describe).collect();
+        let each: Vec<String> = on_pci.iter().map(PciFunction::describe).collect();
         let gpus = match on_pci.len() {
             1 => "1 NVIDIA GPU is".to_string(),
             n => format!("{n} NVIDIA GPUs are"),

@@ -28,6 +28,14 @@ pub struct Infiniband {
     /// Files that read badly at the last tick, the walk's included: each
     /// costs only its own value (or its device), not the other ports'.
     pub(super) errors: Vec<ParseError>,
+    /// Where the PCI bus is seen.
+    pub(super) sysfs: PathBuf,
+    /// The InfiniBand controllers on the PCI bus that the kernel made no
+    /// RDMA device of, found when the device list changes: named at every
+    /// tick as sources that read badly.
+    pub(super) controllers_without_device: Vec<ParseError>,
+    /// Whether the bus has been read since the device list last changed.
+    pub(super) bus_read: bool,
 }
 
 impl Infiniband {
@@ -52,7 +60,41 @@ impl Infiniband {
             problems: Vec::new(),
             walk_errors: Vec::new(),
             errors: Vec::new(),
+            sysfs: roots.sysfs.clone(),
+            controllers_without_device: Vec::new(),
+            bus_read: false,
         }
+    }
+
+    /// The InfiniBand controllers on the PCI bus without an RDMA device,
+    /// each as a source that reads badly: their ports are unread, and
+    /// without this the collector would wait (no `class/infiniband`) or read
+    /// the other HCAs as if they were all. Left out: virtual functions (idle
+    /// until something takes them), functions handed to a VM, and every
+    /// controller when `collectors.infiniband.devices` picks the devices.
+    fn controllers_without_device(&self) -> Vec<ParseError> {
+        if !self.devices_wanted.is_empty() {
+            return Vec::new();
+        }
+        let controllers = crate::pci::infiniband_controllers(&self.sysfs).unwrap_or_default();
+        controllers
+            .into_iter()
+            .filter(|c| !c.virtual_function && !c.given_to_a_vm() && c.rdma_devices.is_empty())
+            .map(|c| ParseError {
+                path: self.sysfs.join("bus/pci/devices").join(&c.address).display().to_string(),
+                line: 0,
+                reason: match &c.driver {
+                    Some(driver) => format!(
+                        "an InfiniBand controller bound to {driver} with no RDMA device: the \
+                         driver did not bring it up (dmesg names why: firmware, a health \
+                         error) or its RDMA module (mlx5_ib) is not loaded; its ports are not read"
+                    ),
+                    None => "an InfiniBand controller bound to no driver (dmesg says why); its \
+                             ports are not read"
+                        .to_string(),
+                },
+            })
+            .collect()
     }
 
     /// Lists `class_dir` into `self.listing`, sorted; `false` when it is absent.
@@ -79,6 +121,11 @@ impl Infiniband {
             Some(listed) => present && *listed == self.listing,
             None => !present,
         };
+        // A controller's RDMA device comes and goes with the list.
+        if !same_list || !self.bus_read {
+            self.controllers_without_device = self.controllers_without_device();
+            self.bus_read = true;
+        }
         if same_list && !self.stale && !self.ticks.is_multiple_of(RESCAN_TICKS) {
             return Ok(());
         }
@@ -315,6 +362,7 @@ impl Collector for Infiniband {
         self.refresh()?;
         self.ticks = self.ticks.wrapping_add(1);
         self.errors.extend(self.walk_errors.iter().cloned());
+        self.errors.extend(self.controllers_without_device.iter().cloned());
         let result = self.read_all(time_us);
         // Finish every builder even on error so no half-tick leaks into the next.
         let batches = [

@@ -879,3 +879,64 @@ fn a_port_deleted_under_its_kept_files_is_noticed_without_its_directory() {
     assert!((0..ports.len()).all(|r| tag(ports, "device", r) != "mlx5_4"));
     assert!(c.stale, "a vanished port asks for a new walk");
 }
+
+/// An InfiniBand controller on the PCI bus that the kernel made no RDMA
+/// device of (the driver did not bring it up) is named as a source that
+/// reads badly while the other HCAs are read; with none brought up, the
+/// collector fails rather than waiting as on a node without HCAs. A
+/// virtual function without a device is idle, not missing.
+#[test]
+fn an_hca_on_the_bus_without_an_rdma_device_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("sys");
+    crate::testutil::copy_tree(&fixture().join("sys"), &sys);
+    let function = |address: &str| {
+        std::fs::canonicalize(sys.join("bus/pci/devices").join(address)).unwrap()
+    };
+    // 0000:3b:00.0 is mlx5_2.
+    std::fs::remove_dir_all(function("0000:3b:00.0").join("infiniband")).unwrap();
+    std::fs::remove_dir_all(sys.join("class/infiniband/mlx5_2")).unwrap();
+    let mut c = collector(dir.path());
+    assert!(matches!(c.probe(), Availability::Available(_)));
+    let batches = c.collect(1_000_000).unwrap();
+    let errors = c.source_errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(
+        errors[0].path,
+        sys.join("bus/pci/devices/0000:3b:00.0").display().to_string()
+    );
+    assert!(
+        errors[0]
+            .reason
+            .starts_with("an InfiniBand controller bound to mlx5_core with no RDMA device"),
+        "{}",
+        errors[0].reason
+    );
+    let port = batch(&batches, &PORT);
+    let devices: std::collections::BTreeSet<String> =
+        (0..port.len()).map(|r| tag(port, "device", r)).collect();
+    assert_eq!(devices.len(), 8, "the others are read: {devices:?}");
+    // Named again at every tick, not only when the list changed.
+    c.collect(2_000_000).unwrap();
+    assert_eq!(c.source_errors().len(), 1);
+
+    // Made a virtual function: idle, not missing.
+    std::os::unix::fs::symlink("../0000:37:01.0", function("0000:3b:00.0").join("physfn")).unwrap();
+    std::fs::remove_dir_all(sys.join("class/infiniband/mlx5_3")).unwrap();
+    c.collect(3_000_000).unwrap();
+    assert_eq!(c.source_errors(), []);
+
+    // No RDMA device at all (mlx5_ib not loaded): not a node without HCAs.
+    std::fs::remove_dir_all(sys.join("class/infiniband")).unwrap();
+    for entry in std::fs::read_dir(sys.join("bus/pci/devices")).unwrap() {
+        let rdma = entry.unwrap().path().join("infiniband");
+        if rdma.is_dir() {
+            std::fs::remove_dir_all(rdma).unwrap();
+        }
+    }
+    let mut c = collector(dir.path());
+    let Availability::Failed(error) = c.probe() else {
+        panic!("an HCA on the bus, none read, is not absent");
+    };
+    assert!(error.contains("an InfiniBand controller bound to mlx5_core with no RDMA device"), "{error}");
+}
