@@ -29,8 +29,10 @@
 //!   as it was, and the doubted read is forgotten; one that follows from the
 //!   doubted read is the counter starting again, and the exported counter
 //!   starts again with it (Prometheus sees a counter reset when it went
-//!   down). So a single wrong read never moves the counter, and a counter
-//!   that really started again is followed one exact interval late.
+//!   down; when it went up, which only a wrong history can make, as a first
+//!   read of nothing, the counter leaps with it once). So a single wrong
+//!   read never moves the counter, and a counter that really started again
+//!   is followed one exact interval late.
 //!
 //! So between two exact reads the counter is off the exact one by the
 //! integration's error over that interval, and never more than the error of
@@ -104,8 +106,9 @@ impl EnergyCounter {
     /// there), and then once `interval_secs` has passed. Half a tick of
     /// slack keeps a tick that comes a little early from slipping the read
     /// to the tick after.
-    /// A doubted read counts as a read here: the next one comes an interval
-    /// after it, at the cost of any other.
+    ///
+    /// A doubted read counts as a read here: the read that settles it comes
+    /// an interval later, as any other would, not at every tick.
     pub fn exact_due(&self, time_us: i64, interval_secs: f64, tick_secs: f64) -> bool {
         let last = match (self.exact, self.doubted) {
             (Some((at, _)), Some((doubted_at, _))) => Some(at.max(doubted_at)),

@@ -252,8 +252,9 @@ impl GpuState {
         }
     }
 
-    /// Keeps the values this tick's sample gave that no GPU can have, and
-    /// logs each one the tick before did not have, and each that is gone.
+    /// Keeps and counts the values this tick left out as not believed, and
+    /// logs each field once when it goes out and once when it is read in
+    /// range again.
     fn note_implausible(&mut self, g: &GpuIdentity, now: plausible::Screened) {
         for i in &now.left_out {
             if !self.implausible_named.contains(&i.field) {
