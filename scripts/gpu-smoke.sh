@@ -120,6 +120,17 @@ nvidia-smi -q > "$out/nvidia-smi-q.txt" 2>&1 || true
 if want doctor; then
   "$VTAX" doctor --gpu --no-collector.cgroups > "$out/doctor-gpu.txt" 2>&1 || true
   sed -n '/^gpus:/,$p' "$out/doctor-gpu.txt"
+  # The GPUs on the PCI bus against those NVML lists: vtax names each one
+  # it finds on the bus and not in NVML's list among the doctor's problems.
+  on_bus=0
+  for function in /sys/bus/pci/devices/*; do
+    if [ "$(cat "$function/vendor" 2>/dev/null)" = 0x10de ]; then
+      case "$(cat "$function/class" 2>/dev/null)" in 0x0300*|0x0302*) on_bus=$((on_bus + 1)) ;; esac
+    fi
+  done
+  listed=$(grep -c '^GPU ' "$out/nvidia-smi-L.txt" || true)
+  unlisted=$(grep -c '^  - gpu: .*/bus/pci/devices/' "$out/doctor-gpu.txt" || true)
+  echo "== NVIDIA GPUs on the PCI bus: $on_bus; listed by nvidia-smi: $listed; named by vtax as not listed: $unlisted"
 fi
 
 if want agent; then
