@@ -508,8 +508,9 @@ fn doctor_on(fake: &FakeNvml, sys: &std::path::Path, env: &[(&str, &str)]) -> St
 fn gpus_on_the_pci_bus_that_nvml_does_not_read_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let sys = dir.path().join("sys");
-    // The fake's two GPUs, a third that the driver did not bring up, and a
-    // fourth handed to a VM.
+    // The fake's two GPUs, a third that the driver did not bring up, a
+    // fourth handed to a VM, and a vGPU host's SR-IOV slice of the first
+    // (a virtual function, which NVML does not list as a GPU of its own).
     pci_bus_with_gpus(
         &sys,
         &[
@@ -517,8 +518,14 @@ fn gpus_on_the_pci_bus_that_nvml_does_not_read_are_named() {
             ("0000:28:00.0", Some("nvidia")),
             ("0000:38:00.0", Some("nvidia")),
             ("0000:48:00.0", Some("vfio-pci")),
+            ("0000:18:00.4", Some("nvidia")),
         ],
     );
+    std::os::unix::fs::symlink(
+        "../0000:18:00.0",
+        sys.join("devices/pci0000:00/0000:18:00.4/physfn"),
+    )
+    .unwrap();
     let fake = FakeNvml::new(Driver::Current, "");
     let stdout = doctor_on(&fake, &sys, &[]);
     let unlisted = format!("- gpu: {}/bus/pci/devices/0000:38:00.0: ", sys.display());

@@ -479,13 +479,15 @@ impl Gpu {
     }
 
     /// The NVIDIA GPUs on the PCI bus that NVML on this host should read:
-    /// none for the simulator, none given to virtual machines.
+    /// none for the simulator, none given to virtual machines, and no
+    /// virtual function (a vGPU host's SR-IOV slices of a GPU are NVIDIA
+    /// 3D controllers too, and NVML lists the physical GPU alone).
     fn gpus_on_pci(&self) -> Vec<PciFunction> {
         if self.config.simulate_gpus > 0 {
             return Vec::new();
         }
         let mut gpus = crate::pci::nvidia_gpus(&self.sysfs).unwrap_or_default();
-        gpus.retain(|g| !g.given_to_a_vm());
+        gpus.retain(|g| !g.given_to_a_vm() && !g.virtual_function);
         gpus
     }
 
