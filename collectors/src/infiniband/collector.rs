@@ -373,7 +373,20 @@ impl Collector for Infiniband {
         ];
         result?;
         if batches.iter().all(|b| b.is_empty()) && !self.errors.is_empty() {
-            // Nothing read well: the source is bad, not a file of it.
+            // Nothing read well: the source is bad, not a file of it. With
+            // no RDMA device at all, every HCA on the bus is why, not the
+            // first alone.
+            let missing = &self.controllers_without_device;
+            if self.devices.is_empty() && missing.len() > 1 {
+                let each: Vec<&str> = missing.iter().map(|e| e.path.as_str()).collect();
+                return Err(anyhow!(
+                    "{} InfiniBand controllers on the PCI bus and no RDMA device of any ({}): \
+                     the driver did not bring them up (dmesg names why) or the RDMA module \
+                     (mlx5_ib) is not loaded; no port is read",
+                    missing.len(),
+                    each.join(", ")
+                ));
+            }
             return Err(self.errors.remove(0).into());
         }
         for wanted in &self.devices_wanted {
