@@ -56,6 +56,10 @@ use super::plausible::POWER_WATTS_MAX;
 /// Microseconds in a second.
 const US: f64 = 1e6;
 
+/// Why a doubted exact read is left out, as `plausible::Implausible::why`
+/// says it.
+pub const DOES_NOT_FOLLOW: &str = "which does not follow from the exact read before it";
+
 /// Whether the exact read `joules` at `time_us` follows from the exact read
 /// `from`: not below it, and not past it by more than a GPU can draw in the
 /// time between. The second more allows for a driver that updates its
@@ -110,10 +114,7 @@ impl EnergyCounter {
     /// A doubted read counts as a read here: the read that settles it comes
     /// an interval later, as any other would, not at every tick.
     pub fn exact_due(&self, time_us: i64, interval_secs: f64, tick_secs: f64) -> bool {
-        let last = match (self.exact, self.doubted) {
-            (Some((at, _)), Some((doubted_at, _))) => Some(at.max(doubted_at)),
-            (exact, doubted) => exact.or(doubted).map(|(at, _)| at),
-        };
+        let last = [self.exact, self.doubted].into_iter().flatten().map(|(at, _)| at).max();
         match last {
             None => true,
             Some(at) => (time_us - at) as f64 / US + tick_secs / 2.0 >= interval_secs,

@@ -912,7 +912,7 @@ impl Collector for Gpu {
                         screened.left_out.push(plausible::Implausible {
                             field: "energy_joules",
                             value,
-                            why: "which does not follow from the exact read before it",
+                            why: energy::DOES_NOT_FOLLOW,
                         });
                     }
                     state.note_implausible(g, screened);

@@ -72,7 +72,7 @@ impl Infiniband {
     /// the other HCAs as if they were all. Left out: virtual functions (idle
     /// until something takes them), functions handed to a VM, and every
     /// controller when `collectors.infiniband.devices` picks the devices.
-    fn controllers_without_device(&self) -> Vec<ParseError> {
+    fn read_controllers_without_device(&self) -> Vec<ParseError> {
         if !self.devices_wanted.is_empty() {
             return Vec::new();
         }
@@ -123,7 +123,7 @@ impl Infiniband {
         };
         // A controller's RDMA device comes and goes with the list.
         if !same_list || !self.bus_read {
-            self.controllers_without_device = self.controllers_without_device();
+            self.controllers_without_device = self.read_controllers_without_device();
             self.bus_read = true;
         }
         if same_list && !self.stale && !self.ticks.is_multiple_of(RESCAN_TICKS) {
