@@ -56,19 +56,32 @@ scores = con.sql(f"""
                    FILTER (utilization_ratio >= 0.5) AS hbm,
                sum(nvlink_links_up) AS links_up, sum(nvlink_links_product) AS links_product
         FROM {table('gpu')} GROUP BY ALL
-    ), cpu_hour AS (
+    ), cpu_step AS (
+        -- A counter's growth from each sample to the next, in the hour of the
+        -- later one. A step where it went back (the node rebooted) is left
+        -- out: a max less a min would read the boot before as steal.
         SELECT node, date_trunc('hour', time) AS hour, cpu,
-               greatest(max(steal_seconds) - min(steal_seconds), 0)
-                   / nullif(epoch(max(time)) - epoch(min(time)), 0) AS steal
-        FROM {table('cpu')} GROUP BY ALL
+               steal_seconds - lag(steal_seconds) OVER w AS grown,
+               epoch(time) - epoch(lag(time) OVER w) AS elapsed
+        FROM {table('cpu')}
+        WINDOW w AS (PARTITION BY node, cpu ORDER BY time)
+    ), cpu_hour AS (
+        SELECT node, hour, cpu, sum(grown) / nullif(sum(elapsed), 0) AS steal
+        FROM cpu_step WHERE grown >= 0 GROUP BY ALL
     ), jitter_hour AS (
         SELECT node, date_trunc('hour', time) AS hour, cpu, avg(wakeup_p99_seconds) AS p99
         FROM {table('jitter')} GROUP BY ALL
-    ), port_hour AS (
+    ), port_step AS (
+        -- As cpu_step: a port's counters go back when they are reset or the
+        -- node reboots.
         SELECT node, date_trunc('hour', time) AS hour, device, port,
-               greatest(max(xmit_wait) - min(xmit_wait), 0)
-                   / nullif(epoch(max(time)) - epoch(min(time)), 0) AS xmit_wait
-        FROM {table('infiniband_port')} GROUP BY ALL
+               xmit_wait::DOUBLE - lag(xmit_wait::DOUBLE) OVER w AS grown,
+               epoch(time) - epoch(lag(time) OVER w) AS elapsed
+        FROM {table('infiniband_port')}
+        WINDOW w AS (PARTITION BY node, device, port ORDER BY time)
+    ), port_hour AS (
+        SELECT node, hour, device, port, sum(grown) / nullif(sum(elapsed), 0) AS xmit_wait
+        FROM port_step WHERE grown >= 0 GROUP BY ALL
     ), node_signal AS (
         SELECT node, hour, 'sm_clock_ratio' AS signal, min(sm) AS value FROM gpu_hour GROUP BY ALL
         UNION ALL SELECT node, hour, 'hbm_peak_ratio', min(hbm) FROM gpu_hour GROUP BY ALL

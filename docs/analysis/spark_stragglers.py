@@ -40,7 +40,7 @@ for name in ["gpu", "cpu", "jitter", "infiniband_port"]:
         # A fleet without the table (no InfiniBand anywhere): no rows of it.
         spark.sql("SELECT * FROM VALUES (CAST(NULL AS STRING)) AS t(node) WHERE false").createOrReplaceTempView(name)
 RECENT = f"date >= date_sub(current_date(), {DAYS})"
-SECONDS = "(unix_micros(max(time)) - unix_micros(min(time))) / 1e6"
+ELAPSED = "(unix_micros(time) - unix_micros(lag(time) OVER w)) / 1e6"
 
 scores = spark.sql(f"""
     WITH gpu_hour AS (
@@ -50,17 +50,28 @@ scores = spark.sql(f"""
                    FILTER (WHERE utilization_ratio >= 0.5) AS hbm,
                sum(nvlink_links_up) AS links_up, sum(nvlink_links_product) AS links_product
         FROM gpu WHERE {RECENT} GROUP BY 1, 2, 3
-    ), cpu_hour AS (
+    ), cpu_step AS (
+        -- Growth from each sample to the next, a step that goes back (a
+        -- reboot) left out, as in duckdb_stragglers.py.
         SELECT node, date_trunc('HOUR', time) AS hour, cpu,
-               greatest(max(steal_seconds) - min(steal_seconds), 0) / nullif({SECONDS}, 0) AS steal
-        FROM cpu WHERE {RECENT} GROUP BY 1, 2, 3
+               steal_seconds - lag(steal_seconds) OVER w AS grown, {ELAPSED} AS elapsed
+        FROM cpu WHERE {RECENT}
+        WINDOW w AS (PARTITION BY node, cpu ORDER BY time)
+    ), cpu_hour AS (
+        SELECT node, hour, cpu, sum(grown) / nullif(sum(elapsed), 0) AS steal
+        FROM cpu_step WHERE grown >= 0 GROUP BY 1, 2, 3
     ), jitter_hour AS (
         SELECT node, date_trunc('HOUR', time) AS hour, cpu, avg(wakeup_p99_seconds) AS p99
         FROM jitter WHERE {RECENT} GROUP BY 1, 2, 3
-    ), port_hour AS (
+    ), port_step AS (
         SELECT node, date_trunc('HOUR', time) AS hour, device, port,
-               greatest(max(xmit_wait) - min(xmit_wait), 0) / nullif({SECONDS}, 0) AS xmit_wait
-        FROM infiniband_port WHERE {RECENT} GROUP BY 1, 2, 3, 4
+               CAST(xmit_wait AS DOUBLE) - lag(CAST(xmit_wait AS DOUBLE)) OVER w AS grown,
+               {ELAPSED} AS elapsed
+        FROM infiniband_port WHERE {RECENT}
+        WINDOW w AS (PARTITION BY node, device, port ORDER BY time)
+    ), port_hour AS (
+        SELECT node, hour, device, port, sum(grown) / nullif(sum(elapsed), 0) AS xmit_wait
+        FROM port_step WHERE grown >= 0 GROUP BY 1, 2, 3, 4
     ), node_signal AS (
         SELECT node, hour, 'sm_clock_ratio' AS signal, min(sm) AS value FROM gpu_hour GROUP BY 1, 2
         UNION ALL SELECT node, hour, 'hbm_peak_ratio', min(hbm) FROM gpu_hour GROUP BY 1, 2

@@ -19,6 +19,9 @@ out as the uploader does:
                          interrupted.json saying what each holds
 
 NODES below says what each node plays; the recipes' assertions rely on it.
+REBOOTED nodes run a second time, for 3 s, on a copy of their tree whose
+counters are a thousandth of the first's: a reboot in the middle of the
+fleet's hour, as their stores record it.
 """
 import json
 import os
@@ -42,6 +45,13 @@ NODES = {
 }
 GPUS_PER_NODE = 4
 
+# Nodes that reboot after their first run, and the counters that show it:
+# node_b's CPU times (steal among them), node_a's InfiniBand port counters.
+# A query that takes a counter's growth over the hour as its largest value
+# less its smallest reads the boot before as steal or congestion, and names
+# the rebooted node where node_c holds the job back.
+REBOOTED = ["node_a", "node_b"]
+
 # Short jitter windows so a short run still has several windows per CPU.
 CONFIG = """
 [collectors.jitter]
@@ -54,12 +64,41 @@ window_secs = 2
 """
 
 
-def run_agents(vtax, config, out, stores, seconds):
-    """Runs one agent per node into its store for `seconds`, then stops them cleanly."""
+def rebooted_tree(fixture, out):
+    """A copy of a fixture tree as the node reads just after a reboot: every
+    /proc/stat CPU time and every InfiniBand port counter a thousandth of
+    what the tree holds. Returns its path."""
+    tree = os.path.join(out, f"rebooted-{fixture}")
+    shutil.copytree(os.path.join(FIXTURES, fixture), tree, symlinks=True)
+    stat = os.path.join(tree, "proc", "stat")
+    with open(stat) as f:
+        lines = f.read().splitlines()
+    with open(stat, "w") as f:
+        for line in lines:
+            name, *fields = line.split()
+            if name.startswith("cpu"):
+                line = " ".join([name] + [str(int(v) // 1000) for v in fields])
+            f.write(line + "\n")
+    for root, _, names in os.walk(os.path.join(tree, "sys")):
+        if os.path.basename(root) not in ("counters", "hw_counters"):
+            continue
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit():
+                with open(path, "w") as f:
+                    f.write(f"{int(text) // 1000}\n")
+    return tree
+
+
+def run_agents(vtax, config, out, stores, seconds, trees=None):
+    """Runs one agent per node into its store for `seconds`, then stops them
+    cleanly. `trees` gives a node a tree other than its fixture's."""
     agents = []
     for node, data in stores.items():
         fixture, scenarios = NODES[node]
-        tree = os.path.join(FIXTURES, fixture)
+        tree = (trees or {}).get(node) or os.path.join(FIXTURES, fixture)
         log = open(os.path.join(out, f"{node}.log"), "a")
         agents.append((node, log, subprocess.Popen(
             [vtax, "run", "--config", config, "--data-dir", data, "--store.node", node,
@@ -87,6 +126,8 @@ def main():
     with open(config, "w") as f:
         f.write(CONFIG)
     run_agents(vtax, config, out, {node: os.path.join(out, "nodes", node) for node in NODES}, seconds)
+    run_agents(vtax, config, out, {node: os.path.join(out, "nodes", node) for node in REBOOTED}, 3,
+               trees={node: rebooted_tree(NODES[node][0], out) for node in REBOOTED})
     for node in NODES:
         tables = os.path.join(out, "nodes", node, "tables")
         for table in sorted(os.listdir(tables)):

@@ -152,6 +152,20 @@ def main():
     hours = sorted(hour for hour, node, signal in duck_scores
                    if (node, signal) == (STRAGGLER, "sm_clock_ratio") and duck_scores[(hour, node, signal)][2] == len(NODES))
     assert hours and {r[0] for r in duck_ranking} == {"fleet"}, duck_ranking
+    # The rebooted nodes' counters went back in the hour (make_fleet.REBOOTED);
+    # the fixtures' stand still otherwise, so there was no steal and no
+    # congestion anywhere, the reboots' hour included.
+    for table, column, series, node in [("cpu", "steal_seconds", "cpu", "node_b"),
+                                        ("infiniband_port", "xmit_wait", "device, port", "node_a")]:
+        went_back = duckdb.sql(f"""
+            SELECT count(*) FILTER (back) FROM (
+                SELECT {column} < lag({column}) OVER (PARTITION BY {series} ORDER BY time) AS back
+                FROM read_parquet('{os.environ["VTAX_FLEET"]}/tables/{table}/*/*/*.parquet', hive_partitioning = true)
+                WHERE node = '{node}')""").fetchall()[0][0]
+        assert went_back > 0, f"{node}'s {column} never went back: no reboot in the fleet"
+    for (hour, node, signal), v in duck_scores.items():
+        if signal in ("steal_ratio", "infiniband_xmit_wait_per_second"):
+            assert v[0] == 0.0, (hour, node, signal, v)
     first_fixed = None
     for hour in hours:
         ranked = [r for r in duck_ranking if r[1].replace(tzinfo=None) == hour]
