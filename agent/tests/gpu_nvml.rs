@@ -487,6 +487,16 @@ fn pci_bus_with_gpus(sys: &std::path::Path, functions: &[(&str, Option<&str>)]) 
 
 /// `vtax doctor --gpu` on the fake with the PCI bus of `sys`, and `env`.
 fn doctor_on(fake: &FakeNvml, sys: &std::path::Path, env: &[(&str, &str)]) -> String {
+    doctor_with(fake, sys, env, &[])
+}
+
+/// [`doctor_on`] with more arguments.
+fn doctor_with(
+    fake: &FakeNvml,
+    sys: &std::path::Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut command = Command::new(common::VTAX);
     command
@@ -494,6 +504,7 @@ fn doctor_on(fake: &FakeNvml, sys: &std::path::Path, env: &[(&str, &str)]) -> St
         .arg(sys)
         .arg("--data-dir")
         .arg(dir.path().join("data"))
+        .args(args)
         .envs(fake.env())
         .envs(env.iter().copied());
     common::stdout_of(&mut command)
@@ -567,8 +578,24 @@ fn gpus_on_the_pci_bus_that_nvml_does_not_read_are_named() {
     );
     assert!(agent.stop());
 
-    // NVML does not start: the driver upgraded without a reboot.
-    let stdout = doctor_on(&fake, &sys, &[("FAKE_NVML_INIT", "18")]);
+    // NVML does not start: the driver upgraded without a reboot. The
+    // library is the new one, the kernel module still the old one; the
+    // problem names both.
+    fake.name_library_version("580.159.04");
+    let proc = dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("driver/nvidia")).unwrap();
+    std::fs::write(
+        proc.join("driver/nvidia/version"),
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  \
+         (dvs-builder@U22-I3-AF03-09-1)  Tue Sep 23 09:23:31 UTC 2025\n",
+    )
+    .unwrap();
+    let stdout = doctor_with(
+        &fake,
+        &sys,
+        &[("FAKE_NVML_INIT", "18")],
+        &["--path.procfs", proc.to_str().unwrap()],
+    );
     assert!(
         line_of(&stdout, "gpu ").contains("its source reads badly"),
         "{stdout}"
@@ -578,7 +605,8 @@ fn gpus_on_the_pci_bus_that_nvml_does_not_read_are_named() {
         problem.contains(
             "0000:18:00.0 (bound to nvidia), 0000:28:00.0 (bound to nvidia), \
              0000:38:00.0 (bound to nvidia)), but NVML did not initialise: the loaded NVIDIA \
-             kernel driver and libnvidia-ml.so.1 are of different versions"
+             kernel driver and libnvidia-ml.so.1 are of different versions (kernel module \
+             580.95.05, library 580.159.04)"
         ),
         "{problem}"
     );

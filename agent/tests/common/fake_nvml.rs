@@ -73,6 +73,15 @@ impl FakeNvml {
         self.dir.path()
     }
 
+    /// Names the library's file as a driver's install names it,
+    /// libnvidia-ml.so.<version>, with libnvidia-ml.so.1 a link to it.
+    pub fn name_library_version(&self, version: &str) {
+        let dir = self.dir.path();
+        let file = format!("libnvidia-ml.so.{version}");
+        std::fs::rename(dir.join("libnvidia-ml.so.1"), dir.join(&file)).unwrap();
+        std::os::unix::fs::symlink(&file, dir.join("libnvidia-ml.so.1")).unwrap();
+    }
+
     /// The environment that puts the fake in front of any real NVML.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![

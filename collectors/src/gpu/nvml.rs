@@ -57,6 +57,12 @@ static NVML: Mutex<Option<&'static Nvml>> = Mutex::new(None);
 
 /// Loads NVML, or says why not (no library, no driver loaded).
 pub fn load() -> Result<&'static Nvml, String> {
+    load_naming_versions(Path::new("/proc"))
+}
+
+/// [`load`], where a kernel driver and library of different versions are
+/// named by their versions, the kernel module's read under `procfs`.
+pub fn load_naming_versions(procfs: &Path) -> Result<&'static Nvml, String> {
     let mut slot = NVML.lock().expect("not poisoned");
     if let Some(nvml) = *slot {
         return Ok(nvml);
@@ -71,12 +77,12 @@ pub fn load() -> Result<&'static Nvml, String> {
             "no NVIDIA driver: libnvidia-ml.so.1 could not be loaded ({e})"
         )),
         // The two an operator meets most, with what mends them.
-        Err(NvmlError::LibRmVersionMismatch) => Err(
+        Err(NvmlError::LibRmVersionMismatch) => Err(format!(
             "NVML did not initialise: the loaded NVIDIA kernel driver and libnvidia-ml.so.1 are \
-             of different versions, as after a driver upgrade without a reboot; reboot the node \
-             (or unload and load the nvidia modules)"
-                .into(),
-        ),
+             of different versions{}, as after a driver upgrade without a reboot; reboot the \
+             node (or unload and load the nvidia modules)",
+            versions_apart(kernel_module_version(procfs), library_version())
+        )),
         Err(NvmlError::DriverNotLoaded) => Err(
             "NVML did not initialise: the NVIDIA kernel driver is not loaded (modprobe nvidia; \
              dmesg says why it did not load)"
@@ -84,6 +90,58 @@ pub fn load() -> Result<&'static Nvml, String> {
         ),
         Err(e) => Err(format!("NVML did not initialise: {e}")),
     }
+}
+
+/// The versions of a mismatch, as far as they are known: " (kernel module
+/// 580.95.05, library 580.159.04)", or nothing.
+fn versions_apart(kernel_module: Option<String>, library: Option<String>) -> String {
+    let known: Vec<String> = [("kernel module", kernel_module), ("library", library)]
+        .into_iter()
+        .filter_map(|(what, version)| Some(format!("{what} {}", version?)))
+        .collect();
+    if known.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", known.join(", "))
+    }
+}
+
+/// A driver version as NVIDIA writes it: digits in two or more parts
+/// (`580.95.05`, `470.256`).
+fn is_driver_version(text: &str) -> bool {
+    text.split('.').count() >= 2
+        && text
+            .split('.')
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The loaded kernel module's version, from `driver/nvidia/version`: "NVRM
+/// version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 ...",
+/// or "... Open Kernel Module for x86_64  580.95.05  Release Build ...".
+fn kernel_module_version(procfs: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(procfs.join("driver/nvidia/version")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    line.split_whitespace()
+        .find(|word| is_driver_version(word))
+        .map(str::to_owned)
+}
+
+/// The version of the library the loader takes for libnvidia-ml.so.1: the
+/// name of the file it maps (libnvidia-ml.so.580.159.04; the .so.1 is a
+/// link to it). NVML unloads the library again when its init fails, so it
+/// is opened once more here, only to see which file that is.
+fn library_version() -> Option<String> {
+    // SAFETY: the library NVML itself was just loaded from; nothing of it
+    // is called, and it is closed at the end of this function.
+    let _library = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.ok()?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find_map(|path| {
+            let name = Path::new(path).file_name()?.to_str()?;
+            let version = name.strip_prefix("libnvidia-ml.so.")?;
+            is_driver_version(version).then(|| version.to_owned())
+        })
 }
 
 /// GPM's GPU-wide metrics, in the order [`NvmlBackend::gpm`] reads them.
@@ -206,7 +264,7 @@ impl NvmlBackend {
     /// Loads NVML; `use_gpm` turns the GPM metrics on; processes are
     /// looked at under `procfs`.
     pub fn new(use_gpm: bool, procfs: &Path) -> Result<NvmlBackend, String> {
-        let nvml = load()?;
+        let nvml = load_naming_versions(procfs)?;
         Ok(NvmlBackend {
             nvml,
             use_gpm,
@@ -1036,5 +1094,38 @@ mod tests {
         // Only the GPU-wide metrics: no link has rates.
         let none = per_link_rates(&GpmAsk::new(&[]).links, |i| Some(i as f64));
         assert!(none.iter().all(|r| *r == (None, None)));
+    }
+
+    #[test]
+    fn a_version_mismatch_names_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let nvidia = dir.path().join("driver/nvidia");
+        std::fs::create_dir_all(&nvidia).unwrap();
+        for (line, version) in [
+            (
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023",
+                "535.104.05",
+            ),
+            (
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U22-I3-AF03-09-1)  Tue Sep 23 09:23:31 UTC 2025",
+                "580.95.05",
+            ),
+        ] {
+            std::fs::write(nvidia.join("version"), format!("{line}\nGCC version:  gcc 12.2.0\n"))
+                .unwrap();
+            assert_eq!(kernel_module_version(dir.path()).as_deref(), Some(version));
+        }
+        std::fs::write(nvidia.join("version"), "NVRM version: garbled\n").unwrap();
+        assert_eq!(kernel_module_version(dir.path()), None);
+        assert_eq!(kernel_module_version(&dir.path().join("none")), None);
+
+        assert!(is_driver_version("470.256") && is_driver_version("580.159.04"));
+        for not in ["1", "x86_64", "580..04", "580.95.05a", ".5", ""] {
+            assert!(!is_driver_version(not), "{not}");
+        }
+        let both = versions_apart(Some("580.95.05".into()), Some("580.159.04".into()));
+        assert_eq!(both, " (kernel module 580.95.05, library 580.159.04)");
+        assert_eq!(versions_apart(None, Some("580.159.04".into())), " (library 580.159.04)");
+        assert_eq!(versions_apart(None, None), "");
     }
 }
