@@ -315,7 +315,16 @@ fn check_value_ranges(key: &str, value: &serde_json::Value, problems: &mut Vec<(
                 return;
             };
             let shown = match value {
-                Value::Number(n) if n.is_f64() => n.as_f64().map(|f| f.to_string()),
+                // Display writes 1e300 out in 301 digits: past a short
+                // width, the exponent form the file is likely to hold.
+                Value::Number(n) if n.is_f64() => n.as_f64().map(|f| {
+                    let plain = f.to_string();
+                    if plain.len() > 24 {
+                        format!("{f:e}")
+                    } else {
+                        plain
+                    }
+                }),
                 Value::Number(n) => Some(n.to_string()),
                 _ => None,
             };
@@ -1222,6 +1231,22 @@ mod tests {
             err,
             "v.toml:2: store.max_buffered_bytes = 0: must be between 65536 and 1073741824"
         );
+        for (written, shown) in [
+            ("1e300", "1e300"),
+            ("-1e-300", "-1e-300"),
+            ("0.001", "0.001"),
+        ] {
+            let err = Config::parse(
+                &format!("[collectors.host]\ninterval_secs = {written}\n"),
+                "v.toml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert_eq!(
+                err,
+                format!("v.toml:2: collectors.host.interval_secs = {shown}: must be between 0.01 and 86400")
+            );
+        }
         let err = Config::parse("[detect]\nz_open = nan\n", "v.toml")
             .unwrap_err()
             .to_string();
