@@ -54,6 +54,11 @@ pub struct ReportArgs {
     /// Points per plotted line at most; longer ranges are averaged (maxima for latency).
     #[arg(long, default_value_t = DEFAULT_MAX_POINTS)]
     max_points: usize,
+    /// Leave out a damaged file (its footer, its pages' CRC-32 or a page
+    /// fails), naming it at the top of the page and on stderr, instead of
+    /// writing no report.
+    #[arg(long)]
+    skip_damaged: bool,
 }
 
 /// What the report reads: one node's store, or a fleet copy of many.
@@ -93,13 +98,30 @@ impl Source {
         }
     }
 
-    fn scan(&self, node: &str, catalog: &Catalog, request: &ScanRequest) -> Result<Rows> {
+    /// A table's rows of `node`, and the files left out as damaged (with
+    /// [`ScanRequest::skip_damaged`]).
+    fn scan(
+        &self,
+        node: &str,
+        catalog: &Catalog,
+        request: &ScanRequest,
+    ) -> Result<(Rows, Vec<(PathBuf, String)>)> {
+        let reading = || format!("read table {} of node {node}", request.table);
         let result = match self {
             Source::Node { dir, .. } => scan_dir(dir, catalog, request),
             Source::Fleet { root, .. } => scan_fleet_node(root, node, catalog, request),
-        }
-        .with_context(|| format!("read table {} of node {node}", request.table))?;
-        Ok(Rows::from_batches(&result.batches))
+        };
+        let result = match result {
+            Ok(result) => result,
+            Err(e) if e.damaged_file().is_some() => bail!(
+                "{}: {e}\nThe file is damaged: --skip-damaged writes the report without it, \
+                 naming it on the page; `vtax verify --quarantine`, with the agent stopped, \
+                 finds every damaged file of a node's store and moves it aside.",
+                reading()
+            ),
+            Err(e) => return Err(anyhow::Error::new(e).context(reading())),
+        };
+        Ok((Rows::from_batches(&result.batches), result.damaged_files))
     }
 }
 
@@ -174,6 +196,8 @@ const READS: &[(&str, Option<&[&str]>)] = &[
 struct NodeData {
     name: String,
     tables: BTreeMap<&'static str, Rows>,
+    /// Files of this node left out as damaged, with what was wrong.
+    damaged_files: Vec<(PathBuf, String)>,
 }
 
 impl NodeData {
@@ -186,12 +210,14 @@ impl NodeData {
 }
 
 /// Reads every node's rows of the tables the report needs, with a progress
-/// bar on stderr. A table this build does not know is left out.
+/// bar on stderr. A table this build does not know is left out; a damaged
+/// file fails the read, or with `skip_damaged` is left out and named.
 fn load(
     source: &Source,
     catalog: &Catalog,
     from_us: Option<i64>,
     until_us: Option<i64>,
+    skip_damaged: bool,
 ) -> Result<Vec<NodeData>> {
     let nodes = source.nodes();
     // A table or field this build does not know is left out.
@@ -211,7 +237,7 @@ fn load(
     let progress = progress_bar((nodes.len() * reads.len()) as u64);
     let mut data = Vec::new();
     for node in &nodes {
-        let mut tables = BTreeMap::new();
+        let (mut tables, mut damaged_files) = (BTreeMap::new(), Vec::new());
         for (table, fields) in &reads {
             progress.set_message(format!("{node} {table}"));
             let request = ScanRequest {
@@ -219,14 +245,18 @@ fn load(
                 from_us,
                 until_us,
                 fields: fields.clone(),
+                skip_damaged,
                 ..Default::default()
             };
-            tables.insert(*table, source.scan(node, catalog, &request)?);
+            let (rows, mut damaged) = source.scan(node, catalog, &request)?;
+            tables.insert(*table, rows);
+            damaged_files.append(&mut damaged);
             progress.inc(1);
         }
         data.push(NodeData {
             name: node.clone(),
             tables,
+            damaged_files,
         });
     }
     progress.finish_and_clear();
@@ -246,7 +276,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
         }
     }
     let catalog = crate::catalog();
-    let data = load(&source, &catalog, from_us, until_us)?;
+    let data = load(&source, &catalog, from_us, until_us, args.skip_damaged)?;
     let context = Page {
         source: &dir,
         fleet: matches!(source, Source::Fleet { .. }),
@@ -269,12 +299,20 @@ pub fn report(args: ReportArgs) -> Result<()> {
         .flat_map(|n| n.tables.values())
         .map(Rows::len)
         .sum();
+    let damaged: Vec<&(PathBuf, String)> = data.iter().flat_map(|n| &n.damaged_files).collect();
     eprintln!(
-        "Wrote {} ({} KiB): {} node(s), {rows} rows read.",
+        "Wrote {} ({} KiB): {} node(s), {rows} rows read{}.",
         args.output.display(),
         html.len() / 1024,
-        data.len()
+        data.len(),
+        match damaged.len() {
+            0 => String::new(),
+            n => format!(", {n} damaged file(s) left out"),
+        }
     );
+    for (path, why) in damaged {
+        eprintln!("  left out: {}", naming_the_file(path, why));
+    }
     Ok(())
 }
 
@@ -708,6 +746,7 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         from,
         until,
     };
+    damaged_files(&mut h, nodes);
     sections.headline(&mut h);
     sections.gpu_health(&mut h);
     sections.events(&mut h);
@@ -718,6 +757,43 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
     h.push_str("</main>");
     let _ = writeln!(h, "<script>{CHECK_SCRIPT}</script></body></html>");
     h
+}
+
+/// What was wrong with a damaged file, with its path unless the store's
+/// error names it already.
+fn naming_the_file(path: &Path, why: &str) -> String {
+    let path = path.display().to_string();
+    if why.contains(&path) {
+        why.to_owned()
+    } else {
+        format!("{path}: {why}")
+    }
+}
+
+/// The files left out as damaged, first on the page: every figure below
+/// lacks their rows.
+fn damaged_files(h: &mut String, nodes: &[NodeData]) {
+    let damaged: Vec<(&str, &(PathBuf, String))> = nodes
+        .iter()
+        .flat_map(|n| n.damaged_files.iter().map(move |d| (n.name.as_str(), d)))
+        .collect();
+    if damaged.is_empty() {
+        return;
+    }
+    let _ = write!(
+        h,
+        r#"<section id="damaged"><h2>Files left out</h2><p class="note">{} damaged file(s) could not be read and were left out (--skip-damaged): what follows lacks their rows.</p><ul>"#,
+        damaged.len()
+    );
+    for (node, (path, why)) in damaged {
+        let _ = write!(
+            h,
+            "<li><b>{}</b> {}</li>",
+            escape(node),
+            escape(&naming_the_file(path, why))
+        );
+    }
+    h.push_str("</ul></section>");
 }
 
 /// What every section of the page draws from.

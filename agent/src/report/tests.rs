@@ -1,7 +1,7 @@
 //! The report over real stores written by the store crate: what it reads,
 //! what it concludes, and that every section has its plot.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, Value};
 
@@ -226,7 +226,7 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
         ["unit_node"],
         "the node comes from the file names"
     );
-    let data = load(&source, &catalog, None, None).unwrap();
+    let data = load(&source, &catalog, None, None, false).unwrap();
     let s = summarize(&data[0]);
 
     assert_eq!(
@@ -318,7 +318,7 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
     assert_eq!(source.nodes(), ["node_a", "node_b"]);
     let catalog = crate::catalog();
     // A range keeps the first 30 s only.
-    let data = load(&source, &catalog, Some(T0), Some(T0 + 30 * SECOND)).unwrap();
+    let data = load(&source, &catalog, Some(T0), Some(T0 + 30 * SECOND), false).unwrap();
     let utilization: Vec<f64> = data
         .iter()
         .map(|n| {
@@ -344,6 +344,88 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
         assert!(html.contains(&format!(r#"id="{id}""#)), "{id}");
     }
     assert!(!html.contains(r#"class="no-data" id="gpu"#));
+}
+
+/// A damaged file in a fleet copy stops the report with what to do; with
+/// `skip_damaged` the rest is reported and the file named first on the page.
+#[test]
+fn a_damaged_file_is_named_and_left_out_only_when_asked() {
+    let fleet = fleet_of(&[("node_a", 0.9), ("node_b", 0.3)]);
+    let cpu_files: Vec<PathBuf> = walk_files(&fleet.path().join("tables/cpu/node=node_b"));
+    assert!(!cpu_files.is_empty());
+    for file in &cpu_files {
+        // Cut short, as a copy stopped midway leaves it.
+        let bytes = std::fs::read(file).unwrap();
+        std::fs::write(file, &bytes[..bytes.len() / 2]).unwrap();
+    }
+    let source = Source::open(fleet.path()).unwrap();
+    let catalog = crate::catalog();
+    let err = format!(
+        "{:#}",
+        load(&source, &catalog, None, None, false).err().unwrap()
+    );
+    assert!(
+        err.contains("read table cpu of node node_b")
+            && err.contains(&cpu_files[0].display().to_string())
+            && err.contains("--skip-damaged writes the report without it"),
+        "{err}"
+    );
+
+    let data = load(&source, &catalog, None, None, true).unwrap();
+    let (a, b) = (&data[0], &data[1]);
+    assert!(a.damaged_files.is_empty());
+    assert_eq!(
+        b.damaged_files.len(),
+        cpu_files.len(),
+        "{:?}",
+        b.damaged_files
+    );
+    assert_eq!(
+        b.rows("cpu").len(),
+        0,
+        "node_b's CPU rows were all in the damaged files"
+    );
+    assert_eq!(b.rows("gpu").len(), 120, "its other tables are read");
+    assert_eq!(a.rows("cpu").len(), 120);
+    let html = render(&context(fleet.path(), true, false), &data);
+    let damaged = html.find(r#"<section id="damaged">"#).expect("the section");
+    assert!(
+        damaged < html.find(r#"<section id="headline">"#).unwrap(),
+        "first on the page"
+    );
+    let section = &html[damaged..damaged + html[damaged..].find("</section>").unwrap()];
+    assert!(
+        section.contains(&format!("{} damaged file(s)", cpu_files.len()))
+            && section.contains("<b>node_b</b>")
+            && section.contains(&escape(&cpu_files[0].display().to_string())),
+        "{section}"
+    );
+    // Without damage the page has no such section.
+    let whole = fleet_of(&[("node_a", 0.9)]);
+    let data = load(
+        &Source::open(whole.path()).unwrap(),
+        &catalog,
+        None,
+        None,
+        true,
+    )
+    .unwrap();
+    assert!(!render(&context(whole.path(), true, false), &data).contains(r#"id="damaged""#));
+}
+
+/// Every file under `dir`, at any depth.
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
 }
 
 /// Beside a young agent every row is still in the WAL: the report reads it,
@@ -372,8 +454,8 @@ fn a_store_whose_rows_are_all_in_the_wal_is_read() {
         ..Default::default()
     };
     let node = source.nodes().remove(0);
-    let read = source.scan(&node, &crate::catalog(), &request).unwrap();
-    assert_eq!(read.len(), 1);
+    let (read, damaged) = source.scan(&node, &crate::catalog(), &request).unwrap();
+    assert_eq!((read.len(), damaged.len()), (1, 0));
     drop(store);
 }
 
@@ -394,7 +476,7 @@ fn a_large_fleet_plots_lowest_median_and_highest_node() {
         .collect();
     let fleet = fleet_of(&nodes);
     let source = Source::open(fleet.path()).unwrap();
-    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    let data = load(&source, &crate::catalog(), None, None, false).unwrap();
     assert_eq!(data.len(), 12);
     let html = render(&context(fleet.path(), true, false), &data);
     let gpu = &html[html.find(r#"id="gpu-utilization""#).unwrap()..];
@@ -429,7 +511,14 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     let dir = tempfile::tempdir().unwrap();
     write_node(dir.path(), "quiet", 0.5, false);
     let source = Source::open(dir.path()).unwrap();
-    let data = load(&source, &crate::catalog(), Some(T0 + 3600 * SECOND), None).unwrap();
+    let data = load(
+        &source,
+        &crate::catalog(),
+        Some(T0 + 3600 * SECOND),
+        None,
+        false,
+    )
+    .unwrap();
     assert!(data[0].tables.values().all(|rows| rows.is_empty()));
     let html = render(&context(dir.path(), false, false), &data);
     assert!(!html.contains("<svg"), "no plot without data");
@@ -502,7 +591,7 @@ fn every_gpu_is_listed_the_lost_one_as_lost_and_faults_apart_from_neighbours() {
     let dir = tempfile::tempdir().unwrap();
     write_simulated_node(dir.path());
     let source = Source::open(dir.path()).unwrap();
-    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    let data = load(&source, &crate::catalog(), None, None, false).unwrap();
     let s = summarize(&data[0]);
 
     // The lost GPU (index 7) has no `gpu` rows after it went, yet is listed.
@@ -658,7 +747,7 @@ fn the_worst_window_is_the_worst_way_and_busy_is_context() {
     );
     store.close().unwrap();
     let source = Source::open(dir.path()).unwrap();
-    let data = load(&source, &crate::catalog(), None, None).unwrap();
+    let data = load(&source, &crate::catalog(), None, None, false).unwrap();
     let s = summarize(&data[0]);
     let note = |field: &str| {
         let i = TAX_FIELDS.iter().position(|f| f.field == field).unwrap();
