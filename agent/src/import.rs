@@ -24,6 +24,11 @@ use vtax_store::{BatchBuilder, Store, StoreOptions};
 /// Rows handed to the store per batch.
 const IMPORT_BATCH_ROWS: usize = 1 << 16;
 
+/// The longest line an import reads. An exporter's lines are under a few
+/// KiB; a file with no newline for gigabytes (a binary file, a label value
+/// made to exhaust memory) would otherwise be held whole in memory.
+const IMPORT_MAX_LINE_BYTES: usize = 16 << 20;
+
 /// Arguments of `vtax import`.
 #[derive(clap::Args)]
 pub struct ImportArgs {
@@ -61,11 +66,21 @@ fn for_each_sample(
     let mut since_progress = 0usize;
     loop {
         line.clear();
-        let read = reader
+        let read = (&mut reader)
+            .take(IMPORT_MAX_LINE_BYTES as u64 + 1)
             .read_until(b'\n', &mut line)
             .with_context(|| format!("read {}", path.display()))?;
         if read == 0 {
             break;
+        }
+        if read > IMPORT_MAX_LINE_BYTES && line.last() != Some(&b'\n') {
+            bail!(
+                "{}:line {}: longer than {} MiB: not OpenMetrics or Prometheus text as \
+                 exporters write it",
+                path.display(),
+                parser.line_number() + 1,
+                IMPORT_MAX_LINE_BYTES >> 20
+            );
         }
         since_progress += read;
         if since_progress > (1 << 20) {

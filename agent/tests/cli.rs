@@ -331,6 +331,27 @@ fn malformed_input_names_the_line_and_writes_nothing() {
     );
 }
 
+/// A line with no end in sight (a binary file, a label value made to
+/// exhaust memory) is refused at the bound, not held whole in memory.
+#[test]
+fn a_line_past_the_bound_is_refused_with_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("long.prom");
+    let mut text = String::from("up 1 1763766000000\nup{job=\"");
+    text.push_str(&"x".repeat(17 << 20));
+    text.push_str("\"} 1 1763766001000\n");
+    std::fs::write(&long, text).unwrap();
+    let data = dir.path().join("data");
+    let out = import(&data, &[&long]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("long.prom:line 2: longer than 16 MiB"),
+        "{stderr}"
+    );
+    assert!(!data.join("tables").exists(), "nothing written");
+}
+
 #[test]
 fn query_filters_by_tag_and_time_and_prints_csv() {
     let dir = tempfile::tempdir().unwrap();
