@@ -79,6 +79,9 @@ impl Backoff {
     }
 }
 
+/// The bytes of a response's body read for its message.
+const RESPONSE_MESSAGE_BYTES: usize = 512;
+
 /// A response: status and the start of its body (the receiver's reason).
 pub struct Response {
     /// HTTP status.
@@ -151,13 +154,25 @@ impl Client {
             .await
             .map_err(|e| format!("POST {}: {}", self.config.url, error_chain(&e)))?;
         let status = response.status().as_u16();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| format!("read response: {}", error_chain(&e)))?;
-        let message = String::from_utf8_lossy(&body[..body.len().min(512)])
-            .trim()
-            .to_string();
+        let mut response = response;
+        // The start of the body is all the message needs. A receiver that
+        // answers with more (a proxy's error page, a URL that serves a file,
+        // a stream without end) is not read further: its connection is
+        // dropped rather than its body held in the agent's memory. A short
+        // body is read to its end, so the connection is kept for the next
+        // request.
+        let mut body = Vec::new();
+        while body.len() < RESPONSE_MESSAGE_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    let room = RESPONSE_MESSAGE_BYTES - body.len();
+                    body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(format!("read response: {}", error_chain(&e))),
+            }
+        }
+        let message = String::from_utf8_lossy(&body).trim().to_string();
         Ok(Response { status, message })
     }
 
@@ -308,6 +323,60 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A receiver that answers with a body without end: the client reads
+    /// the message's bytes and no more, and answers at once.
+    #[test]
+    fn a_response_without_end_is_read_only_for_its_message() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = sent.clone();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let head = "HTTP/1.1 400 Bad Request\r\ncontent-length: 1000000000000\r\n\r\n";
+            stream.write_all(head.as_bytes()).unwrap();
+            let page = [b'x'; 64 * 1024];
+            // Until the client hangs up.
+            while stream.write_all(&page).is_ok() {
+                counted.fetch_add(page.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let config = RemoteWriteConfig::new("endless", &format!("http://127.0.0.1:{port}/write"));
+        let mut client = Client::new(&config).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let response = runtime
+            .block_on(async {
+                let post = client.post(Bytes::from_static(b"x"));
+                tokio::time::timeout(Duration::from_secs(20), post).await
+            })
+            .expect("answered before the timeout")
+            .unwrap();
+        assert_eq!(response.status, 400);
+        assert_eq!(response.message, "x".repeat(RESPONSE_MESSAGE_BYTES));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(client);
+        drop(runtime);
+        std::thread::sleep(Duration::from_millis(200));
+        // What the socket buffers held when the client went; a body read
+        // whole would have been the terabyte, or the timeout.
+        let written = sent.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            written < 64 << 20,
+            "{written} bytes written before the client hung up"
+        );
+    }
 
     #[test]
     fn statuses_sort_into_send_retry_and_reject() {
