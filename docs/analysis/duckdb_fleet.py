@@ -14,15 +14,18 @@ def table(name):
     return f"read_parquet('{FLEET}/tables/{name}/*/*/*.parquet', hive_partitioning = true)"
 
 
-# One row per node: GPUs, how busy, HBM against peak, SM clock against its
-# maximum (throttling shows here), and the jitter tail.
+# One row per node: GPUs, how busy, and while busy (utilisation >= 0.5, as
+# the vtax-peers rules take them) HBM against peak and SM clock against its
+# maximum (throttling shows here; an idle GPU clocks down by design), and
+# the jitter tail.
+BUSY = "FILTER (utilization_ratio >= 0.5)"
 per_node = con.sql(f"""
     WITH g AS (
         SELECT node,
-               count(DISTINCT gpu)                                   AS gpus,
-               avg(utilization_ratio)                                AS busy,
-               avg(hbm_bytes_per_second / hbm_peak_bytes_per_second) AS hbm_of_peak,
-               avg(sm_clock_hertz / sm_clock_max_hertz)              AS clock_of_max
+               count(DISTINCT gpu)                                          AS gpus,
+               avg(utilization_ratio)                                       AS busy,
+               avg(hbm_bytes_per_second / hbm_peak_bytes_per_second) {BUSY} AS hbm_of_peak,
+               avg(sm_clock_hertz / sm_clock_max_hertz) {BUSY}              AS clock_of_max
         FROM {table('gpu')}
         WHERE date >= current_date - 1
         GROUP BY node
@@ -38,15 +41,18 @@ per_node = con.sql(f"""
 """)
 per_node.show()
 
-# Stragglers: nodes whose HBM bandwidth against peak trails the fleet's
-# median by more than 10%. In a synchronous job the slowest node sets the pace.
+# Stragglers: nodes whose HBM bandwidth against peak while busy trails the
+# fleet's median by more than 10%. In a synchronous job the slowest node sets
+# the pace. Idle seconds are left out: with them, a node that rebooted or
+# waited for its job would read as slow, and its idle time would pull the
+# median down under the node that is.
 stragglers = con.sql(f"""
     WITH per_node AS (
         SELECT node,
                avg(hbm_bytes_per_second / hbm_peak_bytes_per_second) AS hbm_of_peak,
                avg(sm_clock_hertz / sm_clock_max_hertz)              AS clock_of_max
         FROM {table('gpu')}
-        WHERE date >= current_date - 1
+        WHERE date >= current_date - 1 AND utilization_ratio >= 0.5
         GROUP BY node
     )
     SELECT node, hbm_of_peak, clock_of_max,

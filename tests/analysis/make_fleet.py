@@ -20,8 +20,9 @@ out as the uploader does:
 
 NODES below says what each node plays; the recipes' assertions rely on it.
 REBOOTED nodes run a second time, for 3 s, on a copy of their tree whose
-counters are a thousandth of the first's: a reboot in the middle of the
-fleet's hour, as their stores record it.
+counters are a thousandth of the first's, with their GPUs idle: a reboot in
+the middle of the fleet's hour, the job not yet started again, as their
+stores record it.
 """
 import json
 import os
@@ -48,8 +49,10 @@ GPUS_PER_NODE = 4
 # Nodes that reboot after their first run, and the counters that show it:
 # node_b's CPU times (steal among them), node_a's InfiniBand port counters.
 # A query that takes a counter's growth over the hour as its largest value
-# less its smallest reads the boot before as steal or congestion, and names
-# the rebooted node where node_c holds the job back.
+# less its smallest reads the boot before as steal or congestion, and one
+# that averages the GPUs' bandwidth or clocks over idle seconds too takes
+# the idle GPUs for slow ones: either names a rebooted node where node_c
+# holds the job back.
 REBOOTED = ["node_a", "node_b"]
 
 # Short jitter windows so a short run still has several windows per CPU.
@@ -92,19 +95,21 @@ def rebooted_tree(fixture, out):
     return tree
 
 
-def run_agents(vtax, config, out, stores, seconds, trees=None):
+def run_agents(vtax, config, out, stores, seconds, trees=None, scenarios=None):
     """Runs one agent per node into its store for `seconds`, then stops them
-    cleanly. `trees` gives a node a tree other than its fixture's."""
+    cleanly. `trees` and `scenarios` give a node a tree and GPU scenarios
+    other than NODES gives it."""
     agents = []
     for node, data in stores.items():
-        fixture, scenarios = NODES[node]
+        fixture, node_scenarios = NODES[node]
         tree = (trees or {}).get(node) or os.path.join(FIXTURES, fixture)
+        node_scenarios = (scenarios or {}).get(node, node_scenarios)
         log = open(os.path.join(out, f"{node}.log"), "a")
         agents.append((node, log, subprocess.Popen(
             [vtax, "run", "--config", config, "--data-dir", data, "--store.node", node,
              "--web.listen-address", "127.0.0.1:0",
              "--path.procfs", os.path.join(tree, "proc"), "--path.sysfs", os.path.join(tree, "sys"),
-             "--simulate-gpus", str(GPUS_PER_NODE), "--simulate-gpu-scenarios", scenarios],
+             "--simulate-gpus", str(GPUS_PER_NODE), "--simulate-gpu-scenarios", node_scenarios],
             stdout=log, stderr=log)))
     time.sleep(seconds)
     for node, log, agent in agents:
@@ -127,7 +132,8 @@ def main():
         f.write(CONFIG)
     run_agents(vtax, config, out, {node: os.path.join(out, "nodes", node) for node in NODES}, seconds)
     run_agents(vtax, config, out, {node: os.path.join(out, "nodes", node) for node in REBOOTED}, 3,
-               trees={node: rebooted_tree(NODES[node][0], out) for node in REBOOTED})
+               trees={node: rebooted_tree(NODES[node][0], out) for node in REBOOTED},
+               scenarios={node: "idle" for node in REBOOTED})
     for node in NODES:
         tables = os.path.join(out, "nodes", node, "tables")
         for table in sorted(os.listdir(tables)):
