@@ -46,7 +46,8 @@ pub struct Sample<'a> {
     pub value: f64,
     /// Timestamp in microseconds since the epoch, if the line has one. Prometheus text gives
     /// integer milliseconds; OpenMetrics gives seconds with an optional fraction (and optional
-    /// exponent). Both are converted exactly, without going through a float.
+    /// exponent). Both are converted without going through a float; OpenMetrics digits below a
+    /// microsecond are dropped (truncated toward zero, as Prometheus truncates to milliseconds).
     pub timestamp_us: Option<i64>,
 }
 

@@ -73,8 +73,10 @@ pub(super) fn parse_prom_timestamp_us(s: &str) -> Result<i64, &'static str> {
 }
 
 /// OpenMetrics timestamp: seconds as `[+-]digits[.digits][(e|E)[+-]digits]` → microseconds,
-/// exactly. Trailing zeros beyond microseconds are fine; any non-zero digit below a
-/// microsecond is an error (no rounding).
+/// without going through a float. Digits below a microsecond are dropped (truncated toward
+/// zero): exporters write nanoseconds (the Python client's timestamps have nine fractional
+/// digits, a float's `repr` often seven), and Prometheus truncates the same way to its
+/// milliseconds, so the millisecond Prometheus stores is the one vtax's microsecond falls in.
 pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
     const INVALID: &str = "invalid timestamp (OpenMetrics wants seconds, e.g. 1700000000.123)";
     const RANGE: &str = "timestamp out of range";
@@ -91,11 +93,9 @@ pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
         }
         _ => false,
     };
-    // Significant digits without trailing zeros; zeros not yet folded in are `pending_zeros`.
-    let mut mant: u128 = 0;
-    let mut pending_zeros: i64 = 0;
+    let digits_start = i;
+    let mut n_digits: i64 = 0;
     let mut frac_digits: i64 = 0;
-    let mut n_digits = 0usize;
     let mut seen_dot = false;
     while i < b.len() {
         let c = b[i];
@@ -104,17 +104,6 @@ pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
             if seen_dot {
                 frac_digits += 1;
             }
-            if c == b'0' {
-                if mant != 0 {
-                    pending_zeros += 1;
-                }
-            } else {
-                for _ in 0..=pending_zeros {
-                    mant = mant.checked_mul(10).ok_or(RANGE)?;
-                }
-                mant = mant.checked_add(u128::from(c - b'0')).ok_or(RANGE)?;
-                pending_zeros = 0;
-            }
         } else if c == b'.' && !seen_dot {
             seen_dot = true;
         } else {
@@ -122,6 +111,7 @@ pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
         }
         i += 1;
     }
+    let digits_end = i;
     if n_digits == 0 {
         return Err(INVALID);
     }
@@ -141,7 +131,7 @@ pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
         };
         let exp_start = i;
         while i < b.len() && b[i].is_ascii_digit() {
-            // Saturate: anything this large is out of range or sub-microsecond anyway.
+            // Saturate: anything this large is out of range or below a microsecond anyway.
             exp = (exp * 10 + i64::from(b[i] - b'0')).min(1_000_000);
             i += 1;
         }
@@ -155,18 +145,36 @@ pub(super) fn parse_om_timestamp_us(s: &str) -> Result<i64, &'static str> {
     if i != b.len() {
         return Err(INVALID);
     }
-    if mant == 0 {
-        return Ok(0);
+    // With D the digits read as one integer (the dot left out), the value in microseconds is
+    // D * 10^shift. A negative shift drops D's last -shift digits, which truncates toward zero
+    // and keeps the digits that matter from overflowing however many follow.
+    let shift = exp - frac_digits + 6;
+    let keep = if shift < 0 {
+        n_digits + shift
+    } else {
+        n_digits
+    };
+    let mut mag: u128 = 0;
+    let mut taken: i64 = 0;
+    for &c in &b[digits_start..digits_end] {
+        if taken >= keep {
+            break;
+        }
+        if c == b'.' {
+            continue;
+        }
+        taken += 1;
+        mag = mag
+            .checked_mul(10)
+            .and_then(|m| m.checked_add(u128::from(c - b'0')))
+            .ok_or(RANGE)?;
     }
-    // value_us = mant * 10^(pending_zeros + exp - frac_digits + 6)
-    let shift = pending_zeros + exp - frac_digits + 6;
-    if shift < 0 {
-        return Err("timestamp has sub-microsecond digits (more than 6 fractional digits)");
+    if shift > 0 && mag != 0 {
+        if shift > 38 {
+            return Err(RANGE);
+        }
+        mag = mag.checked_mul(10u128.pow(shift as u32)).ok_or(RANGE)?;
     }
-    if shift > 38 {
-        return Err(RANGE);
-    }
-    let mag = mant.checked_mul(10u128.pow(shift as u32)).ok_or(RANGE)?;
     if neg {
         if mag > 1u128 << 63 {
             return Err(RANGE);
