@@ -243,9 +243,9 @@ fn a_scrape_past_a_limit_is_refused_whole() {
         label_value_length_limit_bytes: 16,
         ..target(&[])
     };
-    // At every limit: accepted.
+    // At every limit: accepted. A label with an empty value is no label.
     let at_limit = format!(
-        "{}big{{a=\"{}\",b=\"\",c=\"\"}} 1\n# EOF\n",
+        "{}big{{a=\"{}\",b=\"2\",c=\"3\",d=\"\"}} 1\n# EOF\n",
         lines(99),
         "x".repeat(16)
     );

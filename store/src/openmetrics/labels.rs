@@ -16,6 +16,15 @@ pub(super) fn parse_labels<'a>(
     let Some(limits) = limits else {
         return Ok((Cow::Borrowed(""), close + 1));
     };
+    if stats.has_name_label {
+        // The metric name is the series' `__name__`: a second one would give a label set that
+        // Prometheus refuses ("label name is not unique") and that remote write cannot send.
+        return Err(
+            "label `__name__` in braces: the name before `{` is already the metric name"
+                .to_string()
+                .into(),
+        );
+    }
     if stats.count > limits.label_limit {
         return Err(SampleError::Limit(
             format!(
@@ -89,20 +98,26 @@ pub(super) fn push_canonical_escaped(out: &mut String, raw: &str) {
     out.push_str(&raw[run..]);
 }
 
-/// What [`scan_labels`] counted, for [`Limits`].
+/// What [`scan_labels`] counted, for [`Limits`] (labels with an empty value not among them).
 pub(super) struct LabelStats<'a> {
     pub(super) count: usize,
     /// The longest value, unescaped, and its label's name.
     pub(super) longest_value_bytes: usize,
     pub(super) longest_value_name: &'a str,
+    /// Whether a label named `__name__` has a value.
+    pub(super) has_name_label: bool,
 }
 
 /// Scans a label set starting just after `{`. Returns the index of the closing `}`, whether
 /// `line[start..close]` is already canonical (sorted strictly by name, no whitespace, no
-/// trailing comma, only canonical escapes), and the label count and longest value. Pushes
-/// `(name, raw value)` pairs when given a Vec. Duplicate names are reported here only when
-/// adjacent in the text; when the names are not strictly increasing the set is not canonical
-/// and the caller checks after sorting.
+/// trailing comma, only canonical escapes, no empty value), and the label count and longest
+/// value. Pushes `(name, raw value)` pairs when given a Vec. Duplicate names are reported here
+/// only when adjacent in the text; when the names are not strictly increasing the set is not
+/// canonical and the caller checks after sorting.
+///
+/// A label whose value is empty is left out, as if it were not written: in Prometheus' data
+/// model `a=""` and no `a` are the same series, and Prometheus stores neither the label nor
+/// counts it against `label_limit`. Keeping it would split one series in two.
 pub(super) fn scan_labels<'a>(
     line: &'a str,
     start: usize,
@@ -118,6 +133,7 @@ pub(super) fn scan_labels<'a>(
         count: 0,
         longest_value_bytes: 0,
         longest_value_name: "",
+        has_name_label: false,
     };
     loop {
         let j = skip_ws(b, i, end);
@@ -177,22 +193,27 @@ pub(super) fn scan_labels<'a>(
             }
         }
         let raw = &line[value_start..i];
-        stats.count += 1;
-        let value_bytes = raw.len() - one_byte_escapes;
-        if value_bytes > stats.longest_value_bytes {
-            stats.longest_value_bytes = value_bytes;
-            stats.longest_value_name = name;
-        }
         i += 1;
-        if name.as_bytes() <= prev_name.as_bytes() {
-            if name == prev_name {
-                return Err(format!("duplicate label name {name:?}"));
-            }
+        if raw.is_empty() {
             canonical = false;
-        }
-        prev_name = name;
-        if let Some(p) = pairs.as_deref_mut() {
-            p.push((name, raw));
+        } else {
+            stats.count += 1;
+            let value_bytes = raw.len() - one_byte_escapes;
+            if value_bytes > stats.longest_value_bytes {
+                stats.longest_value_bytes = value_bytes;
+                stats.longest_value_name = name;
+            }
+            stats.has_name_label |= name == "__name__";
+            if name.as_bytes() <= prev_name.as_bytes() {
+                if name == prev_name {
+                    return Err(format!("duplicate label name {name:?}"));
+                }
+                canonical = false;
+            }
+            prev_name = name;
+            if let Some(p) = pairs.as_deref_mut() {
+                p.push((name, raw));
+            }
         }
         let j = skip_ws(b, i, end);
         canonical &= j == i;

@@ -34,9 +34,10 @@ pub struct Sample<'a> {
     pub metric: &'a str,
     /// Canonical label set: labels sorted by name, rendered `name="value",name2="value2"` with the
     /// value escaped the Prometheus way (backslash, double quote and newline escaped as `\\` `\"`
-    /// `\n`). Empty string when there are no labels. The same label set written in any order or
-    /// with different escaping of the same value gives the same string. Borrowed from the line
-    /// when the line already has it in canonical form.
+    /// `\n`). Empty string when there are no labels. A label with an empty value is left out, as
+    /// Prometheus does (`m{a=""}` and `m` are one series). The same label set written in any
+    /// order or with different escaping of the same value gives the same string. Borrowed from
+    /// the line when the line already has it in canonical form.
     pub labels: Cow<'a, str>,
     /// The value. Decimal and exponent forms, `+Inf`/`Inf`/`-Inf`/`infinity` and `NaN` (ASCII
     /// case-insensitive, as Go's `strconv.ParseFloat` accepts them) are accepted; hex floats,
@@ -82,7 +83,7 @@ pub struct ParseError {
 /// [`ParseError::limit`]); exemplar labels are not bounded (they are not kept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Most labels on one sample.
+    /// Most labels on one sample; one with an empty value is no label and is not counted.
     pub label_limit: usize,
     /// Longest label value, in bytes once unescaped (`\\`, `\"` and `\n` are one byte).
     pub label_value_length_limit_bytes: usize,
@@ -201,10 +202,11 @@ impl Parser {
     /// is skipped. An unknown escape such as `\t` in a label value is kept literally (backslash
     /// and `t`), as Prometheus does. Prometheus text timestamps may carry a sign.
     ///
-    /// Errors: malformed names, duplicate label names, unterminated quotes or braces, a missing
-    /// or non-numeric value, a bad timestamp, trailing garbage, a timestamp that cannot be held
-    /// exactly in microseconds, content after `# EOF` (OpenMetrics), and `# EOF` together with
-    /// timestamped samples in Prometheus text (see [`Parser::detect`]).
+    /// Errors: malformed names, duplicate label names, a `__name__` label on a sample (its name
+    /// is the metric name), unterminated quotes or braces, a missing or non-numeric value, a bad
+    /// timestamp, trailing garbage, a timestamp out of the range of i64 microseconds, content
+    /// after `# EOF` (OpenMetrics), and `# EOF` together with timestamped samples in Prometheus
+    /// text (see [`Parser::detect`]).
     pub fn parse_line<'a>(&mut self, line: &'a str) -> Result<Option<Sample<'a>>, ParseError> {
         self.line += 1;
         let b = line.as_bytes();

@@ -60,13 +60,16 @@ fn label_limits_are_errors_of_their_own() {
         Parser::with_limits(Format::PrometheusText, limits).parse_line(line)
     }
     let parse = |line| parse(limits, line);
-    // At the limits: three labels, a value of four bytes (`\"` is one).
+    // At the limits: three labels, a value of four bytes (`\"` is one). A label with an empty
+    // value is no label, and is not counted.
     for line in [
-        "m{a=\"1\",b=\"x\\\"yz\",c=\"\"} 1",
-        "m{c=\"\",b=\"x\\\"yz\",a=\"1\"} 1",
+        "m{a=\"1\",b=\"x\\\"yz\",c=\"3\"} 1",
+        "m{c=\"3\",b=\"x\\\"yz\",a=\"1\"} 1",
+        "m{a=\"1\",b=\"x\\\"yz\",c=\"3\",d=\"\",e=\"\"} 1",
+        "m{e=\"\",c=\"3\",d=\"\",b=\"x\\\"yz\",a=\"1\"} 1",
     ] {
         let sample = parse(line).unwrap().unwrap();
-        assert_eq!(sample.labels, "a=\"1\",b=\"x\\\"yz\",c=\"\"");
+        assert_eq!(sample.labels, "a=\"1\",b=\"x\\\"yz\",c=\"3\"");
     }
     for line in [
         "m{a=\"1\",b=\"2\",c=\"3\",d=\"4\"} 1",
@@ -107,18 +110,20 @@ fn label_limits_are_errors_of_their_own() {
 
 #[test]
 fn canonical_order_and_escaping() {
-    let canon = "a=\"1\",b=\"x\\\\y\\\"z\\nw\",c=\"\"";
+    let canon = "a=\"1\",b=\"x\\\\y\\\"z\\nw\",c=\"3\"";
     let line = format!("m{{{canon}}} 1");
     let s = prom(&line);
     assert_eq!(s.labels, canon);
     assert!(matches!(s.labels, Cow::Borrowed(_)));
 
     let variants = [
-        "m{c=\"\",b=\"x\\\\y\\\"z\\nw\",a=\"1\"} 1",
-        "m{b=\"x\\\\y\\\"z\\nw\",a=\"1\",c=\"\"} 1",
-        "m{a=\"1\",b=\"x\\\\y\\\"z\\nw\",c=\"\",} 1",
-        "m { a = \"1\" , b=\"x\\\\y\\\"z\\nw\",\tc=\"\" } 1",
-        "m{ c=\"\", a=\"1\", b=\"x\\\\y\\\"z\\nw\", } 1",
+        "m{c=\"3\",b=\"x\\\\y\\\"z\\nw\",a=\"1\"} 1",
+        "m{b=\"x\\\\y\\\"z\\nw\",a=\"1\",c=\"3\"} 1",
+        "m{a=\"1\",b=\"x\\\\y\\\"z\\nw\",c=\"3\",} 1",
+        "m { a = \"1\" , b=\"x\\\\y\\\"z\\nw\",\tc=\"3\" } 1",
+        "m{ c=\"3\", a=\"1\", b=\"x\\\\y\\\"z\\nw\", } 1",
+        "m{a=\"1\",b=\"x\\\\y\\\"z\\nw\",c=\"3\",d=\"\"} 1",
+        "m{_=\"\",a=\"1\",b=\"x\\\\y\\\"z\\nw\",c=\"3\"} 1",
     ];
     for v in variants {
         let s = prom(v);
@@ -168,6 +173,56 @@ fn duplicate_labels() {
         let e = err(Format::PrometheusText, line);
         assert!(e.reason.contains("duplicate label name"), "{line}: {e}");
     }
+}
+
+/// A label with an empty value is the label's absence, as in Prometheus: `m{a=""}` and `m` are
+/// one series, so both give the same label set, and an empty value never makes a duplicate.
+#[test]
+fn empty_label_values_are_no_labels() {
+    let cases: &[(&str, &str)] = &[
+        ("m{a=\"\"} 1", ""),
+        ("m{a=\"\",} 1", ""),
+        ("m{ a = \"\" } 1", ""),
+        ("m{a=\"\",b=\"1\"} 1", "b=\"1\""),
+        ("m{b=\"1\",a=\"\"} 1", "b=\"1\""),
+        ("m{a=\"1\",b=\"\",c=\"3\"} 1", "a=\"1\",c=\"3\""),
+        ("m{a=\"1\",a=\"\"} 1", "a=\"1\""),
+        ("m{a=\"\",a=\"1\"} 1", "a=\"1\""),
+        ("m{a=\"\",a=\"\"} 1", ""),
+        ("m{__name__=\"\"} 1", ""),
+    ];
+    for &(line, want) in cases {
+        for format in [Format::PrometheusText, Format::OpenMetrics] {
+            let s = one(format, line);
+            assert_eq!(s.labels, want, "{line}");
+            assert_eq!(s.metric, "m");
+        }
+    }
+    // A value that is only an escape is not empty.
+    assert_eq!(prom("m{a=\"\\\\\"} 1").labels, "a=\"\\\\\"");
+    // Exemplar labels are validated the same way, and ignored.
+    assert_eq!(om("m 1 # {a=\"\",a=\"x\"} 1").labels, "");
+}
+
+/// The metric name is the series' `__name__`: one more in braces would give it two names,
+/// which Prometheus refuses and remote write cannot send.
+#[test]
+fn a_name_label_on_a_sample_is_refused() {
+    for line in [
+        "m{__name__=\"x\"} 1",
+        "m{__name__=\"m\"} 1",
+        "m{a=\"1\",__name__=\"x\"} 1",
+        "m{ __name__ = \"x\" } 1",
+    ] {
+        for format in [Format::PrometheusText, Format::OpenMetrics] {
+            let e = err(format, line);
+            assert!(e.reason.contains("`__name__`"), "{line}: {e}");
+            assert_eq!(e.limit, None);
+        }
+    }
+    // Other reserved names are kept, as Prometheus keeps them; exemplars may have any.
+    assert_eq!(prom("m{__a=\"1\"} 1").labels, "__a=\"1\"");
+    assert_eq!(om("m_total 1 # {__name__=\"x\"} 1").labels, "");
 }
 
 #[test]
@@ -670,17 +725,21 @@ weird_metric{mode="idle",cpu="0"} NaN
     assert_eq!(out[0].value, 2.4458e-05);
     assert_eq!(out[3].value, 371.0);
     assert_eq!(out[7].value, 3.0470553088e+11);
+    // node_exporter writes the labels it has no value for as `duplex=""`: Prometheus stores the
+    // series without them, and so does the parser.
     assert_eq!(
         out[8].labels,
-        "address=\"00:00:00:00:00:00\",broadcast=\"00:00:00:00:00:00\",device=\"lo\",duplex=\"\",ifalias=\"\",operstate=\"unknown\""
+        "address=\"00:00:00:00:00:00\",broadcast=\"00:00:00:00:00:00\",device=\"lo\",operstate=\"unknown\""
     );
     assert_eq!(out[11].value, 1.70000032117e+09);
     assert_eq!(out[14].labels, "handler=\"/metrics\",le=\"+Inf\"");
     assert_eq!(out[16].labels, "handler=\"/metrics\"");
-    // All node_exporter lines are already canonical: nothing allocated.
+    // The other node_exporter lines are already canonical: nothing allocated.
     assert!(out[..17]
         .iter()
-        .all(|s| matches!(s.labels, Cow::Borrowed(_))));
+        .enumerate()
+        .all(|(i, s)| i == 8 || matches!(s.labels, Cow::Borrowed(_))));
+    assert!(matches!(out[8].labels, Cow::Owned(_)));
     let weird = &out[17];
     assert_eq!(weird.labels, "cpu=\"0\",mode=\"idle\"");
     assert!(matches!(weird.labels, Cow::Owned(_)));
