@@ -177,7 +177,13 @@ pub fn import(args: ImportArgs) -> Result<()> {
     bar.finish_and_clear();
 
     // Pass 2: write.
-    let mut store = match Store::open(StoreOptions::new(&data_dir), crate::catalog()) {
+    // A series holds one value per instant: what two files of one import
+    // share is published once, as the merges below keep it once.
+    let options = StoreOptions {
+        one_row_per_instant: true,
+        ..StoreOptions::new(&data_dir)
+    };
+    let mut store = match Store::open(options, crate::catalog()) {
         Ok(store) => store,
         Err(e @ vtax_store::Error::Locked { .. }) => bail!(
             "{e}: a store has one writer. Stop the agent for the import (systemctl stop vtax, \

@@ -246,6 +246,48 @@ fn an_import_run_again_after_a_kill_adds_each_sample_once() {
     }
 }
 
+/// Two files of one import that share samples (two dumps of one exporter
+/// that overlap, or one file given twice) leave each sample once, as two
+/// imports of them do: a series holds one value per instant, the first
+/// given. Before, an hour written in one part kept both copies.
+#[test]
+fn one_import_of_overlapping_files_keeps_each_instant_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (early, late) = (dir.path().join("early.prom"), dir.path().join("late.prom"));
+    std::fs::write(
+        &early,
+        "m{a=\"1\"} 1 1763766000000\nm{a=\"1\"} 2 1763766001000\n",
+    )
+    .unwrap();
+    // Overlaps at 1763766001: the same instant with another value.
+    std::fs::write(
+        &late,
+        "m{a=\"1\"} 20 1763766001000\nm{a=\"1\"} 3 1763766002000\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let out = import(&data, &[&early, &early, &late]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = common::vtax_stdout([
+        "query",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "scraped",
+        "--format",
+        "csv",
+    ]);
+    let values: Vec<&str> = stdout
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').next().unwrap())
+        .collect();
+    assert_eq!(values, ["1.0", "2.0", "3.0"], "{stdout}");
+}
+
 /// `vtax query` without a table lists the tables; a range that holds
 /// nothing and a tag the table lacks are errors that say what would do.
 #[test]

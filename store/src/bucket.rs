@@ -215,6 +215,25 @@ pub(crate) struct SortedBucket<'a> {
 }
 
 impl SortedBucket<'_> {
+    /// Leaves out each row whose series and time equal the row's before it.
+    /// File order keeps arrival order among rows of one series and time, so
+    /// the first to arrive stays.
+    pub fn keep_first_per_instant(&mut self) {
+        let (ranked, time_us) = (&self.ranked, &self.bucket.time_us);
+        let same_instant = |a: u32, b: u32| {
+            time_us[a as usize] == time_us[b as usize]
+                && ranked
+                    .iter()
+                    .all(|column| column[a as usize] == column[b as usize])
+        };
+        let mut previous: Option<u32> = None;
+        self.order.retain(|&row| {
+            let repeat = previous.is_some_and(|p| same_instant(p, row));
+            previous = Some(row);
+            !repeat
+        });
+    }
+
     /// Column `column` of the table's Arrow schema for sorted rows `rows`.
     pub fn column(&self, column: usize, rows: std::ops::Range<usize>) -> ArrayRef {
         let order = &self.order[rows];
@@ -251,12 +270,25 @@ pub(crate) struct BucketColumns<'a> {
 }
 
 impl<'a> BucketColumns<'a> {
-    pub fn new(bucket: &'a Bucket) -> Self {
+    /// The bucket's rows in file order; with `one_row_per_instant`, only the
+    /// first to arrive of the rows of one series and time.
+    pub fn new(bucket: &'a Bucket, one_row_per_instant: bool) -> Self {
+        let mut sorted = bucket.sorted();
+        if one_row_per_instant {
+            sorted.keep_first_per_instant();
+        }
         BucketColumns {
-            sorted: bucket.sorted(),
+            sorted,
             start: 0,
             len: 0,
         }
+    }
+}
+
+impl BucketColumns<'_> {
+    /// The rows it hands out.
+    pub fn rows(&self) -> usize {
+        self.sorted.order.len()
     }
 }
 
@@ -400,6 +432,39 @@ mod tests {
                     "{distinct} values per tag, seed {seed}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn one_row_per_instant_keeps_the_first_to_arrive() {
+        // Of 256 series (8 tags of 2 values) at 20 times, 5 000 rows leave
+        // about a third repeating an instant; of 1 series, all but 20.
+        for (distinct, rows, most_kept) in [(2, 5_000, 3_500), (1, 500, 20)] {
+            let bucket = bucket(distinct, rows, 7);
+            let order = reference_order(&bucket);
+            let key = |row: u32| {
+                let tags: Vec<u32> = bucket.tags.iter().map(|t| t.codes[row as usize]).collect();
+                (tags, bucket.time_us[row as usize])
+            };
+            // The reference: of each run of equal keys in file order, the first
+            // (the earliest to arrive, as the stable sort keeps them).
+            let mut expected: Vec<u32> = Vec::new();
+            for &row in &order {
+                if expected.last().is_none_or(|&last| key(last) != key(row)) {
+                    expected.push(row);
+                }
+            }
+            assert!(
+                expected.len() <= most_kept,
+                "{} of {}",
+                expected.len(),
+                order.len()
+            );
+            let kept = BucketColumns::new(&bucket, true);
+            assert_eq!(kept.rows(), expected.len());
+            assert_eq!(kept.sorted.order, expected);
+            let every = BucketColumns::new(&bucket, false);
+            assert_eq!(every.rows(), bucket.rows());
         }
     }
 }

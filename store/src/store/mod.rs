@@ -68,6 +68,12 @@ pub struct StoreOptions {
     /// footer, a ZSTD context and a decompressed page each; fewer inputs cost
     /// more rounds (a day's 24 hours: 24 to 3 to 1 at 8, 24 to 6 to 2 to 1 at 4).
     pub max_merge_inputs: usize,
+    /// Publish one row per series and instant, the first to arrive, as an
+    /// import's merges keep (`Store::compact_all`): an hour an import wrote
+    /// in one part is not merged, and two files of one import that share
+    /// samples would leave that part with each of them twice. The agent's
+    /// own rows keep every row.
+    pub one_row_per_instant: bool,
 }
 
 impl StoreOptions {
@@ -87,6 +93,7 @@ impl StoreOptions {
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
             wal_max_backlog_bytes: wal::DEFAULT_MAX_BACKLOG_BYTES,
             max_merge_inputs: DEFAULT_MAX_MERGE_INPUTS,
+            one_row_per_instant: false,
         }
     }
 }
@@ -532,12 +539,15 @@ impl Store {
             .clock_us
             .is_some_and(|now| !self.hour_over(bucket.hour, now));
         let options = self.write_options(running);
+        let mut columns =
+            crate::bucket::BucketColumns::new(bucket, self.options.one_row_per_instant);
+        let repeats = bucket.rows() - columns.rows();
         let published = files::publish(
             &self.options.data_dir,
             &self.options.node,
             bucket.table,
             first_time,
-            &mut crate::bucket::BucketColumns::new(bucket),
+            &mut columns,
             &watermarks,
             &[],
             &[],
@@ -552,6 +562,9 @@ impl Store {
                 return Err(e);
             }
         };
+        if repeats > 0 {
+            tracing::info!(path = %info.path.display(), duplicates = repeats, "Published rows written twice as one copy.");
+        }
         self.stats.files_published += 1;
         self.stats.last_file_written = Some(SystemTime::now());
         self.files
