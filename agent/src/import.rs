@@ -40,10 +40,33 @@ pub struct ImportArgs {
     no_progress: bool,
     /// OpenMetrics (`# EOF`-terminated, timestamps in seconds) or Prometheus text
     /// (timestamps in milliseconds) files. Samples without a timestamp get the
-    /// file's modification time. Importing a file again adds nothing it
-    /// already added (after a killed import, run it again).
+    /// file's modification time. A time before 1970 or more than a day ahead
+    /// (a timestamp in the wrong unit) is refused, with its line. Importing a
+    /// file again adds nothing it already added (after a killed import, run
+    /// it again).
     #[arg(required = true)]
     files: Vec<PathBuf>,
+}
+
+/// How far past the import's start a sample's time may lie: a clock a
+/// little ahead, not a unit off by a thousand.
+const IMPORT_FUTURE_SLACK_US: i64 = 24 * 3600 * 1_000_000;
+
+/// Why a sample's time cannot be a measurement's, or None: before 1970, or
+/// more than a day after `now_us`. Both are what a timestamp in the wrong
+/// unit gives (microseconds where Prometheus text wants milliseconds land
+/// tens of millennia ahead), and a store would file the rows under a day no
+/// query or retention looks at.
+fn implausible_time(time_us: i64, now_us: i64) -> Option<String> {
+    const YEAR_US: f64 = 365.2425 * 24.0 * 3600.0 * 1e6;
+    let year = (1970.0 + time_us as f64 / YEAR_US).floor();
+    if time_us < 0 {
+        Some(format!("before 1970 (the year {year:.0})"))
+    } else if time_us > now_us.saturating_add(IMPORT_FUTURE_SLACK_US) {
+        Some(format!("more than a day ahead of now (the year {year:.0})"))
+    } else {
+        None
+    }
 }
 
 /// Calls `on_sample(metric, labels, value, time_us)` for each sample of `path`.
@@ -53,6 +76,7 @@ fn for_each_sample(
     progress: &ProgressBar,
     mut on_sample: impl FnMut(&str, &str, f64, i64) -> Result<()>,
 ) -> Result<u64> {
+    let now_us = crate::timespec::now_us();
     let mut file = File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mut head = vec![0u8; 64 * 1024];
     let n = read_up_to(&mut file, &mut head).with_context(|| format!("read {}", path.display()))?;
@@ -95,12 +119,25 @@ fn for_each_sample(
         })?;
         match parser.parse_line(text) {
             Ok(Some(sample)) => {
-                on_sample(
-                    sample.metric,
-                    &sample.labels,
-                    sample.value,
-                    sample.timestamp_us.unwrap_or(default_time_us),
-                )?;
+                let time_us = sample.timestamp_us.unwrap_or(default_time_us);
+                if let Some(when) = implausible_time(time_us, now_us) {
+                    let why = match sample.timestamp_us {
+                        Some(_) if time_us < 0 => {
+                            format!("its timestamp is {when}, no measurement's time")
+                        }
+                        Some(_) => format!(
+                            "its timestamp is {when}: Prometheus text gives milliseconds, \
+                             OpenMetrics seconds, and microseconds or nanoseconds written for \
+                             either land this far ahead"
+                        ),
+                        None => format!(
+                            "it has no timestamp, and the file's modification time, which it \
+                             would take, is {when}"
+                        ),
+                    };
+                    bail!("{}:line {}: {why}", path.display(), parser.line_number());
+                }
+                on_sample(sample.metric, &sample.labels, sample.value, time_us)?;
                 samples += 1;
             }
             Ok(None) => {}

@@ -246,6 +246,35 @@ fn an_import_run_again_after_a_kill_adds_each_sample_once() {
     }
 }
 
+/// A sample without a timestamp takes its file's modification time; a file
+/// dated in the future (a clock set wrong where it was written) is refused
+/// as a timestamp more than a day ahead is, saying where the time came from.
+#[test]
+fn a_file_dated_ahead_gives_its_untimed_samples_no_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let untimed = dir.path().join("untimed.prom");
+    std::fs::write(&untimed, "up 1\n").unwrap();
+    let in_2100 = std::time::UNIX_EPOCH + Duration::from_secs(4_102_444_800);
+    std::fs::File::options()
+        .write(true)
+        .open(&untimed)
+        .unwrap()
+        .set_modified(in_2100)
+        .unwrap();
+    let data = dir.path().join("data");
+    let out = import(&data, &[&untimed]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "untimed.prom:line 1: it has no timestamp, and the file's modification time, which \
+             it would take, is more than a day ahead of now (the year 2100)"
+        ),
+        "{stderr}"
+    );
+    assert!(!data.join("tables").exists(), "nothing written");
+}
+
 /// Two files of one import that share samples (two dumps of one exporter
 /// that overlap, or one file given twice) leave each sample once, as two
 /// imports of them do: a series holds one value per instant, the first
