@@ -1,7 +1,7 @@
 //! The report over real stores written by the store crate: what it reads,
 //! what it concludes, and that every section has its plot.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use vtax_store::{BatchBuilder, Catalog, Store, StoreOptions, Value};
 
@@ -351,7 +351,7 @@ fn a_fleet_copy_is_read_per_node_and_without_events_says_so() {
 #[test]
 fn a_damaged_file_is_named_and_left_out_only_when_asked() {
     let fleet = fleet_of(&[("node_a", 0.9), ("node_b", 0.3)]);
-    let cpu_files: Vec<PathBuf> = walk_files(&fleet.path().join("tables/cpu/node=node_b"));
+    let cpu_files = vtax_tests::all_files(&fleet.path().join("tables/cpu/node=node_b"));
     assert!(!cpu_files.is_empty());
     for file in &cpu_files {
         // Cut short, as a copy stopped midway leaves it.
@@ -411,21 +411,6 @@ fn a_damaged_file_is_named_and_left_out_only_when_asked() {
     )
     .unwrap();
     assert!(!render(&context(whole.path(), true, false), &data).contains(r#"id="damaged""#));
-}
-
-/// Every file under `dir`, at any depth.
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(walk_files(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files.sort();
-    files
 }
 
 /// Beside a young agent every row is still in the WAL: the report reads it,
