@@ -6,13 +6,29 @@ use anyhow::{Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
-use vtax_store::{ScanRequest, Store};
+use vtax_store::{ScanRequest, ScanResult, Store};
 
 use std::collections::BTreeMap;
 
 use super::rank::Suspect;
 use super::{Detector, Resource, ResumedEvent};
 use crate::stored_rows::Rows;
+
+/// `request` over the store, a damaged file left out and named in the log:
+/// one damaged file costs the baselines or events it holds, not all of them.
+fn scan_past_damage(store: &Store, request: ScanRequest, what: &str) -> Result<ScanResult> {
+    let request = ScanRequest {
+        skip_damaged: true,
+        ..request
+    };
+    let result = store
+        .scan(&request)
+        .with_context(|| format!("scan {}", request.table))?;
+    for (path, error) in &result.damaged_files {
+        tracing::warn!(path = %path.display(), error = %error, "A damaged file was left out of the {what} read back from the store.");
+    }
+    Ok(result)
+}
 
 /// How far back a restarted agent looks for events it left open. An event
 /// opened before a longer outage is resumed only if a later row of it falls
@@ -32,7 +48,7 @@ pub fn relearn(detector: &mut Detector, store: &Store, now_us: i64) -> Result<us
         fields: Some(vec!["value".to_string(), "abnormal".to_string()]),
         ..ScanRequest::default()
     };
-    let result = store.scan(&request).context("scan detector_signal")?;
+    let result = scan_past_damage(store, request, "baselines")?;
     let mut rows = Vec::new();
     for batch in &result.batches {
         read_rows(batch, &mut rows)?;
@@ -56,7 +72,7 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
         until_us: Some(now_us + 1),
         ..ScanRequest::default()
     };
-    let result = store.scan(&request).context("scan neighbor_events")?;
+    let result = scan_past_damage(store, request, "open events")?;
     let rows = Rows::from_batches(&result.batches);
     let (resource, victim, signal, state, suspects, evidence) = (
         rows.tag("resource"),

@@ -602,6 +602,62 @@ fn baselines_are_relearned_from_the_store() {
     assert_eq!((summary.median, summary.windows), (0.01, 15));
 }
 
+/// One damaged file of the detector's rows costs the windows it holds, not
+/// every baseline: the rest are relearned, and the file is named in the log.
+#[test]
+fn a_damaged_file_costs_only_its_own_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let now_us = vtax_collectors::ticks::now_us();
+    {
+        let mut store = vtax_store::Store::open(
+            vtax_store::StoreOptions::new(dir.path()),
+            crate::tables::catalog(),
+        )
+        .unwrap();
+        // Two files of 10 windows each: two signals, each published apart.
+        for signal in ["pressure_some_ratio", "steal_ratio"] {
+            let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
+            for i in 0..10 {
+                let row = tables::DetectorSignalRow {
+                    resource: "cpu",
+                    victim: "node",
+                    signal,
+                    value: 0.01,
+                    baseline_median: None,
+                    baseline_mad: None,
+                    z: 0.0,
+                    abnormal: 0,
+                };
+                rows.push_row(now_us - (10 - i) * 5_000_000, &row).unwrap();
+            }
+            store.append(&rows.finish()).unwrap();
+            store.flush().unwrap();
+        }
+        store.close().unwrap();
+    }
+    let mut files: Vec<_> = vtax_tests::all_files(&dir.path().join("tables/detector_signal"));
+    files.retain(|f| f.extension().is_some_and(|e| e == "parquet"));
+    assert_eq!(files.len(), 2, "{files:?}");
+    // The first page header after the file's magic, made unreadable; the
+    // footer stays whole, so the file is opened and met when read.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[4..28].fill(0xff);
+    std::fs::write(&files[0], bytes).unwrap();
+
+    let store = vtax_store::Store::open(
+        vtax_store::StoreOptions::new(dir.path()),
+        crate::tables::catalog(),
+    )
+    .unwrap();
+    let mut detector = Detector::new(config());
+    assert_eq!(restore::relearn(&mut detector, &store, now_us).unwrap(), 10);
+    assert_eq!(
+        detector.signals.len(),
+        1,
+        "one signal's windows were in the damaged file"
+    );
+}
+
 /// A node that runs quiet for three minutes, then with `/hog` taking the
 /// CPU `/victim` needs for a minute: the victim's event is open after.
 fn node_with_open_event(seed: &mut u64) -> Node {
