@@ -567,6 +567,27 @@ fn a_restarted_detector_judges_at_once_with_relearned_baselines() {
     assert!(node.events("open").iter().any(|e| e.1 == "node"));
 }
 
+/// `windows` normal windows of the node's `signal`, value 0.01, one every
+/// 5 s up to `now_us`, as the detector stores them.
+fn stored_windows(signal: &str, windows: i64, now_us: i64) -> vtax_store::Batch {
+    let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
+    for i in 0..windows {
+        let row = tables::DetectorSignalRow {
+            resource: "cpu",
+            victim: "node",
+            signal,
+            value: 0.01,
+            baseline_median: None,
+            baseline_mad: None,
+            z: 0.0,
+            abnormal: 0,
+        };
+        rows.push_row(now_us - (windows - i) * 5_000_000, &row)
+            .unwrap();
+    }
+    rows.finish()
+}
+
 #[test]
 fn baselines_are_relearned_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
@@ -576,21 +597,9 @@ fn baselines_are_relearned_from_the_store() {
     )
     .unwrap();
     let now_us = vtax_collectors::ticks::now_us();
-    let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
-    for i in 0..15 {
-        let row = tables::DetectorSignalRow {
-            resource: "cpu",
-            victim: "node",
-            signal: "pressure_some_ratio",
-            value: 0.01,
-            baseline_median: None,
-            baseline_mad: None,
-            z: 0.0,
-            abnormal: 0,
-        };
-        rows.push_row(now_us - (15 - i) * 5_000_000, &row).unwrap();
-    }
-    store.append(&rows.finish()).unwrap();
+    store
+        .append(&stored_windows("pressure_some_ratio", 15, now_us))
+        .unwrap();
     let mut detector = Detector::new(config());
     assert_eq!(restore::relearn(&mut detector, &store, now_us).unwrap(), 15);
     let key = SignalKey {
@@ -616,21 +625,7 @@ fn a_damaged_file_costs_only_its_own_windows() {
         .unwrap();
         // Two files of 10 windows each: two signals, each published apart.
         for signal in ["pressure_some_ratio", "steal_ratio"] {
-            let mut rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
-            for i in 0..10 {
-                let row = tables::DetectorSignalRow {
-                    resource: "cpu",
-                    victim: "node",
-                    signal,
-                    value: 0.01,
-                    baseline_median: None,
-                    baseline_mad: None,
-                    z: 0.0,
-                    abnormal: 0,
-                };
-                rows.push_row(now_us - (10 - i) * 5_000_000, &row).unwrap();
-            }
-            store.append(&rows.finish()).unwrap();
+            store.append(&stored_windows(signal, 10, now_us)).unwrap();
             store.flush().unwrap();
         }
         store.close().unwrap();
