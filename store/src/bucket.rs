@@ -187,13 +187,8 @@ impl Bucket {
             });
             order
         };
-        let same_series = |a: u32, b: u32| {
-            ranked
-                .iter()
-                .all(|column| column[a as usize] == column[b as usize])
-        };
         let time = |row: u32| self.time_us[row as usize];
-        for run in order.chunk_by_mut(|&a, &b| same_series(a, b)) {
+        for run in order.chunk_by_mut(|&a, &b| same_series(ranked, a, b)) {
             if !run.is_sorted_by_key(|&row| time(row)) {
                 // Stable: rows of one series and time keep their arrival order.
                 run.sort_by_key(|&row| time(row));
@@ -201,6 +196,13 @@ impl Bucket {
         }
         order
     }
+}
+
+/// Whether rows `a` and `b` are of one series: every tag of the same rank.
+fn same_series(ranked: &[Vec<u32>], a: u32, b: u32) -> bool {
+    ranked
+        .iter()
+        .all(|column| column[a as usize] == column[b as usize])
 }
 
 /// A bucket's rows in file order: a permutation, not a copy, so that a
@@ -221,10 +223,7 @@ impl SortedBucket<'_> {
     pub fn keep_first_per_instant(&mut self) {
         let (ranked, time_us) = (&self.ranked, &self.bucket.time_us);
         let same_instant = |a: u32, b: u32| {
-            time_us[a as usize] == time_us[b as usize]
-                && ranked
-                    .iter()
-                    .all(|column| column[a as usize] == column[b as usize])
+            time_us[a as usize] == time_us[b as usize] && same_series(ranked, a, b)
         };
         let mut previous: Option<u32> = None;
         self.order.retain(|&row| {
