@@ -25,6 +25,11 @@ pub struct ReplayArgs {
     /// A config file whose `[detect]` section the replay uses (default: the defaults).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Leave out damaged files (a footer that does not read, pages whose
+    /// CRC-32 fails or that do not decode), naming each on stderr, instead
+    /// of failing: the events then lack their rows.
+    #[arg(long)]
+    skip_damaged: bool,
 }
 
 /// Runs `vtax replay-detector`: one JSON object per opened event on stdout.
@@ -47,9 +52,34 @@ pub fn replay_detector(
         Some(path) => detect_config_of(path)?,
         None => DetectConfig::default(),
     };
-    let events = replay(&data_dir, config, from_us, until_us)?;
+    let replayed = match replay(&data_dir, config, from_us, until_us, args.skip_damaged) {
+        Ok(replayed) => replayed,
+        Err(e)
+            if e.downcast_ref::<vtax_store::Error>()
+                .is_some_and(|e| e.damaged_file().is_some()) =>
+        {
+            bail!(
+                "{e:#}\nThe file is damaged: --skip-damaged replays the rest without it; \
+                 `vtax verify --quarantine`, with the agent stopped, finds every damaged file and moves it aside."
+            )
+        }
+        Err(e) => return Err(e),
+    };
+    if !replayed.damaged_files.is_empty() {
+        // The events go to stdout for a harness to read: what they lack goes
+        // beside them, on stderr, as the run ends.
+        let mut err = std::io::stderr().lock();
+        writeln!(
+            err,
+            "{} damaged file(s) left out (--skip-damaged): the events lack their rows.",
+            replayed.damaged_files.len()
+        )?;
+        for (path, error) in &replayed.damaged_files {
+            writeln!(err, "  {}: {error}", path.display())?;
+        }
+    }
     let mut out = crate::Stdout;
-    for event in &events {
+    for event in &replayed.events {
         serde_json::to_writer(&mut out, event)?;
         writeln!(out)?;
     }

@@ -577,6 +577,72 @@ fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     assert!(stderr.contains("0 file(s) sound, 0 damaged."), "{stderr}");
 }
 
+/// A replay fails on a damaged file of the recording and says what to do;
+/// told to skip it, it replays the rest and names the file on stderr.
+#[test]
+fn replay_detector_names_a_damaged_file_and_skips_it_when_told() {
+    use vtax_store::{BatchBuilder, Store, StoreOptions, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cpu = vtax_collectors::tables()
+        .into_iter()
+        .find(|t| t.name == "cpu")
+        .expect("the cpu table");
+    let start_us = 1_764_000_000_000_000; // 2025-11-24T16:00:00Z
+    let mut store = Store::open(StoreOptions::new(&data), vtax::catalog()).unwrap();
+    let mut batch = BatchBuilder::new(cpu);
+    for second in 0..30 {
+        let tags = vec!["0"; cpu.tags.len()];
+        let fields = vec![Value::F64(second as f64); cpu.fields.len()];
+        batch
+            .push(start_us + second * 1_000_000, &tags, &fields)
+            .unwrap();
+    }
+    store.append(&batch.finish()).unwrap();
+    store.close().unwrap();
+    let mut files = vtax_tests::all_files(&data.join("tables/cpu"));
+    files.retain(|f| f.extension().is_some_and(|e| e == "parquet"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[4..28].fill(0xff);
+    std::fs::write(&files[0], bytes).unwrap();
+
+    let replay = |skip: bool| {
+        let mut command = Command::new(VTAX);
+        command
+            .args([
+                "replay-detector",
+                "--since",
+                "1764000000",
+                "--until",
+                "1764000060",
+            ])
+            .arg("--data-dir")
+            .arg(&data);
+        if skip {
+            command.arg("--skip-damaged");
+        }
+        command.output().unwrap()
+    };
+    let file = files[0].to_string_lossy();
+    let out = replay(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&*file), "{stderr}");
+    assert!(
+        stderr.contains("--skip-damaged replays the rest"),
+        "{stderr}"
+    );
+    let out = replay(true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("1 damaged file(s) left out") && stderr.contains(&*file),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no rows, no events");
+}
+
 /// Offsets of the frames of a pristine WAL segment (an 8-byte magic, then
 /// `[len: u32][crc32: u32][payload]`).
 fn wal_frame_offsets(bytes: &[u8]) -> Vec<usize> {

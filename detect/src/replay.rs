@@ -12,7 +12,7 @@
 //! their window, so a window's mean is what it was live.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use arrow_array::cast::AsArray;
@@ -20,7 +20,7 @@ use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType, UInt6
 use arrow_array::{Array, ArrowPrimitiveType, RecordBatch, StringArray};
 use arrow_schema::DataType;
 use vtax_store::scan::scan_dir;
-use vtax_store::{Batch, BatchBuilder, FieldType, ScanRequest, TableDef, Value};
+use vtax_store::{Batch, BatchBuilder, FieldType, ScanRequest, ScanResult, TableDef, Value};
 
 use crate::view::View;
 use crate::{DetectConfig, Detector, Resource, WINDOW_GRACE_SECS};
@@ -61,31 +61,58 @@ pub struct OpenedEvent {
     pub state: String,
 }
 
+/// What a replay opened, and what it could not read.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// The events it opened, in order.
+    pub events: Vec<OpenedEvent>,
+    /// The damaged files left out (with `skip_damaged`), each once, with
+    /// why: the events lack their rows.
+    pub damaged_files: Vec<(PathBuf, String)>,
+}
+
 /// Replays `[from_us, until_us)` of the store at `data_dir` through a fresh
-/// detector with `config`; returns the events it opened, in order.
+/// detector with `config`. A damaged file fails the replay, or with
+/// `skip_damaged` is left out and named in [`Replayed::damaged_files`].
 pub fn replay(
     data_dir: &Path,
     mut config: DetectConfig,
     from_us: i64,
     until_us: i64,
-) -> Result<Vec<OpenedEvent>> {
+    skip_damaged: bool,
+) -> Result<Replayed> {
     let window_secs = config.window_secs as i64;
     // The canary's samples come from the recording, not from this machine now.
     config.cache_canary = false;
     let tables = vtax_collectors::tables();
     let mut by_second: BTreeMap<i64, Vec<Batch>> = BTreeMap::new();
+    let mut damaged = BTreeMap::new();
     for name in OBSERVED_TABLES {
         let Some(table) = tables.iter().find(|t| t.name == *name) else {
             continue;
         };
-        for (time_us, batch) in load(data_dir, table, from_us, until_us)? {
+        let request = ScanRequest {
+            table: table.name.to_string(),
+            from_us: Some(from_us),
+            until_us: Some(until_us),
+            skip_damaged,
+            ..ScanRequest::default()
+        };
+        for (time_us, batch) in load(data_dir, table, &request, &mut damaged)? {
             by_second
                 .entry(time_us.div_euclid(1_000_000))
                 .or_default()
                 .push(batch);
         }
     }
-    let canary = load_canary(data_dir, from_us, until_us, window_secs)?;
+    let canary = load_canary(
+        data_dir,
+        from_us,
+        until_us,
+        window_secs,
+        skip_damaged,
+        &mut damaged,
+    )?;
     let mut detector = Detector::new(config);
     let mut events = Vec::new();
     let first = from_us.div_euclid(1_000_000);
@@ -111,7 +138,23 @@ pub fn replay(
             }
         }
     }
-    Ok(events)
+    Ok(Replayed {
+        events,
+        damaged_files: damaged.into_iter().collect(),
+    })
+}
+
+/// Scans the store as `request` asks, adding the damaged files it left out
+/// to `damaged` (a file holds rows of one table, so each is met once).
+fn scan(
+    data_dir: &Path,
+    request: &ScanRequest,
+    damaged: &mut BTreeMap<PathBuf, String>,
+) -> Result<ScanResult> {
+    let mut result = scan_dir(data_dir, &crate::tables::catalog(), request)
+        .with_context(|| format!("scan {} in {}", request.table, data_dir.display()))?;
+    damaged.extend(result.damaged_files.drain(..));
+    Ok(result)
 }
 
 /// The rows of `table` in the span, one batch per second, as the collector
@@ -119,17 +162,10 @@ pub fn replay(
 fn load(
     data_dir: &Path,
     table: &'static TableDef,
-    from_us: i64,
-    until_us: i64,
+    request: &ScanRequest,
+    damaged: &mut BTreeMap<PathBuf, String>,
 ) -> Result<BTreeMap<i64, Batch>> {
-    let request = ScanRequest {
-        table: table.name.to_string(),
-        from_us: Some(from_us),
-        until_us: Some(until_us),
-        ..ScanRequest::default()
-    };
-    let result = scan_dir(data_dir, &crate::tables::catalog(), &request)
-        .with_context(|| format!("scan {} in {}", table.name, data_dir.display()))?;
+    let result = scan(data_dir, request, damaged)?;
     // Files hold rows sorted by tags; the detector takes them second by
     // second, each second's rows in one batch.
     let mut builders: BTreeMap<i64, BatchBuilder> = BTreeMap::new();
@@ -219,6 +255,8 @@ fn load_canary(
     from_us: i64,
     until_us: i64,
     window_secs: i64,
+    skip_damaged: bool,
+    damaged: &mut BTreeMap<PathBuf, String>,
 ) -> Result<BTreeMap<i64, f64>> {
     let request = ScanRequest {
         table: crate::tables::DETECTOR_SIGNAL.name.to_string(),
@@ -231,10 +269,9 @@ fn load_canary(
         ],
         fields: Some(vec!["value".into()]),
         fields_only: false,
-        skip_damaged: false,
+        skip_damaged,
     };
-    let result = scan_dir(data_dir, &crate::tables::catalog(), &request)
-        .with_context(|| format!("scan detector_signal in {}", data_dir.display()))?;
+    let result = scan(data_dir, &request, damaged)?;
     let rows = crate::stored_rows::Rows::from_batches(&result.batches);
     let mut seconds = BTreeMap::new();
     for (time_us, value) in rows.time_us.iter().zip(rows.field("value")) {

@@ -1274,7 +1274,9 @@ fn a_stored_recording_replays_to_the_live_events() {
     let dir = tempfile::tempdir().unwrap();
     store_with(dir.path(), &node.observed).close().unwrap();
     let until_us = START_US + (node.second + 1) * 1_000_000;
-    let replayed = replay::replay(dir.path(), config(), START_US, until_us).unwrap();
+    let replayed = replay::replay(dir.path(), config(), START_US, until_us, false)
+        .unwrap()
+        .events;
 
     let summary = |resource: &str, victim: &str, signal: &str, suspects: &str, start: f64| {
         let top = replay::first_suspect(suspects);
@@ -1303,6 +1305,49 @@ fn a_stored_recording_replays_to_the_live_events() {
     for event in &replayed {
         assert!(event.time >= event.start_time + 10.0, "{event:?}");
     }
+}
+
+/// A damaged file fails a replay, naming it; told to skip it, the replay
+/// names it once, with the tables it read from, and replays the rest: the
+/// recording's events without the victim whose rows were in that file.
+#[test]
+fn a_replay_fails_on_a_damaged_file_or_names_it_and_replays_the_rest() {
+    let mut seed = 11;
+    let mut node = node_with_open_event(&mut seed);
+    for _ in 0..30 {
+        node.step(&[("/victim", 0.9, 0.01), ("/hog", 0.0, 0.0)], 0.01);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    store_with(dir.path(), &node.observed).close().unwrap();
+    let until_us = START_US + (node.second + 1) * 1_000_000;
+    let whole = replay::replay(dir.path(), config(), START_US, until_us, false).unwrap();
+    assert!(!whole.events.is_empty() && whole.damaged_files.is_empty());
+
+    let mut files = vtax_tests::all_files(&dir.path().join("tables/cgroup"));
+    files.retain(|f| f.extension().is_some_and(|e| e == "parquet"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[4..28].fill(0xff);
+    std::fs::write(&files[0], bytes).unwrap();
+
+    let err = replay::replay(dir.path(), config(), START_US, until_us, false).unwrap_err();
+    let damaged = err
+        .downcast_ref::<vtax_store::Error>()
+        .and_then(|e| e.damaged_file());
+    assert_eq!(damaged, Some(files[0].as_path()), "{err:#}");
+
+    let skipped = replay::replay(dir.path(), config(), START_US, until_us, true).unwrap();
+    let named: Vec<_> = skipped.damaged_files.iter().map(|(p, _)| p).collect();
+    assert_eq!(named, [&files[0]]);
+    let victims = |events: &[replay::OpenedEvent]| -> std::collections::BTreeSet<String> {
+        events.iter().map(|e| e.victim.clone()).collect()
+    };
+    assert!(victims(&whole.events).contains("/victim"));
+    assert!(
+        !victims(&skipped.events).contains("/victim"),
+        "the victim's rows were in the damaged file: {:?}",
+        skipped.events
+    );
 }
 
 /// A neighbour that comes for 45 s out of every 95, as the evaluation's
