@@ -13,8 +13,11 @@ impl Sections<'_> {
             let pct = |p: &[(i64, f64)]| {
                 shape::mean(p).map_or("–".into(), |v| format_value(v, Unit::Ratio))
             };
-            let p99 = shape::histogram_quantile(0.99, &s.histogram)
-                .map_or("–".into(), |v| format_value(v, Unit::Seconds));
+            let p99 = shape::histogram_quantile(0.99, &s.histogram).map_or("–".into(), |p| match p
+            {
+                shape::Quantile::Within(v) => format_value(v, Unit::Seconds),
+                above => above.text(|v| format_value(v, Unit::Seconds)),
+            });
             let _ = write!(
                 h,
                 r#"<tr><td>{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
@@ -263,14 +266,13 @@ impl Sections<'_> {
                 escape(&node.name)
             );
             for q in [0.5, 0.9, 0.99, 0.999] {
-                let v = shape::histogram_quantile(q, &s.histogram).map_or("–".into(), |v| {
-                    format!("≤ {}", format_value(v, Unit::Seconds))
-                });
+                let v = shape::histogram_quantile(q, &s.histogram)
+                    .map_or("–".into(), |p| p.text(|v| format_value(v, Unit::Seconds)));
                 let _ = write!(h, "<td class=\"num\">{v}</td>");
             }
             h.push_str("</tr>");
         }
-        h.push_str("</table><p class=\"note\">Quantiles from the histogram buckets: upper bounds, interpolated within a bucket.</p>");
+        h.push_str("</table><p class=\"note\">Quantiles from the histogram buckets, interpolated within a bucket; past the last bound the buckets say only that a quantile is larger.</p>");
         // One distribution per node, or the fleet's summed when nodes are many.
         let fleet_histogram;
         let distributions: Vec<(&str, &shape::Histogram)> = if names.len() <= svg::PALETTE.len() {

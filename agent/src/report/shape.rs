@@ -211,10 +211,33 @@ pub fn sum_histograms<'a>(histograms: impl IntoIterator<Item = &'a Histogram>) -
     sum.into_values().collect()
 }
 
+/// Where a histogram's quantile lies: inside a finite bucket, or past the
+/// last finite bound, where the buckets say only that it is larger.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Quantile {
+    /// Interpolated linearly inside the bucket it falls in.
+    Within(f64),
+    /// In +Inf: more than this, the largest finite bound.
+    Above(f64),
+}
+
+impl Quantile {
+    /// The quantile for a cell: "≤ 1.2 ms" within a bucket, "> 100 ms" past
+    /// the last bound.
+    pub fn text(self, format: impl Fn(f64) -> String) -> String {
+        match self {
+            Quantile::Within(v) => format!("≤ {}", format(v)),
+            Quantile::Above(v) => format!("> {}", format(v)),
+        }
+    }
+}
+
 /// The q-quantile of a histogram, interpolated linearly inside the bucket
-/// it falls in (as Prometheus's histogram_quantile does); the largest finite
-/// bound when it falls in +Inf; `None` for an empty histogram.
-pub fn histogram_quantile(q: f64, histogram: &Histogram) -> Option<f64> {
+/// it falls in (as Prometheus's histogram_quantile does). Past the largest
+/// finite bound it is `Above` that bound, never the bound itself: a tail in
+/// +Inf shown as "≤ 100 ms" would point the wrong way. `None` for an empty
+/// histogram.
+pub fn histogram_quantile(q: f64, histogram: &Histogram) -> Option<Quantile> {
     let total: f64 = histogram.iter().map(|b| b.1).sum();
     if total <= 0.0 {
         return None;
@@ -225,16 +248,18 @@ pub fn histogram_quantile(q: f64, histogram: &Histogram) -> Option<f64> {
     for &(upper, count) in histogram {
         if seen + count >= rank && count > 0.0 {
             if upper.is_infinite() {
-                return Some(lower);
+                return Some(Quantile::Above(lower));
             }
-            return Some(lower + (upper - lower) * ((rank - seen) / count));
+            return Some(Quantile::Within(
+                lower + (upper - lower) * ((rank - seen) / count),
+            ));
         }
         seen += count;
         if upper.is_finite() {
             lower = upper;
         }
     }
-    Some(lower)
+    Some(Quantile::Above(lower))
 }
 
 #[cfg(test)]
@@ -352,11 +377,15 @@ mod tests {
         let h = histogram_from_cumulative(&rows);
         // CPU 0 grew by 50/90/100, CPU 1 (one row) by 0: per bucket 50, 40, 10.
         assert_eq!(h, [(1e-5, 50.0), (1e-4, 40.0), (f64::INFINITY, 10.0)]);
-        assert_eq!(histogram_quantile(0.5, &h), Some(1e-5));
-        let p70 = histogram_quantile(0.7, &h).unwrap();
+        assert_eq!(histogram_quantile(0.5, &h), Some(Quantile::Within(1e-5)));
+        let Some(Quantile::Within(p70)) = histogram_quantile(0.7, &h) else {
+            panic!("p70 is inside a bucket");
+        };
         assert!((p70 - (1e-5 + 9e-5 * 0.5)).abs() < 1e-12, "{p70}");
-        // A quantile in +Inf answers the largest finite bound.
-        assert_eq!(histogram_quantile(0.99, &h), Some(1e-4));
+        // A quantile in +Inf is above the largest finite bound, and says so.
+        let p99 = histogram_quantile(0.99, &h).unwrap();
+        assert_eq!(p99, Quantile::Above(1e-4));
+        assert_eq!(p99.text(|v| format!("{v}")), "> 0.0001");
         assert_eq!(histogram_quantile(0.5, &vec![]), None);
     }
 

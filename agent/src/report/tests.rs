@@ -749,3 +749,49 @@ fn the_worst_window_is_the_worst_way_and_busy_is_context() {
         "{hypervisor}"
     );
 }
+
+/// A tail past the histogram's last bound is shown as more than that bound:
+/// "≤ 100 µs" for wake-ups later than 100 µs would point the wrong way.
+#[test]
+fn a_wake_up_tail_past_the_last_bucket_reads_as_more_than_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "late_node", 0.75, false);
+    {
+        let mut options = StoreOptions::new(dir.path());
+        options.node = "late_node".into();
+        let mut store = Store::open(options, crate::catalog()).unwrap();
+        // A window after the node's last: 100 more wake-ups per CPU, 40 of
+        // them later than the last bound (100 µs).
+        for cpu in ["0", "1"] {
+            let rows: Vec<_> = [("1e-05", 600.0), ("0.0001", 660.0), ("+Inf", 700.0)]
+                .iter()
+                .map(|(le, count)| {
+                    (
+                        T0 + 70 * SECOND,
+                        vec![cpu, *le],
+                        vec![("latency_seconds", Value::U64(*count as u64))],
+                    )
+                })
+                .collect();
+            push(&mut store, "jitter_wakeup", &rows);
+        }
+        store.close().unwrap();
+    }
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &crate::catalog(), None, None, false).unwrap();
+    let s = summarize(&data[0]);
+    assert_eq!(s.histogram.last(), Some(&(f64::INFINITY, 80.0)));
+    assert_eq!(
+        shape::histogram_quantile(0.99, &s.histogram),
+        Some(shape::Quantile::Above(1e-4))
+    );
+    let html = render(&context(dir.path(), false, false), &data);
+    let table = &html[html.find("Wake-up latency distribution").unwrap()..];
+    let row = &table[table.find("late_node").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("&gt; 100 µs") || row.contains("> 100 µs"),
+        "{row}"
+    );
+    assert!(!row.contains("≤ 100 µs"), "{row}");
+}
