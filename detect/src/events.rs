@@ -216,8 +216,9 @@ impl Detector {
         // removed) may well be who stalled the victim, and the event's
         // closing row must still say so. One that gained children stopped
         // being a suspect of its own when it did (its usage holds theirs).
-        let cgroup_eligible =
-            |name: &str| self.leaf_cgroups.contains(name) || !self.present_cgroups.contains(name);
+        let cgroup_eligible = |name: &str| {
+            self.leaf_cgroups.contains(name) || !self.present_cgroups.contains_key(name)
+        };
         let eligible = |name: &str, pool: Pool| match pool {
             Pool::GpuProcess => {
                 guest && key.resource == Resource::Gpu && !same_lineage(name, &key.victim)
@@ -258,7 +259,7 @@ impl Detector {
         ranked
     }
 
-    /// A suspect's per-second usage, with the seconds before it first
+    /// A suspect's per-second usage, with the seconds before it
     /// appeared, while the detector was already watching its kind, as zero:
     /// a container or job started at the onset did not exist before it, so
     /// it used nothing then. Counting only the seconds it existed would see
@@ -275,12 +276,14 @@ impl Detector {
             Pool::GpuProcess => self.gpus_watched_since,
             Pool::Hypervisor | Pool::Outside => None,
         };
-        if let (Some(watched), Some(&first)) = (watched_since, usage.keys().next()) {
-            // A usage is a rate: the first comes a second after the first
-            // sight, in the first second watched as in a newcomer's. The
-            // second before the first usage is when it appeared: unknown.
+        if let Some(watched) = watched_since {
+            // The second it appeared is unknown (a usage is a rate, first
+            // known a second later); before it, it did not exist. A cgroup
+            // that became a leaf later (its children gone, or left out of
+            // the rows) existed, as their parent: nothing is known of its
+            // own usage before, so nothing is filled in.
             for &second in victim.keys() {
-                if second > watched && second < first - 1 {
+                if second > watched && second < suspect.appeared {
                     usage.insert(second, 0.0);
                 }
             }
@@ -288,7 +291,7 @@ impl Detector {
         // A cgroup that is gone (its job ended) uses nothing from then on:
         // without those seconds, once the look-back has passed its onset, it
         // would look busy throughout, flat, and lose the event it caused.
-        let gone = suspect.pool == Pool::Cgroup && !self.present_cgroups.contains(name);
+        let gone = suspect.pool == Pool::Cgroup && !self.present_cgroups.contains_key(name);
         if let (true, Some(&last)) = (gone, usage.keys().next_back()) {
             for &second in victim.keys() {
                 if second > last {

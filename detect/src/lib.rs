@@ -177,6 +177,10 @@ enum Pool {
 
 struct SuspectSeries {
     pool: Pool,
+    /// The second it appeared: a cgroup's first in the rows (it may have had
+    /// children then, and no usage of its own), a process's the second
+    /// before its first usage.
+    appeared: i64,
     seconds: VecDeque<(i64, f64)>,
     /// Its mean usage per window, learned while no event is open: what it
     /// usually uses. A suspect that appeared while its kind was watched
@@ -208,9 +212,12 @@ pub struct Detector {
     /// that has no usage in a second did not exist, which is no usage.
     cgroups_watched_since: Option<i64>,
     gpus_watched_since: Option<i64>,
-    /// Every cgroup of the latest cgroup rows: a suspect cgroup not among
-    /// them is gone (its job ended), still a suspect of what it did.
-    present_cgroups: BTreeSet<String>,
+    /// Every cgroup of the latest cgroup rows, with the second it first
+    /// appeared in them: a suspect cgroup not among them is gone (its job
+    /// ended), still a suspect of what it did. One that was there before it
+    /// became a leaf (its children gone, or left out of the rows) is no
+    /// newcomer: its seconds before are unknown, not zero.
+    present_cgroups: BTreeMap<String, i64>,
     canary: Option<canary::CacheCanary>,
     last_canary_second: i64,
     /// Start of the oldest window not yet judged.
@@ -248,7 +255,7 @@ impl Detector {
             leaf_busy: VecDeque::new(),
             cgroups_watched_since: None,
             gpus_watched_since: None,
-            present_cgroups: BTreeSet::new(),
+            present_cgroups: BTreeMap::new(),
             canary,
             last_canary_second: i64::MIN,
             next_window: None,

@@ -113,18 +113,27 @@ impl Detector {
             Pool::GpuProcess => self.gpus_watched_since,
             Pool::Hypervisor | Pool::Outside => None,
         };
+        // A usage is a rate, first known a second after the first sight; a
+        // cgroup may have been seen long before, as a parent whose usage was
+        // its children's.
+        let appeared = match pool {
+            Pool::Cgroup => self.present_cgroups.get(name).copied(),
+            _ => None,
+        }
+        .unwrap_or(second - 1)
+        .min(second - 1);
         let series = self.suspects.entry(name.to_string()).or_insert_with(|| {
             let mut usual = RollingBaseline::new(USUAL_WINDOWS);
-            // A usage is a rate, first known a second after the first
-            // sight: one present when watching began has none missing.
+            // One present when watching began has none missing.
             let absent_windows = watched_since
-                .map_or(0, |watched| (second - 1 - watched).div_euclid(window_secs))
+                .map_or(0, |watched| (appeared - watched).div_euclid(window_secs))
                 .clamp(0, USUAL_WINDOWS as i64);
             for _ in 0..absent_windows {
                 usual.push(0.0);
             }
             SuspectSeries {
                 pool,
+                appeared,
                 seconds: VecDeque::new(),
                 usual,
             }
@@ -288,9 +297,14 @@ impl Detector {
         };
         self.leaf_cgroups = leaves(&paths);
         if self.present_cgroups.len() != paths.len()
-            || paths.iter().any(|p| !self.present_cgroups.contains(*p))
+            || paths.iter().any(|p| !self.present_cgroups.contains_key(*p))
         {
-            self.present_cgroups = paths.iter().map(|p| p.to_string()).collect();
+            let now = second_of(view.time_us(0));
+            let before = std::mem::take(&mut self.present_cgroups);
+            self.present_cgroups = paths
+                .iter()
+                .map(|p| (p.to_string(), before.get(*p).copied().unwrap_or(now)))
+                .collect();
         }
         self.cgroups_watched_since
             .get_or_insert(second_of(view.time_us(0)));

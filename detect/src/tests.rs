@@ -378,6 +378,50 @@ fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     }
 }
 
+/// A pod whose one container leaves the rows (removed, or pushed past
+/// `max_cgroups` by a new pod) becomes a leaf with the pod's steady use. It
+/// was there all along, as the container's parent: it is no newcomer, and
+/// its use before is unknown, not zero. Counted as zero, its steady use read
+/// as a rise at the onset and it was named beside the real antagonist.
+#[test]
+fn a_parent_that_becomes_a_leaf_is_no_newcomer() {
+    let mut node = Node::new(config());
+    let mut seed = 29;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..120 {
+        let (n, m) = (noise(&mut seed), noise(&mut seed));
+        node.step(
+            &[
+                ("/victim", 0.4 + 0.02 * n, quiet(&mut seed)),
+                ("/pod", 1.2 + 0.02 * m, 0.0),
+                ("/pod/app", 1.2 + 0.02 * m, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    assert!(node.events("open").is_empty(), "no event while quiet");
+    for _ in 0..60 {
+        let (n, m, k) = (noise(&mut seed), noise(&mut seed), noise(&mut seed));
+        node.step(
+            &[
+                ("/victim", 0.3 + 0.02 * n, 0.35 + 0.03 * n),
+                ("/pod", 1.2 + 0.02 * k, 0.0),
+                ("/newcomer", 1.9 + 0.05 * m, 0.2 + 0.03 * m),
+            ],
+            0.4 + 0.03 * n,
+        );
+    }
+    let opened = node.events("open");
+    for victim in ["/victim", "node"] {
+        let event = opened
+            .iter()
+            .find(|e| e.1 == victim)
+            .unwrap_or_else(|| panic!("{victim}'s event opened: {opened:?}"));
+        assert!(event.2.starts_with("/newcomer "), "{opened:?}");
+        assert!(!event.2.contains("/pod "), "the pod is named: {opened:?}");
+    }
+}
+
 /// A busy loop outside every workload cgroup, on a VM whose host steals a
 /// little more as the guest gets busier (0.2% to 0.4% of the CPU time): the
 /// steal correlates with the stall but explains none of it. The hypervisor
