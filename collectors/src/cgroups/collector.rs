@@ -77,7 +77,7 @@ impl Cgroups {
             }
         }
         let old = std::mem::take(&mut self.discovery);
-        let (discovery, watch_failed) = walk(layout, &self.selection, &mut watch);
+        let (discovery, watch_failed) = walk(layout, &self.selection, &mut watch, &old);
         self.discovery = discovery;
         keep_open(&mut self.discovery.targets, old.targets);
         unwatched = unwatched.or(watch_failed);

@@ -175,7 +175,7 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "max_cgroups",
-        "At most this many cgroups are sampled, shallowest first then by path; the rest are skipped and reported by `vtax doctor`.",
+        "At most this many cgroups are sampled: those already sampled first (a cgroup made at the bound is left out, not swapped for one sampled), then shallowest first, then by path; the rest are skipped and reported by `vtax doctor`.",
     ),
     (
         "rescan_interval_secs",

@@ -432,6 +432,52 @@ fn max_cgroups_keeps_the_shallowest_and_reports_the_rest() {
     );
 }
 
+/// At the bound, a cgroup made later is left out rather than pushing out one
+/// already sampled, though it sorts first: a cut that moved would make a
+/// steady pod a leaf with its children's use, or move a steady container's
+/// use out of every sampled cgroup. When a sampled one goes, its place is
+/// taken again shallowest first.
+#[test]
+fn at_max_cgroups_a_new_cgroup_does_not_push_out_a_sampled_one() {
+    let (_dir, roots) = scratch("k8s-node");
+    let config = CgroupsConfig {
+        max_cgroups: 5,
+        ..CgroupsConfig::default()
+    };
+    let mut c = collector(&config, &roots);
+    let first = [
+        "/init.scope",
+        "/kubepods.slice",
+        "/kubepods.slice/kubepods-besteffort.slice",
+        "/system.slice",
+        "/user.slice",
+    ];
+    assert_eq!(paths(&collect_one(&mut c, 1_000_000)), first);
+    // A new top-level slice, which a fresh cut would take before the
+    // depth-2 slice.
+    let new = roots.sys("fs/cgroup/a.slice");
+    std::fs::create_dir_all(&new).unwrap();
+    std::fs::write(new.join("memory.current"), "4096\n").unwrap();
+    assert_eq!(paths(&collect_one(&mut c, 2_000_000)), first);
+    assert_eq!(c.walks, 2, "the new slice was walked");
+    assert_eq!(
+        c.problems(),
+        ["11 cgroups over collectors.cgroups.max_cgroups = 5 are not sampled: raise it, or narrow include/exclude or max_depth"]
+    );
+    // The sampled user.slice goes: the new slice, shallowest, takes its place.
+    std::fs::remove_dir_all(roots.sys("fs/cgroup/user.slice")).unwrap();
+    assert_eq!(
+        paths(&collect_one(&mut c, 3_000_000)),
+        [
+            "/a.slice",
+            "/init.scope",
+            "/kubepods.slice",
+            "/kubepods.slice/kubepods-besteffort.slice",
+            "/system.slice",
+        ]
+    );
+}
+
 /// A copy of a fixture's cgroup tree that a test may change.
 fn scratch(node: &str) -> (tempfile::TempDir, Roots) {
     let dir = tempfile::tempdir().unwrap();

@@ -63,9 +63,10 @@ pub(super) struct Discovery {
 }
 
 /// Which cgroups are sampled: those within `max_depth` of the root that pass
-/// the include and exclude patterns, at most `max_cgroups` of them, shallowest
-/// first then by path. The perf collector selects with the same rules, so its
-/// rows name cgroups the cgroups collector names too, under the same bound.
+/// the include and exclude patterns, at most `max_cgroups` of them: those
+/// sampled before first, then shallowest first, then by path. The perf
+/// collector selects with the same rules, so its rows name cgroups the
+/// cgroups collector names too, under the same bound.
 pub(in crate) struct Selection {
     pub(super) filter: Filter,
     pub(super) max_depth: u32,
@@ -123,18 +124,23 @@ impl Selection {
         out
     }
 
-    /// The listed cgroups the patterns accept, shallowest first then by path,
-    /// cut to `max_cgroups` (which keeps slices over the leaves under them,
-    /// and the same ones from walk to walk); and how many the cut left out.
+    /// The listed cgroups the patterns accept, cut to `max_cgroups`: those
+    /// `sampled` by the walk before first, then shallowest first (which keeps
+    /// slices over the leaves under them), then by path; and how many the
+    /// cut left out. A cgroup made past the bound is left out rather than
+    /// pushing out one already sampled: a cut that moved would turn a steady
+    /// pod into a leaf with its children's use, or move a steady container's
+    /// use outside every sampled cgroup, each a rise that nobody made.
     pub(in crate) fn bound<T>(
         &self,
         listed: impl IntoIterator<Item = (String, T)>,
+        sampled: impl Fn(&str) -> bool,
     ) -> (Vec<(String, T)>, usize) {
         let mut paths: Vec<(String, T)> = listed
             .into_iter()
             .filter(|(path, _)| self.filter.accepts(path))
             .collect();
-        paths.sort_by(|a, b| (depth_of(&a.0), &a.0).cmp(&(depth_of(&b.0), &b.0)));
+        paths.sort_by_cached_key(|(path, _)| (!sampled(path), depth_of(path), path.clone()));
         let skipped = paths.len().saturating_sub(self.max_cgroups);
         paths.truncate(self.max_cgroups);
         (paths, skipped)
@@ -180,11 +186,13 @@ pub(super) fn depth_of(path: &str) -> usize {
 
 /// Walks the hierarchies; with a `watch`, every directory listed is watched
 /// first. A watch that could not take every directory is dropped (one that
-/// misses some would miss their changes) and the reason returned.
+/// misses some would miss their changes) and the reason returned. `before`
+/// is the previous walk's, whose cgroups the bound keeps first.
 pub(super) fn walk(
     layout: &Layout,
     selection: &Selection,
     watch: &mut Option<CgroupWatch>,
+    before: &Discovery,
 ) -> (Discovery, Option<String>) {
     let dirs: Vec<&Path> = layout.hierarchies.iter().map(|h| h.dir.as_path()).collect();
     let mut watch_failed = None;
@@ -205,6 +213,12 @@ pub(super) fn walk(
         found
             .into_iter()
             .filter(|(_, idxs)| layout.unified || !pressure_only(idxs)),
+        |path| {
+            before
+                .targets
+                .binary_search_by(|t| t.path.as_str().cmp(path))
+                .is_ok()
+        },
     );
     let mut targets: Vec<Target> = paths
         .into_iter()

@@ -124,9 +124,11 @@ impl Perf {
     /// The leaf cgroups to count, in the selection's order, and how many the
     /// selection itself left out.
     pub(super) fn select(&self, hierarchy: &Path) -> (Vec<String>, usize) {
-        let (selected, skipped) = self
-            .selection
-            .bound(self.selection.list(&[hierarchy], &mut |_| {}));
+        let counted: std::collections::BTreeSet<&str> = self.targets.iter().map(|t| t.path.as_str()).collect();
+        let (selected, skipped) = self.selection.bound(
+            self.selection.list(&[hierarchy], &mut |_| {}),
+            |path| counted.contains(path),
+        );
         let paths: Vec<&str> = selected.iter().map(|(p, _)| p.as_str()).collect();
         let leaves = leaves(&paths);
         let chosen = selected
