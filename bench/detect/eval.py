@@ -54,8 +54,9 @@ trials every workload named is wrong, counted per quiet hour. The hypervisor
 named is wrong when the harness's own steal reading over the 90 s before the
 event (the mean of its highest quarter, as the detector weighs it) is under
 HYPERVISOR_STEAL_MIN (1%): the bar is no such accusation, printed as a verdict
-with the run's steal. `unattributed: load outside any workload cgroup` (CPU
-load in the root cgroup or kernel threads) accuses no workload: counted apart.
+with the run's steal. `unattributed: load outside the cgroups vtax samples` (CPU
+load in the root cgroup, kernel threads or cgroups left out) accuses no
+workload: counted apart.
 
 Host events: the detector names the hypervisor as a CPU suspect when the guest's
 steal time moves with the victim signal. Steal is the host running someone else
@@ -113,7 +114,7 @@ HOST_SUSPECT = "hypervisor"
 # naming it (MIN_HYPERVISOR_STEAL_RATIO).
 HYPERVISOR_STEAL_MIN = 0.01
 LOOKBACK_SECS = 90
-OUTSIDE_SUSPECT = "unattributed: load outside any workload cgroup"
+OUTSIDE_SUSPECT = "unattributed: load outside the cgroups vtax samples"
 NEWCOMER = "newcomer"
 OPENED = re.compile(
     r"^(\S+)\s+WARN\s.*Noisy-neighbour event (opened|names a new suspect)\..*?resource=\"?(\w+)\"?\s+victim=(\S+)\s+signal=\"?(\w+)\"?\s+suspect=(?:\"([^\"]*)\"|(\S+))"

@@ -102,10 +102,12 @@ const SUSPECTS_STORED: usize = 5;
 /// cores to someone else, counted by the guest kernel itself.
 pub const HYPERVISOR_SUSPECT: &str = "hypervisor";
 /// The suspect that stands for CPU time the guest spends outside every leaf
-/// workload cgroup (processes in the root cgroup, kernel threads): the node's
-/// busy CPUs less what the leaf cgroups used. Named, it says the guest cannot
-/// tell whose load it is, rather than blaming the host or a bystander.
-pub const OUTSIDE_SUSPECT: &str = "unattributed: load outside any workload cgroup";
+/// cgroup the `cgroups` collector samples (processes in the root cgroup,
+/// kernel threads, and cgroups include/exclude, max_depth or max_cgroups
+/// leave out): the node's busy CPUs less what the sampled leaves used. Named,
+/// it says the agent cannot tell whose load it is, rather than blaming the
+/// host or a bystander; it does not say the load is in no workload.
+pub const OUTSIDE_SUSPECT: &str = "unattributed: load outside the cgroups vtax samples";
 /// Share of the node's CPU time the host must steal, over the seconds the
 /// steal was high, before the hypervisor is named: the operator takes that
 /// accusation to the cloud provider, and a guest loaded by itself sees a

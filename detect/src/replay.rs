@@ -291,7 +291,7 @@ fn load_canary(
 /// r=… effect=…; …`), `none` when it is empty.
 pub fn first_suspect(suspects: &str) -> &str {
     // `name score=.. r=.. effect=..; name ...`: a name may hold spaces
-    // (`unattributed: load outside any workload cgroup`), never " score=".
+    // (`unattributed: load outside the cgroups vtax samples`), never " score=".
     suspects
         .split("; ")
         .next()

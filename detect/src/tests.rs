@@ -425,7 +425,7 @@ fn a_parent_that_becomes_a_leaf_is_no_newcomer() {
 /// A busy loop outside every workload cgroup, on a VM whose host steals a
 /// little more as the guest gets busier (0.2% to 0.4% of the CPU time): the
 /// steal correlates with the stall but explains none of it. The hypervisor
-/// is not accused; the event says the load is outside any workload cgroup.
+/// is not accused; the event says the load is outside the sampled cgroups.
 #[test]
 fn load_outside_any_cgroup_is_unattributed_and_a_little_steal_accuses_no_one() {
     let mut node = Node::new(config());
