@@ -544,9 +544,15 @@ pub(super) fn cgroup_rows<'a>(view: &View<'a>) -> Option<(Vec<&'a str>, Vec<&'a 
 
 /// Whether a cgroup's signals are a victim's. Slices and job steps aggregate
 /// or subdivide a workload, and a parent's stall holds its children's: the
-/// workload's own leaf cgroup is the victim.
+/// workload's own leaf cgroup is the victim. A Slurm job is the workload
+/// its steps subdivide, and never a leaf (its steps are under it): it is
+/// the victim, its steps are not.
 pub(super) fn is_victim(path: &str, workload: &str, leaves: &BTreeSet<String>) -> bool {
-    !matches!(workload, "slice" | "slurm_step") && leaves.contains(path)
+    match workload {
+        "slurm_job" => true,
+        "slice" | "slurm_step" => false,
+        _ => leaves.contains(path),
+    }
 }
 
 /// A GPU process as a suspect: its workload when it has one, else its pid.

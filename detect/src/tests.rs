@@ -87,7 +87,7 @@ impl Node {
         for (path, usage, stall) in cgroups {
             *self.usage.entry(path).or_default() += usage;
             *self.stall.entry(path).or_default() += stall;
-            tags.push([*path, "container"]);
+            tags.push([*path, vtax_collectors::cgroups::classify(path)]);
             fields.push([
                 ("cpu_usage_seconds", self.usage[path]),
                 ("cpu_pressure_some_seconds", self.stall[path]),
@@ -420,6 +420,55 @@ fn a_parent_that_becomes_a_leaf_is_no_newcomer() {
         assert!(event.2.starts_with("/newcomer "), "{opened:?}");
         assert!(!event.2.contains("/pod "), "the pod is named: {opened:?}");
     }
+}
+
+/// A Slurm job is the workload its steps subdivide: its stall is a victim's
+/// signal, though it is never a leaf, and its steps' are not (the job's
+/// holds theirs). Before, no Slurm workload was ever judged.
+#[test]
+fn a_slurm_job_is_a_victim_and_its_steps_are_not() {
+    const JOB: &str = "/slurm/uid_1000/job_7";
+    const STEP: &str = "/slurm/uid_1000/job_7/step_0";
+    let mut node = Node::new(config());
+    let mut seed = 31;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..120 {
+        let (n, stall) = (noise(&mut seed), quiet(&mut seed));
+        node.step(
+            &[(JOB, 0.4 + 0.02 * n, stall), (STEP, 0.4 + 0.02 * n, stall)],
+            quiet(&mut seed),
+        );
+    }
+    assert!(node.events("open").is_empty(), "no event while quiet");
+    for _ in 0..60 {
+        let (n, m) = (noise(&mut seed), noise(&mut seed));
+        let stall = 0.35 + 0.03 * n;
+        node.step(
+            &[
+                (JOB, 0.3 + 0.02 * n, stall),
+                (STEP, 0.3 + 0.02 * n, stall),
+                ("/system.slice/backup.service", 1.9 + 0.05 * m, 0.0),
+            ],
+            0.4 + 0.03 * n,
+        );
+    }
+    let opened = node.events("open");
+    let job = opened
+        .iter()
+        .find(|e| e.1 == JOB)
+        .unwrap_or_else(|| panic!("the job's event opened: {opened:?}"));
+    assert!(
+        job.2.starts_with("/system.slice/backup.service "),
+        "{opened:?}"
+    );
+    assert!(
+        !job.2.contains(STEP),
+        "its own step is no suspect: {opened:?}"
+    );
+    assert!(
+        !opened.iter().any(|e| e.1 == STEP),
+        "a step is no victim: {opened:?}"
+    );
 }
 
 /// A busy loop outside every workload cgroup, on a VM whose host steals a
