@@ -316,17 +316,23 @@ impl Detector {
         ];
         for (row, path) in paths.iter().enumerate() {
             let time_us = view.time_us(row);
-            let rate = view
-                .value(row, "cpu_usage_seconds")
-                .and_then(|usage| self.rate(format!("cgroup|{path}|cpu"), time_us, usage));
+            let key = format!("cgroup|{path}|cpu");
+            let usage = view.value(row, "cpu_usage_seconds");
+            // A cgroup never read with a CPU counter has none (cgroup v1: a
+            // path in the memory hierarchy only): its tasks' CPU time is
+            // counted where their cpu cgroup is, and it holds none of it.
+            let has_cpu_counter = usage.is_some() || self.counters.contains_key(&key);
+            let rate = usage.and_then(|usage| self.rate(key, time_us, usage));
             if self.leaf_cgroups.contains(*path) {
                 match rate {
                     Some(r) => {
                         self.usage(path, Pool::Cgroup, time_us, r);
                         leaf_busy = leaf_busy.map(|sum| sum + r);
                     }
+                    None if !has_cpu_counter => {}
                     // A leaf seen for the first time (no rate yet) or
-                    // without its usage: the sum is unknown this second.
+                    // without its usage this time: the sum is unknown this
+                    // second.
                     None => leaf_busy = None,
                 }
             }

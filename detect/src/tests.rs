@@ -88,12 +88,16 @@ impl Node {
             *self.usage.entry(path).or_default() += usage;
             *self.stall.entry(path).or_default() += stall;
             tags.push([*path, vtax_collectors::cgroups::classify(path)]);
-            fields.push([
-                ("cpu_usage_seconds", self.usage[path]),
+            // A NaN usage: a cgroup without a CPU counter (cgroup v1, in
+            // the memory hierarchy only), whose row has none.
+            let cpu = ("cpu_usage_seconds", self.usage[path]);
+            let mut row = Vec::from_iter((!usage.is_nan()).then_some(cpu));
+            row.extend([
                 ("cpu_pressure_some_seconds", self.stall[path]),
                 ("memory_pressure_some_seconds", 0.0),
                 ("io_pressure_some_seconds", 0.0),
             ]);
+            fields.push(row);
         }
         if !cgroups.is_empty() {
             let each: Vec<RowValues> = tags
@@ -477,6 +481,19 @@ fn a_slurm_job_is_a_victim_and_its_steps_are_not() {
 /// is not accused; the event says the load is outside the sampled cgroups.
 #[test]
 fn load_outside_any_cgroup_is_unattributed_and_a_little_steal_accuses_no_one() {
+    load_outside_any_cgroup_is_unattributed(&[]);
+}
+
+/// On cgroup v1 a path may be in the memory hierarchy only: its row has no
+/// CPU counter, and its tasks' CPU time is counted elsewhere. It neither
+/// hides the load outside the sampled cgroups (the sum of the leaves' use
+/// was unknown every second while it was there) nor holds any of it.
+#[test]
+fn a_leaf_without_a_cpu_counter_leaves_the_unattributed_load_known() {
+    load_outside_any_cgroup_is_unattributed(&[("/process_api/memory_only", f64::NAN, 0.0)]);
+}
+
+fn load_outside_any_cgroup_is_unattributed(more: &[(&'static str, f64, f64)]) {
     let mut node = Node::new(config());
     let mut seed = 3;
     let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
@@ -490,10 +507,9 @@ fn load_outside_any_cgroup_is_unattributed_and_a_little_steal_accuses_no_one() {
         } else {
             quiet(seed)
         };
-        node.step(
-            &[("/victim", 0.4 + 0.01 * n, stall), ("/idle", 0.01, 0.0)],
-            stall,
-        );
+        let mut cgroups = vec![("/victim", 0.4 + 0.01 * n, stall), ("/idle", 0.01, 0.0)];
+        cgroups.extend_from_slice(more);
+        node.step(&cgroups, stall);
     };
     for _ in 0..120 {
         second(&mut node, &mut seed, 0.0);
