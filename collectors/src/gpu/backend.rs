@@ -510,14 +510,18 @@ pub struct ReadTime {
 pub fn nvlink_links_of_product(name: &str) -> Option<u32> {
     let name = name.to_ascii_uppercase();
     let pcie = name.contains("PCIE");
-    if name.contains("H100")
-        || name.contains("H200")
-        || name.contains("H800")
-        || name.contains("H20")
-    {
-        // SXM and the HBM3 boards have 18 fourth-generation links; the PCIe
-        // H100/H200 NVL bridge pairs of cards over 12 (H100 PCIe: none without the bridge).
-        return Some(if name.contains("NVL") {
+    // The export versions (H800, A800) have NVLink cut to 400 GB/s both
+    // ways: 8 links of 50 GB/s. Counted as their full siblings' 18 or 12,
+    // a bare-metal H800 read as 10 links hidden by a hypervisor.
+    if name.contains("H800") || name.contains("A800") {
+        return Some(if pcie { 0 } else { 8 });
+    }
+    if name.contains("H100") || name.contains("H200") || name.contains("H20") {
+        // SXM and the HBM3 boards have 18 fourth-generation links (900 GB/s
+        // both ways). The NVL cards bridge over NVLink: the H100 NVL at
+        // 600 GB/s (12 links), the H200 NVL at 900 GB/s (18). The H100 PCIe
+        // has none without a bridge.
+        return Some(if name.contains("NVL") && !name.contains("H200") {
             12
         } else if pcie {
             0
@@ -607,6 +611,11 @@ mod tests {
         assert_eq!(nvlink_links_of_product("NVIDIA H200"), Some(18));
         assert_eq!(nvlink_links_of_product("NVIDIA H100 PCIe"), Some(0));
         assert_eq!(nvlink_links_of_product("NVIDIA H100 NVL"), Some(12));
+        assert_eq!(nvlink_links_of_product("NVIDIA H200 NVL"), Some(18));
+        assert_eq!(nvlink_links_of_product("NVIDIA H800"), Some(8));
+        assert_eq!(nvlink_links_of_product("NVIDIA H800 PCIe"), Some(0));
+        assert_eq!(nvlink_links_of_product("NVIDIA A800-SXM4-80GB"), Some(8));
+        assert_eq!(nvlink_links_of_product("NVIDIA H20"), Some(18));
         assert_eq!(nvlink_links_of_product("NVIDIA A100-SXM4-80GB"), Some(12));
         assert_eq!(nvlink_links_of_product("NVIDIA L4"), None);
     }
