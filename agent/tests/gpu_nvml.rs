@@ -74,11 +74,12 @@ fn seconds_of(row: &serde_json::Value) -> f64 {
 
 #[test]
 fn what_nvml_says_is_served_and_stored_in_our_units() {
-    let mut processes = [sleeper(), sleeper(), sleeper()];
+    let mut processes = [sleeper(), sleeper(), sleeper(), sleeper()];
     let pids: Vec<u32> = processes.iter().map(Child::id).collect();
     let dir = tempfile::tempdir().unwrap();
-    // GPU 0 at work with two processes, 16 of its 18 NVLink links up; GPU 1
-    // with MIG on, two instances and one process in the first.
+    // GPU 0 at work with two processes and a third that uses none of it,
+    // 16 of its 18 NVLink links up; GPU 1 with MIG on, two instances and
+    // one process in the first.
     let fake = FakeNvml::new(
         Driver::Current,
         &format!(
@@ -87,9 +88,10 @@ fn what_nvml_says_is_served_and_stored_in_our_units() {
              gpm_sm=62.5 gpm_occupancy=40 gpm_tensor=30 gpm_dram=55 gpm_pcie_rx_mib=100 \
              gpm_pcie_tx_mib=200 gpm_nvlink_rx_mib=1600 gpm_nvlink_tx_mib=800 nvlinks_up=16 \
              nvlink_crc_errors=5 ecc_corrected=3 ecc_uncorrected=1 remapped_correctable=2 \
-             remap_pending=1 pcie_replays=7 processes={}:2147483648:40:20,{}:1073741824:10:5\n\
+             remap_pending=1 pcie_replays=7 \
+             processes={}:2147483648:40:20,{}:1073741824:10:5,{}:1048576\n\
              gpu=1 mig=1 mig_instances=2 power_mw=90000 processes={}:536870912\n",
-            pids[0], pids[1], pids[2]
+            pids[0], pids[1], pids[3], pids[2]
         ),
     );
     let agent = start(
@@ -170,6 +172,10 @@ fn what_nvml_says_is_served_and_stored_in_our_units() {
     assert!(memory.ends_with(" 2147483648"), "{memory}");
     assert!(process("vtax_gpu_process_sm_utilization_ratio", pids[1]).ends_with(" 0.1"));
     assert!(process("vtax_gpu_process_memory_utilization_ratio", pids[0]).ends_with(" 0.2"));
+    // The driver gives no sample for a process that used none of the GPU:
+    // its share is 0, not unknown.
+    let idle = process("vtax_gpu_process_sm_utilization_ratio", pids[3]);
+    assert!(idle.ends_with(" 0"), "{idle}");
 
     // MIG: no GPU-wide utilisation; each instance by the id the driver
     // gives it, which is not its handle's index; the process in its instance.

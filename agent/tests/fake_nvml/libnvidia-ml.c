@@ -783,17 +783,25 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                              unsigned *count, unsigned long long last_seen_us) {
     DEVICE("nvmlDeviceGetProcessUtilization");
     OUT(count);
-    /* One sample per process, stamped now, newer than any seen. */
+    /* As the driver: one sample, stamped now and newer than any seen, per
+       process that used the GPU (SM or memory above 0); none at all is
+       NOT_FOUND. */
     long long now = now_us();
-    unsigned n = (unsigned long long)now > last_seen_us ? g->processes : 0;
+    unsigned n = 0;
+    if ((unsigned long long)now > last_seen_us)
+        for (unsigned i = 0; i < g->processes; i++)
+            n += g->process_sm_percent[i] || g->process_memory_percent[i];
+    if (!n) RETURN(NOT_FOUND);
     if (!samples || *count < n) {
         *count = n;
-        RETURN(n ? INSUFFICIENT_SIZE : SUCCESS);
+        RETURN(INSUFFICIENT_SIZE);
     }
-    for (unsigned i = 0; i < n; i++)
-        samples[i] = (nvmlProcessUtilizationSample_t){
-            g->pids[i], (unsigned long long)now, g->process_sm_percent[i],
-            g->process_memory_percent[i], 0, 0};
+    unsigned k = 0;
+    for (unsigned i = 0; i < g->processes; i++)
+        if (g->process_sm_percent[i] || g->process_memory_percent[i])
+            samples[k++] = (nvmlProcessUtilizationSample_t){
+                g->pids[i], (unsigned long long)now, g->process_sm_percent[i],
+                g->process_memory_percent[i], 0, 0};
     *count = n;
     RETURN(SUCCESS);
 }

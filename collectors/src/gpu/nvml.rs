@@ -411,21 +411,32 @@ impl NvmlBackend {
                 d.process_utilization_stats(since)
             })
         });
-        if let Some(Ok(samples)) = read {
-            let mut newest = since.unwrap_or(0);
-            for s in samples {
-                newest = newest.max(s.timestamp);
-                shares.insert(
-                    s.pid,
-                    (f64::from(s.sm_util) / 100.0, f64::from(s.mem_util) / 100.0),
-                );
+        // NVML gives a sample only for a process that used the GPU since
+        // `since`, and NOT_FOUND when none did: a listed process without one
+        // used none of it, a share of 0, not an unknown one. Not under MIG,
+        // where NVML documents no per-process utilisation to be had: there
+        // no sample says nothing.
+        let shares_known = match read {
+            Some(Ok(samples)) => {
+                let mut newest = since.unwrap_or(0);
+                for s in samples {
+                    newest = newest.max(s.timestamp);
+                    shares.insert(
+                        s.pid,
+                        (f64::from(s.sm_util) / 100.0, f64::from(s.mem_util) / 100.0),
+                    );
+                }
+                self.process_seen_us.insert(index, newest);
+                true
             }
-            self.process_seen_us.insert(index, newest);
-        }
+            Some(Err(NvmlError::NotFound)) => true,
+            _ => false,
+        };
+        let idle = (shares_known && mig_enabled == Some(false)).then_some((0.0, 0.0));
         let processes = running
             .into_iter()
             .map(|p| {
-                let share = shares.get(&p.pid);
+                let share = shares.get(&p.pid).copied().or(idle);
                 ProcessSample {
                     pid: p.pid,
                     used_memory_bytes: match p.used_gpu_memory {
