@@ -40,7 +40,7 @@ pub struct ImportArgs {
     no_progress: bool,
     /// OpenMetrics (`# EOF`-terminated, timestamps in seconds) or Prometheus text
     /// (timestamps in milliseconds) files. Samples without a timestamp get the
-    /// file's modification time. A time before 1970 or more than a day ahead
+    /// file's modification time. A time before 1971 or more than a day ahead
     /// (a timestamp in the wrong unit) is refused, with its line. Importing a
     /// file again adds nothing it already added (after a killed import, run
     /// it again).
@@ -52,16 +52,24 @@ pub struct ImportArgs {
 /// little ahead, not a unit off by a thousand.
 const IMPORT_FUTURE_SLACK_US: i64 = 24 * 3600 * 1_000_000;
 
-/// Why a sample's time cannot be a measurement's, or None: before 1970, or
+/// The first microsecond of 1971: Unix seconds written where Prometheus text
+/// takes milliseconds land before it (today's, in the January of 1970; any
+/// until the year 2286, by April).
+const YEAR_1971_US: i64 = 365 * 24 * 3600 * 1_000_000;
+
+/// Why a sample's time cannot be a measurement's, or None: before 1971, or
 /// more than a day after `now_us`. Both are what a timestamp in the wrong
-/// unit gives (microseconds where Prometheus text wants milliseconds land
-/// tens of millennia ahead), and a store would file the rows under a day no
-/// query or retention looks at.
+/// unit gives (seconds where Prometheus text wants milliseconds land in
+/// January 1970, microseconds tens of millennia ahead), and a store would
+/// file the rows under a day no query or retention looks at.
 fn implausible_time(time_us: i64, now_us: i64) -> Option<String> {
     const YEAR_US: f64 = 365.2425 * 24.0 * 3600.0 * 1e6;
     let year = (1970.0 + time_us as f64 / YEAR_US).floor();
     if time_us < 0 {
         Some(format!("before 1970 (the year {year:.0})"))
+    } else if time_us < YEAR_1971_US {
+        let day = time_us / vtax_store::DAY_US + 1;
+        Some(format!("in 1970 (its day {day})"))
     } else if time_us > now_us.saturating_add(IMPORT_FUTURE_SLACK_US) {
         Some(format!("more than a day ahead of now (the year {year:.0})"))
     } else {
@@ -125,6 +133,10 @@ fn for_each_sample(
                         Some(_) if time_us < 0 => {
                             format!("its timestamp is {when}, no measurement's time")
                         }
+                        Some(_) if time_us < YEAR_1971_US => format!(
+                            "its timestamp is {when}: Prometheus text gives milliseconds, and \
+                             Unix seconds written for them land in the first months of 1970"
+                        ),
                         Some(_) => format!(
                             "its timestamp is {when}: Prometheus text gives milliseconds, \
                              OpenMetrics seconds, and microseconds or nanoseconds written for \

@@ -275,6 +275,26 @@ fn a_file_dated_ahead_gives_its_untimed_samples_no_time() {
     assert!(!data.join("tables").exists(), "nothing written");
 }
 
+/// Prometheus text takes milliseconds; Unix seconds written there (the most
+/// common slip) read as January 1970, where no query's default range looks.
+/// The import refuses the file, naming the line and the likely slip.
+#[test]
+fn unix_seconds_in_prometheus_text_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("seconds.prom");
+    std::fs::write(&file, "m 1 1796464800000\nm 2 1796464800\n").unwrap();
+    let data = dir.path().join("data");
+    let out = import(&data, &[&file]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("seconds.prom:line 2: its timestamp is in 1970 (its day 21)")
+            && stderr.contains("Unix seconds written for them land in the first months of 1970"),
+        "{stderr}"
+    );
+    assert!(!data.join("tables").exists(), "nothing written");
+}
+
 /// Two files of one import that share samples (two dumps of one exporter
 /// that overlap, or one file given twice) leave each sample once, as two
 /// imports of them do: a series holds one value per instant, the first
