@@ -100,7 +100,7 @@ impl<'a> Plan<'a> {
                 known.join(", ")
             ))
         })?;
-        let fields: Vec<usize> = match &request.fields {
+        let mut fields: Vec<usize> = match &request.fields {
             None => (0..table.fields.len()).collect(),
             Some(names) => names
                 .iter()
@@ -116,6 +116,10 @@ impl<'a> Plan<'a> {
                 })
                 .collect::<Result<_>>()?,
         };
+        // A field asked for twice is read once: the columns a file gives are
+        // one per field, and a plan with a field twice indexed past them.
+        let mut asked = std::collections::BTreeSet::new();
+        fields.retain(|&f| asked.insert(f));
         let tag_filters = request
             .tag_equals
             .iter()

@@ -620,11 +620,21 @@ fn a_fields_only_scan_returns_just_the_values() {
         .scan(&ScanRequest {
             from_us: Some(T0 + HOUR_US / 2),
             until_us: Some(T0 + HOUR_US),
-            ..request
+            ..request.clone()
         })
         .unwrap();
     assert_eq!(filtered.rows(), 4 * 1800);
     assert_eq!(filtered.batches[0].num_columns(), 1);
+    // A field asked for twice (`vtax query --fields value,value`) is read
+    // once; it panicked, reading past the file's columns.
+    let twice = store
+        .scan(&ScanRequest {
+            fields: Some(vec!["value".into(), "value".into()]),
+            ..request
+        })
+        .unwrap();
+    assert_eq!(twice.rows(), rows.len());
+    assert_eq!(twice.batches[0].num_columns(), 1);
 }
 
 #[test]
