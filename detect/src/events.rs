@@ -31,11 +31,18 @@ impl Detector {
         let mut signal_rows = BatchBuilder::new(&tables::DETECTOR_SIGNAL);
         let mut event_rows = BatchBuilder::new(&tables::NEIGHBOR_EVENTS);
         let mut resource_scores: BTreeMap<Resource, f64> = BTreeMap::new();
+        // The window's steal for the tax: the mean of its seconds, as the
+        // signal judges it. The latest second alone missed steal that came
+        // in bursts between the seconds it happened to be read.
+        let mut window_steal = None;
         let mut opened = Vec::new();
         let mut closed = Vec::new();
         for (key, state) in self.signals.iter_mut() {
             let judged = state.judge(window, &config);
             let Some(judged) = judged else { continue };
+            if key.victim == "node" && key.signal == "steal_ratio" {
+                window_steal = Some(judged.value);
+            }
             let score = resource_scores.entry(key.resource).or_insert(0.0);
             *score = score.max(judged.score.max(0.0));
             let summary = judged.summary;
@@ -200,7 +207,7 @@ impl Detector {
         let mut out = vec![signal_rows.finish(), event_rows.finish()];
         out.push(self.neighbor_rows(time_us));
         out.push(self.resource_rows(time_us, &resource_scores));
-        out.push(self.tax_row(time_us));
+        out.push(self.tax_row(time_us, window_steal));
         out.push(self.platform_row(time_us));
         out.retain(|b| !b.is_empty());
         out
@@ -405,11 +412,13 @@ impl Detector {
         rows.finish()
     }
 
-    pub(super) fn tax_row(&self, time_us: i64) -> Batch {
+    /// The tax of the window ending at `time_us`, its steal the mean of
+    /// its seconds (`window_steal`).
+    pub(super) fn tax_row(&self, time_us: i64, window_steal: Option<f64>) -> Batch {
         let jitter = self.jitter;
         let facts = &self.facts;
         let row = tables::TaxRow {
-            steal_ratio: self.steal_ratio,
+            steal_ratio: window_steal,
             interrupted_ratio: jitter.and_then(|j| j.interrupted_ratio),
             unexplained_ratio: jitter.and_then(|j| j.unexplained_ratio),
             jitter_p99_seconds: jitter.map(|j| j.p99_seconds),

@@ -202,7 +202,6 @@ pub struct Detector {
     open: BTreeMap<SignalKey, OpenEvent>,
     facts: Facts,
     jitter: Option<JitterWindow>,
-    steal_ratio: Option<f64>,
     /// CPUs the steal ratio was taken over.
     node_cpus: Option<usize>,
     /// CPUs the node's CPUs were busy (not idle, iowait or stolen) each second.
@@ -251,7 +250,6 @@ impl Detector {
             open: BTreeMap::new(),
             facts: Facts::default(),
             jitter: None,
-            steal_ratio: None,
             node_cpus: None,
             node_busy: VecDeque::new(),
             leaf_busy: VecDeque::new(),

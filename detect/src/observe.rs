@@ -228,7 +228,6 @@ impl Detector {
         if let Some((steal, cpus)) =
             self.observe_node_mean(view, "cpu", "steal_seconds", Resource::Cpu, "steal_ratio")
         {
-            self.steal_ratio = Some(steal);
             self.node_cpus = Some(cpus);
             self.usage(
                 HYPERVISOR_SUSPECT,

@@ -74,10 +74,12 @@ vtax_store::table! {
     pub static TAX: TableDef, pub struct TaxRow {
         name: "tax",
         help: "One row per detector window: what the platform takes, measured. A field is null \
-               when its source is absent or, for the GPU ratios, when no GPU was busy.",
+               when its source is absent or, for the GPU ratios, when no GPU was busy. Steal is \
+               the window's mean; the jitter fields are the last jitter window's, and the GPU \
+               ratios the GPUs' latest second when the window is judged.",
         tags: [],
         fields: [
-            steal_ratio: Option<f64> = ratio("CPU time stolen by the hypervisor, averaged over CPUs (/proc/stat)."),
+            steal_ratio: Option<f64> = ratio("CPU time stolen by the hypervisor, averaged over CPUs and the window's seconds (/proc/stat)."),
             interrupted_ratio: Option<f64> = ratio(
                 "Share of the jitter probe's spin time lost to gaps, averaged over probed CPUs (last jitter window).",
             ),

@@ -1085,6 +1085,30 @@ fn the_tax_says_how_busy_the_probed_cpus_were() {
     near("unexplained_ratio", 0.03);
 }
 
+/// Steal that comes in bursts: one second of five at 5% of each CPU. The
+/// window's steal in the tax is the mean of its seconds, 1%, whichever
+/// second the window is judged after; the latest second alone read 0 for
+/// every window whose burst was not the one read last.
+#[test]
+fn the_taxs_steal_is_the_windows_mean_not_its_latest_second() {
+    let mut node = Node::new(config());
+    for second in 0..40 {
+        node.steal_rate = Some(if second % 5 == 2 { 0.05 } else { 0.0 });
+        node.step(&[], 0.01);
+    }
+    let steal: Vec<f64> = node
+        .out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::TAX))
+        .filter_map(|b| View::new(b).value(0, "steal_ratio"))
+        .collect();
+    assert!(steal.len() >= 5, "{steal:?}");
+    // The first window holds the first reading, which has no rate.
+    for got in &steal[1..] {
+        assert!((got - 0.01).abs() < 1e-9, "{steal:?}");
+    }
+}
+
 #[test]
 fn leaves_and_lineage() {
     let set = leaves(&["/a", "/a/b", "/a-x", "/c/", "/c/d/e"]);
