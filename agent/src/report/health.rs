@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::shape::Rows;
 use crate::collectors::gpu::CLOCK_EVENT_REASONS;
 
-/// A GPU is busy, for the PCIe link, at this utilisation (the detector's
-/// tax uses the same bar).
-const BUSY: f64 = 0.5;
+/// A GPU is busy, for the PCIe link and for HBM and NVLink against their
+/// peaks, at this utilisation (the detector's tax uses the same bar).
+pub const BUSY: f64 = 0.5;
 
 /// Clock event reasons that slow a busy GPU down (not idle, not a setting).
 const SLOWDOWN_REASONS: &[&str] = &[

@@ -346,6 +346,7 @@ struct NodeSummary {
     /// Every GPU the tables name, lost ones included.
     health: Vec<GpuHealth>,
     utilization: Vec<(i64, f64)>,
+    /// HBM and NVLink against their peaks, while busy.
     hbm_ratio: Vec<(i64, f64)>,
     nvlink_ratio: Vec<(i64, f64)>,
     steal_ratio: Vec<(i64, f64)>,
@@ -539,14 +540,21 @@ fn platform_verdict(
     (verdict, evidence)
 }
 
-/// Per GPU: `(time, a / b)` where both have values and b > 0.
-fn ratio_by_gpu(
+/// Per GPU: `(time, a / b)` where both have values, b > 0 and the GPU was
+/// busy ([`health::BUSY`]): an idle GPU moves no bytes by design, and its
+/// seconds would read as bandwidth lost (the tax and the fleet recipes
+/// take busy GPUs only too).
+fn busy_ratio_by_gpu(
     gpu: &Rows,
     numerator: impl Fn(usize) -> Option<f64>,
     denominator: impl Fn(usize) -> Option<f64>,
 ) -> BTreeMap<String, Vec<(i64, f64)>> {
+    let utilization = gpu.field("utilization_ratio");
     let mut out: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
     for (i, g) in gpu.tag("gpu").into_iter().enumerate() {
+        if !utilization[i].is_some_and(|u| u >= health::BUSY) {
+            continue;
+        }
         if let (Some(n), Some(d)) = (numerator(i), denominator(i)) {
             if d > 0.0 && n.is_finite() {
                 out.entry(g.to_owned())
@@ -592,10 +600,10 @@ fn summarize(node: &NodeData) -> NodeSummary {
         gpu.field("hbm_bytes_per_second"),
         gpu.field("hbm_peak_bytes_per_second"),
     );
-    let hbm = ratio_by_gpu(gpu, |i| hbm_bytes[i].filter(|v| v.is_finite()), |i| peak[i]);
+    let hbm = busy_ratio_by_gpu(gpu, |i| hbm_bytes[i].filter(|v| v.is_finite()), |i| peak[i]);
     let (nvlink_bytes, nvlink_peak) =
         (nvlink_bytes(gpu), gpu.field("nvlink_peak_bytes_per_second"));
-    let nvlink = ratio_by_gpu(gpu, |i| nvlink_bytes[i], |i| nvlink_peak[i]);
+    let nvlink = busy_ratio_by_gpu(gpu, |i| nvlink_bytes[i], |i| nvlink_peak[i]);
     let cpu = node.rows("cpu");
     let steal_rates: Vec<Vec<(i64, f64)>> = cpu
         .series_by("cpu", "steal_seconds")

@@ -8,7 +8,7 @@ impl Sections<'_> {
     pub(super) fn platform(&self, h: &mut String) {
         let (ctx, nodes, summaries, _) = self.parts();
         // Summary and verdicts.
-        h.push_str(r#"<section id="platform"><h2>Platform</h2><table class="wide"><tr><th>node</th><th>verdict</th><th>GPUs</th><th>GPU busy</th><th>HBM of peak</th><th>NVLink of peak</th><th>wake-up p99</th><th>steal</th><th>faults</th><th>events</th></tr>"#);
+        h.push_str(r#"<section id="platform"><h2>Platform</h2><table class="wide"><tr><th>node</th><th>verdict</th><th>GPUs</th><th>GPU busy</th><th>HBM of peak, busy</th><th>NVLink of peak, busy</th><th>wake-up p99 over the range</th><th>steal</th><th>faults</th><th>events</th></tr>"#);
         for (node, s) in nodes.iter().zip(summaries.iter()) {
             let pct = |p: &[(i64, f64)]| {
                 shape::mean(p).map_or("–".into(), |v| format_value(v, Unit::Ratio))
@@ -74,12 +74,12 @@ impl Sections<'_> {
                 ),
                 (
                     "gpu-hbm",
-                    "HBM bandwidth against peak",
+                    "HBM bandwidth against peak, while busy",
                     per_node(&|s| &s.hbm_ratio),
                 ),
                 (
                     "gpu-nvlink",
-                    "NVLink rx+tx against peak",
+                    "NVLink rx+tx against peak, while busy",
                     per_node(&|s| &s.nvlink_ratio),
                 ),
             ] {

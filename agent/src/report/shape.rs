@@ -222,11 +222,11 @@ pub enum Quantile {
 }
 
 impl Quantile {
-    /// The quantile for a cell: "≤ 1.2 ms" within a bucket, "> 100 ms" past
-    /// the last bound.
+    /// The quantile for a cell: "≈ 1.2 ms" within a bucket (interpolated:
+    /// an estimate, not a bound), "> 100 ms" past the last bound.
     pub fn text(self, format: impl Fn(f64) -> String) -> String {
         match self {
-            Quantile::Within(v) => format!("≤ {}", format(v)),
+            Quantile::Within(v) => format!("≈ {}", format(v)),
             Quantile::Above(v) => format!("> {}", format(v)),
         }
     }

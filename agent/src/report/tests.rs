@@ -294,6 +294,22 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
     );
 }
 
+/// HBM and NVLink against their peaks are taken while busy: a node whose
+/// GPUs idle (utilisation 0.1) moves few bytes by design, and its seconds
+/// would read as bandwidth lost.
+#[test]
+fn an_idle_gpus_bandwidth_is_no_share_of_its_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "idle_node", 0.1, false);
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &crate::catalog(), None, None, false).unwrap();
+    let s = summarize(&data[0]);
+    let utilization = shape::mean(&s.utilization).unwrap();
+    assert!((utilization - 0.1).abs() < 1e-9, "{utilization}");
+    assert!(s.hbm_ratio.is_empty(), "{:?}", s.hbm_ratio);
+    assert!(s.nvlink_ratio.is_empty(), "{:?}", s.nvlink_ratio);
+}
+
 /// A fleet copy of nodes written by `write_node` with their utilisation.
 fn fleet_of(nodes: &[(&str, f64)]) -> tempfile::TempDir {
     let fleet = tempfile::tempdir().unwrap();
