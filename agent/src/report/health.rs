@@ -41,6 +41,14 @@ pub struct PcieLink {
 }
 
 impl PcieLink {
+    /// What the link carries each way, in bytes/s (0 for a generation we
+    /// do not know): lanes differ by generation, so Gen4 x4 carries twice
+    /// Gen1 x16 though generation times width is 16 for both.
+    pub fn bytes_per_second(&self) -> f64 {
+        let lane = crate::collectors::gpu::backend::pcie_lane_bytes_per_second(self.gen as u32);
+        lane.unwrap_or(0.0) * self.width as f64
+    }
+
     /// Trained below its generation or width while busy.
     pub fn degraded(&self) -> bool {
         self.under_load && (self.gen < self.gen_max || self.width < self.width_max)
@@ -69,7 +77,7 @@ pub struct GpuHealth {
     /// Slowdown reasons seen at least once.
     pub slowdowns: Vec<&'static str>,
     pub temperature_max: Option<f64>,
-    /// The narrowest link seen under load, else the latest.
+    /// The narrowest link seen under load (the fewest bytes/s), else the latest.
     pub pcie: Option<PcieLink>,
     pub pcie_replays: Option<Counter>,
     /// NVLink links up and the product's count, at the latest sample.
@@ -251,14 +259,41 @@ fn one_gpu(
         })
     };
     let links: Vec<PcieLink> = picked.iter().filter_map(|&i| link_at(i)).collect();
-    out.pcie = links
-        .iter()
-        .filter(|l| l.under_load)
-        .min_by_key(|l| l.gen * l.width)
-        .or(links.last())
-        .copied();
+    out.pcie = narrowest_under_load(&links).or(links.last().copied());
     if let (Some(up), Some(product)) = (latest("nvlink_links_up"), latest("nvlink_links_product")) {
         out.nvlink = Some((up as u64, product as u64));
     }
     out
+}
+
+/// The link seen under load that carried the fewest bytes/s.
+fn narrowest_under_load(links: &[PcieLink]) -> Option<PcieLink> {
+    links
+        .iter()
+        .filter(|l| l.under_load)
+        .min_by(|a, b| a.bytes_per_second().total_cmp(&b.bytes_per_second()))
+        .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The narrowest link is the one that carries least: Gen1 x16 carries
+    /// half of Gen4 x4, though generation times width is 16 for both.
+    #[test]
+    fn links_are_ranked_by_what_they_carry() {
+        let link = |gen, width| PcieLink {
+            gen,
+            width,
+            gen_max: 5,
+            width_max: 16,
+            under_load: true,
+        };
+        let (gen1_x16, gen4_x4) = (link(1, 16), link(4, 4));
+        assert_eq!(gen1_x16.bytes_per_second(), 4e9);
+        assert!((gen4_x4.bytes_per_second() - 7.876e9).abs() < 1.0);
+        assert_eq!(narrowest_under_load(&[gen4_x4, gen1_x16]), Some(gen1_x16));
+        assert_eq!(narrowest_under_load(&[gen1_x16, gen4_x4]), Some(gen1_x16));
+    }
 }
