@@ -142,6 +142,18 @@ pub(super) fn list_files(dir: &Path) -> Result<Vec<String>, ParseError> {
     Ok(names)
 }
 
+/// Whether an `hw_counters/` file holds a counter. `lifespan` is a setting;
+/// some drivers (bnxt_re) put current values beside their counters: live
+/// object counts (`active_qps`), high-water marks (`watermark_*`) and a raw
+/// register (`db_fifo_register`). Exported as counters, each fall of one
+/// would read as a reset, and `rate()` would invent traffic.
+pub(super) fn is_hw_counter(name: &str) -> bool {
+    name != "lifespan"
+        && !name.starts_with("active_")
+        && !name.starts_with("watermark_")
+        && !name.ends_with("_register")
+}
+
 /// The `hw_counters/` of a port or device; none, named in `errors`, when
 /// the directory cannot be listed.
 pub(super) fn walk_hw(dir: &Path, enabled: bool, errors: &mut Vec<ParseError>) -> Vec<HwCounter> {
@@ -155,7 +167,7 @@ pub(super) fn walk_hw(dir: &Path, enabled: bool, errors: &mut Vec<ParseError>) -
     });
     names
         .into_iter()
-        .filter(|name| name != "lifespan")
+        .filter(|name| is_hw_counter(name))
         .map(|name| HwCounter {
             file: KeptFile::new(dir.join(&name)),
             name,

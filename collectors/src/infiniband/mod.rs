@@ -392,7 +392,7 @@ vtax_store::table! {
     /// Driver-specific counters, one row per counter.
     pub static HW_COUNTER: TableDef, pub struct HwCounterRow {
         name: "infiniband_hw",
-        help: "One row per driver-specific counter per tick, from hw_counters/ of a port (or of the device, port empty); names vary by driver (mlx5: out_of_buffer, out_of_sequence, np_cnp_sent, rp_cnp_handled, roce_adp_retrans, ...). The lifespan setting is not a counter and is left out.",
+        help: "One row per driver-specific counter per tick, from hw_counters/ of a port (or of the device, port empty); names vary by driver (mlx5: out_of_buffer, out_of_sequence, np_cnp_sent, rp_cnp_handled, roce_adp_retrans, ...). The lifespan setting is not a counter and is left out, and so are the current values some drivers list beside their counters (bnxt_re's active_* and watermark_*, *_register).",
         tags: [
             device = DEVICE_TAG,
             port = TagDef {

@@ -324,6 +324,30 @@ fn a_saturated_counter_falls_back_only_to_a_source_that_counts_more() {
     assert!(c.problems().is_empty(), "{:?}", c.problems());
 }
 
+/// Some drivers (bnxt_re) list current values beside their counters: live
+/// object counts, high-water marks, a register. They are no counters, and
+/// are left out; the counters beside them are read.
+#[test]
+fn current_values_in_hw_counters_are_left_out() {
+    let dir = fixture_copy();
+    let hw = dir.path().join("sys/class/infiniband/mlx5_8/ports/1/hw_counters");
+    for (name, value) in [
+        ("active_qps", "17"),
+        ("watermark_qps", "40"),
+        ("db_fifo_register", "2147483648"),
+        ("resize_cq_cnt", "3"),
+    ] {
+        std::fs::write(hw.join(name), format!("{value}\n")).unwrap();
+    }
+    let mut c = collector(dir.path());
+    let batches = c.collect(7).unwrap();
+    let hw = batch(&batches, &HW_COUNTER);
+    for name in ["active_qps", "watermark_qps", "db_fifo_register"] {
+        assert_eq!(hw_value(hw, "mlx5_8", "1", name), None, "{name}");
+    }
+    assert_eq!(hw_value(hw, "mlx5_8", "1", "resize_cq_cnt"), Some(3));
+}
+
 #[test]
 fn probe_summarises_the_ports() {
     let mut c = collector(&fixture());
