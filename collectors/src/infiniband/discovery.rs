@@ -17,9 +17,14 @@ pub(super) struct Counter {
     pub(super) field: CounterField,
     /// The first candidate of [`COUNTER_SOURCES`] that exists.
     pub(super) file: KeptFile,
-    /// A later candidate (`counters_ext/`), read only while `file` is
-    /// stuck at 2^32-1.
+    /// A later candidate (`counters_ext/`), read from the first time
+    /// `file` is stuck at 2^32-1 on.
     pub(super) fallback: Option<KeptFile>,
+    /// Whether `fallback` was taken: it then stays the source while it
+    /// reads, since the two sets are cleared apart (`perfquery -R`, a fabric
+    /// manager) and joining them would read one's count as the other's
+    /// growth.
+    pub(super) on_fallback: bool,
     /// To bytes (4 for the data counters, in 4-byte words) or packets (1).
     pub(super) factor: u64,
 }
@@ -278,6 +283,7 @@ pub(super) fn walk_device(
                     field: *field,
                     file: KeptFile::new(path),
                     fallback: found.next().map(KeptFile::new),
+                    on_fallback: false,
                     factor: *factor,
                 });
             }

@@ -190,6 +190,21 @@ pub(super) fn read_port(
         problems.push(problem.clone());
     }
     for counter in &mut port.counters {
+        // Once taken, the wider set stays the source while it reads.
+        if counter.on_fallback {
+            if let Some(fallback) = counter.fallback.as_mut() {
+                let wider = match read!(fallback) {
+                    Some(text) => parsed!(parse_counter(text), fallback).flatten(),
+                    None => None,
+                };
+                if let Some(m) = wider {
+                    if let Some(scaled) = parsed!(scaled(m, counter.factor), fallback) {
+                        *(counter.field)(values) = Some(scaled);
+                    }
+                    continue;
+                }
+            }
+        }
         let Some(text) = read!(&mut counter.file) else {
             continue;
         };
@@ -208,6 +223,7 @@ pub(super) fn read_port(
                         Some(m) if m >= n => {
                             n = m;
                             source = &*fallback;
+                            counter.on_fallback = true;
                         }
                         Some(m) => problems.push(format!(
                             "{}: stuck at 2^32-1, and {} reads {m}, less: neither counts",
@@ -224,15 +240,17 @@ pub(super) fn read_port(
                 None => {}
             }
         }
-        let factor = counter.factor;
-        let scaled = n
-            .checked_mul(factor)
-            .ok_or_else(|| format!("{n} times {factor} overflows 64 bits"));
-        if let Some(scaled) = parsed!(scaled, source) {
+        if let Some(scaled) = parsed!(scaled(n, counter.factor), source) {
             *(counter.field)(values) = Some(scaled);
         }
     }
     Some(link)
+}
+
+/// A PMA count in bytes or packets: times 4 for the data counters' words.
+fn scaled(n: u64, factor: u64) -> Result<u64, String> {
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("{n} times {factor} overflows 64 bits"))
 }
 
 /// Reads hw_counters into `values`; `false` if their owner vanished. A

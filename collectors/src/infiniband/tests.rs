@@ -322,6 +322,20 @@ fn a_saturated_counter_falls_back_only_to_a_source_that_counts_more() {
     let r = row(ports, "mlx4_0", "1");
     assert_eq!(u64_at(ports, "rcv_packets", r), Some(7_000_000_000));
     assert!(c.problems().is_empty(), "{:?}", c.problems());
+    // The 32-bit set is cleared (`perfquery -R`) and counts again from 0;
+    // the 64-bit set is not. The counter stays on the 64-bit set: back on
+    // the 32-bit one it would fall to 12, then leap by billions when that
+    // stopped again, read as traffic.
+    std::fs::write(port.join("counters/port_xmit_packets"), "12\n").unwrap();
+    std::fs::write(
+        port.join("counters_ext/port_xmit_packets_64"),
+        "9000000500\n",
+    )
+    .unwrap();
+    let batches = c.collect(9).unwrap();
+    let ports = batch(&batches, &PORT);
+    let r = row(ports, "mlx4_0", "1");
+    assert_eq!(u64_at(ports, "xmit_packets", r), Some(9_000_000_500));
 }
 
 /// Some drivers (bnxt_re) list current values beside their counters: live
