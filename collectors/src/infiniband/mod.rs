@@ -129,7 +129,7 @@ vtax_store::table! {
     /// Numbers and counters of one port.
     pub static PORT: TableDef, pub struct PortRow {
         name: "infiniband_port",
-        help: "One row per InfiniBand or RoCE port per tick: link state, rate and the PMA port counters from /sys/class/infiniband/<device>/ports/<port>/. Counters the driver lacks are null. The 16-bit and smaller error counters stop at their maximum instead of wrapping.",
+        help: "One row per InfiniBand or RoCE port per tick: link state, rate and the PMA port counters from /sys/class/infiniband/<device>/ports/<port>/. Counters the driver lacks are null. The 16-bit and smaller error counters, and port_xmit_wait at 32 bits, stop at their maximum instead of wrapping. On a RoCE port (link_layer Ethernet) mlx5 fills the error counters and port_xmit_wait from the adapter's InfiniBand counter group, which may not count the Ethernet link: its congestion and loss show in infiniband_hw (np_cnp_sent, rp_cnp_handled, out_of_sequence, packet_seq_err).",
         tags: [device = DEVICE_TAG, port = PORT_TAG],
         fields: [
             state: Option<u64> = gauge(
