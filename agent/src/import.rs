@@ -40,8 +40,9 @@ pub struct ImportArgs {
     no_progress: bool,
     /// OpenMetrics (`# EOF`-terminated, timestamps in seconds) or Prometheus text
     /// (timestamps in milliseconds) files. Samples without a timestamp get the
-    /// file's modification time. A time before 1971 or more than a day ahead
-    /// (a timestamp in the wrong unit) is refused, with its line. Importing a
+    /// file's modification time. A time before 1970 (in Prometheus text,
+    /// before 1971) or more than a day ahead (a timestamp in the wrong unit)
+    /// is refused, with its line. Importing a
     /// file again adds nothing it already added (after a killed import, run
     /// it again).
     #[arg(required = true)]
@@ -57,17 +58,19 @@ const IMPORT_FUTURE_SLACK_US: i64 = 24 * 3600 * 1_000_000;
 /// until the year 2286, by April).
 const YEAR_1971_US: i64 = 365 * 24 * 3600 * 1_000_000;
 
-/// Why a sample's time cannot be a measurement's, or None: before 1971, or
-/// more than a day after `now_us`. Both are what a timestamp in the wrong
-/// unit gives (seconds where Prometheus text wants milliseconds land in
-/// January 1970, microseconds tens of millennia ahead), and a store would
-/// file the rows under a day no query or retention looks at.
-fn implausible_time(time_us: i64, now_us: i64) -> Option<String> {
+/// Why a sample's time cannot be a measurement's, or None: before 1970, in
+/// 1970 in Prometheus text, or more than a day after `now_us`. Each is what
+/// a timestamp in the wrong unit gives (Unix seconds where Prometheus text
+/// wants milliseconds land in January 1970, microseconds tens of millennia
+/// ahead), and a store would file the rows under a day no query or
+/// retention looks at. OpenMetrics takes seconds, so no slip lands it in
+/// 1970, and its times there are kept as Prometheus keeps them.
+fn implausible_time(time_us: i64, now_us: i64, format: Format) -> Option<String> {
     const YEAR_US: f64 = 365.2425 * 24.0 * 3600.0 * 1e6;
     let year = (1970.0 + time_us as f64 / YEAR_US).floor();
     if time_us < 0 {
         Some(format!("before 1970 (the year {year:.0})"))
-    } else if time_us < YEAR_1971_US {
+    } else if time_us < YEAR_1971_US && format == Format::PrometheusText {
         let day = time_us / vtax_store::DAY_US + 1;
         Some(format!("in 1970 (its day {day})"))
     } else if time_us > now_us.saturating_add(IMPORT_FUTURE_SLACK_US) {
@@ -128,7 +131,7 @@ fn for_each_sample(
         match parser.parse_line(text) {
             Ok(Some(sample)) => {
                 let time_us = sample.timestamp_us.unwrap_or(default_time_us);
-                if let Some(when) = implausible_time(time_us, now_us) {
+                if let Some(when) = implausible_time(time_us, now_us, format) {
                     let why = match sample.timestamp_us {
                         Some(_) if time_us < 0 => {
                             format!("its timestamp is {when}, no measurement's time")
