@@ -414,8 +414,9 @@ impl NvmlBackend {
         // NVML gives a sample only for a process that used the GPU since
         // `since`, and NOT_FOUND when none did: a listed process without one
         // used none of it, a share of 0, not an unknown one. Not under MIG,
-        // where NVML documents no per-process utilisation to be had: there
-        // no sample says nothing.
+        // where per-process utilisation is reported unsupported (a footnote
+        // of NVML's, not yet seen on a lent GPU): there no sample says
+        // nothing.
         let shares_known = match read {
             Some(Ok(samples)) => {
                 let mut newest = since.unwrap_or(0);
