@@ -364,6 +364,12 @@ pub(super) fn port_problems(link: &Link, row: &PortRow, port: &Port, problems: &
     if state.is_some_and(|s| s != ACTIVE) || phys.is_some_and(|p| p != LINK_UP) {
         let why = match (phys, port.link_layer.as_str()) {
             (Some(2), _) => "no link: check the cable, transceiver and the peer's port",
+            // mlx5 reports a RoCE port Disabled whenever its netdev is down
+            // or has no carrier: a pulled cable reads the same.
+            (Some(3), "Ethernet") => {
+                "its Ethernet interface is down or has no carrier (RoCE says Disabled for both): \
+                 check `ip link`, the cable and the switch port"
+            }
             (Some(3), _) => "the port is disabled",
             (Some(LINK_UP), "InfiniBand") => {
                 "the link is up but the subnet manager has not activated the port"

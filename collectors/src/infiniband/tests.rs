@@ -338,6 +338,25 @@ fn a_saturated_counter_falls_back_only_to_a_source_that_counts_more() {
     assert_eq!(u64_at(ports, "xmit_packets", r), Some(9_000_000_500));
 }
 
+/// mlx5 says Disabled of a RoCE port whose netdev is down or has no
+/// carrier: a pulled cable is not a port someone disabled.
+#[test]
+fn a_roce_port_disabled_names_the_interface_and_its_carrier() {
+    let dir = fixture_copy();
+    let port = dir.path().join("sys/class/infiniband/mlx5_8/ports/1");
+    std::fs::write(port.join("state"), "1: DOWN\n").unwrap();
+    std::fs::write(port.join("phys_state"), "3: Disabled\n").unwrap();
+    let mut c = collector(dir.path());
+    c.collect(7).unwrap();
+    let problems = c.problems();
+    assert!(
+        problems.iter().any(|p| p.starts_with(
+            "mlx5_8/1 is DOWN/Disabled: its Ethernet interface is down or has no carrier"
+        )),
+        "{problems:?}"
+    );
+}
+
 /// Some drivers (bnxt_re) list current values beside their counters: live
 /// object counts, high-water marks, a register. They are no counters, and
 /// are left out; the counters beside them are read.
