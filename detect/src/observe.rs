@@ -113,16 +113,17 @@ impl Detector {
             Pool::GpuProcess => self.gpus_watched_since,
             Pool::Hypervisor | Pool::Outside => None,
         };
-        // A usage is a rate, first known a second after the first sight; a
-        // cgroup may have been seen long before, as a parent whose usage was
-        // its children's.
-        let appeared = match pool {
-            Pool::Cgroup => self.present_cgroups.get(name).copied(),
-            _ => None,
-        }
-        .unwrap_or(second - 1)
-        .min(second - 1);
+        let present_cgroups = &self.present_cgroups;
         let series = self.suspects.entry(name.to_string()).or_insert_with(|| {
+            // A usage is a rate, first known a second after the first sight;
+            // a cgroup may have been seen long before, as a parent whose
+            // usage was its children's.
+            let appeared = match pool {
+                Pool::Cgroup => present_cgroups.get(name).copied(),
+                _ => None,
+            }
+            .unwrap_or(second - 1)
+            .min(second - 1);
             let mut usual = RollingBaseline::new(USUAL_WINDOWS);
             // One present when watching began has none missing.
             let absent_windows = watched_since
