@@ -272,17 +272,52 @@ pub(super) fn read_slot(
             parse(slot.source, text, path, row, hz)?;
             Ok(false)
         }
-        Err(e) if super::super::kept::is_gone(&e) => {
-            if slot.file.path().parent().is_some_and(|d| d.is_dir()) {
-                // The cgroup is there, this file is not (controller off, no
-                // swap accounting): skip it until the next walk.
+        Err(e) => match failed_read(&e, || {
+            slot.file.path().parent().is_some_and(|d| d.is_dir())
+        }) {
+            FailedRead::Gone => Ok(true),
+            FailedRead::Absent => {
+                slot.file.close();
                 slot.absent = true;
                 Ok(false)
-            } else {
-                Ok(true)
             }
+            FailedRead::Error => Err(error(slot.file.path(), 0, e.to_string())),
+        },
+    }
+}
+
+/// What a cgroup file's failed read means.
+#[derive(Debug, PartialEq)]
+pub(super) enum FailedRead {
+    /// The cgroup went (its container exited).
+    Gone,
+    /// The cgroup is there and this file has nothing to give until the next
+    /// walk: skipped, no error.
+    Absent,
+    /// A fault worth naming among the source errors.
+    Error,
+}
+
+/// Classes a failed read; `cgroup_is_there` is asked only for a file not
+/// found.
+pub(super) fn failed_read(e: &std::io::Error, cgroup_is_there: impl FnOnce() -> bool) -> FailedRead {
+    if super::super::kept::is_gone(e) {
+        // The cgroup is there, this file is not (controller off, no swap
+        // accounting), or the cgroup is not.
+        if cgroup_is_there() {
+            FailedRead::Absent
+        } else {
+            FailedRead::Gone
         }
-        Err(e) => Err(error(slot.file.path(), 0, e.to_string())),
+    } else if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        // The kernel lists the file and refuses to read it: with PSI off
+        // (psi=0, CONFIG_PSI_DEFAULT_DISABLED) every cgroup keeps its
+        // pressure files and each read fails so. The host collector names
+        // psi=0 among its problems; an error for each cgroup's file every
+        // tick would say nothing more.
+        FailedRead::Absent
+    } else {
+        FailedRead::Error
     }
 }
 

@@ -1191,3 +1191,21 @@ fn workload_kinds() {
         assert_eq!(classify(path), kind, "{path}");
     }
 }
+
+#[test]
+fn a_file_the_kernel_refuses_is_absent_not_an_error() {
+    use super::collector::{failed_read, FailedRead};
+    use std::io::Error;
+    let refused = Error::from_raw_os_error(libc::EOPNOTSUPP);
+    // PSI off: the pressure file is listed and every read fails so.
+    assert_eq!(failed_read(&refused, || false), FailedRead::Absent);
+    let missing = Error::from_raw_os_error(libc::ENOENT);
+    assert_eq!(failed_read(&missing, || true), FailedRead::Absent);
+    assert_eq!(failed_read(&missing, || false), FailedRead::Gone);
+    let removed = Error::from_raw_os_error(libc::ENODEV);
+    assert_eq!(failed_read(&removed, || false), FailedRead::Gone);
+    for fault in [libc::EACCES, libc::EIO, libc::EISDIR] {
+        let e = Error::from_raw_os_error(fault);
+        assert_eq!(failed_read(&e, || true), FailedRead::Error, "{e}");
+    }
+}
