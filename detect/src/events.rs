@@ -207,7 +207,12 @@ impl Detector {
         let mut out = vec![signal_rows.finish(), event_rows.finish()];
         out.push(self.neighbor_rows(time_us));
         out.push(self.resource_rows(time_us, &resource_scores));
-        out.push(self.tax_row(time_us, window_steal));
+        // Seconds of windows never judged (a stall skipped them) go too.
+        let later = self.gpu_tax.split_off(&(window + 1));
+        let gpu_tax = std::mem::replace(&mut self.gpu_tax, later)
+            .remove(&window)
+            .unwrap_or_default();
+        out.push(self.tax_row(time_us, window_steal, gpu_tax));
         out.push(self.platform_row(time_us));
         out.retain(|b| !b.is_empty());
         out
@@ -412,9 +417,14 @@ impl Detector {
         rows.finish()
     }
 
-    /// The tax of the window ending at `time_us`, its steal the mean of
-    /// its seconds (`window_steal`).
-    pub(super) fn tax_row(&self, time_us: i64, window_steal: Option<f64>) -> Batch {
+    /// The tax of the window ending at `time_us`, its steal and GPU ratios
+    /// the means of its seconds (`window_steal`, `gpu`).
+    pub(super) fn tax_row(
+        &self,
+        time_us: i64,
+        window_steal: Option<f64>,
+        gpu: GpuTaxSums,
+    ) -> Batch {
         let jitter = self.jitter;
         let facts = &self.facts;
         let row = tables::TaxRow {
@@ -423,11 +433,11 @@ impl Detector {
             unexplained_ratio: jitter.and_then(|j| j.unexplained_ratio),
             jitter_p99_seconds: jitter.map(|j| j.p99_seconds),
             jitter_busy_ratio: jitter.and_then(|j| j.busy_ratio),
-            hbm_peak_ratio: facts.hbm_peak_ratio(),
-            nvlink_peak_ratio: facts.nvlink_peak_ratio(),
+            hbm_peak_ratio: gpu.hbm_peak.mean(),
+            nvlink_peak_ratio: gpu.nvlink_peak.mean(),
             nvlink_links_missing_ratio: facts.nvlink_links_missing_ratio(),
-            pcie_bandwidth_loss_ratio: facts.worst(GpuFacts::pcie_bandwidth_loss_ratio),
-            gpu_clock_throttle_ratio: facts.worst(GpuFacts::clock_throttle_ratio),
+            pcie_bandwidth_loss_ratio: gpu.pcie_bandwidth_loss.mean(),
+            gpu_clock_throttle_ratio: gpu.clock_throttle.mean(),
             probe_host_to_device_ratio: facts.lowest(|g| g.probe.host_to_device.ratio()),
             probe_device_to_host_ratio: facts.lowest(|g| g.probe.device_to_host.ratio()),
             probe_device_to_device_ratio: facts.lowest(|g| g.probe.device_to_device.ratio()),

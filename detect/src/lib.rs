@@ -223,6 +223,38 @@ pub struct Detector {
     last_canary_second: i64,
     /// Start of the oldest window not yet judged.
     next_window: Option<i64>,
+    /// The tax's GPU ratios of each window not yet judged, by its start
+    /// second: the tax gives their means over the window's seconds.
+    gpu_tax: BTreeMap<i64, GpuTaxSums>,
+}
+
+/// Sums of the tax's GPU ratios over a window's seconds.
+#[derive(Clone, Copy, Default)]
+struct GpuTaxSums {
+    hbm_peak: MeanOf,
+    nvlink_peak: MeanOf,
+    pcie_bandwidth_loss: MeanOf,
+    clock_throttle: MeanOf,
+}
+
+/// A running mean of the seconds that had a value.
+#[derive(Clone, Copy, Default)]
+struct MeanOf {
+    sum: f64,
+    seconds: u32,
+}
+
+impl MeanOf {
+    fn add(&mut self, value: Option<f64>) {
+        if let Some(v) = value {
+            self.sum += v;
+            self.seconds += 1;
+        }
+    }
+
+    fn mean(self) -> Option<f64> {
+        (self.seconds > 0).then(|| self.sum / f64::from(self.seconds))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -259,6 +291,7 @@ impl Detector {
             canary,
             last_canary_second: i64::MIN,
             next_window: None,
+            gpu_tax: BTreeMap::new(),
         }
     }
 

@@ -437,6 +437,16 @@ impl Detector {
             .get_or_insert(second_of(view.time_us(0)));
         let seen = self.facts.observe_gpu(view);
         let time_us = view.time_us(0);
+        let window_secs = self.config.window_secs as i64;
+        let window = second_of(time_us).div_euclid(window_secs) * window_secs;
+        let facts = &self.facts;
+        let sums = self.gpu_tax.entry(window).or_default();
+        sums.hbm_peak.add(facts.hbm_peak_ratio());
+        sums.nvlink_peak.add(facts.nvlink_peak_ratio());
+        sums.pcie_bandwidth_loss
+            .add(facts.worst(GpuFacts::pcie_bandwidth_loss_ratio));
+        sums.clock_throttle
+            .add(facts.worst(GpuFacts::clock_throttle_ratio));
         type Derived = fn(&GpuFacts) -> Option<f64>;
         const DERIVED: [(&str, Derived); 5] = [
             ("clock_throttle_ratio", GpuFacts::clock_throttle_ratio),

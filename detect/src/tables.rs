@@ -74,9 +74,10 @@ vtax_store::table! {
     pub static TAX: TableDef, pub struct TaxRow {
         name: "tax",
         help: "One row per detector window: what the platform takes, measured. A field is null \
-               when its source is absent or, for the GPU ratios, when no GPU was busy. Steal is \
-               the window's mean; the jitter fields are the last jitter window's, and the GPU \
-               ratios the GPUs' latest second when the window is judged.",
+               when its source is absent or, for the GPU ratios, when no GPU was busy. Steal and the \
+               GPU ratios are means over the window's seconds (the GPU ratios over its seconds \
+               with a busy GPU); the jitter fields are the last jitter window's, the links \
+               missing and the probe's ratios the latest known.",
         tags: [],
         fields: [
             steal_ratio: Option<f64> = ratio("CPU time stolen by the hypervisor, averaged over CPUs and the window's seconds (/proc/stat)."),
@@ -99,20 +100,20 @@ vtax_store::table! {
                  compare nodes of like busy ratio.",
             ),
             hbm_peak_ratio: Option<f64> = ratio(
-                "HBM bytes/s achieved against the peak, averaged over GPUs busier than 50%.",
+                "HBM bytes/s achieved against the peak, averaged over GPUs busier than 50%, then over the window's seconds.",
             ),
             nvlink_peak_ratio: Option<f64> = ratio(
                 "NVLink receive plus transmit against the peak of the products' links (hidden links count as lost), \
-                 averaged over GPUs busier than 50%.",
+                 averaged over GPUs busier than 50%, then over the window's seconds.",
             ),
             nvlink_links_missing_ratio: Option<f64> = ratio(
                 "NVLink links not up against the links the products have, over all GPUs (hidden in a VM or down).",
             ),
             pcie_bandwidth_loss_ratio: Option<f64> = ratio(
-                "Worst busy GPU's PCIe bandwidth lost to a link trained below its generation or width.",
+                "Worst busy GPU's PCIe bandwidth lost to a link trained below its generation or width, averaged over the window's seconds.",
             ),
             gpu_clock_throttle_ratio: Option<f64> = ratio(
-                "Worst GPU's SM clock below its maximum while a power or thermal slowdown is active.",
+                "Worst GPU's SM clock below its maximum while a power or thermal slowdown is active, averaged over the window's seconds.",
             ),
             probe_host_to_device_ratio: Option<f64> = ratio(
                 "Lowest GPU's host-to-device copy against its PCIe link at its maximum, from the transfer probe's latest run on it (gpu_probe); null until a GPU was probed.",

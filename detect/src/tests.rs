@@ -1679,3 +1679,65 @@ fn an_antagonist_arriving_while_an_event_is_open_is_named_at_once() {
     );
     assert!(node.detector.open.keys().any(|k| k.victim == "node"));
 }
+
+/// A GPU whose HBM traffic and clock throttling come and go from second to
+/// second, as a training step's phases do: the tax gives the window's mean
+/// of its seconds, not the second read last; for the ratios judged under
+/// load, of its busy seconds (an idle second counts for none).
+#[test]
+fn the_taxs_gpu_ratios_are_the_windows_means() {
+    use vtax_collectors::gpu::{GpuRow, GPU};
+    let mut detector = Detector::new(config());
+    let mut out = Vec::new();
+    let window_secs = config().window_secs as i64;
+    for second in 0..4 * window_secs {
+        let phase = second % 5;
+        let busy = phase != 4;
+        let row = GpuRow {
+            gpu: "0",
+            gpu_uuid: "GPU-0",
+            utilization_ratio: Some(if busy { 0.9 } else { 0.1 }),
+            hbm_peak_bytes_per_second: Some(1e12),
+            // 0.2, 0.4, 0.6, 0.8 of the peak; the idle second would read 0.
+            hbm_bytes_per_second: Some(if busy {
+                0.2e12 * (phase + 1) as f64
+            } else {
+                0.0
+            }),
+            sm_clock_hertz: Some(if phase == 0 { 1.0e9 } else { 2.0e9 }),
+            sm_clock_max_hertz: Some(2.0e9),
+            // A hardware slowdown in the second the clock falls.
+            clock_event_reasons: Some(if phase == 0 { 0x8 } else { 0 }),
+            pcie_link_gen: Some(4),
+            pcie_link_gen_max: Some(4),
+            pcie_link_width: Some(if phase == 1 { 8 } else { 16 }),
+            pcie_link_width_max: Some(16),
+            ..GpuRow::default()
+        };
+        let mut batch = BatchBuilder::new(&GPU);
+        let time_us = START_US + second * 1_000_000 + 1_000;
+        batch.push_row(time_us, &row).unwrap();
+        detector.observe(&batch.finish());
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let taxes: Vec<View> = out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::TAX))
+        .map(View::new)
+        .collect();
+    assert!(taxes.len() >= 3, "{}", taxes.len());
+    let seconds_per_window = window_secs as usize;
+    assert_eq!(seconds_per_window % 5, 0, "the phases fill each window");
+    for tax in &taxes {
+        let near = |field: &str, want: f64| {
+            let got = tax.value(0, field).unwrap();
+            assert!((got - want).abs() < 1e-9, "{field} {got}, not {want}");
+        };
+        near("hbm_peak_ratio", 0.5);
+        // Throttled to half the clock one second in five: a slowdown counts
+        // busy or not, and the idle second had none.
+        near("gpu_clock_throttle_ratio", 0.5 / 5.0);
+        // Gen4 x8 against x16 one busy second in four.
+        near("pcie_bandwidth_loss_ratio", 0.5 / 4.0);
+    }
+}
