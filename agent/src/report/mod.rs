@@ -350,6 +350,9 @@ struct NodeSummary {
     hbm_ratio: Vec<(i64, f64)>,
     nvlink_ratio: Vec<(i64, f64)>,
     steal_ratio: Vec<(i64, f64)>,
+    /// Steal over the range: each CPU's stolen time over the time it was
+    /// counted over, gaps included, averaged over CPUs.
+    steal_over_range: Option<f64>,
     histogram: shape::Histogram,
     /// Faults of the node: the detector's events on signals where healthy
     /// is zero (a link trained down, links missing, a clock held down).
@@ -605,11 +608,18 @@ fn summarize(node: &NodeData) -> NodeSummary {
         (nvlink_bytes(gpu), gpu.field("nvlink_peak_bytes_per_second"));
     let nvlink = busy_ratio_by_gpu(gpu, |i| nvlink_bytes[i], |i| nvlink_peak[i]);
     let cpu = node.rows("cpu");
-    let steal_rates: Vec<Vec<(i64, f64)>> = cpu
-        .series_by("cpu", "steal_seconds")
+    let steal_by_cpu = cpu.series_by("cpu", "steal_seconds");
+    let steal_rates: Vec<Vec<(i64, f64)>> = steal_by_cpu
         .values()
         .map(|p| shape::counter_rates(p))
         .collect();
+    let steal_by_cpu_over_range: Vec<f64> = steal_by_cpu
+        .values()
+        .filter_map(|p| shape::counter_mean_rate(p))
+        .collect();
+    let steal_over_range = (!steal_by_cpu_over_range.is_empty()).then(|| {
+        steal_by_cpu_over_range.iter().sum::<f64>() / steal_by_cpu_over_range.len() as f64
+    });
     let wakeup = node.rows("jitter_wakeup");
     let (cpus, les, counts) = (
         wakeup.tag("cpu"),
@@ -638,6 +648,7 @@ fn summarize(node: &NodeData) -> NodeSummary {
         hbm_ratio: shape::mean_by_time(hbm.values()),
         nvlink_ratio: shape::mean_by_time(nvlink.values()),
         steal_ratio: shape::mean_by_time(&steal_rates),
+        steal_over_range,
         histogram: shape::histogram_from_cumulative(&cumulative),
         faults,
         events,

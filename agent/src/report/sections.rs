@@ -27,7 +27,8 @@ impl Sections<'_> {
                 pct(&s.utilization),
                 pct(&s.hbm_ratio),
                 pct(&s.nvlink_ratio),
-                pct(&s.steal_ratio),
+                s.steal_over_range
+                    .map_or("–".into(), |v| format_value(v, Unit::Ratio)),
                 s.faults.len(),
                 s.events.len(),
             );

@@ -68,6 +68,21 @@ pub fn counter_rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
         .collect()
 }
 
+/// A counter's mean rate over its samples: its growth over the time the
+/// growth took, so that an interval across a gap (the agent down for an
+/// hour) weighs its hour, not one sample. Intervals across a reset are left
+/// out, as [`counter_rates`] leaves them.
+pub fn counter_mean_rate(points: &[(i64, f64)]) -> Option<f64> {
+    let (grown, seconds) = points
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1))
+        .filter(|&(dt_us, dv)| dt_us > 0 && dv >= 0.0)
+        .fold((0.0, 0.0), |(g, s), (dt_us, dv)| {
+            (g + dv, s + dt_us as f64 / 1e6)
+        });
+    (seconds > 0.0).then(|| grown / seconds)
+}
+
 /// A counter's growth since its first sample, at each sample (in time
 /// order): a decrease is a driver reload, after which the counter starts
 /// again from 0, so what it reads then is growth too.
@@ -333,6 +348,24 @@ mod tests {
             counter_rates(&points),
             [(1_000_000, 2.0), (3_000_000, 0.5), (5_000_000, 2.0)]
         );
+    }
+
+    #[test]
+    fn a_counters_mean_rate_weighs_each_interval_by_its_time() {
+        // 1 a second for 2 s, then 10 over an hour's gap, then a reset.
+        let points = [
+            (0, 0.0),
+            (1_000_000, 1.0),
+            (2_000_000, 2.0),
+            (3_602_000_000, 12.0),
+            (3_603_000_000, 0.5),
+        ];
+        let rate = counter_mean_rate(&points).unwrap();
+        assert!((rate - 12.0 / 3602.0).abs() < 1e-12, "{rate}");
+        // The per-interval rates weigh the hour as one of three.
+        let by_sample = mean(&counter_rates(&points)).unwrap();
+        assert!(by_sample > 100.0 * rate, "{by_sample}");
+        assert_eq!(counter_mean_rate(&points[..1]), None);
     }
 
     #[test]

@@ -249,6 +249,8 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
     assert!((nvlink - 0.2).abs() < 1e-9, "{nvlink}");
     let steal = shape::mean(&s.steal_ratio).unwrap();
     assert!((steal - 0.1).abs() < 1e-6, "{steal}");
+    let steal = s.steal_over_range.unwrap();
+    assert!((steal - 0.1).abs() < 1e-6, "{steal}");
     // 6 windows × 2 CPUs × 100 wake-ups: 1080 under 10 µs, 120 under 100 µs.
     assert_eq!(
         s.histogram,
