@@ -336,12 +336,14 @@ def read_events(log_path):
 
 
 def parse_suspects(text):
-    """A `neighbor_events` row's suspects: [{name, score}], best first."""
+    """A `neighbor_events` row's suspects: [{name, score}], best first. A
+    name's `%` and `;` are stored as `%25` and `%3B`."""
     named = []
     for part in (text or "").split("; "):
-        m = SUSPECT.match(part.strip())
+        m = SUSPECT.match(part)
         if m:
-            named.append({"name": m.group(1), "score": float(m.group(2))})
+            name = re.sub(r"%(25|3B)", lambda e: "%" if e.group(1) == "25" else ";", m.group(1))
+            named.append({"name": name, "score": float(m.group(2))})
     return named
 
 

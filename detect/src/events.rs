@@ -552,19 +552,13 @@ pub(super) fn push_event_row(
     state: &str,
     end_second: Option<i64>,
 ) {
-    let suspects = event
-        .suspects
-        .iter()
-        .filter(|s| s.score > 0.0)
-        .take(SUSPECTS_STORED)
-        .map(|s| {
-            format!(
-                "{} score={:.2} r={:.2} effect={:.4}",
-                s.name, s.score, s.correlation, s.effect
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
+    let suspects = suspect_text::format(
+        event
+            .suspects
+            .iter()
+            .filter(|s| s.score > 0.0)
+            .take(SUSPECTS_STORED),
+    );
     let top = event.suspects.first().filter(|s| s.score > 0.0);
     let row = tables::NeighborEventRow {
         resource: key.resource.name(),

@@ -23,6 +23,7 @@ pub mod replay;
 pub mod restore;
 mod signals;
 pub mod stored_rows;
+pub mod suspect_text;
 pub mod tables;
 pub mod verdict;
 pub mod view;

@@ -287,17 +287,10 @@ fn load_canary(
     Ok(seconds)
 }
 
-/// The first name in a `neighbor_events` row's `suspects` (`name score=…
-/// r=… effect=…; …`), `none` when it is empty.
-pub fn first_suspect(suspects: &str) -> &str {
-    // `name score=.. r=.. effect=..; name ...`: a name may hold spaces
-    // (`unattributed: load outside the cgroups vtax samples`), never " score=".
-    suspects
-        .split("; ")
-        .next()
-        .and_then(|first| first.split(" score=").next())
-        .filter(|s| !s.is_empty())
-        .unwrap_or("none")
+/// The first name in a `neighbor_events` row's `suspects`, `none` when it
+/// names none.
+pub fn first_suspect(suspects: &str) -> String {
+    crate::suspect_text::first_name(suspects).unwrap_or_else(|| "none".into())
 }
 
 /// The events `batch` (of `neighbor_events`) opened, and the open events
@@ -316,7 +309,7 @@ fn opened(batch: &Batch, events: &mut Vec<OpenedEvent>) {
             resource: view.tag(row, "resource").to_string(),
             victim: view.tag(row, "victim").to_string(),
             signal: view.tag(row, "signal").to_string(),
-            suspect: suspect.to_string(),
+            suspect,
             score: view.value(row, "score").unwrap_or(f64::NAN),
             state: state.to_string(),
         });

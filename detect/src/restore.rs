@@ -120,25 +120,19 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
     Ok(resumed)
 }
 
-/// Reads back the `suspects` tag (`name score=… r=… effect=…` joined by
-/// `; `); a part it cannot read is skipped, since the detector ranks the
-/// suspects again once the event's seconds are back in its look-back.
+/// Reads back the `suspects` tag; a part it cannot read is skipped, since
+/// the detector ranks the suspects again once the event's seconds are back
+/// in its look-back.
 pub(super) fn parse_suspects(text: &str) -> Vec<Suspect> {
-    text.split("; ")
-        .filter_map(|part| {
-            let mut words = part.rsplitn(4, ' ');
-            let effect = words.next()?.strip_prefix("effect=")?.parse().ok()?;
-            let correlation = words.next()?.strip_prefix("r=")?.parse().ok()?;
-            let score = words.next()?.strip_prefix("score=")?.parse().ok()?;
-            let name = words.next()?.to_string();
-            Some(Suspect {
-                name,
-                correlation,
-                effect,
-                usage_change: 0.0, // not stored
-                busy_usage: 0.0,   // not stored
-                score,
-            })
+    crate::suspect_text::parse(text)
+        .into_iter()
+        .map(|s| Suspect {
+            name: s.name,
+            correlation: s.correlation,
+            effect: s.effect,
+            usage_change: 0.0, // not stored
+            busy_usage: 0.0,   // not stored
+            score: s.score,
         })
         .collect()
 }

@@ -184,7 +184,7 @@ vtax_store::table! {
             state = tag("state", "`open`, `updated` (still open, with a new first suspect: an antagonist that arrived while the event was open) or `closed`."),
             suspects = tag(
                 "suspects",
-                "Ranked suspects, `name score=… r=… effect=…` joined by `; `; empty when none correlates.",
+                "Ranked suspects, `name score=… r=… effect=…` joined by `; `, a name's `%` and `;` written `%25` and `%3B`; empty when none correlates.",
             ),
             evidence = tag("evidence", "The signal against its baseline, in words and numbers."),
         ],

@@ -1411,8 +1411,7 @@ fn a_stored_recording_replays_to_the_live_events() {
         .unwrap()
         .events;
 
-    let summary = |resource: &str, victim: &str, signal: &str, suspects: &str, start: f64| {
-        let top = replay::first_suspect(suspects);
+    let summary = |resource: &str, victim: &str, signal: &str, top: &str, start: f64| {
         format!("{resource} {victim} {signal} {top} {start}")
     };
     let mut want: Vec<String> = live
@@ -1422,7 +1421,7 @@ fn a_stored_recording_replays_to_the_live_events() {
                 &e.resource,
                 &e.victim,
                 &e.signal,
-                &e.suspects,
+                &replay::first_suspect(&e.suspects),
                 e.start_second,
             )
         })

@@ -361,11 +361,14 @@ impl Sections<'_> {
                 let suspects = if e.suspects.is_empty() {
                     "none correlates".to_string()
                 } else {
-                    e.suspects
-                        .split("; ")
-                        .map(escape)
-                        .collect::<Vec<_>>()
-                        .join("<br>")
+                    match crate::detect::suspect_text::parse(&e.suspects) {
+                        parsed if parsed.is_empty() => escape(&e.suspects),
+                        parsed => parsed
+                            .iter()
+                            .map(|s| escape(&crate::detect::suspect_text::display(s)))
+                            .collect::<Vec<_>>()
+                            .join("<br>"),
+                    }
                 };
                 let _ = write!(
                     h,
@@ -478,7 +481,7 @@ pub(super) fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
         0 => "no noisy-neighbour events".to_string(),
         n => {
             let open = s.events.iter().filter(|e| e.is_open()).count();
-            let mut suspects: Vec<&str> = s
+            let mut suspects: Vec<String> = s
                 .events
                 .iter()
                 .filter_map(|e| headline::first_suspect(&e.suspects))

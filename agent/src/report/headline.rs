@@ -264,10 +264,8 @@ pub fn place(resource: &str, victim: &str) -> String {
 }
 
 /// The first suspect's name of an event's `suspects` tag.
-pub fn first_suspect(suspects: &str) -> Option<&str> {
-    let first = suspects.split("; ").next()?.trim();
-    let name = first.split(" score=").next()?.trim();
-    (!name.is_empty()).then_some(name)
+pub fn first_suspect(suspects: &str) -> Option<String> {
+    crate::detect::suspect_text::first_name(suspects)
 }
 
 /// What a cause is.
@@ -342,7 +340,7 @@ pub fn causes(
     for (kind, list) in [(CauseKind::Fault, faults), (CauseKind::Neighbour, events)] {
         for e in list {
             let suspect = first_suspect(&e.suspects);
-            let kind = match (kind, suspect) {
+            let kind = match (kind, suspect.as_deref()) {
                 (CauseKind::Neighbour, Some(crate::detect::HYPERVISOR_SUSPECT)) => {
                     CauseKind::Hypervisor
                 }
