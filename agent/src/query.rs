@@ -154,10 +154,14 @@ pub fn query(args: QueryArgs) -> Result<()> {
     let mut out = crate::Stdout;
     match args.format {
         OutputFormat::Table => {
+            let shown = batches
+                .iter()
+                .map(controls_escaped)
+                .collect::<Result<Vec<_>>>()?;
             writeln!(
                 out,
                 "{}",
-                arrow_cast::pretty::pretty_format_batches(&batches)?
+                arrow_cast::pretty::pretty_format_batches(&shown)?
             )?;
         }
         OutputFormat::Csv => {
@@ -313,10 +317,72 @@ fn plain_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         .collect()
 }
 
+/// `batch` with the control characters of its text written as escapes
+/// (`\n`, `\u{1b}`): a name is whatever a cgroup, mount or interface was
+/// called, and a table goes to a terminal, where an escape sequence in a name
+/// would act and a newline would break the table's rows.
+fn controls_escaped(batch: &RecordBatch) -> Result<RecordBatch> {
+    use arrow_array::cast::AsArray;
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|column| match column.as_string_opt::<i32>() {
+            Some(text)
+                if text
+                    .iter()
+                    .flatten()
+                    .any(|v| v.chars().any(char::is_control)) =>
+            {
+                let escaped: arrow_array::StringArray = text
+                    .iter()
+                    .map(|v| {
+                        v.map(|v| {
+                            v.chars()
+                                .map(|c| {
+                                    if c.is_control() {
+                                        c.escape_default().to_string()
+                                    } else {
+                                        c.to_string()
+                                    }
+                                })
+                                .collect::<String>()
+                        })
+                    })
+                    .collect();
+                Arc::new(escaped) as arrow_array::ArrayRef
+            }
+            _ => column.clone(),
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow_array::{Float32Array, Float64Array};
+
+    #[test]
+    fn a_table_shows_control_characters_as_escapes() {
+        let names = arrow_array::StringArray::from(vec![
+            Some("/red\u{1b}[31m"),
+            Some("/two\nlines"),
+            None,
+            Some("/plain"),
+        ]);
+        let schema = Arc::new(Schema::new(vec![Field::new("path", DataType::Utf8, true)]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(names)]).unwrap();
+        let shown = controls_escaped(&batch).unwrap();
+        let text = arrow_cast::pretty::pretty_format_batches(&[shown])
+            .unwrap()
+            .to_string();
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(text.contains("/red\\u{1b}[31m"), "{text}");
+        assert!(text.contains("/two\\nlines"), "{text}");
+        assert!(text.contains("/plain"), "{text}");
+        // Four rows, a header and three rules: no line broken by a name.
+        assert_eq!(text.lines().count(), 8, "{text}");
+    }
 
     fn json_lines(batch: RecordBatch) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
