@@ -480,7 +480,10 @@ fn write_headers(
         if let Some(unit) = field.unit.suffix() {
             let _ = writeln!(openmetrics, "# UNIT {family} {unit}");
         }
-        let _ = writeln!(openmetrics, "# HELP {family} {help}");
+        // OpenMetrics' HELP is an escaped string, where a double quote is
+        // escaped too; the text format's HELP escapes only `\` and newline
+        // and would show `\"` as it is.
+        let _ = writeln!(openmetrics, "# HELP {family} {}", help.replace('"', "\\\""));
     }
 }
 
@@ -643,6 +646,38 @@ mod tests {
     use crate::test_tables::{WakeupHistogramRow, WAKEUP_HISTOGRAM};
     use vtax_store::schema::{FieldType, TagDef, Unit};
     use vtax_store::BatchBuilder;
+
+    /// Each format's HELP escapes as its parsers read it: `\\` and newline
+    /// in both, and a double quote in OpenMetrics only.
+    #[test]
+    fn help_is_escaped_for_each_format() {
+        let field = FieldDef::gauge(
+            "load_ratio",
+            FieldType::F64,
+            Unit::Ratio,
+            "The \"busy\" share, C:\\ path,\nsecond line.",
+        );
+        let (mut text, mut openmetrics) = (String::new(), String::new());
+        write_headers(
+            &field,
+            "vtax_load_ratio",
+            "vtax_load_ratio",
+            Some(&mut text),
+            Some(&mut openmetrics),
+        );
+        assert!(
+            text.contains(
+                "# HELP vtax_load_ratio The \"busy\" share, C:\\\\ path,\\nsecond line.\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            openmetrics.contains(
+                "# HELP vtax_load_ratio The \\\"busy\\\" share, C:\\\\ path,\\nsecond line.\n"
+            ),
+            "{openmetrics}"
+        );
+    }
 
     vtax_store::table! {
         static T: TableDef, struct GpuRow {
