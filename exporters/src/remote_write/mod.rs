@@ -562,6 +562,8 @@ mod tests {
     /// A request the fake receiver got: its headers (lower-cased names) and
     /// the decoded write request.
     struct Received {
+        /// The request line's path.
+        path: String,
         headers: BTreeMap<String, String>,
         request: encode::WriteRequest,
     }
@@ -570,7 +572,8 @@ mod tests {
     impl<T: Read + Write + Send> Stream for T {}
 
     /// An HTTP/1.1 receiver on a real socket that answers with `statuses` in
-    /// turn (then 204) and hands over every request it read.
+    /// turn (then 204) and hands over every request it read; a 3xx sends
+    /// the client on to `/moved` on the same receiver.
     fn fake_receiver(statuses: Vec<u16>) -> (u16, mpsc::Receiver<Received>) {
         fake_receiver_with(statuses, None)
     }
@@ -601,6 +604,7 @@ mod tests {
                     if stream.read_line(&mut line).unwrap_or(0) == 0 {
                         break; // closed, or a TLS handshake the client gave up
                     }
+                    let path = line.split(' ').nth(1).unwrap_or("").to_string();
                     loop {
                         line.clear();
                         stream.read_line(&mut line).unwrap();
@@ -616,8 +620,18 @@ mod tests {
                         encode::WriteRequest::decode(&encode::decompress(&body).unwrap()[..])
                             .unwrap();
                     let status = statuses.next().unwrap_or(204);
-                    let _ = tx.send(Received { headers, request });
-                    let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nno");
+                    let _ = tx.send(Received {
+                        path,
+                        headers,
+                        request,
+                    });
+                    let location = if (300..400).contains(&status) {
+                        "location: /moved\r\n"
+                    } else {
+                        ""
+                    };
+                    let answer =
+                        format!("HTTP/1.1 {status} X\r\n{location}content-length: 2\r\n\r\nno");
                     stream.get_mut().write_all(answer.as_bytes()).unwrap();
                     stream.get_mut().flush().unwrap();
                 }
@@ -743,6 +757,36 @@ mod tests {
         let queue = writers.remotes[0].queue.clone();
         drop(writers);
         assert_eq!(queue.lock().unwrap().pending_samples(), 0);
+    }
+
+    /// A receiver that moved (a 307 or 308 to its new path, as a proxy or
+    /// an ingress in front of Prometheus answers) gets the same samples at
+    /// its new path, as Prometheus's own sender delivers them.
+    #[test]
+    fn a_temporary_or_permanent_redirect_is_followed_with_the_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) = fake_receiver(vec![307, 308]);
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let mut writers = start(dir.path(), &config);
+        writers.append(&batch(0, 3));
+        let got: Vec<Received> = (0..3)
+            .map(|_| requests.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        let paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(paths, ["/write", "/moved", "/moved"]);
+        for r in &got {
+            assert_eq!(values(r), [0.0, 1.0, 2.0]);
+            assert_eq!(r.headers["content-encoding"], "snappy");
+        }
+        let stats = writers.remotes[0].stats.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.sent.load(Ordering::Relaxed) < 3 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 0);
     }
 
     vtax_store::table! {

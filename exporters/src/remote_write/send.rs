@@ -29,8 +29,10 @@ pub fn classify(status: u16) -> Outcome {
     match status {
         200..=299 => Outcome::Sent,
         429 | 500..=599 => Outcome::Retry,
-        // 1xx and 3xx are as final as a 4xx here: no redirect is followed,
-        // as Prometheus does not follow one either.
+        // A redirect is followed before a status is classed (307 and 308
+        // with the samples, as Prometheus's sender does); a 1xx, or a 3xx
+        // still standing after that (no Location, too many hops), is as
+        // final as a 4xx.
         _ => Outcome::Reject,
     }
 }
@@ -118,7 +120,11 @@ impl Client {
         }
         let mut builder = reqwest::Client::builder()
             .user_agent(concat!("vtax/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
+            // Prometheus's sender follows up to ten redirects, as Go's
+            // client does: a 307 or 308 again with the samples, a 301, 302
+            // or 303 as a GET (which a receiver refuses). Credentials are
+            // not carried to another host.
+            .redirect(reqwest::redirect::Policy::limited(10))
             .http1_only()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(1);
@@ -154,6 +160,15 @@ impl Client {
             .await
             .map_err(|e| format!("POST {}: {}", self.config.url, error_chain(&e)))?;
         let status = response.status().as_u16();
+        let redirected_to = response
+            .status()
+            .is_redirection()
+            .then(|| response.headers().get(header::LOCATION))
+            .map(|l| {
+                l.map_or("nowhere".into(), |l| {
+                    String::from_utf8_lossy(l.as_bytes()).into_owned()
+                })
+            });
         let mut response = response;
         // The start of the body is all the message needs. A receiver that
         // answers with more (a proxy's error page, a URL that serves a file,
@@ -172,7 +187,11 @@ impl Client {
                 Err(e) => return Err(format!("read response: {}", error_chain(&e))),
             }
         }
-        let message = String::from_utf8_lossy(&body).trim().to_string();
+        let mut message = String::from_utf8_lossy(&body).trim().to_string();
+        if let Some(location) = redirected_to {
+            // A redirect that could not be followed: say where it pointed.
+            message = format!("redirect to {location:?} not followed; {message}");
+        }
         Ok(Response { status, message })
     }
 
