@@ -119,6 +119,12 @@ pub struct Queue {
     in_flight: Option<Position>,
     /// Whether `in_flight` was restored at open: its request may have arrived.
     resending: bool,
+    /// The end of the request the sender holds (read, marked in flight, not
+    /// yet acknowledged) and the samples of its segment before that end.
+    /// It starts at `acked`. The sender sends it from memory and counts it
+    /// sent or refused; a drop of its records while it is held does not
+    /// count them again.
+    held: Option<(Position, u64)>,
     total_bytes: u64,
     unsynced: bool,
     new_segment_unsynced: bool,
@@ -274,6 +280,7 @@ impl Queue {
                 file,
                 in_flight,
                 resending: in_flight.is_some(),
+                held: None,
                 acked,
                 acked_samples_in_segment: acked_samples,
                 total_bytes,
@@ -378,17 +385,24 @@ impl Queue {
         let mut file = File::open(segment_path(&self.dir, seq))?;
         file.seek(SeekFrom::Start(start))?;
         let mut reader = io::BufReader::new(file.take(end - start));
-        let (mut offset, mut lost) = (start, 0u64);
+        let (mut offset, mut stepped, mut lost) = (start, 0u64, 0u64);
         while offset - start < bytes && offset < end {
             let Some((stepped_over, record)) = next_intact_record(&mut reader, offset)? else {
                 self.drop_oldest();
                 return Ok(());
             };
             offset += stepped_over + record.bytes();
-            lost += u64::from(record.samples);
+            stepped += u64::from(record.samples);
+            let record_end = Position {
+                segment: seq,
+                offset,
+            };
+            if self.held.is_none_or(|(held_end, _)| record_end > held_end) {
+                lost += u64::from(record.samples);
+            }
         }
         self.acked.offset = offset;
-        self.acked_samples_in_segment += lost;
+        self.acked_samples_in_segment += stepped;
         self.dropped_samples += lost;
         if self.in_flight.is_some_and(|end| end <= self.acked) {
             self.in_flight = None;
@@ -405,11 +419,23 @@ impl Queue {
 
     fn drop_oldest(&mut self) {
         let oldest = self.segments.pop_front().expect("more than one segment");
-        let lost = if oldest.seq == self.acked.segment {
+        let mut lost = if oldest.seq == self.acked.segment {
             oldest.samples - self.acked_samples_in_segment
         } else {
             oldest.samples
         };
+        // The held request starts at `acked`: what of it lies in this
+        // segment goes from the sender's memory, not from here.
+        if let Some((held_end, held_end_samples)) = self.held {
+            if oldest.seq == self.acked.segment {
+                let held_here = match held_end.segment.cmp(&oldest.seq) {
+                    std::cmp::Ordering::Greater => oldest.samples,
+                    std::cmp::Ordering::Equal => held_end_samples,
+                    std::cmp::Ordering::Less => self.acked_samples_in_segment,
+                } - self.acked_samples_in_segment;
+                lost -= held_here.min(lost);
+            }
+        }
         self.dropped_samples += lost;
         self.total_bytes -= oldest.bytes;
         let _ = fs::remove_file(segment_path(&self.dir, oldest.seq));
@@ -556,6 +582,7 @@ impl Queue {
     /// the sender has left behind. A position whose segment was dropped
     /// meanwhile changes nothing.
     pub fn ack(&mut self, pending: &Pending) -> io::Result<()> {
+        self.held = None;
         if pending.end < self.acked {
             return Ok(());
         }
@@ -575,6 +602,7 @@ impl Queue {
     /// about to be sent; until it is acknowledged, [`Queue::read`] returns
     /// exactly those records, across restarts.
     pub fn mark_in_flight(&mut self, pending: &Pending) -> io::Result<()> {
+        self.held = Some((pending.end, pending.end_samples_in_segment));
         if self.in_flight == Some(pending.end) {
             return Ok(());
         }

@@ -659,3 +659,35 @@ fn damaged_segments_lose_only_their_damaged_records() {
         300 * (RECORDS - 3)
     );
 }
+
+/// The request the sender holds (read and marked in flight, retried while
+/// the receiver is down) is sent from memory once the receiver is back:
+/// when the bound drops its records meanwhile, its samples are counted
+/// sent by the sender, not dropped here too. Every sample is counted once.
+#[test]
+fn a_held_request_dropped_from_the_queue_is_not_counted_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let max = 1 << 20; // segments of 64 KiB
+    let (mut q, _) = Queue::open(dir.path(), max).unwrap();
+    fill(&mut q, 20);
+    let held = q.read(500).unwrap().unwrap();
+    assert_eq!(held.samples, 500);
+    q.mark_in_flight(&held).unwrap();
+    // The receiver stays down; the bound drops the oldest segments, the
+    // held request's among them.
+    fill(&mut q, 200);
+    let dropped = q.dropped_samples();
+    assert!(dropped > 0, "the bound was hit");
+    // The receiver comes back: the held request goes, then the rest.
+    let mut sent = held.samples;
+    q.ack(&held).unwrap();
+    while let Some(p) = q.read(1000).unwrap() {
+        sent += p.samples;
+        q.ack(&p).unwrap();
+    }
+    assert_eq!(
+        sent + dropped,
+        220 * 100,
+        "each sample sent or dropped, once"
+    );
+}
