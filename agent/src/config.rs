@@ -386,12 +386,13 @@ fn collector_key_doc(path: &str) -> Option<&'static str> {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Read {
         /// The file.
         path: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why; in the message, not also as its source, or a chain of
+        /// causes says it twice.
+        error: std::io::Error,
     },
     /// The file is not valid TOML, or a key is unknown or of the wrong type.
     #[error("{path}: {message}")]
@@ -451,10 +452,11 @@ impl Config {
 
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text =
+            vtax_exporters::settings_file::read(path).map_err(|error| ConfigError::Read {
+                path: path.display().to_string(),
+                error,
+            })?;
         Config::parse(&text, &path.display().to_string())
     }
 

@@ -5,6 +5,7 @@
 
 pub mod exposition;
 pub mod remote_write;
+pub mod settings_file;
 pub mod size;
 
 pub use exposition::{Bodies, Exposition, Format};

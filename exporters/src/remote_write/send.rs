@@ -236,7 +236,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 fn read_secret(path: &std::path::Path, key: &str) -> Result<String, String> {
-    std::fs::read_to_string(path)
+    crate::settings_file::read(path)
         .map(|s| s.trim().to_string())
         .map_err(|e| format!("{key} {}: {e}", path.display()))
 }

@@ -7,12 +7,13 @@ use super::*;
 #[derive(Debug, thiserror::Error)]
 pub enum WebConfigError {
     /// Reading a file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Read {
         /// The file.
         path: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why; in the message, not also as its source, or a chain of
+        /// causes says it twice.
+        error: std::io::Error,
     },
     /// The YAML does not parse or has an unknown key.
     #[error("{path}: {message}")]
@@ -70,9 +71,9 @@ pub(super) struct Loaded {
 /// Parses and loads a web config file, certificates included.
 pub(super) fn load(path: &Path) -> Result<Loaded, WebConfigError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Read {
+    let text = crate::settings_file::read(path).map_err(|error| WebConfigError::Read {
         path: name.clone(),
-        source,
+        error,
     })?;
     let file: WebConfigFile = if text.trim().is_empty() {
         WebConfigFile::default()
