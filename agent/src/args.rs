@@ -104,18 +104,45 @@ impl AgentArgs {
         }
     }
 
-    /// The config file in force: the flag's, else the installed one if present.
+    /// The config file in force: the flag's, else the installed one if
+    /// anything is at its path (a directory or a dangling link there is an
+    /// error to report, not a reason to run on defaults).
     pub fn config_path(&self) -> Option<PathBuf> {
+        self.config_path_in(Path::new(INSTALLED_CONFIG_PATH))
+    }
+
+    fn config_path_in(&self, installed: &Path) -> Option<PathBuf> {
         self.config.clone().or_else(|| {
-            Path::new(INSTALLED_CONFIG_PATH)
-                .is_file()
-                .then(|| PathBuf::from(INSTALLED_CONFIG_PATH))
+            installed
+                .symlink_metadata()
+                .is_ok()
+                .then(|| installed.to_path_buf())
         })
     }
 
     /// Loads the config file (if any), applies the flags, and validates the result.
     pub fn resolve(&self) -> Result<Config> {
-        let mut config = match self.config_path() {
+        self.resolve_from(self.config_path())
+    }
+
+    /// [`AgentArgs::resolve`] for a reload of an agent that started on
+    /// `started_with`: the installed config it started on is still required
+    /// (deleted, the reload is refused rather than run on defaults).
+    pub fn resolve_reload(&self, started_with: Option<&Path>) -> Result<Config> {
+        self.resolve_reload_in(Path::new(INSTALLED_CONFIG_PATH), started_with)
+    }
+
+    fn resolve_reload_in(&self, installed: &Path, started_with: Option<&Path>) -> Result<Config> {
+        let config = self.resolve_from(
+            self.config_path_in(installed)
+                .or_else(|| started_with.map(Path::to_path_buf)),
+        )?;
+        check_beyond_values(&config)?;
+        Ok(config)
+    }
+
+    fn resolve_from(&self, path: Option<PathBuf>) -> Result<Config> {
+        let mut config = match path {
             Some(path) => Config::load(&path)?,
             None => Config::default(),
         };
@@ -154,5 +181,81 @@ impl AgentArgs {
             bail!("{message}");
         }
         Ok(config)
+    }
+}
+
+/// What a start refuses beyond the config's values: the web config file
+/// (read and its certificates loaded) and a data directory the agent
+/// cannot make or write. `check-config` and a reload check it too.
+pub fn check_beyond_values(config: &Config) -> Result<()> {
+    if let Some(web) = &config.web.config_file {
+        vtax_exporters::web::check_web_config(web)
+            .map_err(|e| anyhow::anyhow!("web.config_file: {e}"))?;
+    }
+    crate::config::check_data_dir(&config.data_dir())
+        .map_err(|e| anyhow::anyhow!("store.data_dir: {e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent started on the installed config, found without a flag: a
+    /// reload after the file was deleted is refused, not run on defaults;
+    /// a directory where the file should be is an error, not "no file".
+    #[test]
+    fn a_reload_needs_the_installed_config_the_agent_started_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let installed = dir.path().join("vtax.toml");
+        let data = dir.path().join("data");
+        std::fs::write(
+            &installed,
+            format!("[store]\ndata_dir = {:?}\n", data.display().to_string()),
+        )
+        .unwrap();
+        let args = AgentArgs::default();
+        let started_with = args.config_path_in(&installed);
+        assert_eq!(started_with.as_deref(), Some(installed.as_path()));
+        let config = args
+            .resolve_reload_in(&installed, started_with.as_deref())
+            .unwrap();
+        assert_eq!(config.store.data_dir.as_deref(), Some(data.as_path()));
+        std::fs::remove_file(&installed).unwrap();
+        let e = args
+            .resolve_reload_in(&installed, started_with.as_deref())
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("No such file"), "{e:#}");
+        // An agent that started on defaults picks up a file made since.
+        assert!(args.resolve_reload_in(&installed, None).is_ok());
+        std::fs::create_dir(&installed).unwrap();
+        assert_eq!(args.config_path_in(&installed), Some(installed.clone()));
+        let e = args.resolve_reload_in(&installed, None).unwrap_err();
+        assert!(format!("{e:#}").contains("a directory"), "{e:#}");
+    }
+
+    /// A reload checks what check-config and the next start check: a web
+    /// config file that is not there is refused, with its key.
+    #[test]
+    fn a_reload_refuses_what_a_start_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vtax.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[web]\nconfig_file = \"/nonexistent-web.yml\"\n[store]\ndata_dir = {:?}\n",
+                dir.path().join("data").display().to_string()
+            ),
+        )
+        .unwrap();
+        let args = AgentArgs {
+            config: Some(file.clone()),
+            ..AgentArgs::default()
+        };
+        assert!(args.resolve().is_ok(), "the values alone are valid");
+        let e = args.resolve_reload(Some(&file)).unwrap_err();
+        let text = format!("{e:#}");
+        assert!(text.starts_with("web.config_file: "), "{text}");
+        assert!(text.contains("/nonexistent-web.yml"), "{text}");
     }
 }

@@ -483,6 +483,20 @@ impl Config {
                 .map(|_| ())
                 .map_err(|e| ("web.listen_address".to_string(), e)),
         );
+        if self
+            .store
+            .data_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            // An empty path is the working directory: the store would be
+            // made wherever the agent happened to start.
+            check(Err((
+                "store.data_dir".to_string(),
+                "store.data_dir is empty: give a directory, or leave the key out for the default"
+                    .to_string(),
+            )));
+        }
         if let Some(node) = &self.store.node {
             check(vtax_store::check_node_name(node).map_err(|e| {
                 (
@@ -821,6 +835,18 @@ mod tests {
     #[test]
     fn empty_file_is_all_defaults() {
         assert_eq!(Config::parse("", "x.toml").unwrap(), Config::default());
+    }
+
+    /// An empty data directory is the working directory: refused, named.
+    #[test]
+    fn an_empty_data_dir_is_refused() {
+        let err = Config::parse("[store]\ndata_dir = \"\"\n", "v.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("v.toml:2: store.data_dir is empty"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -26,10 +26,7 @@ pub fn check_config(args: CheckConfigArgs) -> Result<()> {
         return crate::print_stdout(&crate::config::render_example());
     }
     let config = args.agent.resolve()?;
-    if let Some(web) = &config.web.config_file {
-        vtax_exporters::web::check_web_config(web)?;
-    }
-    crate::config::check_data_dir(&config.data_dir()).map_err(anyhow::Error::msg)?;
+    crate::args::check_beyond_values(&config)?;
     crate::print_stdout(&match args.agent.config_path() {
         Some(path) => format!("{}: valid\n", path.display()),
         None => "no config file: the defaults are valid\n".to_string(),

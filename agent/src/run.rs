@@ -89,6 +89,9 @@ pub fn store_options(config: &Config) -> StoreOptions {
 /// SIGHUP reloads the config file; a config that does not validate is
 /// refused with its error and the running one is kept.
 pub fn run(args: RunArgs) -> Result<()> {
+    // A reload reads the file the agent started on, even once the
+    // installed one is gone (then the reload is refused).
+    let started_with = args.agent.config_path();
     let mut config = args.agent.resolve()?;
     let stop = Arc::new(AtomicBool::new(false));
     let reload = Arc::new(AtomicBool::new(false));
@@ -158,7 +161,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             break;
         }
         if reload.swap(false, Ordering::Relaxed) {
-            match args.agent.resolve() {
+            match args.agent.resolve_reload(started_with.as_deref()) {
                 Ok(new) => {
                     if new.web != config.web
                         || new.store != config.store
