@@ -1179,6 +1179,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("url"), "{err}");
+        // Settings that would be silently unused or fail at every send.
+        for (table, key) in [
+            ("bearer_token = \"\"", "bearer_token is empty"),
+            (
+                "basic_auth = { username = \"\", password = \"p\" }",
+                "basic_auth is empty",
+            ),
+            (
+                "tls = { insecure_skip_verify = true }",
+                "on an http:// url is never used",
+            ),
+            (&format!("name = \"{}\"", "n".repeat(300)), "at most 64"),
+        ] {
+            let err = Config::parse(
+                &format!("[[remote_write]]\nurl = \"http://x/w\"\n{table}\n"),
+                "v.toml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(key), "{table}: {err}");
+        }
+        let err = Config::parse(
+            "[[scrape]]\nname = \"app\"\nurl = \"http://:80/metrics\"\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("no host"), "{err}");
     }
 
     /// Every numeric key of the file, [[scrape]] and [[remote_write]]

@@ -164,8 +164,12 @@ pub fn validate_targets(targets: &[ScrapeTarget]) -> Result<(), (String, String)
                 format!("{:?}: only plain http:// endpoints are scraped", t.url),
             );
         }
-        if let Err(e) = ureq::http::Uri::try_from(t.url.as_str()) {
-            return err("url", format!("{:?}: {e}", t.url));
+        match ureq::http::Uri::try_from(t.url.as_str()) {
+            Err(e) => return err("url", format!("{:?}: {e}", t.url)),
+            Ok(uri) if uri.host().is_none_or(str::is_empty) => {
+                return err("url", format!("{:?}: no host", t.url));
+            }
+            Ok(_) => {}
         }
         if !(t.interval_secs.is_finite() && (0.1..=86_400.0).contains(&t.interval_secs)) {
             return err(

@@ -4,11 +4,17 @@
 
 use super::config::{RemoteWriteConfig, MIN_QUEUE_MAX_BYTES};
 
+/// The longest remote name.
+const MAX_NAME_BYTES: usize = 64;
+
 impl RemoteWriteConfig {
     /// Checks what the types cannot; on failure the key (relative to the
     /// table) and the message.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        // It names the queue's directory: within a file name's 255 bytes,
+        // with room for what a person reads.
         let name_ok = !self.name.is_empty()
+            && self.name.len() <= MAX_NAME_BYTES
             && self
                 .name
                 .chars()
@@ -17,7 +23,7 @@ impl RemoteWriteConfig {
             return Err((
                 "name",
                 format!(
-                    "remote_write name {:?}: use letters, digits, _ and - (it names a directory)",
+                    "remote_write name {:?}: use at most {MAX_NAME_BYTES} letters, digits, _ and - (it names a directory)",
                     self.name
                 ),
             ));
@@ -53,6 +59,29 @@ impl RemoteWriteConfig {
                     ),
                 ));
             }
+        }
+        let empty = match (&self.basic_auth, &self.bearer_token) {
+            (Some(auth), _) if auth.username.is_empty() => Some("basic_auth"),
+            (_, Some(token)) if token.is_empty() => Some("bearer_token"),
+            _ => None,
+        };
+        if let Some(key) = empty {
+            return Err((
+                key,
+                format!(
+                    "remote_write {}: {key} is empty: give the credential, or leave the key out",
+                    self.name
+                ),
+            ));
+        }
+        if self.tls.is_some() && self.url.starts_with("http://") {
+            return Err((
+                "tls",
+                format!(
+                    "remote_write {}: a [tls] table on an http:// url is never used: make the url https://, or leave tls out",
+                    self.name
+                ),
+            ));
         }
         let credentials = usize::from(self.basic_auth.is_some())
             + usize::from(self.bearer_token.is_some())
