@@ -198,14 +198,23 @@ pub fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     // Logs go to stderr, always: stdout is the commands' output.
+    let (filter, refused) = match tracing_subscriber::EnvFilter::try_from_env("VTAX_LOG") {
+        Ok(filter) => (filter, None),
+        Err(e) => {
+            // Unset is the default; a value that does not parse is said,
+            // once logging is up, rather than dropped in silence.
+            let refused = std::env::var_os("VTAX_LOG").map(|_| e.to_string());
+            (default_log_level(&cli.command).into(), refused)
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VTAX_LOG")
-                .unwrap_or_else(|_| default_log_level(&cli.command).into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(error) = refused {
+        tracing::warn!(%error, "VTAX_LOG does not parse: logging at the default level.");
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::CheckConfig(args) => doctor::check_config(args),
