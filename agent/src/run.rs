@@ -195,24 +195,28 @@ pub fn run(args: RunArgs) -> Result<()> {
             let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             last_watchdog = Instant::now();
         }
-        for batches in receiver.try_iter() {
-            for batch in &batches {
+        for sent in receiver.try_iter() {
+            for batch in &sent.rows {
                 if let Some(detector) = detector.as_mut() {
                     detector.observe(batch);
                 }
-                keep(&mut store, &mut remote, &mut failures.refused, batch);
             }
+            keep_sent(&mut store, &mut remote, &mut failures.refused, &sent);
         }
         if let Some(detector) = detector.as_mut() {
             let judged = detector.tick(now_us());
             if !judged.is_empty() {
-                for batch in &judged {
-                    keep(&mut store, &mut remote, &mut failures.refused, batch);
-                }
+                // A window's rows are every series the detector shows: an
+                // event that closed has no suspect series any more.
+                let judged = vtax_store::hub::Sent {
+                    rows: judged.into_iter().map(Arc::new).collect(),
+                    snapshot_of: Some(DETECTOR_SOURCE.into()),
+                };
+                keep_sent(&mut store, &mut remote, &mut failures.refused, &judged);
                 let exported = judged
+                    .rows
                     .into_iter()
                     .filter(|b| b.table.exported)
-                    .map(Arc::new)
                     .collect();
                 exposition.update(DETECTOR_SOURCE, exported);
             }
@@ -273,10 +277,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     collectors.stop(&exposition);
     drop(sender);
     // Every collector thread has joined, so everything they sent is queued.
-    for batches in receiver.try_iter() {
-        for batch in &batches {
-            keep(&mut store, &mut remote, &mut failures.refused, batch);
-        }
+    for sent in receiver.try_iter() {
+        keep_sent(&mut store, &mut remote, &mut failures.refused, &sent);
     }
     drop(remote); // stops the senders; what they did not send goes at the next start
     web.stop();
@@ -297,16 +299,54 @@ struct FailureLogs {
     retention: Repeats,
 }
 
+/// [`keep`] for each batch of `sent`; a snapshot's series that its source
+/// no longer has are then ended for remote write.
+fn keep_sent(
+    store: &mut Store,
+    remote: &mut RemoteWriters,
+    refused: &mut Repeats,
+    sent: &vtax_store::hub::Sent,
+) {
+    let Some(source) = &sent.snapshot_of else {
+        for batch in &sent.rows {
+            keep(store, remote, refused, batch);
+        }
+        return;
+    };
+    for batch in &sent.rows {
+        if store_batch(store, refused, batch) {
+            remote.append_to_snapshot(batch);
+        }
+    }
+    // The snapshot's time: its rows' newest, or now for a source whose
+    // series all ended (a collector that failed).
+    let time_us = sent
+        .rows
+        .iter()
+        .flat_map(|b| b.time_us.iter().copied())
+        .max()
+        .unwrap_or_else(now_us);
+    remote.end_snapshot(source, time_us);
+}
+
 /// Appends a batch to the store and, once stored, queues it for remote write;
 /// rows the store refuses are logged (the store counts them: `rows_refused`;
 /// `refused` rate-limits the lines), and go nowhere else.
 fn keep(store: &mut Store, remote: &mut RemoteWriters, refused: &mut Repeats, batch: &Batch) {
+    if store_batch(store, refused, batch) {
+        remote.append(batch);
+    }
+}
+
+/// Appends a batch to the store; whether it took it.
+fn store_batch(store: &mut Store, refused: &mut Repeats, batch: &Batch) -> bool {
     match store.append(batch) {
-        Ok(_) => remote.append(batch),
+        Ok(_) => true,
         Err(e) => {
             if let Some(not_logged) = refused.occurred(&e.kind()) {
                 tracing::error!(error = %e, table = batch.table.name, rows_refused = store.stats().rows_refused, repeats_not_logged = not_logged, "Dropped rows: the store refused them.");
             }
+            false
         }
     }
 }

@@ -330,6 +330,8 @@ fn collector_loop(
     rows: &RowSender,
 ) -> Box<dyn Collector> {
     let name = collector.name();
+    // The source its ticks' snapshots are of, for remote write's staleness.
+    let source: Arc<str> = name.into();
     let mut failing = false;
     let mut sources = SourceLog::default();
     let interval_us = (interval.as_micros() as i64).max(1);
@@ -366,9 +368,20 @@ fn collector_loop(
                     .collect();
                 // Between two windows a windowed collector's last rows stay.
                 let exposed = collector.exposed();
-                if exposed.is_some() || !(batches.is_empty() && collector.windowed()) {
-                    exposition.update(name, exposed.unwrap_or_else(|| batches.clone()));
-                    let _ = rows.send(batches);
+                match exposed {
+                    // Its sources report at their own times: a tick's rows are
+                    // some of its series, and those it shows stay.
+                    Some(exposed) => {
+                        exposition.update(name, exposed);
+                        let _ = rows.send(batches);
+                    }
+                    None if batches.is_empty() && collector.windowed() => {}
+                    // A tick's rows are every series it has now, as /metrics
+                    // shows them: one that is gone has ended.
+                    None => {
+                        exposition.update(name, batches.clone());
+                        let _ = rows.send_snapshot(&source, batches);
+                    }
                 }
                 let errors = collector.source_errors();
                 failed_sources = errors.len();
@@ -383,6 +396,11 @@ fn collector_loop(
                     tracing::debug!(collector = name, error = %format!("{e:#}"), "Collector still failing.");
                 }
                 exposition.remove(name);
+                if collector.exposed().is_none() {
+                    // Its series are gone from /metrics, and end for remote
+                    // write too, as a failed scrape ends a target's.
+                    let _ = rows.send_snapshot(&source, Vec::new());
+                }
                 false
             }
         };

@@ -440,7 +440,7 @@ fn stats_are_published_as_rows_and_series() {
         let batches = received
             .recv_timeout(Duration::from_secs(5))
             .expect("a row within a second or so");
-        assert_eq!(batches[0].table.name, "web");
+        assert_eq!(batches.rows[0].table.name, "web");
         exposition.render_pending();
         let body = String::from_utf8(
             exposition

@@ -13,10 +13,32 @@ use crate::Batch;
 /// One send: the batches a source produced together.
 pub type Rows = Vec<Arc<Batch>>;
 
+/// What the hub carries: rows, and whether they are every series their
+/// source has now. Of a source that sends such snapshots (a collector's
+/// tick), a series of its last snapshot missing from the next has ended:
+/// remote write then sends it a stale marker, as a scrape that no longer
+/// finds a series makes Prometheus mark it stale.
+#[derive(Debug)]
+pub struct Sent {
+    /// The batches.
+    pub rows: Rows,
+    /// The source, when `rows` are all its series now.
+    pub snapshot_of: Option<Arc<str>>,
+}
+
+impl IntoIterator for Sent {
+    type Item = Arc<Batch>;
+    type IntoIter = std::vec::IntoIter<Arc<Batch>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.rows.into_iter()
+    }
+}
+
 /// The sending side, cloned for every source.
 #[derive(Clone, Debug)]
 pub struct RowSender {
-    queue: SyncSender<Rows>,
+    queue: SyncSender<Sent>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -28,10 +50,26 @@ impl RowSender {
     /// Queues `rows`, or drops and counts them when the queue is full.
     /// Fails only once the receiver is gone.
     pub fn send(&self, rows: Rows) -> Result<(), Closed> {
-        match self.queue.try_send(rows) {
+        self.queue_sent(Sent {
+            rows,
+            snapshot_of: None,
+        })
+    }
+
+    /// Queues `rows` as every series `source` has now (see [`Sent`]).
+    pub fn send_snapshot(&self, source: &Arc<str>, rows: Rows) -> Result<(), Closed> {
+        self.queue_sent(Sent {
+            rows,
+            snapshot_of: Some(source.clone()),
+        })
+    }
+
+    fn queue_sent(&self, sent: Sent) -> Result<(), Closed> {
+        match self.queue.try_send(sent) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(rows)) => {
-                self.dropped.fetch_add(rows.len() as u64, Ordering::Relaxed);
+            Err(TrySendError::Full(sent)) => {
+                self.dropped
+                    .fetch_add(sent.rows.len() as u64, Ordering::Relaxed);
                 Ok(())
             }
             Err(TrySendError::Disconnected(_)) => Err(Closed),
@@ -45,7 +83,7 @@ impl RowSender {
 }
 
 /// A hub holding at most `capacity` sends.
-pub fn channel(capacity: usize) -> (RowSender, Receiver<Rows>) {
+pub fn channel(capacity: usize) -> (RowSender, Receiver<Sent>) {
     let (queue, received) = std::sync::mpsc::sync_channel(capacity);
     let sender = RowSender {
         queue,
@@ -76,11 +114,11 @@ mod tests {
         assert_eq!(sender.send(rows(3)), Ok(()));
         assert_eq!(other.send(rows(1)), Ok(()));
         assert_eq!(sender.dropped_batches(), 4);
-        let kept: Vec<usize> = received.try_iter().map(|r| r.len()).collect();
+        let kept: Vec<usize> = received.try_iter().map(|r| r.rows.len()).collect();
         assert_eq!(kept, [1, 2]);
         // Room again.
         assert_eq!(sender.send(rows(5)), Ok(()));
-        assert_eq!(received.try_iter().map(|r| r.len()).sum::<usize>(), 5);
+        assert_eq!(received.try_iter().map(|r| r.rows.len()).sum::<usize>(), 5);
         assert_eq!(other.dropped_batches(), 4);
     }
 

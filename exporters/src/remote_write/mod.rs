@@ -14,6 +14,7 @@ pub mod queue;
 pub mod send;
 mod validate;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,68 @@ struct Remote {
     stop: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
     failing_writes: bool,
+    /// The series of each snapshot source's last snapshot, by
+    /// [`series_key`], their samples cleared: the ones the next leaves out
+    /// are sent a stale marker.
+    snapshots: HashMap<Arc<str>, HashMap<u64, encode::TimeSeries>>,
+    /// The series of the snapshot being appended.
+    building: HashMap<u64, encode::TimeSeries>,
+}
+
+impl Remote {
+    /// Queues `series` in requests of at most `max_samples_per_send`.
+    fn queue_series(&mut self, series: &[encode::TimeSeries]) {
+        let chunk = self.config.max_samples_per_send as usize;
+        let mut queue = self.queue.lock().expect("not poisoned");
+        let mut failed = None;
+        for part in series.chunks(chunk) {
+            let samples = encode::sample_count(part);
+            let min_time_ms = part
+                .iter()
+                .flat_map(|s| s.samples.iter().map(|x| x.timestamp))
+                .min()
+                .unwrap_or(0);
+            let request = encode::WriteRequest {
+                timeseries: part.to_vec(),
+            };
+            let payload = snap::raw::Encoder::new()
+                .compress_vec(&request.encode_to_vec())
+                .expect("snappy compresses any input below 4 GiB");
+            if let Err(e) = queue.append(&payload, samples as u32, min_time_ms) {
+                self.stats
+                    .dropped_unwritten
+                    .fetch_add(samples as u64, Ordering::Relaxed);
+                failed = Some(e);
+            }
+        }
+        drop(queue);
+        match failed {
+            Some(e) if !self.failing_writes => {
+                self.failing_writes = true;
+                tracing::error!(remote = %self.config.name, error = %e, "Remote write queue not writable: samples for this remote are dropped until it is.");
+            }
+            None if self.failing_writes => {
+                self.failing_writes = false;
+                tracing::info!(remote = %self.config.name, "Remote write queue writable again.");
+            }
+            _ => {}
+        }
+        self.wake.notify_one();
+    }
+}
+
+/// Prometheus's stale marker: a NaN that no arithmetic produces.
+const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
+
+/// A series' identity: its labels, `__name__` among them.
+fn series_key(series: &encode::TimeSeries) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for label in &series.labels {
+        label.name.hash(&mut hasher);
+        label.value.hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// Every configured remote: queues fed from the store's thread, senders on
@@ -178,6 +241,8 @@ impl RemoteWriters {
                 stop,
                 thread: Some(thread),
                 failing_writes: false,
+                snapshots: HashMap::new(),
+                building: HashMap::new(),
             });
         }
         let (stats_stop, stats_thread) = if remotes.is_empty() {
@@ -218,6 +283,17 @@ impl RemoteWriters {
     /// Queues a batch the store took, for every remote. Never blocks on the
     /// network; a queue that cannot be written counts the samples as dropped.
     pub fn append(&mut self, batch: &Batch) {
+        self.append_from(false, batch);
+    }
+
+    /// [`RemoteWriters::append`] for a batch of a snapshot (see
+    /// `vtax_store::hub::Sent`): its series are remembered until
+    /// [`RemoteWriters::end_snapshot`].
+    pub fn append_to_snapshot(&mut self, batch: &Batch) {
+        self.append_from(true, batch);
+    }
+
+    fn append_from(&mut self, in_snapshot: bool, batch: &Batch) {
         if self.remotes.is_empty() || !encode::is_sent(batch.table) {
             return;
         }
@@ -229,46 +305,44 @@ impl RemoteWriters {
             if series.is_empty() {
                 continue;
             }
-            let chunk = remote.config.max_samples_per_send as usize;
-            let mut queue = remote.queue.lock().expect("not poisoned");
-            let mut failed = None;
-            for part in series.chunks(chunk) {
-                let samples = encode::sample_count(part);
-                let min_time_ms = part
-                    .iter()
-                    .flat_map(|s| s.samples.iter().map(|x| x.timestamp))
-                    .min()
-                    .unwrap_or(0);
-                let request = encode::WriteRequest {
-                    timeseries: part.to_vec(),
-                };
-                let payload = snap::raw::Encoder::new()
-                    .compress_vec(&request.encode_to_vec())
-                    .expect("snappy compresses any input below 4 GiB");
-                if let Err(e) = queue.append(&payload, samples as u32, min_time_ms) {
-                    remote
-                        .stats
-                        .dropped_unwritten
-                        .fetch_add(samples as u64, Ordering::Relaxed);
-                    failed = Some(e);
+            remote.queue_series(&series);
+            if in_snapshot {
+                for mut one in series {
+                    one.samples.clear();
+                    remote.building.insert(series_key(&one), one);
                 }
             }
-            drop(queue);
-            match failed {
-                Some(e) if !remote.failing_writes => {
-                    remote.failing_writes = true;
-                    tracing::error!(remote = %remote.config.name, error = %e, "Remote write queue not writable: samples for this remote are dropped until it is.");
-                }
-                None if remote.failing_writes => {
-                    remote.failing_writes = false;
-                    tracing::info!(remote = %remote.config.name, "Remote write queue writable again.");
-                }
-                _ => {}
-            }
-            remote.wake.notify_one();
         }
         if self.last_sync.elapsed() >= self.sync_interval {
             self.sync();
+        }
+    }
+
+    /// Ends the snapshot of `source` whose batches were appended since the
+    /// last: each series of its previous snapshot that this one lacks gets
+    /// a stale marker at `time_us` (the remote write 1.0 spec's MUST for a
+    /// series no longer appended to).
+    pub fn end_snapshot(&mut self, source: &Arc<str>, time_us: i64) {
+        let timestamp = time_us.div_euclid(1000);
+        for remote in &mut self.remotes {
+            let now = std::mem::take(&mut remote.building);
+            let before = remote.snapshots.insert(source.clone(), now);
+            let now = &remote.snapshots[source];
+            let ended: Vec<encode::TimeSeries> = before
+                .into_iter()
+                .flatten()
+                .filter(|(key, _)| !now.contains_key(key))
+                .map(|(_, mut series)| {
+                    series.samples.push(encode::Sample {
+                        value: f64::from_bits(STALE_NAN_BITS),
+                        timestamp,
+                    });
+                    series
+                })
+                .collect();
+            if !ended.is_empty() {
+                remote.queue_series(&ended);
+            }
         }
     }
 
@@ -787,6 +861,52 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 0);
+    }
+
+    /// A series a source's snapshot no longer has (a container that left)
+    /// is sent Prometheus's stale marker at the snapshot's time, once; one
+    /// still there, or appended outside a snapshot, is not.
+    #[test]
+    fn a_series_a_snapshot_no_longer_has_is_marked_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) = fake_receiver(vec![]);
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.batch_send_deadline_secs = 0.01;
+        let mut writers = start(dir.path(), &config);
+        let source: Arc<str> = "cgroups".into();
+        // The stale markers of every request until none comes for a while.
+        let stale_markers = || -> Vec<(String, i64)> {
+            let mut found = Vec::new();
+            while let Ok(got) = requests.recv_timeout(Duration::from_millis(1500)) {
+                for series in &got.request.timeseries {
+                    let sample = &series.samples[0];
+                    if sample.value.to_bits() == STALE_NAN_BITS {
+                        let n = series.labels.iter().find(|l| l.name == "n").unwrap();
+                        found.push((n.value.clone(), sample.timestamp));
+                    }
+                }
+            }
+            found.sort();
+            found
+        };
+        // Series 0, 1, 2; then 0 and 1; then 0 and 1 again.
+        let mut times = Vec::new();
+        for rows in [3, 2, 2] {
+            let b = batch(0, rows);
+            writers.append_to_snapshot(&b);
+            writers.end_snapshot(&source, b.time_us[0]);
+            times.push(b.time_us[0] / 1000);
+        }
+        assert_eq!(stale_markers(), [("2".to_string(), times[1])]);
+        // Outside a snapshot nothing ends; an empty snapshot (the source
+        // failed) ends all it had.
+        writers.append(&batch(5, 1));
+        let failed_ms = now_ms();
+        writers.end_snapshot(&source, failed_ms * 1000);
+        assert_eq!(
+            stale_markers(),
+            [("0".to_string(), failed_ms), ("1".to_string(), failed_ms)]
+        );
     }
 
     vtax_store::table! {
