@@ -2014,3 +2014,29 @@ fn rows_of_the_running_hour_are_published_after_the_delay() {
     store.tick(running).unwrap();
     assert!(parquet_files(dir.path()).is_empty());
 }
+
+/// A partition that cannot be written (here a file where its directory
+/// goes; in the field an immutable or read-only directory) holds back its
+/// own table's rows only: the tables that sort after it are published on
+/// time, and its rows are published once it can be written.
+#[test]
+fn an_unwritable_partition_holds_back_only_its_own_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut gpu = BatchBuilder::new(&GPU_V1);
+    gpu.push(T0, &["0"], &[Value::F64(300.0)]).unwrap();
+    store.append(&gpu.finish()).unwrap();
+    append_scraped(&mut store, T0, 8);
+    // "gpu" sorts before "scraped".
+    let blocked = dir.path().join("tables/gpu/date=2025-11-21");
+    fs::create_dir_all(blocked.parent().unwrap()).unwrap();
+    fs::write(&blocked, "not a directory").unwrap();
+    let after_the_hour = T0 + HOUR_US + 10 * 60 * 1_000_000;
+    assert!(store.tick(after_the_hour).is_err(), "the failure is said");
+    let published = parquet_files(dir.path());
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert!(published[0].starts_with(dir.path().join("tables/scraped")));
+    fs::remove_file(&blocked).unwrap();
+    store.tick(after_the_hour + 1_000_000).unwrap();
+    assert_eq!(parquet_files(dir.path()).len(), 2);
+}

@@ -474,30 +474,47 @@ impl Store {
             .filter(|(k, b)| self.hour_over(b.hour, now_us) || waited_enough(k))
             .map(|(k, _)| *k)
             .collect();
+        // A bucket that cannot be published (its partition unwritable) waits
+        // for the next tick; the others go on to their files.
+        let mut first_error = None;
         for key in due {
-            self.publish_bucket(key)?;
+            if let Err(e) = self.publish_bucket(key) {
+                first_error.get_or_insert(e);
+            }
         }
-        self.publish_over_budget()
+        let over_budget = self.publish_over_budget();
+        match first_error {
+            Some(e) => Err(e),
+            None => over_budget,
+        }
     }
 
     /// Publishes the largest buckets until buffered rows fit the memory bound.
     /// Importers call this instead of [`Self::tick`], which would publish every
     /// past hour at once and leave many small files.
     pub fn publish_over_budget(&mut self) -> Result<()> {
+        let mut failed = Vec::new();
+        let mut first_error = None;
         while self.buckets.values().map(Bucket::bytes).sum::<usize>()
             > self.options.max_buffered_bytes
         {
+            // The largest bucket not failed already: one that cannot be
+            // published leaves the bound to the others.
             let Some(key) = self
                 .buckets
                 .iter()
+                .filter(|(k, _)| !failed.contains(*k))
                 .max_by_key(|(_, b)| b.bytes())
                 .map(|(k, _)| *k)
             else {
                 break;
             };
-            self.publish_bucket(key)?;
+            if let Err(e) = self.publish_bucket(key) {
+                failed.push(key);
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Publishes every buffered row (a partial hour becomes a file of its own),
@@ -510,10 +527,13 @@ impl Store {
 
     fn publish_all(&mut self) -> Result<()> {
         let keys: Vec<_> = self.buckets.keys().copied().collect();
+        let mut first_error = None;
         for key in keys {
-            self.publish_bucket(key)?;
+            if let Err(e) = self.publish_bucket(key) {
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Flushes and releases the store. Every row is then in a published file, so
