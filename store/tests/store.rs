@@ -2040,3 +2040,25 @@ fn an_unwritable_partition_holds_back_only_its_own_table() {
     store.tick(after_the_hour + 1_000_000).unwrap();
     assert_eq!(parquet_files(dir.path()).len(), 2);
 }
+
+/// Something other than a file under a store file's name is moved aside at
+/// open, never waited on: a FIFO's open would wait for a writer.
+#[test]
+fn a_fifo_or_directory_named_as_a_store_file_is_quarantined_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let rows = append_scraped(&mut store, T0, 8);
+    store.close().unwrap();
+    let partition = parquet_files(dir.path())[0].parent().unwrap().to_owned();
+    let fifo = partition.join("audit.parquet");
+    let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path only.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    fs::create_dir(partition.join("dir.parquet")).unwrap();
+    let started = std::time::Instant::now();
+    let store = open(dir.path());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(store.stats().files_quarantined, 2);
+    assert!(!fifo.exists() && !partition.join("dir.parquet").exists());
+    assert_eq!(all_scraped(&store).len(), rows.len());
+}

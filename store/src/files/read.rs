@@ -258,6 +258,26 @@ pub(crate) struct FileIndex {
 
 /// Reads the footer of every listed file into a [`FileIndex`]. A file whose
 /// footer fails goes to `on_unreadable`, which decides what becomes of it.
+/// Opens a listed store file. Something else under a store file's name (a
+/// FIFO, whose open would wait for a writer; a directory; a device) is no
+/// file of the store: damage, which quarantine moves aside.
+fn open_regular(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(Error::io("open", path))?;
+    let is_file = file.metadata().map_err(Error::io("open", path))?.is_file();
+    if !is_file {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            reason: "not a regular file".into(),
+        });
+    }
+    Ok(file)
+}
+
 pub(crate) fn index_files(
     listed: Vec<Listed>,
     on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
@@ -275,15 +295,13 @@ pub(crate) fn index_files_kept(
     let mut infos = Vec::new();
     let mut kept = HashMap::new();
     for file in listed {
-        let opened = File::open(&file.path)
-            .map_err(Error::io("open", &file.path))
-            .and_then(|f| {
-                if kept.len() < keep_open {
-                    let copy = f.try_clone().map_err(Error::io("open", &file.path))?;
-                    kept.insert(file.path.clone(), copy);
-                }
-                read_info_of(f, &file.path, &file.table, file.day)
-            });
+        let opened = open_regular(&file.path).and_then(|f| {
+            if kept.len() < keep_open {
+                let copy = f.try_clone().map_err(Error::io("open", &file.path))?;
+                kept.insert(file.path.clone(), copy);
+            }
+            read_info_of(f, &file.path, &file.table, file.day)
+        });
         match opened {
             Ok(info) => infos.push(info),
             Err(e) => {
