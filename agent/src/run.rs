@@ -477,10 +477,10 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
     let damaged = verify_tables(&data_dir)? + verify_wal(&data_dir)? + verify_queues(&data_dir)?;
     if damaged > 0 {
         anyhow::bail!(
-            "{damaged} damaged file(s) in {}. `vtax verify --quarantine`, with the agent \
-             stopped, moves damaged Parquet files to quarantine/ and copies damaged WAL and \
-             queue segments there, keeping every intact frame and record (the agent does \
-             the same for segments when it starts).",
+            "{damaged} damaged or unreadable file(s) in {}. `vtax verify --quarantine`, with \
+             the agent stopped, moves damaged Parquet files to quarantine/ and copies damaged \
+             WAL and queue segments there, keeping every intact frame and record (the agent \
+             does the same for segments when it starts); an unreadable file stays where it is.",
             data_dir.display()
         );
     }
@@ -491,12 +491,25 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
 fn verify_tables(data_dir: &Path) -> Result<usize> {
     let verified = vtax_store::files::verify_store(data_dir)
         .with_context(|| format!("verify the store at {}", data_dir.display()))?;
-    for e in &verified.damaged {
+    // An OS error says nothing of a file's bytes: it is unreadable, not
+    // damaged, and quarantine would not move it.
+    let (damaged, unreadable): (Vec<_>, Vec<_>) = verified
+        .damaged
+        .iter()
+        .partition(|e| e.damaged_file().is_some());
+    for e in &damaged {
         eprintln!("damaged: {e}");
     }
-    let damaged = verified.damaged.len();
-    eprintln!("{} file(s) sound, {damaged} damaged.", verified.sound);
-    Ok(damaged)
+    for e in &unreadable {
+        eprintln!("unreadable (an OS error, not damage; fix it and verify again): {e}");
+    }
+    eprintln!(
+        "{} file(s) sound, {} damaged, {} unreadable.",
+        verified.sound,
+        damaged.len(),
+        unreadable.len()
+    );
+    Ok(damaged.len() + unreadable.len())
 }
 
 /// Names a damaged segment. Damage the agent has met already (it copies the
@@ -602,6 +615,7 @@ fn quarantine(data_dir: &Path) -> Result<()> {
     let mut store = Store::open(offline_store_options(data_dir)?, crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;
     let at_open = store.stats().files_quarantined;
+    let store_unreadable = store.stats().files_unreadable;
     let moved = store.quarantine_damaged()?;
     let sound = store.files().count();
     store.close()?;
@@ -614,6 +628,13 @@ fn quarantine(data_dir: &Path) -> Result<()> {
         at_open + moved.len() as u64,
         data_dir.join("quarantine").display()
     );
+    let unreadable = store_unreadable;
+    if unreadable > 0 {
+        eprintln!(
+            "{unreadable} file(s) could not be read (an OS error: permissions, a failing disk, \
+             named in the log above): left where they are, not moved."
+        );
+    }
     for (name, dir) in remote_write_queues(data_dir)? {
         let (_, report) = vtax_exporters::remote_write::queue::Queue::open(&dir, u64::MAX)
             .with_context(|| format!("open the remote write queue at {}", dir.display()))?;

@@ -586,7 +586,10 @@ fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
         assert!(stderr.contains(&*file.to_string_lossy()), "{stderr}");
         assert!(file.exists(), "a plain verify moves nothing");
     }
-    assert!(stderr.contains("0 file(s) sound, 2 damaged."), "{stderr}");
+    assert!(
+        stderr.contains("0 file(s) sound, 2 damaged, 0 unreadable."),
+        "{stderr}"
+    );
 
     let (ok, stderr) = verify(true);
     assert!(ok, "{stderr}");
@@ -594,7 +597,10 @@ fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     assert!(files.iter().all(|f| !f.exists()));
     let (ok, stderr) = verify(false);
     assert!(ok, "{stderr}");
-    assert!(stderr.contains("0 file(s) sound, 0 damaged."), "{stderr}");
+    assert!(
+        stderr.contains("0 file(s) sound, 0 damaged, 0 unreadable."),
+        "{stderr}"
+    );
 }
 
 /// A replay fails on a damaged file of the recording and says what to do;

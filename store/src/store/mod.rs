@@ -190,6 +190,9 @@ pub struct StoreStats {
     /// Files put in quarantine: Parquet files moved there, damaged WAL segments
     /// copied there.
     pub files_quarantined: u64,
+    /// Files the store could not read at open for an OS error (permissions,
+    /// a failing disk): left where they are, out of the index.
+    pub files_unreadable: u64,
     /// Failed writes (WAL or Parquet), e.g. disk full.
     pub write_errors: u64,
     /// Failed writes that were the disk being full.
@@ -247,6 +250,14 @@ impl Store {
             fs::remove_file(&stray).map_err(Error::io("remove stray temp file", &stray))?;
         }
         let index = files::index_files(listed, |file, e| {
+            if e.damaged_file().is_none() {
+                // An OS error (permissions, a failing disk) says nothing of
+                // the file's bytes: it stays where it is, out of the index
+                // until a start can read it.
+                stats.files_unreadable += 1;
+                tracing::error!(path = %file.path.display(), error = %e, "A file could not be read; it stays where it is, its rows unread until it can be.");
+                return Ok(());
+            }
             quarantine(&dir, &file.path)?;
             stats.files_quarantined += 1;
             tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
