@@ -15,6 +15,16 @@ impl Detector {
         if current - next > 100 * window_secs {
             next = current - window_secs;
         }
+        // The clock went back (stepped by NTP, or set right after running
+        // ahead): the next window would wait until the clock came back to
+        // it, the detector silent meanwhile. Judge from now instead.
+        if next > current + window_secs {
+            tracing::warn!(
+                seconds_back = next - current,
+                "The clock went back: the detector judges windows from now."
+            );
+            next = current;
+        }
         let mut out = Vec::new();
         while next + window_secs + WINDOW_GRACE_SECS <= now_second {
             out.extend(self.judge_window(next));

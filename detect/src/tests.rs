@@ -1740,3 +1740,31 @@ fn the_taxs_gpu_ratios_are_the_windows_means() {
         near("pcie_bandwidth_loss_ratio", 0.5 / 4.0);
     }
 }
+
+/// The clock ran ahead (to 2030) and was set right: the detector judges
+/// windows again at once instead of waiting for 2030.
+#[test]
+fn a_clock_set_back_does_not_silence_the_detector() {
+    let mut detector = Detector::new(config());
+    let window_us = config().window_secs as i64 * 1_000_000;
+    let ahead_us = 4 * 365 * 86_400 * 1_000_000;
+    let mut judged = 0;
+    for (start_us, windows) in [
+        (START_US, 3),
+        (START_US + ahead_us, 3),
+        (START_US + 3 * window_us, 3),
+    ] {
+        judged = 0;
+        for w in 1..=windows {
+            let out = detector.tick(start_us + w * window_us + 3_000_000);
+            judged += out
+                .iter()
+                .filter(|b| std::ptr::eq(b.table, &tables::TAX))
+                .count();
+        }
+    }
+    assert!(
+        judged >= 2,
+        "windows judged after the clock came back: {judged}"
+    );
+}
