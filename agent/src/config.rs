@@ -602,22 +602,39 @@ impl Config {
 /// `create <dir>: File exists`.
 pub fn check_data_dir(dir: &Path) -> Result<(), String> {
     use nix::unistd::{access, AccessFlags};
-    let writable = |d: &Path| access(d, AccessFlags::W_OK | AccessFlags::X_OK).is_ok();
+    // Why a directory cannot be written: a read-only filesystem is no
+    // matter of this user's rights.
+    let why_not_writable = |d: &Path| match access(d, AccessFlags::W_OK | AccessFlags::X_OK) {
+        Ok(()) => None,
+        Err(nix::errno::Errno::EROFS) => Some("is on a read-only filesystem"),
+        Err(_) => Some("is not writable by this user"),
+    };
     let mut at = dir;
     loop {
+        // A link that points nowhere would be followed into NotFound and
+        // its parent checked; making the directory then fails on the link.
+        if let Ok(link) = std::fs::symlink_metadata(at) {
+            if link.file_type().is_symlink() && std::fs::metadata(at).is_err() {
+                return Err(format!(
+                    "data directory {}: {} is a link to {}, which is not there",
+                    dir.display(),
+                    at.display(),
+                    std::fs::read_link(at)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|_| "?".into())
+                ));
+            }
+        }
         match std::fs::metadata(at) {
             Ok(meta) if meta.is_dir() => {
-                if writable(at) {
+                let Some(why) = why_not_writable(at) else {
                     return Ok(());
-                }
+                };
                 return Err(if at == dir {
-                    format!(
-                        "data directory {}: not writable by this user",
-                        dir.display()
-                    )
+                    format!("data directory {}: {why}", dir.display())
                 } else {
                     format!(
-                        "data directory {}: cannot be made, {} is not writable by this user",
+                        "data directory {}: cannot be made, {} {why}",
                         dir.display(),
                         at.display()
                     )
@@ -835,6 +852,22 @@ mod tests {
     #[test]
     fn empty_file_is_all_defaults() {
         assert_eq!(Config::parse("", "x.toml").unwrap(), Config::default());
+    }
+
+    /// What a start can tell before it makes the store: a file in the way,
+    /// and a link to nowhere (made, it would fail with "File exists").
+    #[test]
+    fn a_data_dir_that_cannot_be_made_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check_data_dir(&dir.path().join("new/store")), Ok(()));
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let e = check_data_dir(&file.join("store")).unwrap_err();
+        assert!(e.ends_with("is a file, not a directory"), "{e}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();
+        let e = check_data_dir(&link).unwrap_err();
+        assert!(e.contains("which is not there"), "{e}");
     }
 
     /// An empty data directory is the working directory: refused, named.
