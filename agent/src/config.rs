@@ -507,7 +507,9 @@ impl Config {
         }
         check(self.check_memory_bounds());
         check(self.upload.validate());
-        check(self.collectors.validate());
+        for problem in self.collectors.problems() {
+            check(Err(problem));
+        }
         check(self.detect.validate());
         for (i, remote) in self.remote_write.iter().enumerate() {
             check(
@@ -868,6 +870,25 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();
         let e = check_data_dir(&link).unwrap_err();
         assert!(e.contains("which is not there"), "{e}");
+    }
+
+    /// Problems of several collectors are all named, each with its line.
+    #[test]
+    fn every_collectors_problem_is_named_at_once() {
+        let err = Config::parse(
+            "[collectors.block]\ninterval_secs = 0\n[collectors.netdev]\ninterface_exclude = \"(\"\n",
+            "v.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("v.toml:2: collectors.block.interval_secs"),
+            "{err}"
+        );
+        assert!(
+            err.contains("\nv.toml:4: collectors.netdev.interface_exclude"),
+            "{err}"
+        );
     }
 
     /// An empty data directory is the working directory: refused, named.

@@ -301,9 +301,20 @@ macro_rules! registry {
             /// Checks values serde cannot: intervals and collector-specific rules.
             /// On failure returns the dotted key and the message.
             pub fn validate(&self) -> Result<(), (String, String)> {
-                $(check_interval(stringify!($name), &self.$name)?;)*
-                $(self.$name.check()?;)*
-                Ok(())
+                match self.problems().into_iter().next() {
+                    Some(problem) => Err(problem),
+                    None => Ok(()),
+                }
+            }
+
+            /// Every collector's problem (its interval's, then its first
+            /// other), as (dotted key, message): an operator fixes a file
+            /// once, not once per problem.
+            pub fn problems(&self) -> Vec<(String, String)> {
+                let mut problems = Vec::new();
+                $(problems.extend(check_interval(stringify!($name), &self.$name).err());)*
+                $(problems.extend(self.$name.check().err());)*
+                problems
             }
         }
 
