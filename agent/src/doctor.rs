@@ -80,7 +80,13 @@ pub fn report(config: &Config, config_source: &str) -> String {
         config.data_dir().display(),
         config.web.listen_address
     );
-    let mut problems = Vec::new();
+    // What a start would refuse beyond the values (a web config file, the
+    // data directory) is a problem of this node as much as a collector's.
+    let mut problems: Vec<String> = crate::args::check_beyond_values(config)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .into_iter()
+        .collect();
     let mut facts = crate::detect::verdict::Facts::default();
     let _ = writeln!(out, "collectors:");
     for &name in NAMES {

@@ -133,6 +133,24 @@ fn doctor_lists_every_collector_with_a_reason() {
     assert!(stdout.contains("host        on"), "{stdout}");
 }
 
+/// What a start would refuse beyond the config's values is among the
+/// doctor's problems, with its key.
+#[test]
+fn doctor_names_a_web_config_file_that_is_not_there() {
+    let (ok, stdout, stderr) = vtax(&[
+        "doctor",
+        "--no-collector.cgroups",
+        "--no-collector.jitter",
+        "--web.config.file",
+        "/nonexistent/web.yml",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("  - web.config_file: /nonexistent/web.yml: "),
+        "{stdout}"
+    );
+}
+
 fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !check() {
