@@ -382,6 +382,57 @@ fn collector_key_doc(path: &str) -> Option<&'static str> {
     key_doc(path).or_else(|| crate::collectors::key_doc(path))
 }
 
+/// The first key of `doc` whose place in the config is a table (a section,
+/// a collector's settings, a `[[scrape]]` or `[[remote_write]]` entry, its
+/// `tls` and `basic_auth`) but that holds something else, with what it holds.
+fn not_a_table(doc: &toml::Table) -> Option<(String, &'static str)> {
+    fn walk(
+        user: &toml::Table,
+        shape: &toml::Table,
+        prefix: &str,
+    ) -> Option<(String, &'static str)> {
+        for (key, value) in user {
+            let path = format!("{prefix}{key}");
+            let Some(toml::Value::Table(sub_shape)) = shape.get(key) else {
+                continue;
+            };
+            match value {
+                toml::Value::Table(sub) => {
+                    if let Some(found) = walk(sub, sub_shape, &format!("{path}.")) {
+                        return Some(found);
+                    }
+                }
+                other => return Some((path, other.type_str())),
+            }
+        }
+        None
+    }
+    let defaults = toml::Table::try_from(Config::default()).expect("defaults serialise");
+    if let Some(found) = walk(doc, &defaults, "") {
+        return Some(found);
+    }
+    for (list, nested) in [
+        ("scrape", &[][..]),
+        ("remote_write", &["tls", "basic_auth"][..]),
+    ] {
+        let Some(toml::Value::Array(entries)) = doc.get(list) else {
+            continue;
+        };
+        for (i, entry) in entries.iter().enumerate() {
+            let toml::Value::Table(entry) = entry else {
+                return Some((format!("{list}[{i}]"), entry.type_str()));
+            };
+            for key in nested {
+                match entry.get(*key) {
+                    None | Some(toml::Value::Table(_)) => {}
+                    Some(other) => return Some((format!("{list}[{i}].{key}"), other.type_str())),
+                }
+            }
+        }
+    }
+    None
+}
+
 /// A config error: what is wrong, where.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -417,6 +468,20 @@ pub enum ConfigError {
 impl Config {
     /// Parses a config file's text; `path` only names the file in errors.
     pub fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
+        // serde reads a struct from an array too, by position
+        // (`web = ["127.0.0.1:9"]` set the listen address): a table's place
+        // takes a table only.
+        if let Ok(doc) = toml::from_str::<toml::Table>(text) {
+            if let Some((key, found)) = not_a_table(&doc) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_string(),
+                    line: line_of_key(text, &key)
+                        .map(|l| format!(":{l}"))
+                        .unwrap_or_default(),
+                    message: format!("{key} must be a table, not {found}"),
+                });
+            }
+        }
         let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_string(),
             message: e.to_string().trim_end().to_string(),
@@ -889,6 +954,35 @@ mod tests {
             err.contains("\nv.toml:4: collectors.netdev.interface_exclude"),
             "{err}"
         );
+    }
+
+    /// serde would read a struct from an array, by position: a table's
+    /// place takes a table only.
+    #[test]
+    fn an_array_where_a_table_goes_is_refused() {
+        for (text, key) in [
+            (
+                "web = [\"127.0.0.1:9\"]\n",
+                "web must be a table, not array",
+            ),
+            ("store = []\n", "store must be a table, not array"),
+            (
+                "collectors = { gpu = [false, 0.5] }\n",
+                "collectors.gpu must be a table, not array",
+            ),
+            (
+                "scrape = [[\"a\", \"http://x/\"]]\n",
+                "scrape[0] must be a table",
+            ),
+            (
+                "[[remote_write]]\nurl = \"https://x/w\"\ntls = [true]\n",
+                "remote_write[0].tls must be a table",
+            ),
+        ] {
+            let err = Config::parse(text, "v.toml").unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        assert!(Config::parse("[web]\n[collectors.gpu]\nenabled = false\n", "v.toml").is_ok());
     }
 
     /// An empty data directory is the working directory: refused, named.
