@@ -509,6 +509,13 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
         damaged.len(),
         unreadable.len()
     );
+    for path in &verified.unfinished_merges {
+        eprintln!(
+            "merge not finished: {} holds its rows under its pending name, which DuckDB, \
+             Polars and Spark do not read; the agent's next start or `vtax compact` publishes it.",
+            path.display()
+        );
+    }
     Ok(damaged.len() + unreadable.len())
 }
 

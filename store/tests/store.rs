@@ -2062,3 +2062,36 @@ fn a_fifo_or_directory_named_as_a_store_file_is_quarantined_not_waited_on() {
     assert!(!fifo.exists() && !partition.join("dir.parquet").exists());
     assert_eq!(all_scraped(&store).len(), rows.len());
 }
+
+/// A merge stopped between removing its inputs and publishing its output
+/// leaves the day's rows under a name that DuckDB and the other readers do
+/// not read: verify names it; a merge under way (its inputs still there)
+/// is not named.
+#[test]
+fn verify_names_a_merge_that_did_not_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    for h in 0..3 {
+        append_scraped(&mut store, T0 + h * HOUR_US, 8);
+        store.flush().unwrap();
+    }
+    let inputs: Vec<(std::path::PathBuf, Vec<u8>)> = parquet_files(dir.path())
+        .into_iter()
+        .map(|p| (p.clone(), fs::read(&p).unwrap()))
+        .collect();
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    store.close().unwrap();
+    let merged = parquet_files(dir.path()).remove(0);
+    let name = merged.file_name().unwrap().to_str().unwrap();
+    let pending = merged.with_file_name(vtax_store::files::pending_name(name));
+    fs::rename(&merged, &pending).unwrap();
+    let verified = vtax_store::files::verify_store(dir.path()).unwrap();
+    assert!(verified.damaged.is_empty());
+    assert_eq!(verified.unfinished_merges, [pending]);
+    // Its inputs back: a merge under way, not one that stopped.
+    for (path, bytes) in &inputs {
+        fs::write(path, bytes).unwrap();
+    }
+    let verified = vtax_store::files::verify_store(dir.path()).unwrap();
+    assert!(verified.unfinished_merges.is_empty());
+}

@@ -477,6 +477,11 @@ pub struct Verified {
     pub sound: usize,
     /// Files that could not be read whole, each as its error (naming it).
     pub damaged: Vec<Error>,
+    /// Sound files still under a merge's pending name: a merge stopped
+    /// after it removed its inputs and before it published its output. The
+    /// store's next open publishes them; until then readers that know only
+    /// `*.parquet` (DuckDB, Polars, Spark) do not see their rows.
+    pub unfinished_merges: Vec<PathBuf>,
 }
 
 /// Reads every live file of the store at `data_dir` whole (published, or
@@ -494,14 +499,35 @@ pub fn verify_store(data_dir: &Path) -> Result<Verified> {
         Ok(())
     })?;
     let mut sound = 0;
+    let mut unfinished_merges = Vec::new();
+    // A pending file whose inputs are still there is a merge under way.
+    let inputs_present: std::collections::HashSet<&str> = index
+        .replaced
+        .iter()
+        .filter_map(|f| f.path.file_name().and_then(|n| n.to_str()))
+        .collect();
     for info in index.live.values().flatten() {
         match verify_file(info) {
-            Ok(()) => sound += 1,
+            Ok(()) => {
+                sound += 1;
+                let name = info.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                let under_way = info
+                    .compacted_from
+                    .iter()
+                    .any(|input| inputs_present.contains(input.as_str()));
+                if published_name(name).is_some() && !under_way {
+                    unfinished_merges.push(info.path.clone());
+                }
+            }
             Err(e) if e.is_not_found() => {}
             Err(e) => damaged.push(e),
         }
     }
-    Ok(Verified { sound, damaged })
+    Ok(Verified {
+        sound,
+        damaged,
+        unfinished_merges,
+    })
 }
 
 /// Where the Parquet reader reads a file's pages from. The reader passes an
