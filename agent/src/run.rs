@@ -284,7 +284,20 @@ pub fn run(args: RunArgs) -> Result<()> {
     web.stop();
     exposition.close();
     let _ = renderer.join();
-    store.close().context("publish buffered rows on shutdown")?;
+    // Rows still waiting for the WAL (a full disk) are in memory only.
+    let backlog_bytes = store.wal_backlog_bytes();
+    store.close().with_context(|| {
+        if backlog_bytes > 0 {
+            format!(
+                "publish buffered rows on shutdown ({backlog_bytes} bytes of rows that never \
+                 reached the write-ahead log are lost)"
+            )
+        } else {
+            "publish buffered rows on shutdown (rows in the write-ahead log are published \
+             at the next start)"
+                .to_string()
+        }
+    })?;
     Ok(())
 }
 
