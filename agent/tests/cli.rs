@@ -743,7 +743,7 @@ fn verify_checks_the_wal_and_remote_write_queues() {
             "damaged: remote write queue segment {}: 36 byte(s)",
             queue_segment.display()
         ),
-        "2 damaged file(s)",
+        "2 damaged or unreadable file(s)",
     ] {
         assert!(stderr.contains(expected), "{expected:?} in:\n{stderr}");
     }
