@@ -10,7 +10,9 @@ crate::table! {
     pub static SCRAPED: TableDef, pub struct ScrapedRow {
         name: "scraped",
         help: "One row per sample read from another local Prometheus endpoint or imported \
-               with `vtax import`; the value is kept bit for bit.",
+               with `vtax import`; the value is kept bit for bit. Its time is the sample's own \
+               timestamp when it has one (a scrape stores such a sample once), else the \
+               scrape's start or, for an import, the file's modification time.",
         tags: [
             target = TagDef {
                 name: "target",

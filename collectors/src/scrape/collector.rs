@@ -185,6 +185,8 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
     let mut log = TransitionLog::default();
     let scale = |family: &str| seconds_per_unit(family);
     let mut last_grid_us = i64::MIN;
+    // The series that carried their own timestamps at the last valid scrape.
+    let mut timestamped = Timestamps::new();
     loop {
         let (grid_us, at) = next_grid(interval_us, last_grid_us);
         last_grid_us = grid_us;
@@ -193,14 +195,17 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
         }
         let time_us = now_us();
         let started = Instant::now();
-        let result = scrape(&agent, target, time_us);
+        let result = scrape(&agent, target, time_us, &timestamped);
         let duration = started.elapsed().as_secs_f64();
         scrapes += 1;
         let mut batches: Vec<Batch> = Vec::new();
         let mut latency = None;
+        let mut samples_dropped = None;
         let (up, samples, missing, failure) = match result {
             Ok(scraped) => {
                 let samples = scraped.rows.len() as u64;
+                samples_dropped = Some(scraped.samples_dropped);
+                timestamped = scraped.timestamped;
                 batches.push(scraped.rows);
                 let missing: Vec<String> = target
                     .histograms
@@ -247,6 +252,7 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             up,
             duration_seconds: duration,
             samples,
+            samples_dropped,
             scrapes,
             failures_connect: failed(Reason::Connect),
             failures_timeout: failed(Reason::Timeout),

@@ -57,18 +57,32 @@ pub struct Scraped {
     pub rows: Batch,
     /// The series of the `histograms` families.
     pub histograms: Snapshot,
+    /// The series that carried their own timestamp, with it: the next
+    /// scrape stores such a series only with a newer one.
+    pub timestamped: Timestamps,
+    /// Samples left out: a series met again in the same scrape (the first
+    /// is kept, as Prometheus keeps it), or one whose own timestamp is not
+    /// newer than the one the previous scrape stored.
+    pub samples_dropped: u64,
 }
 
+/// Series (metric, canonical labels) and the timestamp they carried.
+pub type Timestamps = HashMap<(String, String), i64>;
+
 /// Parses an exposition as it is read, into `scraped` rows of `target` at
-/// `time_us`, picking out the histogram series `target` lists. Memory holds
-/// one line and the rows so far; the first line past one of the target's
-/// limits ends the parse (a `limit` failure), as does the first invalid one
-/// (`invalid`). A read error is classified as a fetch's would be.
+/// `time_us`, picking out the histogram series `target` lists. A sample that
+/// carries its own timestamp is stored at it, as Prometheus honours it, once:
+/// not again while `earlier` (the previous scrape's) holds it as recent. A
+/// series met twice keeps its first sample. Memory holds one line and the
+/// rows so far; the first line past one of the target's limits ends the
+/// parse (a `limit` failure), as does the first invalid one (`invalid`). A
+/// read error is classified as a fetch's would be.
 pub fn parse_stream(
     mut body: impl BufRead,
     format: Format,
     target: &ScrapeTarget,
     time_us: i64,
+    earlier: &Timestamps,
 ) -> Result<Scraped, Failure> {
     let limits = Limits {
         label_limit: usize::try_from(target.label_limit).unwrap_or(usize::MAX),
@@ -78,6 +92,9 @@ pub fn parse_stream(
     let mut parser = Parser::with_limits(format, limits);
     let mut rows = BatchBuilder::new(&tables::SCRAPED);
     let mut series: Snapshot = BTreeMap::new();
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let mut timestamped = Timestamps::new();
+    let mut samples_dropped = 0;
     let mut line = Vec::new();
     let mut offset_bytes = 0u64;
     loop {
@@ -120,6 +137,27 @@ pub fn parse_stream(
                 ),
             ));
         }
+        let key = (sample.metric.to_string(), sample.labels.to_string());
+        let sample_time_us = match sample.timestamp_us {
+            None => time_us,
+            Some(t) => t,
+        };
+        if seen.contains(&key) {
+            samples_dropped += 1;
+            continue;
+        }
+        if sample.timestamp_us.is_some() {
+            let before = earlier.get(&key).copied();
+            // Kept for the next scrape whether stored now or not: a series
+            // that repeats its sample is stored once.
+            timestamped.insert(key.clone(), before.map_or(sample_time_us, |b| b.max(sample_time_us)));
+            if before.is_some_and(|before| sample_time_us <= before) {
+                samples_dropped += 1;
+                seen.insert(key);
+                continue;
+            }
+        }
+        seen.insert(key);
         if let Some(family) = sample.metric.strip_suffix("_bucket") {
             if target.histograms.iter().any(|h| h == family) {
                 let (rest, le) = split_le(&sample.labels).ok_or_else(|| {
@@ -149,7 +187,7 @@ pub fn parse_stream(
             labels: &sample.labels,
             value: Some(sample.value),
         };
-        rows.push_row(time_us, &row)
+        rows.push_row(sample_time_us, &row)
             .expect("a scraped row is for the scraped table");
     }
     parser
@@ -161,11 +199,18 @@ pub fn parse_stream(
     Ok(Scraped {
         rows: rows.finish(),
         histograms: series,
+        timestamped,
+        samples_dropped,
     })
 }
 
 /// Scrapes a target once: fetches it and parses the body as it arrives.
-pub(super) fn scrape(agent: &ureq::Agent, target: &ScrapeTarget, time_us: i64) -> Result<Scraped, Failure> {
+pub(super) fn scrape(
+    agent: &ureq::Agent,
+    target: &ScrapeTarget,
+    time_us: i64,
+    earlier: &Timestamps,
+) -> Result<Scraped, Failure> {
     let mut response = agent
         .get(&target.url)
         .header("Accept", ACCEPT)
@@ -199,6 +244,7 @@ pub(super) fn scrape(agent: &ureq::Agent, target: &ScrapeTarget, time_us: i64) -
         format,
         target,
         time_us,
+        earlier,
     )
 }
 

@@ -26,7 +26,7 @@
 //! the increase of the cumulative buckets between the scrapes that open and
 //! close the window ([`bucket_quantile`], [`window_delta`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufRead;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -194,13 +194,14 @@ vtax_store::table! {
         fields: [
             up: i64 = FieldDef::gauge(FieldType::I64, Unit::None, "1 when the last scrape returned a valid exposition, else 0."),
             duration_seconds: f64 = seconds("Time the last scrape took, connect to last byte parsed."),
-            samples: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::None, "Samples in the last valid scrape."),
+            samples: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::None, "Samples stored from the last valid scrape."),
             scrapes: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Scrapes attempted."),
             failures_connect: u64 = failures("Scrapes that failed because the target could not be reached (refused, reset, no such host): it is down."),
             failures_timeout: u64 = failures("Scrapes that did not finish within timeout_secs: the target is slow or hangs."),
             failures_http: u64 = failures("Scrapes answered with an HTTP status other than 2xx."),
             failures_invalid: u64 = failures("Scrapes whose body was not a valid exposition (not UTF-8, or a line the parser rejects)."),
             failures_limit: u64 = failures("Scrapes rejected whole, nothing stored, for going past one of the target's limits: sample_limit, label_limit, label_value_length_limit_bytes or body_size_limit_bytes."),
+            samples_dropped: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::None, "Samples of the last valid scrape not stored: a series met again in the scrape (its first sample is kept, as Prometheus keeps it), or a sample whose own timestamp is not newer than the one stored before for its series."),
         ],
         exported: true,
     }

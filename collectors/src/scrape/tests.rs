@@ -174,7 +174,7 @@ fn target(histograms: &[&str]) -> ScrapeTarget {
 }
 
 fn parse(body: &str, format: Format, target: &ScrapeTarget) -> Result<Scraped, Failure> {
-    parse_stream(body.as_bytes(), format, target, 7)
+    parse_stream(body.as_bytes(), format, target, 7, &Timestamps::new())
 }
 
 /// (metric, labels, value) of row `i`.
@@ -218,6 +218,7 @@ fn bodies_are_parsed_and_histograms_picked_out() {
         Format::PrometheusText,
         &target(&[]),
         7,
+        &Timestamps::new(),
     );
     let message = not_utf8.err().expect("a failure").message;
     assert!(message.contains("at byte 11"), "{message}");
@@ -333,4 +334,36 @@ fn targets_are_validated() {
     assert_eq!(with(&|t| t.name = "a b".into()).0, "scrape[0].name");
     let err = validate_targets(&[t.clone(), t]).unwrap_err();
     assert_eq!(err.0, "scrape[1].name");
+}
+
+/// A series met twice in one exposition keeps its first sample, as
+/// Prometheus keeps it, whatever order its labels came in.
+#[test]
+fn a_series_repeated_in_a_scrape_keeps_its_first_sample() {
+    let body = "m 1\nm 2\nesc{b=\"2\",a=\"1\"} 9\nesc{a=\"1\",b=\"2\",} 10\n";
+    let scraped = parse(body, Format::PrometheusText, &target(&[])).unwrap();
+    assert_eq!(scraped.rows.len(), 2);
+    assert_eq!(row(&scraped.rows, 0).2, 1.0);
+    assert_eq!(row(&scraped.rows, 1).2, 9.0);
+    assert_eq!(scraped.samples_dropped, 2);
+}
+
+/// A sample's own timestamp is its time, as Prometheus honours it, and a
+/// series that repeats the sample of an earlier scrape is stored once.
+#[test]
+fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
+    let now_ms: i64 = 1_800_000_000_000;
+    let hour_ago_ms = now_ms - 3_600_000;
+    let body = format!("fresh 1\nold 2 {hour_ago_ms}\n");
+    let t = target(&[]);
+    let first = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
+    assert_eq!(first.rows.time_us, [now_ms * 1000, hour_ago_ms * 1000]);
+    let later_us = (now_ms + 1000) * 1000;
+    let second = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &first.timestamped).unwrap();
+    assert_eq!(second.rows.time_us, [later_us], "the old sample once only");
+    assert_eq!(second.samples_dropped, 1);
+    // Its timestamp moves on: stored again.
+    let body = format!("fresh 1\nold 3 {}\n", hour_ago_ms + 1);
+    let third = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &second.timestamped).unwrap();
+    assert_eq!(third.rows.len(), 2);
 }
