@@ -80,6 +80,35 @@ fn implausible_time(time_us: i64, now_us: i64, format: Format) -> Option<String>
     }
 }
 
+/// What says a file is the one that was checked: its inode, size and
+/// modification time.
+#[derive(Debug, PartialEq)]
+struct Identity {
+    device: u64,
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+/// `path`'s identity; an error unless it is a regular file.
+fn identity(path: &Path) -> Result<Identity> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "{}: not a regular file (a pipe or a device): an import reads each file twice, \
+             to check it and then to write it; save it to a file first",
+            path.display()
+        );
+    }
+    Ok(Identity {
+        device: meta.dev(),
+        inode: meta.ino(),
+        len: meta.len(),
+        modified: meta.modified().ok(),
+    })
+}
+
 /// Calls `on_sample(metric, labels, value, time_us)` for each sample of `path`.
 fn for_each_sample(
     path: &Path,
@@ -210,15 +239,15 @@ fn default_time_us(path: &Path) -> Result<i64> {
 pub fn import(args: ImportArgs) -> Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
 
-    let total_bytes: u64 = args
+    // Each file is read twice, checked then written: a pipe would give its
+    // text to the check and nothing to the write, and a file changed between
+    // the two would be written unchecked.
+    let identities = args
         .files
         .iter()
-        .map(|f| {
-            std::fs::metadata(f)
-                .map(|m| m.len())
-                .with_context(|| format!("stat {}", f.display()))
-        })
-        .sum::<Result<u64>>()?;
+        .map(|f| identity(f))
+        .collect::<Result<Vec<_>>>()?;
+    let total_bytes: u64 = identities.iter().map(|i| i.len).sum();
 
     // Pass 1: parse everything, write nothing.
     let bar = progress_bar(total_bytes, args.no_progress, "checking");
@@ -227,6 +256,16 @@ pub fn import(args: ImportArgs) -> Result<()> {
         expected += for_each_sample(path, default_time_us(path)?, &bar, |_, _, _, _| Ok(()))?;
     }
     bar.finish_and_clear();
+
+    for (path, checked) in args.files.iter().zip(&identities) {
+        if identity(path)? != *checked {
+            bail!(
+                "{}: changed since it was checked; nothing was written. Import a file \
+                 nobody writes to.",
+                path.display()
+            );
+        }
+    }
 
     // Pass 2: write.
     // A series holds one value per instant: what two files of one import
@@ -284,17 +323,31 @@ pub fn import(args: ImportArgs) -> Result<()> {
     store
         .compact_all(crate::timespec::now_us())
         .context("merge imported hours")?;
+    let repeated = store.stats().rows_repeated;
     store.close().context("close the store")?;
     bar.finish_and_clear();
-    debug_assert_eq!(imported, expected);
+    if imported != expected {
+        bail!(
+            "the files changed while they were imported: {imported} samples written where the \
+             check read {expected}; import them again from files nobody writes to"
+        );
+    }
     let seconds = started.elapsed().as_secs_f64();
+    let stored = imported.saturating_sub(repeated);
     eprintln!(
-        "Imported {imported} samples from {} file(s) into {} in {seconds:.2} s ({:.0} samples/s, peak resident {} MiB).",
+        "Imported {stored} samples from {} file(s) into {} in {seconds:.2} s ({:.0} samples/s, peak resident {} MiB).",
         args.files.len(),
         data_dir.display(),
         imported as f64 / seconds.max(1e-9),
         peak_resident_bytes().map_or("?".into(), |b| (b >> 20).to_string()),
     );
+    if repeated > 0 {
+        eprintln!(
+            "{repeated} of the {imported} samples read repeated a series and time the store \
+             already held (in these files or an earlier import) and were left out: a series \
+             holds one value per instant, the first kept."
+        );
+    }
     Ok(())
 }
 

@@ -173,6 +173,64 @@ fn import(data: &Path, files: &[&Path]) -> std::process::Output {
         .unwrap()
 }
 
+/// A series holds one value per instant: a sample that repeats a series
+/// and time, in one file or an earlier import, is left out (the first
+/// kept) and said, not counted as imported; a pipe, which an import could
+/// read only once, is refused before anything is written.
+#[test]
+fn an_import_says_what_it_left_out_and_refuses_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let a = dir.path().join("a.prom");
+    let b = dir.path().join("b.prom");
+    std::fs::write(
+        &a,
+        "m 1 1796600000000\nk 5 1796600000000\nm 2 1796600000000\n",
+    )
+    .unwrap();
+    std::fs::write(&b, "k 7 1796600000000\n").unwrap();
+    let out = import(&data, &[&a]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("Imported 2 samples"), "{stderr}");
+    assert!(
+        stderr.contains("1 of the 3 samples read repeated a series and time"),
+        "{stderr}"
+    );
+    let out = import(&data, &[&b]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Imported 0 samples"), "{stderr}");
+    assert_eq!(scraped_count(&data), 2);
+
+    let out = Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(dir.path().join("piped"))
+        .arg("/dev/stdin")
+        .stdin(std::fs::File::open(&a).unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A file given as stdin is a regular file; a pipe is not.
+    assert!(out.status.success(), "{stderr}");
+    let mut child = Command::new(VTAX)
+        .args(["import", "--data-dir"])
+        .arg(dir.path().join("piped2"))
+        .arg("/dev/stdin")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("not a regular file (a pipe or a device)"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("piped2").exists(), "nothing written");
+}
+
 fn hex_le(bits: u64) -> String {
     bits.to_le_bytes()
         .iter()

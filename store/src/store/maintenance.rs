@@ -29,6 +29,8 @@ pub struct Merge {
 pub struct MergeOutcome {
     pub(super) merge: Merge,
     pub(super) output: Result<FileInfo>,
+    /// Rows it left out as repeats of a series and time another input held.
+    pub(super) repeated_rows: u64,
     /// Whether it got as far as writing: only then is a failure a write error
     /// (an input whose footer cannot be read is not).
     pub(super) writing: bool,
@@ -50,9 +52,14 @@ impl Merge {
                 Ok(merge) => (self.write(merge, keep_going), true),
                 Err(e) => (Err(e), false),
             };
+        let (output, repeated_rows) = match output {
+            Ok((info, repeated)) => (Ok(info), repeated),
+            Err(e) => (Err(e), 0),
+        };
         MergeOutcome {
             merge: self,
             output,
+            repeated_rows,
             writing,
         }
     }
@@ -61,7 +68,7 @@ impl Merge {
         &self,
         merge: crate::merge::MergeColumns,
         keep_going: &AtomicBool,
-    ) -> Result<FileInfo> {
+    ) -> Result<(FileInfo, u64)> {
         let mut source = Stoppable {
             source: merge,
             keep_going,
@@ -84,9 +91,9 @@ impl Merge {
         )?;
         let duplicates = source.source.duplicates();
         if duplicates > 0 {
-            tracing::info!(path = %info.path.display(), duplicates, "Merged rows written twice into one copy.");
+            tracing::info!(path = %info.path.display(), duplicates, "Merged rows that repeat a series and time: the first kept.");
         }
-        Ok(info)
+        Ok((info, duplicates as u64))
     }
 }
 
@@ -406,6 +413,7 @@ impl Store {
         let MergeOutcome {
             merge,
             output,
+            repeated_rows,
             writing,
         } = outcome;
         let info = match output {
@@ -426,6 +434,7 @@ impl Store {
             }
         };
         self.stats.files_published += 1;
+        self.stats.rows_repeated += repeated_rows;
         self.stats.last_file_written = Some(SystemTime::now());
         let pending = info.path.clone();
         let partition = self.files.entry(merge.partition.clone()).or_default();
