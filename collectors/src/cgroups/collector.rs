@@ -394,6 +394,12 @@ impl Collector for Cgroups {
                 self.selection.max_cgroups()
             ));
         }
+        if self.discovery.not_utf8 > 0 {
+            problems.push(format!(
+                "{} cgroup directories have names that are not UTF-8: they and the cgroups below them are not sampled (a path is a label, which must be UTF-8); their use counts in their parents' only",
+                self.discovery.not_utf8
+            ));
+        }
         problems
     }
 }

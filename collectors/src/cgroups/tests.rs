@@ -1209,3 +1209,27 @@ fn a_file_the_kernel_refuses_is_absent_not_an_error() {
         assert_eq!(failed_read(&e, || true), FailedRead::Error, "{e}");
     }
 }
+
+/// A cgroup named with bytes that are not UTF-8 cannot be a label: it and
+/// the cgroups below it are left out, and the problems say so rather than
+/// nothing.
+#[test]
+fn a_cgroup_whose_name_is_not_utf8_is_named_among_the_problems() {
+    use std::os::unix::ffi::OsStrExt;
+    let (_dir, roots) = scratch("k8s-node");
+    let odd = roots
+        .sys("fs/cgroup")
+        .join(std::ffi::OsStr::from_bytes(b"x\xff\xfe"));
+    std::fs::create_dir_all(odd.join("child")).unwrap();
+    std::fs::write(odd.join("child/memory.current"), "4096\n").unwrap();
+    let mut c = collector(&CgroupsConfig::default(), &roots);
+    let batch = collect_one(&mut c, 1_000_000);
+    assert!(!paths(&batch).iter().any(|p| p.contains("child")));
+    assert!(
+        c.problems()
+            .iter()
+            .any(|p| p.starts_with("1 cgroup directories have names that are not UTF-8")),
+        "{:?}",
+        c.problems()
+    );
+}

@@ -60,6 +60,8 @@ pub(super) struct Discovery {
     pub(super) targets: Vec<Target>,
     /// Cgroups within depth that passed the patterns but were over `max_cgroups`.
     pub(super) skipped: usize,
+    /// Directories whose names are not UTF-8, left out with what is below them.
+    pub(super) not_utf8: usize,
 }
 
 /// Which cgroups are sampled: those within `max_depth` of the root that pass
@@ -86,14 +88,17 @@ impl Selection {
 
     /// Every cgroup below each of `dirs` (hierarchy roots), down to
     /// `max_depth`: its path relative to the root (`/a/b`) to the indexes of
-    /// the dirs that have it. `visit` is shown each directory (the roots and
-    /// every cgroup found) before it is listed.
+    /// the dirs that have it; and how many directories were left out, with
+    /// what is below them, for a name that is not UTF-8 (a path is a label).
+    /// `visit` is shown each directory (the roots and every cgroup found)
+    /// before it is listed.
     pub(in crate) fn list(
         &self,
         dirs: &[&Path],
         visit: &mut dyn FnMut(&Path),
-    ) -> BTreeMap<String, Vec<usize>> {
+    ) -> (BTreeMap<String, Vec<usize>>, usize) {
         let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut not_utf8 = 0;
         for (idx, root) in dirs.iter().enumerate() {
             let mut stack: Vec<(String, PathBuf, u32)> =
                 vec![(String::new(), root.to_path_buf(), 0)];
@@ -115,13 +120,14 @@ impl Selection {
                         continue;
                     }
                     let Ok(name) = entry.file_name().into_string() else {
-                        continue; // not UTF-8: cannot be a tag
+                        not_utf8 += 1; // cannot be a tag
+                        continue;
                     };
                     stack.push((format!("{rel}/{name}"), entry.path(), depth + 1));
                 }
             }
         }
-        out
+        (out, not_utf8)
     }
 
     /// The listed cgroups the patterns accept, cut to `max_cgroups`: those
@@ -196,7 +202,7 @@ pub(super) fn walk(
 ) -> (Discovery, Option<String>) {
     let dirs: Vec<&Path> = layout.hierarchies.iter().map(|h| h.dir.as_path()).collect();
     let mut watch_failed = None;
-    let found = selection.list(&dirs, &mut |dir| {
+    let (found, not_utf8) = selection.list(&dirs, &mut |dir| {
         if let Some(w) = watch.as_mut() {
             if let Err(e) = w.add(dir) {
                 watch_failed = Some(e);
@@ -253,7 +259,14 @@ pub(super) fn walk(
         .collect();
     // Rows in path order: stable from tick to tick, easy to read.
     targets.sort_by(|a, b| a.path.cmp(&b.path));
-    (Discovery { targets, skipped }, watch_failed)
+    (
+        Discovery {
+            targets,
+            skipped,
+            not_utf8,
+        },
+        watch_failed,
+    )
 }
 
 /// Moves the descriptors held for `old`'s cgroups into the same files of

@@ -126,7 +126,7 @@ impl Perf {
     pub(super) fn select(&self, hierarchy: &Path) -> (Vec<String>, usize) {
         let counted: std::collections::BTreeSet<&str> = self.targets.iter().map(|t| t.path.as_str()).collect();
         let (selected, skipped) = self.selection.bound(
-            self.selection.list(&[hierarchy], &mut |_| {}),
+            self.selection.list(&[hierarchy], &mut |_| {}).0,
             |path| counted.contains(path),
         );
         let paths: Vec<&str> = selected.iter().map(|(p, _)| p.as_str()).collect();
