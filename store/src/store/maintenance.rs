@@ -93,7 +93,7 @@ impl Merge {
         if duplicates > 0 {
             tracing::info!(path = %info.path.display(), duplicates, "Merged rows that repeat a series and time: the first kept.");
         }
-        Ok((info, duplicates as u64))
+        Ok((info, duplicates))
     }
 }
 
