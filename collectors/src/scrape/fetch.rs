@@ -105,15 +105,22 @@ pub fn parse_stream(
         if read == 0 {
             break;
         }
-        let text = std::str::from_utf8(&line).map_err(|e| {
-            fail(
-                Reason::Invalid,
-                format!(
-                    "body is not UTF-8 (at byte {})",
-                    offset_bytes + e.valid_up_to() as u64
-                ),
-            )
-        })?;
+        let text = match std::str::from_utf8(&line) {
+            Ok(text) => text,
+            // A plain comment is passed over by every reader, Prometheus's
+            // too: its bytes need not be text. HELP, TYPE, UNIT and EOF must.
+            Err(_) if is_plain_comment(&line) => "#",
+            Err(e) => {
+                return Err(fail(
+                    Reason::Invalid,
+                    format!(
+                        "line {}: not UTF-8 (at byte {} of the body)",
+                        parser.line_number() + 1,
+                        offset_bytes + e.valid_up_to() as u64
+                    ),
+                ))
+            }
+        };
         offset_bytes += read as u64;
         let text = text.strip_suffix('\n').unwrap_or(text);
         let sample = match parser.parse_line(text) {
@@ -202,6 +209,15 @@ pub fn parse_stream(
         timestamped,
         samples_dropped,
     })
+}
+
+/// Whether `line` is a comment that says nothing to a parser: not HELP,
+/// TYPE, UNIT or EOF.
+fn is_plain_comment(line: &[u8]) -> bool {
+    line.starts_with(b"#")
+        && ![&b"# HELP "[..], b"# TYPE ", b"# UNIT ", b"# EOF"]
+            .iter()
+            .any(|keyword| line.starts_with(keyword))
 }
 
 /// Scrapes a target once: fetches it and parses the body as it arrives.

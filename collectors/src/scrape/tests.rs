@@ -221,7 +221,24 @@ fn bodies_are_parsed_and_histograms_picked_out() {
         &Timestamps::new(),
     );
     let message = not_utf8.err().expect("a failure").message;
-    assert!(message.contains("at byte 11"), "{message}");
+    assert!(message.contains("line 2: not UTF-8 (at byte 11"), "{message}");
+    // A plain comment's bytes are passed over, as Prometheus passes them.
+    let comment = parse_stream(
+        &b"# built on \xff\xfe\nx 1\n"[..],
+        Format::PrometheusText,
+        &target(&[]),
+        7,
+        &Timestamps::new(),
+    );
+    assert_eq!(comment.unwrap().rows.len(), 1);
+    let help = parse_stream(
+        &b"# HELP x \xff\nx 1\n"[..],
+        Format::PrometheusText,
+        &target(&[]),
+        7,
+        &Timestamps::new(),
+    );
+    assert!(help.is_err(), "HELP text must be UTF-8");
     // Without a final newline the last line counts all the same.
     assert_eq!(
         parse("a 1\nb 2", Format::PrometheusText, &target(&[]))
