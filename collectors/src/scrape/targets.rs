@@ -98,8 +98,8 @@ pub static TARGET_KEY_DOCS: &[(&str, &str)] = &[
     ("histograms", "Histogram families (without _bucket) whose p50/p99/p99.9 go to service_latency."),
     ("window_secs", "Seconds per quantile window, on wall-clock multiples like the jitter windows (default 10, at least interval_secs)."),
     ("sample_limit", "Most samples in one scrape; a scrape with more stores nothing and counts a `limit` failure (default 50000)."),
-    ("label_limit", "Most labels on one sample; more rejects the scrape the same way (default 64)."),
-    ("label_value_length_limit_bytes", "Longest label value in bytes, unescaped; longer rejects the scrape the same way (default 2048)."),
+    ("label_limit", "Most labels on one sample, its own: Prometheus's label_limit also counts __name__, job and instance, so this is 3 below its equal (default 64); more rejects the scrape the same way."),
+    ("label_value_length_limit_bytes", "Longest label value in bytes, unescaped, the metric name's included, as Prometheus's; longer rejects the scrape the same way (default 2048)."),
     ("body_size_limit_bytes", "Largest response body in bytes, parsed as it arrives; larger rejects the scrape the same way (default 8 MiB). Counts towards the agent's memory bound (see store.wal_max_backlog_bytes)."),
 ];
 

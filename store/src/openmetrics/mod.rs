@@ -85,7 +85,8 @@ pub struct ParseError {
 pub struct Limits {
     /// Most labels on one sample; one with an empty value is no label and is not counted.
     pub label_limit: usize,
-    /// Longest label value, in bytes once unescaped (`\\`, `\"` and `\n` are one byte).
+    /// Longest label value, in bytes once unescaped (`\\`, `\"` and `\n` are one byte),
+    /// the metric name's (the series' `__name__`) included.
     pub label_value_length_limit_bytes: usize,
 }
 
@@ -407,6 +408,18 @@ fn parse_sample<'a>(
         i += 1;
     }
     let metric = &line[start..i];
+    // The name is the series' `__name__` label, whose value Prometheus's
+    // label_value_length_limit bounds too.
+    if metric.len() > limits.label_value_length_limit_bytes {
+        return Err(SampleError::Limit(
+            format!(
+                "the metric name is {} bytes, longer than label_value_length_limit_bytes {}",
+                metric.len(),
+                limits.label_value_length_limit_bytes
+            ),
+            LimitExceeded::LabelValueLengthLimit(limits.label_value_length_limit_bytes),
+        ));
+    }
     let after_name = i;
     i = skip_ws(b, i, end);
     let labels = if i < end && b[i] == b'{' {

@@ -96,6 +96,15 @@ fn label_limits_are_errors_of_their_own() {
             "{e}"
         );
     }
+    // The metric name is `__name__`'s value: bounded the same way.
+    assert!(parse("abcd 1").unwrap().is_some());
+    let e = parse("abcde{a=\"1\"} 1").unwrap_err();
+    assert_eq!(
+        e.limit,
+        Some(LimitExceeded::LabelValueLengthLimit(4)),
+        "{e}"
+    );
+    assert!(e.reason.contains("the metric name is 5 bytes"), "{e}");
     // Syntax errors stay syntax errors; exemplars are not bounded.
     assert_eq!(parse("m{a=\"1\"").unwrap_err().limit, None);
     assert!(parse("m 1 # {a=\"1\",b=\"2\",c=\"3\",d=\"123456\"} 1")
