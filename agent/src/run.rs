@@ -522,6 +522,13 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
         damaged.len(),
         unreadable.len()
     );
+    for (table, date) in future_partitions(data_dir, now_us()) {
+        eprintln!(
+            "dated after today: tables/{table}/date={date}, written while the clock was ahead; \
+             retention by bytes keeps it longest and a report reads it as the newest. Delete \
+             it if its times are wrong."
+        );
+    }
     for path in &verified.unfinished_merges {
         eprintln!(
             "merge not finished: {} holds its rows under its pending name, which DuckDB, \
@@ -530,6 +537,35 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
         );
     }
     Ok(damaged.len() + unreadable.len())
+}
+
+/// The store's partitions (table, date) dated after tomorrow at `now_us`:
+/// rows written while the clock ran ahead.
+fn future_partitions(data_dir: &Path, now_us: i64) -> Vec<(String, String)> {
+    let today = now_us.div_euclid(vtax_store::DAY_US);
+    let mut found = Vec::new();
+    let Ok(tables) = std::fs::read_dir(data_dir.join("tables")) else {
+        return found;
+    };
+    for table in tables.flatten() {
+        let Ok(partitions) = std::fs::read_dir(table.path()) else {
+            continue;
+        };
+        for partition in partitions.flatten() {
+            let name = partition.file_name();
+            let Some(date) = name.to_str().and_then(|n| n.strip_prefix("date=")) else {
+                continue;
+            };
+            if vtax_store::parse_date(date).is_some_and(|day| day > today + 1) {
+                found.push((
+                    table.file_name().to_string_lossy().into_owned(),
+                    date.to_string(),
+                ));
+            }
+        }
+    }
+    found.sort();
+    found
 }
 
 /// Names a damaged segment. Damage the agent has met already (it copies the
@@ -695,6 +731,21 @@ fn remote_write_queues(data_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Partitions dated after tomorrow (a clock that ran ahead) are named;
+    /// today's and tomorrow's (a node east of UTC) are not.
+    #[test]
+    fn partitions_dated_after_tomorrow_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let today_us = vtax_store::parse_date("2026-12-07").unwrap() * vtax_store::DAY_US;
+        for date in ["2026-12-07", "2026-12-08", "2030-01-01"] {
+            std::fs::create_dir_all(dir.path().join(format!("tables/cpu/date={date}"))).unwrap();
+        }
+        assert_eq!(
+            future_partitions(dir.path(), today_us + 3_600_000_000),
+            [("cpu".to_string(), "2030-01-01".to_string())]
+        );
+    }
 
     #[test]
     fn remote_write_says_instance_with_the_node_name_the_files_carry() {
