@@ -326,10 +326,19 @@ fn keep_sent(
         }
         return;
     };
+    let mut all_stored = true;
     for batch in &sent.rows {
         if store_batch(store, refused, batch) {
             remote.append_to_snapshot(batch);
+        } else {
+            all_stored = false;
         }
+    }
+    if !all_stored {
+        // Rows the store refused (a full disk's backlog) are series the
+        // source still has: not a snapshot to end anything by.
+        remote.abandon_snapshot();
+        return;
     }
     // The snapshot's time: its rows' newest, or now for a source whose
     // series all ended (a collector that failed).

@@ -104,6 +104,7 @@ impl CollectorSet {
         for name in was_running {
             if !self.running.contains(&name) {
                 remove_series(exposition, name);
+                end_series(rows, name);
             }
         }
         self
@@ -144,6 +145,7 @@ impl CollectorSet {
                 }
                 Availability::Absent(reason) => {
                     remove_series(exposition, name);
+                    end_series(rows, name);
                     tracing::info!(
                         collector = name,
                         %reason,
@@ -153,6 +155,7 @@ impl CollectorSet {
                 }
                 Availability::Failed(error) => {
                     exposition.remove(name);
+                    end_series(rows, name);
                     tracing::warn!(
                         collector = name,
                         %error,
@@ -204,6 +207,13 @@ impl CollectorSet {
 fn remove_series(exposition: &Exposition, name: &str) {
     exposition.remove(name);
     exposition.remove(&status_source(name));
+}
+
+/// Ends a collector's series for remote write as they leave `/metrics`: an
+/// empty snapshot of its source (a collector disabled by a reload, or whose
+/// source went at a reload). Not at a stop: the series end with the agent.
+fn end_series(rows: &RowSender, name: &str) {
+    let _ = rows.send_snapshot(&Arc::from(name), Vec::new());
 }
 
 fn status_source(name: &str) -> String {
@@ -633,7 +643,7 @@ mod tests {
         thread.join().unwrap();
         let successes: Vec<i64> = received
             .try_iter()
-            .flatten()
+            .flat_map(|sent| sent.rows)
             .filter(|b| b.table.name == "collector")
             .map(|b| match &b.fields[1].values {
                 vtax_store::batch::Values::I64(v) => v[0],

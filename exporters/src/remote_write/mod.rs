@@ -308,13 +308,21 @@ impl RemoteWriters {
             remote.queue_series(&series);
             if in_snapshot {
                 for mut one in series {
-                    one.samples.clear();
+                    one.samples = Vec::new();
                     remote.building.insert(series_key(&one), one);
                 }
             }
         }
         if self.last_sync.elapsed() >= self.sync_interval {
             self.sync();
+        }
+    }
+
+    /// Forgets the series appended since the last snapshot ended, ending
+    /// none: the snapshot was not whole (the store refused some of it).
+    pub fn abandon_snapshot(&mut self) {
+        for remote in &mut self.remotes {
+            remote.building.clear();
         }
     }
 
