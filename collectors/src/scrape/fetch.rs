@@ -66,6 +66,10 @@ pub struct Scraped {
     pub samples_dropped: u64,
 }
 
+/// How far before its scrape a sample's own timestamp may be, and after.
+const MAX_TIMESTAMP_AGE_US: i64 = 3_600_000_000;
+const MAX_TIMESTAMP_AHEAD_US: i64 = 600_000_000;
+
 /// Series (metric, canonical labels) and the timestamp they carried.
 pub type Timestamps = HashMap<(String, String), i64>;
 
@@ -147,6 +151,14 @@ pub fn parse_stream(
         let key = (sample.metric.to_string(), sample.labels.to_string());
         let sample_time_us = match sample.timestamp_us {
             None => time_us,
+            // A timestamp far from the scrape (0, a clock years off) would
+            // file the sample in another day's partition, and a receiver
+            // refuses it out of bounds, with the whole request it is in.
+            // Prometheus's head refuses what is that old too.
+            Some(t) if !(time_us - MAX_TIMESTAMP_AGE_US..=time_us + MAX_TIMESTAMP_AHEAD_US).contains(&t) => {
+                samples_dropped += 1;
+                continue;
+            }
             Some(t) => t,
         };
         if seen.contains(&key) {

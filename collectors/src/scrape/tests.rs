@@ -370,7 +370,7 @@ fn a_series_repeated_in_a_scrape_keeps_its_first_sample() {
 #[test]
 fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     let now_ms: i64 = 1_800_000_000_000;
-    let hour_ago_ms = now_ms - 3_600_000;
+    let hour_ago_ms = now_ms - 3_599_000;
     let body = format!("fresh 1\nold 2 {hour_ago_ms}\n");
     let t = target(&[]);
     let first = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
@@ -383,4 +383,9 @@ fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     let body = format!("fresh 1\nold 3 {}\n", hour_ago_ms + 1);
     let third = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &second.timestamped).unwrap();
     assert_eq!(third.rows.len(), 2);
+    // Far from the scrape (0, or a clock years ahead): left out, counted.
+    let body = format!("zero 1 0\nahead 2 {}\nnow 3\n", now_ms + 86_400_000);
+    let far = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
+    assert_eq!(far.rows.len(), 1);
+    assert_eq!(far.samples_dropped, 2);
 }
