@@ -24,6 +24,10 @@ impl Detector {
                 "The clock went back: the detector judges windows from now."
             );
             next = current;
+            // Seconds summed for windows of the time the clock ran ahead
+            // would be mixed into those windows when the clock reaches them.
+            self.gpu_tax
+                .retain(|&window, _| window <= current + window_secs);
         }
         let mut out = Vec::new();
         while next + window_secs + WINDOW_GRACE_SECS <= now_second {

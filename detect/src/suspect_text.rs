@@ -44,7 +44,12 @@ pub fn parse(text: &str) -> Vec<StoredSuspect> {
 
 /// The best suspect's name, `None` when the text names none.
 pub fn first_name(text: &str) -> Option<String> {
-    parse(text).into_iter().next().map(|s| s.name)
+    // The first part's name, not the first that reads: a damaged first
+    // part names nobody rather than the second best.
+    text.split(SEPARATOR)
+        .next()
+        .and_then(parse_one)
+        .map(|s| s.name)
 }
 
 /// One suspect as a person reads it: its name as it is, then its figures.
@@ -152,5 +157,9 @@ mod tests {
         assert_eq!(back[1].name, "/50% load");
         assert_eq!(first_name(""), None);
         assert_eq!(first_name("garbage"), None);
+        assert_eq!(
+            first_name("garbage; /b score=0.10 r=0.20 effect=0.0100"),
+            None
+        );
     }
 }
