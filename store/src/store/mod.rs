@@ -491,13 +491,15 @@ impl Store {
             .collect();
         // A bucket that cannot be published (its partition unwritable) waits
         // for the next tick; the others go on to their files.
+        let mut failed = Vec::new();
         let mut first_error = None;
         for key in due {
             if let Err(e) = self.publish_bucket(key) {
+                failed.push(key);
                 first_error.get_or_insert(e);
             }
         }
-        let over_budget = self.publish_over_budget();
+        let over_budget = self.publish_over_budget_but(failed);
         match first_error {
             Some(e) => Err(e),
             None => over_budget,
@@ -508,7 +510,12 @@ impl Store {
     /// Importers call this instead of [`Self::tick`], which would publish every
     /// past hour at once and leave many small files.
     pub fn publish_over_budget(&mut self) -> Result<()> {
-        let mut failed = Vec::new();
+        self.publish_over_budget_but(Vec::new())
+    }
+
+    /// [`Self::publish_over_budget`], not trying again the buckets that
+    /// `failed` to publish this tick.
+    fn publish_over_budget_but(&mut self, mut failed: Vec<(&'static str, i64)>) -> Result<()> {
         let mut first_error = None;
         while self.buckets.values().map(Bucket::bytes).sum::<usize>()
             > self.options.max_buffered_bytes
