@@ -323,7 +323,12 @@ pub fn import(args: ImportArgs) -> Result<()> {
     store
         .compact_all(crate::timespec::now_us())
         .context("merge imported hours")?;
-    let repeated = store.stats().rows_repeated;
+    let repeated = store
+        .stats()
+        .rows_repeated
+        .get(tables::SCRAPED.name)
+        .copied()
+        .unwrap_or(0);
     store.close().context("close the store")?;
     bar.finish_and_clear();
     if imported != expected {

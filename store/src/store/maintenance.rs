@@ -434,7 +434,13 @@ impl Store {
             }
         };
         self.stats.files_published += 1;
-        self.stats.rows_repeated += repeated_rows;
+        if repeated_rows > 0 {
+            *self
+                .stats
+                .rows_repeated
+                .entry(merge.table.name)
+                .or_default() += repeated_rows;
+        }
         self.stats.last_file_written = Some(SystemTime::now());
         let pending = info.path.clone();
         let partition = self.files.entry(merge.partition.clone()).or_default();

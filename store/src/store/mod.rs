@@ -185,10 +185,10 @@ pub struct StoreStats {
     pub rows_refused: u64,
     /// Rows restored from the WAL on open.
     pub rows_replayed: u64,
-    /// Rows left out of a file, as the publishes and merges of a store that
-    /// keeps one row per series and instant (an import's) leave them: they
-    /// repeated a series and time already held, whose first row was kept.
-    pub rows_repeated: u64,
+    /// Rows left out of a file, by table, as publishes that keep one row per
+    /// series and instant (an import's) and merges leave them: they repeated
+    /// a series and time already held, whose first row was kept.
+    pub rows_repeated: BTreeMap<&'static str, u64>,
     /// Files published (including compactions).
     pub files_published: u64,
     /// Files put in quarantine: Parquet files moved there, damaged WAL segments
@@ -605,7 +605,11 @@ impl Store {
             }
         };
         if repeats > 0 {
-            self.stats.rows_repeated += repeats as u64;
+            *self
+                .stats
+                .rows_repeated
+                .entry(bucket.table.name)
+                .or_default() += repeats as u64;
             tracing::info!(path = %info.path.display(), duplicates = repeats, "Published rows that repeat a series and time: the first kept.");
         }
         self.stats.files_published += 1;
