@@ -256,8 +256,6 @@ pub(crate) struct FileIndex {
     pub replaced: Vec<FileInfo>,
 }
 
-/// Reads the footer of every listed file into a [`FileIndex`]. A file whose
-/// footer fails goes to `on_unreadable`, which decides what becomes of it.
 /// Opens a listed store file. Something else under a store file's name (a
 /// FIFO, whose open would wait for a writer; a directory; a device) is no
 /// file of the store: damage, which quarantine moves aside.
@@ -278,6 +276,8 @@ fn open_regular(path: &Path) -> Result<File> {
     Ok(file)
 }
 
+/// Reads the footer of every listed file into a [`FileIndex`]. A file whose
+/// footer fails goes to `on_unreadable`, which decides what becomes of it.
 pub(crate) fn index_files(
     listed: Vec<Listed>,
     on_unreadable: impl FnMut(&Listed, Error) -> Result<()>,
@@ -500,7 +500,10 @@ pub fn verify_store(data_dir: &Path) -> Result<Verified> {
     })?;
     let mut sound = 0;
     let mut unfinished_merges = Vec::new();
-    // A pending file whose inputs are still there is a merge under way.
+    // A pending file whose inputs are still there is a merge under way. One
+    // stopped while it deleted its inputs (some gone, some there) reads as
+    // under way too: its output still holds every row, and the store's
+    // next open finishes it.
     let inputs_present: std::collections::HashSet<&str> = index
         .replaced
         .iter()
