@@ -98,7 +98,9 @@ impl Selection {
         visit: &mut dyn FnMut(&Path),
     ) -> (BTreeMap<String, Vec<usize>>, usize) {
         let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        let mut not_utf8 = 0;
+        // By parent and name: a cgroup is in each v1 hierarchy, counted once.
+        let mut not_utf8: std::collections::BTreeSet<(String, std::ffi::OsString)> =
+            std::collections::BTreeSet::new();
         for (idx, root) in dirs.iter().enumerate() {
             let mut stack: Vec<(String, PathBuf, u32)> =
                 vec![(String::new(), root.to_path_buf(), 0)];
@@ -119,15 +121,18 @@ impl Selection {
                     if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                         continue;
                     }
-                    let Ok(name) = entry.file_name().into_string() else {
-                        not_utf8 += 1; // cannot be a tag
-                        continue;
+                    let name = match entry.file_name().into_string() {
+                        Ok(name) => name,
+                        Err(name) => {
+                            not_utf8.insert((rel.clone(), name)); // cannot be a tag
+                            continue;
+                        }
                     };
                     stack.push((format!("{rel}/{name}"), entry.path(), depth + 1));
                 }
             }
         }
-        (out, not_utf8)
+        (out, not_utf8.len())
     }
 
     /// The listed cgroups the patterns accept, cut to `max_cgroups`: those
