@@ -693,10 +693,9 @@ fn quarantine(data_dir: &Path) -> Result<()> {
         at_open + moved.len() as u64,
         data_dir.join("quarantine").display()
     );
-    let unreadable = store_unreadable;
-    if unreadable > 0 {
+    if store_unreadable > 0 {
         eprintln!(
-            "{unreadable} file(s) could not be read (an OS error: permissions, a failing disk, \
+            "{store_unreadable} file(s) could not be read (an OS error: permissions, a failing disk, \
              named in the log above): left where they are, not moved."
         );
     }

@@ -26,15 +26,6 @@ pub struct Sent {
     pub snapshot_of: Option<Arc<str>>,
 }
 
-impl IntoIterator for Sent {
-    type Item = Arc<Batch>;
-    type IntoIter = std::vec::IntoIter<Arc<Batch>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.rows.into_iter()
-    }
-}
-
 /// The sending side, cloned for every source.
 #[derive(Clone, Debug)]
 pub struct RowSender {

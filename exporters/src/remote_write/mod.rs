@@ -129,9 +129,7 @@ impl Remote {
             let request = encode::WriteRequest {
                 timeseries: part.to_vec(),
             };
-            let payload = snap::raw::Encoder::new()
-                .compress_vec(&request.encode_to_vec())
-                .expect("snappy compresses any input below 4 GiB");
+            let payload = encode::compress(&request.encode_to_vec());
             if let Err(e) = queue.append(&payload, samples as u32, min_time_ms) {
                 self.stats
                     .dropped_unwritten
