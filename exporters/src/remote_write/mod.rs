@@ -332,11 +332,13 @@ impl RemoteWriters {
         let timestamp = time_us.div_euclid(1000);
         for remote in &mut self.remotes {
             let now = std::mem::take(&mut remote.building);
-            let before = remote.snapshots.insert(source.clone(), now);
+            let mut before = remote
+                .snapshots
+                .insert(source.clone(), now)
+                .unwrap_or_default();
             let now = &remote.snapshots[source];
             let ended: Vec<encode::TimeSeries> = before
-                .into_iter()
-                .flatten()
+                .drain()
                 .filter(|(key, _)| !now.contains_key(key))
                 .map(|(_, mut series)| {
                     series.samples.push(encode::Sample {
@@ -346,6 +348,9 @@ impl RemoteWriters {
                     series
                 })
                 .collect();
+            // The drained map holds its room for the next snapshot: no
+            // map is grown afresh every tick.
+            remote.building = before;
             if !ended.is_empty() {
                 remote.queue_series(&ended);
             }
