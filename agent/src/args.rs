@@ -184,10 +184,12 @@ impl AgentArgs {
     }
 }
 
-/// What a start refuses beyond the config's values: the web config file
-/// (read and its certificates loaded) and a data directory the agent
-/// cannot make or write. `check-config` and a reload check it too.
+/// What a start refuses beyond the config's values: a `[paths]` root that
+/// is not a directory, the web config file (read and its certificates
+/// loaded) and a data directory the agent cannot make or write.
+/// `check-config`, `doctor` and a reload check it too.
 pub fn check_beyond_values(config: &Config) -> Result<()> {
+    crate::config::check_paths(&config.paths).map_err(anyhow::Error::msg)?;
     if let Some(web) = &config.web.config_file {
         vtax_exporters::web::check_web_config(web)
             .map_err(|e| anyhow::anyhow!("web.config_file: {e}"))?;

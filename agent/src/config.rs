@@ -662,6 +662,25 @@ impl Config {
     }
 }
 
+/// Each `[paths]` root must be a directory: a root that is not there (the
+/// host's /proc not mounted into the agent's container, a typo) would
+/// otherwise start the agent with every collector reading it off, each
+/// for a missing file, and nothing saying the path is the cause.
+pub fn check_paths(paths: &PathsConfig) -> Result<(), String> {
+    for (key, path) in [
+        ("paths.procfs", &paths.procfs),
+        ("paths.sysfs", &paths.sysfs),
+        ("paths.rootfs", &paths.rootfs),
+    ] {
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(format!("{key}: {} is not a directory", path.display())),
+            Err(e) => return Err(format!("{key}: {}: {e}", path.display())),
+        }
+    }
+    Ok(())
+}
+
 /// Whether `dir` can hold a store: a directory the agent may write, or a
 /// path it can create one at (its nearest existing ancestor a writable
 /// directory). Says what is wrong otherwise: a file where the directory
@@ -935,6 +954,32 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();
         let e = check_data_dir(&link).unwrap_err();
         assert!(e.contains("which is not there"), "{e}");
+    }
+
+    /// A `[paths]` root that is not there (the host's /proc not mounted
+    /// into the container) or is a file is refused with its key.
+    #[test]
+    fn a_paths_root_that_is_not_a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check_paths(&PathsConfig::default()), Ok(()));
+        let missing = PathsConfig {
+            procfs: dir.path().join("host/proc"),
+            ..PathsConfig::default()
+        };
+        let e = check_paths(&missing).unwrap_err();
+        assert!(e.starts_with("paths.procfs: "), "{e}");
+        assert!(e.contains("No such file"), "{e}");
+        let file = dir.path().join("sys");
+        std::fs::write(&file, "").unwrap();
+        let e = check_paths(&PathsConfig {
+            sysfs: file,
+            ..PathsConfig::default()
+        })
+        .unwrap_err();
+        assert!(
+            e.starts_with("paths.sysfs: ") && e.ends_with("is not a directory"),
+            "{e}"
+        );
     }
 
     /// Problems of several collectors are all named, each with its line.

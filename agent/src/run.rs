@@ -105,7 +105,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let open_files = crate::collectors::kept::raise_open_file_limit();
     tracing::debug!(open_files, "Open-file limit.");
     let data_dir = config.data_dir();
-    crate::config::check_data_dir(&data_dir).map_err(anyhow::Error::msg)?;
+    crate::args::check_beyond_values(&config)?;
     let mut store = Store::open(store_options(&config), crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;
     let exposition = Exposition::new(crate::catalog().tables());
