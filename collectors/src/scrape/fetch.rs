@@ -105,7 +105,7 @@ pub fn parse_stream(
         line.clear();
         let read = body
             .read_until(b'\n', &mut line)
-            .map_err(|e| classify(ureq::Error::from(e)))?;
+            .map_err(|e| body_read_failure(e, offset_bytes))?;
         if read == 0 {
             break;
         }
@@ -281,6 +281,24 @@ pub(super) fn body_too_large(bytes: u64, limit_bytes: u64) -> Failure {
         Reason::Limit,
         format!("body of {bytes} bytes or more, larger than body_size_limit_bytes {limit_bytes}"),
     )
+}
+
+/// A read of the body that failed: past the limit or the timeout as a
+/// fetch's would be; otherwise the target answered and its body broke off
+/// (the connection closed before the declared length, a chunk cut), which
+/// is an exposition that is not whole, not a target out of reach.
+fn body_read_failure(e: std::io::Error, read_bytes: u64) -> Failure {
+    let failure = classify(ureq::Error::from(e));
+    match failure.reason {
+        Reason::Connect => fail(
+            Reason::Invalid,
+            format!(
+                "body cut short after {read_bytes} bytes: {}",
+                failure.message
+            ),
+        ),
+        _ => failure,
+    }
 }
 
 pub(super) fn classify(e: ureq::Error) -> Failure {

@@ -389,3 +389,42 @@ fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     assert_eq!(far.rows.len(), 1);
     assert_eq!(far.samples_dropped, 2);
 }
+
+/// A target that answers and then breaks off its body (fewer bytes than
+/// its Content-Length) fails as `invalid`, saying so: it was reached, so
+/// `connect` would send an operator to look at the network.
+#[test]
+fn a_body_cut_short_is_invalid_not_a_connect_failure() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = stream.read(&mut request);
+        stream
+            .write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                  Content-Length: 1000\r\n\r\nup 1\nother_metric{a=\"",
+            )
+            .unwrap();
+    });
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut target = target(&[]);
+    target.url = format!("http://127.0.0.1:{port}/metrics");
+    let failure = match super::fetch::scrape(&agent, &target, 1_000_000, &Timestamps::new()) {
+        Err(failure) => failure,
+        Ok(_) => panic!("a body cut short was taken whole"),
+    };
+    server.join().unwrap();
+    assert_eq!(failure.reason, Reason::Invalid, "{}", failure.message);
+    assert!(
+        failure.message.starts_with("body cut short after 5 bytes"),
+        "{}",
+        failure.message
+    );
+}
