@@ -93,10 +93,31 @@ impl std::io::Write for Stdout {
     }
 }
 
-/// Writes a command's output to stdout, through [`Stdout`].
+/// `text` with its control characters but the newline and the tab written
+/// as escapes (`\u{1b}`): the doctor's problems, errors and tables carry
+/// what a cgroup, mount, interface or file was named, and an escape sequence
+/// in such a name would act on the terminal that shows it.
+pub fn for_terminal(text: &str) -> std::borrow::Cow<'_, str> {
+    let acts = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(acts) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if acts(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Writes a command's output to stdout, through [`Stdout`], with its
+/// control characters escaped ([`for_terminal`]).
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    Stdout.write_all(text.as_bytes())?;
+    Stdout.write_all(for_terminal(text).as_bytes())?;
     Stdout.flush()?;
     Ok(())
 }
@@ -238,7 +259,7 @@ pub fn main() -> ExitCode {
         // The reader of stdout closed it: what it did not read is not wanted.
         Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vtax: error: {}", error_chain(&e));
+            eprintln!("vtax: error: {}", for_terminal(&error_chain(&e)));
             ExitCode::from(1)
         }
     }

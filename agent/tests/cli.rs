@@ -897,6 +897,44 @@ fn printing_commands_exit_quietly_on_a_closed_pipe() {
     }
 }
 
+/// A name the node chose can hold an escape sequence (a directory, a
+/// cgroup, a mount may be named anything); what vtax prints to a terminal,
+/// errors and the doctor's problems alike, writes it escaped.
+#[test]
+fn a_control_character_in_a_name_is_printed_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join("proc\u{1b}[2J\u{7}");
+    let odd = odd.to_str().unwrap();
+    let escaped = "proc\\u{1b}[2J\\u{7}";
+    let out = Command::new(VTAX)
+        .args(["check-config", "--path.procfs", odd])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(escaped) && !stderr.contains('\u{1b}'),
+        "{stderr:?}"
+    );
+    // The doctor lists it among the problems, on stdout.
+    let out = Command::new(VTAX)
+        .args(["doctor", "--no-collector.jitter", "--path.procfs", odd])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "  - paths.procfs: {}",
+            dir.path().join(escaped).display()
+        )),
+        "{stdout:?}"
+    );
+    assert!(
+        !stdout.contains('\u{1b}') && !out.stderr.contains(&0x1b),
+        "{stdout:?}"
+    );
+}
+
 /// Commands that read a store fail on a data directory that is not there,
 /// rather than report an empty store; `vtax run` creates it.
 #[test]
