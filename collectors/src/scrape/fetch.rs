@@ -76,7 +76,8 @@ pub type Timestamps = HashMap<(String, String), i64>;
 /// Parses an exposition as it is read, into `scraped` rows of `target` at
 /// `time_us`, picking out the histogram series `target` lists. A sample that
 /// carries its own timestamp is stored at it, as Prometheus honours it, once:
-/// not again while `earlier` (the previous scrape's) holds it as recent. A
+/// not again while `earlier` (the previous scrape's, which carries a series
+/// absent from a scrape on for an hour) holds it as recent. A
 /// series met twice keeps its first sample. Memory holds one line and the
 /// rows so far; the first line past one of the target's limits ends the
 /// parse (a `limit` failure), as does the first invalid one (`invalid`). A
@@ -212,6 +213,19 @@ pub fn parse_stream(
     parser
         .finish()
         .map_err(|e| fail(Reason::Invalid, e.to_string()))?;
+    // A timestamped series that skipped this scrape keeps its timestamp
+    // for the next: back with the same sample, it is not stored twice.
+    // Kept while a sample that old would be taken at all, and to as many
+    // entries as the target's samples.
+    let room = usize::try_from(target.sample_limit).unwrap_or(usize::MAX);
+    for (key, &before_us) in earlier {
+        if timestamped.len() >= room {
+            break;
+        }
+        if before_us >= time_us - MAX_TIMESTAMP_AGE_US && !timestamped.contains_key(key) {
+            timestamped.insert(key.clone(), before_us);
+        }
+    }
     for buckets in series.values_mut() {
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     }

@@ -383,6 +383,13 @@ fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     let body = format!("fresh 1\nold 3 {}\n", hour_ago_ms + 1);
     let third = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &second.timestamped).unwrap();
     assert_eq!(third.rows.len(), 2);
+    // A series that skips a scrape and comes back with the same sample is
+    // still stored once.
+    let gone = parse_stream(&b"fresh 1\n"[..], Format::PrometheusText, &t, later_us, &third.timestamped).unwrap();
+    assert_eq!(gone.rows.len(), 1);
+    let back = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &gone.timestamped).unwrap();
+    assert_eq!(back.rows.len(), 1, "the old sample came back: not stored again");
+    assert_eq!(back.samples_dropped, 1);
     // Far from the scrape (0, or a clock years ahead): left out, counted.
     let body = format!("zero 1 0\nahead 2 {}\nnow 3\n", now_ms + 86_400_000);
     let far = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
