@@ -528,3 +528,35 @@ fn a_node_of_a_fleet_copy_is_queried_by_its_name() {
         err(data.path(), Some("gpu-node-18"))
     );
 }
+
+/// A node with no credentials in its environment asks the cloud's instance
+/// metadata service; when that fails the log says "no credentials" and where
+/// they are set, not only the client's error about a request to
+/// 169.254.169.254. Any other failure is left as the client says it.
+#[test]
+fn a_failure_of_the_instance_metadata_service_says_no_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = Remote::connect(&UploadConfig {
+        url: Some(format!("file://{}", dir.path().display())),
+        ..UploadConfig::default()
+    })
+    .unwrap();
+    assert_eq!(remote.credentials_from, None, "a mounted path needs none");
+    let imds = anyhow::anyhow!(
+        "Error performing PUT http://169.254.169.254/latest/api/token: 403 Forbidden"
+    )
+    .context("put x/tables/scraped/a.parquet");
+    assert_eq!(remote.explain(&imds), format!("{imds:#}"));
+    let s3 = Remote {
+        credentials_from: Some("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+        ..remote
+    };
+    let said = s3.explain(&imds);
+    assert!(
+        said.starts_with("no credentials: the environment sets none (AWS_ACCESS_KEY_ID")
+            && said.ends_with(&format!("{imds:#}")),
+        "{said}"
+    );
+    let refused = anyhow::anyhow!("403 Forbidden: AccessDenied");
+    assert_eq!(s3.explain(&refused), "403 Forbidden: AccessDenied");
+}

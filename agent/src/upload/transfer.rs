@@ -96,6 +96,57 @@ pub struct Remote {
     pub(super) store: Arc<dyn ObjectStore>,
     pub(super) prefix: String,
     pub(super) url: String,
+    /// Where credentials are set when the environment holds none, for a
+    /// failure of the cloud's instance metadata service (see [`Remote::explain`]).
+    pub(super) credentials_from: Option<&'static str>,
+}
+
+/// The link-local address of the instance metadata service of AWS, Google
+/// Cloud and Azure alike: each client asks it for credentials when the
+/// environment holds none.
+const INSTANCE_METADATA_ADDRESS: &str = "169.254.169.254";
+
+/// The variables each client reads credentials from before it asks the
+/// instance metadata service; `None` when one of them is set.
+fn credentials_from(scheme: &str) -> Option<&'static str> {
+    let (variables, advice): (&[&str], &'static str) = match scheme {
+        "s3" => (
+            &[
+                "AWS_ACCESS_KEY_ID",
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            ],
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_WEB_IDENTITY_TOKEN_FILE, \
+             or AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        ),
+        "gs" => (
+            &[
+                "GOOGLE_SERVICE_ACCOUNT",
+                "GOOGLE_SERVICE_ACCOUNT_PATH",
+                "GOOGLE_SERVICE_ACCOUNT_KEY",
+                "GOOGLE_APPLICATION_CREDENTIALS",
+            ],
+            "GOOGLE_SERVICE_ACCOUNT (a key file) or GOOGLE_APPLICATION_CREDENTIALS",
+        ),
+        "az" => (
+            &[
+                "AZURE_STORAGE_ACCOUNT_KEY",
+                "AZURE_STORAGE_ACCESS_KEY",
+                "AZURE_STORAGE_SAS_KEY",
+                "AZURE_CLIENT_SECRET",
+                "AZURE_FEDERATED_TOKEN_FILE",
+                "AZURE_STORAGE_TOKEN",
+            ],
+            "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, or AZURE_CLIENT_ID with \
+             AZURE_CLIENT_SECRET and AZURE_TENANT_ID",
+        ),
+        _ => return None,
+    };
+    let set = variables
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|value| !value.is_empty()));
+    (!set).then_some(advice)
 }
 
 impl Remote {
@@ -153,7 +204,22 @@ impl Remote {
             store,
             prefix: target.prefix,
             url,
+            credentials_from: credentials_from(&target.scheme),
         })
+    }
+
+    /// A failure as the log says it: one of the instance metadata service
+    /// (off a cloud instance, or with the service blocked) is a node without
+    /// credentials, which the client's own error does not say.
+    pub(super) fn explain(&self, e: &dyn std::fmt::Display) -> String {
+        let text = format!("{e:#}");
+        match self.credentials_from {
+            Some(advice) if text.contains(INSTANCE_METADATA_ADDRESS) => format!(
+                "no credentials: the environment sets none ({advice}), and the instance \
+                 metadata service at {INSTANCE_METADATA_ADDRESS} gave none: {text}"
+            ),
+            _ => text,
+        }
     }
 
     /// The object key of a local file.
@@ -271,7 +337,7 @@ impl Uploader {
                     continue;
                 }
                 self.stats.failures += 1;
-                tracing::warn!(path = %file.path.display(), target = %self.remote.url, error = %format!("{e:#}"), "Upload failed; retried at the next pass.");
+                tracing::warn!(path = %file.path.display(), target = %self.remote.url, error = %self.remote.explain(&e), "Upload failed; retried at the next pass.");
                 pending.push(file);
             }
         }
@@ -288,7 +354,7 @@ impl Uploader {
                 }
                 Err(e) => {
                     self.stats.failures += 1;
-                    tracing::warn!(key, target = %self.remote.url, error = %e, "Deleting a replaced object failed; retried at the next pass.");
+                    tracing::warn!(key, target = %self.remote.url, error = %self.remote.explain(&e), "Deleting a replaced object failed; retried at the next pass.");
                 }
             }
         }
