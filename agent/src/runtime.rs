@@ -495,7 +495,7 @@ impl SourceLog {
                 .warned_at
                 .is_none_or(|at| now.duration_since(at) >= SOURCE_LOG_EVERY)
             {
-                tracing::warn!(collector, source = %error.path, error = %error, "Source reads badly: its rows are left out, the collector's other rows are written.");
+                tracing::warn!(collector, source = %error.path, error = %error, "Source reads badly: what did not read is left out (a line, a value or the file, as the error says where), the collector's other values are written.");
                 state.warned_at = Some(now);
                 state.announced = true;
                 logged.push((error.path.clone(), true));
