@@ -45,12 +45,45 @@ pub enum Format {
 }
 
 impl Format {
-    /// Content negotiation on an `Accept` header, as Prometheus's client libraries
-    /// do: OpenMetrics when the scraper lists it, the text format otherwise.
+    /// Content negotiation on an `Accept` header: OpenMetrics when the
+    /// scraper takes a version of it that is served (1.0.0, or 0.0.1, which
+    /// it extends; none named is taken as either) at a quality at least that
+    /// of the text format, the text format otherwise. `q=0` refuses a type.
     pub fn negotiate(accept: Option<&str>) -> Format {
-        match accept {
-            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
-            _ => Format::Text,
+        let Some(accept) = accept else {
+            return Format::Text;
+        };
+        let (mut openmetrics_q, mut text_q) = (0.0f32, 0.0f32);
+        for range in accept.split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let (mut q, mut version) = (1.0f32, None);
+            for parameter in parts {
+                let Some((name, value)) = parameter.split_once('=') else {
+                    continue;
+                };
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "q" => q = value.trim().parse().unwrap_or(0.0),
+                    "version" => version = Some(value.trim().trim_matches('"').to_string()),
+                    _ => {}
+                }
+            }
+            match media.as_str() {
+                "application/openmetrics-text"
+                    if version
+                        .as_deref()
+                        .is_none_or(|v| v == "1.0.0" || v == "0.0.1") =>
+                {
+                    openmetrics_q = openmetrics_q.max(q);
+                }
+                "text/plain" | "text/*" | "*/*" => text_q = text_q.max(q),
+                _ => {}
+            }
+        }
+        if openmetrics_q > 0.0 && openmetrics_q >= text_q {
+            Format::OpenMetrics
+        } else {
+            Format::Text
         }
     }
 
@@ -935,6 +968,22 @@ mod tests {
             Format::OpenMetrics
         );
         assert_eq!(Format::negotiate(Some("text/plain")), Format::Text);
+        // What Prometheus 2.42 sends.
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                 version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            )),
+            Format::OpenMetrics
+        );
+        // Refused with q=0, preferred less than text, or a version not served.
+        for accept in [
+            "application/openmetrics-text;q=0,text/plain",
+            "text/plain;q=1,application/openmetrics-text;q=0.5",
+            "application/openmetrics-text; version=9.9.9",
+        ] {
+            assert_eq!(Format::negotiate(Some(accept)), Format::Text, "{accept}");
+        }
     }
 
     #[test]
