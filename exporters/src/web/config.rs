@@ -39,8 +39,33 @@ pub(super) struct WebConfigFile {
     #[serde(default)]
     pub(super) tls_server_config: Option<TlsServerConfig>,
     #[serde(default)]
+    pub(super) http_server_config: Option<HttpServerConfig>,
+    #[serde(default)]
     pub(super) basic_auth_users: BTreeMap<String, String>,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HttpServerConfig {
+    /// Taken for the exporters' format and not acted on: the server speaks
+    /// HTTP/1.1, which every scraper speaks, and offers only it over TLS.
+    #[serde(default, rename = "http2")]
+    pub(super) _http2: Option<bool>,
+    /// Headers added to every response; the exporters' format allows the
+    /// security headers of [`RESPONSE_HEADERS`] only.
+    #[serde(default)]
+    pub(super) headers: BTreeMap<String, String>,
+}
+
+/// The response headers a web config may set, as the exporters' format
+/// allows them, each with the values it takes (`None`: any).
+const RESPONSE_HEADERS: &[(&str, Option<&[&str]>)] = &[
+    ("Content-Security-Policy", None),
+    ("X-Frame-Options", Some(&["deny", "sameorigin"])),
+    ("X-Content-Type-Options", Some(&["nosniff"])),
+    ("X-XSS-Protection", None),
+    ("Strict-Transport-Security", None),
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +78,17 @@ pub(super) struct TlsServerConfig {
     pub(super) client_auth_type: Option<String>,
     #[serde(default)]
     pub(super) min_version: Option<String>,
+    #[serde(default)]
+    pub(super) max_version: Option<String>,
+    /// TLS 1.2 suites by their IANA names, as Go names them; TLS 1.3's are
+    /// always on (Go does not let them be chosen either).
+    #[serde(default)]
+    pub(super) cipher_suites: Vec<String>,
+    #[serde(default)]
+    pub(super) prefer_server_cipher_suites: Option<bool>,
+    /// Key exchange groups by Go's names (`X25519`, `CurveP256`, ...).
+    #[serde(default)]
+    pub(super) curve_preferences: Vec<String>,
 }
 
 /// A loaded web config: TLS acceptor and users.
@@ -64,8 +100,13 @@ pub(super) struct Loaded {
     /// sends the same header every few seconds.
     pub(super) verified: Mutex<HashSet<u64>>,
     pub(super) hasher: std::collections::hash_map::RandomState,
+    /// Credentials bcrypt refused, as keyed hashes of the header: a client
+    /// that repeats a wrong password is answered from here, not by bcrypt.
+    pub(super) refused: Mutex<HashSet<u64>>,
     /// The hash an unknown user is verified against: the costliest user's.
     pub(super) decoy: Option<String>,
+    /// `http_server_config.headers`, added to every response.
+    pub(super) headers: Vec<(header::HeaderName, HeaderValue)>,
 }
 
 /// Parses and loads a web config file, certificates included.
@@ -99,7 +140,136 @@ pub(super) fn load(path: &Path) -> Result<Loaded, WebConfigError> {
         None => None,
         Some(tls) => Some(tls_acceptor(tls, base).map_err(invalid)?),
     };
-    Ok(Loaded::new(tls, file.basic_auth_users))
+    let headers = match &file.http_server_config {
+        None => Vec::new(),
+        Some(http) => response_headers(&http.headers).map_err(invalid)?,
+    };
+    let mut loaded = Loaded::new(tls, file.basic_auth_users);
+    loaded.headers = headers;
+    Ok(loaded)
+}
+
+/// `http_server_config.headers`, checked as the exporters check them: a
+/// header they do not allow, or a value they refuse, is an error.
+fn response_headers(
+    configured: &BTreeMap<String, String>,
+) -> Result<Vec<(header::HeaderName, HeaderValue)>, String> {
+    let mut out = Vec::new();
+    for (name, value) in configured {
+        let Some((known, values)) = RESPONSE_HEADERS
+            .iter()
+            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+        else {
+            let allowed: Vec<&str> = RESPONSE_HEADERS.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "http_server_config.headers.{name}: not a header the web config sets (it sets {})",
+                allowed.join(", ")
+            ));
+        };
+        if value.is_empty() {
+            continue;
+        }
+        if let Some(values) = values {
+            if !values.iter().any(|v| v.eq_ignore_ascii_case(value)) {
+                return Err(format!(
+                    "http_server_config.headers.{known}: {value:?} is not one of {}",
+                    values.join(", ")
+                ));
+            }
+        }
+        let value = HeaderValue::from_str(value).map_err(|_| {
+            format!("http_server_config.headers.{known}: {value:?} is not a header value")
+        })?;
+        out.push((header::HeaderName::from_static(lowercase(known)), value));
+    }
+    Ok(out)
+}
+
+/// The lower-case form of a header of [`RESPONSE_HEADERS`], as
+/// `HeaderName::from_static` wants it.
+fn lowercase(name: &str) -> &'static str {
+    match name {
+        "Content-Security-Policy" => "content-security-policy",
+        "X-Frame-Options" => "x-frame-options",
+        "X-Content-Type-Options" => "x-content-type-options",
+        "X-XSS-Protection" => "x-xss-protection",
+        _ => "strict-transport-security",
+    }
+}
+
+/// A TLS version named in the web config.
+fn tls_version(key: &str, name: &str) -> Result<&'static rustls::SupportedProtocolVersion, String> {
+    match name {
+        "TLS12" => Ok(&rustls::version::TLS12),
+        "TLS13" => Ok(&rustls::version::TLS13),
+        "TLS10" | "TLS11" => Err(format!(
+            "tls_server_config.{key} {name:?}: TLS 1.0 and 1.1 are not offered (vtax speaks TLS12 and TLS13)"
+        )),
+        other => Err(format!(
+            "tls_server_config.{key} {other:?}: vtax supports TLS12 and TLS13"
+        )),
+    }
+}
+
+/// The crypto provider the web config asks for: its TLS 1.2 suites and key
+/// exchange groups, in its order, each name checked.
+fn provider_for(tls: &TlsServerConfig) -> Result<rustls::crypto::CryptoProvider, String> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !tls.cipher_suites.is_empty() {
+        let all = provider.cipher_suites.clone();
+        // rustls names TLS 1.3's suites TLS13_*, Go and IANA TLS_*.
+        let name_of = |s: &rustls::SupportedCipherSuite| {
+            let name = s.suite().as_str().unwrap_or("");
+            match name.strip_prefix("TLS13_") {
+                Some(rest) => format!("TLS_{rest}"),
+                None => name.to_string(),
+            }
+        };
+        let mut chosen: Vec<rustls::SupportedCipherSuite> = all
+            .iter()
+            .filter(|s| s.tls13().is_some())
+            .copied()
+            .collect();
+        for name in &tls.cipher_suites {
+            match all.iter().find(|s| name_of(s) == *name) {
+                Some(suite) if suite.tls13().is_some() => {}
+                Some(suite) => chosen.push(*suite),
+                None => {
+                    let offered = all
+                        .iter()
+                        .filter(|s| s.tls13().is_none())
+                        .map(name_of)
+                        .collect::<Vec<String>>();
+                    return Err(format!(
+                        "tls_server_config.cipher_suites: {name:?} is not offered (TLS 1.2 suites offered: {})",
+                        offered.join(", ")
+                    ));
+                }
+            }
+        }
+        provider.cipher_suites = chosen;
+    }
+    if !tls.curve_preferences.is_empty() {
+        use rustls::NamedGroup;
+        let all = provider.kx_groups.clone();
+        let mut chosen = Vec::new();
+        for name in &tls.curve_preferences {
+            let group = match name.as_str() {
+                "X25519" => Some(NamedGroup::X25519),
+                "CurveP256" => Some(NamedGroup::secp256r1),
+                "CurveP384" => Some(NamedGroup::secp384r1),
+                _ => None,
+            };
+            let Some(kx) = group.and_then(|g| all.iter().find(|k| k.name() == g)) else {
+                return Err(format!(
+                    "tls_server_config.curve_preferences: {name:?} is not offered (X25519, CurveP256 and CurveP384 are)"
+                ));
+            };
+            chosen.push(*kx);
+        }
+        provider.kx_groups = chosen;
+    }
+    Ok(provider)
 }
 
 pub(super) fn tls_acceptor(
@@ -121,36 +291,58 @@ pub(super) fn tls_acceptor(
     }
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .map_err(|e| format!("tls_server_config.key_file {}: {e}", key_path.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version.as_deref() {
-        None | Some("TLS12") => &[&rustls::version::TLS13, &rustls::version::TLS12],
-        Some("TLS13") => &[&rustls::version::TLS13],
-        Some(other) => {
-            return Err(format!(
-                "tls_server_config.min_version {other:?}: vtax supports TLS12 and TLS13"
-            ))
-        }
-    };
+    let provider = Arc::new(provider_for(tls)?);
+    let min = tls_version("min_version", tls.min_version.as_deref().unwrap_or("TLS12"))?;
+    let max = tls_version("max_version", tls.max_version.as_deref().unwrap_or("TLS13"))?;
+    let versions: Vec<&rustls::SupportedProtocolVersion> =
+        [&rustls::version::TLS13, &rustls::version::TLS12]
+            .into_iter()
+            .filter(|v| {
+                let n = u16::from(v.version);
+                n >= u16::from(min.version) && n <= u16::from(max.version)
+            })
+            .collect();
+    if versions.is_empty() {
+        return Err("tls_server_config: min_version is above max_version".into());
+    }
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(versions)
+        .with_protocol_versions(&versions)
         .map_err(|e| format!("tls_server_config: {e}"))?;
     let builder = match (tls.client_auth_type.as_deref(), &tls.client_ca_file) {
-        (None | Some("NoClientCert"), _) => builder.with_no_client_auth(),
+        // The exporters refuse this too: a CA that asks no client for a
+        // certificate would let in every client its operator meant to keep out.
+        (None | Some("NoClientCert"), Some(_)) => {
+            return Err(
+                "tls_server_config.client_ca_file is set but client_auth_type is NoClientCert \
+                 (its default), so no client would be asked for a certificate: set \
+                 client_auth_type to RequireAndVerifyClientCert or VerifyClientCertIfGiven"
+                    .into(),
+            )
+        }
+        (None | Some("NoClientCert"), None) => builder.with_no_client_auth(),
         (Some(kind @ ("RequireAndVerifyClientCert" | "VerifyClientCertIfGiven")), Some(ca)) => {
             let ca_path = base.join(ca);
             let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(&ca_path)
-                .map_err(|e| format!("tls_server_config.client_ca_file {}: {e}", ca_path.display()))?
-            {
+            for cert in CertificateDer::pem_file_iter(&ca_path).map_err(|e| {
+                format!(
+                    "tls_server_config.client_ca_file {}: {e}",
+                    ca_path.display()
+                )
+            })? {
                 let cert = cert.map_err(|e| {
-                    format!("tls_server_config.client_ca_file {}: {e}", ca_path.display())
+                    format!(
+                        "tls_server_config.client_ca_file {}: {e}",
+                        ca_path.display()
+                    )
                 })?;
                 roots
                     .add(cert)
                     .map_err(|e| format!("tls_server_config.client_ca_file: {e}"))?;
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            );
             let verifier = if kind == "VerifyClientCertIfGiven" {
                 verifier.allow_unauthenticated()
             } else {
@@ -165,7 +357,8 @@ pub(super) fn tls_acceptor(
         (Some(kind), _) => {
             return Err(format!(
                 "tls_server_config.client_auth_type {kind:?}: vtax supports NoClientCert, \
-                 VerifyClientCertIfGiven and RequireAndVerifyClientCert (the last two need client_ca_file)"
+                 VerifyClientCertIfGiven and RequireAndVerifyClientCert, the last two with \
+                 client_ca_file (a client certificate is always verified against it)"
             ))
         }
     };
@@ -173,6 +366,8 @@ pub(super) fn tls_acceptor(
         .with_single_cert(certs, key)
         .map_err(|e| format!("tls_server_config: the key does not fit the certificate: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // The exporters' default: the server's order of suites wins.
+    config.ignore_client_order = tls.prefer_server_cipher_suites.unwrap_or(true);
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -193,7 +388,9 @@ impl Loaded {
             users,
             verified: Mutex::new(HashSet::new()),
             hasher: Default::default(),
+            refused: Mutex::new(HashSet::new()),
             decoy,
+            headers: Vec::new(),
         }
     }
 
@@ -210,8 +407,13 @@ impl Loaded {
         if self.verified.lock().expect("not poisoned").contains(&key) {
             return Check::Allowed;
         }
-        let Some(encoded) = value.strip_prefix("Basic ") else {
+        if self.refused.lock().expect("not poisoned").contains(&key) {
             return Check::Denied;
+        }
+        // The scheme's name is case-insensitive (RFC 9110).
+        let encoded = match value.split_once(' ') {
+            Some((scheme, encoded)) if scheme.eq_ignore_ascii_case("basic") => encoded,
+            _ => return Check::Denied,
         };
         let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
             return Check::Denied;
@@ -236,19 +438,22 @@ impl Loaded {
     }
 
     /// Runs bcrypt (tens of milliseconds by design, so never on a serving
-    /// thread) and caches a success.
+    /// thread) and caches the outcome.
     pub(super) fn verify(&self, credential: Credential) -> bool {
         // An unknown user is verified against the decoy and refused whatever
         // the outcome: it costs what a known user does.
         let matches = bcrypt::verify(&credential.password, &credential.hash).unwrap_or(false);
         let ok = matches && credential.known;
-        if ok {
-            let mut verified = self.verified.lock().expect("not poisoned");
-            if verified.len() >= VERIFIED_MAX {
-                verified.clear();
-            }
-            verified.insert(credential.key);
+        let (cache, max) = if ok {
+            (&self.verified, VERIFIED_MAX)
+        } else {
+            (&self.refused, REFUSED_MAX)
+        };
+        let mut cache = cache.lock().expect("not poisoned");
+        if cache.len() >= max {
+            cache.clear();
         }
+        cache.insert(credential.key);
         ok
     }
 }

@@ -8,27 +8,35 @@
 //!   key_file: server.key
 //!   client_ca_file: ca.crt       # optional, with client_auth_type
 //!   client_auth_type: RequireAndVerifyClientCert
-//!   min_version: TLS12           # or TLS13
+//!   min_version: TLS12           # or TLS13; max_version too
+//!   cipher_suites: [...]         # TLS 1.2 suites by IANA name; curve_preferences
+//! http_server_config:
+//!   headers:                     # security headers sent with every answer
+//!     Strict-Transport-Security: max-age=31536000
 //! basic_auth_users:
 //!   prometheus: $2y$10$...        # bcrypt hash (htpasswd -nBC 10)
 //! ```
 //!
-//! The file is read again when it changes (checked on each new connection), so
-//! rotated certificates and users need no restart; a changed file that does
-//! not load is logged and the previous one stays in force.
+//! The file is read again when it changes (checked at each request), so
+//! rotated certificates and users need no restart: users and headers apply
+//! from the next request, kept-alive connections included, certificates from
+//! the next connection. A changed file that does not load is logged and the
+//! previous one stays in force.
 //!
 //! Clients get bounded shares of the server ([`WebLimits`]): a cap on open
-//! connections, timeouts on the TLS handshake, on each request head (the wait
-//! for the next request on a kept-alive connection included) and on any
-//! transfer that stalls, and one bcrypt verification at a time, run off the
-//! threads that serve scrapes. A credential verified once is served from a
-//! cache, so wrong passwords arriving in bulk cost scrapers with a good one
-//! nothing but their share of the two serving threads; new credentials that
-//! find the verification slot taken are answered 503 at once. An unknown user
-//! is verified against a real user's hash, so that it costs what a known one
+//! connections (when full, the one that has waited longest for a request
+//! makes room for a new one), a bounded request head, timeouts on the TLS
+//! handshake, on each request head (the wait for the next request on a
+//! kept-alive connection included) and on any transfer that stalls, and one
+//! bcrypt verification at a time, run off the threads that serve scrapes. A
+//! credential verified once, or refused once, is answered from a cache, so
+//! wrong passwords arriving in bulk cost scrapers with a good one nothing but
+//! their share of the two serving threads; new credentials wait their turn
+//! for the verification slot, a 503 only after 5 s. An unknown user is
+//! verified against a real user's hash, so that it costs what a known one
 //! does and user names cannot be told apart by timing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
@@ -71,10 +79,11 @@ vtax_store::table! {
         tags: [],
         fields: [
             connections_open: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "Connections open now, TLS handshakes included; at most max connections (128)."),
-            connections_refused: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, since the agent started."),
+            connections_refused: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, each answering a request, since the agent started."),
+            connections_evicted: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed to make room for a new one when max connections (128) were open: the one that had waited longest for a request (idle, or sending its request head slowly), since the agent started."),
             connections_timed_out: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed because a TLS handshake (10 s), a request head (30 s, the wait for the next request on a kept-alive connection included) or a stalled transfer (30 s without a byte) ran past its timeout, since the agent started."),
             auth_failures: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 401 under basic auth: no credentials, or a user name or password that basic_auth_users does not hold, since the agent started."),
-            auth_busy: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 503 at once because their credentials were not verified yet and the bcrypt verification slot was taken, since the agent started."),
+            auth_busy: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 503 because their credentials were not verified yet and waited 5 s in turn for the bcrypt verification slot without getting it, since the agent started."),
         ],
         exported: true,
     }
@@ -93,8 +102,9 @@ pub struct WebLimits {
     /// A connection on which no byte moved either way for this long is
     /// closed: a client that stops reading its response, or stops sending.
     pub idle_timeout: Duration,
-    /// Connections open at once; those accepted beyond it are closed at once
-    /// and counted.
+    /// Connections open at once. One accepted beyond it closes the open
+    /// connection that has waited longest for a request, and is closed at
+    /// once only when every open one is answering a request; both counted.
     pub max_connections: usize,
 }
 
@@ -120,12 +130,26 @@ impl Default for WebLimits {
 
 /// bcrypt verifications running at once. Each takes tens of milliseconds of a
 /// core by design; one at a time leaves the other core of a small node to the
-/// serving threads, and a flood of wrong passwords gets 503s, not a queue.
+/// serving threads.
 const BCRYPT_SLOTS: usize = 1;
+
+/// How long a credential not verified yet waits in turn for the bcrypt slot
+/// before a 503: the queue is at most one request a connection, and a
+/// scrape's timeout (10 s by default) outlasts it.
+const BCRYPT_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a new connection waits for the room an evicted one makes.
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// The most a connection buffers of a request head (hyper's least is 8 KiB).
+const MAX_REQUEST_HEAD_BYTES: usize = 16 << 10;
 
 /// Verified credentials kept; past it the cache starts again (each scraper
 /// then pays one bcrypt). Only credentials that verified get in.
 const VERIFIED_MAX: usize = 64;
+
+/// Refused credentials kept (8 bytes each); past it the cache starts again.
+const REFUSED_MAX: usize = 4096;
 
 /// What the server holds and refused since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,6 +158,8 @@ pub struct WebStats {
     pub connections_open: u64,
     /// Connections closed at once for want of a slot.
     pub connections_refused: u64,
+    /// Connections closed to make room for a new one.
+    pub connections_evicted: u64,
     /// Connections closed by a timeout.
     pub connections_timed_out: u64,
     /// Requests answered 401.
@@ -148,6 +174,7 @@ impl WebStats {
         let row = WebRow {
             connections_open: self.connections_open,
             connections_refused: self.connections_refused,
+            connections_evicted: self.connections_evicted,
             connections_timed_out: self.connections_timed_out,
             auth_failures: self.auth_failures,
             auth_busy: self.auth_busy,
@@ -163,6 +190,7 @@ impl WebStats {
 #[derive(Default)]
 struct Counters {
     connections_refused: AtomicU64,
+    connections_evicted: AtomicU64,
     connections_timed_out: AtomicU64,
     auth_failures: AtomicU64,
     auth_busy: AtomicU64,

@@ -64,14 +64,86 @@ pub(super) struct Shared {
     pub(super) connections: Arc<tokio::sync::Semaphore>,
     pub(super) max_connections: usize,
     pub(super) bcrypt_slots: Arc<tokio::sync::Semaphore>,
+    /// The open connections, by a number of their own.
+    pub(super) open: Mutex<HashMap<u64, Arc<Tracked>>>,
+    pub(super) next_id: AtomicU64,
+    /// What [`Tracked::active_ms`] counts from.
+    pub(super) started: Instant,
+}
+
+/// One open connection, as the room it makes when the server is full.
+pub(super) struct Tracked {
+    id: u64,
+    /// When it opened or last began a request, in ms since the server started.
+    active_ms: AtomicU64,
+    /// Whether a request is being answered.
+    in_request: AtomicBool,
+    /// Told to close to make room.
+    pub(super) close: tokio::sync::Notify,
+}
+
+impl Tracked {
+    fn begin_request(&self, shared: &Shared) {
+        self.active_ms.store(shared.elapsed_ms(), Ordering::Relaxed);
+        self.in_request.store(true, Ordering::Relaxed);
+    }
+
+    fn end_request(&self) {
+        self.in_request.store(false, Ordering::Relaxed);
+    }
 }
 
 impl Shared {
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Registers a connection that has just opened.
+    pub(super) fn track(&self) -> Arc<Tracked> {
+        let tracked = Arc::new(Tracked {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            active_ms: AtomicU64::new(self.elapsed_ms()),
+            in_request: AtomicBool::new(false),
+            close: tokio::sync::Notify::new(),
+        });
+        self.open
+            .lock()
+            .expect("not poisoned")
+            .insert(tracked.id, tracked.clone());
+        tracked
+    }
+
+    pub(super) fn untrack(&self, tracked: &Tracked) {
+        self.open.lock().expect("not poisoned").remove(&tracked.id);
+    }
+
+    /// Tells the connection that has waited longest without a request
+    /// under way (idle, or sending its request head) to close; false when
+    /// every open connection is answering one.
+    pub(super) fn evict_longest_waiting(&self) -> bool {
+        let mut open = self.open.lock().expect("not poisoned");
+        let Some(id) = open
+            .values()
+            .filter(|t| !t.in_request.load(Ordering::Relaxed))
+            .min_by_key(|t| t.active_ms.load(Ordering::Relaxed))
+            .map(|t| t.id)
+        else {
+            return false;
+        };
+        if let Some(victim) = open.remove(&id) {
+            // A permit is stored if the connection is not waiting on it yet.
+            victim.close.notify_one();
+        }
+        bump(&self.counters.connections_evicted);
+        true
+    }
+
     pub(super) fn stats(&self) -> WebStats {
         let counter = |c: &AtomicU64| c.load(Ordering::Relaxed);
         WebStats {
             connections_open: (self.max_connections - self.connections.available_permits()) as u64,
             connections_refused: counter(&self.counters.connections_refused),
+            connections_evicted: counter(&self.counters.connections_evicted),
             connections_timed_out: counter(&self.counters.connections_timed_out),
             auth_failures: counter(&self.counters.auth_failures),
             auth_busy: counter(&self.counters.auth_busy),
@@ -115,6 +187,9 @@ pub fn serve_with(
         connections: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
         max_connections: limits.max_connections,
         bcrypt_slots: Arc::new(tokio::sync::Semaphore::new(BCRYPT_SLOTS)),
+        open: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(0),
+        started: Instant::now(),
     });
     let server_shared = shared.clone();
     runtime.spawn(async move {
@@ -131,19 +206,40 @@ pub fn serve_with(
                 },
                 _ = stop.notified() => return,
             };
-            let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
+            let slot = match shared.connections.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                // Full: the connection that has waited longest for a request
+                // makes room, so that clients which open connections and
+                // send nothing (or a byte at a time) cannot keep a scraper out.
+                Err(_) if shared.evict_longest_waiting() => tokio::time::timeout(
+                    EVICTION_WAIT,
+                    shared.connections.clone().acquire_owned(),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok),
+                Err(_) => None,
+            };
+            let Some(slot) = slot else {
                 bump(&shared.counters.connections_refused);
-                tracing::debug!(%peer, "Connection refused: max connections open.");
+                tracing::debug!(%peer, "Connection refused: max connections open, each in a request.");
                 drop(stream);
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let loaded = web_config.current();
             let shared = shared.clone();
             let limits = limits.clone();
+            let web_config = web_config.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                serve_connection(stream, peer, loaded, shared, &limits).await;
+                let tracked = shared.track();
+                tokio::select! {
+                    () = serve_connection(stream, peer, web_config, shared.clone(), tracked.clone(), &limits) => {}
+                    () = tracked.close.notified() => {
+                        tracing::debug!(%peer, "Connection closed to make room for a new one.");
+                    }
+                }
+                shared.untrack(&tracked);
             });
         }
     });
@@ -158,25 +254,42 @@ pub fn serve_with(
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
-    loaded: Arc<Loaded>,
+    web_config: Arc<WebConfig>,
     shared: Arc<Shared>,
+    tracked: Arc<Tracked>,
     limits: &WebLimits,
 ) {
     let idle = Arc::new(AtomicBool::new(false));
     let stream = IdleTimeout::new(stream, limits.idle_timeout, idle.clone());
+    // The TLS settings are those in force when the connection opened; the
+    // users and headers are read again at each request, so a password taken
+    // away no longer opens a connection kept alive since.
+    let tls = web_config.current().tls.clone();
     let service = {
-        let loaded = loaded.clone();
         let shared = shared.clone();
         hyper::service::service_fn(move |request| {
-            let loaded = loaded.clone();
+            let loaded = web_config.current();
             let shared = shared.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(request, &loaded, &shared).await) }
+            let tracked = tracked.clone();
+            async move {
+                tracked.begin_request(&shared);
+                let mut response = handle(request, &loaded, &shared).await;
+                for (name, value) in &loaded.headers {
+                    response.headers_mut().insert(name.clone(), value.clone());
+                }
+                tracked.end_request();
+                Ok::<_, std::convert::Infallible>(response)
+            }
         })
     };
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
-    let (result, handshake_timed_out) = match &loaded.tls {
+        .header_read_timeout(limits.header_read_timeout)
+        // A scrape's request head is well under a kilobyte: the default
+        // buffer of about 400 KiB a connection let clients holding every
+        // connection with an unfinished head take tens of megabytes.
+        .max_buf_size(MAX_REQUEST_HEAD_BYTES);
+    let (result, handshake_timed_out) = match &tls {
         None => (
             http.serve_connection(TokioIo::new(stream), service).await,
             false,
@@ -322,13 +435,22 @@ async fn handle(
     shared: &Shared,
 ) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
-        return plain(StatusCode::METHOD_NOT_ALLOWED, "Only GET and HEAD.\n");
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "Only GET and HEAD.\n");
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
     }
     let allowed = match loaded.check(request.headers().get(header::AUTHORIZATION)) {
         Check::Allowed => true,
         Check::Denied => false,
         Check::Verify(credential) => {
-            let Ok(slot) = shared.bcrypt_slots.clone().try_acquire_owned() else {
+            // In turn (the semaphore is fair): a new scraper's credential
+            // waits behind the wrong ones ahead of it, at most one a
+            // connection, rather than being refused while they keep the slot.
+            let slot =
+                tokio::time::timeout(BCRYPT_WAIT, shared.bcrypt_slots.clone().acquire_owned())
+                    .await;
+            let Ok(Ok(slot)) = slot else {
                 bump(&shared.counters.auth_busy);
                 let mut r = plain(
                     StatusCode::SERVICE_UNAVAILABLE,

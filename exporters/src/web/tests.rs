@@ -124,3 +124,121 @@ fn the_verified_cache_is_bounded() {
         assert!(loaded.verified.lock().unwrap().len() <= VERIFIED_MAX);
     }
 }
+
+/// A self-signed certificate and its key, written beside the config.
+fn write_cert(dir: &Path) {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.join("server.crt"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("ca.crt"), cert.cert.pem()).unwrap();
+}
+
+fn load_tls(dir: &Path, extra: &str) -> Result<Loaded, String> {
+    let text =
+        format!("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n{extra}");
+    load(&write(dir, "tls.yml", &text)).map_err(|e| e.to_string())
+}
+
+/// What node_exporter's web config takes, vtax takes or refuses as it does;
+/// a client CA with no client_auth_type, which would let every client in,
+/// is refused as the exporters refuse it.
+#[test]
+fn tls_settings_of_the_exporters_format_are_taken_or_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cert(dir.path());
+    for ok in [
+        "",
+        "  min_version: TLS13\n",
+        "  min_version: TLS12\n  max_version: TLS12\n",
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]\n",
+        "  curve_preferences: [X25519, CurveP256]\n  prefer_server_cipher_suites: false\n",
+        "  client_ca_file: ca.crt\n  client_auth_type: RequireAndVerifyClientCert\n",
+    ] {
+        assert!(
+            load_tls(dir.path(), ok).is_ok(),
+            "{ok}: {:?}",
+            load_tls(dir.path(), ok).err()
+        );
+    }
+    for (bad, says) in [
+        (
+            "  client_ca_file: ca.crt\n",
+            "client_auth_type is NoClientCert",
+        ),
+        (
+            "  client_ca_file: ca.crt\n  client_auth_type: NoClientCert\n",
+            "no client would be asked for a certificate",
+        ),
+        ("  min_version: TLS10\n", "TLS 1.0 and 1.1 are not offered"),
+        (
+            "  min_version: TLS13\n  max_version: TLS12\n",
+            "min_version is above max_version",
+        ),
+        (
+            "  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
+            "is not offered",
+        ),
+        (
+            "  curve_preferences: [CurveP521]\n",
+            "\"CurveP521\" is not offered",
+        ),
+        (
+            "  client_auth_type: RequireAnyClientCert\n",
+            "client_ca_file",
+        ),
+    ] {
+        let e = load_tls(dir.path(), bad).err().unwrap_or_default();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+/// The security headers the exporters' format sets go on every answer;
+/// another header, or a value the format refuses, is refused.
+#[test]
+fn response_headers_are_those_the_exporters_format_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = load(&write(
+        dir.path(),
+        "h.yml",
+        "http_server_config:\n  http2: false\n  headers:\n    x-content-type-options: NoSniff\n    \
+         Strict-Transport-Security: max-age=31536000\n",
+    ))
+    .unwrap();
+    let names: Vec<&str> = loaded.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["strict-transport-security", "x-content-type-options"]
+    );
+    for (bad, says) in [
+        ("Server: vtax", "not a header the web config sets"),
+        (
+            "X-Frame-Options: allow",
+            "\"allow\" is not one of deny, sameorigin",
+        ),
+    ] {
+        let e = load(&write(
+            dir.path(),
+            "bad.yml",
+            &format!("http_server_config:\n  headers:\n    {bad}\n"),
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+/// The scheme's name is case-insensitive; a refused credential is answered
+/// from its cache the next time, without bcrypt.
+#[test]
+fn basic_auth_takes_any_case_of_the_scheme_and_caches_a_refusal() {
+    let mut users = BTreeMap::new();
+    users.insert("prom".to_string(), bcrypt::hash("pw", 4).unwrap());
+    let loaded = Loaded::new(None, users);
+    let token = base64::engine::general_purpose::STANDARD.encode("prom:pw");
+    let lower = HeaderValue::from_str(&format!("basic {token}")).unwrap();
+    assert!(authorized(&loaded, Some(&lower)));
+    let wrong = basic("prom", "nope");
+    assert!(!authorized(&loaded, Some(&wrong)));
+    assert!(matches!(loaded.check(Some(&wrong)), Check::Denied));
+}
