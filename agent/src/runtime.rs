@@ -352,7 +352,10 @@ fn collector_loop(
         }
         (grid_us, first) = next_grid(1_000_000, i64::MIN);
     }
-    if stopper.sleep_until(first) {
+    // Ahead of the grid by the collector's lead, never by a whole interval.
+    let lead = collector.lead().min(interval / 2);
+    let ahead = |at: Instant| at.checked_sub(lead).unwrap_or(at);
+    if stopper.sleep_until(ahead(first)) {
         return collector;
     }
     loop {
@@ -421,7 +424,7 @@ fn collector_loop(
         // points it missed rather than firing them back to back.
         let next;
         (grid_us, next) = next_grid(interval_us, grid_us);
-        if stopper.sleep_until(next) {
+        if stopper.sleep_until(ahead(next)) {
             return collector;
         }
     }
@@ -568,6 +571,71 @@ mod tests {
             }
             Ok(Vec::new())
         }
+    }
+
+    /// Records when it ticks, and reads 100 ms ahead of the grid (half the
+    /// test's interval: room for a loaded machine's late wake-ups).
+    struct Leading {
+        ticks_us: Arc<Mutex<Vec<i64>>>,
+    }
+
+    impl Collector for Leading {
+        fn name(&self) -> &'static str {
+            "leading"
+        }
+        fn probe(&mut self) -> Availability {
+            Availability::Available(String::new())
+        }
+        fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+            self.ticks_us.lock().unwrap().push(time_us);
+            Ok(Vec::new())
+        }
+        fn lead(&self) -> Duration {
+            Duration::from_millis(100)
+        }
+    }
+
+    /// A collector with a lead ticks that far ahead of each grid point, once
+    /// a point, while the others tick just after it.
+    #[test]
+    fn a_collector_with_a_lead_ticks_ahead_of_the_grid() {
+        let ticks_us = Arc::new(Mutex::new(Vec::new()));
+        let stopper = Arc::new(Stopper::default());
+        let (rows, _received) = vtax_store::hub::channel(64);
+        let thread = spawn_collector(
+            Box::new(Leading {
+                ticks_us: ticks_us.clone(),
+            }),
+            Availability::Available(String::new()),
+            next_grid(200_000, i64::MIN),
+            Duration::from_millis(200),
+            stopper.clone(),
+            Exposition::new(&[]),
+            rows,
+        );
+        while ticks_us.lock().unwrap().len() < 6 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stopper.stop();
+        thread.join().unwrap();
+        let ticks_us = ticks_us.lock().unwrap().clone();
+        // Ms before the next grid point; the first tick may come at once.
+        let ahead_ms: Vec<i64> = ticks_us[1..]
+            .iter()
+            .map(|t| (200_000 - t.rem_euclid(200_000)) / 1000)
+            .collect();
+        assert!(
+            ahead_ms.iter().all(|&ms| (1..=100).contains(&ms)),
+            "ms ahead of a grid point: {ahead_ms:?}"
+        );
+        let points: Vec<i64> = ticks_us[1..]
+            .iter()
+            .map(|t| (t + 100_000) / 200_000)
+            .collect();
+        assert!(
+            points.windows(2).all(|p| p[1] == p[0] + 1),
+            "grid points ticked: {points:?}"
+        );
     }
 
     #[test]

@@ -158,6 +158,13 @@ pub trait Collector: Send + IntoAny {
     fn source_errors(&self) -> Vec<ParseError> {
         Vec::new()
     }
+    /// How long before each grid point the collector reads. Every collector
+    /// wakes on the same grid, so for a moment the agent's own threads are
+    /// runnable together: a collector that reads how many tasks are runnable
+    /// reads ahead of them, or it counts the agent itself.
+    fn lead(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// Whether rows come once per window rather than every tick (`jitter`):
     /// then a tick without rows keeps the last window's series on `/metrics`
     /// instead of dropping them.

@@ -266,7 +266,8 @@ struct JitterWindow {
     busy_ratio: Option<f64>,
 }
 
-/// The second a sample belongs to (collectors tick just after whole seconds).
+/// The second a sample belongs to (collectors tick just after whole seconds,
+/// the host collector a few milliseconds before: see `Collector::lead`).
 fn second_of(time_us: i64) -> i64 {
     (time_us + 500_000).div_euclid(1_000_000)
 }
