@@ -429,11 +429,22 @@ impl Facts {
     }
 
     /// NVLink receive plus transmit against the peak of the product's links,
-    /// over the busy GPUs.
+    /// over the busy GPUs. A GPU with every link of its product hidden or
+    /// down has no throughput to read and has lost all of its NVLink: it
+    /// counts as 0, as the report counts it, not left out (which made a node
+    /// with half its GPUs' links hidden read as twice what it got).
     pub fn nvlink_peak_ratio(&self) -> Option<f64> {
         mean(self.gpus.values().filter(|g| g.busy()).filter_map(|g| {
             let peak = g.nvlink_peak_bytes_per_second?;
-            let achieved = g.nvlink_bytes_per_second?;
+            let achieved = match g.nvlink_bytes_per_second {
+                Some(bytes) => bytes,
+                None if g.nvlink_links_up == Some(0.0)
+                    && g.nvlink_links_product.is_some_and(|links| links > 0.0) =>
+                {
+                    0.0
+                }
+                None => return None,
+            };
             (peak > 0.0).then(|| achieved / peak)
         }))
     }
@@ -561,8 +572,27 @@ mod tests {
             nvlink_peak_bytes_per_second: None,
             ..busy.clone()
         };
-        let node = facts("vm", vec![busy, idle, unknown_peak]);
+        let node = facts("vm", vec![busy.clone(), idle, unknown_peak]);
         assert_eq!(node.nvlink_peak_ratio(), Some(0.5));
+        // Links hidden (a VM that does not pass them): none to read, all lost.
+        let hidden = GpuFacts {
+            nvlink_bytes_per_second: None,
+            nvlink_links_up: Some(0.0),
+            nvlink_links_product: Some(18.0),
+            ..busy.clone()
+        };
+        assert_eq!(
+            facts("vm", vec![busy.clone(), hidden]).nvlink_peak_ratio(),
+            Some(0.25)
+        );
+        let unread = GpuFacts {
+            nvlink_bytes_per_second: None,
+            ..busy.clone()
+        };
+        assert_eq!(
+            facts("vm", vec![busy, unread]).nvlink_peak_ratio(),
+            Some(0.5)
+        );
         assert_eq!(
             facts("vm", vec![gpu("passthrough", "off")]).nvlink_peak_ratio(),
             None
