@@ -35,10 +35,10 @@ pub struct QueryArgs {
     /// Table to read; without one, the tables are listed with what each holds.
     table: Option<String>,
     /// Earliest time, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     since: Option<String>,
     /// Latest time, exclusive, in the same forms.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     until: Option<String>,
     /// Keep rows whose tag equals a value: `--where gpu=0`. Repeatable; all must hold.
     #[arg(long = "where", value_name = "TAG=VALUE")]

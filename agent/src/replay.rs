@@ -17,10 +17,10 @@ pub struct ReplayArgs {
     #[arg(long, env = "VTAX_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Earliest time replayed, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     since: String,
     /// Latest time replayed, exclusive, in the same forms.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     until: String,
     /// A config file whose `[detect]` section the replay uses (default: the defaults).
     #[arg(long)]

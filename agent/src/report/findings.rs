@@ -531,6 +531,9 @@ pub(super) fn health_row(h: &mut String, node: Option<&str>, g: &GpuHealth) {
     h.push_str(&cell(
         lost,
         match g.lost_since {
+            Some(t) if g.lost_before => {
+                format!("<b>lost</b> at or before {}", format_time(t, true))
+            }
             Some(t) => format!("<b>lost</b> at {}", format_time(t, true)),
             None => "up".into(),
         },

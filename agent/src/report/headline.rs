@@ -325,13 +325,14 @@ pub fn causes(
                 score: f64::INFINITY,
                 title: format!("{prefix}GPU {}: lost", g.index),
                 evidence: format!(
-                    "GPU {} ({}) stopped answering at {} UTC{xid}; no samples since.",
+                    "GPU {} ({}) stopped answering {} {} UTC{xid}; no samples since.",
                     g.index,
                     if g.bus_id.is_empty() {
                         "bus id unknown"
                     } else {
                         &g.bus_id
                     },
+                    if g.lost_before { "at or before" } else { "at" },
                     format_time(since, true)
                 ),
             });

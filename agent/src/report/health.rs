@@ -64,6 +64,9 @@ pub struct GpuHealth {
     pub bus_id: String,
     /// When it stopped answering, when its latest health row says it has.
     pub lost_since: Option<i64>,
+    /// Whether it had stopped answering at its first health row here: it
+    /// was lost at or before `lost_since`, not then.
+    pub lost_before: bool,
     /// The code of the last XID since the agent started.
     pub last_xid: Option<u64>,
     /// XID errors in the range, by code (`gpu_event`).
@@ -170,13 +173,13 @@ fn one_gpu(
     let picked = rows_of(health, &index);
     let up = health.field("up");
     if picked.last().is_some_and(|&i| up[i] == Some(0.0)) {
-        let since = picked
+        let run = picked
             .iter()
             .rev()
             .take_while(|&&i| up[i] == Some(0.0))
-            .last()
-            .map(|&i| health.time_us[i]);
-        out.lost_since = since;
+            .count();
+        out.lost_since = Some(health.time_us[picked[picked.len() - run]]);
+        out.lost_before = run == picked.len();
     }
     let last_xid = health.field("last_xid");
     out.last_xid = picked

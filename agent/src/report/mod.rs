@@ -43,10 +43,10 @@ pub struct ReportArgs {
     #[arg(long, env = "VTAX_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Earliest time, inclusive: `1h` (ago), RFC 3339, a date, or Unix seconds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     since: Option<String>,
     /// Latest time, exclusive, in the same forms.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     until: Option<String>,
     /// The HTML file to write; `-` writes the page to stdout.
     #[arg(long, short)]
@@ -192,9 +192,27 @@ const READS: &[(&str, Option<&[&str]>)] = &[
     (EVENTS_TABLE, None),
 ];
 
+/// Tables whose rows are stamped with the end of the window they sum up
+/// (the detector's and the jitter probe's): a row is of the range when its
+/// window is, so they are read over (since, until], not [since, until), which
+/// took the window before the range and left out its last.
+const WINDOW_END_TABLES: &[&str] = &["tax", "jitter", "jitter_wakeup", "platform", EVENTS_TABLE];
+
+/// How far before the range the wake-up histogram's counters are read: the
+/// last row at or before its start is what the range's counts grow from.
+const WAKEUP_BASELINE_LOOKBACK_US: i64 = 600 * 1_000_000;
+
+/// How far before the range events are read: an event open at its start
+/// has its rows there (open, new suspects), as far back as the agent
+/// resumes open events after a restart.
+const EVENTS_LOOKBACK_US: i64 = 24 * 3600 * 1_000_000;
+
 /// One node's rows over the range, by table.
 struct NodeData {
     name: String,
+    /// The range's start, when it has one: `jitter_wakeup` and the events
+    /// table hold rows from before it (see [`load`]).
+    from_us: Option<i64>,
     tables: BTreeMap<&'static str, Rows>,
     /// Files of this node left out as damaged, with what was wrong.
     damaged_files: Vec<(PathBuf, String)>,
@@ -240,6 +258,17 @@ fn load(
         let (mut tables, mut damaged_files) = (BTreeMap::new(), Vec::new());
         for (table, fields) in &reads {
             progress.set_message(format!("{node} {table}"));
+            let (mut from_us, mut until_us) = (from_us, until_us);
+            if WINDOW_END_TABLES.contains(table) {
+                from_us = from_us.map(|t| t.saturating_add(1));
+                until_us = until_us.map(|t| t.saturating_add(1));
+            }
+            if *table == "jitter_wakeup" {
+                from_us = from_us.map(|t| t.saturating_sub(WAKEUP_BASELINE_LOOKBACK_US));
+            }
+            if *table == EVENTS_TABLE {
+                from_us = from_us.map(|t| t.saturating_sub(EVENTS_LOOKBACK_US));
+            }
             let request = ScanRequest {
                 table: table.to_string(),
                 from_us,
@@ -255,6 +284,7 @@ fn load(
         }
         data.push(NodeData {
             name: node.clone(),
+            from_us,
             tables,
             damaged_files,
         });
@@ -414,7 +444,11 @@ impl Event {
 }
 
 /// Events of the detector's rows: each event once (its latest row), by start.
-fn events(rows: &Rows) -> Vec<Event> {
+/// The events of the range, each as its latest row says: those that began
+/// in it, and those that began before it and were still open at its start
+/// (`rows` reaches back [`EVENTS_LOOKBACK_US`] before `from_us`). An event
+/// open for the whole range has no row in it, and had been left out.
+fn events(rows: &Rows, from_us: Option<i64>) -> Vec<Event> {
     let (resource, victim, signal) = (rows.tag("resource"), rows.tag("victim"), rows.tag("signal"));
     let (suspects, evidence, state) = (
         rows.tag("suspects"),
@@ -459,7 +493,15 @@ fn events(rows: &Rows) -> Vec<Event> {
             latest.insert(key, (t, event));
         }
     }
-    latest.into_values().map(|(_, e)| e).collect()
+    latest
+        .into_values()
+        .map(|(_, e)| e)
+        .filter(|e| match (from_us, e.end_us) {
+            (Some(from), Some(end)) => end >= from,
+            (Some(from), None) => e.state != "closed" || e.start_us >= from,
+            (None, _) => true,
+        })
+        .collect()
 }
 
 /// The platform verdict and its evidence. The verdict is the detector's
@@ -631,7 +673,7 @@ fn summarize(node: &NodeData) -> NodeSummary {
             counts[i].map(|c| (cpus[i].to_owned(), les[i].to_owned(), wakeup.time_us[i], c))
         })
         .collect();
-    let (faults, events): (Vec<Event>, Vec<Event>) = events(node.rows(EVENTS_TABLE))
+    let (faults, events): (Vec<Event>, Vec<Event>) = events(node.rows(EVENTS_TABLE), node.from_us)
         .into_iter()
         .partition(Event::is_fault);
     NodeSummary {
@@ -649,7 +691,7 @@ fn summarize(node: &NodeData) -> NodeSummary {
         nvlink_ratio: shape::mean_by_time(nvlink.values()),
         steal_ratio: shape::mean_by_time(&steal_rates),
         steal_over_range,
-        histogram: shape::histogram_from_cumulative(&cumulative),
+        histogram: shape::histogram_from_cumulative(&cumulative, node.from_us),
         faults,
         events,
     }

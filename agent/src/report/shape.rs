@@ -173,8 +173,15 @@ pub type Histogram = Vec<(f64, f64)>;
 /// collector started), summed over `series` (CPUs): each series' growth
 /// over the range, step by step as [`counter_growth`] adds it, so that an
 /// agent restarted in the range (its counts start again from 0) loses
-/// neither the counts before the restart nor those after it.
-pub fn histogram_from_cumulative(rows: &[(String, String, i64, f64)]) -> Histogram {
+/// neither the counts before the restart nor those after it. The growth
+/// starts from the series' last row at or before `from_us` (rows before it
+/// are there for that alone), or from 0 where it has none (the agent
+/// started in the range): from its first row in the range, the counts of
+/// the range's first window were left out.
+pub fn histogram_from_cumulative(
+    rows: &[(String, String, i64, f64)],
+    from_us: Option<i64>,
+) -> Histogram {
     // (series, le) -> its samples in the range.
     let mut samples: HashMap<(&str, &str), Vec<(i64, f64)>> = HashMap::new();
     for (series, le, t, v) in rows {
@@ -187,7 +194,11 @@ pub fn histogram_from_cumulative(rows: &[(String, String, i64, f64)]) -> Histogr
     for ((_, le), mut points) in samples {
         let Some(bound) = parse_le(le) else { continue };
         points.sort_by_key(|&(t, _)| t);
-        let values: Vec<f64> = points.iter().map(|&(_, v)| v).collect();
+        let before = from_us.map_or(0, |from| points.partition_point(|&(t, _)| t <= from));
+        let baseline = before.checked_sub(1).map_or(0.0, |i| points[i].1);
+        let values: Vec<f64> = std::iter::once(baseline)
+            .chain(points[before..].iter().map(|&(_, v)| v))
+            .collect();
         let count = counter_growth(&values).last().copied().unwrap_or(0.0);
         let e = by_le.entry(order_key(bound)).or_insert((bound, 0.0));
         e.1 += count;
@@ -394,8 +405,9 @@ mod tests {
     #[test]
     fn histogram_of_a_range_and_its_quantiles() {
         let row = |cpu: &str, le: &str, t: i64, v: f64| (cpu.to_owned(), le.to_owned(), t, v);
-        // Two CPUs, cumulative since start; the range sees the growth between
-        // its first and last rows.
+        // Two CPUs, cumulative since start; the range (from 0 on) sees the
+        // growth from each CPU's last row at or before its start, or from 0
+        // for a CPU with none (CPU 1: the agent started in the range).
         let rows = vec![
             row("0", "1e-05", 0, 10.0),
             row("0", "0.0001", 0, 10.0),
@@ -407,14 +419,24 @@ mod tests {
             row("1", "0.0001", 9, 90.0),
             row("1", "+Inf", 9, 90.0),
         ];
-        let h = histogram_from_cumulative(&rows);
-        // CPU 0 grew by 50/90/100, CPU 1 (one row) by 0: per bucket 50, 40, 10.
-        assert_eq!(h, [(1e-5, 50.0), (1e-4, 40.0), (f64::INFINITY, 10.0)]);
-        assert_eq!(histogram_quantile(0.5, &h), Some(Quantile::Within(1e-5)));
+        // The whole store: every CPU from 0, 100/190/200 cumulative.
+        assert_eq!(
+            histogram_from_cumulative(&rows, None),
+            [(1e-5, 100.0), (1e-4, 90.0), (f64::INFINITY, 10.0)]
+        );
+        let h = histogram_from_cumulative(&rows, Some(0));
+        // CPU 0 grew by 50/90/100, CPU 1 by 40/90/90: per bucket 90, 90, 10.
+        assert_eq!(h, [(1e-5, 90.0), (1e-4, 90.0), (f64::INFINITY, 10.0)]);
+        // 0.5 of 190 is 95: 5 into the second bucket.
+        let Some(Quantile::Within(p50)) = histogram_quantile(0.5, &h) else {
+            panic!("p50 is inside a bucket");
+        };
+        assert!((p50 - (1e-5 + 9e-5 * 5.0 / 90.0)).abs() < 1e-12, "{p50}");
         let Some(Quantile::Within(p70)) = histogram_quantile(0.7, &h) else {
             panic!("p70 is inside a bucket");
         };
-        assert!((p70 - (1e-5 + 9e-5 * 0.5)).abs() < 1e-12, "{p70}");
+        // 0.7 of 190 is 133: 43 of the second bucket's 90.
+        assert!((p70 - (1e-5 + 9e-5 * 43.0 / 90.0)).abs() < 1e-12, "{p70}");
         // A quantile in +Inf is above the largest finite bound, and says so.
         let p99 = histogram_quantile(0.99, &h).unwrap();
         assert_eq!(p99, Quantile::Above(1e-4));
@@ -436,7 +458,7 @@ mod tests {
             row("0.0001", 10, 1090.0),
             row("+Inf", 10, 1100.0),
         ];
-        let h = histogram_from_cumulative(&rows);
+        let h = histogram_from_cumulative(&rows, Some(0));
         // In time (0.0001, +Inf): 100, 1090 | 10 and 100, 1100 | 500. Ends
         // alone would give 10 (last below first) and 400 (last less first),
         // a histogram of 10 on time and 390 late, where it is 1000 on time

@@ -603,6 +603,10 @@ fn every_gpu_is_listed_the_lost_one_as_lost_and_faults_apart_from_neighbours() {
     let lost: Vec<&str> = s.lost_gpus().map(|g| g.index.as_str()).collect();
     assert_eq!(lost, ["7"]);
     assert_eq!(s.health[7].last_xid, Some(79));
+    // Lost from its first tick: the store cannot say when it went, only
+    // that it had by its first sample; the page says "at or before".
+    assert!(s.health[7].lost_before, "{:?}", s.health[7]);
+    assert_eq!(s.health[7].lost_since, Some(T0 + 1_000));
     assert_eq!(s.gpu_count(), "10 (1 lost)");
     // What each scenario shows.
     assert_eq!(
@@ -812,4 +816,58 @@ fn a_wake_up_tail_past_the_last_bucket_reads_as_more_than_it() {
         "{row}"
     );
     assert!(!row.contains("≤ 100 µs"), "{row}");
+}
+
+/// A range takes the windows that lie in it: the detector's and the jitter
+/// probe's rows are stamped with their window's end, so the row at the
+/// range's start sums up the window before it and the row at its end the
+/// range's last; the wake-up counts grow from the row at its start. Events
+/// are those the range saw: one open across the whole range (its only row
+/// before it) is there, one closed before it is not.
+#[test]
+fn a_range_reads_the_windows_and_events_of_that_range() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "unit_node", 0.75, true);
+    let catalog = catalog_with_events();
+    let source = Source::open(dir.path()).unwrap();
+    let (from, until) = (T0 + 20 * SECOND, T0 + 40 * SECOND);
+    let data = load(&source, &catalog, Some(from), Some(until), false).unwrap();
+    let jitter_times: std::collections::BTreeSet<i64> =
+        data[0].rows("jitter").time_us.iter().copied().collect();
+    assert_eq!(
+        jitter_times.into_iter().collect::<Vec<_>>(),
+        [T0 + 30 * SECOND, T0 + 40 * SECOND]
+    );
+    let s = summarize(&data[0]);
+    // Two windows × 2 CPUs × (90 under 10 µs, 10 under 100 µs).
+    assert_eq!(
+        s.histogram,
+        [(1e-5, 360.0), (1e-4, 40.0), (f64::INFINITY, 0.0)]
+    );
+    let states: Vec<(&str, &str)> = s
+        .events
+        .iter()
+        .map(|e| (e.resource.as_str(), e.state.as_str()))
+        .collect();
+    assert_eq!(states, [("cpu", "closed")], "ended at +35 s, in the range");
+
+    let data = load(
+        &source,
+        &catalog,
+        Some(T0 + 55 * SECOND),
+        Some(T0 + 60 * SECOND),
+        false,
+    )
+    .unwrap();
+    let s = summarize(&data[0]);
+    let states: Vec<(&str, &str)> = s
+        .events
+        .iter()
+        .map(|e| (e.resource.as_str(), e.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        [("memory_bandwidth", "open")],
+        "open since +45 s, its only row at +50 s"
+    );
 }
