@@ -469,9 +469,13 @@ pub(super) fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
             hardware.push(format!("{} {what}", text(field)));
         }
     }
+    let no_windows = s.tax.iter().all(|f| f.windows == 0);
     out.push((
         "The hardware",
-        if hardware.is_empty() {
+        if hardware.is_empty() && no_windows {
+            // Nothing to judge by is not nothing lost (a range in a gap).
+            "no detector windows in this range to judge it by".to_string()
+        } else if hardware.is_empty() {
             "nothing lost".to_string()
         } else {
             hardware.join("; ")

@@ -527,6 +527,9 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     assert!(!html.contains("<svg"), "no plot without data");
     assert!(html.matches(r#"class="no-data""#).count() >= 6);
     assert!(html.contains("Unknown: no verdict rows in this range"));
+    // Nothing to judge the hardware by is not "nothing lost".
+    assert!(html.contains("no detector windows in this range to judge it by"));
+    assert!(!html.contains("nothing lost"));
     // An empty sum of wake-ups printed as "-0".
     assert!(
         html.contains(r#"<td class="num">0</td>"#) && !html.contains(">-0<"),
