@@ -439,7 +439,10 @@ impl Detector {
         window_steal: Option<f64>,
         gpu: GpuTaxSums,
     ) -> Batch {
-        let jitter = self.jitter;
+        // The last jitter window, while it is current: once the probe stops
+        // (turned off by a reload, failing), its last figures must not stand
+        // in for the windows after it.
+        let jitter = self.jitter.filter(|j| j.current_at(time_us));
         let facts = &self.facts;
         let row = tables::TaxRow {
             steal_ratio: window_steal,

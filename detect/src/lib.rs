@@ -264,6 +264,25 @@ struct JitterWindow {
     interrupted_ratio: Option<f64>,
     unexplained_ratio: Option<f64>,
     busy_ratio: Option<f64>,
+    /// The window's end.
+    end_us: i64,
+    /// Its length, as the spacing from the window before it; unknown after
+    /// the first.
+    length_us: Option<i64>,
+}
+
+/// A jitter window's length before a second has shown it: the longest the
+/// collector allows.
+const JITTER_WINDOW_MAX_US: i64 = 3600 * 1_000_000;
+
+impl JitterWindow {
+    /// Whether it still speaks for the node at `now_us`: no later window came
+    /// in two of its lengths (the probe was turned off, or fails), and the
+    /// tax would carry its figures on for as long as the agent runs.
+    fn current_at(&self, now_us: i64) -> bool {
+        let length = self.length_us.unwrap_or(JITTER_WINDOW_MAX_US).max(1);
+        now_us - self.end_us <= 2 * length
+    }
 }
 
 /// The second a sample belongs to (collectors tick just after whole seconds,

@@ -414,11 +414,20 @@ impl Detector {
         let time_us = view.time_us(0);
         if let Some(p99) = p99 {
             self.sample(Resource::Cpu, "node", "jitter_p99_seconds", time_us, p99);
+            let length_us = match self.jitter {
+                Some(j) if time_us > j.end_us && time_us - j.end_us <= JITTER_WINDOW_MAX_US => {
+                    Some(time_us - j.end_us)
+                }
+                Some(j) => j.length_us,
+                None => None,
+            };
             self.jitter = Some(JitterWindow {
                 p99_seconds: p99,
                 interrupted_ratio: mean(&interrupted),
                 unexplained_ratio: mean(&unexplained),
                 busy_ratio: mean(&busy),
+                end_us: time_us,
+                length_us,
             });
         }
         if let Some(u) = mean(&unexplained) {

@@ -76,7 +76,8 @@ vtax_store::table! {
         help: "One row per detector window: what the platform takes, measured. A field is null \
                when its source is absent or, for the GPU ratios, when no GPU was busy. Steal and the \
                GPU ratios are means over the window's seconds (the GPU ratios over its seconds \
-               with a busy GPU); the jitter fields are the last jitter window's, the links \
+               with a busy GPU); the jitter fields are the last jitter window's (null once \
+               two of its lengths pass without another: the probe off or failing), the links \
                missing and the probe's ratios the latest known.",
         tags: [],
         fields: [

@@ -1085,6 +1085,61 @@ fn the_tax_says_how_busy_the_probed_cpus_were() {
     near("unexplained_ratio", 0.03);
 }
 
+/// Once the jitter probe stops (a reload turned it off, or it fails), the
+/// tax no longer carries its last window's figures: they had stood for
+/// every window after, for as long as the agent ran, and an alert on the
+/// unexplained share fired on a probe that was off.
+#[test]
+fn the_tax_drops_the_jitter_figures_once_the_probe_stops() {
+    use vtax_collectors::jitter::JITTER;
+    let mut detector = Detector::new(config());
+    let window = [
+        ("wakeup_p99_seconds", 80e-6),
+        ("interrupted_ratio", 0.05),
+        ("unexplained_ratio", 0.04),
+        ("busy_ratio", 0.01),
+    ];
+    // Two 10 s windows, so the detector knows their length; then none.
+    for end_s in [10, 20] {
+        detector.observe(&rows(
+            &JITTER,
+            START_US + end_s * 1_000_000,
+            &[(&["0"], &window)],
+        ));
+    }
+    let mut taxes = Vec::new();
+    for second in 20..80 {
+        taxes.extend(
+            detector
+                .tick(START_US + (second + 1) * 1_000_000 + 300_000)
+                .into_iter()
+                .filter(|b| std::ptr::eq(b.table, &tables::TAX)),
+        );
+    }
+    let unexplained: Vec<(i64, Option<f64>)> = taxes
+        .iter()
+        .map(|b| {
+            let v = View::new(b);
+            (
+                (v.time_us(0) - START_US) / 1_000_000,
+                v.value(0, "unexplained_ratio"),
+            )
+        })
+        .collect();
+    for &(end_s, value) in &unexplained {
+        // Current until two lengths (20 s) past the last window's end.
+        let expected = (end_s <= 40).then_some(0.04);
+        assert_eq!(
+            value, expected,
+            "window ending at +{end_s} s: {unexplained:?}"
+        );
+    }
+    assert!(
+        unexplained.iter().any(|&(end_s, _)| end_s > 40),
+        "{unexplained:?}"
+    );
+}
+
 /// Steal that comes in bursts: one second of five at 5% of each CPU. The
 /// window's steal in the tax is the mean of its seconds, 1%, whichever
 /// second the window is judged after; the latest second alone read 0 for
