@@ -122,8 +122,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     exposition.update(BUILD_SOURCE, vec![build.clone()]);
     let _ = sender.send(vec![build]);
     let web = crate::web::start(&config.web, exposition.clone(), sender.clone())?;
-    let mut collectors =
-        CollectorSet::start(&config.collectors, &config.roots(), &exposition, &sender);
+    let started_us = now_us();
+    let mut collectors = CollectorSet::start(
+        &config.collectors,
+        &config.roots(),
+        &exposition,
+        &sender,
+        &|table| latest_rows(&store, table, started_us),
+    );
     let sync_interval = Duration::from_secs_f64(config.store.sync_interval_secs);
     let mut remote = RemoteWriters::start(
         &remote_write_configs(&config),
@@ -381,6 +387,50 @@ const STORE_SOURCE: &str = "store";
 
 /// The exposition source of the detector's rows.
 const DETECTOR_SOURCE: &str = "detect";
+
+/// Each series' latest row of `table` in the store over the last
+/// `RESUME_HORIZON_SECS` before `now_us`, for a collector to take its counts
+/// up from. A store that cannot be read gives none: the counts start at zero,
+/// as they did before there was a store to read.
+fn latest_rows(
+    store: &Store,
+    table: &'static vtax_store::TableDef,
+    now_us: i64,
+) -> Vec<crate::collectors::LatestRow> {
+    let request = vtax_store::ScanRequest {
+        table: table.name.to_string(),
+        from_us: Some(now_us - crate::collectors::RESUME_HORIZON_SECS * 1_000_000),
+        until_us: Some(now_us + 1),
+        skip_damaged: true,
+        ..vtax_store::ScanRequest::default()
+    };
+    let result = match store.scan(&request) {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::warn!(table = table.name, error = %format!("{e:#}"), "Could not read the store's latest counts; they start again at zero.");
+            return Vec::new();
+        }
+    };
+    let rows = crate::detect::stored_rows::Rows::from_batches(&result.batches);
+    let tags: Vec<Vec<&str>> = table.tags.iter().map(|t| rows.tag(t.name)).collect();
+    let fields: Vec<Vec<Option<f64>>> = table.fields.iter().map(|f| rows.field(f.name)).collect();
+    let mut latest: std::collections::BTreeMap<Vec<&str>, usize> = Default::default();
+    for i in 0..rows.len() {
+        let key: Vec<&str> = tags.iter().map(|t| t[i]).collect();
+        let at = latest.entry(key).or_insert(i);
+        if rows.time_us[i] >= rows.time_us[*at] {
+            *at = i;
+        }
+    }
+    latest
+        .into_iter()
+        .map(|(key, i)| crate::collectors::LatestRow {
+            time_us: rows.time_us[i],
+            tags: key.into_iter().map(str::to_string).collect(),
+            fields: fields.iter().map(|f| f[i]).collect(),
+        })
+        .collect()
+}
 
 /// The detector, with its baselines relearned from the store; none when disabled.
 fn start_detector(config: &Config, store: &Store) -> Option<Detector> {

@@ -9,10 +9,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vtax_exporters::Exposition;
-use vtax_store::{Batch, BatchBuilder};
+use vtax_store::{Batch, BatchBuilder, TableDef};
 
 use crate::collectors::{
-    runtime_tables, Availability, Collector, CollectorsConfig, ParseError, Roots,
+    runtime_tables, Availability, Collector, CollectorsConfig, LatestRow, ParseError, Roots,
     ABSENT_REPROBE_SECS, FAILED_REPROBE_FIRST_SECS, FAILED_REPROBE_MAX_SECS, NAMES,
 };
 use crate::ticks::{next_grid, Stopper};
@@ -36,6 +36,13 @@ impl Running {
     }
 }
 
+/// Why collectors start: the agent's start, with the store's latest rows to
+/// resume counts from, or a reload, with the collectors replaced.
+enum Starting<'a> {
+    Agent(&'a dyn Fn(&'static TableDef) -> Vec<LatestRow>),
+    Reload(Vec<Box<dyn Collector>>),
+}
+
 /// The running collectors of one configuration.
 pub struct CollectorSet {
     collectors: Vec<Running>,
@@ -49,17 +56,22 @@ impl CollectorSet {
     /// source is there reads it; one whose source is absent or reads badly
     /// is logged with the reason and probed again on its thread until it is
     /// there (`wait_for_source`), so no source is given up until a restart.
+    ///
+    /// A collector that counts events itself takes its counts up from
+    /// `stored`: each series' latest row of a table from the store
+    /// (`Collector::resume`).
     pub fn start(
         config: &CollectorsConfig,
         roots: &Roots,
         exposition: &Arc<Exposition>,
         rows: &RowSender,
+        stored: &dyn Fn(&'static TableDef) -> Vec<LatestRow>,
     ) -> CollectorSet {
         let mut set = CollectorSet {
             collectors: Vec::new(),
             running: Vec::new(),
         };
-        set.start_missing(config, roots, exposition, rows, Vec::new());
+        set.start_missing(config, roots, exposition, rows, Starting::Agent(stored));
         set
     }
 
@@ -100,7 +112,7 @@ impl CollectorSet {
         self.running = kept.iter().map(|r| r.name).collect();
         self.collectors = kept;
         let was_running: Vec<&'static str> = replaced.iter().map(|c| c.name()).collect();
-        self.start_missing(config, roots, exposition, rows, replaced);
+        self.start_missing(config, roots, exposition, rows, Starting::Reload(replaced));
         for name in was_running {
             if !self.running.contains(&name) {
                 remove_series(exposition, name);
@@ -110,16 +122,21 @@ impl CollectorSet {
         self
     }
 
-    /// Starts every enabled collector not running yet; each takes over from
-    /// its entry in `previous`, if any.
+    /// Starts every enabled collector not running yet: at the agent's start
+    /// each resumes its counts from the store; on a reload each takes over
+    /// from the collector it replaces, if any.
     fn start_missing(
         &mut self,
         config: &CollectorsConfig,
         roots: &Roots,
         exposition: &Arc<Exposition>,
         rows: &RowSender,
-        mut previous: Vec<Box<dyn Collector>>,
+        starting: Starting,
     ) {
+        let (mut previous, stored) = match starting {
+            Starting::Agent(stored) => (Vec::new(), Some(stored)),
+            Starting::Reload(previous) => (previous, None),
+        };
         // Every collector's first tick is on the next whole second, whatever
         // its interval, so each starts with data at once and on one render.
         let first_tick = next_grid(1_000_000, i64::MIN);
@@ -135,6 +152,17 @@ impl CollectorSet {
             let mut collector = config.build(name, roots).expect("every name builds");
             if let Some(at) = previous.iter().position(|p| p.name() == name) {
                 collector.take_over(previous.swap_remove(at));
+            }
+            if let (Some(stored), Some(table)) = (stored, collector.resumes_from()) {
+                let latest = stored(table);
+                if !latest.is_empty() {
+                    tracing::info!(
+                        collector = name,
+                        series = latest.len(),
+                        "Counts taken up from the store."
+                    );
+                }
+                collector.resume(&latest);
             }
             let time_us = now_us();
             let started = Instant::now();

@@ -186,6 +186,32 @@ pub trait Collector: Send + IntoAny {
     fn take_over(&mut self, previous: Box<dyn Collector>) {
         let _ = previous;
     }
+    /// The table whose stored rows a collector that counts events itself
+    /// takes its counts up from when the agent starts (see [`Collector::resume`]).
+    fn resumes_from(&self) -> Option<&'static TableDef> {
+        None
+    }
+    /// At the agent's start, before its probe: each series' latest row of
+    /// [`Collector::resumes_from`] in the store from the last
+    /// [`RESUME_HORIZON_SECS`]. Its counts go on from them, as a kernel's do
+    /// across an agent's restart, rather than start again at zero, which a
+    /// rule on `increase()` can misread (a count of 1 born again at 1 after a
+    /// restart is no increase).
+    fn resume(&mut self, _latest: &[LatestRow]) {}
+}
+
+/// How far back a collector's counts are taken up at the agent's start:
+/// after a longer stop they start again at zero, which Prometheus reads as a
+/// reset across the gap.
+pub const RESUME_HORIZON_SECS: i64 = 3600;
+
+/// A series' latest stored row, for [`Collector::resume`]: its tags in the
+/// table's declaration order and its fields' values (null as `None`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatestRow {
+    pub time_us: i64,
+    pub tags: Vec<String>,
+    pub fields: Vec<Option<f64>>,
 }
 
 /// Settings every collector has, under `[collectors.<name>]`.

@@ -1036,6 +1036,34 @@ impl Collector for Gpu {
         self.unlisted.clone()
     }
 
+    // The XID counts are the agent's own: restarted from zero they would
+    // come back at 1 with the next XID of a code counted once before, which
+    // `increase()` cannot tell from no XID at all.
+    fn resumes_from(&self) -> Option<&'static vtax_store::TableDef> {
+        Some(&XID)
+    }
+
+    fn resume(&mut self, latest: &[crate::LatestRow]) {
+        // Tags: gpu, gpu_uuid, xid; field: errors.
+        for row in latest {
+            let (Some(uuid), Some(code)) = (row.tags.get(1), row.tags.get(2)) else {
+                continue;
+            };
+            let (Ok(code), Some(Some(errors))) = (code.parse::<u64>(), row.fields.first()) else {
+                continue;
+            };
+            if uuid.is_empty() || !errors.is_finite() || *errors < 1.0 {
+                continue;
+            }
+            let state = self.carried.entry(uuid.clone()).or_insert_with(|| GpuState {
+                virtualization_mode: "unknown",
+                mig: "unknown",
+                ..GpuState::default()
+            });
+            state.xid_by_code.insert(code, *errors as u64);
+        }
+    }
+
     fn problems(&self) -> Vec<String> {
         let mut problems: Vec<String> = self
             .states

@@ -242,14 +242,14 @@ vtax_store::table! {
     /// XID errors by code.
     pub static XID: TableDef, pub struct GpuXidRow {
         name: "gpu_xid",
-        help: "One row per GPU, XID code seen and tick: how many errors of that code the driver reported since the agent started.",
+        help: "One row per GPU, XID code seen and tick: how many errors of that code the driver reported, counted on across agent restarts (a restarted agent takes the count up from its store when it was stopped for under an hour).",
         tags: [
             gpu = GPU_TAG,
             gpu_uuid = UUID_TAG,
             xid = tag("xid", "XID code (e.g. 79: fell off the bus, 48: double-bit ECC, 13: graphics engine exception)."),
         ],
         fields: [
-            errors: u64 = events("XID errors of this code since the agent started."),
+            errors: u64 = events("XID errors of this code, counted on across agent restarts of under an hour."),
         ],
         exported: true,
     }

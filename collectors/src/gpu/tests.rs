@@ -217,6 +217,42 @@ fn a_rebuilt_collector_takes_over_the_counts_of_the_old() {
     }
 }
 
+/// At the agent's start the XID counts go on from the store's latest rows
+/// (by GPU UUID), so a code counted once before a restart reads 2 at its
+/// next XID, not 1 again: `increase()` saw no XID in a count of 1 born
+/// again at 1, and the alert on it stayed silent.
+#[test]
+fn a_started_collector_takes_its_xid_counts_up_from_the_store() {
+    let first = simulated(&["xid"]);
+    let uuid = first.gpus[0].uuid.clone();
+    let config = first.config.clone();
+    let roots = Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+        ..Roots::default()
+    };
+    let mut gpu = Gpu::new(&config, &roots);
+    assert_eq!(gpu.resumes_from().map(|t| t.name), Some("gpu_xid"));
+    let stored = |uuid: &str, code: &str, errors: f64| crate::LatestRow {
+        time_us: 0,
+        tags: vec!["0".into(), uuid.into(), code.into()],
+        fields: vec![Some(errors)],
+    };
+    gpu.resume(&[
+        stored(&uuid, "31", 1.0),
+        stored(&uuid, "48", 3.0),
+        // Another GPU's, and rows that do not read: left alone.
+        stored("GPU-elsewhere", "79", 1.0),
+        stored(&uuid, "x", 9.0),
+    ]);
+    assert!(matches!(gpu.probe(), Availability::Available(_)));
+    let batches = gpu.collect(1_000_000).unwrap();
+    // XID 31 again at the simulator's first tick: 1 before, 2 now.
+    assert_eq!(value(&batches, &XID, &["0", &uuid, "31"], "errors"), Some(2.0));
+    assert_eq!(value(&batches, &XID, &["0", &uuid, "48"], "errors"), Some(3.0));
+    assert_eq!(table(&batches, &XID).unwrap().len(), 2);
+}
+
 /// Simulated GPUs with the collector's settings changed by `change`.
 fn simulated_with(scenarios: &[&str], change: impl FnOnce(&mut GpuConfig)) -> Gpu {
     let mut config = GpuConfig {
