@@ -166,6 +166,23 @@ pub fn parse_stream(
             samples_dropped += 1;
             continue;
         }
+        // A bucket of a histogram asked for, whether its row is stored or
+        // not: one repeating its old timestamp still says where the series
+        // stands, and left out it dropped the series from the window. A
+        // bucket whose `le` does not read is left out of the quantiles only,
+        // as PromQL leaves it out of `histogram_quantile`.
+        if let Some(family) = sample.metric.strip_suffix("_bucket") {
+            if target.histograms.iter().any(|h| h == family) {
+                let bucket = split_le(&sample.labels)
+                    .and_then(|(rest, le)| Some((rest, le.parse::<f64>().ok()?)));
+                if let Some((rest, bound)) = bucket {
+                    series
+                        .entry((family.to_string(), rest))
+                        .or_default()
+                        .push((bound, sample.value));
+                }
+            }
+        }
         if sample.timestamp_us.is_some() {
             let before = earlier.get(&key).copied();
             // Kept for the next scrape whether stored now or not: a series
@@ -178,29 +195,6 @@ pub fn parse_stream(
             }
         }
         seen.insert(key);
-        if let Some(family) = sample.metric.strip_suffix("_bucket") {
-            if target.histograms.iter().any(|h| h == family) {
-                let (rest, le) = split_le(&sample.labels).ok_or_else(|| {
-                    fail(
-                        Reason::Invalid,
-                        format!(
-                            "line {}: bucket without a valid le label",
-                            parser.line_number()
-                        ),
-                    )
-                })?;
-                let bound: f64 = le.parse().map_err(|_| {
-                    fail(
-                        Reason::Invalid,
-                        format!("line {}: le={le:?} is not a number", parser.line_number()),
-                    )
-                })?;
-                series
-                    .entry((family.to_string(), rest))
-                    .or_default()
-                    .push((bound, sample.value));
-            }
-        }
         let row = ScrapedRow {
             target: &target.name,
             metric: sample.metric,

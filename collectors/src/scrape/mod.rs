@@ -23,8 +23,8 @@
 //! the agent's memory.
 //!
 //! Quantiles are computed as PromQL's `histogram_quantile` computes them, over
-//! the increase of the cumulative buckets between the scrapes that open and
-//! close the window ([`bucket_quantile`], [`window_delta`]).
+//! the increase of the cumulative buckets in the window, added up scrape by
+//! scrape as `increase` takes each bucket ([`bucket_quantile`], [`scrape_delta`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufRead;
@@ -161,7 +161,7 @@ vtax_store::table! {
     /// Per window, per target histogram series: quantiles of what it observed.
     pub static SERVICE_LATENCY: TableDef, pub struct ServiceLatencyRow {
         name: "service_latency",
-        help: "One row per window (window_secs, on wall-clock multiples) per series of each histogram a [[scrape]] target lists: quantiles of the observations made in the window, from the increase of the cumulative buckets between the scrapes that open and close it, interpolated within a bucket as PromQL's histogram_quantile does. A histogram named _milliseconds or _microseconds is converted to seconds. The row's time is the closing scrape's.",
+        help: "One row per window (window_secs, on wall-clock multiples) per series of each histogram a [[scrape]] target lists: quantiles of the observations made in the window, from the increase of the cumulative buckets in it (each scrape's over the one before, a count that went down read as a restart), interpolated within a bucket as PromQL's histogram_quantile does. A histogram named _milliseconds or _microseconds is converted to seconds. The row's time is the closing scrape's.",
         tags: [
             target = TARGET_TAG,
             metric = TagDef {
@@ -179,7 +179,7 @@ vtax_store::table! {
             p999_seconds: Option<f64> = seconds("99.9th percentile of the window's observations; null when it had none."),
             observations: f64 = FieldDef::stored_only(FieldType::F64, Unit::None, "Observations in the window (the increase of the +Inf bucket). Not exported: a count per window is no gauge; on /metrics, observations_per_second times window_seconds gives it."),
             observations_per_second: Option<f64> = FieldDef::gauge(FieldType::F64, Unit::None, "Observations per second over the window."),
-            window_seconds: f64 = seconds("Time between the scrapes that open and close the window."),
+            window_seconds: f64 = seconds("Time the window's increase covers: from the scrape before its first growth to the closing scrape."),
         ],
         exported: true,
     }

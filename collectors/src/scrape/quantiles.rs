@@ -63,21 +63,35 @@ pub fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     Some(start + (end - start) * (rank - below) / in_bucket)
 }
 
-/// The observations a histogram series made between two scrapes: per bucket,
-/// the later count minus the earlier. A count that went down (the target
-/// restarted) or a changed set of bounds means the series started over: the
-/// later counts are the window's, as PromQL's `increase` counts a reset.
-pub fn window_delta(before: &[(f64, f64)], after: &[(f64, f64)]) -> Buckets {
-    let same_bounds =
-        before.len() == after.len() && before.iter().zip(after).all(|(b, a)| b.0 == a.0);
-    if !same_bounds || before.iter().zip(after).any(|(b, a)| a.1 < b.1) {
-        return after.to_vec();
-    }
-    before
+/// The observations a histogram series made between two consecutive
+/// scrapes, bucket by bucket as PromQL's `increase` takes each `le` series:
+/// the later count less the earlier, or the later count alone where it went
+/// down (the target restarted: what it counted since is all new). A bound
+/// the earlier scrape did not have (a new target version's) adds nothing
+/// until it has two samples, as in PromQL.
+pub fn scrape_delta(before: &[(f64, f64)], after: &[(f64, f64)]) -> Buckets {
+    after
         .iter()
-        .zip(after)
-        .map(|(b, a)| (a.0, a.1 - b.1))
+        .map(|&(bound, now)| {
+            let grew = match before.iter().find(|b| b.0 == bound) {
+                Some(&(_, was)) if now >= was => now - was,
+                Some(_) => now,
+                None => 0.0,
+            };
+            (bound, grew)
+        })
         .collect()
+}
+
+/// Adds `delta` to `into`, bound by bound (both sorted by bound).
+fn add_buckets(into: &mut Buckets, delta: &[(f64, f64)]) {
+    for &(bound, n) in delta {
+        match into.iter_mut().find(|b| b.0 == bound) {
+            Some(b) => b.1 += n,
+            None => into.push((bound, n)),
+        }
+    }
+    into.sort_by(|a, b| a.0.total_cmp(&b.0));
 }
 
 /// Seconds per unit of a histogram, from its name's unit suffix.
@@ -129,57 +143,81 @@ pub fn split_le(labels: &str) -> Option<(String, &str)> {
     le.map(|le| (rest, le))
 }
 
-/// A target's window: the histogram snapshot of the scrape that opened it.
+/// A histogram series' growth in the open window.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Growth {
+    /// Per bound, the observations counted so far in the window.
+    buckets: Buckets,
+    /// When the span it covers began: the scrape before its first delta.
+    from_us: i64,
+}
+
+/// A target's windows: every scrape's growth over the one before it, bucket
+/// by bucket, added up until a scrape in a later window closes the window.
+/// Between two scrapes only their ends were compared, so a restart (or a
+/// new set of buckets) inside a window was missed or taken as the whole
+/// window: a p99 of 0.049 s where PromQL and the observations said 0.92 s.
 #[derive(Default)]
 pub struct Windows {
     pub(super) window_us: i64,
-    pub(super) base: Option<(i64, i64, Snapshot)>,
+    /// The grid instant and time of the last scrape.
+    pub(super) last: Option<(i64, i64)>,
+    /// Each series' buckets as it was last seen, and when: a series absent
+    /// from a scrape (its samples repeating an old timestamp, say) goes on
+    /// from there when it is back.
+    pub(super) seen: BTreeMap<(String, String), (i64, Buckets)>,
+    /// The open window's growth by series.
+    pub(super) growth: BTreeMap<(String, String), Growth>,
 }
+
+/// A series not seen for this many windows is forgotten.
+const FORGET_AFTER_WINDOWS: i64 = 3;
 
 impl Windows {
     /// Windows of `window_secs`, on wall-clock multiples.
     pub fn new(window_secs: u64) -> Self {
         Windows {
             window_us: window_secs as i64 * 1_000_000,
-            base: None,
+            ..Windows::default()
         }
     }
 
     /// Takes a scrape's snapshot (`grid_us`: the wall-clock instant it was
     /// scheduled for, which decides its window; `time_us`: when it ran).
-    /// When the scrape is in a later window than the one open, returns the
-    /// closed window's rows: (family, labels, delta buckets, seconds covered).
+    /// Its growth over each series' previous sample belongs to the window of
+    /// that sample. When the scrape is in a later window than the last one,
+    /// returns the closed window's rows: (family, labels, observations by
+    /// bound, seconds covered), for each series with two samples in it.
     pub fn advance(
         &mut self,
         grid_us: i64,
         time_us: i64,
         snapshot: Snapshot,
     ) -> Vec<(String, String, Buckets, f64)> {
-        let mut closed = Vec::new();
-        match &self.base {
-            Some((base_grid, _, _))
-                if grid_us.div_euclid(self.window_us) == base_grid.div_euclid(self.window_us) =>
-            {
-                return closed;
+        for (key, after) in snapshot {
+            if let Some((seen_us, before)) = self.seen.get(&key) {
+                let delta = scrape_delta(before, &after);
+                let growth = self.growth.entry(key.clone()).or_insert_with(|| Growth {
+                    buckets: Vec::new(),
+                    from_us: *seen_us,
+                });
+                add_buckets(&mut growth.buckets, &delta);
             }
-            Some((_, base_time, base)) => {
-                let span = (time_us - base_time) as f64 / 1e6;
-                for ((family, labels), after) in &snapshot {
-                    // A series that appeared within the window has no opening
-                    // scrape; PromQL's increase needs two samples too.
-                    if let Some(before) = base.get(&(family.clone(), labels.clone())) {
-                        closed.push((
-                            family.clone(),
-                            labels.clone(),
-                            window_delta(before, after),
-                            span,
-                        ));
-                    }
-                }
-            }
-            None => {}
+            self.seen.insert(key, (time_us, after));
         }
-        self.base = Some((grid_us, time_us, snapshot));
+        let mut closed = Vec::new();
+        let window_of = |t: i64| t.div_euclid(self.window_us);
+        if let Some((last_grid, _)) = self.last {
+            if window_of(grid_us) != window_of(last_grid) {
+                for ((family, labels), growth) in std::mem::take(&mut self.growth) {
+                    let span = (time_us - growth.from_us) as f64 / 1e6;
+                    closed.push((family, labels, growth.buckets, span));
+                }
+                let horizon = time_us - FORGET_AFTER_WINDOWS * self.window_us;
+                self.seen.retain(|_, (seen_us, _)| *seen_us >= horizon);
+            }
+        }
+        self.last = Some((grid_us, time_us));
         closed
     }
 }

@@ -83,26 +83,29 @@ fn garbage_counts_give_no_quantile_and_no_panic() {
 }
 
 #[test]
-fn deltas_between_window_ends_and_resets() {
+fn deltas_between_scrapes_and_resets() {
     let before = [(0.1, 10.0), (1.0, 15.0), (INF, 16.0)];
     let after = [(0.1, 12.0), (1.0, 25.0), (INF, 26.0)];
     assert_eq!(
-        window_delta(&before, &after),
+        scrape_delta(&before, &after),
         vec![(0.1, 2.0), (1.0, 10.0), (INF, 10.0)]
     );
     // rank 5 of 10: 3 of 8 into (0.1, 1].
     close(
-        bucket_quantile(0.5, &window_delta(&before, &after)),
+        bucket_quantile(0.5, &scrape_delta(&before, &after)),
         0.1 + 0.9 * 3.0 / 8.0,
     );
-    // The target restarted: counts went down, the later ones are the window's.
+    // The target restarted: counts went down, what it counted since is new.
     let restarted = [(0.1, 1.0), (1.0, 3.0), (INF, 3.0)];
-    assert_eq!(window_delta(&after, &restarted), restarted.to_vec());
-    // Bounds changed: the same.
-    let rebucketed = [(0.5, 30.0), (INF, 40.0)];
-    assert_eq!(window_delta(&after, &rebucketed), rebucketed.to_vec());
-    // No observations in the window: no quantiles, zero count.
-    let idle = window_delta(&after, &after);
+    assert_eq!(scrape_delta(&after, &restarted), restarted.to_vec());
+    // A bound new to this scrape adds nothing yet; the others go on.
+    let rebucketed = [(0.1, 13.0), (0.5, 30.0), (INF, 40.0)];
+    assert_eq!(
+        scrape_delta(&after, &rebucketed),
+        vec![(0.1, 1.0), (0.5, 0.0), (INF, 14.0)]
+    );
+    // No observations: no quantiles, zero count.
+    let idle = scrape_delta(&after, &after);
     assert_eq!(idle.last().unwrap().1, 0.0);
     assert_eq!(bucket_quantile(0.99, &idle), None);
 }
@@ -207,10 +210,18 @@ fn bodies_are_parsed_and_histograms_picked_out() {
         f.message
     };
     invalid("<html>oops</html>\n", Format::PrometheusText, &target(&[]));
-    invalid(
-        "x_bucket{le=\"fast\"} 1\n",
+    // A bucket whose le does not read is left out of the quantiles only:
+    // it failed the whole scrape, every sample of the target lost.
+    let odd_le = parse(
+        "x_bucket{le=\"fast\"} 1\nx_bucket{le=\"+Inf\"} 2\ny 3\n",
         Format::PrometheusText,
         &target(&["x"]),
+    )
+    .unwrap();
+    assert_eq!(odd_le.rows.len(), 3);
+    assert_eq!(
+        odd_le.histograms[&("x".to_string(), String::new())],
+        vec![(INF, 2.0)]
     );
     invalid("x 1\n", Format::OpenMetrics, &target(&[]));
     let not_utf8 = parse_stream(
@@ -322,11 +333,65 @@ fn windows_close_on_wall_clock_multiples() {
     assert_eq!(closed.len(), 1);
     assert_eq!(closed[0].2, vec![(0.1, 4.0), (INF, 4.0)]);
     assert!((closed[0].3 - 10.0).abs() < 1e-9);
-    // A series new in this window is left for the next.
-    let mut two = snap(9.0);
-    two.insert(("h".into(), "x=\"1\"".into()), vec![(INF, 1.0)]);
-    let closed = w.advance(120 * s, 120 * s, two);
-    assert_eq!(closed.len(), 1);
+    // A series new in this window counts from its second sample, over the
+    // span since its first.
+    let with = |n: f64, x: f64| {
+        let mut two = snap(n);
+        two.insert(("h".into(), "x=\"1\"".into()), vec![(INF, x)]);
+        two
+    };
+    assert!(w.advance(113 * s, 113 * s, with(6.0, 1.0)).is_empty());
+    assert!(w.advance(116 * s, 116 * s, with(7.0, 4.0)).is_empty());
+    let closed = w.advance(120 * s, 120 * s, with(9.0, 5.0));
+    assert_eq!(closed.len(), 2);
+    let new = closed.iter().find(|c| !c.1.is_empty()).unwrap();
+    assert_eq!(new.2, vec![(INF, 4.0)]);
+    assert!((new.3 - 7.0).abs() < 1e-9, "{}", new.3);
+}
+
+/// What a window holds is every scrape's growth over the one before, as
+/// PromQL's increase adds it: a restart inside the window keeps what came
+/// before it and after it; a restart whose counts came back above the
+/// window's opening ones is seen (the ends alone read it as a small growth);
+/// new bounds without a restart are not the target's whole lifetime; a
+/// series missing from a scrape goes on from where it was seen.
+#[test]
+fn a_window_adds_up_each_scrapes_growth() {
+    let s = 1_000_000;
+    let key = ("lat_seconds".to_string(), String::new());
+    let snap = |buckets: &[(f64, f64)]| -> Snapshot {
+        [(key.clone(), buckets.to_vec())].into_iter().collect()
+    };
+    let mut w = Windows::new(10);
+    w.advance(100 * s, 100 * s, snap(&[(0.1, 100.0), (1.0, 150.0), (INF, 160.0)]));
+    w.advance(103 * s, 103 * s, snap(&[(0.1, 110.0), (1.0, 170.0), (INF, 180.0)]));
+    // Restarted at +104: at +107 its counts are above those at +103, so
+    // the window's ends alone read it as growth; the scrape at +105 shows
+    // the restart.
+    w.advance(105 * s, 105 * s, snap(&[(0.1, 1.0), (1.0, 30.0), (INF, 40.0)]));
+    w.advance(107 * s, 107 * s, snap(&[(0.1, 200.0), (1.0, 210.0), (INF, 215.0)]));
+    let closed = w.advance(110 * s, 110 * s, snap(&[(0.1, 220.0), (1.0, 235.0), (INF, 240.0)]));
+    // 10/20/20, then 1/30/40 counted since the restart, 199/180/175, then
+    // 20/25/25. The ends alone gave 110/65/60.
+    assert_eq!(
+        closed[0].2,
+        vec![(0.1, 230.0), (1.0, 255.0), (INF, 260.0)],
+        "{closed:?}"
+    );
+    // A new bucket at +113 without a restart; the series absent at +116.
+    w.advance(113 * s, 113 * s, snap(&[(0.1, 230.0), (0.5, 240.0), (1.0, 245.0), (INF, 250.0)]));
+    w.advance(116 * s, 116 * s, Snapshot::new());
+    let closed = w.advance(
+        120 * s,
+        120 * s,
+        snap(&[(0.1, 240.0), (0.5, 252.0), (1.0, 260.0), (INF, 266.0)]),
+    );
+    assert_eq!(
+        closed[0].2,
+        vec![(0.1, 20.0), (0.5, 12.0), (1.0, 25.0), (INF, 26.0)],
+        "{closed:?}"
+    );
+    assert!((closed[0].3 - 10.0).abs() < 1e-9);
 }
 
 #[test]
@@ -390,6 +455,14 @@ fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     let back = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &gone.timestamped).unwrap();
     assert_eq!(back.rows.len(), 1, "the old sample came back: not stored again");
     assert_eq!(back.samples_dropped, 1);
+    // A histogram's buckets that repeat their timestamp are not stored
+    // again, but still say where the series stands for its quantiles.
+    let h = target(&["h"]);
+    let body = format!("h_bucket{{le=\"+Inf\"}} 4 {hour_ago_ms}\n");
+    let once = parse_stream(body.as_bytes(), Format::PrometheusText, &h, now_ms * 1000, &Timestamps::new()).unwrap();
+    let again = parse_stream(body.as_bytes(), Format::PrometheusText, &h, later_us, &once.timestamped).unwrap();
+    assert_eq!((once.rows.len(), again.rows.len()), (1, 0));
+    assert_eq!(again.histograms[&("h".to_string(), String::new())], vec![(INF, 4.0)]);
     // Far from the scrape (0, or a clock years ahead): left out, counted.
     let body = format!("zero 1 0\nahead 2 {}\nnow 3\n", now_ms + 86_400_000);
     let far = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
