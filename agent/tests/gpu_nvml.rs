@@ -198,6 +198,11 @@ fn what_nvml_says_is_served_and_stored_in_our_units() {
             "instance {instance}: {instances:?}"
         );
     }
+    // The profile, not NVML's whole name for the device ("<product> MIG 1g.40GB").
+    assert!(
+        instances.iter().all(|l| l.contains("profile=\"1g.40GB\"")),
+        "{instances:?}"
+    );
     assert!(process("vtax_gpu_process_gpu_instance", pids[2]).ends_with(" 1"));
     assert!(agent.stop());
 

@@ -59,7 +59,11 @@ impl GpuIdentity {
     /// Against the product's links, not those up, so hidden links show as
     /// throughput the node cannot reach. NVML gives no NVLink peak.
     pub fn nvlink_peak_bytes_per_second(&self) -> Option<f64> {
-        let links = self.nvlink_links_product?;
+        self.nvlink_peak_bytes_per_second_over(self.nvlink_links_product?)
+    }
+
+    /// Peak NVLink throughput over `links` of this GPU's generation.
+    pub fn nvlink_peak_bytes_per_second_over(&self, links: u32) -> Option<f64> {
         let each_way = nvlink_link_bytes_per_second_each_way(&self.architecture)?;
         Some(f64::from(links) * each_way * 2.0)
     }
@@ -138,8 +142,8 @@ pub struct LinkSample {
 /// One MIG GPU instance.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MigSample {
-    /// GPU instance id.
-    pub gpu_instance: u32,
+    /// GPU instance id; `None` where the driver did not give it.
+    pub gpu_instance: Option<u32>,
     /// `MIG-…` UUID.
     pub uuid: String,
     /// Profile, e.g. `1g.10gb`; the product name NVML gives the instance otherwise.
@@ -520,7 +524,8 @@ pub fn nvlink_links_of_product(name: &str) -> Option<u32> {
         // SXM and the HBM3 boards have 18 fourth-generation links (900 GB/s
         // both ways). The NVL cards bridge over NVLink: the H100 NVL at
         // 600 GB/s (12 links), the H200 NVL at 900 GB/s (18). The H100 PCIe
-        // has none without a bridge.
+        // has none without a bridge (the collector counts bridged links up
+        // as the board's).
         return Some(if name.contains("NVL") && !name.contains("H200") {
             12
         } else if pcie {

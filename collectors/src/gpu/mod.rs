@@ -603,6 +603,12 @@ impl Gpu {
         let gpm = s.gpm.clone().unwrap_or_default();
         let peak = g.hbm_peak_bytes_per_second();
         let links_up = s.links.iter().filter(|l| l.active).count() as u64;
+        // A PCIe board has NVLink only through bridges, which its name does
+        // not tell: more links up than the name gives are bridges, the
+        // board's own (a peak of 0 hid an H100 PCIe's bridged 600 GB/s).
+        let links_product = g
+            .nvlink_links_product
+            .map(|named| named.max(u32::try_from(links_up).unwrap_or(u32::MAX)));
         let row = GpuRow {
             gpu: &index,
             gpu_uuid: &g.uuid,
@@ -646,8 +652,9 @@ impl Gpu {
             nvlink_total_rx_bytes_per_second: gpm.nvlink_rx_bytes_per_second,
             nvlink_total_tx_bytes_per_second: gpm.nvlink_tx_bytes_per_second,
             nvlink_links_up: links_up,
-            nvlink_links_product: g.nvlink_links_product.map(u64::from),
-            nvlink_peak_bytes_per_second: g.nvlink_peak_bytes_per_second(),
+            nvlink_links_product: links_product.map(u64::from),
+            nvlink_peak_bytes_per_second: links_product
+                .and_then(|links| g.nvlink_peak_bytes_per_second_over(links)),
         };
         rows.gpu.push_row(time_us, &row)?;
 
@@ -687,7 +694,9 @@ impl Gpu {
             let row = GpuMigRow {
                 gpu: &index,
                 gpu_uuid: &g.uuid,
-                gpu_instance: &m.gpu_instance.to_string(),
+                gpu_instance: &m
+                    .gpu_instance
+                    .map_or_else(|| "unknown".to_string(), |id| id.to_string()),
                 mig_uuid: &m.uuid,
                 profile: &m.profile,
                 memory_used_bytes: m.memory_used_bytes,
@@ -773,9 +782,11 @@ fn problems_of(g: &GpuIdentity, s: &GpuSample, links_up: u64) -> Vec<String> {
         .iter()
         .filter(|(name, bit)| {
             s.clock_event_reasons.unwrap_or(0) & bit != 0
+                // Settings and idleness, not a loss: as the detector's
+                // THROTTLE_REASONS_MASK leaves them out.
                 && !matches!(
                     *name,
-                    "gpu_idle" | "applications_clocks_setting" | "display_clock_setting"
+                    "gpu_idle" | "applications_clocks_setting" | "sync_boost" | "display_clock_setting"
                 )
         })
         .map(|(name, _)| *name)

@@ -504,7 +504,14 @@ fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Option<(u64, u64, bool, bool)> 
     ))
 }
 
-/// The MIG GPU instances of a GPU with MIG on.
+/// The profile in the name NVML gives a MIG device: the product's name,
+/// then "MIG" and the profile ("NVIDIA H100 80GB HBM3 MIG 1g.10gb"); a
+/// name without it is kept whole.
+fn mig_profile(name: &str) -> &str {
+    name.rsplit_once(" MIG ").map_or(name, |(_, profile)| profile.trim())
+}
+
+/// The MIG devices of a GPU with MIG on.
 fn mig_instances(nvml: &Nvml, d: &Device<'_>) -> Vec<MigSample> {
     let count = d.mig_device_count().unwrap_or(0);
     let mut instances = Vec::new();
@@ -523,9 +530,11 @@ fn mig_instances(nvml: &Nvml, d: &Device<'_>) -> Vec<MigSample> {
             .is_some_and(|get| unsafe { get(m.handle(), &mut instance) } == 0);
         let memory = nvml_fallback::memory(nvml, &m).ok();
         instances.push(MigSample {
-            gpu_instance: if read { instance } else { i },
+            // The handle's index is no instance id: a process's
+            // `gpu_instance` would match the wrong instance.
+            gpu_instance: read.then_some(instance),
             uuid: m.uuid().unwrap_or_default(),
-            profile: m.name().unwrap_or_default(),
+            profile: mig_profile(&m.name().unwrap_or_default()).to_string(),
             memory_used_bytes: memory.map(|m| m.used_bytes),
             memory_total_bytes: memory.map(|m| m.total_bytes),
             sm_active_ratio: None,
@@ -1022,6 +1031,15 @@ impl Reads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NVML names a MIG device after its product; the profile is the part
+    /// after "MIG" (the table's tag had held the whole name).
+    #[test]
+    fn a_mig_devices_profile_is_read_from_its_name() {
+        assert_eq!(mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb"), "1g.10gb");
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb"), "1c.3g.20gb");
+        assert_eq!(mig_profile("3g.40gb"), "3g.40gb");
+    }
 
     #[test]
     fn gpm_asks_for_the_rates_of_the_links_up_only() {

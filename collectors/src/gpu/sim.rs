@@ -593,7 +593,7 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
         .iter()
         .enumerate()
         .map(|(i, &(instance, profile, gib))| MigSample {
-            gpu_instance: instance,
+            gpu_instance: Some(instance),
             uuid: format!("MIG-5a1e{index:04x}-0000-4000-8000-{instance:012x}"),
             profile: profile.into(),
             memory_used_bytes: Some(gib * GIB * 3 / 4),
@@ -614,7 +614,7 @@ fn simulate(p: &Profile, gpu: &GpuIdentity, scenario: Scenario, seconds: f64) ->
                 used_memory_bytes: m.memory_used_bytes,
                 sm_utilization_ratio: m.sm_active_ratio,
                 memory_utilization_ratio: Some(0.3),
-                gpu_instance: Some(m.gpu_instance),
+                gpu_instance: m.gpu_instance,
             })
             .collect(),
         _ => vec![ProcessSample {

@@ -59,7 +59,7 @@ vtax_store::table! {
             tensor_active_ratio: Option<f64> = ratio("GPM: fraction of the interval any tensor pipe was busy."),
             dram_bandwidth_ratio: Option<f64> = ratio("GPM: HBM bandwidth used against the peak, over the interval."),
             hbm_bytes_per_second: Option<f64> = rate("HBM bandwidth achieved: dram_bandwidth_ratio times hbm_peak_bytes_per_second."),
-            hbm_peak_bytes_per_second: Option<f64> = rate("HBM peak: memory bus width times the maximum memory clock times two (double data rate); 3.35e12 on an H100 SXM."),
+            hbm_peak_bytes_per_second: Option<f64> = rate("HBM peak: memory bus width in bytes (NVML gives bits) times the maximum memory clock times two (double data rate); 3.35e12 on an H100 SXM."),
             sm_clock_hertz: Option<f64> = hertz("SM clock now."),
             sm_clock_max_hertz: Option<f64> = hertz("Highest SM clock of the GPU."),
             memory_clock_hertz: Option<f64> = hertz("Memory clock now."),
@@ -195,18 +195,18 @@ vtax_store::table! {
     /// MIG instances.
     pub static MIG: TableDef, pub struct GpuMigRow {
         name: "gpu_mig",
-        help: "One row per MIG GPU instance and tick, on GPUs with MIG on.",
+        help: "One row per MIG device and tick, on GPUs with MIG on: a GPU instance, or each compute instance of one split into several (then each row repeats its GPU instance's memory: sum over distinct gpu_instance).",
         tags: [
             gpu = GPU_TAG,
             gpu_uuid = UUID_TAG,
-            gpu_instance = tag("gpu_instance", "MIG GPU instance id."),
-            mig_uuid = tag("mig_uuid", "The instance's UUID (MIG-…)."),
-            profile = tag("profile", "MIG profile, e.g. `1g.10gb`."),
+            gpu_instance = tag("gpu_instance", "MIG GPU instance id, as a process's gpu_instance gives it; `unknown` where the driver did not give it."),
+            mig_uuid = tag("mig_uuid", "The MIG device's UUID (MIG-…)."),
+            profile = tag("profile", "MIG profile, e.g. `1g.10gb` (NVML's name for the device less the product's)."),
         ],
         fields: [
-            memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory allocated in the instance; drivers before R510 count the driver's reservation in."),
-            memory_total_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory of the instance."),
-            sm_active_ratio: Option<f64> = ratio("GPM: SM activity of the instance."),
+            memory_used_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory allocated in the GPU instance; drivers before R510 count the driver's reservation in."),
+            memory_total_bytes: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::Bytes, "Memory of the GPU instance."),
+            sm_active_ratio: Option<f64> = ratio("GPM: SM activity of the instance. The simulator's only: the NVML backend does not read an instance's GPM yet, and leaves it null."),
         ],
         exported: true,
     }

@@ -217,6 +217,21 @@ fn a_rebuilt_collector_takes_over_the_counts_of_the_old() {
     }
 }
 
+/// A PCIe board's name gives it no NVLink; bridged, its links are up, and
+/// they are the board's: counted, with the peak over them (it read 0 links
+/// of its product and a peak of 0 beside 18 links up).
+#[test]
+fn a_bridged_pcie_boards_links_up_are_its_own() {
+    let mut gpu = simulated(&["training"]);
+    gpu.gpus[0].nvlink_links_product = Some(0);
+    let batches = gpu.collect(1_000_000).unwrap();
+    let uuid = gpu.gpus[0].uuid.clone();
+    let field = |name: &str| value(&batches, &GPU, &["0", &uuid], name);
+    assert_eq!(field("nvlink_links_up"), Some(18.0));
+    assert_eq!(field("nvlink_links_product"), Some(18.0));
+    assert_eq!(field("nvlink_peak_bytes_per_second"), Some(900e9));
+}
+
 /// At the agent's start the XID counts go on from the store's latest rows
 /// (by GPU UUID), so a code counted once before a restart reads 2 at its
 /// next XID, not 1 again: `increase()` saw no XID in a count of 1 born

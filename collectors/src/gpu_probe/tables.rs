@@ -44,7 +44,7 @@ vtax_store::table! {
             device_to_host_peak_bytes_per_second: Option<f64> = rate("The PCIe link's peak each way at its maximum generation × width."),
             device_to_host_ratio: Option<f64> = ratio("device_to_host_bytes_per_second over its peak."),
             device_to_device_bytes_per_second: f64 = rate("A copy within the GPU as HBM traffic: 2 × bytes copied / median copy time."),
-            device_to_device_peak_bytes_per_second: Option<f64> = rate("The HBM peak (bus width × memory clock × 2), as the gpu collector computes it."),
+            device_to_device_peak_bytes_per_second: Option<f64> = rate("The HBM peak (bus width in bytes × memory clock × 2), as the gpu collector computes it."),
             device_to_device_ratio: Option<f64> = ratio("device_to_device_bytes_per_second over the HBM peak."),
             small_copy_round_trip_seconds: f64 = seconds("4 bytes host to device then device to host, synchronised: median, host-timed."),
             kernel_launch_seconds: f64 = seconds("An empty kernel launched and waited for: median, host-timed."),
