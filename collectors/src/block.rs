@@ -271,7 +271,7 @@ impl Block {
     /// A block collector reading under `roots`.
     pub fn new(config: &BlockConfig, roots: &Roots) -> Self {
         Block {
-            diskstats: KeptFile::new(roots.proc("diskstats")),
+            diskstats: KeptFile::listing(roots.proc("diskstats")),
             sysfs: roots.sysfs.clone(),
             partitions: config.partitions,
             // `validate` has checked it; an invalid one (only possible by

@@ -415,7 +415,7 @@ impl Filesystem {
     /// A filesystem collector whose stats come from `statfs`.
     pub fn with_statfs(config: &FilesystemConfig, roots: &Roots, statfs: Arc<dyn StatFs>) -> Self {
         Filesystem {
-            mountinfo: KeptFile::new(roots.proc(if roots.rootfs_moved() {
+            mountinfo: KeptFile::listing(roots.proc(if roots.rootfs_moved() {
                 "1/mountinfo"
             } else {
                 "self/mountinfo"

@@ -32,12 +32,33 @@ fn too_large(path: &Path) -> std::io::Error {
 pub struct KeptFile {
     path: PathBuf,
     file: Option<File>,
+    /// Read until a read returns nothing (see [`KeptFile::listing`]).
+    listing: bool,
 }
 
 impl KeptFile {
-    /// A file to be opened on its first read.
+    /// A file to be opened on its first read, whose text the kernel makes
+    /// whole at each read (a sysfs attribute, a cgroup file, `/proc/stat`):
+    /// a read shorter than the buffer is its end.
     pub fn new(path: PathBuf) -> Self {
-        KeptFile { path, file: None }
+        KeptFile {
+            path,
+            file: None,
+            listing: false,
+        }
+    }
+
+    /// A file the kernel lists a record at a time (`mountinfo`,
+    /// `diskstats`): one read returns at most a page of records, so a short
+    /// read is not its end, and it is read until a read returns nothing.
+    /// Read as a whole file, mounts past the first 4 KiB of mountinfo (some
+    /// 30 on a node) were missing.
+    pub fn listing(path: PathBuf) -> Self {
+        KeptFile {
+            path,
+            file: None,
+            listing: true,
+        }
     }
 
     /// The file's path.
@@ -70,16 +91,19 @@ impl KeptFile {
                 Ok(0) => return Ok(len),
                 Ok(n) => {
                     len += n;
-                    // A seq_file returns everything that fits in one read; a
-                    // short read is the end of the text.
-                    if len < buf.len() {
+                    // A file made whole at each read returns all of it that
+                    // fits; a short read is its end. A listing goes on to
+                    // the read that returns nothing.
+                    if len < buf.len() && !self.listing {
                         return Ok(len);
                     }
-                    if len >= MAX_FILE_BYTES {
-                        return Err(too_large(&self.path));
+                    if len == buf.len() {
+                        if len >= MAX_FILE_BYTES {
+                            return Err(too_large(&self.path));
+                        }
+                        let grown = buf.len() * 2;
+                        buf.resize(grown, 0);
                     }
-                    let grown = buf.len() * 2;
-                    buf.resize(grown, 0);
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -193,6 +217,42 @@ mod tests {
         assert!(file.is_deleted());
         file.close();
         assert_eq!(file.read(&mut buf).unwrap_err().kind(), ErrorKind::NotFound);
+    }
+
+    /// A listing the kernel makes a record at a time returns at most a page
+    /// a read: read whole, it is cut at the first page; as a listing, every
+    /// record is there. /proc/self/smaps lists each mapping of this process
+    /// in some 20 lines, well past a page.
+    #[test]
+    fn a_listing_is_read_past_its_first_page() {
+        let mut buf = Vec::new();
+        let whole = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        assert!(whole.len() > 3 * 4096, "{} bytes", whole.len());
+        let n = KeptFile::new("/proc/self/smaps".into())
+            .read(&mut buf)
+            .unwrap();
+        assert!(n <= 4096 + 4096, "read whole, the first page: {n}");
+        let mut listing = KeptFile::listing("/proc/self/smaps".into());
+        for _ in 0..2 {
+            let n = listing.read(&mut buf).unwrap();
+            let text = String::from_utf8_lossy(&buf[..n]);
+            // Mappings come and go as other tests' threads start and end:
+            // of the same order, and far past the first page.
+            let count = |t: &str| t.lines().filter(|l| l.starts_with("Rss:")).count();
+            let (got, want) = (count(&text), count(&whole));
+            assert!(
+                2 * got >= want && n > 3 * 4096,
+                "{got} mappings of {want}, {n} bytes"
+            );
+            assert!(text.ends_with('\n'));
+        }
+        // A regular file too.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let long: String = (0..3000).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, &long).unwrap();
+        let n = KeptFile::listing(path).read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], long.as_bytes());
     }
 
     #[test]
