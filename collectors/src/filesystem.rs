@@ -263,6 +263,9 @@ impl StatFs for SystemStatFs {
 /// A mount read from mountinfo.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
+    /// The kernel's id of the mount (mountinfo's first field): a new mount on
+    /// the same point has another.
+    pub id: u64,
     /// Mount point, unescaped.
     pub mount_point: String,
     /// Filesystem type.
@@ -342,7 +345,11 @@ fn parse_mountinfo_line(
         return Err(fail("not a mountinfo line"));
     }
     let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+    let id = fields[0]
+        .parse()
+        .map_err(|_| fail("a mount id that is not a number"))?;
     Ok(Some(Mount {
+        id,
         mount_point: unescape(fields[4]),
         fs_type: fields[sep + 1].to_owned(),
         source: unescape(fields[sep + 2]),
@@ -380,6 +387,13 @@ impl Stater {
     }
 }
 
+/// A mount's id and point, which its stat thread is kept by.
+type MountKey = (u64, String);
+
+fn key_of(mount: &Mount) -> MountKey {
+    (mount.id, mount.mount_point.clone())
+}
+
 /// A stat issued and not yet answered.
 struct Pending {
     since: Instant,
@@ -394,8 +408,10 @@ pub struct Filesystem {
     mount_points: Vec<String>,
     timeout: Duration,
     statfs: Arc<dyn StatFs>,
-    /// Each mount's stat thread and its stat still running, by mount point.
-    staters: HashMap<String, Stater>,
+    /// Each mount's stat thread and its stat still running, by mount id and
+    /// point: a healthy mount put on the point of a hung one is not the hung
+    /// one.
+    staters: HashMap<MountKey, Stater>,
     buf: Vec<u8>,
     rows: BatchBuilder,
     problems: Vec<String>,
@@ -441,12 +457,12 @@ impl Filesystem {
     }
 
     /// `mount`'s stat still running, if any.
-    fn pending(&self, mount: &str) -> Option<&Pending> {
+    fn pending(&self, mount: &MountKey) -> Option<&Pending> {
         self.staters.get(mount)?.pending.as_ref()
     }
 
     /// Forgets `mount`'s stat still running: it answered, or cannot.
-    fn answered(&mut self, mount: &str) {
+    fn answered(&mut self, mount: &MountKey) {
         if let Some(stater) = self.staters.get_mut(mount) {
             stater.pending = None;
         }
@@ -482,19 +498,19 @@ impl Filesystem {
 
     /// Asks `mount`'s stat thread for a stat, starting the thread if the
     /// mount has none (or its thread is gone).
-    fn issue(&mut self, mount: &str) -> io::Result<()> {
+    fn issue(&mut self, mount: &MountKey) -> io::Result<()> {
         let (tx, rx) = mpsc::sync_channel(1);
         let unsent = match self.staters.get(mount) {
             Some(stater) => stater.asks.send(tx).err().map(|e| e.0),
             None => Some(tx),
         };
         if let Some(tx) = unsent {
-            let stater = Stater::spawn(self.statfs.clone(), self.roots.host_path(mount))?;
+            let stater = Stater::spawn(self.statfs.clone(), self.roots.host_path(&mount.1))?;
             stater
                 .asks
                 .send(tx)
                 .map_err(|_| io::Error::other("the stat thread died"))?;
-            self.staters.insert(mount.to_owned(), stater);
+            self.staters.insert(mount.clone(), stater);
         }
         if let Some(stater) = self.staters.get_mut(mount) {
             stater.pending = Some(Pending {
@@ -509,10 +525,10 @@ impl Filesystem {
         let mounts = self.mounts()?;
         let start = Instant::now();
         let deadline = start + self.timeout;
-        let mut answers: HashMap<String, Answer> = HashMap::new();
+        let mut answers: HashMap<MountKey, Answer> = HashMap::new();
         // Issue every stat first, so they run side by side within one timeout.
         for mount in &mounts {
-            let mp = &mount.mount_point;
+            let mp = &key_of(mount);
             if let Some(p) = self.pending(mp) {
                 match p.answer.try_recv() {
                     // The hung stat came back: its numbers are old, ask again.
@@ -525,7 +541,7 @@ impl Filesystem {
             }
         }
         for mount in &mounts {
-            let mp = &mount.mount_point;
+            let mp = &key_of(mount);
             let Some(p) = self.pending(mp) else {
                 continue;
             };
@@ -545,11 +561,20 @@ impl Filesystem {
                 }
             }
         }
-        // Forget mounts that went away; their threads finish alone.
-        self.staters
-            .retain(|mp, _| mounts.iter().any(|m| &m.mount_point == mp));
+        // Forget mounts that went away; their threads finish alone. A mount
+        // whose stat hangs stays until the stat returns: gone from the table
+        // for a tick and back, it would be asked again on a new thread, one
+        // more parked on the same hung filesystem each time.
+        self.staters.retain(|key, stater| {
+            mounts.iter().any(|m| key.0 == m.id && key.1 == m.mount_point)
+                || stater
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| matches!(p.answer.try_recv(), Err(TryRecvError::Empty)))
+        });
 
         for mount in &mounts {
+            let key = key_of(mount);
             let mp = &mount.mount_point;
             let mut row = FilesystemRow {
                 mount_point: mp,
@@ -558,7 +583,7 @@ impl Filesystem {
                 read_only: u64::from(mount.read_only),
                 ..FilesystemRow::default()
             };
-            if let Some(p) = self.pending(mp) {
+            if let Some(p) = self.pending(&key) {
                 row.stat_hung = 1;
                 self.problems.push(format!(
                     "statvfs({mp}) on {} ({}) has not returned for {:.1} s: the filesystem is hung (server unreachable?); not asked again until it returns",
@@ -567,7 +592,7 @@ impl Filesystem {
                     p.since.elapsed().as_secs_f64()
                 ));
             } else {
-                match answers.remove(mp) {
+                match answers.remove(&key) {
                     Some(Ok(s)) => {
                         let f = s.fragment_size;
                         let bytes = |blocks: u64| Some(blocks.saturating_mul(f));
@@ -917,6 +942,49 @@ mod tests {
             "{:?}",
             c.problems()
         );
+    }
+
+    /// A hung mount gone from the mount table for a tick and back is still
+    /// the hung one: no stat is asked of it again (each return had parked
+    /// one more thread on the same hung filesystem); a new mount on its
+    /// point (another id) is another mount.
+    #[test]
+    fn a_hung_mount_that_leaves_the_table_and_returns_is_not_asked_again() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::testutil::copy_tree(&node("baremetal-node"), dir.path());
+        let mountinfo = dir.path().join("proc/self/mountinfo");
+        let table = std::fs::read_to_string(&mountinfo).unwrap();
+        let without: String = table
+            .lines()
+            .filter(|l| !l.contains(" /mnt/checkpoints "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let statfs = fixed("baremetal-node");
+        let mut c = Filesystem::with_statfs(&fast(), &roots(dir.path()), statfs.clone());
+        c.collect(1).unwrap();
+        assert_eq!(c.hung(), 1);
+        let calls = statfs.calls.load(Ordering::SeqCst);
+        // Written in place: the collector holds the file open.
+        std::fs::write(&mountinfo, &without).unwrap();
+        c.collect(2).unwrap();
+        std::fs::write(&mountinfo, &table).unwrap();
+        let batches = c.collect(3).unwrap();
+        let at = tags(&batches[0], "mount_point")
+            .iter()
+            .position(|m| m == "/mnt/checkpoints")
+            .unwrap();
+        assert_eq!(u64s(&batches[0], "stat_hung")[at], Some(1));
+        assert_eq!(c.hung(), 1, "one stat hung, not one more");
+        assert_eq!(
+            statfs.calls.load(Ordering::SeqCst),
+            calls + 5 + 5,
+            "the five healthy mounts twice, the hung one not again"
+        );
+        // Mounted anew on the same point: a mount of its own, asked.
+        std::fs::write(&mountinfo, table.replace("421 26 0:61 / /mnt/checkpoints", "999 26 0:99 / /mnt/checkpoints")).unwrap();
+        c.collect(4).unwrap();
+        assert_eq!(statfs.calls.load(Ordering::SeqCst), calls + 5 + 5 + 6);
+        statfs.release();
     }
 
     /// Answers every stat at once and records which thread made it.
