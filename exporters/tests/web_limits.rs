@@ -203,6 +203,39 @@ fn unknown_user_costs_what_a_wrong_password_costs() {
     server.stop();
 }
 
+/// Answers a flooder counted: 401, 503, anything else.
+type FloodAnswers = (u64, u64, u64);
+
+/// `count` connections sending a new wrong password each as soon as the
+/// last answer came, until `stop` or `deadline`; each thread's answers.
+fn flood(
+    address: SocketAddr,
+    count: usize,
+    stop: &Arc<AtomicBool>,
+    deadline: Instant,
+) -> Vec<std::thread::JoinHandle<FloodAnswers>> {
+    (0..count)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut refused, mut busy, mut other) = (0u64, 0u64, 0u64);
+                let mut conn = Conn::open(address);
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    n += 1;
+                    match conn.get(Some(&basic("prometheus", &format!("guess-{i}-{n}")))) {
+                        Some(401) => refused += 1,
+                        Some(503) => busy += 1,
+                        Some(_) => other += 1,
+                        None => conn = Conn::open(address),
+                    }
+                }
+                (refused, busy, other)
+            })
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -227,26 +260,7 @@ fn a_flood_of_wrong_passwords_does_not_starve_a_verified_scraper() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + MEASURED + Duration::from_secs(5);
-    let flooders: Vec<_> = (0..FLOODERS)
-        .map(|i| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let (mut refused, mut busy, mut other) = (0u64, 0u64, 0u64);
-                let mut conn = Conn::open(address);
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                    n += 1;
-                    match conn.get(Some(&basic("prometheus", &format!("guess-{i}-{n}")))) {
-                        Some(401) => refused += 1,
-                        Some(503) => busy += 1,
-                        Some(_) => other += 1,
-                        None => conn = Conn::open(address),
-                    }
-                }
-                (refused, busy, other)
-            })
-        })
-        .collect();
+    let flooders = flood(address, FLOODERS, &stop, deadline);
     std::thread::sleep(Duration::from_millis(300));
 
     let mut latencies = Vec::new();
@@ -476,24 +490,7 @@ fn a_new_credential_gets_in_under_a_flood_of_wrong_passwords() {
     );
     let address = server.local_addr();
     let stop = Arc::new(AtomicBool::new(false));
-    let flooders: Vec<_> = (0..4)
-        .map(|i| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut conn = Conn::open(address);
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    if conn
-                        .get(Some(&basic("prometheus", &format!("guess-{i}-{n}"))))
-                        .is_none()
-                    {
-                        conn = Conn::open(address);
-                    }
-                }
-            })
-        })
-        .collect();
+    let flooders = flood(address, 4, &stop, Instant::now() + Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     let status = Conn::open(address).get(Some(&basic("prometheus", "s3cret")));
