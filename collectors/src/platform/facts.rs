@@ -75,6 +75,7 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
     });
     let dmi = Dmi::read(&mut reader);
     let dmi_hypervisor = dmi.hypervisor();
+    let dmi_cloud_hypervisor = dmi.cloud_hypervisor();
     if dmi.is_empty() {
         evidence.push(format!("{sysfs}/class/dmi/id: absent"));
     } else {
@@ -86,9 +87,12 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
         evidence.push(format!(
             "{sysfs}/class/dmi/id: {} ({})",
             said.join(" "),
-            match dmi_hypervisor {
-                Some(h) => format!("names hypervisor {h}"),
-                None => "names no hypervisor".into(),
+            match (dmi_hypervisor, dmi_cloud_hypervisor) {
+                (Some(h), _) => format!("names hypervisor {h}"),
+                (None, Some(h)) => format!(
+                    "names a cloud whose VMs run {h} and whose bare metal says the same: a VM where CPUID does not deny a hypervisor"
+                ),
+                (None, None) => "names no hypervisor".into(),
             }
         ));
     }
@@ -101,11 +105,14 @@ pub fn read_facts(roots: &Roots, cpuid: &dyn CpuidSource) -> Facts {
         None => format!("{sysfs}/hypervisor/type: absent"),
     });
 
+    let negative = cpu.hypervisor_bit == Some(false) || cpuinfo.hypervisor_flag == Some(false);
+    // A cloud's name in DMI is a VM's sign only where CPUID does not deny
+    // one: the same cloud sells bare metal under it.
+    let dmi_hypervisor = dmi_hypervisor.or(if negative { None } else { dmi_cloud_hypervisor });
     let positive = cpu.hypervisor_bit == Some(true)
         || cpuinfo.hypervisor_flag == Some(true)
         || dmi_hypervisor.is_some()
         || sys_hypervisor.is_some();
-    let negative = cpu.hypervisor_bit == Some(false) || cpuinfo.hypervisor_flag == Some(false);
     // The kernel sets the flag from the same CPUID bit: when they differ, the
     // procfs read is not this machine's (a fixture, another node's copy).
     let disagreement = match (cpu.hypervisor_bit, cpuinfo.hypervisor_flag) {

@@ -181,11 +181,29 @@ impl Dmi {
             .any(|v| v.to_ascii_lowercase().contains(&needle))
     }
 
+    /// Whether any vendor string begins with the word(s) `name`,
+    /// case-insensitively: a hypervisor's vendor string begins with its name
+    /// ("QEMU", "VMware, Inc.", "Xen"), and a vendor that merely contains one
+    /// ("XENON Systems") is not it.
+    fn vendor_is(&self, name: &str) -> bool {
+        [&self.sys_vendor, &self.board_vendor, &self.bios_vendor]
+            .into_iter()
+            .flatten()
+            .any(|v| begins_with_words(v, name))
+    }
+
     pub(super) fn product_has(&self, needle: &str) -> bool {
         let needle = needle.to_ascii_lowercase();
         self.product_name
             .as_deref()
             .is_some_and(|p| p.to_ascii_lowercase().contains(&needle))
+    }
+
+    /// Whether the product name begins with the word(s) `name`.
+    fn product_is(&self, name: &str) -> bool {
+        self.product_name
+            .as_deref()
+            .is_some_and(|p| begins_with_words(p, name))
     }
 
     /// A bare-metal cloud instance (`p4d.metal`, `c5n.metal`).
@@ -195,30 +213,45 @@ impl Dmi {
             .is_some_and(|p| p.ends_with(".metal") || p.contains(".metal-"))
     }
 
-    /// The hypervisor DMI names, if it names one: the sign that a node is a VM
-    /// even when CPUID hides it.
+    /// The hypervisor DMI names, if it names one that only a VM carries: the
+    /// sign that a node is a VM even when CPUID hides it.
     pub(super) fn hypervisor(&self) -> Option<&'static str> {
-        if self.vendor_has("qemu") || self.product_has("qemu") {
+        if self.vendor_is("qemu") || self.product_is("qemu") {
             Some("qemu")
-        } else if self.vendor_has("vmware") || self.product_has("vmware") {
+        } else if self.vendor_is("vmware") || self.product_is("vmware") {
             Some("vmware")
-        } else if self.vendor_has("microsoft") && self.product_has("virtual machine") {
+        } else if self.vendor_is("microsoft") && self.product_is("virtual machine") {
             Some("hyperv")
-        } else if self.vendor_has("xen") || self.product_has("hvm domu") {
+        } else if self.vendor_is("xen") || self.product_is("hvm domu") {
             Some("xen")
-        } else if self.vendor_has("innotek") || self.product_has("virtualbox") {
+        } else if self.vendor_is("innotek") || self.product_is("virtualbox") {
             Some("virtualbox")
-        } else if self.vendor_has("parallels") {
+        } else if self.vendor_is("parallels") {
             Some("parallels")
-        } else if self.vendor_has("bhyve") {
+        } else if self.vendor_is("bhyve") {
             Some("bhyve")
-        } else if self.product_has("google compute engine")
-            || self.product_has("kvm")
-            || self.product_has("openstack")
-        {
+        } else if self.vendor_is("kubevirt") || self.product_is("kubevirt") {
             Some("kvm")
-        } else if self.vendor_has("amazon ec2") && !self.is_metal_instance() {
-            // Nitro: a KVM-based hypervisor; `.metal` instances have none.
+        } else if self.vendor_is("bochs") || self.product_is("bochs") {
+            Some("bochs")
+        } else if self.product_is("kvm") || self.product_is("openstack") {
+            Some("kvm")
+        } else {
+            None
+        }
+    }
+
+    /// The hypervisor a cloud's DMI names, on a cloud that also sells bare
+    /// metal under the same DMI: Google's bare-metal instances say "Google
+    /// Compute Engine" as its VMs do, and an AWS instance whose product
+    /// name is unreadable says only "Amazon EC2". A sign of a VM only where
+    /// CPUID does not say there is no hypervisor (taken as one, a GCP
+    /// bare-metal node was called a KVM guest paying a virtualization tax).
+    pub(super) fn cloud_hypervisor(&self) -> Option<&'static str> {
+        if self.product_is("google compute engine")
+            || (self.vendor_is("amazon ec2") && !self.is_metal_instance())
+        {
+            // Both run KVM-based hypervisors (Nitro on AWS).
             Some("kvm")
         } else {
             None
@@ -408,4 +441,16 @@ pub(super) fn nvidia_version(text: &str) -> Option<String> {
                 && w.chars().all(|c| c.is_ascii_digit() || c == '.')
         })
         .map(String::from)
+}
+
+/// Whether `text` begins with `words`, case-insensitively, ending there or
+/// at a character that is not a letter or digit.
+fn begins_with_words(text: &str, words: &str) -> bool {
+    let text = text.trim().as_bytes();
+    let words = words.as_bytes();
+    text.len() >= words.len()
+        && text[..words.len()].eq_ignore_ascii_case(words)
+        && text
+            .get(words.len())
+            .is_none_or(|c| !c.is_ascii_alphanumeric())
 }

@@ -468,6 +468,31 @@ fn cloud_vms_and_metal_instances_from_dmi() {
     let facts = read_facts(&roots, &FixedCpuid::guest(b"KVMKVMKVM\0\0\0"));
     assert_eq!(facts.product, "Google Compute Engine");
     assert_eq!(facts.cloud, "gcp");
+    // Google's bare-metal instances carry the same DMI; CPUID says there is
+    // no hypervisor, and that decides (it was called a KVM guest).
+    let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+    assert_eq!(
+        (facts.virtualization, facts.hypervisor.as_str(), facts.cloud),
+        ("none", "none", "gcp")
+    );
+    // So for an AWS instance whose product name does not read.
+    let (_g, roots) = tree(&[
+        ("sys/class/dmi/id/sys_vendor", b"Amazon EC2\n"),
+        ("sys/class/dmi/id/product_name", b"Not Specified\n"),
+    ]);
+    let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+    assert_eq!(facts.virtualization, "none");
+    // A vendor whose name merely contains a hypervisor's is not it.
+    let (_h, roots) = tree(&[
+        ("sys/class/dmi/id/sys_vendor", b"XENON Systems\n"),
+        ("sys/class/dmi/id/board_vendor", b"Supermicro\n"),
+    ]);
+    let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+    assert_eq!(facts.virtualization, "none");
+    // KubeVirt hiding the CPUID bit still names itself.
+    let (_i, roots) = tree(&[("sys/class/dmi/id/sys_vendor", b"KubeVirt\n")]);
+    let facts = read_facts(&roots, &FixedCpuid::bare_metal());
+    assert_eq!((facts.virtualization, facts.hypervisor.as_str()), ("vm", "kvm"));
 
     let xen: &[(&str, &[u8])] = &[("sys/hypervisor/type", b"xen\n")];
     let (_f, roots) = tree(xen);
