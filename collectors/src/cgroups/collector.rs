@@ -78,6 +78,21 @@ impl Cgroups {
         }
         let old = std::mem::take(&mut self.discovery);
         let (discovery, watch_failed) = walk(layout, &self.selection, &mut watch, &old);
+        // Workloads left out are said when it starts and ends, not only by
+        // the doctor: jobs made while the bound holds are never sampled.
+        match (old.skipped, discovery.skipped) {
+            (0, 0) => {}
+            (0, skipped) => tracing::warn!(
+                skipped,
+                max_cgroups = self.selection.max_cgroups(),
+                "More cgroups than collectors.cgroups.max_cgroups: those over it are not sampled (the ones already sampled are kept, new ones left out) until fewer remain."
+            ),
+            (_, 0) => tracing::info!(
+                max_cgroups = self.selection.max_cgroups(),
+                "Every cgroup is sampled again: fewer than collectors.cgroups.max_cgroups remain."
+            ),
+            _ => {}
+        }
         self.discovery = discovery;
         keep_open(&mut self.discovery.targets, old.targets);
         unwatched = unwatched.or(watch_failed);
