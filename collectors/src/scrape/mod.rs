@@ -179,7 +179,7 @@ vtax_store::table! {
             p999_seconds: Option<f64> = seconds("99.9th percentile of the window's observations; null when it had none."),
             observations: f64 = FieldDef::stored_only(FieldType::F64, Unit::None, "Observations in the window (the increase of the +Inf bucket). Not exported: a count per window is no gauge; on /metrics, observations_per_second times window_seconds gives it."),
             observations_per_second: Option<f64> = FieldDef::gauge(FieldType::F64, Unit::None, "Observations per second over the window."),
-            window_seconds: f64 = seconds("Time the window's increase covers: from the scrape before its first growth to the closing scrape."),
+            window_seconds: f64 = seconds("Time the window's increase covers: from the scrape before the series' first growth in it to its last sample (the closing scrape for a series still there)."),
         ],
         exported: true,
     }

@@ -150,6 +150,10 @@ pub(super) struct Growth {
     buckets: Buckets,
     /// When the span it covers began: the scrape before its first delta.
     from_us: i64,
+    /// When it ends: the series' last sample (a series gone before the
+    /// window closed covers no more; its rate over the window's rest read
+    /// low).
+    to_us: i64,
 }
 
 /// A target's windows: every scrape's growth over the one before it, bucket
@@ -200,8 +204,10 @@ impl Windows {
                 let growth = self.growth.entry(key.clone()).or_insert_with(|| Growth {
                     buckets: Vec::new(),
                     from_us: *seen_us,
+                    to_us: time_us,
                 });
                 add_buckets(&mut growth.buckets, &delta);
+                growth.to_us = time_us;
             }
             self.seen.insert(key, (time_us, after));
         }
@@ -210,7 +216,7 @@ impl Windows {
         if let Some((last_grid, _)) = self.last {
             if window_of(grid_us) != window_of(last_grid) {
                 for ((family, labels), growth) in std::mem::take(&mut self.growth) {
-                    let span = (time_us - growth.from_us) as f64 / 1e6;
+                    let span = (growth.to_us - growth.from_us) as f64 / 1e6;
                     closed.push((family, labels, growth.buckets, span));
                 }
                 let horizon = time_us - FORGET_AFTER_WINDOWS * self.window_us;

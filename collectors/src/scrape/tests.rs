@@ -392,6 +392,13 @@ fn a_window_adds_up_each_scrapes_growth() {
         "{closed:?}"
     );
     assert!((closed[0].3 - 10.0).abs() < 1e-9);
+    // A series gone before the window closes covers the time it was there:
+    // its rate is not spread over the window's rest.
+    w.advance(123 * s, 123 * s, snap(&[(INF, 276.0)]));
+    w.advance(125 * s, 125 * s, Snapshot::new());
+    let closed = w.advance(130 * s, 130 * s, Snapshot::new());
+    assert_eq!(closed[0].2, vec![(INF, 10.0)]);
+    assert!((closed[0].3 - 3.0).abs() < 1e-9, "{}", closed[0].3);
 }
 
 #[test]
