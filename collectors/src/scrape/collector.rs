@@ -185,7 +185,7 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
     let mut log = TransitionLog::default();
     let scale = |family: &str| seconds_per_unit(family);
     let mut last_grid_us = i64::MIN;
-    // The series that carried their own timestamps at the last valid scrape.
+    // The series that carried their own timestamps, with the newest stored.
     let mut timestamped = Timestamps::new();
     loop {
         let (grid_us, at) = next_grid(interval_us, last_grid_us);
@@ -205,7 +205,13 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             Ok(scraped) => {
                 let samples = scraped.rows.len() as u64;
                 samples_dropped = Some(scraped.samples_dropped);
-                timestamped = scraped.timestamped;
+                remember(
+                    &mut timestamped,
+                    scraped.timestamped,
+                    time_us,
+                    scrapes,
+                    usize::try_from(target.sample_limit).unwrap_or(usize::MAX),
+                );
                 batches.push(scraped.rows);
                 let missing: Vec<String> = target
                     .histograms

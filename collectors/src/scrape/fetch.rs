@@ -57,9 +57,10 @@ pub struct Scraped {
     pub rows: Batch,
     /// The series of the `histograms` families.
     pub histograms: Snapshot,
-    /// The series that carried their own timestamp, with it: the next
-    /// scrape stores such a series only with a newer one.
-    pub timestamped: Timestamps,
+    /// The series that carried their own timestamp in this scrape, with the
+    /// newest it has stored: taken into the target's [`Timestamps`] by
+    /// [`remember`] once the scrape is kept.
+    pub timestamped: Vec<((String, String), i64)>,
     /// Samples left out: a series met again in the same scrape (the first
     /// is kept, as Prometheus keeps it), or one whose own timestamp is not
     /// newer than the one the previous scrape stored.
@@ -70,14 +71,45 @@ pub struct Scraped {
 const MAX_TIMESTAMP_AGE_US: i64 = 3_600_000_000;
 const MAX_TIMESTAMP_AHEAD_US: i64 = 600_000_000;
 
-/// Series (metric, canonical labels) and the timestamp they carried.
+/// Series (metric, canonical labels) and the newest timestamp of theirs
+/// stored: kept from scrape to scrape, so that a series repeating an old
+/// sample, or absent from a scrape and back with it, is stored once.
 pub type Timestamps = HashMap<(String, String), i64>;
+
+/// Scrapes between two prunings of a target's [`Timestamps`].
+const PRUNE_EVERY_SCRAPES: u64 = 64;
+
+/// Takes a kept scrape's timestamped series into the target's `known`
+/// ones. Entries older than a sample may be are pruned every few scrapes;
+/// past `limit` entries (the target's `sample_limit`), the oldest go. The
+/// map is updated in place: rebuilding it every scrape copied every entry,
+/// and a target whose timestamped labels never repeat made each scrape cost
+/// `sample_limit` copies.
+pub fn remember(
+    known: &mut Timestamps,
+    scraped: Vec<((String, String), i64)>,
+    time_us: i64,
+    scrapes: u64,
+    limit: usize,
+) {
+    known.extend(scraped);
+    if scrapes.is_multiple_of(PRUNE_EVERY_SCRAPES) || known.len() > limit {
+        let horizon = time_us - MAX_TIMESTAMP_AGE_US;
+        known.retain(|_, t| *t >= horizon);
+    }
+    if known.len() > limit {
+        let mut times: Vec<i64> = known.values().copied().collect();
+        let cut = times.len() - limit;
+        let (_, &mut oldest_kept, _) = times.select_nth_unstable(cut);
+        known.retain(|_, t| *t >= oldest_kept);
+    }
+}
 
 /// Parses an exposition as it is read, into `scraped` rows of `target` at
 /// `time_us`, picking out the histogram series `target` lists. A sample that
 /// carries its own timestamp is stored at it, as Prometheus honours it, once:
-/// not again while `earlier` (the previous scrape's, which carries a series
-/// absent from a scrape on for an hour) holds it as recent. A
+/// not again while `earlier` (the target's [`Timestamps`]) holds it as
+/// recent. A
 /// series met twice keeps its first sample. Memory holds one line and the
 /// rows so far; the first line past one of the target's limits ends the
 /// parse (a `limit` failure), as does the first invalid one (`invalid`). A
@@ -98,7 +130,7 @@ pub fn parse_stream(
     let mut rows = BatchBuilder::new(&tables::SCRAPED);
     let mut series: Snapshot = BTreeMap::new();
     let mut seen: HashSet<(String, String)> = HashSet::new();
-    let mut timestamped = Timestamps::new();
+    let mut timestamped = Vec::new();
     let mut samples_dropped = 0;
     let mut line = Vec::new();
     let mut offset_bytes = 0u64;
@@ -187,7 +219,7 @@ pub fn parse_stream(
             let before = earlier.get(&key).copied();
             // Kept for the next scrape whether stored now or not: a series
             // that repeats its sample is stored once.
-            timestamped.insert(key.clone(), before.map_or(sample_time_us, |b| b.max(sample_time_us)));
+            timestamped.push((key.clone(), before.map_or(sample_time_us, |b| b.max(sample_time_us))));
             if before.is_some_and(|before| sample_time_us <= before) {
                 samples_dropped += 1;
                 seen.insert(key);
@@ -207,19 +239,6 @@ pub fn parse_stream(
     parser
         .finish()
         .map_err(|e| fail(Reason::Invalid, e.to_string()))?;
-    // A timestamped series that skipped this scrape keeps its timestamp
-    // for the next: back with the same sample, it is not stored twice.
-    // Kept while a sample that old would be taken at all, and to as many
-    // entries as the target's samples.
-    let room = usize::try_from(target.sample_limit).unwrap_or(usize::MAX);
-    for (key, &before_us) in earlier {
-        if timestamped.len() >= room {
-            break;
-        }
-        if before_us >= time_us - MAX_TIMESTAMP_AGE_US && !timestamped.contains_key(key) {
-            timestamped.insert(key.clone(), before_us);
-        }
-    }
     for buckets in series.values_mut() {
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     }

@@ -445,29 +445,36 @@ fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     let hour_ago_ms = now_ms - 3_599_000;
     let body = format!("fresh 1\nold 2 {hour_ago_ms}\n");
     let t = target(&[]);
-    let first = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
+    // The target's timestamps, as its thread keeps them from scrape to scrape.
+    let mut known = Timestamps::new();
+    let scrape = |body: &str, t: &ScrapeTarget, time_us: i64, known: &mut Timestamps| {
+        let scraped = parse_stream(body.as_bytes(), Format::PrometheusText, t, time_us, known).unwrap();
+        remember(known, scraped.timestamped.clone(), time_us, 1, 50_000);
+        scraped
+    };
+    let first = scrape(&body, &t, now_ms * 1000, &mut known);
     assert_eq!(first.rows.time_us, [now_ms * 1000, hour_ago_ms * 1000]);
     let later_us = (now_ms + 1000) * 1000;
-    let second = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &first.timestamped).unwrap();
+    let second = scrape(&body, &t, later_us, &mut known);
     assert_eq!(second.rows.time_us, [later_us], "the old sample once only");
     assert_eq!(second.samples_dropped, 1);
     // Its timestamp moves on: stored again.
     let body = format!("fresh 1\nold 3 {}\n", hour_ago_ms + 1);
-    let third = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &second.timestamped).unwrap();
+    let third = scrape(&body, &t, later_us, &mut known);
     assert_eq!(third.rows.len(), 2);
     // A series that skips a scrape and comes back with the same sample is
     // still stored once.
-    let gone = parse_stream(&b"fresh 1\n"[..], Format::PrometheusText, &t, later_us, &third.timestamped).unwrap();
+    let gone = scrape("fresh 1\n", &t, later_us, &mut known);
     assert_eq!(gone.rows.len(), 1);
-    let back = parse_stream(body.as_bytes(), Format::PrometheusText, &t, later_us, &gone.timestamped).unwrap();
+    let back = scrape(&body, &t, later_us, &mut known);
     assert_eq!(back.rows.len(), 1, "the old sample came back: not stored again");
     assert_eq!(back.samples_dropped, 1);
     // A histogram's buckets that repeat their timestamp are not stored
     // again, but still say where the series stands for its quantiles.
     let h = target(&["h"]);
     let body = format!("h_bucket{{le=\"+Inf\"}} 4 {hour_ago_ms}\n");
-    let once = parse_stream(body.as_bytes(), Format::PrometheusText, &h, now_ms * 1000, &Timestamps::new()).unwrap();
-    let again = parse_stream(body.as_bytes(), Format::PrometheusText, &h, later_us, &once.timestamped).unwrap();
+    let once = scrape(&body, &h, now_ms * 1000, &mut known);
+    let again = scrape(&body, &h, later_us, &mut known);
     assert_eq!((once.rows.len(), again.rows.len()), (1, 0));
     assert_eq!(again.histograms[&("h".to_string(), String::new())], vec![(INF, 4.0)]);
     // Far from the scrape (0, or a clock years ahead): left out, counted.
@@ -475,6 +482,23 @@ fn a_samples_own_timestamp_is_its_time_and_is_stored_once() {
     let far = parse_stream(body.as_bytes(), Format::PrometheusText, &t, now_ms * 1000, &Timestamps::new()).unwrap();
     assert_eq!(far.rows.len(), 1);
     assert_eq!(far.samples_dropped, 2);
+}
+
+/// A target's timestamps are kept in place, pruned of those too old to
+/// take a sample at, and held to its sample_limit, the oldest going first.
+#[test]
+fn a_targets_timestamps_are_bounded() {
+    let key = |i: i64| (format!("m{i}"), String::new());
+    let hour_us = 3_600_000_000;
+    let now = 10 * hour_us;
+    let mut known = Timestamps::new();
+    remember(&mut known, (0..10).map(|i| (key(i), now - 2 * hour_us + i)).collect(), now, 1, 100);
+    assert_eq!(known.len(), 10, "pruned only every few scrapes");
+    remember(&mut known, vec![(key(10), now)], now, 64, 100);
+    assert_eq!(known.len(), 1, "older than an hour: gone at the pruning");
+    remember(&mut known, (11..20).map(|i| (key(i), now + i)).collect(), now, 65, 5);
+    assert_eq!(known.len(), 5);
+    assert!(known.contains_key(&key(19)) && !known.contains_key(&key(10)));
 }
 
 /// A target that answers and then breaks off its body (fewer bytes than
