@@ -79,8 +79,8 @@ vtax_store::table! {
         tags: [],
         fields: [
             connections_open: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "Connections open now, TLS handshakes included; at most max connections (128)."),
-            connections_refused: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, each answering a request, since the agent started."),
-            connections_evicted: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed to make room for a new one when max connections (128) were open: the one that had waited longest for a request (idle, or sending its request head slowly), since the agent started."),
+            connections_refused: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed as soon as accepted because max connections (128) were already open, each writing an answer, since the agent started."),
+            connections_evicted: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed to make room for a new one when max connections (128) were open: of those not writing an answer (idle, sending a request head, or waiting for credentials to be verified), the one whose last request began longest ago, since the agent started."),
             connections_timed_out: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Connections closed because a TLS handshake (10 s), a request head (30 s, the wait for the next request on a kept-alive connection included) or a stalled transfer (30 s without a byte) ran past its timeout, since the agent started."),
             auth_failures: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 401 under basic auth: no credentials, or a user name or password that basic_auth_users does not hold, since the agent started."),
             auth_busy: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Requests answered 503 because their credentials were not verified yet and waited 5 s in turn for the bcrypt verification slot without getting it, since the agent started."),

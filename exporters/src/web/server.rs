@@ -73,10 +73,15 @@ pub(super) struct Shared {
 
 /// One open connection, as the room it makes when the server is full.
 pub(super) struct Tracked {
-    id: u64,
+    pub(super) id: u64,
     /// When it opened or last began a request, in ms since the server started.
     active_ms: AtomicU64,
-    /// Whether a request is being answered.
+    /// Whether an answer is being written: from the end of the request's
+    /// handling (its credentials checked) until hyper has written the body
+    /// and dropped it. A request still waiting for its credentials to be
+    /// verified is not: its connection may be closed for room, or clients
+    /// sending new wrong passwords on every connection would leave nothing
+    /// to close and keep out a scraper whose password is verified.
     in_request: AtomicBool,
     /// Told to close to make room.
     pub(super) close: tokio::sync::Notify,
@@ -85,11 +90,50 @@ pub(super) struct Tracked {
 impl Tracked {
     fn begin_request(&self, shared: &Shared) {
         self.active_ms.store(shared.elapsed_ms(), Ordering::Relaxed);
-        self.in_request.store(true, Ordering::Relaxed);
     }
 
-    fn end_request(&self) {
-        self.in_request.store(false, Ordering::Relaxed);
+    /// Marks the connection as answering until the returned guard drops.
+    pub(super) fn answering(self: &Arc<Self>) -> Answering {
+        self.in_request.store(true, Ordering::Relaxed);
+        Answering(self.clone())
+    }
+}
+
+/// A connection answering a request, for as long as its body lives.
+pub(super) struct Answering(Arc<Tracked>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.in_request.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A response body that keeps its connection counted as answering until
+/// hyper has written it whole and dropped it: a large body going to a slow
+/// scraper is no connection waiting for a request, and is not closed for
+/// room (it had been, once its handling returned).
+pub(super) struct AnswerBody {
+    body: Full<Bytes>,
+    _answering: Answering,
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -277,8 +321,11 @@ async fn serve_connection(
                 for (name, value) in &loaded.headers {
                     response.headers_mut().insert(name.clone(), value.clone());
                 }
-                tracked.end_request();
-                Ok::<_, std::convert::Infallible>(response)
+                let answering = tracked.answering();
+                Ok::<_, std::convert::Infallible>(response.map(|body| AnswerBody {
+                    body,
+                    _answering: answering,
+                }))
             }
         })
     };

@@ -242,3 +242,42 @@ fn basic_auth_takes_any_case_of_the_scheme_and_caches_a_refusal() {
     assert!(!authorized(&loaded, Some(&wrong)));
     assert!(matches!(loaded.check(Some(&wrong)), Check::Denied));
 }
+
+fn shared_of(max_connections: usize) -> Shared {
+    Shared {
+        exposition: Exposition::new(&[]),
+        counters: Counters::default(),
+        connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+        max_connections,
+        bcrypt_slots: Arc::new(tokio::sync::Semaphore::new(BCRYPT_SLOTS)),
+        open: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(0),
+        started: Instant::now(),
+    }
+}
+
+/// Room is made by closing a connection writing no answer, the one whose
+/// last request began longest ago; one writing an answer (until its body is
+/// written and dropped) is never closed, and with every connection writing
+/// one there is no room to make.
+#[test]
+fn room_is_made_only_from_connections_writing_no_answer() {
+    let shared = shared_of(2);
+    let older = shared.track();
+    std::thread::sleep(Duration::from_millis(5));
+    let newer = shared.track();
+    let answering = older.answering();
+    assert!(shared.evict_longest_waiting());
+    assert!(!shared.open.lock().unwrap().contains_key(&newer.id));
+    assert!(shared.open.lock().unwrap().contains_key(&older.id));
+    assert!(
+        !shared.evict_longest_waiting(),
+        "the only one left writes an answer"
+    );
+    drop(answering);
+    assert!(
+        shared.evict_longest_waiting(),
+        "its body written, it may go"
+    );
+    assert_eq!(shared.stats().connections_evicted, 2);
+}
