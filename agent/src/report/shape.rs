@@ -175,9 +175,11 @@ pub type Histogram = Vec<(f64, f64)>;
 /// agent restarted in the range (its counts start again from 0) loses
 /// neither the counts before the restart nor those after it. The growth
 /// starts from the series' last row at or before `from_us` (rows before it
-/// are there for that alone), or from 0 where it has none (the agent
-/// started in the range): from its first row in the range, the counts of
-/// the range's first window were left out.
+/// are there for that alone; from its first row in the range, the counts of
+/// the range's first window were left out). A series with no row before
+/// the range grows from its first row in it: its counts since the agent
+/// started (which may be days) are not the range's, and a window is the
+/// most left out. Over the whole store (`from_us` none), from 0.
 pub fn histogram_from_cumulative(
     rows: &[(String, String, i64, f64)],
     from_us: Option<i64>,
@@ -194,11 +196,18 @@ pub fn histogram_from_cumulative(
     for ((_, le), mut points) in samples {
         let Some(bound) = parse_le(le) else { continue };
         points.sort_by_key(|&(t, _)| t);
-        let before = from_us.map_or(0, |from| points.partition_point(|&(t, _)| t <= from));
-        let baseline = before.checked_sub(1).map_or(0.0, |i| points[i].1);
-        let values: Vec<f64> = std::iter::once(baseline)
-            .chain(points[before..].iter().map(|&(_, v)| v))
-            .collect();
+        let values: Vec<f64> = match from_us {
+            None => std::iter::once(0.0)
+                .chain(points.iter().map(|&(_, v)| v))
+                .collect(),
+            Some(from) => {
+                let before = points.partition_point(|&(t, _)| t <= from);
+                points[before.saturating_sub(1)..]
+                    .iter()
+                    .map(|&(_, v)| v)
+                    .collect()
+            }
+        };
         let count = counter_growth(&values).last().copied().unwrap_or(0.0);
         let e = by_le.entry(order_key(bound)).or_insert((bound, 0.0));
         e.1 += count;
@@ -425,18 +434,15 @@ mod tests {
             [(1e-5, 100.0), (1e-4, 90.0), (f64::INFINITY, 10.0)]
         );
         let h = histogram_from_cumulative(&rows, Some(0));
-        // CPU 0 grew by 50/90/100, CPU 1 by 40/90/90: per bucket 90, 90, 10.
-        assert_eq!(h, [(1e-5, 90.0), (1e-4, 90.0), (f64::INFINITY, 10.0)]);
-        // 0.5 of 190 is 95: 5 into the second bucket.
-        let Some(Quantile::Within(p50)) = histogram_quantile(0.5, &h) else {
-            panic!("p50 is inside a bucket");
-        };
-        assert!((p50 - (1e-5 + 9e-5 * 5.0 / 90.0)).abs() < 1e-12, "{p50}");
+        // CPU 0 grew by 50/90/100; CPU 1, with no row before the range,
+        // from its first row in it (its counts since the agent started are
+        // not the range's): per bucket 50, 40, 10.
+        assert_eq!(h, [(1e-5, 50.0), (1e-4, 40.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(histogram_quantile(0.5, &h), Some(Quantile::Within(1e-5)));
         let Some(Quantile::Within(p70)) = histogram_quantile(0.7, &h) else {
             panic!("p70 is inside a bucket");
         };
-        // 0.7 of 190 is 133: 43 of the second bucket's 90.
-        assert!((p70 - (1e-5 + 9e-5 * 43.0 / 90.0)).abs() < 1e-12, "{p70}");
+        assert!((p70 - (1e-5 + 9e-5 * 0.5)).abs() < 1e-12, "{p70}");
         // A quantile in +Inf is above the largest finite bound, and says so.
         let p99 = histogram_quantile(0.99, &h).unwrap();
         assert_eq!(p99, Quantile::Above(1e-4));
