@@ -414,9 +414,12 @@ impl Detector {
         let time_us = view.time_us(0);
         if let Some(p99) = p99 {
             self.sample(Resource::Cpu, "node", "jitter_p99_seconds", time_us, p99);
+            // The shortest spacing seen: windows have one length, and a gap
+            // (the probe off for a while) only lengthens a spacing.
             let length_us = match self.jitter {
                 Some(j) if time_us > j.end_us && time_us - j.end_us <= JITTER_WINDOW_MAX_US => {
-                    Some(time_us - j.end_us)
+                    let spacing = time_us - j.end_us;
+                    Some(j.length_us.map_or(spacing, |l| l.min(spacing)))
                 }
                 Some(j) => j.length_us,
                 None => None,

@@ -1099,8 +1099,10 @@ fn the_tax_drops_the_jitter_figures_once_the_probe_stops() {
         ("unexplained_ratio", 0.04),
         ("busy_ratio", 0.01),
     ];
-    // Two 10 s windows, so the detector knows their length; then none.
-    for end_s in [10, 20] {
+    // Two 10 s windows, so the detector knows their length; the probe off
+    // for nearly three minutes (a gap is no window's length), one window
+    // more, then none.
+    for end_s in [-160, -150, 20] {
         detector.observe(&rows(
             &JITTER,
             START_US + end_s * 1_000_000,
