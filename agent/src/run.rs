@@ -414,18 +414,9 @@ fn latest_rows(
     let rows = crate::detect::stored_rows::Rows::from_batches(&result.batches);
     let tags: Vec<Vec<&str>> = table.tags.iter().map(|t| rows.tag(t.name)).collect();
     let fields: Vec<Vec<Option<f64>>> = table.fields.iter().map(|f| rows.field(f.name)).collect();
-    let mut latest: std::collections::BTreeMap<Vec<&str>, usize> = Default::default();
-    for i in 0..rows.len() {
-        let key: Vec<&str> = tags.iter().map(|t| t[i]).collect();
-        let at = latest.entry(key).or_insert(i);
-        if rows.time_us[i] >= rows.time_us[*at] {
-            *at = i;
-        }
-    }
-    latest
+    rows.latest_by(|i| Some(tags.iter().map(|t| t[i]).collect::<Vec<&str>>()))
         .into_iter()
         .map(|(key, i)| crate::collectors::LatestRow {
-            time_us: rows.time_us[i],
             tags: key.into_iter().map(str::to_string).collect(),
             fields: fields.iter().map(|f| f[i]).collect(),
         })

@@ -209,7 +209,6 @@ pub const RESUME_HORIZON_SECS: i64 = 3600;
 /// table's declaration order and its fields' values (null as `None`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatestRow {
-    pub time_us: i64,
     pub tags: Vec<String>,
     pub fields: Vec<Option<f64>>,
 }

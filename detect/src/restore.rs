@@ -8,8 +8,6 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use vtax_store::{ScanRequest, ScanResult, Store};
 
-use std::collections::BTreeMap;
-
 use super::rank::Suspect;
 use super::{Detector, Resource, ResumedEvent};
 use crate::stored_rows::Rows;
@@ -83,17 +81,11 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
         rows.tag("evidence"),
     );
     let (start, score) = (rows.field("start_time_seconds"), rows.field("score"));
-    // The last row of each event: the file order is by tags, not time.
-    let mut last: BTreeMap<(&str, &str, &str), usize> = BTreeMap::new();
-    for i in 0..rows.len() {
-        if victim[i].is_empty() || signal[i].is_empty() || start[i].is_none() {
-            continue;
-        }
-        let latest = last.entry((resource[i], victim[i], signal[i])).or_insert(i);
-        if rows.time_us[i] >= rows.time_us[*latest] {
-            *latest = i;
-        }
-    }
+    // The last row of each event.
+    let last = rows.latest_by(|i| {
+        (!victim[i].is_empty() && !signal[i].is_empty() && start[i].is_some())
+            .then(|| (resource[i], victim[i], signal[i]))
+    });
     let now_second = now_us.div_euclid(1_000_000);
     let mut resumed = 0;
     // `updated`: an open event that named a new suspect.

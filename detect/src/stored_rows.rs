@@ -113,4 +113,20 @@ impl Rows {
                 .collect(),
         )
     }
+
+    /// The latest row of each key, by row index: rows come in file order,
+    /// which is by tags, not time. A row whose key is `None` is passed over.
+    pub fn latest_by<K: Ord>(&self, mut key: impl FnMut(usize) -> Option<K>) -> BTreeMap<K, usize> {
+        let mut latest: BTreeMap<K, usize> = BTreeMap::new();
+        for i in 0..self.len() {
+            let Some(k) = key(i) else {
+                continue;
+            };
+            let at = latest.entry(k).or_insert(i);
+            if self.time_us[i] >= self.time_us[*at] {
+                *at = i;
+            }
+        }
+        latest
+    }
 }

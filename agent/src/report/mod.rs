@@ -550,13 +550,8 @@ fn platform_verdict(
         }
     }
     // The latest row of each GPU, for the names.
-    let mut gpus: BTreeMap<&str, usize> = BTreeMap::new();
-    for (i, g) in gpu_info.tag("gpu").into_iter().enumerate() {
-        let e = gpus.entry(g).or_insert(i);
-        if gpu_info.time_us[i] >= gpu_info.time_us[*e] {
-            *e = i;
-        }
-    }
+    let gpu_column = gpu_info.tag("gpu");
+    let gpus = gpu_info.latest_by(|i| Some(gpu_column[i]));
     let pick = |tag: &str| -> Vec<String> {
         let column = gpu_info.tag(tag);
         let mut v: Vec<String> = gpus.values().map(|&i| column[i].to_owned()).collect();
