@@ -525,10 +525,10 @@ impl Filesystem {
         let mounts = self.mounts()?;
         let start = Instant::now();
         let deadline = start + self.timeout;
+        let keys: Vec<MountKey> = mounts.iter().map(key_of).collect();
         let mut answers: HashMap<MountKey, Answer> = HashMap::new();
         // Issue every stat first, so they run side by side within one timeout.
-        for mount in &mounts {
-            let mp = &key_of(mount);
+        for mp in &keys {
             if let Some(p) = self.pending(mp) {
                 match p.answer.try_recv() {
                     // The hung stat came back: its numbers are old, ask again.
@@ -540,8 +540,7 @@ impl Filesystem {
                 answers.insert(mp.clone(), Err(e));
             }
         }
-        for mount in &mounts {
-            let mp = &key_of(mount);
+        for mp in &keys {
             let Some(p) = self.pending(mp) else {
                 continue;
             };
@@ -566,15 +565,14 @@ impl Filesystem {
         // for a tick and back, it would be asked again on a new thread, one
         // more parked on the same hung filesystem each time.
         self.staters.retain(|key, stater| {
-            mounts.iter().any(|m| key.0 == m.id && key.1 == m.mount_point)
+            keys.contains(key)
                 || stater
                     .pending
                     .as_ref()
                     .is_some_and(|p| matches!(p.answer.try_recv(), Err(TryRecvError::Empty)))
         });
 
-        for mount in &mounts {
-            let key = key_of(mount);
+        for (mount, key) in mounts.iter().zip(&keys) {
             let mp = &mount.mount_point;
             let mut row = FilesystemRow {
                 mount_point: mp,
@@ -583,7 +581,7 @@ impl Filesystem {
                 read_only: u64::from(mount.read_only),
                 ..FilesystemRow::default()
             };
-            if let Some(p) = self.pending(&key) {
+            if let Some(p) = self.pending(key) {
                 row.stat_hung = 1;
                 self.problems.push(format!(
                     "statvfs({mp}) on {} ({}) has not returned for {:.1} s: the filesystem is hung (server unreachable?); not asked again until it returns",
@@ -592,7 +590,7 @@ impl Filesystem {
                     p.since.elapsed().as_secs_f64()
                 ));
             } else {
-                match answers.remove(&key) {
+                match answers.remove(key) {
                     Some(Ok(s)) => {
                         let f = s.fragment_size;
                         let bytes = |blocks: u64| Some(blocks.saturating_mul(f));
