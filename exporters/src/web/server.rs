@@ -88,7 +88,7 @@ pub(super) struct Tracked {
 }
 
 impl Tracked {
-    fn begin_request(&self, shared: &Shared) {
+    fn request_began(&self, shared: &Shared) {
         self.active_ms.store(shared.elapsed_ms(), Ordering::Relaxed);
     }
 
@@ -316,7 +316,7 @@ async fn serve_connection(
             let shared = shared.clone();
             let tracked = tracked.clone();
             async move {
-                tracked.begin_request(&shared);
+                tracked.request_began(&shared);
                 let mut response = handle(request, &loaded, &shared).await;
                 for (name, value) in &loaded.headers {
                     response.headers_mut().insert(name.clone(), value.clone());
