@@ -597,7 +597,12 @@ impl SenderTask {
                         } else {
                             tracing::debug!(remote = %self.config.name, error = %reason, "Remote write still failing.");
                         }
-                        if self.pause(backoff.next_delay()).await {
+                        let asked = result.as_ref().ok().and_then(|r| r.retry_after);
+                        let wait = send::retry_wait(backoff.next_delay(), asked);
+                        if asked.is_some() {
+                            tracing::debug!(remote = %self.config.name, wait_secs = wait.as_secs_f64(), "Remote write waits as the receiver's Retry-After asks.");
+                        }
+                        if self.pause(wait).await {
                             return;
                         }
                         self.stats
@@ -668,11 +673,21 @@ mod tests {
         statuses: Vec<u16>,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> (u16, mpsc::Receiver<Received>) {
+        let answers = statuses.into_iter().map(|s| (s, "")).collect();
+        fake_receiver_answering(answers, tls)
+    }
+
+    /// A receiver whose answers are a status and header lines
+    /// (`"name: value\r\n"` each) in turn, then 204.
+    fn fake_receiver_answering(
+        answers: Vec<(u16, &'static str)>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> (u16, mpsc::Receiver<Received>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut statuses = statuses.into_iter();
+            let mut answers = answers.into_iter();
             for stream in listener.incoming() {
                 let stream = stream.unwrap();
                 let stream: Box<dyn Stream> = match &tls {
@@ -704,7 +719,7 @@ mod tests {
                     let request =
                         encode::WriteRequest::decode(&encode::decompress(&body).unwrap()[..])
                             .unwrap();
-                    let status = statuses.next().unwrap_or(204);
+                    let (status, extra) = answers.next().unwrap_or((204, ""));
                     let _ = tx.send(Received {
                         path,
                         headers,
@@ -715,8 +730,9 @@ mod tests {
                     } else {
                         ""
                     };
-                    let answer =
-                        format!("HTTP/1.1 {status} X\r\n{location}content-length: 2\r\n\r\nno");
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\n{location}{extra}content-length: 2\r\n\r\nno"
+                    );
                     stream.get_mut().write_all(answer.as_bytes()).unwrap();
                     stream.get_mut().flush().unwrap();
                 }
@@ -782,6 +798,36 @@ mod tests {
             .iter()
             .map(|s| s.samples[0].value)
             .collect()
+    }
+
+    /// A receiver that asks for time with `Retry-After` gets it, though
+    /// the backoff alone would have come back a hundred times sooner.
+    #[test]
+    fn a_retry_waits_as_long_as_the_receivers_retry_after_asks() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) = fake_receiver_answering(
+            vec![(429, "retry-after: 2\r\n"), (503, "retry-after: soon\r\n")],
+            None,
+        );
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.max_samples_per_send = 3;
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let mut writers = start(dir.path(), &config);
+        writers.append(&batch(0, 3));
+        let first = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+        let asked_at = Instant::now();
+        let second = requests.recv_timeout(Duration::from_secs(10)).unwrap();
+        let waited = asked_at.elapsed();
+        assert!(
+            waited >= Duration::from_millis(1900),
+            "came back after {waited:?}, asked for 2 s"
+        );
+        // An unreadable Retry-After is as none: the backoff's wait.
+        let third = requests.recv_timeout(Duration::from_secs(1)).unwrap();
+        for r in [&first, &second, &third] {
+            assert_eq!(values(r), [0.0, 1.0, 2.0]);
+        }
     }
 
     #[test]

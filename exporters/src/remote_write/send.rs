@@ -84,12 +84,41 @@ impl Backoff {
 /// The bytes of a response's body read for its message.
 const RESPONSE_MESSAGE_BYTES: usize = 512;
 
+/// The longest wait a receiver's `Retry-After` is granted. A receiver
+/// asking for more (a day, or a date years away, as a misconfigured proxy
+/// can) would hold the queue until it filled; the queue is on disk, so
+/// waiting this long and asking again loses nothing.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
+
 /// A response: status and the start of its body (the receiver's reason).
 pub struct Response {
     /// HTTP status.
     pub status: u16,
     /// Up to a few hundred bytes of the body.
     pub message: String,
+    /// The wait its `Retry-After` asks for, if it has one that reads.
+    pub retry_after: Option<Duration>,
+}
+
+/// The wait a `Retry-After` value asks for: whole seconds, or an HTTP date
+/// (a date already past asks for none). `None` for a value that reads as
+/// neither, which is then ignored as if absent, as Prometheus's sender
+/// ignores it.
+pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The wait before retrying: the backoff's, or longer where the receiver
+/// asked for longer (up to [`RETRY_AFTER_MAX`]). A receiver asking for less
+/// than the backoff still gets the backoff, so a fleet asked to come back
+/// in one second does not come back in the same instant.
+pub fn retry_wait(backoff: Duration, asked: Option<Duration>) -> Duration {
+    asked.map_or(backoff, |asked| backoff.max(asked.min(RETRY_AFTER_MAX)))
 }
 
 /// One receiver's client; it keeps a connection alive between requests and
@@ -160,6 +189,11 @@ impl Client {
             .await
             .map_err(|e| format!("POST {}: {}", self.config.url, error_chain(&e)))?;
         let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
         let redirected_to = response
             .status()
             .is_redirection()
@@ -192,7 +226,11 @@ impl Client {
             // A redirect that could not be followed: say where it pointed.
             message = format!("redirect to {location:?} not followed; {message}");
         }
-        Ok(Response { status, message })
+        Ok(Response {
+            status,
+            message,
+            retry_after,
+        })
     }
 
     /// The `Authorization` header, with secrets read from their files on
@@ -394,6 +432,44 @@ mod tests {
         assert!(
             written < 64 << 20,
             "{written} bytes written before the client hung up"
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates_and_ignores_the_rest() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after("120", now), Some(Duration::from_secs(120)));
+        assert_eq!(retry_after(" 0 ", now), Some(Duration::ZERO));
+        // 2023-11-14T22:13:20Z is `now`; thirty seconds on.
+        assert_eq!(
+            retry_after("Tue, 14 Nov 2023 22:13:50 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after("Tue, 14 Nov 2023 22:00:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date past asks for no wait"
+        );
+        for unreadable in ["", "-5", "1.5", "soon", "Tue, 99 Nov 2023"] {
+            assert_eq!(retry_after(unreadable, now), None, "{unreadable:?}");
+        }
+    }
+
+    #[test]
+    fn the_receiver_may_lengthen_the_wait_up_to_a_bound_but_never_shorten_it() {
+        let backoff = Duration::from_millis(800);
+        assert_eq!(retry_wait(backoff, None), backoff);
+        assert_eq!(
+            retry_wait(backoff, Some(Duration::from_millis(100))),
+            backoff
+        );
+        assert_eq!(
+            retry_wait(backoff, Some(Duration::from_secs(20))),
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            retry_wait(backoff, Some(Duration::from_secs(86_400 * 365))),
+            RETRY_AFTER_MAX
         );
     }
 
