@@ -183,6 +183,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                         (&new.collectors, &new.roots()),
                         &exposition,
                         &sender,
+                        &|table| latest_rows(&store, table, now_us()),
                     );
                     if new.detect != config.detect {
                         exposition.remove(DETECTOR_SOURCE);

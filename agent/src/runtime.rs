@@ -36,12 +36,9 @@ impl Running {
     }
 }
 
-/// Why collectors start: the agent's start, with the store's latest rows to
-/// resume counts from, or a reload, with the collectors replaced.
-enum Starting<'a> {
-    Agent(&'a dyn Fn(&'static TableDef) -> Vec<LatestRow>),
-    Reload(Vec<Box<dyn Collector>>),
-}
+/// Each series' latest row of a table in the store, for a collector to take
+/// its counts up from (`Collector::resume`).
+pub type StoredRows<'a> = &'a dyn Fn(&'static TableDef) -> Vec<LatestRow>;
 
 /// The running collectors of one configuration.
 pub struct CollectorSet {
@@ -65,13 +62,13 @@ impl CollectorSet {
         roots: &Roots,
         exposition: &Arc<Exposition>,
         rows: &RowSender,
-        stored: &dyn Fn(&'static TableDef) -> Vec<LatestRow>,
+        stored: StoredRows,
     ) -> CollectorSet {
         let mut set = CollectorSet {
             collectors: Vec::new(),
             running: Vec::new(),
         };
-        set.start_missing(config, roots, exposition, rows, Starting::Agent(stored));
+        set.start_missing(config, roots, exposition, rows, Vec::new(), stored);
         set
     }
 
@@ -82,13 +79,16 @@ impl CollectorSet {
     /// the old one (`Collector::take_over`); its series stay on `/metrics`
     /// until its first tick replaces them, so a scrape in between sees no
     /// gap. Only a collector now disabled, or whose source is gone (it then
-    /// waits for it), leaves.
+    /// waits for it), leaves. One the reload turns on takes its counts up
+    /// from `stored`, as at the agent's start: an XID counted before it was
+    /// turned off is not counted again from zero.
     pub fn reload(
         mut self,
         old: (&CollectorsConfig, &Roots),
         new: (&CollectorsConfig, &Roots),
         exposition: &Arc<Exposition>,
         rows: &RowSender,
+        stored: StoredRows,
     ) -> CollectorSet {
         let (old_config, old_roots) = old;
         let (config, roots) = new;
@@ -112,7 +112,7 @@ impl CollectorSet {
         self.running = kept.iter().map(|r| r.name).collect();
         self.collectors = kept;
         let was_running: Vec<&'static str> = replaced.iter().map(|c| c.name()).collect();
-        self.start_missing(config, roots, exposition, rows, Starting::Reload(replaced));
+        self.start_missing(config, roots, exposition, rows, replaced, stored);
         for name in was_running {
             if !self.running.contains(&name) {
                 remove_series(exposition, name);
@@ -122,21 +122,18 @@ impl CollectorSet {
         self
     }
 
-    /// Starts every enabled collector not running yet: at the agent's start
-    /// each resumes its counts from the store; on a reload each takes over
-    /// from the collector it replaces, if any.
+    /// Starts every enabled collector not running yet: one that replaces a
+    /// collector of a reload (`previous`) takes over from it; any other
+    /// resumes its counts from the store.
     fn start_missing(
         &mut self,
         config: &CollectorsConfig,
         roots: &Roots,
         exposition: &Arc<Exposition>,
         rows: &RowSender,
-        starting: Starting,
+        mut previous: Vec<Box<dyn Collector>>,
+        stored: StoredRows,
     ) {
-        let (mut previous, stored) = match starting {
-            Starting::Agent(stored) => (Vec::new(), Some(stored)),
-            Starting::Reload(previous) => (previous, None),
-        };
         // Every collector's first tick is on the next whole second, whatever
         // its interval, so each starts with data at once and on one render.
         let first_tick = next_grid(1_000_000, i64::MIN);
@@ -152,8 +149,7 @@ impl CollectorSet {
             let mut collector = config.build(name, roots).expect("every name builds");
             if let Some(at) = previous.iter().position(|p| p.name() == name) {
                 collector.take_over(previous.swap_remove(at));
-            }
-            if let (Some(stored), Some(table)) = (stored, collector.resumes_from()) {
+            } else if let Some(table) = collector.resumes_from() {
                 let latest = stored(table);
                 if !latest.is_empty() {
                     tracing::info!(

@@ -400,3 +400,70 @@ fn the_agent_probes_idle_simulated_gpus_and_serves_the_figures() {
         "one row per GPU, once within the period: {rows:?}"
     );
 }
+
+/// A reload that turns the GPU collector off and on again takes its XID
+/// counts up from the store, as a restart does: the XID counted before is
+/// not counted from zero again (the simulator's new XID 31 at its first
+/// tick makes the count 2, not 1).
+#[test]
+fn a_gpu_collector_turned_on_by_a_reload_keeps_its_xid_counts() {
+    const XID_31: &str = "vtax_gpu_xid_errors_total{gpu=\"1\"";
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vtax.toml");
+    let settings = |enabled: bool| {
+        format!(
+            "[collectors.gpu]\nenabled = {enabled}\nsimulate_gpus = 2\n\
+             simulate_scenarios = [\"training\", \"xid\"]\n"
+        )
+    };
+    std::fs::write(&config, settings(true)).unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.cgroups",
+    ]);
+    agent.wait_for_metric(XID_31, Duration::from_secs(20));
+    let xid_31 = |body: &str| {
+        series_of(body, "vtax_gpu_xid_errors_total")
+            .into_iter()
+            .find(|(labels, _)| labels.contains("gpu=\"1\"") && labels.contains("xid=\"31\""))
+            .map(|(_, value)| value)
+    };
+    assert_eq!(
+        xid_31(&agent.get("/metrics", &[]).text()).as_deref(),
+        Some("1")
+    );
+    let reloads = |n: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while agent.log().matches("Configuration reloaded.").count() < n {
+            assert!(std::time::Instant::now() < deadline, "no reload {n}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    std::fs::write(&config, settings(false)).unwrap();
+    agent.signal(libc::SIGHUP);
+    reloads(1);
+    // /metrics is rendered on its own thread, a moment after the reload.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while xid_31(&agent.get("/metrics", &[]).text()).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the series left with the collector"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&config, settings(true)).unwrap();
+    agent.signal(libc::SIGHUP);
+    reloads(2);
+    agent.wait_for_metric(XID_31, Duration::from_secs(20));
+    let body = agent.get("/metrics", &[]).text();
+    assert!(agent.stop());
+    assert_eq!(
+        xid_31(&body).as_deref(),
+        Some("2"),
+        "the count before the reload goes on"
+    );
+}
