@@ -203,10 +203,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             last_watchdog = Instant::now();
         }
         for sent in receiver.try_iter() {
-            for batch in &sent.rows {
-                if let Some(detector) = detector.as_mut() {
-                    detector.observe(batch);
-                }
+            if let Some(detector) = detector.as_mut() {
+                detector.observe_sent(&sent);
             }
             keep_sent(&mut store, &mut remote, &mut failures.refused, &sent);
         }

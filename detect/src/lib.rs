@@ -227,6 +227,9 @@ pub struct Detector {
     /// The tax's GPU ratios of each window not yet judged, by its start
     /// second: the tax gives their means over the window's seconds.
     gpu_tax: BTreeMap<i64, GpuTaxSums>,
+    /// The tables of each source's last snapshot: a table its next snapshot
+    /// lacks has ended (`Detector::observe_sent`).
+    snapshot_tables: HashMap<std::sync::Arc<str>, BTreeSet<&'static str>>,
 }
 
 /// Sums of the tax's GPU ratios over a window's seconds.
@@ -313,6 +316,7 @@ impl Detector {
             last_canary_second: i64::MIN,
             next_window: None,
             gpu_tax: BTreeMap::new(),
+            snapshot_tables: HashMap::new(),
         }
     }
 

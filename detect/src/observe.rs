@@ -4,6 +4,52 @@
 use super::*;
 
 impl Detector {
+    /// Reads one send of the collectors: its batches, and for a snapshot
+    /// (every series its source has now) the end of each table the source
+    /// sent before and no longer does, as `/metrics` drops its series: a
+    /// collector turned off or failing sends an empty one. The facts read
+    /// from an ended table are forgotten rather than kept as the node's.
+    pub fn observe_sent(&mut self, sent: &vtax_store::hub::Sent) {
+        for batch in &sent.rows {
+            self.observe(batch);
+        }
+        let Some(source) = &sent.snapshot_of else {
+            return;
+        };
+        let now: BTreeSet<&'static str> = sent.rows.iter().map(|b| b.table.name).collect();
+        let before = self
+            .snapshot_tables
+            .insert(source.clone(), now.clone())
+            .unwrap_or_default();
+        for table in before.difference(&now) {
+            self.table_ended(table);
+        }
+    }
+
+    /// Forgets what the detector knows only from `table`'s latest rows.
+    /// Signals and suspects need nothing: their seconds stop.
+    fn table_ended(&mut self, table: &str) {
+        match table {
+            // No GPU is known now: the verdict's GPU facts (NVLink, PCIe,
+            // MIG) and the tax's GPU ratios are not carried on. What the
+            // transfer probe measured stays, as it would between its runs.
+            "gpu_info" => {
+                for gpu in self.facts.gpus.values_mut() {
+                    *gpu = GpuFacts {
+                        probe: gpu.probe,
+                        ..GpuFacts::default()
+                    };
+                }
+            }
+            "platform_host" => self.facts.host = None,
+            // Seconds unwatched are not seconds in which a newcomer was
+            // absent: watching starts again with the next rows.
+            "gpu" => self.gpus_watched_since = None,
+            "cgroup" => self.cgroups_watched_since = None,
+            _ => {}
+        }
+    }
+
     /// Reads one collector batch.
     pub fn observe(&mut self, batch: &Batch) {
         let view = View::new(batch);

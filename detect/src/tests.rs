@@ -993,6 +993,79 @@ fn simulated_gpu_throttling_and_degraded_links_open_gpu_events() {
     );
 }
 
+/// A GPU collector turned off (a reload) or failing sends an empty snapshot:
+/// the verdict and the tax stop carrying its NVLink and PCIe facts as the
+/// node's, and the probe's measurement stays.
+#[test]
+fn the_facts_of_a_gpu_collector_that_ended_are_not_carried_on() {
+    use std::sync::Arc;
+    use vtax_store::hub::Sent;
+    let config_gpu = vtax_collectors::gpu::GpuConfig {
+        simulate_gpus: 2,
+        simulate_scenarios: vec!["training".into(), "nvlink-hidden".into()],
+        ..Default::default()
+    };
+    let roots = Roots {
+        procfs: "/nonexistent/proc".into(),
+        sysfs: "/nonexistent/sys".into(),
+        ..Roots::default()
+    };
+    let mut gpu = vtax_collectors::gpu::Gpu::new(&config_gpu, &roots);
+    assert!(matches!(gpu.probe(), Availability::Available(_)));
+    let source: Arc<str> = Arc::from("gpu");
+    let mut detector = Detector::new(config());
+    let probe = row(
+        &vtax_collectors::gpu_probe::GPU_PROBE,
+        START_US,
+        &["0"],
+        &[
+            ("host_to_device_bytes_per_second", 20e9),
+            ("host_to_device_peak_bytes_per_second", 63e9),
+        ],
+    );
+    detector.observe(&probe);
+    let mut out = Vec::new();
+    for second in 0..60 {
+        let time_us = START_US + second * 1_000_000 + 1_000;
+        let rows = if second < 30 {
+            gpu.collect(time_us)
+                .unwrap()
+                .into_iter()
+                .map(Arc::new)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        detector.observe_sent(&Sent {
+            rows,
+            snapshot_of: Some(source.clone()),
+        });
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let last = |table: &'static TableDef, before_us: i64| {
+        out.iter()
+            .filter(|b| std::ptr::eq(b.table, table))
+            .rfind(|b| View::new(b).time_us(0) < before_us)
+            .map(View::new)
+            .unwrap()
+    };
+    let while_on = last(&tables::PLATFORM, START_US + 30_000_000);
+    assert!(
+        while_on.tag(0, "nvlink").contains('/'),
+        "{}",
+        while_on.tag(0, "nvlink")
+    );
+    assert_eq!(while_on.tag(0, "mig"), "off");
+    let tax_on = last(&tables::TAX, START_US + 30_000_000);
+    assert!(tax_on.value(0, "nvlink_links_missing_ratio").unwrap() > 0.0);
+    let after = last(&tables::PLATFORM, i64::MAX);
+    assert_eq!(after.tag(0, "nvlink"), "none");
+    assert_eq!(after.tag(0, "mig"), "none");
+    let tax_after = last(&tables::TAX, i64::MAX);
+    assert_eq!(tax_after.value(0, "nvlink_links_missing_ratio"), None);
+    assert!(tax_after.value(0, "probe_host_to_device_ratio").is_some());
+}
+
 #[test]
 fn healthy_simulated_gpus_raise_nothing() {
     let (opened, _) = gpu_events(&["training", "idle", "memory-bound", "training"]);
