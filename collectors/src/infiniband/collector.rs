@@ -130,6 +130,16 @@ impl Infiniband {
             return Ok(());
         }
         self.listed = present.then(|| self.listing.clone());
+        // Counters read from their wider set stay on it across the walk
+        // (`Counter::on_fallback`): a walk is once a minute.
+        let on_fallback: std::collections::HashSet<PathBuf> = self
+            .devices
+            .iter()
+            .flat_map(|d| &d.ports)
+            .flat_map(|p| &p.counters)
+            .filter(|c| c.on_fallback)
+            .map(|c| c.file.path().to_path_buf())
+            .collect();
         self.devices.clear();
         self.walk_errors.clear();
         // Until this walk completes, the next tick walks again.
@@ -150,7 +160,13 @@ impl Infiniband {
             // and read through them (metadata and read_dir follow links).
             let dir = self.class_dir.join(&name);
             let errors = &mut self.walk_errors;
-            if let Some(device) = walk_device(name, dir, self.hw_counters, &mut self.buf, errors) {
+            if let Some(mut device) =
+                walk_device(name, dir, self.hw_counters, &mut self.buf, errors)
+            {
+                for counter in device.ports.iter_mut().flat_map(|p| &mut p.counters) {
+                    counter.on_fallback = counter.fallback.is_some()
+                        && on_fallback.contains(counter.file.path());
+                }
                 self.devices.push(device);
             }
         }

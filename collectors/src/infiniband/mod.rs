@@ -232,7 +232,10 @@ type CounterField = for<'r, 'a> fn(&'r mut PortRow<'a>) -> &'r mut Option<u64>;
 /// old kernel's 32-bit counter that saturated), and then only while it reads
 /// at least as much: a ConnectX-3 may leave every `counters_ext/` file at 0
 /// while `counters/` counts billions, and a source stuck at zero must never
-/// replace one that counts.
+/// replace one that counts. Once taken it stays the source (across walks),
+/// and a tick it does not read leaves the counter null, never the stopped
+/// 32-bit value: that value between two 64-bit ones reads as a reset, and
+/// `increase()` counts the whole 64-bit count again as traffic.
 static COUNTER_SOURCES: &[(&[&str], u64, CounterField)] = &[
     (
         &["counters/port_xmit_data", "counters_ext/port_xmit_data_64"],

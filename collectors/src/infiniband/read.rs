@@ -201,8 +201,16 @@ pub(super) fn read_port(
                     if let Some(scaled) = parsed!(scaled(m, counter.factor), fallback) {
                         *(counter.field)(values) = Some(scaled);
                     }
-                    continue;
+                } else {
+                    // The 32-bit count in its place would read as a reset,
+                    // and the wider one's return as all its count again.
+                    problems.push(format!(
+                        "{}: does not read: no count (the counter's source since {} stopped at 2^32-1)",
+                        fallback.path().display(),
+                        counter.file.path().display()
+                    ));
                 }
+                continue;
             }
         }
         let Some(text) = read!(&mut counter.file) else {
@@ -230,7 +238,17 @@ pub(super) fn read_port(
                             counter.file.path().display(),
                             fallback.path().display()
                         )),
-                        None => {}
+                        // The wider count is due and not there this tick:
+                        // the stopped 32-bit one now, then the wider one,
+                        // would read as billions counted in one tick.
+                        None => {
+                            problems.push(format!(
+                                "{}: stuck at 2^32-1, and {} does not read: no count",
+                                counter.file.path().display(),
+                                fallback.path().display()
+                            ));
+                            continue;
+                        }
                     }
                 }
                 None if counter.factor == 4 => problems.push(format!(

@@ -336,6 +336,50 @@ fn a_saturated_counter_falls_back_only_to_a_source_that_counts_more() {
     let ports = batch(&batches, &PORT);
     let r = row(ports, "mlx4_0", "1");
     assert_eq!(u64_at(ports, "xmit_packets", r), Some(9_000_000_500));
+    // And across the walk that comes once a minute.
+    c.ticks = RESCAN_TICKS;
+    let batches = c.collect(10).unwrap();
+    let ports = batch(&batches, &PORT);
+    let r = row(ports, "mlx4_0", "1");
+    assert_eq!(u64_at(ports, "xmit_packets", r), Some(9_000_000_500));
+}
+
+/// A counter on its 64-bit set whose file does not read for a tick (an
+/// empty read, a refused query, "N/A (no PMA)") has no value that tick: the
+/// stopped 32-bit value in its place, 355 GB falling to 17 GB and back,
+/// was read by `increase()` as 355 GB sent. The same on the first tick
+/// that finds the 32-bit counter stopped.
+#[test]
+fn a_wider_counter_that_does_not_read_for_a_tick_leaves_no_value() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&fixture().join("../mlx4-node/sys"), &dir.path().join("sys"));
+    let port = dir.path().join("sys/class/infiniband/mlx4_0/ports/1");
+    let legacy = port.join("counters/port_rcv_data");
+    let wide = port.join("counters_ext/port_rcv_data_64");
+    std::fs::write(&legacy, "4294967295\n").unwrap();
+    let mut c = collector(dir.path());
+    let rcv_bytes = |c: &mut Infiniband, tick: i64| {
+        let batches = c.collect(tick).unwrap();
+        let ports = batch(&batches, &PORT);
+        u64_at(ports, "rcv_data_bytes", row(ports, "mlx4_0", "1"))
+    };
+    for (tick, unreadable) in [(1, ""), (2, "N/A (no PMA)\n")] {
+        std::fs::write(&wide, unreadable).unwrap();
+        assert_eq!(rcv_bytes(&mut c, tick), None, "{unreadable:?}, first found stopped");
+    }
+    std::fs::write(&wide, "88888888888\n").unwrap();
+    assert_eq!(rcv_bytes(&mut c, 3), Some(88_888_888_888 * 4));
+    for (tick, unreadable) in [(4, ""), (5, "N/A (no PMA)\n"), (6, "-1\n")] {
+        std::fs::write(&wide, unreadable).unwrap();
+        assert_eq!(rcv_bytes(&mut c, tick), None, "{unreadable:?}, on the wider set");
+        assert!(
+            c.problems().iter().any(|p| p.contains("port_rcv_data_64")),
+            "{:?}",
+            c.problems()
+        );
+    }
+    std::fs::write(&wide, "88888898888\n").unwrap();
+    assert_eq!(rcv_bytes(&mut c, 7), Some(88_888_898_888 * 4));
 }
 
 /// mlx5 says Disabled of a RoCE port whose netdev is down or has no
