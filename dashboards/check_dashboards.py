@@ -6,7 +6,8 @@ panels, templating with a `datasource` variable of type datasource / query prome
 a `node` variable; a `gpu` variable on the GPU and fabric dashboards); every panel has a
 non-empty description, the templated datasource ({"type": "prometheus", "uid":
 "${datasource}"}) on itself and on each target, and fieldConfig.defaults.unit; on one-node
-dashboards every target selects instance=~"$node"; panel ids and
+dashboards every target selects instance="$node" (an exact match: Grafana does not
+escape a single-valued variable for a regex, and an IPv6 target's name is one); panel ids and
 the dashboards' uids are unique; the provisioning YAML parses and points at
 /usr/share/vtax/dashboards.
 
@@ -149,6 +150,11 @@ def static_checks(dashboards):
                 single = not variables.get("node", {}).get("multi")
                 if single and "$node" not in t.get("expr", "") and "${node" not in t.get("expr", ""):
                     errors.append(f"{where}: target {t.get('refId')} does not select $node")
+                # Grafana puts a single-valued variable into a regex unescaped:
+                # an IPv6 target's "[fd00::1]:9433" is then a character class
+                # that matches nothing.
+                if single and re.search(r'=~\s*"\$\{?node\}?"', t.get("expr", "")):
+                    errors.append(f"{where}: target {t.get('refId')} matches $node as a regex; use instance=\"$node\"")
                 if not str(t.get("expr", "")).strip():
                     errors.append(f"{where}: target {t.get('refId')} has no expr")
                 if t.get("datasource", DATASOURCE) != DATASOURCE:
