@@ -261,6 +261,10 @@ const fn count(name: &'static str, help: &'static str) -> FieldDef {
     FieldDef::counter(name, FieldType::U64, Unit::None, help)
 }
 
+const fn bytes_counted(name: &'static str, help: &'static str) -> FieldDef {
+    FieldDef::counter(name, FieldType::U64, Unit::Bytes, help)
+}
+
 vtax_store::table! {
     /// One row per cgroup per tick.
     pub static CGROUP: TableDef, pub struct CgroupRow {
@@ -353,6 +357,12 @@ vtax_store::table! {
             ),
             io_pressure_full_seconds: Option<f64> = seconds(
                 "Time all non-idle tasks stalled on block I/O at once (io.pressure full total).",
+            ),
+            io_read_bytes: Option<u64> = bytes_counted(
+                "Bytes read from block devices, summed over them (io.stat rbytes; v2 only: v1's blkio files count nothing on current kernels without throttle rules).",
+            ),
+            io_write_bytes: Option<u64> = bytes_counted(
+                "Bytes written to block devices, summed over them (io.stat wbytes, page cache writeback included; v2 only).",
             ),
         ],
         exported: true,

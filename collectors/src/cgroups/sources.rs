@@ -26,6 +26,7 @@ pub(super) enum Source {
     CpuPressure,
     MemoryPressure,
     IoPressure,
+    IoStat,
     // cgroup v1 cpu
     CpuStatV1,
     CfsQuota,
@@ -52,6 +53,7 @@ pub(super) const V2_SOURCES: &[Source] = &[
     Source::CpuPressure,
     Source::MemoryPressure,
     Source::IoPressure,
+    Source::IoStat,
 ];
 
 pub(super) const PRESSURE_SOURCES: &[Source] = &[
@@ -227,6 +229,15 @@ pub(super) static IO_PRESSURE: &[(&str, Fill)] = &[
     ("full", Fill::Micros(|r| &mut r.io_pressure_full_seconds)),
 ];
 
+// Per device lines, summed: `MAJ:MIN rbytes=N wbytes=N rios=N ...`. v1's
+// blkio.throttle.io_service_bytes_recursive is not read: Linux 6.18 lists no
+// device there for a cgroup without throttle rules (200 MiB of direct writes
+// read as 0), and with a rule it counted them as discards.
+pub(super) static IO_STAT: &[(&str, Fill)] = &[
+    ("rbytes", Fill::Count(|r| &mut r.io_read_bytes)),
+    ("wbytes", Fill::Count(|r| &mut r.io_write_bytes)),
+];
+
 impl Source {
     /// Whether the file is a setting (a limit) rather than a measurement: read
     /// at each rescan only, not on every tick.
@@ -273,6 +284,7 @@ impl Source {
             Source::CpuPressure => CPU_PRESSURE,
             Source::MemoryPressure => MEMORY_PRESSURE,
             Source::IoPressure => IO_PRESSURE,
+            Source::IoStat => IO_STAT,
             Source::CpuStatV1 => CPU_STAT_V1,
             Source::CfsQuota | Source::CfsPeriod => &[],
             Source::CpuacctUsage => CPUACCT_USAGE,
@@ -295,6 +307,7 @@ impl Source {
             Source::CpuPressure => "cpu.pressure",
             Source::MemoryPressure => "memory.pressure",
             Source::IoPressure => "io.pressure",
+            Source::IoStat => "io.stat",
             Source::CfsQuota => "cpu.cfs_quota_us",
             Source::CfsPeriod => "cpu.cfs_period_us",
             Source::CpuacctUsage => "cpuacct.usage",
@@ -493,5 +506,39 @@ pub(super) fn parse(
         Source::CpuPressure | Source::MemoryPressure | Source::IoPressure => {
             pressure(text, path, fills, row, hz)
         }
+        Source::IoStat => per_device(text, path, fills, row),
     }
+}
+
+/// Sums the per-device byte counts of `io.stat` (`8:0 rbytes=N wbytes=N
+/// ...`) into the fields `fills` names. A cgroup that did no I/O yet lists
+/// no device: zero. Keys a kernel adds (io.cost's `cost.*`) are skipped.
+fn per_device(
+    text: &str,
+    path: &Path,
+    fills: &[(&str, Fill)],
+    row: &mut Row,
+) -> Result<(), ParseError> {
+    let mut sums = vec![0u64; fills.len()];
+    for (n, line) in text.lines().enumerate() {
+        let mut words = line.split_ascii_whitespace();
+        let Some(device) = words.next() else {
+            continue;
+        };
+        if !device.contains(':') {
+            return Err(error(path, n + 1, format!("{device:?} is not a MAJ:MIN device")));
+        }
+        for (key, value) in words.filter_map(|w| w.split_once('=')) {
+            if let Some(i) = fills.iter().position(|(k, _)| *k == key) {
+                let value = number(path, n + 1, value)?;
+                sums[i] = sums[i]
+                    .checked_add(value)
+                    .ok_or_else(|| error(path, n + 1, format!("{key} overflows 64 bits summed")))?;
+            }
+        }
+    }
+    for ((_, fill), sum) in fills.iter().zip(sums) {
+        fill.set(&mut row.values, sum, 1.0);
+    }
+    Ok(())
 }

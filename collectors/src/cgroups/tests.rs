@@ -101,7 +101,7 @@ fn set_fields(row: &CgroupRow) -> Vec<&'static str> {
         .collect()
 }
 
-const ALL_SOURCES: [Source; 20] = [
+const ALL_SOURCES: [Source; 21] = [
     Source::CpuStatV2,
     Source::CpuMax,
     Source::MemoryCurrent,
@@ -122,6 +122,7 @@ const ALL_SOURCES: [Source; 20] = [
     Source::MemoryStatV1,
     Source::OomControl,
     Source::KmemUsage,
+    Source::IoStat,
 ];
 
 #[test]
@@ -199,6 +200,9 @@ fn v2_tree_with_a_pod_and_a_slurm_job() {
     assert_eq!(v("memory_page_faults"), Value::U64(2_500_000));
     assert_eq!(v("memory_major_page_faults"), Value::U64(310));
     assert_eq!(v("memory_max_events"), Value::U64(57));
+    // io.stat's per-device lines summed; the cost.* keys of io.cost skipped.
+    assert_eq!(v("io_read_bytes"), Value::U64(73_400_320 + 4096));
+    assert_eq!(v("io_write_bytes"), Value::U64(314_572_800));
     assert_eq!(v("memory_oom_events"), Value::U64(2));
     assert_eq!(v("memory_oom_kills"), Value::U64(1));
     assert!(close(v("cpu_pressure_some_seconds"), 45.0));
@@ -300,6 +304,9 @@ fn v1_tree_with_slurm_docker_and_a_service() {
 
     // The job: unlimited CPU (-1), a 64 GiB limit, one OOM kill.
     assert_eq!(value(&batch, JOB_V1, "cpu_quota_cpus"), Value::Null);
+    // v1 has no per-cgroup I/O bytes that count (blkio's are 0 without
+    // throttle rules on current kernels): null, not zero.
+    assert_eq!(value(&batch, JOB_V1, "io_read_bytes"), Value::Null);
     assert_eq!(
         value(&batch, JOB_V1, "memory_limit_bytes"),
         Value::U64(68_719_476_736)
@@ -735,6 +742,31 @@ fn each_file_fills_only_the_fields_it_declares() {
             seen.contains(&format!("{source:?}")),
             "{source:?} not in a fixture"
         );
+    }
+}
+
+/// io.stat: what the kernel writes adds up, a cgroup that did no I/O (no
+/// device line) reads zero, and
+/// what it never writes is an error that costs only the file's fields.
+#[test]
+fn io_byte_files_sum_their_devices_and_refuse_what_the_kernel_never_writes() {
+    let path = Path::new("io.stat");
+    let read = |source: Source, text: &str| {
+        let mut row = Row::new();
+        parse(source, text, path, &mut row, 100.0)
+            .map(|()| (row.values.io_read_bytes, row.values.io_write_bytes))
+    };
+    assert_eq!(
+        read(Source::IoStat, "8:0 rbytes=10 wbytes=20 rios=1 wios=2\n8:16 rbytes=5 wbytes=0\n"),
+        Ok((Some(15), Some(20)))
+    );
+    assert_eq!(read(Source::IoStat, ""), Ok((Some(0), Some(0))));
+    for bad in [
+        "8:0 rbytes=ten wbytes=0\n",
+        "sda rbytes=1\n",
+        "8:0 rbytes=18446744073709551615\n8:16 rbytes=1\n",
+    ] {
+        assert!(read(Source::IoStat, bad).is_err(), "{bad:?}");
     }
 }
 
