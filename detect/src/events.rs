@@ -143,8 +143,7 @@ impl Detector {
             // that still holds the one before, and a neighbour that merely
             // flickers along scores by chance.
             let may_name = suspects.first().is_some_and(|s| {
-                s.score >= MIN_NEW_SUSPECT_SCORE
-                    && self.busy_now(&s.name, window, key.resource.usage_scale())
+                s.score >= MIN_NEW_SUSPECT_SCORE && self.busy_now(&s.name, window, key.resource)
             });
             let Some(event) = self.open.get_mut(&key) else {
                 continue;
@@ -251,7 +250,13 @@ impl Detector {
             }
             Pool::Cgroup => {
                 guest
-                    && key.resource != Resource::Gpu
+                    && !matches!(key.resource, Resource::Gpu | Resource::Io)
+                    && cgroup_eligible(name)
+                    && !same_lineage(name, &key.victim)
+            }
+            Pool::CgroupIo => {
+                guest
+                    && key.resource == Resource::Io
                     && cgroup_eligible(name)
                     && !same_lineage(name, &key.victim)
             }
@@ -259,8 +264,11 @@ impl Detector {
             Pool::Outside => guest && key.resource == Resource::Cpu,
         };
         let victim = state.seconds_since(since_second);
-        let mut suspects: BTreeMap<String, BTreeMap<i64, f64>> = self
-            .suspects
+        let pool = match key.resource {
+            Resource::Io => &self.io_suspects,
+            _ => &self.suspects,
+        };
+        let mut suspects: BTreeMap<String, BTreeMap<i64, f64>> = pool
             .iter()
             .filter(|(name, s)| eligible(name, s.pool))
             .map(|(name, s)| (name.clone(), self.observed_usage(name, s, &victim)))
@@ -275,9 +283,12 @@ impl Detector {
                 if !self.steal_is_material(suspect, key) {
                     suspect.score = 0.0;
                 }
-            } else if self.usual_usage(&suspect.name).is_some_and(|usual| {
-                suspect.busy_usage - usual < MIN_RISE_OVER_USUAL_SCALES * scale
-            }) {
+            } else if self
+                .usual_usage(&suspect.name, key.resource)
+                .is_some_and(|usual| {
+                    suspect.busy_usage - usual < MIN_RISE_OVER_USUAL_SCALES * scale
+                })
+            {
                 suspect.score = 0.0;
             }
         }
@@ -298,7 +309,7 @@ impl Detector {
     ) -> BTreeMap<i64, f64> {
         let mut usage: BTreeMap<i64, f64> = suspect.seconds.iter().copied().collect();
         let watched_since = match suspect.pool {
-            Pool::Cgroup => self.cgroups_watched_since,
+            Pool::Cgroup | Pool::CgroupIo => self.cgroups_watched_since,
             Pool::GpuProcess => self.gpus_watched_since,
             Pool::Hypervisor | Pool::Outside => None,
         };
@@ -317,7 +328,8 @@ impl Detector {
         // A cgroup that is gone (its job ended) uses nothing from then on:
         // without those seconds, once the look-back has passed its onset, it
         // would look busy throughout, flat, and lose the event it caused.
-        let gone = suspect.pool == Pool::Cgroup && !self.present_cgroups.contains_key(name);
+        let gone = matches!(suspect.pool, Pool::Cgroup | Pool::CgroupIo)
+            && !self.present_cgroups.contains_key(name);
         if let (true, Some(&last)) = (gone, usage.keys().next_back()) {
             for &second in victim.keys() {
                 if second > last {
@@ -364,8 +376,10 @@ impl Detector {
     /// starts (or starts working harder) stalls on what it now competes for,
     /// and is the neighbour, not the victim.
     pub(super) fn self_inflicted(&self, key: &SignalKey, since_second: i64) -> bool {
-        let (Some(state), Some(own)) = (self.signals.get(key), self.suspects.get(&key.victim))
-        else {
+        let (Some(state), Some(own)) = (
+            self.signals.get(key),
+            self.suspect_series(&key.victim, key.resource),
+        ) else {
             return false;
         };
         let victim = state.seconds_since(since_second);
@@ -384,11 +398,13 @@ impl Detector {
         self.signals.retain(|key, state| {
             state.last_second >= horizon || open.contains_key(key) || key.victim == "node"
         });
-        self.suspects.retain(|_, s| {
-            s.seconds
-                .back()
-                .is_some_and(|(second, _)| *second >= horizon)
-        });
+        for suspects in [&mut self.suspects, &mut self.io_suspects] {
+            suspects.retain(|_, s| {
+                s.seconds
+                    .back()
+                    .is_some_and(|(second, _)| *second >= horizon)
+            });
+        }
         self.counters
             .retain(|_, (time_us, _)| second_of(*time_us) >= horizon);
     }

@@ -64,6 +64,9 @@ pub const DEFAULT_LEARN_ABNORMAL_AFTER_WINDOWS: u32 = 180;
 pub const DEFAULT_Z_OPEN: f64 = 4.0;
 /// Robust z below which a window counts as normal again.
 pub const DEFAULT_Z_CLOSE: f64 = 2.0;
+/// Bytes in a MiB: a cgroup's block I/O usage is in MiB/s.
+const MIB: f64 = 1_048_576.0;
+
 /// Seconds of per-second history the suspects are ranked over.
 pub const DEFAULT_LOOKBACK_SECS: u64 = 90;
 /// Seconds after a window ends before it is judged: collectors tick on whole
@@ -170,7 +173,12 @@ pub struct ResumedEvent {
 /// Whose usage a suspect is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pool {
+    /// A cgroup's CPU time, in CPUs.
     Cgroup,
+    /// A cgroup's block I/O, in MiB/s: the usage of I/O signals' suspects.
+    /// CPU time would name whichever workload started with the stall,
+    /// whatever it did.
+    CgroupIo,
     GpuProcess,
     /// The host, through steal time: a suspect for CPU signals only.
     Hypervisor,
@@ -196,6 +204,8 @@ pub struct Detector {
     config: DetectConfig,
     signals: BTreeMap<SignalKey, SignalState>,
     suspects: BTreeMap<String, SuspectSeries>,
+    /// The same cgroups' block I/O ([`Pool::CgroupIo`]).
+    io_suspects: BTreeMap<String, SuspectSeries>,
     /// Cgroups that have no child cgroup: only these are suspects, since a
     /// parent's usage holds its children's.
     leaf_cgroups: BTreeSet<String>,
@@ -301,6 +311,7 @@ impl Detector {
             config,
             signals: BTreeMap::new(),
             suspects: BTreeMap::new(),
+            io_suspects: BTreeMap::new(),
             leaf_cgroups: BTreeSet::new(),
             counters: HashMap::new(),
             open: BTreeMap::new(),

@@ -155,17 +155,21 @@ impl Detector {
         let window_secs = self.config.window_secs as i64;
         let second = second_of(time_us);
         let watched_since = match pool {
-            Pool::Cgroup => self.cgroups_watched_since,
+            Pool::Cgroup | Pool::CgroupIo => self.cgroups_watched_since,
             Pool::GpuProcess => self.gpus_watched_since,
             Pool::Hypervisor | Pool::Outside => None,
         };
         let present_cgroups = &self.present_cgroups;
-        let series = self.suspects.entry(name.to_string()).or_insert_with(|| {
+        let suspects = match pool {
+            Pool::CgroupIo => &mut self.io_suspects,
+            _ => &mut self.suspects,
+        };
+        let series = suspects.entry(name.to_string()).or_insert_with(|| {
             // A usage is a rate, first known a second after the first sight;
             // a cgroup may have been seen long before, as a parent whose
             // usage was its children's.
             let appeared = match pool {
-                Pool::Cgroup => present_cgroups.get(name).copied(),
+                Pool::Cgroup | Pool::CgroupIo => present_cgroups.get(name).copied(),
                 _ => None,
             }
             .unwrap_or(second - 1)
@@ -209,17 +213,30 @@ impl Detector {
         if holding {
             return;
         }
-        for series in self.suspects.values_mut() {
+        for series in self
+            .suspects
+            .values_mut()
+            .chain(self.io_suspects.values_mut())
+        {
             if let Some(mean) = mean_over(&series.seconds, window..window + window_secs) {
                 series.usual.push(mean);
             }
         }
     }
 
-    /// A suspect's usual usage, once known.
-    pub(super) fn usual_usage(&self, name: &str) -> Option<f64> {
-        self.suspects
-            .get(name)?
+    /// The usage series of suspect `name` that `resource`'s signals rank:
+    /// a cgroup's block I/O for I/O, else its CPU time (or the process's SM
+    /// share, the steal, the load outside the cgroups).
+    pub(super) fn suspect_series(&self, name: &str, resource: Resource) -> Option<&SuspectSeries> {
+        match resource {
+            Resource::Io => self.io_suspects.get(name),
+            _ => self.suspects.get(name),
+        }
+    }
+
+    /// A suspect's usual usage of what `resource`'s signals rank, once known.
+    pub(super) fn usual_usage(&self, name: &str, resource: Resource) -> Option<f64> {
+        self.suspect_series(name, resource)?
             .usual
             .summary()
             .filter(|s| s.windows >= MIN_USUAL_WINDOWS)
@@ -230,12 +247,14 @@ impl Detector {
     /// rise a suspect must show, over its seconds from `window` on. A
     /// suspect the detector keeps no usage of (the unattributed load)
     /// counts as busy.
-    pub(super) fn busy_now(&self, name: &str, window: i64, scale: f64) -> bool {
-        let Some(series) = self.suspects.get(name) else {
+    pub(super) fn busy_now(&self, name: &str, window: i64, resource: Resource) -> bool {
+        let Some(series) = self.suspect_series(name, resource) else {
             return true;
         };
+        let scale = resource.usage_scale();
         mean_over(&series.seconds, window..i64::MAX).is_some_and(|mean| {
-            mean - self.usual_usage(name).unwrap_or(0.0) >= MIN_RISE_OVER_USUAL_SCALES * scale
+            mean - self.usual_usage(name, resource).unwrap_or(0.0)
+                >= MIN_RISE_OVER_USUAL_SCALES * scale
         })
     }
 
@@ -370,6 +389,15 @@ impl Detector {
             let has_cpu_counter = usage.is_some() || self.counters.contains_key(&key);
             let rate = usage.and_then(|usage| self.rate(key, time_us, usage));
             if self.leaf_cgroups.contains(*path) {
+                let bytes = view
+                    .value(row, "io_read_bytes")
+                    .zip(view.value(row, "io_write_bytes"))
+                    .map(|(read, written)| read + written);
+                let io_rate =
+                    bytes.and_then(|b| self.rate(format!("cgroup|{path}|io"), time_us, b));
+                if let Some(bytes_per_second) = io_rate {
+                    self.usage(path, Pool::CgroupIo, time_us, bytes_per_second / MIB);
+                }
                 match rate {
                     Some(r) => {
                         self.usage(path, Pool::Cgroup, time_us, r);

@@ -35,9 +35,14 @@ impl Resource {
     }
 
     /// A suspect usage change that counts as material when ranking: CPUs for
-    /// cgroups, SM share for GPU processes.
+    /// cgroups, SM share for GPU processes, MiB/s of block I/O for cgroups
+    /// under an I/O signal (a service's logging moves by less; a job reading
+    /// or writing its data by far more).
     pub(super) fn usage_scale(self) -> f64 {
-        0.05
+        match self {
+            Resource::Io => 1.0,
+            _ => 0.05,
+        }
     }
 }
 

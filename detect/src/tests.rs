@@ -382,6 +382,88 @@ fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     }
 }
 
+/// An I/O stall's suspects are ranked by their block I/O, not their CPU
+/// time: a CPU-only job started three seconds after the I/O hog moved with
+/// the stall as well as the hog did, and ranked by CPU it was named first.
+#[test]
+fn an_io_stall_names_who_did_the_io_not_who_started_with_it() {
+    let mut detector = Detector::new(config());
+    let mut seed = 41;
+    // Cumulative CPU seconds and bytes of each cgroup, and the node's I/O stall.
+    let mut counters: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    let mut stalled = 0.0;
+    let mut out = Vec::new();
+    const MIB: f64 = 1_048_576.0;
+    for second in 0..260 {
+        let n = noise(&mut seed);
+        let attack = second >= 150;
+        // (path, CPUs, MiB/s): a service that logs, the I/O hog (direct
+        // writes, little CPU) and a CPU-only job, both made at the onset.
+        let mut cgroups = vec![("/system.slice/journald.service", 0.02, 0.3 + 0.1 * n)];
+        if attack {
+            cgroups.push(("/dd", 0.3 + 0.02 * n, 180.0 + 20.0 * n));
+        }
+        if second >= 153 {
+            cgroups.push(("/cpu-job", 0.5 + 0.05 * n, 0.0));
+        }
+        let time_us = START_US + second * 1_000_000 + 1_000;
+        let tags: Vec<[&str; 2]> = cgroups
+            .iter()
+            .map(|(path, _, _)| [*path, vtax_collectors::cgroups::classify(path)])
+            .collect();
+        let fields: Vec<Vec<(&str, f64)>> = cgroups
+            .iter()
+            .map(|(path, cpus, mib)| {
+                let c = counters.entry(path).or_default();
+                c.0 += cpus;
+                c.1 += mib * MIB;
+                vec![
+                    ("cpu_usage_seconds", c.0),
+                    ("io_read_bytes", 0.0),
+                    ("io_write_bytes", c.1.round()),
+                ]
+            })
+            .collect();
+        let each: Vec<RowValues> = tags
+            .iter()
+            .zip(&fields)
+            .map(|(t, f)| (&t[..], &f[..]))
+            .collect();
+        detector.observe(&rows(&CGROUP, time_us, &each));
+        stalled += if attack {
+            0.6 + 0.05 * n
+        } else {
+            0.02 + 0.01 * n
+        };
+        detector.observe(&row(
+            &PRESSURE,
+            time_us,
+            &["io"],
+            &[("some_stalled_seconds", stalled)],
+        ));
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let events = event_rows(&out, "open");
+    let io = events
+        .iter()
+        .find(|e| e.resource == "io" && e.victim == "node")
+        .expect("the node's I/O stall opens an event");
+    assert!(io.suspects.starts_with("/dd "), "{}", io.suspects);
+    let named: Vec<String> = event_rows(&out, "updated")
+        .iter()
+        .chain(&event_rows(&out, "closed"))
+        .chain(&events)
+        .filter(|e| e.resource == "io")
+        .flat_map(|e| crate::suspect_text::parse(&e.suspects))
+        .filter(|s| s.score > 0.0)
+        .map(|s| s.name)
+        .collect();
+    assert!(
+        !named.iter().any(|n| n == "/cpu-job"),
+        "the CPU-only job is no I/O suspect: {named:?}"
+    );
+}
+
 /// A pod whose one container leaves the rows (removed, or pushed past
 /// `max_cgroups` by a new pod) becomes a leaf with the pod's steady use. It
 /// was there all along, as the container's parent: it is no newcomer, and
