@@ -9,6 +9,18 @@ use std::collections::BTreeMap;
 /// minute or more, chance alone rarely reaches it.
 pub const MIN_CORRELATION: f64 = 0.3;
 
+/// Nor below this t statistic of its correlation, `r √((n−2)/(1−r²))`:
+/// about the bar of [`MIN_CORRELATION`] over a look-back of 90 per-second
+/// points (r = 0.304 there), and a higher one where the signal has fewer
+/// points. A jitter window's tail is one point per window, nine in the
+/// look-back: there it asks r = 0.75, where 0.52-0.74 was reached by chance
+/// by workloads whose first second fell on a bad window.
+pub const MIN_CORRELATION_T: f64 = 3.0;
+
+/// Nor with fewer than this many points on each side of its usage's
+/// midpoint: one or two busy seconds make a correlation from a coincidence.
+pub const MIN_POINTS_EACH_SIDE: usize = 3;
+
 /// One suspect's standing against one victim signal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Suspect {
@@ -74,15 +86,19 @@ pub fn rank(
                 effect,
                 usage_change,
                 busy_usage,
+                fewest_points,
             } = split_effect(&u, &v);
             let materiality = 1.0 - (-usage_change.max(0.0) / usage_scale).exp();
+            let telling = correlation >= MIN_CORRELATION
+                && t_statistic(correlation, v.len()) >= MIN_CORRELATION_T
+                && fewest_points >= MIN_POINTS_EACH_SIDE;
             Some(Suspect {
                 name: name.clone(),
                 correlation,
                 effect,
                 usage_change,
                 busy_usage,
-                score: if correlation >= MIN_CORRELATION {
+                score: if telling {
                     correlation * materiality
                 } else {
                     0.0
@@ -92,6 +108,15 @@ pub fn rank(
         .collect();
     sort(&mut ranked);
     ranked
+}
+
+/// The t statistic of a correlation `r` over `n` points (infinite at |r| = 1).
+fn t_statistic(r: f64, n: usize) -> f64 {
+    let rest = 1.0 - r * r;
+    if rest <= f64::EPSILON {
+        return f64::INFINITY * r.signum();
+    }
+    r * ((n.saturating_sub(2)) as f64 / rest).sqrt()
 }
 
 /// Orders suspects best first: by score, then correlation, then name.
@@ -112,6 +137,8 @@ struct Split {
     usage_change: f64,
     /// The suspect's usage mean in the busy seconds.
     busy_usage: f64,
+    /// Seconds on the side of the split that has fewer.
+    fewest_points: usize,
 }
 
 /// Splits the seconds at the midpoint of the suspect's usage range into busy
@@ -126,6 +153,7 @@ fn split_effect(usage: &[f64], victim: &[f64]) -> Split {
         effect: 0.0,
         usage_change: 0.0,
         busy_usage: usage.iter().sum::<f64>() / usage.len().max(1) as f64,
+        fewest_points: 0,
     };
     if hi - lo <= f64::EPSILON {
         return flat;
@@ -149,6 +177,7 @@ fn split_effect(usage: &[f64], victim: &[f64]) -> Split {
         effect: vb - vq,
         usage_change: ub - uq,
         busy_usage: ub,
+        fewest_points: busy.2.min(quiet.2),
     }
 }
 
@@ -198,6 +227,26 @@ mod tests {
         assert!(tiny.correlation > 0.95 && tiny.score < 0.05, "{tiny:?}");
         let steady = ranked.iter().find(|s| s.name == "steady").unwrap();
         assert!(steady.score < 0.2, "{steady:?}");
+    }
+
+    /// Nine points, one per jitter window: a newcomer whose first busy
+    /// second fell on the window with the worst tail correlates at 0.68 by
+    /// that alone (scored 0.68 before), and scores nothing; busy windows
+    /// that move with the tail do.
+    #[test]
+    fn few_points_or_few_busy_ones_are_no_evidence() {
+        let tail = series([2.0, 9.0, 3.0, 8.0, 2.5, 7.0, 3.0, 14.0, 3.5]);
+        let newcomer = series([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.6, 0.2]);
+        let suspects: BTreeMap<String, _> = [("newcomer".to_string(), newcomer)].into();
+        let ranked = rank(&tail, &suspects, 0.05);
+        assert!(ranked[0].correlation > 0.6, "{ranked:?}");
+        assert_eq!(ranked[0].score, 0.0, "{ranked:?}");
+        let mover = series([0.0, 0.9, 0.0, 0.8, 0.0, 0.7, 0.0, 1.0, 0.1]);
+        let suspects: BTreeMap<String, _> = [("mover".to_string(), mover)].into();
+        let ranked = rank(&tail, &suspects, 0.05);
+        assert!(ranked[0].score > 0.8, "{ranked:?}");
+        assert!(t_statistic(0.31, 90) > MIN_CORRELATION_T);
+        assert!(t_statistic(0.74, 9) < MIN_CORRELATION_T);
     }
 
     #[test]
