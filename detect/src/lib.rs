@@ -142,6 +142,10 @@ struct SignalState {
     /// event starts, however long a cgroup's own rise kept it from opening.
     abnormal_since: Option<i64>,
     normal_run: u32,
+    /// Windows in a row far above the baseline, abnormal or not (a baseline
+    /// still learning cannot call them abnormal): none is learned until
+    /// `learn_abnormal_after_windows` of them say the level is the normal.
+    deviating_run: u32,
     last_second: i64,
 }
 
@@ -407,6 +411,7 @@ impl SignalState {
             abnormal_run: 0,
             abnormal_since: None,
             normal_run: 0,
+            deviating_run: 0,
             last_second: i64::MIN,
         }
     }
@@ -431,6 +436,7 @@ impl SignalState {
             seconds.iter().sum::<f64>() / seconds.len() as f64
         };
         let summary = self.baseline.summary();
+        let mut deviates = false;
         let (score, abnormal, normal) = match self.spec.rule {
             Rule::Baseline {
                 min_change,
@@ -442,11 +448,24 @@ impl SignalState {
                 let least = summary.map_or(min_change, |s| {
                     min_change.max(min_relative_change * s.median.abs())
                 });
-                let ready =
-                    summary.is_some_and(|s| s.windows as u64 >= config.min_baseline_windows);
+                let learned = summary.map_or(0, |s| s.windows as u64);
+                // Half a baseline tells a level far above it: a neighbour
+                // that arrives while the victim's baseline is still learning
+                // is held out of it, not learned as its normal (a victim
+                // whose stall rose from 0.25 to 0.65 in its eighth window
+                // learned 0.63 and never had an event).
+                deviates = learned >= (config.min_baseline_windows / 2).max(3)
+                    && z >= config.z_open
+                    && change >= least;
+                // Held windows count towards the baseline's length: the
+                // level has lasted as long as a baseline takes to learn.
+                let ready = learned >= config.min_baseline_windows
+                    || (deviates
+                        && learned + u64::from(self.deviating_run) + 1
+                            >= config.min_baseline_windows);
                 (
                     z,
-                    ready && z >= config.z_open && change >= least,
+                    ready && deviates,
                     z < config.z_close || change < least / 2.0,
                 )
             }
@@ -461,11 +480,13 @@ impl SignalState {
                 (score, value > threshold, value <= threshold / 2.0)
             }
         };
-        // This window is the (abnormal_run + 1)-th abnormal one in a row.
-        let learn = !abnormal || self.abnormal_run + 1 >= config.learn_abnormal_after_windows;
+        // This window is the (deviating_run + 1)-th far above the baseline
+        // in a row.
+        let learn = !deviates || self.deviating_run + 1 >= config.learn_abnormal_after_windows;
         if matches!(self.spec.rule, Rule::Baseline { .. }) && learn {
             self.baseline.push(value);
         }
+        self.deviating_run = if deviates { self.deviating_run + 1 } else { 0 };
         if abnormal {
             if self.abnormal_run == 0 {
                 self.abnormal_since = Some(window);
@@ -484,7 +505,9 @@ impl SignalState {
             value,
             summary,
             score,
-            abnormal,
+            // A window held out of a baseline still learning is stored as
+            // abnormal too, so a restart's relearning leaves it out as well.
+            abnormal: abnormal || deviates,
         })
     }
 }

@@ -227,7 +227,7 @@ vtax_store::table! {
             abnormal: i64 = FieldDef::gauge(
                 FieldType::I64,
                 Unit::None,
-                "1 when this window counted towards an event.",
+                "1 when this window was far above its baseline or over its threshold: it counts towards an event (once the baseline has min_baseline_windows, held ones included) and is not learned into the baseline.",
             ),
         ],
         exported: false,

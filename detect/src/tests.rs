@@ -464,6 +464,56 @@ fn an_io_stall_names_who_did_the_io_not_who_started_with_it() {
     );
 }
 
+/// A neighbour that arrives while the victim's baseline is still learning
+/// (its seventh window of twelve) is not learned as the victim's normal: the
+/// event opens once the baseline's windows, the held ones counted, are
+/// there, and the windows after the neighbour left are judged against the
+/// level from before it.
+#[test]
+fn a_neighbour_arriving_while_the_baseline_learns_is_an_event_not_the_normal() {
+    let mut node = Node::new(config());
+    let mut seed = 53;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..30 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/victim", 0.4 + 0.02 * n, 0.25 + 0.02 * n)],
+            quiet(&mut seed),
+        );
+    }
+    for _ in 0..90 {
+        let (n, m) = (noise(&mut seed), noise(&mut seed));
+        node.step(
+            &[
+                ("/victim", 0.3 + 0.02 * n, 0.65 + 0.03 * n),
+                ("/newcomer", 1.9 + 0.05 * m, 0.2 + 0.03 * m),
+            ],
+            0.4 + 0.03 * n,
+        );
+    }
+    let opened = node.events("open");
+    let victim = opened
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .unwrap_or_else(|| panic!("the victim's event opened: {opened:?}"));
+    assert!(victim.2.starts_with("/newcomer "), "{opened:?}");
+    let signal = node
+        .out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::DETECTOR_SIGNAL))
+        .flat_map(|b| {
+            let v = View::new(b);
+            (0..v.rows())
+                .filter(|&r| v.tag(r, "victim") == "/victim" && v.tag(r, "resource") == "cpu")
+                .map(|r| v.value(r, "baseline_median"))
+                .collect::<Vec<_>>()
+        })
+        .last()
+        .flatten()
+        .expect("the victim's windows are judged");
+    assert!(signal < 0.3, "the baseline kept the level before: {signal}");
+}
+
 /// A pod whose one container leaves the rows (removed, or pushed past
 /// `max_cgroups` by a new pod) becomes a leaf with the pod's steady use. It
 /// was there all along, as the container's parent: it is no newcomer, and
