@@ -79,7 +79,7 @@ pub use scan::{ScanRequest, ScanResult};
 pub use schema::{FieldDef, FieldType, MetricKind, TableDef, TagDef, Unit};
 pub use store::{
     check_node_name, kept_in_quarantine, node_name, open_for_writing, Deletable, Merge,
-    MergeOutcome, Store, StoreOptions, StoreStats, DEFAULT_MAX_PUBLISH_DELAY,
+    MergeOutcome, Store, StoreOptions, StoreStats, DEFAULT_MAX_PUBLISH_DELAY, NODE_NAME_MAX_CHARS,
 };
 
 /// Microseconds in one hour: the width of a bucket.

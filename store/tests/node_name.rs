@@ -147,6 +147,23 @@ fn a_node_name_that_cannot_name_files_is_refused_before_anything_is_written() {
         assert!(message.contains(says), "{node:?}: {message}");
         assert!(!data.exists(), "{node:?}: nothing is created");
     }
-    let long = "a".repeat(254);
+    let long = "a".repeat(vtax_store::NODE_NAME_MAX_CHARS + 1);
     assert!(open(tempfile::tempdir().unwrap().path(), &long).is_err());
+}
+
+/// The longest name the rule takes names every file the store writes: the
+/// pending and temporary ones of a day merge included. A 228-character name
+/// passed the rule and no file could be written (ENAMETOOLONG).
+#[test]
+fn the_longest_node_name_names_files() {
+    let node = format!("gpu-{}", "a".repeat(vtax_store::NODE_NAME_MAX_CHARS - 4));
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), &node).unwrap();
+    for h in 0..3 {
+        append(&mut store, T0 + h * HOUR_US, 10);
+    }
+    assert_eq!(parquet_names(dir.path()).len(), 3);
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    store.close().unwrap();
+    assert_eq!(rows_on_disk(dir.path()), 30);
 }

@@ -108,12 +108,16 @@ impl std::fmt::Debug for Deletable {
     }
 }
 
-/// Most characters in a node name: a DNS name's, and so a Kubernetes node's.
-pub const NODE_NAME_MAX_CHARS: usize = 253;
+/// Most characters in a node name: what leaves the longest file name it
+/// makes (`.<node>-<first_time_us>-<max_seq>-<n>.parquet.pending`, 64
+/// characters besides the name at most) within the 255 bytes a filesystem
+/// allows. A DNS name may have 253, but with over 191 the store could
+/// write no file and lost what it held at the first flush.
+pub const NODE_NAME_MAX_CHARS: usize = 190;
 
 /// Checks a node name, which names the store's files
 /// (`<node>-<first_time_us>-<max_seq>.parquet`), a fleet copy's `node=`
-/// partition and, by default, remote write's `instance` label: 1 to 253 ASCII
+/// partition and, by default, remote write's `instance` label: 1 to 190 ASCII
 /// letters, digits, '-', '.' and '_', starting and ending with a letter or
 /// digit. Host names and Kubernetes node names (RFC 1123: lower-case letters,
 /// digits, '-' and '.') pass as they are, and so do names of the earlier rule
@@ -126,7 +130,7 @@ pub fn check_node_name(name: &str) -> std::result::Result<(), String> {
     }
     if name.len() > NODE_NAME_MAX_CHARS {
         return Err(format!(
-            "{} characters, more than {NODE_NAME_MAX_CHARS}",
+            "{} characters, more than {NODE_NAME_MAX_CHARS} (a file named after it would pass the filesystem's 255 bytes)",
             name.len()
         ));
     }
