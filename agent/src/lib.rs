@@ -93,12 +93,23 @@ impl std::io::Write for Stdout {
     }
 }
 
-/// `text` with its control characters but the newline and the tab written
-/// as escapes (`\u{1b}`): the doctor's problems, errors and tables carry
-/// what a cgroup, mount, interface or file was named, and an escape sequence
-/// in such a name would act on the terminal that shows it.
+/// Whether a character in a name acts on the text around it instead of
+/// showing: a control character (but the newline and the tab), or a
+/// Unicode direction or invisible formatting mark. A cgroup named
+/// `job\u{202e}71_boj` shows as another job's name, its letters reversed.
+pub fn acts_on_text(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c,
+            '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
+/// `text` with the characters that act on text ([`acts_on_text`]) written
+/// as escapes (`\u{1b}`, `\u{202e}`): the doctor's problems, errors and
+/// tables carry what a cgroup, mount, interface or file was named, and an
+/// escape sequence in such a name would act on the terminal that shows it.
 pub fn for_terminal(text: &str) -> std::borrow::Cow<'_, str> {
-    let acts = |c: char| c.is_control() && c != '\n' && c != '\t';
+    let acts = acts_on_text;
     if !text.chars().any(acts) {
         return std::borrow::Cow::Borrowed(text);
     }

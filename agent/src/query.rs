@@ -317,10 +317,17 @@ fn plain_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         .collect()
 }
 
+/// Whether a table writes `c` as its escape: every control character (a
+/// newline would break the table's rows) and what else acts on the text
+/// around it ([`crate::acts_on_text`]: a direction override).
+fn escaped_in_tables(c: char) -> bool {
+    c.is_control() || crate::acts_on_text(c)
+}
+
 /// `batch` with the control characters of its text written as escapes
-/// (`\n`, `\u{1b}`): a name is whatever a cgroup, mount or interface was
-/// called, and a table goes to a terminal, where an escape sequence in a name
-/// would act and a newline would break the table's rows.
+/// (`\n`, `\u{1b}`, `\u{202e}`): a name is whatever a cgroup, mount or
+/// interface was called, and a table goes to a terminal, where an escape
+/// sequence in a name would act and a newline would break the table's rows.
 fn controls_escaped(batch: &RecordBatch) -> Result<RecordBatch> {
     use arrow_array::cast::AsArray;
     let columns = batch
@@ -331,7 +338,7 @@ fn controls_escaped(batch: &RecordBatch) -> Result<RecordBatch> {
                 if text
                     .iter()
                     .flatten()
-                    .any(|v| v.chars().any(char::is_control)) =>
+                    .any(|v| v.chars().any(escaped_in_tables)) =>
             {
                 let escaped: arrow_array::StringArray = text
                     .iter()
@@ -339,7 +346,7 @@ fn controls_escaped(batch: &RecordBatch) -> Result<RecordBatch> {
                         v.map(|v| {
                             v.chars()
                                 .map(|c| {
-                                    if c.is_control() {
+                                    if escaped_in_tables(c) {
                                         c.escape_default().to_string()
                                     } else {
                                         c.to_string()
@@ -369,6 +376,7 @@ mod tests {
             Some("/two\nlines"),
             None,
             Some("/plain"),
+            Some("/job\u{202e}71_boj"),
         ]);
         let schema = Arc::new(Schema::new(vec![Field::new("path", DataType::Utf8, true)]));
         let batch = RecordBatch::try_new(schema, vec![Arc::new(names)]).unwrap();
@@ -380,8 +388,9 @@ mod tests {
         assert!(text.contains("/red\\u{1b}[31m"), "{text}");
         assert!(text.contains("/two\\nlines"), "{text}");
         assert!(text.contains("/plain"), "{text}");
-        // Four rows, a header and three rules: no line broken by a name.
-        assert_eq!(text.lines().count(), 8, "{text}");
+        assert!(text.contains("/job\\u{202e}71_boj"), "{text}");
+        // Five rows, a header and three rules: no line broken by a name.
+        assert_eq!(text.lines().count(), 9, "{text}");
     }
 
     fn json_lines(batch: RecordBatch) -> Vec<serde_json::Value> {

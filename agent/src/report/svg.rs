@@ -97,7 +97,10 @@ fn trim(v: f64) -> String {
     }
 }
 
-/// Escapes text for HTML and SVG.
+/// Escapes text for HTML and SVG. A character that would act on the text
+/// around it (a direction override in a cgroup's name reverses what
+/// follows, the name of the job it accuses included) is shown as its
+/// escape, `\u{202e}`.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -107,6 +110,7 @@ pub fn escape(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if crate::acts_on_text(c) => out.extend(c.escape_default()),
             c => out.push(c),
         }
     }
@@ -519,6 +523,16 @@ mod tests {
         assert_eq!(dashed, 6 * 2, "{chart}");
         let legend = &chart[chart.find(r#"<div class="legend">"#).unwrap()..];
         assert!(legend.contains("GPU 15"), "{legend}");
+    }
+
+    #[test]
+    fn names_that_act_on_text_are_shown_as_escapes() {
+        // A direction override would show the accused job's name reversed.
+        assert_eq!(
+            escape("/user.slice/\u{202e}evil <b>"),
+            "/user.slice/\\u{202e}evil &lt;b&gt;"
+        );
+        assert_eq!(escape("ü日本 🔥"), "ü日本 🔥");
     }
 
     #[test]
