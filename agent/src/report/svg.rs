@@ -315,6 +315,22 @@ pub struct Span {
 /// its tooltip.
 const LANE_LABEL_CHARS: usize = 30;
 
+/// `text` in at most `max` characters: its start and its end, with `…`
+/// between. Names that differ tell themselves apart at the end
+/// (`…/job_77`, `…/job_78`, a pod's container), which a cut end would hide.
+fn elide_middle(text: &str, max: usize) -> String {
+    let count = text.chars().count();
+    if count <= max {
+        return text.to_string();
+    }
+    let head = (max - 1) / 3;
+    let tail = max - 1 - head;
+    let mut shown: String = text.chars().take(head).collect();
+    shown.push('…');
+    shown.extend(text.chars().skip(count - tail));
+    shown
+}
+
 /// Spans on lanes against time: faults and noisy-neighbour events. `kinds`
 /// are `(label, colour)`, each span's colour its kind's, and the legend
 /// under the plot lists the kinds that occur.
@@ -340,13 +356,7 @@ pub fn timeline(
         spans.len()
     );
     for (i, lane) in lanes.iter().enumerate() {
-        let shown: String = if lane.chars().count() > LANE_LABEL_CHARS {
-            let mut s: String = lane.chars().take(LANE_LABEL_CHARS - 1).collect();
-            s.push('…');
-            s
-        } else {
-            lane.clone()
-        };
+        let shown = elide_middle(lane, LANE_LABEL_CHARS);
         let _ = write!(
             svg,
             r#"<text x="4" y="{:.1}" font-size="11"><title>{}</title>{}</text>"#,
@@ -526,13 +536,19 @@ mod tests {
     }
 
     #[test]
-    fn names_that_act_on_text_are_shown_as_escapes() {
+    fn names_that_act_on_text_are_shown_and_long_ones_keep_their_ends() {
         // A direction override would show the accused job's name reversed.
         assert_eq!(
             escape("/user.slice/\u{202e}evil <b>"),
             "/user.slice/\\u{202e}evil &lt;b&gt;"
         );
         assert_eq!(escape("ü日本 🔥"), "ü日本 🔥");
+        let a = elide_middle("cpu · /system.slice/slurmstepd.scope/job_77", 30);
+        let b = elide_middle("cpu · /system.slice/slurmstepd.scope/job_78", 30);
+        assert_eq!(a.chars().count(), 30);
+        assert!(a.starts_with("cpu · /s") && a.ends_with("/job_77"), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(elide_middle("GPU 2", 30), "GPU 2");
     }
 
     #[test]
