@@ -75,7 +75,7 @@ impl Sections<'_> {
             for (node, s) in nodes.iter().zip(summaries) {
                 let _ = write!(
                     h,
-                    r#"<tr><td>{}</td><td class="verdict-cell">{}</td>"#,
+                    r#"<tr><td class="text">{}</td><td class="verdict-cell">{}</td>"#,
                     escape(&node.name),
                     escape(&s.verdict)
                 );
@@ -305,7 +305,7 @@ impl Sections<'_> {
         let node_th = if ctx.fleet { "<th>node</th>" } else { "" };
         let node_td = |node: &str| {
             if ctx.fleet {
-                format!("<td>{}</td>", escape(node))
+                format!(r#"<td class="text">{}</td>"#, escape(node))
             } else {
                 String::new()
             }
@@ -329,7 +329,7 @@ impl Sections<'_> {
             for (node, e) in &faults {
                 let _ = write!(
                     h,
-                    r#"<tr class="fault">{}<td>{}</td><td>{}</td><td>{}<br><code>{}</code></td><td class="num">{}</td><td class="text">{}</td></tr>"#,
+                    r#"<tr class="fault">{}<td>{}</td><td class="text">{}</td><td>{}<br><code>{}</code></td><td class="num">{}</td><td class="text">{}</td></tr>"#,
                     node_td(node),
                     when(e),
                     escape(&headline::place(&e.resource, &e.victim)),
@@ -372,7 +372,7 @@ impl Sections<'_> {
                 };
                 let _ = write!(
                     h,
-                    r#"<tr class="event">{}<td>{}</td><td>{}</td><td>{}</td><td class="text">{suspects}</td><td class="num">{} · {} · {}</td><td class="text">{}</td></tr>"#,
+                    r#"<tr class="event">{}<td>{}</td><td class="text">{}</td><td>{}</td><td class="text">{suspects}</td><td class="num">{} · {} · {}</td><td class="text">{}</td></tr>"#,
                     node_td(node),
                     when(e),
                     escape(&headline::place(&e.resource, &e.victim)),
@@ -523,7 +523,7 @@ pub(super) fn health_row(h: &mut String, node: Option<&str>, g: &GpuHealth) {
         if lost { "lost" } else { "up" }
     );
     if let Some(node) = node {
-        let _ = write!(h, "<td>{}</td>", escape(node));
+        let _ = write!(h, r#"<td class="text">{}</td>"#, escape(node));
     }
     let _ = write!(
         h,

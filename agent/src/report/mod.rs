@@ -694,14 +694,14 @@ fn summarize(node: &NodeData) -> NodeSummary {
 
 const CSS: &str = r#"
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1f;background:#f6f7f9}
-header{background:#1d2733;color:#fff;padding:18px 28px}header h1{margin:0 0 4px;font-size:22px}
+header{background:#1d2733;color:#fff;padding:18px 28px;overflow-wrap:anywhere}header h1{margin:0 0 4px;font-size:22px}
 header p{margin:0;color:#c9d1db}main{padding:8px 28px 40px;max-width:1240px}
 section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);margin:18px 0;padding:14px 20px}
 h2{font-size:18px;margin:4px 0 10px}h3{font-size:15px;margin:16px 0 4px}
 table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top;overflow-wrap:break-word}td.text{overflow-wrap:anywhere}
 table.wide{width:100%}table.wide td,table.wide th{padding:4px 6px;font-size:13px}
 th{font-weight:600;color:#444}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.verdict{font-weight:600}details{margin:8px 0}summary{cursor:pointer;padding:4px 0}.legend span{margin-right:14px;font-size:12px;white-space:nowrap}
+.verdict{font-weight:600}details{margin:8px 0}summary{cursor:pointer;padding:4px 0}.legend span{margin-right:14px;font-size:12px;display:inline-block;max-width:100%;overflow-wrap:anywhere}
 .legend i{display:inline-block;width:12px;height:3px;margin:0 5px 3px 0;vertical-align:middle}.legend .swatch{margin:0 5px 1px 0;vertical-align:middle}
 .note{color:#666;font-size:12px}.no-data,.no-events,.no-faults{color:#666;font-style:italic}
 svg.plot{display:block;background:#fff;overflow:visible}svg text{fill:#333}
@@ -712,7 +712,7 @@ svg.plot{display:block;background:#fff;overflow:visible}svg text{fill:#333}
 .tile .figure{display:block;font-size:21px;font-weight:600;font-variant-numeric:tabular-nums}
 .tile .what{display:block;font-size:12px;color:#333}.tile .note{display:block;font-size:11px}
 .tile.bad,td.bad{background:#fff3f2}.tile.bad{border-color:#d62728}.bad,.tile.bad .figure{color:#b3261e}
-.causes{padding-left:22px;margin:4px 0}.causes li{margin:3px 0}.causes .note{display:block}
+.causes{padding-left:22px;margin:4px 0}.causes li{margin:3px 0;overflow-wrap:anywhere}.causes .note{display:block}
 .kind{display:inline-block;font-size:11px;font-weight:600;border-radius:3px;padding:0 5px;margin-right:4px;color:#fff;background:#1f77b4}
 .kind.fault,.kind.lost{background:#d62728}.kind.hypervisor{background:#9467bd}
 tr.lost td{background:#fff3f2}

@@ -20,7 +20,7 @@ impl Sections<'_> {
             });
             let _ = write!(
                 h,
-                r#"<tr><td>{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
+                r#"<tr><td class="text">{}</td><td class="verdict-cell">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{p99}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
                 escape(&node.name),
                 escape(&s.verdict),
                 s.gpu_count(),
@@ -263,7 +263,7 @@ impl Sections<'_> {
             let total: f64 = s.histogram.iter().fold(0.0, |sum, b| sum + b.1);
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td class=\"num\">{total:.0}</td>",
+                "<tr><td class=\"text\">{}</td><td class=\"num\">{total:.0}</td>",
                 escape(&node.name)
             );
             for q in [0.5, 0.9, 0.99, 0.999] {
