@@ -312,10 +312,14 @@ impl Sections<'_> {
         };
         let num = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
         let when = |e: &Event| {
+            // The end's date where it is not the start's: a day-long event
+            // read "10:49:58 – 10:50:06", eight seconds.
+            let day = |t: i64| t.div_euclid(vtax_store::DAY_US);
             format!(
                 "{} – {}",
                 format_time(e.start_us, true),
-                e.end_us.map_or("open".into(), |t| format_time(t, false))
+                e.end_us
+                    .map_or("open".into(), |t| format_time(t, day(t) != day(e.start_us)))
             )
         };
         h.push_str(r#"<h3>Faults of the node</h3><p class="note">Hardware and platform faults: a link trained down, NVLink links missing, a clock held down, port errors. No workload is their suspect.</p>"#);

@@ -296,6 +296,50 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
     );
 }
 
+/// An event's end carries its date where it is not its start's: a day-long
+/// event read "10:00:10 – 10:00:15", five seconds.
+#[test]
+fn an_event_that_ends_on_another_day_says_its_end_date() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = StoreOptions::new(dir.path());
+    options.node = "n1".into();
+    let mut store = Store::open(options, catalog_with_events()).unwrap();
+    let day = 86_400;
+    let rows = vec![(
+        T0 + (day + 20) * SECOND,
+        vec![
+            "cpu",
+            "node",
+            "pressure_some_ratio",
+            "closed",
+            "/batch.slice score=0.90 r=0.90 effect=0.5000",
+            "stalled",
+        ],
+        vec![
+            ("start_time_seconds", Value::F64((T0 / SECOND + 10) as f64)),
+            (
+                "end_time_seconds",
+                Value::F64((T0 / SECOND + day + 15) as f64),
+            ),
+            ("score", Value::F64(4.5)),
+            ("top_correlation", Value::F64(0.9)),
+            ("effect_size", Value::F64(2.0)),
+        ],
+    )];
+    push(&mut store, "neighbor_events", &rows);
+    store.close().unwrap();
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &catalog_with_events(), None, None, false).unwrap();
+    let html = render(&context(dir.path(), false, true), &data);
+    let start = format_time(T0 + 10 * SECOND, true);
+    let end = format_time(T0 + (day + 15) * SECOND, true);
+    assert!(
+        html.contains(&format!("{start} – {end}")),
+        "{}",
+        &html[html.find("Noisy-neighbour events").unwrap()..]
+    );
+}
+
 /// HBM and NVLink against their peaks are taken while busy: a node whose
 /// GPUs idle (utilisation 0.1) moves few bytes by design, and its seconds
 /// would read as bandwidth lost.
