@@ -499,6 +499,57 @@ fn retention_deletes_oldest_days_by_age_and_by_bytes() {
     );
 }
 
+vtax_store::table! {
+    static EARLY_NAME: TableDef, struct EarlyNameRow {
+        name: "aaa_gauge",
+        help: "A table whose name sorts before every other.",
+        tags: [n = TagDef { name: "n", help: "row" }],
+        fields: [v: f64 = FieldDef::gauge(FieldType::F64, Unit::None, "x")],
+        exported: true,
+    }
+}
+
+/// Over its byte budget, the store gives up its oldest rows whichever table
+/// holds them: a partition at a time in table-name order, a table whose name
+/// sorts first lost its newest file before an older file of another.
+#[test]
+fn retention_by_bytes_deletes_the_oldest_file_of_any_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    let catalog = || Catalog::new(&[&tables::SCRAPED, &EARLY_NAME]).unwrap();
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    append_scraped(&mut store, T0, 400);
+    store.flush().unwrap();
+    let mut newer = BatchBuilder::new(&EARLY_NAME);
+    for i in 0..400 {
+        let row = EarlyNameRow {
+            n: "1",
+            v: i as f64,
+        };
+        newer
+            .push_row(T0 + 10 * HOUR_US + i * 1_000_000, &row)
+            .unwrap();
+    }
+    store.append(&newer.finish()).unwrap();
+    store.flush().unwrap();
+    store.close().unwrap();
+    let files = parquet_files(dir.path());
+    assert_eq!(files.len(), 2, "{files:?}");
+    let newest = files
+        .iter()
+        .find(|p| p.to_string_lossy().contains("aaa_gauge"))
+        .unwrap();
+    o.retention_max_bytes = Some(fs::metadata(newest).unwrap().len());
+    let mut store = Store::open(o, catalog()).unwrap();
+    assert_eq!(store.apply_retention(T0 + DAY_US).unwrap(), 1);
+    let left = parquet_files(dir.path());
+    assert_eq!(left.len(), 1);
+    assert!(
+        left[0].to_string_lossy().contains("aaa_gauge"),
+        "the newer file stays: {left:?}"
+    );
+}
+
 #[test]
 fn a_second_writer_is_refused() {
     let dir = tempfile::tempdir().unwrap();

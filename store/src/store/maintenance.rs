@@ -522,48 +522,92 @@ impl Store {
         Ok(moved)
     }
 
-    /// Deletes whole files, oldest day first, while they are older than the age
-    /// limit or the tables exceed the byte budget, skipping those that
+    /// Deletes whole files older than the age limit, then, while the tables
+    /// exceed the byte budget, the oldest files of any table first (by the
+    /// first row they hold): skipping those that
     /// [`StoreOptions::retention_deletable`] keeps. Returns the files deleted.
+    ///
+    /// The budget takes the store's oldest rows whichever table holds them:
+    /// taken a partition at a time in table-name order, it emptied `block`
+    /// of every file, its newest included, before touching an older file of
+    /// `cpu`, and a store at its budget held minutes of some tables and hours
+    /// of others.
     pub fn apply_retention(&mut self, now_us: i64) -> Result<usize> {
         let mut removed = 0;
         let mut total = self.table_bytes();
-        let mut days: Vec<(i64, String)> =
-            self.files.keys().map(|(t, d)| (*d, t.clone())).collect();
-        days.sort();
-        for (day, table) in days {
-            let too_old = self
-                .options
-                .retention_max_age
-                .is_some_and(|age| (day + 1) * DAY_US <= now_us - age.as_micros() as i64);
-            let mut partition = self.files.remove(&(table.clone(), day)).unwrap_or_default();
-            partition.sort_by_key(|f| f.time_range_us.map(|r| r.0));
-            let mut kept = Vec::new();
-            for info in partition {
-                let over_budget = self
-                    .options
-                    .retention_max_bytes
-                    .is_some_and(|max| total > max);
-                let deletable = || {
-                    self.options
-                        .retention_deletable
-                        .as_ref()
-                        .is_none_or(|d| (d.0)(&info))
-                };
-                if (too_old || over_budget) && deletable() {
-                    fs::remove_file(&info.path)
-                        .map_err(Error::io("remove expired file", &info.path))?;
-                    total -= info.bytes;
-                    removed += 1;
-                } else {
-                    kept.push(info);
+        let deletable = |options: &StoreOptions, info: &FileInfo| {
+            options
+                .retention_deletable
+                .as_ref()
+                .is_none_or(|d| (d.0)(info))
+        };
+        let mut touched: std::collections::BTreeSet<(String, i64)> = Default::default();
+        if let Some(age) = self.options.retention_max_age {
+            let cutoff = now_us - age.as_micros() as i64;
+            for ((table, day), partition) in &mut self.files {
+                if (day + 1) * DAY_US > cutoff {
+                    continue;
                 }
+                let mut kept = Vec::with_capacity(partition.len());
+                for info in partition.drain(..) {
+                    if deletable(&self.options, &info) {
+                        fs::remove_file(&info.path)
+                            .map_err(Error::io("remove expired file", &info.path))?;
+                        total -= info.bytes;
+                        removed += 1;
+                        touched.insert((table.clone(), *day));
+                    } else {
+                        kept.push(info);
+                    }
+                }
+                *partition = kept;
             }
+        }
+        if let Some(max) = self.options.retention_max_bytes {
+            // Every file, oldest first: its first row's time, else its day's start.
+            let mut oldest: Vec<(i64, String, i64, PathBuf)> = self
+                .files
+                .iter()
+                .flat_map(|((table, day), partition)| {
+                    partition.iter().map(move |info| {
+                        let first = info.time_range_us.map_or(day * DAY_US, |r| r.0);
+                        (first, table.clone(), *day, info.path.clone())
+                    })
+                })
+                .collect();
+            oldest.sort();
+            for (_, table, day, path) in oldest {
+                if total <= max {
+                    break;
+                }
+                let partition = self
+                    .files
+                    .get_mut(&(table.clone(), day))
+                    .expect("listed from the files");
+                let at = partition
+                    .iter()
+                    .position(|f| f.path == path)
+                    .expect("listed from the partition");
+                if !deletable(&self.options, &partition[at]) {
+                    continue;
+                }
+                let info = partition.remove(at);
+                fs::remove_file(&info.path)
+                    .map_err(Error::io("remove expired file", &info.path))?;
+                total -= info.bytes;
+                removed += 1;
+                touched.insert((table, day));
+            }
+        }
+        for (table, day) in touched {
             let dir = files::partition_dir(&self.options.data_dir, &table, day);
-            if kept.is_empty() {
+            if self
+                .files
+                .get(&(table.clone(), day))
+                .is_some_and(Vec::is_empty)
+            {
+                self.files.remove(&(table, day));
                 let _ = fs::remove_dir(&dir);
-            } else {
-                self.files.insert((table, day), kept);
             }
             if dir.exists() {
                 wal::sync_dir(&dir)?;
