@@ -15,7 +15,6 @@ pub(super) struct TargetShared {
     pub(super) missing: Vec<String>,
     /// The failure the target is in, if any.
     pub(super) failing: Option<Failure>,
-    pub(super) dropped: u64,
     /// The target's counters as of its last scrape.
     pub(super) counts: Counts,
 }
@@ -26,11 +25,16 @@ pub(super) struct TargetShared {
 pub(super) struct Counts {
     pub(super) scrapes: u64,
     pub(super) failures: [u64; 5],
+    /// Scrapes made but dropped before the collector harvested them.
+    pub(super) dropped: u64,
 }
 
 #[derive(Default)]
 pub(super) struct Shared {
     pub(super) stopper: Stopper,
+    /// Seconds between the collector's harvests (`[collectors.scrape]
+    /// interval_secs`): how many scrapes a target makes between two.
+    pub(super) harvest_interval_secs: f64,
     pub(super) targets: Mutex<BTreeMap<String, TargetShared>>,
     /// Counters a target's thread starts from, by target name: those of the
     /// collector this one replaced at a reload.
@@ -49,7 +53,10 @@ impl Scrape {
     pub fn new(config: &ScrapeConfig, _roots: &Roots) -> Self {
         Scrape {
             config: config.clone(),
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(Shared {
+                harvest_interval_secs: config.interval_secs,
+                ..Shared::default()
+            }),
             started: false,
         }
     }
@@ -142,10 +149,10 @@ impl Collector for Scrape {
                     "scrape target {name}: histogram {family} not in its last scrape"
                 ));
             }
-            if t.dropped > 0 {
+            if t.counts.dropped > 0 {
                 out.push(format!(
                     "scrape target {name}: {} scrapes dropped, not harvested in time",
-                    t.dropped
+                    t.counts.dropped
                 ));
             }
         }
@@ -176,6 +183,7 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
     let Counts {
         mut scrapes,
         mut failures,
+        mut dropped,
     } = shared
         .carried
         .lock()
@@ -183,6 +191,15 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
         .remove(&target.name)
         .unwrap_or_default();
     let mut log = TransitionLog::default();
+    let mut last_drop_warning: Option<Instant> = None;
+    // Scrapes at the sample limit that may wait for the store: a few, and
+    // twice what one harvest gathers, so a target scraped faster than the
+    // collector harvests (0.2 s against 1 s) is not cut every harvest.
+    let per_harvest = (shared.harvest_interval_secs / target.interval_secs)
+        .ceil()
+        .clamp(1.0, 1e6) as u64;
+    let scrapes_at_limit = MAX_PENDING_SCRAPES_AT_LIMIT.max(2 * per_harvest + 1);
+    let max_pending = (MAX_PENDING_PER_TARGET * 3).max(3 * scrapes_at_limit as usize);
     let scale = |family: &str| seconds_per_unit(family);
     let mut last_grid_us = i64::MIN;
     // The series that carried their own timestamps, with the newest stored.
@@ -260,6 +277,7 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             samples,
             samples_dropped,
             scrapes,
+            scrapes_dropped: dropped,
             failures_connect: failed(Reason::Connect),
             failures_timeout: failed(Reason::Timeout),
             failures_http: failed(Reason::Http),
@@ -276,7 +294,11 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
             return;
         };
         log.transition(&target.name, &state.failing, failure.as_ref());
-        state.counts = Counts { scrapes, failures };
+        state.counts = Counts {
+            scrapes,
+            failures,
+            dropped,
+        };
         state.failing = failure;
         state.missing = missing;
         state.status = Some(status.clone());
@@ -291,19 +313,33 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
         state.pending.push(status);
         // Oldest first, never this scrape's: by count, and by rows so that
         // scrapes at the sample limit cannot pile up in memory.
-        let max_rows = target
-            .sample_limit
-            .saturating_mul(MAX_PENDING_SCRAPES_AT_LIMIT);
+        let max_rows = target.sample_limit.saturating_mul(scrapes_at_limit);
         let mut rows: u64 = state.pending.iter().map(|b| b.len() as u64).sum();
         let mut excess = 0;
         while state.pending.len() - excess > this_scrape
-            && (state.pending.len() - excess > MAX_PENDING_PER_TARGET * 3 || rows > max_rows)
+            && (state.pending.len() - excess > max_pending || rows > max_rows)
         {
             rows -= state.pending[excess].len() as u64;
             excess += 1;
         }
+        // Whole scrapes go: each ends with its status row.
+        let gone = state.pending[..excess]
+            .iter()
+            .filter(|b| std::ptr::eq(b.table, &SCRAPE_TARGET))
+            .count() as u64;
         state.pending.drain(..excess);
-        state.dropped += excess as u64;
+        if gone > 0 {
+            dropped += gone;
+            state.counts.dropped = dropped;
+            if last_drop_warning.is_none_or(|at| at.elapsed() >= LOG_INTERVAL) {
+                last_drop_warning = Some(Instant::now());
+                tracing::warn!(
+                    target_name = %target.name,
+                    dropped,
+                    "Scrapes dropped before the store took them: the scrape collector is not harvesting in time (scrapes_dropped counts them)."
+                );
+            }
+        }
     }
 }
 

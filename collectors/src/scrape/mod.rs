@@ -201,6 +201,7 @@ vtax_store::table! {
             failures_http: u64 = failures("Scrapes answered with an HTTP status other than 2xx."),
             failures_invalid: u64 = failures("Scrapes whose body was not a valid exposition (not UTF-8, a line the parser rejects, or a body the target broke off before its end)."),
             failures_limit: u64 = failures("Scrapes rejected whole, nothing stored, for going past one of the target's limits: sample_limit, label_limit, label_value_length_limit_bytes or body_size_limit_bytes."),
+            scrapes_dropped: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Scrapes made whose rows were dropped before the store took them (the collector's harvest fell behind; the oldest go first), since the agent started."),
             samples_dropped: Option<u64> = FieldDef::gauge(FieldType::U64, Unit::None, "Samples of the last valid scrape not stored: a series met again in the scrape (its first sample is kept, as Prometheus keeps it), or a sample whose own timestamp is not newer than the one stored before for its series, or more than an hour before the scrape or ten minutes after it."),
         ],
         exported: true,

@@ -539,3 +539,95 @@ fn a_body_cut_short_is_invalid_not_a_connect_failure() {
         failure.message
     );
 }
+
+/// A target answering `body` to every request, until the test ends.
+fn serve_forever(body: String) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut request = [0u8; 4096];
+                while matches!(stream.read(&mut request), Ok(n) if n > 0) {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                         Content-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if stream.write_all(head.as_bytes()).is_err()
+                        || stream.write_all(body.as_bytes()).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A target scraped ten times between two harvests, each scrape at its
+/// sample limit, loses no scrape (the bound was four scrapes at the limit:
+/// a target every 0.2 s harvested every second lost one in five, unsaid);
+/// one whose harvests stop loses its oldest, and counts every one.
+#[test]
+fn scrapes_wait_for_the_harvest_and_those_dropped_are_counted() {
+    let body: String = (0..1000).map(|i| format!("m{{i=\"{i}\"}} 1\n")).collect();
+    let port = serve_forever(body);
+    let target = ScrapeTarget {
+        interval_secs: 0.05,
+        sample_limit: 1000,
+        ..ScrapeTarget::new("fast", &format!("http://127.0.0.1:{port}/metrics"))
+    };
+    let config = ScrapeConfig {
+        interval_secs: 0.5,
+        targets: vec![target],
+        ..ScrapeConfig::default()
+    };
+    let mut scrape = Scrape::new(&config, &Roots::default());
+    assert!(matches!(scrape.probe(), Availability::Available(_)));
+    let status_rows = |batches: &[Batch]| {
+        batches
+            .iter()
+            .filter(|b| std::ptr::eq(b.table, &SCRAPE_TARGET))
+            .map(|b| b.len() as u64)
+            .sum::<u64>()
+    };
+    let counts = |scrape: &Scrape| scrape.shared.targets.lock().unwrap()["fast"].counts;
+    let mut harvested = 0;
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(500));
+        harvested += status_rows(&scrape.collect(0).unwrap());
+    }
+    let now = counts(&scrape);
+    assert!(now.scrapes >= 20, "{now:?}");
+    assert_eq!(now.dropped, 0, "harvested in time: {now:?}");
+    // The harvests stop for 2 s: 40 scrapes at the limit, past the bound.
+    std::thread::sleep(Duration::from_secs(2));
+    harvested += status_rows(&scrape.collect(0).unwrap());
+    // The counts and what waits, read at one instant.
+    let (now, pending_statuses) = {
+        let targets = scrape.shared.targets.lock().unwrap();
+        let fast = &targets["fast"];
+        let waiting = fast
+            .pending
+            .iter()
+            .filter(|b| std::ptr::eq(b.table, &SCRAPE_TARGET))
+            .count() as u64;
+        (fast.counts, waiting)
+    };
+    scrape.shared.stopper.stop();
+    assert!(now.dropped > 0, "{now:?}");
+    assert_eq!(
+        harvested + now.dropped + pending_statuses,
+        now.scrapes,
+        "every scrape stored or counted as dropped: {now:?}"
+    );
+    assert!(scrape
+        .problems()
+        .iter()
+        .any(|p| p.contains("scrapes dropped, not harvested in time")));
+}
