@@ -198,6 +198,7 @@ impl Sections<'_> {
                 h,
                 "<h3>SM clock against its maximum</h3>{}",
                 svg::line_chart(
+                    Some((self.from, self.until)),
                     "gpu-clock",
                     &gpu_lines(summary, clocks, &reasons, ctx.max_points),
                     Unit::Ratio,
@@ -214,7 +215,14 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Temperature</h3>{}",
-                svg::line_chart("gpu-temperature", &temperature, Unit::Celsius, None, &[])
+                svg::line_chart(
+                    Some((self.from, self.until)),
+                    "gpu-temperature",
+                    &temperature,
+                    Unit::Celsius,
+                    None,
+                    &[]
+                )
             );
             let errors = error_lines(gpu, node.rows("gpu_event"), self.from, ctx.max_points);
             h.push_str("<h3>XID, ECC and PCIe errors counted since the start of the range</h3>");
@@ -222,6 +230,7 @@ impl Sections<'_> {
                 h.push_str(r#"<p class="note" id="gpu-errors">No XID, ECC error or PCIe replay in the range.</p>"#);
             } else {
                 h.push_str(&svg::line_chart(
+                    Some((self.from, self.until)),
                     "gpu-errors",
                     &errors,
                     Unit::Count,

@@ -151,6 +151,23 @@ impl Line {
     }
 }
 
+/// Times its usual spacing two points of a line may be apart and still be
+/// joined. Rows come every tick, downsampled to the same step, so a longer
+/// gap is time without data (the agent stopped, the GPU was lost).
+pub const GAP_SPACINGS: i64 = 3;
+
+/// The longest step between two points of `points` that is no gap: the
+/// median step times [`GAP_SPACINGS`].
+fn gap_after(points: &[(i64, f64)]) -> i64 {
+    let mut steps: Vec<i64> = points.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    if steps.is_empty() {
+        return i64::MAX;
+    }
+    let mid = steps.len() / 2;
+    let (_, median, _) = steps.select_nth_unstable(mid);
+    median.saturating_mul(GAP_SPACINGS).max(1)
+}
+
 /// A horizontal reference line, such as a peak.
 #[derive(Clone, Debug)]
 pub struct Reference {
@@ -160,10 +177,16 @@ pub struct Reference {
     pub value: f64,
 }
 
-/// A time-series line chart: an `<svg class="plot">` and its legend. No lines
-/// with points gives a "no data" note instead, never an empty frame. A line
-/// without points still has its legend entry (a GPU that stopped answering).
+/// A time-series line chart: an `<svg class="plot">` and its legend, its time
+/// axis `span` (the report's range, so every chart and the timeline share
+/// one axis) or, without one, its points'. No lines with points gives a "no
+/// data" note instead, never an empty frame. A line without points still has
+/// its legend entry (a GPU that stopped answering). A line is broken where
+/// its points are more than [`GAP_SPACINGS`] of its usual spacing apart: a
+/// straight line across seven minutes without data drew a ramp nobody
+/// measured.
 pub fn line_chart(
+    span: Option<(i64, i64)>,
     id: &str,
     lines: &[Line],
     unit: Unit,
@@ -175,8 +198,12 @@ pub fn line_chart(
         return no_data(id);
     }
     let all = lines.iter().flat_map(|l| l.points.iter());
-    let t0 = all.clone().map(|p| p.0).min().unwrap_or(0);
-    let t1 = all.clone().map(|p| p.0).max().unwrap_or(0).max(t0 + 1);
+    let data = (
+        all.clone().map(|p| p.0).min().unwrap_or(0),
+        all.clone().map(|p| p.0).max().unwrap_or(0),
+    );
+    let (t0, t1) = span.map_or(data, |(from, until)| (from.min(data.0), until.max(data.1)));
+    let t1 = t1.max(t0 + 1);
     let data_max = all
         .map(|p| p.1)
         .chain(references.iter().map(|r| r.value))
@@ -209,25 +236,29 @@ pub fn line_chart(
             format!(r#" stroke-dasharray="{dash}""#)
         };
         let mut d = String::new();
-        for (k, &(t, v)) in line.points.iter().enumerate() {
+        let gap = gap_after(&line.points);
+        let points = &line.points;
+        for (k, &(t, v)) in points.iter().enumerate() {
+            let starts = k == 0 || t - points[k - 1].0 > gap;
+            let ends = k + 1 == points.len() || points[k + 1].0 - t > gap;
             let _ = write!(
                 d,
                 "{}{:.1},{:.1}",
-                if k == 0 { "M" } else { "L" },
+                if starts { "M" } else { "L" },
                 x(t),
                 y(v.min(y1))
             );
-        }
-        if line.points.len() == 1 {
-            // A lone sample still shows: a dot instead of a zero-length path.
-            let (t, v) = line.points[0];
-            let _ = write!(
-                svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
-                x(t),
-                y(v.min(y1))
-            );
-            let _ = write!(d, "h0.5");
+            if starts && ends {
+                // A sample alone between gaps still shows: a dot instead
+                // of a zero-length path.
+                let _ = write!(
+                    svg,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                    x(t),
+                    y(v.min(y1))
+                );
+                let _ = write!(d, "h0.5");
+            }
         }
         let last = line.points[line.points.len() - 1];
         let _ = write!(
@@ -525,7 +556,7 @@ mod tests {
         let lines: Vec<Line> = (0..16)
             .map(|g| Line::new(format!("GPU {g}"), vec![(0, 0.5), (1_000_000, 0.6)], g))
             .collect();
-        let chart = line_chart("gpus", &lines, Unit::Ratio, Some(1.0), &[]);
+        let chart = line_chart(None, "gpus", &lines, Unit::Ratio, Some(1.0), &[]);
         // GPU 0's and GPU 10's paths, and GPU 10's legend swatch.
         assert_eq!(chart.matches(r##"stroke="#1f77b4""##).count(), 2 + 1);
         let dashed = chart.matches(r#"stroke-dasharray="7 3""#).count();
@@ -586,18 +617,51 @@ mod tests {
         assert_eq!(heights[2], 0.5, "an empty bucket is a hairline on the axis");
     }
 
+    /// Seven minutes without data are a break in the line, not a ramp, and
+    /// a chart given the report's range spans it, not only its points.
+    #[test]
+    fn a_line_breaks_at_a_gap_and_the_axis_is_the_range() {
+        let s = 1_000_000;
+        let mut points: Vec<(i64, f64)> = (0..10).map(|i| (i * s, 0.97)).collect();
+        points.extend((430..440).map(|i| (i * s, 0.0)));
+        points.push((700 * s, 0.5));
+        let lines = [Line::new("GPU 0", points, 0)];
+        let svg = line_chart(
+            Some((-300 * s, 900 * s)),
+            "c",
+            &lines,
+            Unit::Ratio,
+            None,
+            &[],
+        );
+        let path = &svg[svg.find(r#"class="series" d=""#).unwrap()..];
+        let d = &path[18..path[18..].find('"').unwrap() + 18];
+        assert_eq!(d.matches('M').count(), 3, "{d}");
+        assert_eq!(
+            svg.matches("<circle").count(),
+            1,
+            "the lone last sample is a dot"
+        );
+        // The first point is a quarter of the way along, where the range
+        // begins 300 s before it.
+        let first_x: f64 = d[1..d.find(',').unwrap()].parse().unwrap();
+        let (x, _) = scales(-300 * s, 900 * s, 0.0, 1.0);
+        assert!((first_x - x(0)).abs() < 0.1, "{first_x} {}", x(0));
+        assert!(first_x > LEFT + 100.0, "{first_x}");
+    }
+
     #[test]
     fn a_chart_draws_a_path_per_line_and_escapes_labels() {
         let lines = [
             Line::new("gpu <0>", vec![(0, 0.1), (1_000_000, 0.9)], 0),
             Line::new("one sample", vec![(500_000, 0.5)], 1),
         ];
-        let svg = line_chart("c", &lines, Unit::Ratio, Some(1.0), &[]);
+        let svg = line_chart(None, "c", &lines, Unit::Ratio, Some(1.0), &[]);
         assert_eq!(svg.matches(r#"class="series""#).count(), 2);
         assert!(svg.contains("<circle"), "a lone sample is a dot");
         assert!(svg.contains("gpu &lt;0&gt;") && !svg.contains("gpu <0>"));
         assert!(svg.contains(r#"data-points="3""#));
-        let empty = line_chart("e", &[], Unit::Ratio, None, &[]);
+        let empty = line_chart(None, "e", &[], Unit::Ratio, None, &[]);
         assert!(empty.contains("no-data") && !empty.contains("<svg"));
     }
 
@@ -614,9 +678,16 @@ mod tests {
     fn axis_ticks_land_on_round_values() {
         // A top of 25% used to be cut in quarters: 6.25%, 12.5%, 18.75%.
         let line = |v: f64| [Line::new("a", vec![(0, 0.0), (1_000_000, v)], 0)];
-        let labels = y_tick_labels(&line_chart("c", &line(0.25), Unit::Ratio, None, &[]));
+        let labels = y_tick_labels(&line_chart(None, "c", &line(0.25), Unit::Ratio, None, &[]));
         assert_eq!(labels, ["0%", "5%", "10%", "15%", "20%", "25%"]);
-        let labels = y_tick_labels(&line_chart("c", &line(0.5), Unit::Ratio, Some(1.0), &[]));
+        let labels = y_tick_labels(&line_chart(
+            None,
+            "c",
+            &line(0.5),
+            Unit::Ratio,
+            Some(1.0),
+            &[],
+        ));
         assert_eq!(labels, ["0%", "20%", "40%", "60%", "80%", "100%"]);
         for max in [
             0.0007, 0.013, 0.19, 0.25, 0.37, 0.7, 3.35e12, 9.99e11, 123.0, 1.0,
