@@ -257,6 +257,13 @@ impl Sections<'_> {
         };
         let faults = tagged(|s| &s.faults);
         let events = tagged(|s| &s.events);
+        // An open event is drawn to its node's last row, not to the range's
+        // end: past it nothing says the event went on (an agent stopped at
+        // 10:47 drew its open faults to 11:00).
+        let known_until: BTreeMap<&str, i64> = nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.last_row_us().unwrap_or(until).min(until)))
+            .collect();
         // Kinds of span, with their colours: the legend under the timeline.
         const KINDS: [(&str, &str); 4] = [
             ("fault, open", "#d62728"),
@@ -285,7 +292,10 @@ impl Sections<'_> {
                 spans.push(svg::Span {
                     lane,
                     start_us: e.start_us,
-                    end_us: e.end_us.unwrap_or(until),
+                    end_us: e
+                        .end_us
+                        .unwrap_or_else(|| known_until.get(node).copied().unwrap_or(until))
+                        .max(e.start_us),
                     label: format!(
                         "{}: {} on {} ({}){}, score {}",
                         KINDS[kind].0,

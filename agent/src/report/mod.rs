@@ -219,6 +219,15 @@ struct NodeData {
 }
 
 impl NodeData {
+    /// The time of the node's last row of any table: as far as what the
+    /// store knows of it goes.
+    fn last_row_us(&self) -> Option<i64> {
+        self.tables
+            .values()
+            .filter_map(|rows| rows.time_us.iter().copied().max())
+            .max()
+    }
+
     fn rows(&self, table: &str) -> &Rows {
         static EMPTY: std::sync::OnceLock<Rows> = std::sync::OnceLock::new();
         self.tables

@@ -296,6 +296,42 @@ fn a_node_report_shapes_gpu_steal_jitter_and_events() {
     );
 }
 
+/// An open event is drawn to the node's last row, not to the end of a
+/// range that reaches past the data: nothing says it went on after.
+#[test]
+fn an_open_event_ends_where_the_nodes_rows_end() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "unit_node", 0.75, true);
+    let source = Source::open(dir.path()).unwrap();
+    let data = load(&source, &catalog_with_events(), None, None, false).unwrap();
+    let last = data[0].last_row_us().unwrap();
+    let mut page = context(dir.path(), false, true);
+    // A range of an hour from the first row: the rows end within minutes.
+    page.from_us = Some(T0);
+    page.until_us = Some(T0 + 3600 * SECOND);
+    let html = render(&page, &data);
+    let timeline = &html[html.find(r#"id="events-timeline""#).unwrap()..];
+    let open = &timeline[timeline.find(r##"fill="#1f77b4""##).unwrap()..];
+    let rect = &timeline[..timeline.len() - open.len()];
+    let rect = &rect[rect.rfind("<rect").unwrap()..];
+    let attr = |name: &str| -> f64 {
+        let at = rect.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        rect[at..at + rect[at..].find('"').unwrap()]
+            .parse()
+            .unwrap()
+    };
+    let right = attr("x") + attr("width");
+    // The timeline's x: 120 px of lane names, then the range.
+    let (left, width) = (78.0 + 120.0, 860.0 - 78.0 - 120.0 - 16.0);
+    let x = |t: i64| left + width * ((t - T0) as f64 / (3600 * SECOND) as f64);
+    assert!(
+        (right - x(last)).abs() < 4.0,
+        "ends at {right}, the last row at {}",
+        x(last)
+    );
+    assert!(right < left + width / 2.0, "{right}");
+}
+
 /// An event's end carries its date where it is not its start's: a day-long
 /// event read "10:00:10 – 10:00:15", five seconds.
 #[test]
