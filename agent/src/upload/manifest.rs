@@ -2,7 +2,9 @@
 //! that says which local files are safely in object storage.
 //!
 //! One line per event, written with one `write` and fsynced before the event is
-//! acted on further: a `put` once an object is confirmed (size and ETag checked),
+//! acted on further: an `attempt` before a file is put (until its `put`, an
+//! object of that key may be there: the answer lost, the check failed, the
+//! agent stopped), a `put` once an object is confirmed (size and ETag checked),
 //! a `cover` for a merged file whose every input is already remote, a `delete`
 //! once a replaced object is gone. A crash can only cut the last line short; a
 //! line that does not parse is ignored (and cut off before the next append), so
@@ -63,6 +65,15 @@ pub enum Record {
     /// The object `key` is still to be deleted: how a rewritten manifest keeps
     /// the deletes that `put` lines it dropped asked for.
     Replaced { target: String, key: String },
+    /// A put of `file` to `key` begins. Until a `put` line confirms it the
+    /// object may or may not be there; should the file be merged away
+    /// first, the merged file's upload deletes `key` with the objects it
+    /// replaces, or its rows would be in the bucket twice.
+    Attempt {
+        target: String,
+        file: String,
+        key: String,
+    },
 }
 
 impl Record {
@@ -71,7 +82,8 @@ impl Record {
             Record::Put { target, .. }
             | Record::Cover { target, .. }
             | Record::Delete { target, .. }
-            | Record::Replaced { target, .. } => target,
+            | Record::Replaced { target, .. }
+            | Record::Attempt { target, .. } => target,
         }
     }
 }
@@ -94,6 +106,8 @@ pub struct Manifest {
     covered: HashMap<String, Covered>,
     /// Replaced objects not yet deleted.
     pending_deletes: BTreeSet<String>,
+    /// Local file id → keys a put of it began at and no `put` line confirmed.
+    attempted: HashMap<String, BTreeSet<String>>,
     file: Option<File>,
     _lock: Option<File>,
 }
@@ -118,6 +132,7 @@ impl Manifest {
             target: target.to_string(),
             covered: HashMap::new(),
             pending_deletes: BTreeSet::new(),
+            attempted: HashMap::new(),
             file: None,
             _lock: None,
         };
@@ -184,6 +199,7 @@ impl Manifest {
                         keys: vec![key.clone()],
                     },
                 );
+                self.attempted.remove(file);
                 self.pending_deletes.remove(key);
                 self.pending_deletes
                     .extend(replaces.iter().filter(|k| *k != key).cloned());
@@ -204,6 +220,12 @@ impl Manifest {
             }
             Record::Replaced { key, .. } => {
                 self.pending_deletes.insert(key.clone());
+            }
+            Record::Attempt { file, key, .. } => {
+                self.attempted
+                    .entry(file.clone())
+                    .or_default()
+                    .insert(key.clone());
             }
         }
     }
@@ -260,6 +282,20 @@ impl Manifest {
             serde_json::to_writer(&mut text, &record).context("encode a manifest line")?;
             text.push(b'\n');
         }
+        let mut attempted: Vec<(&String, &BTreeSet<String>)> =
+            self.attempted.iter().filter(|(id, _)| keep(id)).collect();
+        attempted.sort();
+        for (id, keys) in attempted {
+            for key in keys {
+                let record = Record::Attempt {
+                    target: self.target.clone(),
+                    file: id.clone(),
+                    key: key.clone(),
+                };
+                serde_json::to_writer(&mut text, &record).context("encode a manifest line")?;
+                text.push(b'\n');
+            }
+        }
         let tmp = self.path.with_extension("jsonl.tmp");
         let mut file = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
         file.write_all(&text)
@@ -287,6 +323,11 @@ impl Manifest {
     /// Where the rows of local file `id` are, if remote.
     pub fn covered(&self, id: &str) -> Option<&Covered> {
         self.covered.get(id)
+    }
+
+    /// Keys a put of local file `id` began at and no `put` line confirmed.
+    pub fn attempted(&self, id: &str) -> impl Iterator<Item = &String> {
+        self.attempted.get(id).into_iter().flatten()
     }
 
     /// Replaced objects still to delete.

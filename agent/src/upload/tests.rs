@@ -217,6 +217,43 @@ fn a_late_row_replaces_the_uploaded_hour_remotely() {
     assert!(manifest.pending_deletes().is_empty());
 }
 
+/// A put that landed but was never confirmed (its answer lost, its check
+/// failed, the agent stopped before the `put` line), then the file merged
+/// away: the merged file's upload deletes the object the put may have left,
+/// or the bucket holds the hour twice and every glob over it counts its
+/// rows twice.
+#[test]
+fn an_unconfirmed_put_of_a_file_merged_since_is_replaced_too() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    let mut u = uploader(data.path(), target.path());
+    part(&mut store, T0, 100);
+    let now = T0 + HOUR_US + SETTLE_US;
+    pass(&mut u, now);
+    assert_eq!(objects(target.path()).len(), 1);
+    drop(u);
+    // The object is there; the manifest never heard of it.
+    let manifest = data.path().join("upload").join(manifest::MANIFEST_FILE);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let unconfirmed: String = text
+        .lines()
+        .filter(|l| !l.contains(r#""op":"put""#))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(unconfirmed, text, "the put line was there");
+    std::fs::write(&manifest, unconfirmed).unwrap();
+    part(&mut store, T0 + 30 * 60_000_000, 1);
+    store.compact(now).unwrap();
+    let merged = local_files(data.path());
+    assert_eq!(merged.len(), 1);
+    let mut u = uploader(data.path(), target.path());
+    pass(&mut u, now);
+    let remote = objects(target.path());
+    assert_eq!(remote.len(), 1, "the hour once: {:?}", remote.keys());
+    assert!(remote.keys().next().unwrap().ends_with(merged[0].name()));
+}
+
 #[test]
 fn retention_keeps_a_file_until_its_upload_is_confirmed() {
     let data = tempfile::tempdir().unwrap();

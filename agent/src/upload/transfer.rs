@@ -419,11 +419,18 @@ impl Uploader {
         // Every remote object of a name it lists holds rows that are now here;
         // the rows are all remote already when every name but the
         // intermediates (multi-hour merges of the other names) is.
+        // So does any object a put of one of them may have left without
+        // its `put` line: the answer lost, the check failed, a crash.
         let mut known: Vec<String> = file
             .compacted_from
             .iter()
             .filter_map(covered)
             .flat_map(|c| c.keys.clone())
+            .chain(file.compacted_from.iter().flat_map(|name| {
+                self.manifest
+                    .attempted(&file_id(&file.table, file.day, name))
+                    .cloned()
+            }))
             .collect();
         known.sort();
         known.dedup();
@@ -445,6 +452,11 @@ impl Uploader {
             return Ok(());
         }
         let key = self.remote.key(file);
+        self.manifest.append(Record::Attempt {
+            target: self.remote.url.clone(),
+            file: id.clone(),
+            key: key.clone(),
+        })?;
         let e_tag = self.put(file, &key).await?;
         crash_point();
         known.retain(|k| *k != key);
