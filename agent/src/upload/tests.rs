@@ -597,3 +597,154 @@ fn a_failure_of_the_instance_metadata_service_says_no_credentials() {
     let refused = anyhow::anyhow!("403 Forbidden: AccessDenied");
     assert_eq!(s3.explain(&refused), "403 Forbidden: AccessDenied");
 }
+
+/// A local object store whose multipart uploads fail at their second part,
+/// and which counts the uploads aborted.
+#[derive(Debug)]
+struct FailingParts {
+    inner: object_store::local::LocalFileSystem,
+    aborted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Display for FailingParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FailingParts({})", self.inner)
+    }
+}
+
+#[derive(Debug)]
+struct FailingUpload {
+    inner: Box<dyn object_store::MultipartUpload>,
+    parts: usize,
+    aborted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl object_store::MultipartUpload for FailingUpload {
+    fn put_part(&mut self, data: object_store::PutPayload) -> object_store::UploadPart {
+        self.parts += 1;
+        if self.parts == 2 {
+            return Box::pin(async {
+                Err(object_store::Error::Generic {
+                    store: "FailingParts",
+                    source: "503 Slow Down".into(),
+                })
+            });
+        }
+        self.inner.put_part(data)
+    }
+
+    async fn complete(&mut self) -> object_store::Result<object_store::PutResult> {
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.aborted
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.abort().await
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for FailingParts {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        Ok(Box::new(FailingUpload {
+            inner: self.inner.put_multipart_opts(location, opts).await?,
+            parts: 0,
+            aborted: self.aborted.clone(),
+        }))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn delete(&self, location: &object_store::path::Path) -> object_store::Result<()> {
+        self.inner.delete(location).await
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+    ) -> object_store::Result<()> {
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+    ) -> object_store::Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
+
+/// A multipart upload whose part fails is aborted, each pass that tries it:
+/// left, its finished parts stay in the bucket, billed and never listed.
+#[test]
+fn a_failed_multipart_upload_is_aborted() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    part(&mut store, T0, 2000);
+    let aborted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let remote = Remote {
+        store: std::sync::Arc::new(FailingParts {
+            inner: object_store::local::LocalFileSystem::new_with_prefix(target.path()).unwrap(),
+            aborted: aborted.clone(),
+        }),
+        prefix: String::new(),
+        url: format!("file://{}", target.path().display()),
+        credentials_from: None,
+    };
+    let mut u = Uploader::open(data.path(), remote).unwrap();
+    u.single_put_max_bytes = 1024;
+    u.multipart_chunk_bytes = 500;
+    for round in 1..=2 {
+        pass(&mut u, T0 + DAY_US);
+        assert_eq!(u.stats.files, 0);
+        assert_eq!(u.stats.failures, round);
+        assert_eq!(
+            aborted.load(std::sync::atomic::Ordering::SeqCst),
+            round as usize
+        );
+    }
+    // Nothing left behind: no object, no staged part.
+    assert!(
+        objects(target.path()).is_empty(),
+        "{:?}",
+        objects(target.path()).keys()
+    );
+}

@@ -15,7 +15,7 @@ use crate::timespec::now_us;
 use manifest::Record;
 
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, WriteMultipart};
+use object_store::ObjectStore;
 
 /// How long after its last hour ends a file may count as sealed. The store
 /// publishes an hour's last rows one minute after it (its publish grace) and
@@ -486,23 +486,31 @@ impl Uploader {
             local
                 .read_to_end(&mut bytes)
                 .with_context(|| format!("read {}", file.path.display()))?;
-            store.put(&path, bytes.into()).await
+            store.put(&path, bytes.into()).await.map_err(anyhow::Error::from)
         } else {
-            let upload = store.put_multipart(&path).await?;
-            let mut writer =
-                WriteMultipart::new_with_chunk_size(upload, self.multipart_chunk_bytes);
+            // A multipart upload that fails is aborted: left, its parts stay
+            // in the bucket, billed and never listed, one more each pass that
+            // retries it.
+            let mut upload = store.put_multipart(&path).await?;
             let mut chunk = vec![0u8; self.multipart_chunk_bytes];
-            loop {
-                let n = local
-                    .read(&mut chunk)
-                    .with_context(|| format!("read {}", file.path.display()))?;
-                if n == 0 {
-                    break;
+            let sent: Result<object_store::PutResult> = async {
+                loop {
+                    let n = fill(&mut local, &mut chunk)
+                        .with_context(|| format!("read {}", file.path.display()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    upload.put_part(chunk[..n].to_vec().into()).await?;
                 }
-                writer.wait_for_capacity(2).await?;
-                writer.write(&chunk[..n]);
+                Ok(upload.complete().await?)
             }
-            writer.finish().await
+            .await;
+            if sent.is_err() {
+                if let Err(e) = upload.abort().await {
+                    tracing::warn!(key, error = %self.remote.explain(&e), "Aborting a failed multipart upload failed: its parts stay in the bucket until its lifecycle rule removes them.");
+                }
+            }
+            sent
         }
         .with_context(|| format!("put {key}"))?;
         let head = store
@@ -523,6 +531,22 @@ impl Uploader {
         }
         Ok(head.e_tag.or(put.e_tag))
     }
+}
+
+/// Reads into `buf` until it is full or the file ends: every part of a
+/// multipart upload but the last must be whole (S3 refuses parts under
+/// 5 MiB), and a read may return less than asked.
+fn fill(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Test builds only: `VTAX_UPLOAD_CRASH_AFTER_PUTS=N` ends the process at
