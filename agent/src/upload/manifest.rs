@@ -11,8 +11,9 @@
 //! the worst a crash does is make the next run upload one file again, to the
 //! same key, with the same bytes.
 //!
-//! Lines name their target URL, so pointing the agent at another bucket starts
-//! from nothing there instead of trusting uploads made elsewhere.
+//! Lines name their target (URL, and endpoint where one is set), so pointing
+//! the agent at another bucket or service starts from nothing there instead
+//! of trusting uploads made elsewhere.
 
 // Without the "object-storage" feature only retention reads the manifest;
 // what writes it serves `transfer.rs`.

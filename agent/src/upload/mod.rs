@@ -60,6 +60,20 @@ pub struct UploadConfig {
     pub allow_http: bool,
 }
 
+impl UploadConfig {
+    /// The target as the manifest names it: the URL, and the endpoint where
+    /// one is set. The same `s3://bucket/prefix` at another S3 service is
+    /// another target: taken for the same one, nothing was uploaded to it,
+    /// and retention deleted files it never received.
+    pub fn target(&self) -> Option<String> {
+        let url = self.url.as_ref()?;
+        Some(match &self.endpoint {
+            Some(endpoint) => format!("{url} at {endpoint}"),
+            None => url.clone(),
+        })
+    }
+}
+
 impl Default for UploadConfig {
     fn default() -> Self {
         UploadConfig {
@@ -207,7 +221,7 @@ pub fn spawn(
 /// and `delete_local_after_upload` is on: a file may go once the manifest
 /// has it. The manifest is re-read only when it grew.
 pub fn retention_guard(config: &UploadConfig, data_dir: &Path) -> Option<Deletable> {
-    let url = config.url.clone()?;
+    let url = config.target()?;
     if !config.delete_local_after_upload {
         return None;
     }

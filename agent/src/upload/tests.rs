@@ -254,6 +254,45 @@ fn an_unconfirmed_put_of_a_file_merged_since_is_replaced_too() {
     assert!(remote.keys().next().unwrap().ends_with(merged[0].name()));
 }
 
+/// The same bucket and prefix at another S3 service is another target: a
+/// file put to the first is neither taken as uploaded to the second nor
+/// deletable for it.
+#[test]
+fn a_target_is_its_url_and_its_endpoint() {
+    let at = |endpoint: Option<&str>| UploadConfig {
+        url: Some("s3://fleet/cr".into()),
+        endpoint: endpoint.map(str::to_string),
+        ..UploadConfig::default()
+    };
+    assert_eq!(at(None).target().as_deref(), Some("s3://fleet/cr"));
+    let (a, b) = (
+        at(Some("http://10.0.0.1:9000")),
+        at(Some("http://10.0.0.2:9000")),
+    );
+    assert_ne!(a.target(), b.target());
+    let data = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    part(&mut store, T0, 10);
+    let file = local_files(data.path()).remove(0);
+    let mut manifest = Manifest::open(data.path(), &a.target().unwrap()).unwrap();
+    manifest
+        .append(manifest::Record::Put {
+            target: a.target().unwrap(),
+            file: file_id(&file.table, file.day, file.name()),
+            bytes: file.bytes,
+            key: "k".into(),
+            e_tag: None,
+            replaces: Vec::new(),
+            time_us: T0,
+        })
+        .unwrap();
+    drop(manifest);
+    let deletable =
+        |config: &UploadConfig| (retention_guard(config, data.path()).unwrap().0)(&file);
+    assert!(deletable(&a), "uploaded to a");
+    assert!(!deletable(&b), "never uploaded to b");
+}
+
 #[test]
 fn retention_keeps_a_file_until_its_upload_is_confirmed() {
     let data = tempfile::tempdir().unwrap();

@@ -203,7 +203,7 @@ impl Remote {
         Ok(Remote {
             store,
             prefix: target.prefix,
-            url,
+            url: config.target().unwrap_or(url),
             credentials_from: credentials_from(&target.scheme),
         })
     }
