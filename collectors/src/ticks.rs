@@ -1,15 +1,13 @@
-//! The wall clock: the time rows are stamped with, the grid every collector
-//! ticks on, and the stop signal their threads sleep on.
+//! The agent's clock (`vtax_store::clock`: the wall clock, a small step of
+//! it taken in gradually): the time rows are stamped with, the grid every
+//! collector ticks on, and the stop signal their threads sleep on.
 
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Microseconds since the epoch now: the time every row is stamped with.
 pub fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
+    vtax_store::clock::now_us()
 }
 
 /// A stop signal that sleeping threads wake up for.

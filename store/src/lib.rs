@@ -53,6 +53,7 @@
 //! prune hours inside a day through the row-group and page statistics instead.
 #![deny(missing_docs)]
 
+pub mod clock;
 pub mod batch;
 mod bucket;
 mod compaction;

@@ -398,10 +398,10 @@ fn host_name() -> String {
         .unwrap_or_else(vtax_store::node_name)
 }
 
+/// The agent's clock in ms: the rows' clock, which the batch deadline is
+/// measured against.
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    vtax_store::clock::now_us() / 1000
 }
 
 type StatsView = (String, Arc<Mutex<Queue>>, Arc<Stats>);

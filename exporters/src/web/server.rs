@@ -35,9 +35,7 @@ impl WebServer {
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                let time_us = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_micros() as i64);
+                let time_us = vtax_store::clock::now_us();
                 let row = Arc::new(shared.stats().row(time_us));
                 shared.exposition.stage(STATS_SOURCE, vec![row.clone()]);
                 if rows.send(vec![row]).is_err() {
