@@ -119,7 +119,10 @@ mod tests {
     #[test]
     fn a_clock_that_keeps_time_is_the_wall_clock() {
         let t = stamps(|i| T + i * S + 7, 100);
-        assert!(t.iter().enumerate().all(|(i, &t)| t == T + (i as i64 + 1) * S + 7));
+        assert!(t
+            .iter()
+            .enumerate()
+            .all(|(i, &t)| t == T + (i as i64 + 1) * S + 7));
     }
 
     /// A leap second: the stamps stay in order and 0.9 s apart or more,

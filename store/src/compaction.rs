@@ -28,6 +28,52 @@ pub struct Compactor {
     /// every merge allocates from the one malloc arena that thread took and
     /// reuses what the merge before it freed.
     worker: Option<Worker>,
+    /// What retention takes for now: the wall clock, never further ahead of
+    /// the time first seen than the time measured since.
+    retention_clock: SteadyClock,
+}
+
+/// The wall clock as far as the machine measured time passing: a wall time
+/// seen once, plus the boot clock's advance since (`CLOCK_BOOTTIME`, which
+/// counts a suspend as a wall clock does). A wall clock stepped a year ahead
+/// (a bad NTP source, an operator's typo) made every file a year old, and
+/// retention by age deleted the whole store within a compaction interval;
+/// bounded by this, retention goes on from the time that really passed.
+/// A clock stepped back is taken as it is: retention then deletes less.
+#[derive(Debug, Default)]
+pub struct SteadyClock {
+    /// The first wall time and boot time seen, in µs.
+    origin: Option<(i64, i64)>,
+    /// The last forward step warned of, in µs.
+    warned_step_us: i64,
+}
+
+/// How far the wall clock may run ahead of the time measured before it is a
+/// step: far above an NTP slew's drift over months.
+const STEP_SLACK_US: i64 = 3_600_000_000;
+
+impl SteadyClock {
+    /// The wall time `now_us`, bounded by the time measured since the first
+    /// call; a forward step past [`STEP_SLACK_US`] is logged once.
+    pub fn bound(&mut self, now_us: i64) -> i64 {
+        let Some(boot_us) = crate::clock::boot_us() else {
+            return now_us;
+        };
+        let (wall0, boot0) = *self.origin.get_or_insert((now_us, boot_us));
+        let measured = wall0 + (boot_us - boot0) + STEP_SLACK_US;
+        if now_us <= measured {
+            return now_us;
+        }
+        let step = now_us - measured;
+        if step > self.warned_step_us + STEP_SLACK_US {
+            self.warned_step_us = step;
+            tracing::warn!(
+                ahead_secs = step / 1_000_000,
+                "The wall clock is ahead of the time that passed since the agent started: retention by age goes by the time measured, and deletes nothing for the step."
+            );
+        }
+        measured
+    }
 }
 
 /// A cycle under way.
@@ -77,6 +123,7 @@ impl Compactor {
             next_cycle: Instant::now() + interval,
             cycle: None,
             worker: None,
+            retention_clock: SteadyClock::default(),
         }
     }
 
@@ -89,6 +136,10 @@ impl Compactor {
     /// when due, and returns a cycle's report once it ends. Cheap when
     /// nothing is due: call it every turn of the writer's loop.
     pub fn poll(&mut self, store: &mut Store, now_us: i64) -> Option<CycleReport> {
+        if self.retention_clock.origin.is_none() {
+            // From the agent's first turn, not its first retention minutes later.
+            self.retention_clock.bound(now_us);
+        }
         if self.cycle.is_none() {
             if Instant::now() < self.next_cycle {
                 return None;
@@ -151,7 +202,7 @@ impl Compactor {
             }
         }
         let cycle = self.cycle.take().expect("a cycle runs");
-        let retention = store.apply_retention(now_us);
+        let retention = store.apply_retention(self.retention_clock.bound(now_us));
         Some(CycleReport {
             merges: cycle.merges,
             merge_error: cycle.merge_error,
@@ -246,5 +297,25 @@ impl Worker {
             Err(payload) => crate::error::panic_message(payload.as_ref()),
         };
         Error::Panicked(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wall clock stepped a year ahead is held to the time measured; one
+    /// that keeps time, or steps back, is taken as it is.
+    #[test]
+    fn a_forward_step_of_the_wall_clock_is_not_taken_for_time_passed() {
+        let year_us = 365 * 86_400 * 1_000_000i64;
+        let now = 1_796_640_000_000_000;
+        let mut clock = SteadyClock::default();
+        assert_eq!(clock.bound(now), now);
+        assert_eq!(clock.bound(now + 1_000_000), now + 1_000_000);
+        assert_eq!(clock.bound(now - 600_000_000), now - 600_000_000);
+        let held = clock.bound(now + year_us);
+        assert!(held < now + 2 * STEP_SLACK_US, "{}", held - now);
+        assert!(held >= now + STEP_SLACK_US);
     }
 }

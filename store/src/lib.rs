@@ -53,9 +53,9 @@
 //! prune hours inside a day through the row-group and page statistics instead.
 #![deny(missing_docs)]
 
-pub mod clock;
 pub mod batch;
 mod bucket;
+pub mod clock;
 mod compaction;
 mod conform;
 pub mod error;
