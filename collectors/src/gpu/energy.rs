@@ -113,11 +113,18 @@ impl EnergyCounter {
     ///
     /// A doubted read counts as a read here: the read that settles it comes
     /// an interval later, as any other would, not at every tick.
+    ///
+    /// A clock set back before the last read makes a read due at once: no
+    /// read would be due until the clock passed it again (a year, after a
+    /// clock set a year ahead and corrected), while the counter went on
+    /// integrating.
     pub fn exact_due(&self, time_us: i64, interval_secs: f64, tick_secs: f64) -> bool {
         let last = [self.exact, self.doubted].into_iter().flatten().map(|(at, _)| at).max();
         match last {
             None => true,
-            Some(at) => (time_us - at) as f64 / US + tick_secs / 2.0 >= interval_secs,
+            Some(at) => {
+                time_us < at || (time_us - at) as f64 / US + tick_secs / 2.0 >= interval_secs
+            }
         }
     }
 
@@ -216,6 +223,9 @@ mod tests {
         // Due at 29.5 s already (half a tick early), not at 29.
         assert!(!c.exact_due(29 * S, 30.0, 1.0));
         assert!(c.exact_due(29 * S + S / 2, 30.0, 1.0));
+        // A clock set back before the last read: due at once, not once the
+        // clock has passed the read again.
+        assert!(c.exact_due(-600 * S, 30.0, 1.0));
     }
 
     #[test]
