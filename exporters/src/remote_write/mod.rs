@@ -492,6 +492,9 @@ impl SenderTask {
             Duration::from_secs_f64(self.config.max_backoff_secs),
         );
         let mut failing = false;
+        // A receiver refusing every request (a 400 for each) logs its reason
+        // once a minute per status; `samples_dropped_rejected` counts all.
+        let mut refusals = vtax_store::log_limit::Repeats::default();
         while !self.is_stopped() {
             let read = self.queue.lock().expect("not poisoned").read(max_samples);
             let pending = match read {
@@ -583,7 +586,9 @@ impl SenderTask {
                         self.stats
                             .dropped_rejected
                             .fetch_add(pending.samples, Ordering::Relaxed);
-                        tracing::error!(remote = %self.config.name, status = response.status, message = %response.message, samples = pending.samples, "Remote write receiver refused a request for good: its samples are dropped.");
+                        if let Some(not_logged) = refusals.occurred(&response.status.to_string()) {
+                            tracing::error!(remote = %self.config.name, status = response.status, message = %response.message, samples = pending.samples, refusals_not_logged = not_logged, "Remote write receiver refused a request for good: its samples are dropped.");
+                        }
                         break;
                     }
                     Outcome::Retry => {

@@ -133,6 +133,10 @@ pub struct Queue {
     damaged_bytes: u64,
     /// Damage before this position is counted in `damaged_bytes` already.
     damage_counted_until: Position,
+    /// The drops of a full queue, logged at most once a minute: a small
+    /// queue behind a receiver that is down drops a segment every few
+    /// seconds (`samples_dropped_queue_full` counts every one).
+    drop_log: vtax_store::log_limit::Repeats,
 }
 
 fn segment_path(dir: &Path, seq: u64) -> PathBuf {
@@ -289,6 +293,7 @@ impl Queue {
                 dropped_samples: 0,
                 damaged_bytes: cut_damage,
                 damage_counted_until: acked,
+                drop_log: vtax_store::log_limit::Repeats::default(),
             },
             report,
         ))
@@ -409,11 +414,14 @@ impl Queue {
             self.resending = false;
         }
         write_ack(&self.dir, self.acked, self.acked_samples_in_segment)?;
-        tracing::warn!(
-            dir = %self.dir.display(),
-            dropped_samples = lost,
-            "Remote write queue full: dropped its oldest records."
-        );
+        if let Some(not_logged) = self.drop_log.occurred("full") {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                dropped_samples = lost,
+                drops_not_logged = not_logged,
+                "Remote write queue full: dropped its oldest records."
+            );
+        }
         Ok(())
     }
 
@@ -447,11 +455,14 @@ impl Queue {
             };
             self.acked_samples_in_segment = 0;
         }
-        tracing::warn!(
-            dir = %self.dir.display(),
-            dropped_samples = lost,
-            "Remote write queue full: dropped its oldest segment."
-        );
+        if let Some(not_logged) = self.drop_log.occurred("full") {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                dropped_samples = lost,
+                drops_not_logged = not_logged,
+                "Remote write queue full: dropped its oldest segment."
+            );
+        }
     }
 
     /// Makes appended records durable (called on the store's fsync cadence).
