@@ -173,7 +173,7 @@ fn a_node_with_every_gpu_scenario_reads_right_in_a_browser() {
         );
     }
     // The XIDs over time, and only GPUs that had errors.
-    let errors = element(&dom, r#"id="gpu-errors""#, "div");
+    let errors = element(&dom, r#"id="gpu-xids""#, "div");
     assert!(errors.contains("GPU 6 XID ("), "{errors}");
     assert!(!errors.contains("GPU 0 "), "{errors}");
     // The GPU whose NVLink is hidden is on the NVLink chart, at zero.

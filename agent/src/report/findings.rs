@@ -224,10 +224,32 @@ impl Sections<'_> {
                     &[]
                 )
             );
-            let errors = error_lines(gpu, node.rows("gpu_event"), self.from, ctx.max_points);
-            h.push_str("<h3>XID, ECC and PCIe errors counted since the start of the range</h3>");
+            // XIDs apart from the ECC and PCIe counts: on one axis with
+            // hundreds of replays, an XID 79 (a GPU off the bus) was a line
+            // under a pixel high.
+            let known_until = node.last_row_us().unwrap_or(self.until).min(self.until);
+            let (xids, errors) = error_lines(
+                gpu,
+                node.rows("gpu_event"),
+                (self.from, known_until),
+                ctx.max_points,
+            );
+            h.push_str("<h3>XIDs counted since the start of the range</h3>");
+            if xids.is_empty() {
+                h.push_str(r#"<p class="note" id="gpu-xids">No XID in the range.</p>"#);
+            } else {
+                h.push_str(&svg::line_chart(
+                    Some((self.from, self.until)),
+                    "gpu-xids",
+                    &xids,
+                    Unit::Count,
+                    None,
+                    &[],
+                ));
+            }
+            h.push_str("<h3>ECC errors and PCIe replays counted since the start of the range</h3>");
             if errors.is_empty() {
-                h.push_str(r#"<p class="note" id="gpu-errors">No XID, ECC error or PCIe replay in the range.</p>"#);
+                h.push_str(r#"<p class="note" id="gpu-errors">No ECC error or PCIe replay in the range.</p>"#);
             } else {
                 h.push_str(&svg::line_chart(
                     Some((self.from, self.until)),

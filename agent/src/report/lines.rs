@@ -78,7 +78,12 @@ pub(super) fn gpu_lines(
 /// `gpu_event` row), ECC errors and PCIe replays (a counter's drop, a driver
 /// reload, starts it again from there). Counters that did not move are left
 /// out, so the chart shows only what happened.
-pub(super) fn error_lines(gpu: &Rows, gpu_event: &Rows, from: i64, max_points: usize) -> Vec<Line> {
+pub(super) fn error_lines(
+    gpu: &Rows,
+    gpu_event: &Rows,
+    (from, until): (i64, i64),
+    max_points: usize,
+) -> (Vec<Line>, Vec<Line>) {
     const COUNTERS: &[(&str, &str, usize)] = &[
         ("ecc_uncorrected_errors", "ECC uncorrected", 1),
         ("ecc_corrected_errors", "ECC corrected", 2),
@@ -99,14 +104,11 @@ pub(super) fn error_lines(gpu: &Rows, gpu_event: &Rows, from: i64, max_points: u
     let style = |g: &str, kind: usize| {
         health::gpu_number(g) % svg::PALETTE.len() + kind * svg::PALETTE.len()
     };
+    let mut xid_lines = Vec::new();
     for (g, mut times) in xids {
         times.sort_unstable();
-        let mut points = vec![(from.min(times[0]), 0.0)];
-        for (n, t) in times.iter().enumerate() {
-            points.push((*t, n as f64 + 1.0));
-        }
         let label = format!("GPU {g} XID ({})", times.len());
-        lines.push(Line::new(label, points, style(&g, 0)));
+        xid_lines.push(Line::events(label, &times, from, until, style(&g, 0)));
     }
     for &(field, what, kind) in COUNTERS {
         for (g, points) in gpu.series_by("gpu", field) {
@@ -125,5 +127,5 @@ pub(super) fn error_lines(gpu: &Rows, gpu_event: &Rows, from: i64, max_points: u
         }
     }
     lines.sort_by_key(|l| l.color % svg::PALETTE.len());
-    lines
+    (xid_lines, lines)
 }

@@ -138,6 +138,9 @@ pub struct Line {
     /// Index into [`PALETTE`]: a GPU's index, so each GPU keeps its colour
     /// from chart to chart.
     pub color: usize,
+    /// A count of events, its points where it changed: never broken at a
+    /// gap (the count held between them).
+    pub events: bool,
 }
 
 impl Line {
@@ -147,6 +150,31 @@ impl Line {
             label: label.into(),
             points,
             color,
+            events: false,
+        }
+    }
+
+    /// A count of events that happened at `times` (sorted), as steps from
+    /// `from` to `until`: flat between events, up by one at each.
+    pub fn events(
+        label: impl Into<String>,
+        times: &[i64],
+        from: i64,
+        until: i64,
+        color: usize,
+    ) -> Line {
+        let mut points = vec![(from.min(times.first().copied().unwrap_or(from)), 0.0)];
+        for (n, &t) in times.iter().enumerate() {
+            points.push((t, n as f64));
+            points.push((t, n as f64 + 1.0));
+        }
+        let last = times.last().copied().unwrap_or(from);
+        points.push((until.max(last), times.len() as f64));
+        Line {
+            label: label.into(),
+            points,
+            color,
+            events: true,
         }
     }
 }
@@ -236,7 +264,11 @@ pub fn line_chart(
             format!(r#" stroke-dasharray="{dash}""#)
         };
         let mut d = String::new();
-        let gap = gap_after(&line.points);
+        let gap = if line.events {
+            i64::MAX
+        } else {
+            gap_after(&line.points)
+        };
         let points = &line.points;
         for (k, &(t, v)) in points.iter().enumerate() {
             let starts = k == 0 || t - points[k - 1].0 > gap;
@@ -648,6 +680,30 @@ mod tests {
         let (x, _) = scales(-300 * s, 900 * s, 0.0, 1.0);
         assert!((first_x - x(0)).abs() < 0.1, "{first_x} {}", x(0));
         assert!(first_x > LEFT + 100.0, "{first_x}");
+    }
+
+    /// XIDs are steps held to the end of what is known: two XIDs ten
+    /// seconds apart and nothing for ten minutes after are one unbroken
+    /// line, flat at 2 to its end, not a ramp that stops at the last XID.
+    #[test]
+    fn an_event_count_is_steps_held_to_its_end() {
+        let s = 1_000_000;
+        let line = Line::events("GPU 7 XID (2)", &[10 * s, 20 * s], 0, 600 * s, 7);
+        assert_eq!(
+            line.points,
+            [
+                (0, 0.0),
+                (10 * s, 0.0),
+                (10 * s, 1.0),
+                (20 * s, 1.0),
+                (20 * s, 2.0),
+                (600 * s, 2.0)
+            ]
+        );
+        let svg = line_chart(Some((0, 600 * s)), "x", &[line], Unit::Count, None, &[]);
+        let path = &svg[svg.find(r#"class="series" d=""#).unwrap()..];
+        let d = &path[18..path[18..].find('"').unwrap() + 18];
+        assert_eq!(d.matches('M').count(), 1, "{d}");
     }
 
     #[test]
