@@ -777,7 +777,17 @@ fn render(ctx: &Page, nodes: &[NodeData]) -> String {
         ctx.until_us.unwrap_or(t_max.saturating_add(1)),
     );
     let range = if t_min > t_max {
-        "no rows in this range".to_string()
+        // Say which range holds nothing: a past, a future or a mistyped one.
+        match (ctx.from_us, ctx.until_us) {
+            (Some(from), Some(until)) => format!(
+                "no rows from {} to {} UTC",
+                format_time(from, true),
+                format_time(until, true)
+            ),
+            (Some(from), None) => format!("no rows since {} UTC", format_time(from, true)),
+            (None, Some(until)) => format!("no rows until {} UTC", format_time(until, true)),
+            (None, None) => "no rows".to_string(),
+        }
     } else {
         format!(
             "{} to {} UTC",

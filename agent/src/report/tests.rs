@@ -332,6 +332,30 @@ fn an_open_event_ends_where_the_nodes_rows_end() {
     assert!(right < left + width / 2.0, "{right}");
 }
 
+/// A range with no rows says which range it was.
+#[test]
+fn an_empty_range_names_the_range_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    write_node(dir.path(), "unit_node", 0.75, false);
+    let source = Source::open(dir.path()).unwrap();
+    let (from, until) = (T0 + 10 * vtax_store::DAY_US, T0 + 11 * vtax_store::DAY_US);
+    let data = load(&source, &crate::catalog(), Some(from), Some(until), false).unwrap();
+    let mut page = context(dir.path(), false, false);
+    page.from_us = Some(from);
+    page.until_us = Some(until);
+    let html = render(&page, &data);
+    let said = format!(
+        "no rows from {} to {} UTC",
+        format_time(from, true),
+        format_time(until, true)
+    );
+    assert!(
+        html.contains(&said),
+        "{}",
+        &html[..html.find("</header>").unwrap()]
+    );
+}
+
 /// An event's end carries its date where it is not its start's: a day-long
 /// event read "10:00:10 – 10:00:15", five seconds.
 #[test]
