@@ -238,6 +238,17 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The end of the window opening at `now_wall` (ns), after the window that
+/// ended at `last_end`: see `Probe::plan_window`.
+fn next_window_end(now_wall: i128, last_end: i128, window: i128) -> i128 {
+    let next = (now_wall / window + 1) * window;
+    if last_end >= next && last_end < next + 2 * window {
+        last_end + window
+    } else {
+        next
+    }
+}
+
 /// Nanoseconds to add to CLOCK_MONOTONIC for wall-clock time.
 fn wall_offset_ns() -> i128 {
     // The agent's clock, which takes a small step of the wall clock in
@@ -621,12 +632,18 @@ impl Probe {
     }
 
     /// Sets the end of the window now open at the next whole multiple of
-    /// `window_secs` of wall-clock time.
+    /// `window_secs` of wall-clock time, after the end of the window before:
+    /// a clock a little behind where the last window was planned (set back,
+    /// or taking a step in) gave the same end again, and the window was
+    /// written two to four times under one time. A clock set back by more
+    /// than two windows starts from the new time (a window waiting for the
+    /// old one's end would last as long as the step).
     fn plan_window(&mut self) {
         self.wall_offset_ns = wall_offset_ns();
         let now_wall = i128::from(monotonic_ns()) + self.wall_offset_ns;
         let window = i128::from(self.settings.window_secs) * 1_000_000_000;
-        let end_wall = (now_wall / window + 1) * window;
+        let last_end = i128::from(self.window_end_us) * 1000;
+        let end_wall = next_window_end(now_wall, last_end, window);
         self.window_end_ns = (end_wall - self.wall_offset_ns).max(0) as u64;
         self.window_end_us = (end_wall / 1000) as i64;
     }
@@ -801,9 +818,23 @@ pub fn wait_setup(shared: &Shared, timeout: Duration) -> Option<Result<Setup, St
 #[cfg(test)]
 mod tests {
     use super::{
-        next_deadline, spin_start_ns, spin_threshold_ns, spin_until, CpuWindow, Spun, BUCKETS,
-        SPIN_GUARD_NS, STALL_NS,
+        next_deadline, next_window_end, spin_start_ns, spin_threshold_ns, spin_until, CpuWindow,
+        Spun, BUCKETS, SPIN_GUARD_NS, STALL_NS,
     };
+
+    /// A window opens after the one before ends, though the clock read a
+    /// little behind it (a leap second, a step being taken in): the same end
+    /// again wrote a window two to four times. Set back by more, the clock
+    /// starts windows from its new time.
+    #[test]
+    fn a_window_ends_after_the_one_before() {
+        let w: i128 = 10_000_000_000;
+        let t: i128 = 1_796_640_000 * 1_000_000_000;
+        assert_eq!(next_window_end(t + 3, t, w), t + w, "on time");
+        assert_eq!(next_window_end(t - 1_000_000_000, t, w), t + w, "a second back");
+        assert_eq!(next_window_end(t - 3600 * 1_000_000_000, t, w), t - 3590 * 1_000_000_000);
+        assert_eq!(next_window_end(t + 3600 * 1_000_000_000, t, w), t + 3610 * 1_000_000_000);
+    }
 
     const MS: u64 = 1_000_000;
 
