@@ -39,29 +39,54 @@ pub struct Compactor {
 /// (a bad NTP source, an operator's typo) made every file a year old, and
 /// retention by age deleted the whole store within a compaction interval;
 /// bounded by this, retention goes on from the time that really passed.
-/// A clock stepped back is taken as it is: retention then deletes less.
+/// A step that holds for [`STEP_TAKEN_AFTER_US`] is the time (a clock that
+/// was behind at the agent's start, a dead RTC battery, set right by NTP):
+/// held for good, retention deleted nothing until a restart. A clock stepped
+/// back is taken as it is: retention then deletes less.
 #[derive(Debug, Default)]
 pub struct SteadyClock {
-    /// The first wall time and boot time seen, in µs.
+    /// The wall time and boot time measured from, in µs.
     origin: Option<(i64, i64)>,
     /// The last forward step warned of, in µs.
     warned_step_us: i64,
+    /// The boot time a forward step was first seen at.
+    step_seen_at_boot_us: Option<i64>,
 }
 
 /// How far the wall clock may run ahead of the time measured before it is a
 /// step: far above an NTP slew's drift over months.
 const STEP_SLACK_US: i64 = 3_600_000_000;
 
+/// How long a forward step must hold before it is taken as the time: a day,
+/// for someone to notice a clock set wrong before retention acts on it.
+const STEP_TAKEN_AFTER_US: i64 = 86_400_000_000;
+
 impl SteadyClock {
     /// The wall time `now_us`, bounded by the time measured since the first
     /// call; a forward step past [`STEP_SLACK_US`] is logged once.
     pub fn bound(&mut self, now_us: i64) -> i64 {
-        let Some(boot_us) = crate::clock::boot_us() else {
-            return now_us;
-        };
+        match crate::clock::boot_us() {
+            Some(boot_us) => self.bound_at(now_us, boot_us),
+            None => now_us,
+        }
+    }
+
+    /// [`Self::bound`] with the boot clock reading `boot_us`.
+    fn bound_at(&mut self, now_us: i64, boot_us: i64) -> i64 {
         let (wall0, boot0) = *self.origin.get_or_insert((now_us, boot_us));
         let measured = wall0 + (boot_us - boot0) + STEP_SLACK_US;
         if now_us <= measured {
+            self.step_seen_at_boot_us = None;
+            return now_us;
+        }
+        let seen_at = *self.step_seen_at_boot_us.get_or_insert(boot_us);
+        if boot_us - seen_at >= STEP_TAKEN_AFTER_US {
+            tracing::warn!(
+                "The wall clock has been ahead of the time measured for a day: retention by age takes it as the time."
+            );
+            self.origin = Some((now_us, boot_us));
+            self.step_seen_at_boot_us = None;
+            self.warned_step_us = 0;
             return now_us;
         }
         let step = now_us - measured;
@@ -317,5 +342,30 @@ mod tests {
         let held = clock.bound(now + year_us);
         assert!(held < now + 2 * STEP_SLACK_US, "{}", held - now);
         assert!(held >= now + STEP_SLACK_US);
+    }
+
+    /// A clock behind at the start (a dead RTC battery) and set right a
+    /// while later: held for a day, then taken, rather than holding
+    /// retention back until a restart.
+    #[test]
+    fn a_forward_step_that_holds_for_a_day_is_the_time() {
+        let (year_us, day_us) = (365 * 86_400 * 1_000_000i64, 86_400 * 1_000_000i64);
+        let behind = 1_796_640_000_000_000 - year_us;
+        let mut clock = SteadyClock::default();
+        assert_eq!(clock.bound_at(behind, 0), behind);
+        let right = behind + year_us;
+        assert!(clock.bound_at(right + 60_000_000, 60_000_000) < right - day_us);
+        let held = clock.bound_at(right + day_us, day_us);
+        assert!(held < right, "held within the day");
+        let later = right + day_us + 61_000_000;
+        assert_eq!(
+            clock.bound_at(later, day_us + 61_000_000),
+            later,
+            "taken after a day"
+        );
+        assert_eq!(
+            clock.bound_at(later + 1_000_000, day_us + 62_000_000),
+            later + 1_000_000
+        );
     }
 }
