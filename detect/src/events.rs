@@ -375,19 +375,27 @@ impl Detector {
     /// Whether a cgroup's own usage rose with its signal: a workload that
     /// starts (or starts working harder) stalls on what it now competes for,
     /// and is the neighbour, not the victim.
+    ///
+    /// Its I/O where its I/O is counted, else its CPU time: a writer without
+    /// I/O accounting (cgroup v1) still moves its CPU with its own I/O stall,
+    /// and judged on a series it does not have it was its own victim.
     pub(super) fn self_inflicted(&self, key: &SignalKey, since_second: i64) -> bool {
-        let (Some(state), Some(own)) = (
-            self.signals.get(key),
-            self.suspect_series(&key.victim, key.resource),
-        ) else {
+        let own = match self.suspect_series(&key.victim, key.resource) {
+            Some(series) => Some((series, key.resource.usage_scale())),
+            None => self
+                .suspects
+                .get(&key.victim)
+                .map(|series| (series, Resource::Cpu.usage_scale())),
+        };
+        let (Some(state), Some((own, scale))) = (self.signals.get(key), own) else {
             return false;
         };
         let victim = state.seconds_since(since_second);
         let own: BTreeMap<String, BTreeMap<i64, f64>> =
             [(key.victim.clone(), own.seconds.iter().copied().collect())].into();
-        rank::rank(&victim, &own, key.resource.usage_scale())
+        rank::rank(&victim, &own, scale)
             .first()
-            .is_some_and(|s| s.correlation > 0.5 && s.usage_change > key.resource.usage_scale())
+            .is_some_and(|s| s.correlation > 0.5 && s.usage_change > scale)
     }
 
     /// Drops the state of victims and suspects that left (a finished

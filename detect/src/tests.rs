@@ -514,6 +514,49 @@ fn a_neighbour_arriving_while_the_baseline_learns_is_an_event_not_the_normal() {
     assert!(signal < 0.3, "the baseline kept the level before: {signal}");
 }
 
+/// On cgroup v1 no cgroup has I/O bytes: a writer whose I/O stall rose with
+/// its own CPU time is judged on that, and is no victim of its own writes.
+#[test]
+fn a_writer_without_io_accounting_is_not_its_own_victim() {
+    let mut detector = Detector::new(config());
+    let mut seed = 67;
+    let (mut cpu, mut stalled) = (0.0, 0.0);
+    let mut out = Vec::new();
+    // Writing for 80 s: within one look-back of its start.
+    for second in 0..280 {
+        let n = noise(&mut seed);
+        let writing = second >= 200;
+        cpu += if writing { 0.32 + 0.02 * n } else { 0.0 };
+        stalled += if writing { 0.63 + 0.03 * n } else { 0.0 };
+        let time_us = START_US + second * 1_000_000 + 1_000;
+        let path = "/aud8/iow2";
+        let batch = rows(
+            &CGROUP,
+            time_us,
+            &[(
+                &[path, vtax_collectors::cgroups::classify(path)][..],
+                &[
+                    ("cpu_usage_seconds", cpu),
+                    ("io_pressure_some_seconds", stalled),
+                    ("cpu_pressure_some_seconds", 0.0),
+                    ("memory_pressure_some_seconds", 0.0),
+                ][..],
+            )],
+        );
+        detector.observe(&batch);
+        out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
+    }
+    let opened = event_rows(&out, "open");
+    assert!(
+        !opened.iter().any(|e| e.victim == "/aud8/iow2"),
+        "{:?}",
+        opened
+            .iter()
+            .map(|e| (&e.resource, &e.victim))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// A pod whose one container leaves the rows (removed, or pushed past
 /// `max_cgroups` by a new pod) becomes a leaf with the pod's steady use. It
 /// was there all along, as the container's parent: it is no newcomer, and
