@@ -142,8 +142,14 @@ impl Detector {
             // pressure under one job after another) ranks over a look-back
             // that still holds the one before, and a neighbour that merely
             // flickers along scores by chance.
+            // The load outside the cgroups is never named anew: it is no
+            // workload that arrives, has no usual use to rise above, and in a
+            // CPU stall it moves with the victim as the antagonist's load
+            // takes room from it (it was named with r 0.97 where it fell).
             let may_name = suspects.first().is_some_and(|s| {
-                s.score >= MIN_NEW_SUSPECT_SCORE && self.busy_now(&s.name, window, key.resource)
+                s.name != OUTSIDE_SUSPECT
+                    && s.score >= MIN_NEW_SUSPECT_SCORE
+                    && self.busy_now(&s.name, window, key.resource)
             });
             let Some(event) = self.open.get_mut(&key) else {
                 continue;
