@@ -102,7 +102,17 @@ impl Detector {
         }
         for (key, start_second, score, evidence) in opened {
             let since_second = start_second - PRE_ONSET_SECS;
-            if self.self_inflicted(&key, since_second) {
+            // Judged once a run: retried at every abnormal window, the test
+            // lost the onset once the look-back passed it, and a workload's
+            // own rise opened an event 90 s later.
+            let judged_before = self
+                .signals
+                .get(&key)
+                .is_some_and(|s| s.self_inflicted_since == Some(start_second));
+            if judged_before || self.self_inflicted(&key, since_second) {
+                if let Some(state) = self.signals.get_mut(&key) {
+                    state.self_inflicted_since = Some(start_second);
+                }
                 tracing::debug!(victim = %key.victim, signal = key.signal, "Not an event: the cgroup's own usage rose with its stall.");
                 continue;
             }

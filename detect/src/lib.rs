@@ -146,6 +146,12 @@ struct SignalState {
     /// still learning cannot call them abnormal): none is learned until
     /// `learn_abnormal_after_windows` of them say the level is the normal.
     deviating_run: u32,
+    /// The first window of the current run of those: where an abnormal run
+    /// that follows held windows began.
+    deviating_since: Option<i64>,
+    /// The start of the abnormal run judged the victim's own doing: not
+    /// judged again while the run lasts.
+    self_inflicted_since: Option<i64>,
     last_second: i64,
 }
 
@@ -412,6 +418,8 @@ impl SignalState {
             abnormal_since: None,
             normal_run: 0,
             deviating_run: 0,
+            deviating_since: None,
+            self_inflicted_since: None,
             last_second: i64::MIN,
         }
     }
@@ -486,10 +494,21 @@ impl SignalState {
         if matches!(self.spec.rule, Rule::Baseline { .. }) && learn {
             self.baseline.push(value);
         }
-        self.deviating_run = if deviates { self.deviating_run + 1 } else { 0 };
+        if deviates {
+            if self.deviating_run == 0 {
+                self.deviating_since = Some(window);
+            }
+            self.deviating_run += 1;
+        } else {
+            self.deviating_run = 0;
+            self.deviating_since = None;
+        }
         if abnormal {
             if self.abnormal_run == 0 {
-                self.abnormal_since = Some(window);
+                // An event starts where its level began, held windows of a
+                // baseline still learning included: ranked from a later
+                // start, the antagonist's onset fell out of the look-back.
+                self.abnormal_since = self.deviating_since.or(Some(window));
             }
             self.abnormal_run += 1;
             self.normal_run = 0;

@@ -497,6 +497,13 @@ fn a_neighbour_arriving_while_the_baseline_learns_is_an_event_not_the_normal() {
         .find(|e| e.1 == "/victim")
         .unwrap_or_else(|| panic!("the victim's event opened: {opened:?}"));
     assert!(victim.2.starts_with("/newcomer "), "{opened:?}");
+    // It starts where the stall began, the held windows included.
+    let onset = (START_US / 1_000_000 + 30) as f64;
+    assert!(
+        (victim.3 - onset).abs() <= 5.0,
+        "starts at {} for {onset}",
+        victim.3
+    );
     let signal = node
         .out
         .iter()
@@ -512,6 +519,36 @@ fn a_neighbour_arriving_while_the_baseline_learns_is_an_event_not_the_normal() {
         .flatten()
         .expect("the victim's windows are judged");
     assert!(signal < 0.3, "the baseline kept the level before: {signal}");
+}
+
+/// A workload whose own start stalls it (it now competes for the CPU it
+/// shares) is the neighbour, not a victim, for as long as its stall lasts:
+/// judged again at every abnormal window, the test lost its onset once the
+/// look-back passed it, and an event opened 90 s later.
+#[test]
+fn a_workloads_own_rise_is_no_event_however_long_it_lasts() {
+    let mut node = Node::new(config());
+    let mut seed = 61;
+    for second in 0..300 {
+        let n = noise(&mut seed);
+        let rising = second >= 60;
+        node.step(
+            &[
+                ("/bg", 0.7 + 0.02 * n, 0.02 + 0.005 * n),
+                (
+                    "/selfrise",
+                    if rising { 0.95 + 0.03 * n } else { 0.0 },
+                    if rising { 0.42 + 0.02 * n } else { 0.0 },
+                ),
+            ],
+            0.01 + 0.002 * n,
+        );
+    }
+    let opened = node.events("open");
+    assert!(
+        !opened.iter().any(|e| e.1 == "/selfrise"),
+        "its own doing: {opened:?}"
+    );
 }
 
 /// On cgroup v1 no cgroup has I/O bytes: a writer whose I/O stall rose with
