@@ -197,8 +197,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>SM clock against its maximum</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
+                self.chart(
                     "gpu-clock",
                     &gpu_lines(summary, clocks, &reasons, ctx.max_points),
                     Unit::Ratio,
@@ -215,14 +214,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Temperature</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "gpu-temperature",
-                    &temperature,
-                    Unit::Celsius,
-                    None,
-                    &[]
-                )
+                self.chart("gpu-temperature", &temperature, Unit::Celsius, None, &[])
             );
             // XIDs apart from the ECC and PCIe counts: on one axis with
             // hundreds of replays, an XID 79 (a GPU off the bus) was a line
@@ -234,31 +226,26 @@ impl Sections<'_> {
                 (self.from, known_until),
                 ctx.max_points,
             );
-            h.push_str("<h3>XIDs counted since the start of the range</h3>");
-            if xids.is_empty() {
-                h.push_str(r#"<p class="note" id="gpu-xids">No XID in the range.</p>"#);
-            } else {
-                h.push_str(&svg::line_chart(
-                    Some((self.from, self.until)),
+            for (title, id, lines, none) in [
+                (
+                    "XIDs counted since the start of the range",
                     "gpu-xids",
                     &xids,
-                    Unit::Count,
-                    None,
-                    &[],
-                ));
-            }
-            h.push_str("<h3>ECC errors and PCIe replays counted since the start of the range</h3>");
-            if errors.is_empty() {
-                h.push_str(r#"<p class="note" id="gpu-errors">No ECC error or PCIe replay in the range.</p>"#);
-            } else {
-                h.push_str(&svg::line_chart(
-                    Some((self.from, self.until)),
+                    "No XID in the range.",
+                ),
+                (
+                    "ECC errors and PCIe replays counted since the start of the range",
                     "gpu-errors",
                     &errors,
-                    Unit::Count,
-                    None,
-                    &[],
-                ));
+                    "No ECC error or PCIe replay in the range.",
+                ),
+            ] {
+                let _ = write!(h, "<h3>{title}</h3>");
+                if lines.is_empty() {
+                    let _ = write!(h, r#"<p class="note" id="{id}">{none}</p>"#);
+                } else {
+                    h.push_str(&self.chart(id, lines, Unit::Count, None, &[]));
+                }
             }
         }
         h.push_str("</section>");

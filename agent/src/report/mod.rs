@@ -887,6 +887,26 @@ impl Sections<'_> {
     fn parts(&self) -> (&Page<'_>, &[NodeData], &[NodeSummary], &[&str]) {
         (self.ctx, self.nodes, &self.summaries, &self.names)
     }
+
+    /// A line chart over the report's range, the time axis every chart and
+    /// the timeline share.
+    fn chart(
+        &self,
+        id: &str,
+        lines: &[Line],
+        unit: Unit,
+        y_max: Option<f64>,
+        references: &[svg::Reference],
+    ) -> String {
+        svg::line_chart(
+            Some((self.from, self.until)),
+            id,
+            lines,
+            unit,
+            y_max,
+            references,
+        )
+    }
 }
 
 #[cfg(test)]

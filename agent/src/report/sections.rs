@@ -87,14 +87,7 @@ impl Sections<'_> {
                 let _ = write!(
                     h,
                     "<h3>{title}</h3>{}",
-                    svg::line_chart(
-                        Some((self.from, self.until)),
-                        id,
-                        &lines,
-                        Unit::Ratio,
-                        Some(1.0),
-                        &[]
-                    )
+                    self.chart(id, &lines, Unit::Ratio, Some(1.0), &[])
                 );
             }
         } else if let (Some(node), Some(summary)) = (nodes.first(), summaries.first()) {
@@ -115,14 +108,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Utilisation (kernel running)</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "gpu-utilization",
-                    &util,
-                    Unit::Ratio,
-                    Some(1.0),
-                    &[]
-                )
+                self.chart("gpu-utilization", &util, Unit::Ratio, Some(1.0), &[])
             );
             let peak = gpu
                 .field("hbm_peak_bytes_per_second")
@@ -139,14 +125,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>HBM bandwidth against peak</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "gpu-hbm",
-                    &hbm,
-                    Unit::BytesPerSecond,
-                    None,
-                    &peaks
-                )
+                self.chart("gpu-hbm", &hbm, Unit::BytesPerSecond, None, &peaks)
             );
             let bytes = nvlink_bytes(gpu);
             let mut nvlink: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
@@ -186,8 +165,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>NVLink rx+tx against peak</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
+                self.chart(
                     "gpu-nvlink",
                     &gpu_lines(summary, nvlink, &missing, ctx.max_points),
                     Unit::BytesPerSecond,
@@ -233,14 +211,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Wake-up p99 per node</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "jitter-p99",
-                    &lines,
-                    Unit::Seconds,
-                    None,
-                    &[]
-                )
+                self.chart("jitter-p99", &lines, Unit::Seconds, None, &[])
             );
         } else if let Some(node) = nodes.first() {
             let lines: Vec<Line> = quantile_fields
@@ -251,14 +222,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Wake-up latency quantiles over time</h3>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "jitter-quantiles",
-                    &lines,
-                    Unit::Seconds,
-                    None,
-                    &[]
-                )
+                self.chart("jitter-quantiles", &lines, Unit::Seconds, None, &[])
             );
         }
         // Lost time while the interruption probe spun, split by who took it.
@@ -274,14 +238,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Unexplained interruptions per node</h3><p class=\"note\">{lost_note}</p>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "jitter-lost",
-                    &lines,
-                    Unit::Ratio,
-                    None,
-                    &[]
-                )
+                self.chart("jitter-lost", &lines, Unit::Ratio, None, &[])
             );
         } else if let Some(node) = nodes.first() {
             let lines: Vec<Line> = [
@@ -297,14 +254,7 @@ impl Sections<'_> {
             let _ = write!(
                 h,
                 "<h3>Interruptions: who took the time</h3><p class=\"note\">{lost_note}</p>{}",
-                svg::line_chart(
-                    Some((self.from, self.until)),
-                    "jitter-lost",
-                    &lines,
-                    Unit::Ratio,
-                    None,
-                    &[]
-                )
+                self.chart("jitter-lost", &lines, Unit::Ratio, None, &[])
             );
         }
         h.push_str(r#"<h3>Wake-up latency distribution over the range</h3><table><tr><th>node</th><th>wake-ups</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th></tr>"#);
@@ -369,14 +319,7 @@ impl Sections<'_> {
         let _ = write!(
             h,
             "<h3>Steal: share of CPU time the hypervisor ran something else</h3>{}",
-            svg::line_chart(
-                Some((self.from, self.until)),
-                "steal",
-                &steal,
-                Unit::Ratio,
-                None,
-                &[]
-            )
+            self.chart("steal", &steal, Unit::Ratio, None, &[])
         );
         // Pressure: a line per resource, and per node on a fleet (or the lowest,
         // median and highest node on a large one).
@@ -411,14 +354,7 @@ impl Sections<'_> {
         let _ = write!(
             h,
             "<h3>Pressure: share of the last 10 s with a task stalled (PSI some avg10)</h3>{}",
-            svg::line_chart(
-                Some((self.from, self.until)),
-                "pressure",
-                &pressure,
-                Unit::Ratio,
-                None,
-                &[]
-            )
+            self.chart("pressure", &pressure, Unit::Ratio, None, &[])
         );
         h.push_str("</section>");
     }
