@@ -459,9 +459,9 @@ impl SignalState {
                 let learned = summary.map_or(0, |s| s.windows as u64);
                 // Half a baseline tells a level far above it: a neighbour
                 // that arrives while the victim's baseline is still learning
-                // is held out of it, not learned as its normal (a victim
-                // whose stall rose from 0.25 to 0.65 in its eighth window
-                // learned 0.63 and never had an event).
+                // is held out of it, not learned as its normal (learned, the
+                // stall it caused became the victim's median, and no event
+                // ever opened).
                 deviates = learned >= (config.min_baseline_windows / 2).max(3)
                     && z >= config.z_open
                     && change >= least;

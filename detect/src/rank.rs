@@ -13,8 +13,8 @@ pub const MIN_CORRELATION: f64 = 0.3;
 /// about the bar of [`MIN_CORRELATION`] over a look-back of 90 per-second
 /// points (r = 0.304 there), and a higher one where the signal has fewer
 /// points. A jitter window's tail is one point per window, nine in the
-/// look-back: there it asks r = 0.75, where 0.52-0.74 was reached by chance
-/// by workloads whose first second fell on a bad window.
+/// look-back: there it asks r = 0.75, above what a workload whose first
+/// second fell on a bad window reaches by chance.
 pub const MIN_CORRELATION_T: f64 = 3.0;
 
 /// Nor with fewer than this many points on each side of its usage's

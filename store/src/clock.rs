@@ -4,16 +4,16 @@
 //! the stamps: a counter's growth over the time between two rows. When NTP
 //! or a leap second steps the wall clock back by a second, a row taken just
 //! after the step is stamped microseconds after the one before while its
-//! counters grew by a whole second: the detector read CPU pressure of 3.65
-//! (a share of time) and opened events, and a window of the jitter probe was
-//! written twice. So the clock here follows the wall clock through the boot
+//! counters grew by a whole second: the detector read shares of time far
+//! above 1 and opened events, and a window of the jitter probe was written
+//! twice. So the clock here follows the wall clock through the boot
 //! clock (`CLOCK_BOOTTIME`, never stepped, counting a suspend) and takes a
 //! difference of up to [`SLEW_LIMIT_US`] in gradually, at most
 //! [`SLEW_RATE`] of the time passing, as NTP's own slew does: stamps keep
 //! their order, and their spacing is the time that passed within a
 //! thousandth, which no rate taken over them can tell from noise (at a tenth,
-//! a cgroup's CPU pressure of 0.997 read 1.11 for a hundred seconds after a
-//! 10 s step, and opened an event). A larger difference (a clock set minutes,
+//! rates read a ninth high for ten times the step, enough for a saturated
+//! cgroup's CPU pressure to read above 1 and open an event). A larger difference (a clock set minutes,
 //! an hour or a year off, or corrected) is taken at once, as a step.
 //!
 //! When the wall clock keeps time, this clock is the wall clock.

@@ -292,8 +292,8 @@ impl KeyCursor {
 /// slices of dictionary arrays, each holding its whole dictionary: where the
 /// inputs hold the same series at interleaved times, a chunk is thousands of
 /// one-row slices, and Arrow's concat merged their dictionaries value by
-/// value (4,096 slices of a 20,000-value dictionary: 82 million values, 300
-/// MB of memory and seconds a chunk). Their values are taken out first and
+/// value: a chunk's slices times a dictionary of tens of thousands of label
+/// values, hundreds of MB and seconds a chunk. Their values are taken out first and
 /// the chunk gets a dictionary of its own rows.
 fn concat_pieces(pieces: &[ArrayRef]) -> Result<ArrayRef> {
     let parts: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
