@@ -447,14 +447,11 @@ fn a_gpu_collector_turned_on_by_a_reload_keeps_its_xid_counts() {
     agent.signal(libc::SIGHUP);
     reloads(1);
     // /metrics is rendered on its own thread, a moment after the reload.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while xid_31(&agent.get("/metrics", &[]).text()).is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the series left with the collector"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    agent.poll_metrics(
+        Duration::from_secs(10),
+        "the series to leave with the collector",
+        |body| xid_31(body).is_none().then_some(()),
+    );
     std::fs::write(&config, settings(true)).unwrap();
     agent.signal(libc::SIGHUP);
     reloads(2);

@@ -219,7 +219,7 @@ impl Sections<'_> {
             // XIDs apart from the ECC and PCIe counts: on one axis with
             // hundreds of replays, an XID 79 (a GPU off the bus) was a line
             // under a pixel high.
-            let known_until = node.last_row_us().unwrap_or(self.until).min(self.until);
+            let known_until = node.known_until(self.until);
             let (xids, errors) = error_lines(
                 gpu,
                 node.rows("gpu_event"),
@@ -271,7 +271,7 @@ impl Sections<'_> {
         // 10:47 drew its open faults to 11:00).
         let known_until: BTreeMap<&str, i64> = nodes
             .iter()
-            .map(|n| (n.name.as_str(), n.last_row_us().unwrap_or(until).min(until)))
+            .map(|n| (n.name.as_str(), n.known_until(until)))
             .collect();
         // Kinds of span, with their colours: the legend under the timeline.
         const KINDS: [(&str, &str); 4] = [

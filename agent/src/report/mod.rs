@@ -228,6 +228,12 @@ impl NodeData {
             .max()
     }
 
+    /// How far what the store says of the node goes within a range ending
+    /// at `until`: its last row, or `until` when it has none.
+    fn known_until(&self, until: i64) -> i64 {
+        self.last_row_us().unwrap_or(until).min(until)
+    }
+
     fn rows(&self, table: &str) -> &Rows {
         static EMPTY: std::sync::OnceLock<Rows> = std::sync::OnceLock::new();
         self.tables

@@ -121,7 +121,7 @@ impl Agent {
 
     /// Reads `/metrics` every 100 ms until `found` gives something, and
     /// panics with `what`, the last body and the log at `timeout`.
-    fn poll_metrics<T>(
+    pub fn poll_metrics<T>(
         &self,
         timeout: Duration,
         what: &str,
