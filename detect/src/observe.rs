@@ -17,11 +17,14 @@ impl Detector {
             return;
         };
         let now: BTreeSet<&'static str> = sent.rows.iter().map(|b| b.table.name).collect();
-        let before = self
-            .snapshot_tables
-            .insert(source.clone(), now.clone())
-            .unwrap_or_default();
-        for table in before.difference(&now) {
+        let Some(before) = self.snapshot_tables.insert(source.clone(), now) else {
+            return;
+        };
+        let ended: Vec<&'static str> = before
+            .difference(&self.snapshot_tables[source])
+            .copied()
+            .collect();
+        for table in ended {
             self.table_ended(table);
         }
     }
