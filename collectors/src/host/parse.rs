@@ -115,9 +115,10 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
     match read(&path) {
         Ok(text) => {
             match parse(&text, &shown, time_us, hz) {
-                Ok(cpu) => {
+                Ok((cpu, skipped)) => {
                     cpus = cpu.len();
                     batches.push(cpu);
+                    skipped.into_iter().for_each(|e| failed(e, &mut errors));
                 }
                 Err(e) => failed(e, &mut errors),
             }
@@ -193,7 +194,8 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
             }
             Schedstat::Absent
         }
-        Ok(Some((schedstat, batch))) => {
+        Ok(Some((schedstat, batch, skipped))) => {
+            skipped.into_iter().for_each(|e| failed(e, &mut errors));
             if let Schedstat::Unsupported(v) = schedstat {
                 problems.push(format!(
                     "{shown} is version {v}; only {SCHEDSTAT_MIN_VERSION} and later are read: no cpu_sched rows"
@@ -229,42 +231,75 @@ pub(crate) fn per_cpu_lines(
     })
 }
 
+/// Rows of one per-CPU file, and the lines it skipped.
+type PerCpu = (Batch, Vec<ParseError>);
+
+/// Ends a per-CPU parse: one line that reads badly costs its own CPU's row
+/// (a driver's or a new kernel's odd line), not the other CPUs'. Fails only
+/// when no line gave a row, with the first bad line's error or `none`.
+fn per_cpu_rows(
+    mut builder: BatchBuilder,
+    mut skipped: Vec<ParseError>,
+    none: ParseError,
+) -> Result<PerCpu, ParseError> {
+    if builder.is_empty() {
+        return Err(if skipped.is_empty() {
+            none
+        } else {
+            skipped.swap_remove(0)
+        });
+    }
+    Ok((builder.finish(), skipped))
+}
+
 /// Parses the per-CPU lines of `/proc/stat` into one row per CPU.
-pub(super) fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<Batch, ParseError> {
+pub(super) fn parse(text: &str, path: &str, time_us: i64, hz: f64) -> Result<PerCpu, ParseError> {
     let mut builder = BatchBuilder::new(&CPU);
-    for (n, cpu, mut words) in per_cpu_lines(text) {
-        if cpu.parse::<u32>().is_err() {
-            return Err(fail(path, n + 1, format!("bad CPU number {cpu:?}")));
-        }
-        // The kernel's columns, in its order; older kernels end the line early.
-        let mut columns = [None; 8];
-        for (slot, word) in columns.iter_mut().zip(words.by_ref()) {
-            let ticks = parse_u64(word, "tick count").map_err(|e| fail(path, n + 1, e))?;
-            *slot = Some(ticks as f64 / hz);
-        }
-        let [user, nice, system, idle, iowait, irq, softirq, steal] = columns;
-        let (Some(user), Some(nice), Some(system), Some(idle)) = (user, nice, system, idle) else {
-            return Err(fail(path, n + 1, "fewer than 4 columns"));
-        };
-        let row = CpuRow {
-            cpu,
-            user_seconds: user,
-            nice_seconds: nice,
-            system_seconds: system,
-            idle_seconds: idle,
-            iowait_seconds: iowait,
-            irq_seconds: irq,
-            softirq_seconds: softirq,
-            steal_seconds: steal,
+    let mut skipped = Vec::new();
+    for (n, cpu, words) in per_cpu_lines(text) {
+        let row = match cpu_row(cpu, words, hz) {
+            Ok(row) => row,
+            Err(reason) => {
+                skipped.push(fail(path, n + 1, reason));
+                continue;
+            }
         };
         builder
             .push_row(time_us, &row)
             .map_err(|e| fail(path, n + 1, e.to_string()))?;
     }
-    if builder.is_empty() {
-        return Err(fail(path, 0, "no per-CPU lines"));
+    per_cpu_rows(builder, skipped, fail(path, 0, "no per-CPU lines"))
+}
+
+/// One `cpuN` line's row, its tick counts in seconds.
+fn cpu_row<'a>(
+    cpu: &'a str,
+    words: std::str::SplitAsciiWhitespace<'_>,
+    hz: f64,
+) -> Result<CpuRow<'a>, String> {
+    if cpu.parse::<u32>().is_err() {
+        return Err(format!("bad CPU number {cpu:?}"));
     }
-    Ok(builder.finish())
+    // The kernel's columns, in its order; older kernels end the line early.
+    let mut columns = [None; 8];
+    for (slot, word) in columns.iter_mut().zip(words) {
+        *slot = Some(parse_u64(word, "tick count")? as f64 / hz);
+    }
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = columns;
+    let (Some(user), Some(nice), Some(system), Some(idle)) = (user, nice, system, idle) else {
+        return Err("fewer than 4 columns".into());
+    };
+    Ok(CpuRow {
+        cpu,
+        user_seconds: user,
+        nice_seconds: nice,
+        system_seconds: system,
+        idle_seconds: idle,
+        iowait_seconds: iowait,
+        irq_seconds: irq,
+        softirq_seconds: softirq,
+        steal_seconds: steal,
+    })
 }
 
 /// Parses the kernel activity lines of `/proc/stat` into one row.
@@ -441,7 +476,7 @@ pub(super) fn parse_schedstat(
     text: &str,
     path: &str,
     time_us: i64,
-) -> Result<(Schedstat, Option<Batch>), ParseError> {
+) -> Result<(Schedstat, Option<Batch>, Vec<ParseError>), ParseError> {
     let mut lines = text.lines().enumerate();
     let version = loop {
         let Some((n, line)) = lines.next() else {
@@ -460,46 +495,59 @@ pub(super) fn parse_schedstat(
         }
     };
     if version < SCHEDSTAT_MIN_VERSION {
-        return Ok((Schedstat::Unsupported(version), None));
+        return Ok((Schedstat::Unsupported(version), None, Vec::new()));
     }
     let mut builder = BatchBuilder::new(&CPU_SCHED);
+    let mut skipped = Vec::new();
     for (n, line) in lines {
-        let fail = |reason: String| fail(path, n + 1, reason);
         let mut words = line.split_ascii_whitespace();
         let Some(cpu) = words.next().and_then(|w| w.strip_prefix("cpu")) else {
             continue; // timestamp and domain lines
         };
-        if cpu.parse::<u32>().is_err() {
-            return Err(fail(format!("bad CPU number {cpu:?}")));
-        }
-        let mut counters = [0u64; 9];
-        let mut count = 0;
-        for (slot, word) in counters.iter_mut().zip(words.by_ref()) {
-            *slot = parse_u64(word, "counter").map_err(fail)?;
-            count += 1;
-        }
-        if count < counters.len() {
-            return Err(fail(format!(
-                "{count} counters, version {version} has {}",
-                counters.len()
-            )));
-        }
-        for word in words {
-            parse_u64(word, "counter").map_err(fail)?;
-        }
-        let [_, _, _, _, _, _, running_ns, delay_ns, slices] = counters;
-        let row = CpuSchedRow {
-            cpu,
-            running_seconds: running_ns as f64 / 1e9,
-            run_delay_seconds: delay_ns as f64 / 1e9,
-            timeslices: slices,
+        let row = match cpu_sched_row(cpu, words, version) {
+            Ok(row) => row,
+            Err(reason) => {
+                skipped.push(fail(path, n + 1, reason));
+                continue;
+            }
         };
         builder
             .push_row(time_us, &row)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(path, n + 1, e.to_string()))?;
     }
-    if builder.is_empty() {
-        return Err(fail(path, 0, "no cpu lines"));
+    let (batch, skipped) = per_cpu_rows(builder, skipped, fail(path, 0, "no cpu lines"))?;
+    Ok((Schedstat::Read(version), Some(batch), skipped))
+}
+
+/// One `cpuN` line of `/proc/schedstat` version 15 or later.
+fn cpu_sched_row<'a>(
+    cpu: &'a str,
+    mut words: std::str::SplitAsciiWhitespace<'_>,
+    version: u32,
+) -> Result<CpuSchedRow<'a>, String> {
+    if cpu.parse::<u32>().is_err() {
+        return Err(format!("bad CPU number {cpu:?}"));
     }
-    Ok((Schedstat::Read(version), Some(builder.finish())))
+    let mut counters = [0u64; 9];
+    let mut count = 0;
+    for (slot, word) in counters.iter_mut().zip(words.by_ref()) {
+        *slot = parse_u64(word, "counter")?;
+        count += 1;
+    }
+    if count < counters.len() {
+        return Err(format!(
+            "{count} counters, version {version} has {}",
+            counters.len()
+        ));
+    }
+    for word in words {
+        parse_u64(word, "counter")?;
+    }
+    let [_, _, _, _, _, _, running_ns, delay_ns, slices] = counters;
+    Ok(CpuSchedRow {
+        cpu,
+        running_seconds: running_ns as f64 / 1e9,
+        run_delay_seconds: delay_ns as f64 / 1e9,
+        timeslices: slices,
+    })
 }

@@ -12,7 +12,8 @@ const STAT: &str = "cpu  100 0 50 1000 5 1 2 30 0 0\n\
 
 #[test]
 fn one_row_per_cpu_in_seconds() {
-    let batch = parse(STAT, "stat", 7, 100.0).unwrap();
+    let (batch, skipped) = parse(STAT, "stat", 7, 100.0).unwrap();
+    assert!(skipped.is_empty());
     assert_eq!(batch.len(), 2);
     assert_eq!(batch.tags[0].dict, ["0", "1"]);
     let steal = CPU.field_index("steal_seconds").unwrap();
@@ -21,7 +22,7 @@ fn one_row_per_cpu_in_seconds() {
 
 #[test]
 fn old_kernels_without_steal_leave_it_null() {
-    let batch = parse("cpu0 1 2 3 4\n", "stat", 7, 100.0).unwrap();
+    let (batch, _) = parse("cpu0 1 2 3 4\n", "stat", 7, 100.0).unwrap();
     let steal = CPU.field_index("steal_seconds").unwrap();
     assert!(!batch.fields[steal].is_valid(0));
 }
@@ -33,6 +34,44 @@ fn garbage_names_the_file_and_line() {
         .to_string();
     assert_eq!(err, "/proc/stat:1: \"x\" is not a tick count");
     assert!(parse("intr 1\n", "/proc/stat", 7, 100.0).is_err());
+}
+
+/// One odd `cpuN` line (a new kernel's layout, a driver's garbage) costs that
+/// CPU's row and is named; the other CPUs keep theirs, in both per-CPU files.
+#[test]
+fn one_bad_cpu_line_costs_only_its_cpu() {
+    let stat = "cpu  1 2 3 4\ncpu0 60 0 30 500\ncpu1 40 x 20 500\ncpuX 1 2 3 4\ncpu2 7 0 1 9\n";
+    let (batch, skipped) = parse(stat, "/proc/stat", 7, 100.0).unwrap();
+    assert_eq!(batch.tags[0].dict, ["0", "2"]);
+    let skipped: Vec<String> = skipped.iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        skipped,
+        [
+            "/proc/stat:3: \"x\" is not a tick count",
+            "/proc/stat:4: bad CPU number \"X\""
+        ]
+    );
+
+    let schedstat = "version 15\ntimestamp 1\ncpu0 0 0 5 1 9 3 2000000000 500000000 77\n\
+        cpu1 0 0 5 1 9 3 -1 250000000 66\ncpu2 0 0 5 1 9 3 1000000000 250000000 66\n";
+    let (version, batch, skipped) = parse_schedstat(schedstat, "/proc/schedstat", 7).unwrap();
+    assert_eq!(version, Schedstat::Read(15));
+    assert_eq!(batch.unwrap().tags[0].dict, ["0", "2"]);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].line, 4);
+
+    // Through `sample`: the rows are kept and the file is named once.
+    let (dir, roots) = copy_of("vm-node", VM_FILES);
+    let good = std::fs::read_to_string(dir.path().join("proc/stat")).unwrap();
+    let bad = good.replacen("cpu1 ", "cpu1 x", 1);
+    assert_ne!(good, bad, "the fixture has a cpu1 line");
+    std::fs::write(dir.path().join("proc/stat"), bad).unwrap();
+    let sample = sample(&roots, 7, 100.0).unwrap();
+    let cpus = table(&sample, &CPU).unwrap();
+    assert!(cpus.tags[0].dict.iter().any(|c| c == "0"));
+    assert!(!cpus.tags[0].dict.iter().any(|c| c == "1"));
+    assert_eq!(sample.errors.len(), 1, "{:?}", sample.errors);
+    assert!(table(&sample, &KERNEL).is_some(), "the kernel lines are read");
 }
 
 // ---- helpers ----
@@ -348,7 +387,7 @@ fn schedstat_versions() {
         cpu0 0 0 5 1 9 3 2000000000 500000000 77\n\
         domain0 MC 03 1 2 3\n\
         cpu1 0 0 5 1 9 3 1000000000 250000000 66\n";
-    let (version, batch) = parse_schedstat(v17, "schedstat", 7).unwrap();
+    let (version, batch, _) = parse_schedstat(v17, "schedstat", 7).unwrap();
     assert_eq!(version, Schedstat::Read(17));
     let batch = batch.unwrap();
     assert_eq!(f64_of(&batch, Some("0"), "running_seconds"), 2.0);
@@ -359,7 +398,7 @@ fn schedstat_versions() {
     let v14 = "version 14\ntimestamp 1\ncpu0 0 0 0 0 0 0 0 0 0 1 2 3\n";
     assert_eq!(
         parse_schedstat(v14, "schedstat", 7).unwrap(),
-        (Schedstat::Unsupported(14), None)
+        (Schedstat::Unsupported(14), None, Vec::new())
     );
     let (dir, roots) = copy_of("vm-node", VM_FILES);
     std::fs::write(dir.path().join("proc/schedstat"), v14).unwrap();
