@@ -95,6 +95,10 @@ pub(super) fn pending_summary(s: &UploadStats) -> String {
             s.pending_failed_files,
             "after a failed upload (run again to retry)".to_string(),
         ),
+        (
+            s.pending_unreadable_files,
+            "that do not read (`vtax verify` names the damage)".to_string(),
+        ),
     ]
     .into_iter()
     .filter(|(n, _)| *n > 0)

@@ -787,3 +787,44 @@ fn a_failed_multipart_upload_is_aborted() {
         objects(target.path()).keys()
     );
 }
+
+/// A file whose footer does not read is never put (no reader could read it),
+/// but it is counted pending with its reason, not left out unsaid.
+#[test]
+fn a_file_that_does_not_read_is_pending_with_its_reason() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    part(&mut store, T0, 100);
+    part(&mut store, T0 + HOUR_US, 100);
+    drop(store);
+    let damaged = local_files(data.path())
+        .into_iter()
+        .find(|f| f.watermarks.contains_key(&(T0 / HOUR_US)))
+        .unwrap();
+    let bytes = std::fs::read(&damaged.path).unwrap();
+    std::fs::write(&damaged.path, &bytes[..bytes.len() - 9]).unwrap();
+
+    let mut u = uploader(data.path(), target.path());
+    let now = T0 + 2 * HOUR_US + 10 * 60_000_000;
+    pass(&mut u, now);
+    assert_eq!(u.stats.files, 1, "the other hour goes");
+    assert_eq!(objects(target.path()).len(), 1);
+    assert_eq!(
+        (u.stats.pending_files, u.stats.pending_unreadable_files),
+        (1, 1)
+    );
+    assert!(u.stats.oldest_pending_age_seconds >= 0.0);
+    assert!(
+        pending_summary(&u.stats).contains("1 that do not read"),
+        "{}",
+        pending_summary(&u.stats)
+    );
+    // Quarantined or mended, it is no longer pending.
+    std::fs::remove_file(&damaged.path).unwrap();
+    pass(&mut u, now);
+    assert_eq!(
+        (u.stats.pending_files, u.stats.pending_unreadable_files),
+        (0, 0)
+    );
+}

@@ -58,7 +58,8 @@ pub struct UploadStats {
     /// Failed puts, checks and deletes.
     pub failures: u64,
     /// Files of finished hours not yet remote after the last pass: those of
-    /// `pending_failed_files` and `pending_unmerged_files`.
+    /// `pending_failed_files`, `pending_unmerged_files` and
+    /// `pending_unreadable_files`.
     pub pending_files: u64,
     /// Seconds since the oldest of those was written.
     pub oldest_pending_age_seconds: f64,
@@ -67,6 +68,10 @@ pub struct UploadStats {
     /// Of `pending_files`: parts of a finished hour that the running writer
     /// has yet to merge into one file (its next compaction pass).
     pub pending_unmerged_files: u64,
+    /// Of `pending_files`: files whose footer does not read (damage, which
+    /// `vtax verify` names and quarantines): never put, as no reader could
+    /// read them.
+    pub pending_unreadable_files: u64,
     /// Files of hours not yet ended [`SETTLE`] before the pass's time: they
     /// go once they have. Not in `pending_files`.
     pub pending_open_files: u64,
@@ -253,6 +258,8 @@ pub struct Uploader {
     pub(super) manifest_bytes_after_rewrite: u64,
     /// Totals since start.
     pub stats: UploadStats,
+    /// The unreadable files already logged: each is logged once.
+    pub(super) logged_unreadable: std::collections::HashSet<PathBuf>,
 }
 
 impl Uploader {
@@ -269,6 +276,7 @@ impl Uploader {
             manifest_rewrite_above_bytes: MANIFEST_REWRITE_ABOVE_BYTES,
             manifest_bytes_after_rewrite: 0,
             stats: UploadStats::default(),
+            logged_unreadable: Default::default(),
         })
     }
 
@@ -278,8 +286,14 @@ impl Uploader {
     /// when the store cannot be listed or the manifest cannot be written.
     pub async fn pass(&mut self, now_us: i64) -> Result<()> {
         let before = self.stats.clone();
-        let files = vtax_store::files::live_files(&self.data_dir)
+        let (files, unreadable) = vtax_store::files::live_and_unreadable_files(&self.data_dir)
             .with_context(|| format!("list files of {}", self.data_dir.display()))?;
+        for (path, error) in &unreadable {
+            if !self.logged_unreadable.contains(path) {
+                tracing::warn!(path = %path.display(), %error, "A store file does not read and is not uploaded; `vtax verify` names the damage and quarantines it.");
+            }
+        }
+        self.logged_unreadable = unreadable.iter().map(|(path, _)| path.clone()).collect();
         let mut partitions: BTreeMap<(i64, String), Vec<FileInfo>> = BTreeMap::new();
         for file in files {
             partitions
@@ -388,12 +402,15 @@ impl Uploader {
         self.stats.pending_failed_files = pending.len() as u64;
         self.stats.pending_unmerged_files = unmerged_files.len() as u64;
         self.stats.pending_open_files = open_files.len() as u64;
-        self.stats.pending_files = (pending.len() + unmerged_files.len()) as u64;
+        self.stats.pending_unreadable_files = unreadable.len() as u64;
+        self.stats.pending_files = (pending.len() + unmerged_files.len() + unreadable.len()) as u64;
         let now = std::time::SystemTime::now();
         self.stats.oldest_pending_age_seconds = pending
             .iter()
             .chain(&unmerged_files)
-            .filter_map(|f| f.path.metadata().ok()?.modified().ok())
+            .map(|f| &f.path)
+            .chain(unreadable.iter().map(|(path, _)| path))
+            .filter_map(|path| path.metadata().ok()?.modified().ok())
             .filter_map(|written| now.duration_since(written).ok())
             .map(|age| age.as_secs_f64())
             .fold(0.0, f64::max);

@@ -140,10 +140,26 @@ impl FileInfo {
 /// file still under its pending name is not among them, and the inputs it
 /// has not yet deleted are: they are what a glob reads until it is published.
 pub fn live_files(data_dir: &Path) -> Result<Vec<FileInfo>> {
+    Ok(live_and_unreadable_files(data_dir)?.0)
+}
+
+/// Published files whose footer did not read, and why.
+pub type Unreadable = Vec<(PathBuf, Error)>;
+
+/// [`live_files`], and the published files whose footer did not read and
+/// that are still there after the listing: damage (`vtax verify` says which
+/// and quarantines it), which a reader of the whole store does not get.
+pub fn live_and_unreadable_files(data_dir: &Path) -> Result<(Vec<FileInfo>, Unreadable)> {
     let (mut listed, _) = list_files(data_dir)?;
     listed.retain(|f| !f.pending);
-    let index = index_files(listed, |_, _| Ok(()))?;
-    Ok(index.live.into_values().flatten().collect())
+    let mut unreadable = Vec::new();
+    let index = index_files(listed, |file, e| {
+        if file.path.exists() {
+            unreadable.push((file.path.clone(), e));
+        }
+        Ok(())
+    })?;
+    Ok((index.live.into_values().flatten().collect(), unreadable))
 }
 
 /// Ending of a merged file's name while its merge commits, after the
