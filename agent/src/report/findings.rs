@@ -514,6 +514,8 @@ pub(super) fn who_takes(s: &NodeSummary) -> Vec<(&'static str, String)> {
         },
     ));
     let neighbours = match s.events.len() {
+        // No event where the detector did not run is no evidence of none.
+        0 if no_windows => "no detector windows in this range to judge them by".to_string(),
         0 => "no noisy-neighbour events".to_string(),
         n => {
             let open = s.events.iter().filter(|e| e.is_open()).count();

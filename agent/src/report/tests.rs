@@ -634,6 +634,9 @@ fn a_range_without_rows_renders_notes_not_empty_plots() {
     // Nothing to judge the hardware by is not "nothing lost".
     assert!(html.contains("no detector windows in this range to judge it by"));
     assert!(!html.contains("nothing lost"));
+    // Nor is it "no noisy-neighbour events".
+    assert!(html.contains("no detector windows in this range to judge them by"));
+    assert!(!html.contains("no noisy-neighbour events"));
     // An empty sum of wake-ups printed as "-0".
     assert!(
         html.contains(r#"<td class="num">0</td>"#) && !html.contains(">-0<"),
