@@ -271,7 +271,7 @@ pub fn import(args: ImportArgs) -> Result<()> {
     // A series holds one value per instant: what two files of one import
     // share is published once, as the merges below keep it once.
     let options = StoreOptions {
-        one_row_per_instant: true,
+        one_row_per_instant: Some(tables::SCRAPED.name),
         ..StoreOptions::new(&data_dir)
     };
     let mut store = match Store::open(options, crate::catalog()) {
@@ -321,7 +321,7 @@ pub fn import(args: ImportArgs) -> Result<()> {
     // steady shape at once.
     store.flush().context("publish imported rows")?;
     store
-        .compact_all(crate::timespec::now_us())
+        .compact_all(crate::timespec::now_us(), tables::SCRAPED.name)
         .context("merge imported hours")?;
     let repeated = store
         .stats()

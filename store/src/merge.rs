@@ -14,7 +14,8 @@
 //! series holds one value per instant, and the same rows imported twice (an
 //! import run again after it was killed) merge back into one copy, as a
 //! TSDB's compaction drops duplicate samples. The first in the inputs' order
-//! is kept. The agent's own merges keep every row.
+//! is kept, which such a merge's planner makes the order the rows were
+//! written in. The agent's own merges keep every row.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -183,29 +184,43 @@ impl MergeColumns {
         let mut planned = 0;
         while planned < max_rows && !cursors.is_empty() {
             // The cursor with the smallest head, and the runner-up's head.
+            // Of equal heads the earlier input's goes first, so a merge that
+            // keeps one of equal rows keeps the first input's (cursors that
+            // ran out are swap-removed: their places say nothing).
             let mut best = 0;
             for i in 1..cursors.len() {
-                if cursors[i].head() < cursors[best].head() {
+                if (cursors[i].head(), cursors[i].input)
+                    < (cursors[best].head(), cursors[best].input)
+                {
                     best = i;
                 }
             }
             let mut second: Option<usize> = None;
             for i in 0..cursors.len() {
-                if i != best && second.is_none_or(|s| cursors[i].head() < cursors[s].head()) {
+                if i != best
+                    && second.is_none_or(|s| {
+                        (cursors[i].head(), cursors[i].input)
+                            < (cursors[s].head(), cursors[s].input)
+                    })
+                {
                     second = Some(i);
                 }
             }
             // Take the run of rows from `best` that sort before the runner-up's
-            // head, or that equal it (the runner-up's equal row is then a
-            // duplicate); within it, rows equal to the row before them are
-            // duplicates, read past.
+            // head, or that equal it when `best` is the earlier input (the
+            // runner-up's equal row is then a duplicate); within it, rows
+            // equal to the row before them are duplicates, read past.
             let cursor = &cursors[best];
-            let limit = second.map(|s| cursors[s].head());
             let input = cursor.input;
+            let limit = second.map(|s| (cursors[s].head(), input < cursors[s].input));
             let mut end = cursor.pos;
             while end < cursor.rows.num_rows()
                 && planned < max_rows
-                && (end == cursor.pos || limit.is_none_or(|l| cursor.rows.row(end) <= l))
+                && (end == cursor.pos
+                    || limit.is_none_or(|(l, earlier)| {
+                        let row = cursor.rows.row(end);
+                        row < l || (earlier && row == l)
+                    }))
             {
                 let row = cursor.rows.row(end);
                 let duplicate = self.dedupe

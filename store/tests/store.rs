@@ -1993,7 +1993,7 @@ fn an_import_merge_keeps_one_row_per_series_and_instant() {
     );
     append_scraped(&mut store, T0, 400);
     store.flush().unwrap();
-    store.compact_all(T0 + 2 * DAY_US).unwrap();
+    store.compact_all(T0 + 2 * DAY_US, "scraped").unwrap();
     assert_eq!(parquet_files(dir.path()).len(), 1);
     rows.sort();
     assert_eq!(all_scraped(&store), rows);
@@ -2007,8 +2007,62 @@ fn an_import_merge_keeps_one_row_per_series_and_instant() {
     .unwrap();
     store.append(&b.finish()).unwrap();
     store.flush().unwrap();
-    store.compact_all(T0 + 2 * DAY_US).unwrap();
+    store.compact_all(T0 + 2 * DAY_US, "scraped").unwrap();
     assert_eq!(all_scraped(&store).len(), rows.len() + 1);
+}
+
+/// An import's merge keeps the first written of equal keys, whatever the
+/// files' times or names: a later import that repeats a sample the store
+/// holds (and starts earlier, or lands in a file whose name sorts first)
+/// leaves the stored value. Other tables keep every row, as the agent's
+/// merges do: two of the agent's rows at one instant (a clock stepped back)
+/// are both evidence.
+#[test]
+fn an_import_merge_keeps_the_first_written_and_only_in_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let sample = |time_us: i64, value: f64| {
+        let mut b = BatchBuilder::new(&tables::SCRAPED);
+        b.push(time_us, &["", "s", ""], &[Value::F64(value)])
+            .unwrap();
+        b.finish()
+    };
+    let half_hour = T0 + 30 * 60_000_000;
+    store.append(&sample(half_hour, 1.0)).unwrap();
+    store.flush().unwrap();
+    // Agent rows of another table with one key twice.
+    for power in [100.0, 200.0] {
+        let mut b = BatchBuilder::new(&GPU_V1);
+        b.push(T0, &["0"], &[Value::F64(power)]).unwrap();
+        store.append(&b.finish()).unwrap();
+        store.flush().unwrap();
+    }
+    store.compact_all(T0 + 40 * 60_000_000, "scraped").unwrap();
+    // A later import: an earlier sample, then the stored one repeated.
+    let mut b = BatchBuilder::new(&tables::SCRAPED);
+    b.push(T0, &["", "s", ""], &[Value::F64(5.0)]).unwrap();
+    b.push(half_hour, &["", "s", ""], &[Value::F64(2.0)])
+        .unwrap();
+    store.append(&b.finish()).unwrap();
+    store.flush().unwrap();
+    // Ten more imports of the stored sample, each its own part.
+    for value in 3..13 {
+        store.append(&sample(half_hour, value as f64)).unwrap();
+        store.flush().unwrap();
+    }
+    store.compact_all(T0 + 40 * 60_000_000, "scraped").unwrap();
+    let values: Vec<(i64, f64)> = all_scraped(&store)
+        .into_iter()
+        .map(|(t, _, bits)| (t, f64::from_bits(bits)))
+        .collect();
+    assert_eq!(values, [(T0, 5.0), (half_hour, 1.0)]);
+    let gpu = store
+        .scan(&ScanRequest {
+            table: "gpu".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(gpu.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
 }
 
 /// Rows of the running hour reach a Parquet file once they waited

@@ -418,7 +418,14 @@ fn merge_paths() -> Vec<MergePath> {
                 publish_parts(store, &[HOUR5, HOUR5 + MINUTE_US], &mut next);
                 next
             },
-            merge: |store| assert_eq!(store.compact_all(HOUR5 + 30 * MINUTE_US).unwrap(), 1),
+            merge: |store| {
+                assert_eq!(
+                    store
+                        .compact_all(HOUR5 + 30 * MINUTE_US, "scraped")
+                        .unwrap(),
+                    1
+                )
+            },
         },
         MergePath {
             what: "the agent's compaction thread",

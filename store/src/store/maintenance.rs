@@ -195,9 +195,24 @@ pub(super) const DEFAULT_MAX_MERGE_INPUTS: usize = 8;
 
 /// `files` in time order, cut into groups of at most `max_inputs` (2 or more)
 /// neighbours; a group of one has nothing to merge with this round.
-pub(super) fn merge_groups(files: &[FileInfo], max_inputs: usize) -> Vec<Vec<FileInfo>> {
+///
+/// With `write_order`, in the order their rows were written (the highest WAL
+/// frame each holds) instead: a merge that keeps one row per series and
+/// instant keeps the first input's, and so the first written (what the
+/// store held before an import, not the import's repeat of it). Groups of
+/// neighbours in that order merge into files that stay in that order for
+/// the next round.
+pub(super) fn merge_groups(
+    files: &[FileInfo],
+    max_inputs: usize,
+    write_order: bool,
+) -> Vec<Vec<FileInfo>> {
     let mut sorted = files.to_vec();
-    sorted.sort_by_key(|f| (f.time_range_us.map(|r| r.0), f.path.clone()));
+    if write_order {
+        sorted.sort_by_key(|f| (f.watermarks.values().max().copied(), f.path.clone()));
+    } else {
+        sorted.sort_by_key(|f| (f.time_range_us.map(|r| r.0), f.path.clone()));
+    }
     sorted
         .chunks(max_inputs.max(2))
         .filter(|group| group.len() > 1)
@@ -226,26 +241,33 @@ impl Store {
     /// number of merges. The agent runs the same merges off its main thread
     /// ([`crate::Compactor`]); this runs them here, one after another.
     pub fn compact(&mut self, now_us: i64) -> Result<usize> {
-        self.compact_with(now_us, false)
+        self.compact_with(now_us, None)
     }
 
-    /// [`Self::compact`], and the parts of each running hour into one file
-    /// too, not only those of like size, keeping one row per series and
-    /// instant: for `vtax import`, which wrote everything it will write, and
-    /// whose rows written again (an import run again after a kill) must come
-    /// back once. The agent's own merges keep every row.
-    pub fn compact_all(&mut self, now_us: i64) -> Result<usize> {
-        self.compact_with(now_us, true)
+    /// [`Self::compact`], and for `table` the parts of each running hour into
+    /// one file too, not only those of like size, keeping one row per series
+    /// and instant, the first written: for `vtax import`, which wrote
+    /// everything it will write into `scraped`, and whose rows written again
+    /// (an import run again after a kill) must come back once. Every other
+    /// table's merges keep every row, as the agent's do: two of the agent's
+    /// rows with one key (a clock stepped back) are both its evidence.
+    pub fn compact_all(&mut self, now_us: i64, table: &str) -> Result<usize> {
+        self.compact_with(now_us, Some(table))
     }
 
-    /// `for_import`: an import's pass, which merges every running hour's
-    /// parts into one and keeps one row per series and instant.
-    pub(super) fn compact_with(&mut self, now_us: i64, for_import: bool) -> Result<usize> {
+    /// `import_table`: an import's pass over that table, which merges every
+    /// running hour's parts into one and keeps one row per series and
+    /// instant.
+    pub(super) fn compact_with(
+        &mut self,
+        now_us: i64,
+        import_table: Option<&str>,
+    ) -> Result<usize> {
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
         let keep_going = AtomicBool::new(true);
         for _ in 0..MAX_MERGE_ROUNDS {
-            let merges = self.plan_merges_with(now_us, for_import)?;
+            let merges = self.plan_merges_with(now_us, import_table)?;
             if merges.is_empty() {
                 break;
             }
@@ -265,10 +287,14 @@ impl Store {
     /// every merge of this one is finished: two merges of one input would
     /// each replace it.
     pub fn plan_merges(&mut self, now_us: i64) -> Result<Vec<Merge>> {
-        self.plan_merges_with(now_us, false)
+        self.plan_merges_with(now_us, None)
     }
 
-    pub(super) fn plan_merges_with(&mut self, now_us: i64, for_import: bool) -> Result<Vec<Merge>> {
+    pub(super) fn plan_merges_with(
+        &mut self,
+        now_us: i64,
+        import_table: Option<&str>,
+    ) -> Result<Vec<Merge>> {
         self.clock_us = Some(now_us);
         let grace_us = self.options.publish_grace.as_micros() as i64;
         let buffered = |table: &str, hours: std::ops::Range<i64>| {
@@ -279,6 +305,7 @@ impl Store {
         // (partition, inputs, whether the output is a part of the running hour)
         let mut groups: Vec<((String, i64), Vec<FileInfo>, bool)> = Vec::new();
         for ((table, day), files) in &self.files {
+            let for_import = import_table == Some(table.as_str());
             // A merged file left pending by a failed commit holds rows of
             // inputs still on disk: its partition waits for the next open,
             // which finishes the commit, lest a merge of it bring them back.
@@ -287,7 +314,7 @@ impl Store {
             }
             let day_hours = day * 24..(day + 1) * 24;
             if (day + 1) * DAY_US + grace_us <= now_us && !buffered(table, day_hours) {
-                for group in merge_groups(files, self.options.max_merge_inputs) {
+                for group in merge_groups(files, self.options.max_merge_inputs, for_import) {
                     groups.push(((table.clone(), *day), group, false));
                 }
                 continue;
@@ -302,11 +329,11 @@ impl Store {
                     continue;
                 }
                 if self.hour_over(hour, now_us) && !buffered(table, hour..hour + 1) {
-                    for group in merge_groups(&parts, self.options.max_merge_inputs) {
+                    for group in merge_groups(&parts, self.options.max_merge_inputs, for_import) {
                         groups.push(((table.clone(), *day), group, false));
                     }
                 } else if for_import {
-                    for group in merge_groups(&parts, self.options.max_merge_inputs) {
+                    for group in merge_groups(&parts, self.options.max_merge_inputs, true) {
                         groups.push(((table.clone(), *day), group, true));
                     }
                 } else if let Some(tier) = similar_sized(&parts) {
@@ -335,7 +362,8 @@ impl Store {
             .into_iter()
             .map(|(key, inputs, running)| {
                 let replaced = replaced[&key].clone();
-                self.plan_merge(key, inputs, running, replaced, for_import)
+                let dedupe = import_table == Some(key.0.as_str());
+                self.plan_merge(key, inputs, running, replaced, dedupe)
             })
             .collect()
     }

@@ -68,12 +68,14 @@ pub struct StoreOptions {
     /// footer, a ZSTD context and a decompressed page each; fewer inputs cost
     /// more rounds (a day's 24 hours: 24 to 3 to 1 at 8, 24 to 6 to 2 to 1 at 4).
     pub max_merge_inputs: usize,
-    /// Publish one row per series and instant, the first to arrive, as an
-    /// import's merges keep (`Store::compact_all`): an hour an import wrote
-    /// in one part is not merged, and two files of one import that share
-    /// samples would leave that part with each of them twice. The agent's
-    /// own rows keep every row.
-    pub one_row_per_instant: bool,
+    /// The table (`vtax import`'s `scraped`) whose rows are published one per
+    /// series and instant, the first to arrive, as an import's merges keep
+    /// them (`Store::compact_all`): an hour an import wrote in one part is
+    /// not merged, and two files of one import that share samples would
+    /// leave that part with each of them twice. Every other table keeps
+    /// every row: the agent's own rows found in the WAL are published as the
+    /// agent wrote them.
+    pub one_row_per_instant: Option<&'static str>,
 }
 
 impl StoreOptions {
@@ -93,7 +95,7 @@ impl StoreOptions {
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
             wal_max_backlog_bytes: wal::DEFAULT_MAX_BACKLOG_BYTES,
             max_merge_inputs: DEFAULT_MAX_MERGE_INPUTS,
-            one_row_per_instant: false,
+            one_row_per_instant: None,
         }
     }
 }
@@ -585,8 +587,8 @@ impl Store {
             .clock_us
             .is_some_and(|now| !self.hour_over(bucket.hour, now));
         let options = self.write_options(running);
-        let mut columns =
-            crate::bucket::BucketColumns::new(bucket, self.options.one_row_per_instant);
+        let one_row_per_instant = self.options.one_row_per_instant == Some(bucket.table.name);
+        let mut columns = crate::bucket::BucketColumns::new(bucket, one_row_per_instant);
         let repeats = bucket.rows() - columns.rows();
         let published = files::publish(
             &self.options.data_dir,
