@@ -198,6 +198,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         }
         std::thread::sleep(STORE_TICK);
+        collectors.check_stuck(&exposition, &sender);
         if watchdog_interval.is_some_and(|every| last_watchdog.elapsed() >= every) {
             let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             last_watchdog = Instant::now();

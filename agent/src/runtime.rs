@@ -4,7 +4,8 @@
 //! exposition directly; a collector that fails loses only its own tick.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -26,13 +27,71 @@ struct Running {
     name: &'static str,
     stopper: Arc<Stopper>,
     thread: JoinHandle<Box<dyn Collector>>,
+    watch: Arc<Watch>,
+    interval: Duration,
+    /// A call this long is stuck: [`STUCK_AFTER`], and at least
+    /// [`STUCK_INTERVALS`] of its intervals.
+    stuck_after: Duration,
+    /// When it was last reported stuck ([`CollectorSet::check_stuck`]), while it is.
+    stuck_reported: Option<Instant>,
 }
 
 impl Running {
-    /// Stops the thread and waits for it; the collector, unless it panicked.
+    /// Stops the thread and waits for it, at most [`STOP_WAIT`]; the
+    /// collector, unless it panicked or is stuck in a read (it is then left
+    /// behind, and what that read returns is dropped).
     fn stop(self) -> Option<Box<dyn Collector>> {
         self.stopper.stop();
+        let deadline = Instant::now() + STOP_WAIT;
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !self.thread.is_finished() {
+            self.watch.abandoned.store(true, Ordering::SeqCst);
+            tracing::error!(
+                collector = self.name,
+                wait_secs = STOP_WAIT.as_secs(),
+                "Collector stuck in a read did not stop; left behind (a read of a source that never returns: a driver, a FIFO)."
+            );
+            return None;
+        }
         self.thread.join().ok()
+    }
+}
+
+/// How long a stop waits for a collector's thread: a read that never
+/// returns (a sysfs file of a wedged driver, NVML's init on a GPU that
+/// fell off the bus) must not keep the agent from stopping, publishing its
+/// rows, or reloading.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// A collector in one call (probe or tick) for this long, and at least
+/// [`STUCK_INTERVALS`] of its intervals, is stuck: a tick that overruns is
+/// slow, one that does not return is not a reading.
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+const STUCK_INTERVALS: u32 = 3;
+
+/// What the agent sees of a collector's thread from outside.
+#[derive(Default)]
+struct Watch {
+    /// When the probe or tick it is in began; `None` between them.
+    busy_since: Mutex<Option<Instant>>,
+    /// Left behind by a stop that could not wait for it: what its call
+    /// returns is dropped, since another collector may have taken its place.
+    abandoned: AtomicBool,
+}
+
+impl Watch {
+    /// Runs one probe or tick, marked busy meanwhile; `None` when the
+    /// thread was left behind during it.
+    fn call<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        *self.busy_since.lock().expect("not poisoned") = Some(Instant::now());
+        let out = f();
+        // Cleared before anything is published: `check_stuck` takes a
+        // collector's series off `/metrics` while holding this lock, so
+        // fresh values are never taken off after the call returned.
+        *self.busy_since.lock().expect("not poisoned") = None;
+        (!self.abandoned.load(Ordering::SeqCst)).then_some(out)
     }
 }
 
@@ -160,48 +219,18 @@ impl CollectorSet {
                 }
                 collector.resume(&latest);
             }
-            let time_us = now_us();
-            let started = Instant::now();
-            let probed = collector.probe();
-            match &probed {
-                Availability::Available(found) => {
-                    tracing::info!(collector = name, %found, "Collector enabled.");
-                }
-                Availability::Absent(reason) => {
-                    remove_series(exposition, name);
-                    end_series(rows, name);
-                    tracing::info!(
-                        collector = name,
-                        %reason,
-                        reprobe_secs = ABSENT_REPROBE_SECS,
-                        "Collector waiting: its source is absent; it is probed again every reprobe_secs."
-                    );
-                }
-                Availability::Failed(error) => {
-                    exposition.remove(name);
-                    end_series(rows, name);
-                    tracing::warn!(
-                        collector = name,
-                        %error,
-                        reprobe_max_secs = FAILED_REPROBE_MAX_SECS,
-                        "Collector's source reads badly; it is probed again, backing off to reprobe_max_secs, the rest of the agent carries on."
-                    );
-                    publish_status(
-                        exposition,
-                        rows,
-                        name,
-                        status_row(name, time_us, started.elapsed(), false, 0),
-                    );
-                }
-            }
             let interval = Duration::from_secs_f64(common.interval_secs());
             let stopper = Arc::new(Stopper::default());
+            let watch = Arc::new(Watch::default());
+            // Probed on its own thread: a probe that never returns (NVML's
+            // init on a wedged GPU) holds up only its own collector.
             let thread = spawn_collector(
                 collector,
-                probed,
+                None,
                 first_tick,
                 interval,
                 stopper.clone(),
+                watch.clone(),
                 exposition.clone(),
                 rows.clone(),
             );
@@ -209,20 +238,66 @@ impl CollectorSet {
                 name,
                 stopper,
                 thread,
+                watch,
+                interval,
+                stuck_after: STUCK_AFTER.max(interval * STUCK_INTERVALS),
+                stuck_reported: None,
             });
             self.running.push(name);
         }
     }
 
-    /// Stops every collector thread and waits for them; their series leave `/metrics`.
+    /// Stops every collector thread and waits for them, each at most
+    /// [`STOP_WAIT`] from now; their series leave `/metrics`.
     pub fn stop(self, exposition: &Exposition) {
         for running in &self.collectors {
             running.stopper.stop();
         }
         for running in self.collectors {
             let name = running.name;
-            let _ = running.thread.join();
+            let _ = running.stop();
             remove_series(exposition, name);
+        }
+    }
+
+    /// Reports each collector whose probe or tick has not returned for
+    /// [`STUCK_AFTER`] (and [`STUCK_INTERVALS`] of its intervals): its
+    /// series leave `/metrics` (the values there are from before the read,
+    /// not of now; remote write ends them), and a status row with
+    /// `success` 0 says it is failing, again every interval while it is.
+    /// Logged once when it sticks and once when it returns. Call it often
+    /// (the main loop does, every store tick).
+    pub fn check_stuck(&mut self, exposition: &Exposition, rows: &RowSender) {
+        for running in &mut self.collectors {
+            let name = running.name;
+            let busy_since = running.watch.busy_since.lock().expect("not poisoned");
+            match *busy_since {
+                Some(since) if since.elapsed() >= running.stuck_after => {
+                    let due = running
+                        .stuck_reported
+                        .is_none_or(|at| at.elapsed() >= running.interval);
+                    if !due {
+                        continue;
+                    }
+                    if running.stuck_reported.is_none() {
+                        tracing::error!(
+                            collector = name,
+                            stuck_secs = since.elapsed().as_secs(),
+                            "Collector stuck: a read has not returned (a driver or a file that blocks); its series are off /metrics and it reports failing until it returns."
+                        );
+                        exposition.remove(name);
+                        end_series(rows, name);
+                    }
+                    let status = status_row(name, now_us(), since.elapsed(), false, 0);
+                    publish_status(exposition, rows, name, status);
+                    running.stuck_reported = Some(Instant::now());
+                }
+                None if running.stuck_reported.is_some() => {
+                    tracing::info!(collector = name, "Collector's stuck read returned.");
+                    running.stuck_reported = None;
+                }
+                _ => {}
+            }
         }
     }
 }
@@ -252,14 +327,16 @@ fn publish_status(exposition: &Exposition, rows: &RowSender, name: &str, status:
 }
 
 /// Runs `collector` on its own thread, named after it, until `stopper` stops;
-/// `probed` is what its probe said: a collector whose source was not there
-/// waits for it first.
+/// `probed` is what its probe said, `None` to probe it first on the thread:
+/// a collector whose source was not there waits for it first.
+#[allow(clippy::too_many_arguments)]
 fn spawn_collector(
     collector: Box<dyn Collector>,
-    probed: Availability,
+    probed: Option<Availability>,
     first_tick: (i64, Instant),
     interval: Duration,
     stopper: Arc<Stopper>,
+    watch: Arc<Watch>,
     exposition: Arc<Exposition>,
     rows: RowSender,
 ) -> JoinHandle<Box<dyn Collector>> {
@@ -272,11 +349,64 @@ fn spawn_collector(
                 first_tick,
                 interval,
                 &stopper,
+                &watch,
                 &exposition,
                 &rows,
             )
         })
         .expect("spawn a collector thread")
+}
+
+/// A collector's first probe, logged; a source that reads badly is failing
+/// on `/metrics` at once.
+fn first_probe(
+    collector: &mut dyn Collector,
+    watch: &Watch,
+    exposition: &Exposition,
+    rows: &RowSender,
+) -> Option<Availability> {
+    let name = collector.name();
+    let time_us = now_us();
+    let started = Instant::now();
+    let probed = watch.call(|| probe(collector))?;
+    match &probed {
+        Availability::Available(found) => {
+            tracing::info!(collector = name, %found, "Collector enabled.");
+        }
+        Availability::Absent(reason) => {
+            remove_series(exposition, name);
+            end_series(rows, name);
+            tracing::info!(
+                collector = name,
+                %reason,
+                reprobe_secs = ABSENT_REPROBE_SECS,
+                "Collector waiting: its source is absent; it is probed again every reprobe_secs."
+            );
+        }
+        Availability::Failed(error) => {
+            exposition.remove(name);
+            end_series(rows, name);
+            tracing::warn!(
+                collector = name,
+                %error,
+                reprobe_max_secs = FAILED_REPROBE_MAX_SECS,
+                "Collector's source reads badly; it is probed again, backing off to reprobe_max_secs, the rest of the agent carries on."
+            );
+            publish_status(
+                exposition,
+                rows,
+                name,
+                status_row(name, time_us, started.elapsed(), false, 0),
+            );
+        }
+    }
+    Some(probed)
+}
+
+/// Probes `collector`; a panic is a probe that failed.
+fn probe(collector: &mut dyn Collector) -> Availability {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.probe()))
+        .unwrap_or_else(|_| Availability::Failed("the collector panicked while probing".into()))
 }
 
 /// How long to wait before probing again a collector whose probe said
@@ -306,6 +436,7 @@ fn wait_for_source(
     collector: &mut dyn Collector,
     mut probed: Availability,
     stopper: &Stopper,
+    watch: &Watch,
     exposition: &Exposition,
     rows: &RowSender,
 ) -> bool {
@@ -323,10 +454,9 @@ fn wait_for_source(
         }
         let time_us = now_us();
         let started = Instant::now();
-        let now = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.probe()))
-            .unwrap_or_else(|_| {
-                Availability::Failed("the collector panicked while probing".into())
-            });
+        let Some(now) = watch.call(|| probe(collector)) else {
+            return true;
+        };
         match (&probed, &now) {
             (_, Availability::Available(found)) => {
                 tracing::info!(collector = name, %found, "Collector enabled: its source is there and reads well.");
@@ -354,12 +484,14 @@ fn wait_for_source(
 }
 
 /// Ticks `collector` until `stopper` stops; hands it back.
+#[allow(clippy::too_many_arguments)]
 fn collector_loop(
     mut collector: Box<dyn Collector>,
-    probed: Availability,
+    probed: Option<Availability>,
     first_tick: (i64, Instant),
     interval: Duration,
     stopper: &Stopper,
+    watch: &Watch,
     exposition: &Exposition,
     rows: &RowSender,
 ) -> Box<dyn Collector> {
@@ -370,8 +502,15 @@ fn collector_loop(
     let mut sources = SourceLog::default();
     let interval_us = (interval.as_micros() as i64).max(1);
     let (mut grid_us, mut first) = first_tick;
+    let probed = match probed {
+        Some(probed) => probed,
+        None => match first_probe(collector.as_mut(), watch, exposition, rows) {
+            Some(probed) => probed,
+            None => return collector,
+        },
+    };
     if !matches!(probed, Availability::Available(_)) {
-        if wait_for_source(collector.as_mut(), probed, stopper, exposition, rows) {
+        if wait_for_source(collector.as_mut(), probed, stopper, watch, exposition, rows) {
             return collector;
         }
         (grid_us, first) = next_grid(1_000_000, i64::MIN);
@@ -387,9 +526,13 @@ fn collector_loop(
         let started = Instant::now();
         // A collector must not panic on what it reads; if one does anyway, the
         // agent keeps running and reports the tick as failed.
-        let result =
+        let tick = watch.call(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.collect(time_us)))
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the collector panicked")));
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the collector panicked")))
+        });
+        let Some(result) = tick else {
+            return collector;
+        };
         let duration = started.elapsed();
         let mut failed_sources = 0;
         let success = match result {
@@ -630,10 +773,11 @@ mod tests {
             Box::new(Leading {
                 ticks_us: ticks_us.clone(),
             }),
-            Availability::Available(String::new()),
+            Some(Availability::Available(String::new())),
             next_grid(200_000, i64::MIN),
             Duration::from_millis(200),
             stopper.clone(),
+            Arc::default(),
             Exposition::new(&[]),
             rows,
         );
@@ -719,10 +863,11 @@ mod tests {
         let (rows, received) = vtax_store::hub::channel(64);
         let thread = spawn_collector(
             collector,
-            probed,
+            Some(probed),
             next_grid(1_000_000, i64::MIN),
             Duration::from_millis(100),
             stopper.clone(),
+            Arc::default(),
             exposition.clone(),
             rows,
         );
@@ -785,6 +930,133 @@ mod tests {
         );
     }
 
+    /// Its second tick blocks until `release` is sent (a read of a wedged
+    /// driver's file, a FIFO), then returns a row.
+    struct Blocking {
+        ticks: usize,
+        release: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl Collector for Blocking {
+        fn name(&self) -> &'static str {
+            "blocking"
+        }
+        fn probe(&mut self) -> Availability {
+            Availability::Available(String::new())
+        }
+        fn collect(&mut self, time_us: i64) -> anyhow::Result<Vec<Batch>> {
+            self.ticks += 1;
+            if self.ticks == 2 {
+                let _ = self.release.recv();
+            }
+            Ok(vec![status_row(
+                "blocking",
+                time_us,
+                Duration::ZERO,
+                true,
+                0,
+            )])
+        }
+    }
+
+    /// A tick that never returns: the collector's values leave `/metrics`
+    /// (they are of before the read), it reports failing, a stop does not
+    /// wait for it for ever, and what the read returns once it does is
+    /// dropped.
+    #[test]
+    fn a_collector_stuck_in_a_read_is_reported_and_left_behind_at_stop() {
+        let (release, blocked) = std::sync::mpsc::channel();
+        let exposition = Exposition::new(&[&runtime_tables::COLLECTOR]);
+        let renderer = {
+            let exposition = exposition.clone();
+            std::thread::spawn(move || exposition.run_renderer(Duration::from_millis(1)))
+        };
+        let stopper = Arc::new(Stopper::default());
+        let watch = Arc::new(Watch::default());
+        let (rows, received) = vtax_store::hub::channel(64);
+        let interval = Duration::from_millis(100);
+        let thread = spawn_collector(
+            Box::new(Blocking {
+                ticks: 0,
+                release: blocked,
+            }),
+            None,
+            next_grid(100_000, i64::MIN),
+            interval,
+            stopper.clone(),
+            watch.clone(),
+            exposition.clone(),
+            rows.clone(),
+        );
+        let mut set = CollectorSet {
+            collectors: vec![Running {
+                name: "blocking",
+                stopper,
+                thread,
+                watch: watch.clone(),
+                interval,
+                stuck_after: Duration::from_millis(500),
+                stuck_reported: None,
+            }],
+            running: vec!["blocking"],
+        };
+        // Whether /metrics shows it succeeding, and failing, within 10 s.
+        let shows = |succeeding: bool, failing: bool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let body = exposition.body(vtax_exporters::Format::Text, false);
+                let text = String::from_utf8_lossy(&body);
+                let now = (
+                    text.contains("vtax_collector_success{collector=\"blocking\"} 1"),
+                    text.contains("vtax_collector_success{collector=\"blocking\"} 0"),
+                );
+                if now == (succeeding, failing) || Instant::now() >= deadline {
+                    return now == (succeeding, failing);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        assert!(shows(true, false), "never showed its first tick");
+        // Blocked in its second tick: still shown as it was, until stuck.
+        while watch
+            .busy_since
+            .lock()
+            .unwrap()
+            .is_none_or(|s| s.elapsed() < Duration::from_millis(600))
+        {
+            assert!(Instant::now() < deadline, "never blocked");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        set.check_stuck(&exposition, &rows);
+        assert!(shows(false, true), "stale values taken off, failing");
+        let failing = received
+            .try_iter()
+            .flat_map(|sent| sent.rows)
+            .filter(|b| b.table.name == "collector")
+            .any(|b| matches!(&b.fields[1].values, vtax_store::batch::Values::I64(v) if v[0] == 0));
+        assert!(failing, "a status row with success 0 for the store");
+
+        let stopping = Instant::now();
+        set.stop(&exposition);
+        let waited = stopping.elapsed();
+        assert!(
+            waited >= STOP_WAIT && waited < STOP_WAIT + Duration::from_secs(5),
+            "{waited:?}"
+        );
+        assert!(watch.abandoned.load(Ordering::SeqCst));
+        // The read returns after all: its row is dropped, not shown.
+        release.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(shows(false, false));
+        assert!(
+            received.try_iter().all(|sent| sent.rows.is_empty()),
+            "nothing sent after it was left behind"
+        );
+        exposition.close();
+        renderer.join().unwrap();
+    }
+
     #[test]
     fn a_collector_that_overran_its_interval_ticks_on_the_grid_again() {
         let ticks_us = Arc::new(Mutex::new(Vec::new()));
@@ -796,10 +1068,11 @@ mod tests {
         let first_tick = next_grid(1_000_000, i64::MIN);
         let thread = spawn_collector(
             collector,
-            Availability::Available(String::new()),
+            Some(Availability::Available(String::new())),
             first_tick,
             Duration::from_millis(200),
             stopper.clone(),
+            Arc::default(),
             Exposition::new(&[]),
             rows,
         );

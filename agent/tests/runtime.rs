@@ -626,6 +626,55 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
     assert!(agent.stop());
 }
 
+/// A source whose read never returns (a FIFO here; a sysfs file of a wedged
+/// driver, NVML's init on a GPU that fell off the bus in the field) holds up
+/// only its own collector: the others start and read, the stuck one reports
+/// failing instead of showing what it read before, and the agent still stops.
+#[test]
+fn a_read_that_never_returns_holds_up_only_its_collector() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    copy_tree(&common::fixtures().join("vm-node"), &root);
+    let loadavg = root.join("proc/loadavg");
+    std::fs::remove_file(&loadavg).unwrap();
+    let made = Command::new("mkfifo").arg(&loadavg).status().unwrap();
+    assert!(made.success());
+    let agent = Agent::start(&[
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--path.procfs",
+        root.join("proc").to_str().unwrap(),
+        "--path.sysfs",
+        root.join("sys").to_str().unwrap(),
+        "--no-collector.jitter",
+    ]);
+    wait_until(
+        "block and netdev to read, host to report failing",
+        Duration::from_secs(40),
+        || {
+            let body = agent.get("/metrics", &[]).text();
+            success(&body, "block").as_deref() == Some("1")
+                && success(&body, "netdev").as_deref() == Some("1")
+                && success(&body, "host").as_deref() == Some("0")
+        },
+    );
+    let body = agent.get("/metrics", &[]).text();
+    assert!(!body.contains("vtax_memory_total_bytes"), "{body}");
+    let stopping = Instant::now();
+    let mut agent = agent;
+    agent.signal(libc::SIGTERM);
+    let status = agent.child.wait().unwrap();
+    assert!(status.success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "stopped in {:?}",
+        stopping.elapsed()
+    );
+    let log = agent.log();
+    assert!(log.contains("Collector stuck"), "{log}");
+    assert!(log.contains("left behind"), "{log}");
+}
+
 /// Under systemd (`Type=notify`, `WatchdogSec=`), the agent says READY=1 once
 /// it serves, feeds the watchdog at half its timeout, and says STOPPING=1.
 #[test]
