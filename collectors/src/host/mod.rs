@@ -92,13 +92,13 @@ impl Collector for Host {
     }
 
     fn probe(&mut self) -> Availability {
+        // No /proc/stat is no procfs there (a wrong --path.procfs); one that
+        // reads badly costs its own rows, as after the start.
         let stat = self.roots.proc("stat");
-        if let Err(e) = std::fs::read_to_string(&stat) {
-            let reason = format!("{}: {e}", stat.display());
-            return match e.kind() {
-                std::io::ErrorKind::NotFound => Availability::Absent(reason),
-                _ => Availability::Failed(reason),
-            };
+        if let Err(e) = std::fs::symlink_metadata(&stat) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                return Availability::Absent(format!("{}: {e}", stat.display()));
+            }
         }
         match sample(&self.roots, 0, self.hz) {
             Ok(sample) => {

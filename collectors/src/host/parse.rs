@@ -138,7 +138,10 @@ pub fn sample(roots: &Roots, time_us: i64, hz: f64) -> Result<Sample, ParseError
 
     let path = roots.proc("meminfo");
     match read(&path).and_then(|text| parse_meminfo(&text, &path.display().to_string(), time_us)) {
-        Ok(memory) => batches.push(memory),
+        Ok((memory, skipped)) => {
+            batches.push(memory);
+            skipped.into_iter().for_each(|e| failed(e, &mut errors));
+        }
         Err(e) => failed(e, &mut errors),
     }
 
@@ -365,56 +368,71 @@ pub(super) fn parse_loadavg(text: &str, path: &str, time_us: i64) -> Result<Batc
 }
 
 /// Parses `/proc/meminfo`: `Key:   <n> kB` lines, or a bare count for huge pages.
-pub(super) fn parse_meminfo(text: &str, path: &str, time_us: i64) -> Result<Batch, ParseError> {
+pub(super) fn parse_meminfo(
+    text: &str,
+    path: &str,
+    time_us: i64,
+) -> Result<(Batch, Vec<ParseError>), ParseError> {
     let mut row = MemoryRow::default();
+    let mut skipped = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let fail = |reason: String| fail(path, n + 1, reason);
-        let (key, rest) = line
-            .split_once(':')
-            .ok_or_else(|| fail(format!("{line:?} is not 'Key: value'")))?;
-        let mut words = rest.split_ascii_whitespace();
-        let word = words
-            .next()
-            .ok_or_else(|| fail(format!("{key} has no value")))?;
-        let number = parse_u64(word, "number").map_err(fail)?;
-        let (value, unit) = match words.next() {
-            None => (number, MemUnit::Count),
-            Some("kB") => (
-                number.checked_mul(1024).ok_or_else(|| {
-                    fail(format!("{key}: {number} kB overflows 64 bits in bytes"))
-                })?,
-                MemUnit::KiB,
-            ),
-            Some(other) => return Err(fail(format!("{key}: unknown unit {other:?}"))),
+        let Some((key, rest)) = line.split_once(':') else {
+            skipped.push(fail(path, n + 1, format!("{line:?} is not 'Key: value'")));
+            continue;
         };
-        if let Some(extra) = words.next() {
-            return Err(fail(format!("{key}: unexpected {extra:?} after the value")));
-        }
+        // Only the lines stored are read: a kernel's new line, or an odd
+        // value in one vtax does not keep, costs nothing.
         let Some((_, want, field)) = MEMINFO.iter().find(|(k, _, _)| *k == key) else {
             continue;
         };
-        match (want, unit) {
-            (MemUnit::KiB, MemUnit::Count) => {
-                return Err(fail(format!("{key}: no kB unit after the value")))
-            }
-            (MemUnit::Count, MemUnit::KiB) => return Err(fail(format!("{key}: a count, not kB"))),
-            _ => {}
+        // One that does not read costs its own field, not the row.
+        match meminfo_value(key, rest, *want) {
+            Ok(value) => *field(&mut row) = Some(value),
+            Err(reason) => skipped.push(fail(path, n + 1, reason)),
         }
-        *field(&mut row) = Some(value);
     }
     for (key, _, field) in MEMINFO {
         if MEMINFO_REQUIRED.contains(key) && field(&mut row).is_none() {
-            return Err(fail(path, 0, format!("no {key} line")));
+            // A required line that did not read says why; so does a line
+            // that did not read at all (a truncated file's last).
+            let own = skipped
+                .iter()
+                .position(|e| e.reason.starts_with(&format!("{key}:")));
+            return Err(match own.or((!skipped.is_empty()).then_some(0)) {
+                Some(at) => skipped.swap_remove(at),
+                None => fail(path, 0, format!("no {key} line")),
+            });
         }
     }
     let mut builder = BatchBuilder::new(&MEMORY);
     builder
         .push_row(time_us, &row)
         .map_err(|e| fail(path, 0, e.to_string()))?;
-    Ok(builder.finish())
+    Ok((builder.finish(), skipped))
+}
+
+/// The value of a `/proc/meminfo` line after its `Key:`, in bytes for a `kB`
+/// line (`want`), as a count for the unitless ones (`HugePages_Total`).
+fn meminfo_value(key: &str, rest: &str, want: MemUnit) -> Result<u64, String> {
+    let mut words = rest.split_ascii_whitespace();
+    let word = words.next().ok_or_else(|| format!("{key}: no value"))?;
+    let number = parse_u64(word, "number").map_err(|e| format!("{key}: {e}"))?;
+    let value = match (words.next(), want) {
+        (None, MemUnit::Count) => number,
+        (Some("kB"), MemUnit::KiB) => number
+            .checked_mul(1024)
+            .ok_or_else(|| format!("{key}: {number} kB overflows 64 bits in bytes"))?,
+        (None, MemUnit::KiB) => return Err(format!("{key}: no kB unit after the value")),
+        (Some("kB"), MemUnit::Count) => return Err(format!("{key}: a count, not kB")),
+        (Some(other), _) => return Err(format!("{key}: unknown unit {other:?}")),
+    };
+    if let Some(extra) = words.next() {
+        return Err(format!("{key}: unexpected {extra:?} after the value"));
+    }
+    Ok(value)
 }
 
 /// Parses one `/proc/pressure/<resource>` file into a [`PRESSURE`] row:

@@ -614,7 +614,7 @@ fn truncated_lines_fail_naming_file_and_line() {
         ":1: \"3\" is not runnable/total",
     );
     assert_garbage("meminfo", "MemTotal:       24682416 kB\nMemFr", ":2: ");
-    assert_garbage("meminfo", "MemTotal:\n", ":1: MemTotal has no value");
+    assert_garbage("meminfo", "MemTotal:\n", ":1: MemTotal: no value");
     assert_garbage(
         "pressure/cpu",
         "some avg10=4.50 avg60=3.74 avg300=3.71 total=537802659\nfull avg10=0.00 avg6",
@@ -654,7 +654,7 @@ fn non_numbers_fail_naming_file_and_line() {
     assert_garbage(
         "meminfo",
         "MemTotal:       2468x416 kB\n",
-        ":1: \"2468x416\" is not a number",
+        ":1: MemTotal: \"2468x416\" is not a number",
     );
     assert_garbage(
         "meminfo",
@@ -719,6 +719,46 @@ fn overflows_fail_naming_file_and_line() {
         ":2: \"18446744073709551616\" overflows",
     );
     assert_garbage("schedstat", "version 99999999999\n", ":1: ");
+}
+
+/// A `/proc/meminfo` line vtax does not store is not read (a new kernel's
+/// key, an odd unit): node_exporter keeps every series there, and so does
+/// vtax. A stored line that does not read
+/// costs its own field and is named.
+#[test]
+fn an_odd_meminfo_line_costs_at_most_its_own_field() {
+    let text = "MemTotal:       24682416 kB\nMemFree:        1000 kB\n\
+        Committed_AS:   18446744073709551615 kB\nDirectMap4k:    -1 kB\n\
+        NewKey:         7 pages\nCached:         12x kB\nBuffers:        5 kB\n";
+    let (batch, skipped) = parse_meminfo(text, "/proc/meminfo", 7).unwrap();
+    assert_eq!(value(&batch, None, "total_bytes"), Some(Value::U64(24682416 * 1024)));
+    assert_eq!(value(&batch, None, "buffers_bytes"), Some(Value::U64(5 * 1024)));
+    assert_eq!(value(&batch, None, "cached_bytes"), None);
+    let skipped: Vec<String> = skipped.iter().map(|e| e.to_string()).collect();
+    // An underflowed Committed_AS (old kernels) is no figure: left null.
+    assert_eq!(
+        skipped,
+        [
+            "/proc/meminfo:3: Committed_AS: 18446744073709551615 kB overflows 64 bits in bytes",
+            "/proc/meminfo:6: Cached: \"12x\" is not a number"
+        ]
+    );
+}
+
+/// An unreadable `/proc/stat` at the start (a directory here) costs its own
+/// rows, as after the start, not the whole collector.
+#[test]
+fn an_unreadable_stat_at_start_costs_only_its_rows() {
+    let (dir, roots) = copy_of("vm-node", VM_FILES);
+    let stat = dir.path().join("proc/stat");
+    std::fs::remove_file(&stat).unwrap();
+    std::fs::create_dir(&stat).unwrap();
+    let mut host = Host::new(&HostConfig::default(), &roots);
+    assert!(matches!(host.probe(), Availability::Available(_)));
+    let batches = host.collect(7).unwrap();
+    assert!(batches.iter().any(|b| b.table.name == MEMORY.name));
+    assert!(!batches.iter().any(|b| b.table.name == CPU.name));
+    assert_eq!(host.source_errors().len(), 1);
 }
 
 #[test]
