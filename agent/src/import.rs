@@ -59,18 +59,20 @@ const IMPORT_FUTURE_SLACK_US: i64 = 24 * 3600 * 1_000_000;
 const YEAR_1971_US: i64 = 365 * 24 * 3600 * 1_000_000;
 
 /// Why a sample's time cannot be a measurement's, or None: before 1970, in
-/// 1970 in Prometheus text, or more than a day after `now_us`. Each is what
+/// 1970 unless `may_be_1970`, or more than a day after `now_us`. Each is what
 /// a timestamp in the wrong unit gives (Unix seconds where Prometheus text
 /// wants milliseconds land in January 1970, microseconds tens of millennia
 /// ahead), and a store would file the rows under a day no query or
-/// retention looks at. OpenMetrics takes seconds, so no slip lands it in
-/// 1970, and its times there are kept as Prometheus keeps them.
-fn implausible_time(time_us: i64, now_us: i64, format: Format) -> Option<String> {
+/// retention looks at. OpenMetrics takes seconds, so no slip lands its
+/// timestamps in 1970, and they are kept there as Prometheus keeps them; a
+/// file's modification time in 1970 (a Nix store's, a reproducible
+/// archive's) is no sample's time in either format.
+fn implausible_time(time_us: i64, now_us: i64, may_be_1970: bool) -> Option<String> {
     const YEAR_US: f64 = 365.2425 * 24.0 * 3600.0 * 1e6;
     let year = (1970.0 + time_us as f64 / YEAR_US).floor();
     if time_us < 0 {
         Some(format!("before 1970 (the year {year:.0})"))
-    } else if time_us < YEAR_1971_US && format == Format::PrometheusText {
+    } else if time_us < YEAR_1971_US && !may_be_1970 {
         let day = time_us / vtax_store::DAY_US + 1;
         Some(format!("in 1970 (its day {day})"))
     } else if time_us > now_us.saturating_add(IMPORT_FUTURE_SLACK_US) {
@@ -154,13 +156,22 @@ fn for_each_sample(
         if line.last() == Some(&b'\n') {
             line.pop();
         }
-        let text = std::str::from_utf8(&line).map_err(|_| {
-            anyhow::anyhow!("{}:{}: not UTF-8", path.display(), parser.line_number() + 1)
-        })?;
+        let text = match std::str::from_utf8(&line) {
+            Ok(text) => text,
+            // A plain comment is skipped unread, whatever its bytes, as
+            // Prometheus and the scrape skip it.
+            Err(_) if is_plain_comment(&line) => "#",
+            Err(_) => bail!(
+                "{}:line {}: not UTF-8",
+                path.display(),
+                parser.line_number() + 1
+            ),
+        };
         match parser.parse_line(text) {
             Ok(Some(sample)) => {
                 let time_us = sample.timestamp_us.unwrap_or(default_time_us);
-                if let Some(when) = implausible_time(time_us, now_us, format) {
+                let may_be_1970 = format == Format::OpenMetrics && sample.timestamp_us.is_some();
+                if let Some(when) = implausible_time(time_us, now_us, may_be_1970) {
                     let why = match sample.timestamp_us {
                         Some(_) if time_us < 0 => {
                             format!("its timestamp is {when}, no measurement's time")
@@ -193,6 +204,16 @@ fn for_each_sample(
         .finish()
         .map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))?;
     Ok(samples)
+}
+
+/// Whether a line is a comment that says nothing to a parser: `#` but not
+/// `# HELP`, `# TYPE`, `# UNIT` or `# EOF`.
+fn is_plain_comment(line: &[u8]) -> bool {
+    let line = line.trim_ascii_start();
+    line.starts_with(b"#")
+        && !["# HELP ", "# TYPE ", "# UNIT ", "# EOF"]
+            .iter()
+            .any(|marker| line.starts_with(marker.as_bytes()))
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {

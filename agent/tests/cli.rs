@@ -231,6 +231,45 @@ fn an_import_says_what_it_left_out_and_refuses_a_pipe() {
     assert!(!dir.path().join("piped2").exists(), "nothing written");
 }
 
+/// Files as exporters and build systems leave them: a `.prom` file (the
+/// textfile collector's) with a `# UNIT` comment is Prometheus text, as
+/// Prometheus reads it; a plain comment with bytes that are not UTF-8 is
+/// skipped, as Prometheus and the scrape skip it; and an untimestamped
+/// OpenMetrics file whose modification time is in 1970 (a Nix store's)
+/// is refused rather than filed under 1970.
+#[test]
+fn an_import_reads_files_as_prometheus_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let unit = dir.path().join("unit.prom");
+    std::fs::write(&unit, "# UNIT m seconds\nm 1 1796600000000\n").unwrap();
+    let comment = dir.path().join("comment.prom");
+    let mut text = b"# made by \xff\xfe\n".to_vec();
+    text.extend_from_slice(b"k 2 1796600000000\n");
+    std::fs::write(&comment, text).unwrap();
+    let out = import(&data, &[&unit, &comment]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("Imported 2 samples"), "{stderr}");
+
+    let nix = dir.path().join("nix.om");
+    std::fs::write(&nix, "a 1\n# EOF\n").unwrap();
+    let touched = Command::new("touch")
+        .args(["-d", "@1"])
+        .arg(&nix)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    let out = import(&data, &[&nix]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("no timestamp, and the file's modification time"),
+        "{stderr}"
+    );
+    assert_eq!(scraped_count(&data), 2);
+}
+
 fn hex_le(bits: u64) -> String {
     bits.to_le_bytes()
         .iter()

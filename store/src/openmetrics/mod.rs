@@ -158,7 +158,10 @@ impl Parser {
 
     /// Detects the format from the first bytes of a file and its name.
     ///
-    /// OpenMetrics when any of these holds, otherwise Prometheus text:
+    /// Prometheus text for a name ending in `.prom` (node_exporter's textfile
+    /// collector's, which Prometheus's text parser reads: a `# UNIT` or
+    /// `# EOF` line there is a comment). Else OpenMetrics when any of these
+    /// holds, otherwise Prometheus text:
     /// - the file name ends in `.om` or `.openmetrics` (ASCII case-insensitive);
     /// - a whole line of `first_chunk` (surrounding whitespace ignored) is `# EOF`;
     /// - a line starts with `# UNIT ` (only OpenMetrics has UNIT metadata);
@@ -171,6 +174,9 @@ impl Parser {
     /// wrong), so such a misdetection cannot pass silently.
     pub fn detect(first_chunk: &str, file_name: &str) -> Format {
         let name = file_name.as_bytes();
+        if ends_with_ignore_case(name, b".prom") {
+            return Format::PrometheusText;
+        }
         if ends_with_ignore_case(name, b".om") || ends_with_ignore_case(name, b".openmetrics") {
             return Format::OpenMetrics;
         }
@@ -305,7 +311,7 @@ impl Parser {
         self.error(
             "OpenMetrics `# EOF` marker in input parsed as Prometheus text with timestamped \
              samples: their timestamps would be read as milliseconds instead of seconds; \
-             parse it as OpenMetrics",
+             an OpenMetrics file is read as such when its name ends in .om",
             line,
         )
     }
