@@ -60,6 +60,42 @@ pub fn doctor(args: DoctorArgs) -> Result<()> {
     crate::print_stdout(&out)
 }
 
+/// How long the doctor waits for one collector's probe and read: one that
+/// blocks (NVML's init on a wedged GPU, a file of a hung driver) is named,
+/// not waited for, and the other collectors are still examined.
+const DOCTOR_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// What one collector's probe and read gave.
+struct Examined {
+    probed: Availability,
+    /// The read, when the probe found the source.
+    read: Option<Result<Vec<vtax_store::Batch>>>,
+    source_errors: Vec<crate::collectors::ParseError>,
+    problems: Vec<String>,
+}
+
+/// Probes `collector` and, when its source is there, reads it once, on a
+/// thread of its own; `None` when that has not returned in [`DOCTOR_WAIT`]
+/// (the thread is left behind: the process ends after the report).
+fn examine(mut collector: Box<dyn crate::collectors::Collector>) -> Option<Examined> {
+    let (done, result) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(format!("doctor-{}", collector.name()))
+        .spawn(move || {
+            let probed = collector.probe();
+            let read =
+                matches!(probed, Availability::Available(_)).then(|| collector.collect(now_us()));
+            let _ = done.send(Examined {
+                probed,
+                read,
+                source_errors: collector.source_errors(),
+                problems: collector.problems(),
+            });
+        });
+    thread.ok()?;
+    result.recv_timeout(DOCTOR_WAIT).ok()
+}
+
 /// The report: each collector on or off and why, what it found, and problems.
 pub fn report(config: &Config, config_source: &str) -> String {
     let mut out = String::new();
@@ -98,11 +134,23 @@ pub fn report(config: &Config, config_source: &str) -> String {
             let _ = writeln!(out, "  {name:<11} off  disabled by configuration");
             continue;
         }
-        let mut collector = config
+        let collector = config
             .collectors
             .build(name, &roots)
             .expect("every name builds");
-        match collector.probe() {
+        let Some(examined) = examine(collector) else {
+            let _ = writeln!(
+                out,
+                "  {name:<11} ??   its probe or read did not return in {} s",
+                DOCTOR_WAIT.as_secs()
+            );
+            problems.push(format!(
+                "{name}: a read did not return in {} s (a driver or a file that blocks: a wedged GPU, a hung NFS mount); the agent reports this collector stuck and carries on",
+                DOCTOR_WAIT.as_secs()
+            ));
+            continue;
+        };
+        match examined.probed {
             Availability::Absent(reason) => {
                 let _ = writeln!(
                     out,
@@ -122,8 +170,8 @@ pub fn report(config: &Config, config_source: &str) -> String {
                     "  {name:<11} on   every {}s: {found}",
                     common.interval_secs()
                 );
-                match collector.collect(now_us()) {
-                    Ok(batches) => {
+                match examined.read {
+                    Some(Ok(batches)) => {
                         for batch in &batches {
                             facts.observe(batch);
                         }
@@ -135,14 +183,15 @@ pub fn report(config: &Config, config_source: &str) -> String {
                             ""
                         );
                     }
-                    Err(e) => problems.push(format!("{name}: {e:#}")),
+                    Some(Err(e)) => problems.push(format!("{name}: {e:#}")),
+                    None => {}
                 }
-                for error in collector.source_errors() {
+                for error in examined.source_errors {
                     problems.push(format!(
                         "{name}: {error} (this file's rows are left out, the others are read)"
                     ));
                 }
-                for problem in collector.problems() {
+                for problem in examined.problems {
                     problems.push(format!("{name}: {problem}"));
                 }
             }

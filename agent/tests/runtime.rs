@@ -629,7 +629,8 @@ fn garbage_and_vanishing_sources_fail_only_their_collector() {
 /// A source whose read never returns (a FIFO here; a sysfs file of a wedged
 /// driver, NVML's init on a GPU that fell off the bus in the field) holds up
 /// only its own collector: the others start and read, the stuck one reports
-/// failing instead of showing what it read before, and the agent still stops.
+/// failing instead of showing what it read before, and the agent still stops;
+/// `vtax doctor` names it and examines the others.
 #[test]
 fn a_read_that_never_returns_holds_up_only_its_collector() {
     let dir = tempfile::tempdir().unwrap();
@@ -639,6 +640,22 @@ fn a_read_that_never_returns_holds_up_only_its_collector() {
     std::fs::remove_file(&loadavg).unwrap();
     let made = Command::new("mkfifo").arg(&loadavg).status().unwrap();
     assert!(made.success());
+    let (procfs, sysfs) = (root.join("proc"), root.join("sys"));
+    let paths = [
+        "--path.procfs",
+        procfs.to_str().unwrap(),
+        "--path.sysfs",
+        sysfs.to_str().unwrap(),
+    ];
+    // The doctor names it and goes on to the others.
+    let (ok, stdout, stderr) = vtax(&[&["doctor"][..], &paths[..]].concat());
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("host        ??   its probe or read did not return in 15 s"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("block       on "), "{stdout}");
+
     let agent = Agent::start(&[
         "--data-dir",
         dir.path().join("data").to_str().unwrap(),
