@@ -347,10 +347,13 @@ impl Netdev {
                 .ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .unwrap_or_default();
+            // Through the device link, which any tree has, not through the
+            // interface's own directory, which only the kernel's makes a
+            // link into the device's.
             let place = if is_virtual {
                 Default::default()
             } else {
-                placement(&dir)
+                placement(&device)
             };
             self.interfaces.push(Interface {
                 counters: COUNTER_FILES
