@@ -510,10 +510,18 @@ pub fn compact(args: CompactArgs) -> Result<()> {
     };
     let mut store = Store::open(options, crate::catalog())
         .with_context(|| format!("open store {}", data_dir.display()))?;
-    let compacted = store.compact(now)?;
+    // Rows of a killed agent come back from the WAL buffered, and merges and
+    // retention pass over a day or hour that holds buffered rows: published
+    // first, they are merged and retained as the rest of their day. On a
+    // full disk they cannot be, and retention is what makes room: it goes on
+    // without them, and the close publishes them if it did.
+    if let Err(e) = store.flush() {
+        tracing::warn!(error = %e, "The rows the WAL held could not be published first; merging and retention go on without them.");
+    }
+    let merges = store.compact(now)?;
     let removed = store.apply_retention(now)?;
     store.close()?;
-    eprintln!("Compacted {compacted} day(s); retention removed {removed} file(s).");
+    eprintln!("Merged files {merges} time(s); retention removed {removed} file(s).");
     Ok(())
 }
 

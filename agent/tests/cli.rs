@@ -1015,3 +1015,80 @@ fn store_commands_fail_on_a_missing_data_dir() {
         );
     }
 }
+
+/// Files under `dir`, at any depth, whose names end in `.parquet`.
+fn parquet_files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// A store left by a killed agent holds its last rows in the WAL only:
+/// `vtax compact` publishes them first, so they merge with the rest of
+/// their day, and retention removes them with it rather than leaving a
+/// piece of an expired day behind.
+#[test]
+fn compact_takes_in_the_rows_a_killed_agent_left_in_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = common::Agent::start(&[
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--no-collector.jitter",
+    ]);
+    agent.wait_for_metric("vtax_cpu_user_seconds_total", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(2));
+    let mut agent = agent;
+    agent.child.kill().unwrap();
+    agent.child.wait().unwrap();
+    let rows = common::query_rows(&data, "cpu").len();
+    assert!(rows > 0);
+    let kept = dir.path().join("kept");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&data)
+        .arg(&kept)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+
+    let later = "2099-01-01T00:00:00Z";
+    let out = Command::new(common::VTAX)
+        .args(["compact", "--data-dir"])
+        .arg(&kept)
+        .args(["--now", later])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(common::query_rows(&kept, "cpu").len(), rows);
+    let cpu_files = parquet_files_under(&kept.join("tables/cpu"));
+    assert_eq!(cpu_files.len(), 1, "one file for the day: {cpu_files:?}");
+
+    let out = Command::new(common::VTAX)
+        .args(["compact", "--data-dir"])
+        .arg(&data)
+        .args(["--now", later, "--retention.max-age", "1d"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(common::query_rows(&data, "cpu").is_empty());
+    assert!(parquet_files_under(&data.join("tables")).is_empty());
+}
