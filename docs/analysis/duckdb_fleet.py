@@ -11,7 +11,7 @@ con = duckdb.connect()
 
 def table(name):
     # Two partition levels, node= and date=: both become columns.
-    return f"read_parquet('{FLEET}/tables/{name}/*/*/*.parquet', hive_partitioning = true)"
+    return f"read_parquet('{FLEET}/tables/{name}/*/*/*.parquet', hive_partitioning = true, union_by_name = true)"
 
 
 # One row per node: GPUs, how busy, and while busy (utilisation >= 0.5, as

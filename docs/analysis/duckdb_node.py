@@ -12,7 +12,7 @@ def table(name):
     # hive_partitioning makes `date` a column: a filter on it skips whole days
     # before any file is opened; a filter on `time` skips hours inside a day
     # through the files' row-group and page statistics.
-    return f"read_parquet('{STORE}/tables/{name}/*/*.parquet', hive_partitioning = true)"
+    return f"read_parquet('{STORE}/tables/{name}/*/*.parquet', hive_partitioning = true, union_by_name = true)"
 
 
 # Per GPU over the last hour: how often a kernel ran, and HBM bandwidth

@@ -34,7 +34,7 @@ def peer_group_sql(spec):
 
 
 def table(name):
-    return (f"(SELECT * FROM read_parquet('{FLEET}/tables/{name}/*/*/*.parquet', hive_partitioning = true) "
+    return (f"(SELECT * FROM read_parquet('{FLEET}/tables/{name}/*/*/*.parquet', hive_partitioning = true, union_by_name = true) "
             f"WHERE date >= current_date - {DAYS})")
 
 

@@ -17,7 +17,7 @@ spark = (
     .config("spark.sql.shuffle.partitions", "4")
     .getOrCreate()
 )
-gpu = spark.read.parquet(f"{FLEET}/tables/gpu")
+gpu = spark.read.option("mergeSchema", "true").parquet(f"{FLEET}/tables/gpu")
 gpu.createOrReplaceTempView("gpu")
 
 query = f"""

@@ -35,7 +35,8 @@ spark = (
 )
 for name in ["gpu", "cpu", "jitter", "infiniband_port"]:
     if os.path.isdir(f"{FLEET}/tables/{name}") or "://" in FLEET:
-        spark.read.parquet(f"{FLEET}/tables/{name}").createOrReplaceTempView(name)
+        spark.read.option("mergeSchema", "true").parquet(f"{FLEET}/tables/{name}") \
+            .createOrReplaceTempView(name)
     else:
         # A fleet without the table (no InfiniBand anywhere): no rows of it.
         spark.sql("SELECT * FROM VALUES (CAST(NULL AS STRING)) AS t(node) WHERE false").createOrReplaceTempView(name)
@@ -105,8 +106,10 @@ scores = spark.sql(f"""
 """)
 scores.createOrReplaceTempView("scores")
 
+# The hour as UTC wall time (TIMESTAMP_NTZ): a TIMESTAMP is handed to Python
+# in the driver's local time zone, whatever the session's.
 ranking = spark.sql("""
-    SELECT peer_group, hour, node,
+    SELECT peer_group, CAST(hour AS TIMESTAMP_NTZ) AS hour, node,
            max_by(signal, z) AS why, max(z) AS z,
            max_by(value, z) AS value, max_by(median, z) AS median
     FROM scores WHERE z IS NOT NULL
