@@ -53,7 +53,11 @@ pub struct Frame {
 /// Appends frames and makes them durable.
 pub struct WalWriter {
     dir: PathBuf,
-    file: File,
+    /// The open segment; `None` while one could not be made for a full disk
+    /// (at the store's open, after a kill on a full disk): frames wait in
+    /// `pending`, and a segment is made at the next write.
+    file: Option<File>,
+    /// The open segment's path, or the one the next is to have.
     path: PathBuf,
     file_len: u64,
     /// Frames appended, whole, in sequence order; the first `pending_written`
@@ -79,7 +83,11 @@ pub struct WalWriter {
 }
 
 impl WalWriter {
-    /// Starts a new segment in `dir` whose first frame will be `next_seq`.
+    /// Starts a new segment in `dir` whose first frame will be `next_seq`. A
+    /// disk too full to hold even a new segment is no failure: the writer
+    /// opens without one, as after failed writes, and frames wait in memory
+    /// until a write finds room (the store then runs, serves its rows and
+    /// publishes what space allows, rather than refusing to open).
     pub fn create(
         dir: &Path,
         next_seq: u64,
@@ -87,7 +95,23 @@ impl WalWriter {
         max_backlog_bytes: usize,
     ) -> Result<Self> {
         fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
-        let (file, path) = new_segment(dir, next_seq)?;
+        let (file, path, last_write_error) = match new_segment(dir, next_seq) {
+            Ok((file, path)) => (Some(file), path, None),
+            Err(e) if e.is_disk_full() => {
+                tracing::error!(error = %e, "The disk is full: the WAL has no open segment; rows wait in memory until space appears.");
+                (
+                    None,
+                    FORMAT.segment_path(dir, next_seq),
+                    Some(e.to_string()),
+                )
+            }
+            Err(e) => return Err(e),
+        };
+        let file_len = if file.is_some() {
+            MAGIC.len() as u64
+        } else {
+            0
+        };
         // Segments left from before (replayed, not yet published) count until removed.
         let mut closed_segment_bytes = BTreeMap::new();
         for (_, old) in list_segments(dir)? {
@@ -100,7 +124,7 @@ impl WalWriter {
             dir: dir.to_owned(),
             file,
             path,
-            file_len: MAGIC.len() as u64,
+            file_len,
             pending: Vec::with_capacity(1 << 20),
             pending_written: 0,
             next_seq,
@@ -108,7 +132,7 @@ impl WalWriter {
             written_below: next_seq,
             segment_bytes,
             max_backlog_bytes,
-            last_write_error: None,
+            last_write_error,
             fsync_failed: false,
             closed_segment_bytes,
         })
@@ -149,17 +173,32 @@ impl WalWriter {
     /// cut off, so the segment ends at a frame boundary; the other frames stay
     /// pending for a retry.
     fn write_pending(&mut self) -> Result<()> {
-        let unwritten = &self.pending[self.pending_written..];
-        if unwritten.is_empty() {
+        if self.pending_written == self.pending.len() {
             return Ok(());
         }
+        if self.file.is_none() {
+            // Named after the first frame it will hold.
+            match new_segment(&self.dir, self.written_below) {
+                Ok((file, path)) => {
+                    self.file = Some(file);
+                    self.path = path;
+                    self.file_len = MAGIC.len() as u64;
+                }
+                Err(e) => {
+                    self.last_write_error = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+        let file = self.file.as_mut().expect("made above");
+        let unwritten = &self.pending[self.pending_written..];
         // `write_all` would not say how much landed before an error.
         let mut landed = 0;
         let failed = loop {
             if landed == unwritten.len() {
                 break None;
             }
-            match self.file.write(&unwritten[landed..]) {
+            match file.write(&unwritten[landed..]) {
                 Ok(0) => break Some(std::io::Error::from(std::io::ErrorKind::WriteZero)),
                 Ok(n) => landed += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -174,8 +213,8 @@ impl WalWriter {
             // Cut the partial frame and move the write position back with it,
             // or the retry would leave a gap of zeros before its frames.
             let end = self.file_len + whole_bytes as u64;
-            let _ = self.file.set_len(end);
-            let _ = self.file.seek(SeekFrom::Start(end));
+            let _ = file.set_len(end);
+            let _ = file.seek(SeekFrom::Start(end));
         }
         self.file_len += whole_bytes as u64;
         self.written_below += frames;
@@ -216,7 +255,8 @@ impl WalWriter {
         if self.durable_below < self.next_seq {
             let written = self.write_pending();
             if self.durable_below < self.written_below {
-                if let Err(source) = self.file.sync_data() {
+                let file = self.file.as_ref().expect("frames were written to it");
+                if let Err(source) = file.sync_data() {
                     // The kernel may have dropped the dirty pages: a later fsync of
                     // this file that succeeds would prove nothing. See
                     // `abandon_segment`.
@@ -252,10 +292,10 @@ impl WalWriter {
     /// Closes the open segment and opens the next, starting at `next_seq`.
     fn start_segment(&mut self) -> Result<()> {
         let (file, path) = new_segment(&self.dir, self.next_seq)?;
-        self.file = file;
+        let had_segment = self.file.replace(file).is_some();
         let closed = std::mem::replace(&mut self.path, path);
         // An empty segment is replaced under its own name (see `new_segment`).
-        if closed != self.path {
+        if had_segment && closed != self.path {
             self.closed_segment_bytes.insert(closed, self.file_len);
         }
         self.file_len = MAGIC.len() as u64;

@@ -554,3 +554,54 @@ fn a_backlog_drains_by_what_the_disk_takes_as_space_is_freed() {
     let ids = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
     assert_exactly_once(&ids, &accepted, "after a clean close and reopening");
 }
+
+/// Writes zeros to `path` until the disk refuses more.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut file = fs::File::create(path).unwrap();
+    for size in [64 << 10, 4 << 10, 1] {
+        let chunk = vec![0u8; size];
+        while file.write_all(&chunk).is_ok() {}
+    }
+    let _ = file.sync_all();
+}
+
+/// A kill on a full disk leaves rows in the WAL and no room for a new
+/// segment. The store still opens (an agent that restarts then collects,
+/// serves and detects rather than failing at every restart), keeps the
+/// WAL's rows and takes new ones in memory, and writes them all once space
+/// returns.
+#[test]
+fn a_store_opens_on_a_full_disk_and_writes_once_space_returns() {
+    let Some(tmpfs) = Tmpfs::mount_or_skip("6m") else {
+        return;
+    };
+    let mount = tmpfs.path().to_owned();
+    let data_dir = mount.join("store");
+    let mut o = options(&data_dir);
+    // One segment, holding frames: no empty one to reuse at the next open.
+    o.wal_segment_bytes = 64 << 20;
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    store.append(&batch(0..20_000)).unwrap();
+    store.sync().unwrap();
+    // As a kill: the rows are in the WAL only.
+    drop(store);
+    let filler = mount.join("filler");
+    fill(&filler);
+
+    let mut store = Store::open(o.clone(), catalog()).expect("the store opens on a full disk");
+    store.append(&batch(20_000..21_000)).unwrap();
+    let e = store.sync().expect_err("nothing fits");
+    assert_disk_full_error(&e, &mount, "sync on a full disk");
+    let accepted: Vec<u64> = (0..21_000).collect();
+    let visible = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
+    assert_exactly_once(&visible, &accepted, "the store opened on a full disk");
+
+    fs::remove_file(&filler).unwrap();
+    store.sync().expect("sync succeeds once space returns");
+    assert_wal_replays_cleanly(&data_dir, "after space returned");
+    drop(store);
+    let store = Store::open(o, catalog()).unwrap();
+    let ids = scanned_ids(&store.scan(&scan_all()).unwrap()).unwrap();
+    assert_exactly_once(&ids, &accepted, "after reopening");
+}
