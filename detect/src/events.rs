@@ -234,15 +234,22 @@ impl Detector {
         self.forget_stale(window);
 
         let mut out = vec![signal_rows.finish(), event_rows.finish()];
-        out.push(self.neighbor_rows(time_us));
-        out.push(self.resource_rows(time_us, &resource_scores));
         // Seconds of windows never judged (a stall skipped them) go too.
         let later = self.gpu_tax.split_off(&(window + 1));
         let gpu_tax = std::mem::replace(&mut self.gpu_tax, later)
             .remove(&window)
             .unwrap_or_default();
-        out.push(self.tax_row(time_us, window_steal, gpu_tax));
-        out.push(self.platform_row(time_us));
+        let later = self.observed_windows.split_off(&(window + 1));
+        let observed = std::mem::replace(&mut self.observed_windows, later).contains(&window);
+        // A window no row fell in was not measured: its tax, verdict and
+        // scores would be the last ones carried on (the last jitter, no
+        // NVLink missing) as if they had been.
+        if observed {
+            out.push(self.neighbor_rows(time_us));
+            out.push(self.resource_rows(time_us, &resource_scores));
+            out.push(self.tax_row(time_us, window_steal, gpu_tax));
+            out.push(self.platform_row(time_us));
+        }
         out.retain(|b| !b.is_empty());
         out
     }

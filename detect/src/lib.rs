@@ -247,6 +247,11 @@ pub struct Detector {
     /// The tax's GPU ratios of each window not yet judged, by its start
     /// second: the tax gives their means over the window's seconds.
     gpu_tax: BTreeMap<i64, GpuTaxSums>,
+    /// Start seconds of the windows not yet judged that some collector's row
+    /// fell in: a window without one (the agent stopped, the VM paused) is
+    /// judged for its events, but no tax, verdict or score row is written for
+    /// it, as if it had been measured.
+    observed_windows: BTreeSet<i64>,
     /// The tables of each source's last snapshot: a table its next snapshot
     /// lacks has ended (`Detector::observe_sent`).
     snapshot_tables: HashMap<std::sync::Arc<str>, BTreeSet<&'static str>>,
@@ -337,6 +342,7 @@ impl Detector {
             last_canary_second: i64::MIN,
             next_window: None,
             gpu_tax: BTreeMap::new(),
+            observed_windows: BTreeSet::new(),
             snapshot_tables: HashMap::new(),
         }
     }

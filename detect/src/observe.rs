@@ -59,6 +59,10 @@ impl Detector {
         if view.rows() == 0 {
             return;
         }
+        let window_secs = self.config.window_secs.max(1) as i64;
+        let second = view.time_us(0).div_euclid(1_000_000);
+        self.observed_windows
+            .insert(second.div_euclid(window_secs) * window_secs);
         match batch.table.name {
             "cpu" => self.observe_cpu(&view),
             "cpu_sched" => {

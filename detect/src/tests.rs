@@ -1396,6 +1396,13 @@ fn the_tax_drops_the_jitter_figures_once_the_probe_stops() {
     }
     let mut taxes = Vec::new();
     for second in 20..80 {
+        // The other collectors go on: each window is measured.
+        detector.observe(&row(
+            &PRESSURE,
+            START_US + second * 1_000_000,
+            &["io"],
+            &[("some_stalled_seconds", 0.0)],
+        ));
         taxes.extend(
             detector
                 .tick(START_US + (second + 1) * 1_000_000 + 300_000)
@@ -2083,6 +2090,55 @@ fn the_taxs_gpu_ratios_are_the_windows_means() {
     }
 }
 
+/// The agent stopped for 45 s (SIGSTOP; a VM paused the same way): the
+/// windows it missed are judged for their events, but no tax, verdict or
+/// score row is written for them, as if they had been measured.
+#[test]
+fn windows_no_row_fell_in_get_no_tax_or_verdict_row() {
+    let mut detector = Detector::new(config());
+    let window_secs = config().window_secs as i64;
+    let mut taxed = Vec::new();
+    for second in 0..120 {
+        let stopped = (30..75).contains(&second);
+        if !stopped {
+            detector.observe(&row(
+                &PRESSURE,
+                START_US + second * 1_000_000,
+                &["io"],
+                &[("some_stalled_seconds", 0.0)],
+            ));
+        }
+        if stopped && second != 74 {
+            continue;
+        }
+        for b in detector.tick(START_US + (second + 1) * 1_000_000 + 300_000) {
+            if std::ptr::eq(b.table, &tables::TAX) || std::ptr::eq(b.table, &tables::PLATFORM) {
+                taxed.push((View::new(&b).time_us(0) - START_US) / 1_000_000);
+            }
+        }
+    }
+    let window_ends: Vec<i64> = taxed
+        .iter()
+        .copied()
+        .filter(|t| t % window_secs == 0)
+        .collect();
+    assert!(!window_ends.is_empty());
+    // Windows wholly inside the stop (ending after 30 + a window, up to 75).
+    let unmeasured: Vec<i64> = window_ends
+        .iter()
+        .copied()
+        .filter(|&end| end - window_secs >= 30 && end <= 75)
+        .collect();
+    assert!(
+        unmeasured.is_empty(),
+        "rows for unmeasured windows: {unmeasured:?} of {taxed:?}"
+    );
+    assert!(
+        taxed.iter().any(|&t| t > 80),
+        "measured windows after it: {taxed:?}"
+    );
+}
+
 /// The clock ran ahead (to 2030) and was set right: the detector judges
 /// windows again at once instead of waiting for 2030.
 #[test]
@@ -2098,6 +2154,13 @@ fn a_clock_set_back_does_not_silence_the_detector() {
     ] {
         judged = 0;
         for w in 1..=windows {
+            // A row in the window, as the collectors send every second.
+            detector.observe(&row(
+                &PRESSURE,
+                start_us + (w - 1) * window_us + 1_000_000,
+                &["io"],
+                &[("some_stalled_seconds", 0.0)],
+            ));
             let out = detector.tick(start_us + w * window_us + 3_000_000);
             judged += out
                 .iter()
