@@ -853,13 +853,46 @@ fn a_cgroup_made_again_at_the_same_path_is_read_afresh() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("memory.current"), "8192\n").unwrap();
-    // Noticed as gone (what ENODEV says on cgroupfs), then found again.
-    let gap = collect_one(&mut c, 2_000_000);
-    assert!(!paths(&gap).contains(&path));
-    let again = collect_one(&mut c, 3_000_000);
+    // The walk its removal set off finds a directory other than the one
+    // whose files are held (another inode), and reads it afresh at once;
+    // without a watch, the held file is noticed as gone (what ENODEV says on
+    // cgroupfs) and the next walk finds it again.
+    let mut again = collect_one(&mut c, 2_000_000);
+    if !paths(&again).contains(&path) {
+        again = collect_one(&mut c, 3_000_000);
+    }
     assert_eq!(value(&again, path, "memory_usage_bytes"), Value::U64(8192));
     assert_eq!(value(&again, path, "cpu_usage_seconds"), Value::Null);
     assert_eq!(again.len(), before.len());
+}
+
+/// A v1 cgroup renamed, and another made under its old name (v1 allows a
+/// rename): the new cgroup is read from its own files, not through the
+/// descriptors held for the renamed one, which would give it the renamed
+/// cgroup's CPU time and memory and count them twice.
+#[test]
+fn a_cgroup_renamed_and_another_made_at_its_path_is_read_afresh() {
+    let (_dir, roots) = scratch("k8s-node");
+    let config = CgroupsConfig {
+        rescan_interval_secs: 0.0,
+        ..CgroupsConfig::default()
+    };
+    let mut c = collector(&config, &roots);
+    let path = "/system.slice/kubelet.service";
+    let dir = roots.sys("fs/cgroup").join(path.trim_start_matches('/'));
+    std::fs::write(dir.join("memory.current"), "4096\n").unwrap();
+    let before = collect_one(&mut c, 1_000_000);
+    assert_eq!(value(&before, path, "memory_usage_bytes"), Value::U64(4096));
+    let renamed = dir.with_file_name("kubelet-old.service");
+    std::fs::rename(&dir, &renamed).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("memory.current"), "8192\n").unwrap();
+    let after = collect_one(&mut c, 2_000_000);
+    assert_eq!(value(&after, path, "memory_usage_bytes"), Value::U64(8192));
+    assert_eq!(
+        value(&after, "/system.slice/kubelet-old.service", "memory_usage_bytes"),
+        Value::U64(4096)
+    );
 }
 
 /// Every value of every row of `batch`, by path and field name.

@@ -14,6 +14,11 @@ pub(super) struct Slot {
     /// Whether a read through the held descriptor succeeded: an error after
     /// that may be a cgroup made again at the same path, worth one fresh open.
     pub(super) kept: bool,
+    /// The inode of the cgroup's directory in this hierarchy when the walk
+    /// found it: a descriptor is kept across walks only for the same one. A
+    /// v1 cgroup renamed and another made under its name are two cgroups at
+    /// one path in turn, and the kept descriptor reads the renamed one.
+    pub(super) dir_ino: u64,
 }
 
 /// A cgroup to sample.
@@ -88,7 +93,8 @@ impl Selection {
 
     /// Every cgroup below each of `dirs` (hierarchy roots), down to
     /// `max_depth`: its path relative to the root (`/a/b`) to the indexes of
-    /// the dirs that have it; and how many directories were left out, with
+    /// the dirs that have it, each with the inode of its directory there;
+    /// and how many directories were left out, with
     /// what is below them, for a name that is not UTF-8 (a path is a label).
     /// `visit` is shown each directory (the roots and every cgroup found)
     /// before it is listed.
@@ -96,18 +102,19 @@ impl Selection {
         &self,
         dirs: &[&Path],
         visit: &mut dyn FnMut(&Path),
-    ) -> (BTreeMap<String, Vec<usize>>, usize) {
-        let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    ) -> (BTreeMap<String, Vec<(usize, u64)>>, usize) {
+        use std::os::unix::fs::DirEntryExt;
+        let mut out: BTreeMap<String, Vec<(usize, u64)>> = BTreeMap::new();
         // By parent and name: a cgroup is in each v1 hierarchy, counted once.
         let mut not_utf8: std::collections::BTreeSet<(String, std::ffi::OsString)> =
             std::collections::BTreeSet::new();
         for (idx, root) in dirs.iter().enumerate() {
-            let mut stack: Vec<(String, PathBuf, u32)> =
-                vec![(String::new(), root.to_path_buf(), 0)];
-            while let Some((rel, dir, depth)) = stack.pop() {
+            let mut stack: Vec<(String, PathBuf, u32, u64)> =
+                vec![(String::new(), root.to_path_buf(), 0, 0)];
+            while let Some((rel, dir, depth, ino)) = stack.pop() {
                 visit(&dir);
                 if depth > 0 {
-                    out.entry(rel.clone()).or_default().push(idx);
+                    out.entry(rel.clone()).or_default().push((idx, ino));
                 }
                 if depth >= self.max_depth {
                     continue;
@@ -128,7 +135,7 @@ impl Selection {
                             continue;
                         }
                     };
-                    stack.push((format!("{rel}/{name}"), entry.path(), depth + 1));
+                    stack.push((format!("{rel}/{name}"), entry.path(), depth + 1, entry.ino()));
                 }
             }
         }
@@ -216,9 +223,9 @@ pub(super) fn walk(
         }
     });
     // Pressure-only paths (hybrid `unified/`) are not workloads of their own.
-    let pressure_only = |idxs: &[usize]| {
+    let pressure_only = |idxs: &[(usize, u64)]| {
         idxs.iter()
-            .all(|&i| layout.hierarchies[i].sources.as_slice() == PRESSURE_SOURCES)
+            .all(|&(i, _)| layout.hierarchies[i].sources.as_slice() == PRESSURE_SOURCES)
     };
     let (paths, skipped) = selection.bound(
         found
@@ -236,7 +243,7 @@ pub(super) fn walk(
         .map(|(path, idxs)| {
             let mut slots = Vec::new();
             let mut check_deleted = false;
-            for i in idxs {
+            for (i, dir_ino) in idxs {
                 let hierarchy = &layout.hierarchies[i];
                 let dir = hierarchy.dir.join(path.trim_start_matches('/'));
                 check_deleted |= !hierarchy.cgroupfs;
@@ -246,6 +253,7 @@ pub(super) fn walk(
                         file: KeptFile::new(dir.join(source.file_name())),
                         absent: false,
                         kept: false,
+                        dir_ino,
                     });
                 }
             }
@@ -287,7 +295,7 @@ pub(super) fn keep_open(new: &mut [Target], old: Vec<Target>) {
             if slot.source.is_setting() {
                 continue;
             }
-            let same = |p: &Slot| p.file.path() == slot.file.path();
+            let same = |p: &Slot| p.file.path() == slot.file.path() && p.dir_ino == slot.dir_ino;
             let found = match prev.slots.get(i) {
                 Some(p) if same(p) => Some(i),
                 _ => prev.slots.iter().position(same),
