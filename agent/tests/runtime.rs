@@ -159,18 +159,32 @@ fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn sighup_reloads_the_config_and_refuses_a_bad_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("vtax.toml");
-    std::fs::write(&config, "[collectors.host]\ninterval_secs = 0.2\n").unwrap();
-    let data = dir.path().join("data");
-    let agent = Agent::start(&[
+/// `vtax run` with `config_text` in `dir/vtax.toml` and its store in
+/// `dir/data`, and `more` flags: the agent, the config file, the data
+/// directory.
+fn start_with_config(
+    dir: &std::path::Path,
+    config_text: &str,
+    more: &[&str],
+) -> (Agent, std::path::PathBuf, std::path::PathBuf) {
+    let config = dir.join("vtax.toml");
+    std::fs::write(&config, config_text).unwrap();
+    let data = dir.join("data");
+    let mut args = vec![
         "--config",
         config.to_str().unwrap(),
         "--data-dir",
         data.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(more);
+    (Agent::start(&args), config, data)
+}
+
+#[test]
+fn sighup_reloads_the_config_and_refuses_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, config, _data) =
+        start_with_config(dir.path(), "[collectors.host]\ninterval_secs = 0.2\n", &[]);
     agent.wait_for_metric("vtax_cpu_idle_seconds_total", Duration::from_secs(20));
 
     std::fs::write(&config, "[collectors.host]\nenabled = false\n").unwrap();
@@ -322,20 +336,11 @@ fn a_reload_moves_no_counter_back_and_drops_no_series() {
 #[test]
 fn no_collector_flag_overrides_the_file_and_shutdown_publishes() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("vtax.toml");
-    std::fs::write(
-        &config,
+    let (agent, config, data) = start_with_config(
+        dir.path(),
         "[collectors.host]\nenabled = true\ninterval_secs = 0.1\n",
-    )
-    .unwrap();
-    let data = dir.path().join("data");
-    let agent = Agent::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--no-collector.host",
-    ]);
+        &["--no-collector.host"],
+    );
     std::thread::sleep(Duration::from_millis(500));
     let body = agent.get("/metrics", &[]).text();
     assert!(!body.contains("vtax_cpu_"), "{body}");
@@ -690,6 +695,41 @@ fn a_read_that_never_returns_holds_up_only_its_collector() {
     let log = agent.log();
     assert!(log.contains("Collector stuck"), "{log}");
     assert!(log.contains("left behind"), "{log}");
+}
+
+/// The agent stopped for 6 s (SIGSTOP; a paused VM stops the probe the same
+/// way): the wake-up that ends the stall reads as late as it was, not
+/// clamped, and no window holds more probed time than its length (the
+/// stall's wall time was charged to the window open when it began).
+#[test]
+fn a_stopped_probe_reports_its_stall_as_long_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, _config, data) =
+        start_with_config(dir.path(), "[collectors.jitter]\nwindow_secs = 2\n", &[]);
+    agent.wait_for_metric(
+        "vtax_jitter_wakeup_latency_seconds_count",
+        Duration::from_secs(30),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    agent.signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(6));
+    agent.signal(libc::SIGCONT);
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(agent.stop());
+    let rows = common::query_rows(&data, "jitter");
+    let field = |row: &serde_json::Value, name: &str| row[name].as_f64();
+    let longest = rows
+        .iter()
+        .filter_map(|r| field(r, "wakeup_max_seconds"))
+        .fold(0.0, f64::max);
+    assert!(
+        (5.0..30.0).contains(&longest),
+        "longest wake-up {longest} s"
+    );
+    for row in &rows {
+        let probed = field(row, "probed_seconds").unwrap_or(0.0);
+        assert!(probed <= 2.5, "a 2 s window probed {probed} s: {row}");
+    }
 }
 
 /// Under systemd (`Type=notify`, `WatchdogSec=`), the agent says READY=1 once

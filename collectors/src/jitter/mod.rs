@@ -526,7 +526,12 @@ impl Jitter {
 fn jitter_row<'a>(cpu: &'a str, c: &probe::CpuWindow, hz: f64) -> JitterRow<'a> {
     let secs = |ns: u64| ns as f64 / 1e9;
     let has_wakeups = !c.latency.is_empty();
-    let quantile = |q: f64| has_wakeups.then(|| secs(c.latency.value_at_quantile(q)));
+    // The histogram answers with the top of a quantile's bucket (two
+    // significant digits), which can lie above the largest wake-up itself,
+    // kept exactly: no quantile is above it.
+    let quantile = |q: f64| {
+        has_wakeups.then(|| secs(c.latency.value_at_quantile(q).min(c.latency_max_ns)))
+    };
     let spun = c.spin_ns > 0;
     let share = |ns: u64| {
         if spun {
@@ -558,7 +563,7 @@ fn jitter_row<'a>(cpu: &'a str, c: &probe::CpuWindow, hz: f64) -> JitterRow<'a> 
         wakeup_p99_seconds: quantile(0.99),
         wakeup_p999_seconds: quantile(0.999),
         wakeup_p9999_seconds: quantile(0.9999),
-        wakeup_max_seconds: has_wakeups.then(|| secs(c.latency.max())),
+        wakeup_max_seconds: has_wakeups.then(|| secs(c.latency_max_ns)),
         stalls_over_50us: c.stalls[0],
         stalls_over_500us: c.stalls[1],
         probed_seconds: probed,
@@ -1270,5 +1275,28 @@ mod tests {
     fn cpu_lists_read_like_the_kernels() {
         assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_list(&[5]), "5");
+    }
+
+    /// The largest wake-up is exact, past the histogram's old 10 s reach too,
+    /// and no quantile is above it: the histogram's bucket tops (two
+    /// significant digits) lay above it, a p99 of 17.96 ms over a max of
+    /// 17.88 ms.
+    #[test]
+    fn quantiles_never_exceed_the_exact_largest_wake_up() {
+        let mut window = probe::CpuWindow::new(0, false);
+        for _ in 0..98 {
+            window.record_wakeup(50_000);
+        }
+        window.record_wakeup(17_877_991);
+        window.record_wakeup(17_877_991);
+        let row = jitter_row("0", &window, 100.0);
+        assert_eq!(row.wakeup_max_seconds, Some(0.017_877_991));
+        assert_eq!(row.wakeup_p99_seconds, Some(0.017_877_991));
+        assert!(row.wakeup_p50_seconds.unwrap() < 0.000_051);
+
+        window.record_wakeup(45_000_000_000);
+        let row = jitter_row("0", &window, 100.0);
+        assert_eq!(row.wakeup_max_seconds, Some(45.0));
+        assert!(row.wakeup_p9999_seconds.unwrap() <= 45.0);
     }
 }

@@ -49,8 +49,10 @@ pub const STALL_NS: [u64; 2] = [50_000, 500_000];
 /// if the collector stops harvesting.
 const MAX_QUEUED_WINDOWS: usize = 16;
 
-/// Latencies above this are recorded as this (the histogram's range).
-const MAX_LATENCY_NS: u64 = 10_000_000_000;
+/// Latencies above this are recorded as this in the histogram (its range):
+/// an hour, so a stopped agent's or a paused VM's wake-up of a minute reads
+/// as the minute it was. The window's largest is kept exactly besides.
+const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
 
 /// What the thread needs; resolved and checked by the collector.
 #[derive(Clone, Debug)]
@@ -143,6 +145,8 @@ pub struct CpuWindow {
     pub buckets: [u64; BUCKETS.len() + 1],
     /// Sum of the lateness, nanoseconds.
     pub latency_sum_ns: u64,
+    /// The largest lateness, nanoseconds, exactly.
+    pub latency_max_ns: u64,
     /// Wake-ups later than each of [`STALL_NS`].
     pub stalls: [u64; STALL_NS.len()],
     /// Wall time the thread was placed on this CPU.
@@ -177,6 +181,7 @@ impl CpuWindow {
                 .expect("static histogram bounds are valid"),
             buckets: [0; BUCKETS.len() + 1],
             latency_sum_ns: 0,
+            latency_max_ns: 0,
             stalls: [0; STALL_NS.len()],
             probed_ns: 0,
             thread_cpu_ns: 0,
@@ -192,7 +197,7 @@ impl CpuWindow {
         }
     }
 
-    fn record_wakeup(&mut self, late_ns: u64) {
+    pub(super) fn record_wakeup(&mut self, late_ns: u64) {
         self.latency
             .saturating_record(late_ns.clamp(1, MAX_LATENCY_NS));
         let bucket = BUCKETS
@@ -201,6 +206,7 @@ impl CpuWindow {
             .unwrap_or(BUCKETS.len());
         self.buckets[bucket] += 1;
         self.latency_sum_ns = self.latency_sum_ns.saturating_add(late_ns);
+        self.latency_max_ns = self.latency_max_ns.max(late_ns);
         for (count, threshold) in self.stalls.iter_mut().zip(STALL_NS) {
             *count += u64::from(late_ns > threshold);
         }
@@ -654,6 +660,9 @@ impl Probe {
         while !shared.stop.load(Ordering::Relaxed) {
             sleep_until(next);
             let woke = monotonic_ns();
+            if woke >= self.window_end_ns.saturating_add(interval) {
+                self.close_stalled_window(woke, shared);
+            }
             // SAFETY: sched_getcpu has no preconditions.
             let cpu = unsafe { libc::sched_getcpu() };
             let cpu = usize::try_from(cpu).unwrap_or(self.settings.cpus[self.cpu_index]);
@@ -778,6 +787,22 @@ impl Probe {
                 }
             }
         }
+    }
+
+    /// Closes the window at its end when the thread did not run across it
+    /// (the agent stopped, the VM paused): the window holds what it measured
+    /// up to its end, not the stall's wall time after it, and the late
+    /// wake-up that ends the stall goes to the window it came in, which
+    /// starts at its own start. The CPU's ticks since the last dwell mix the
+    /// stall's in and are charged to neither.
+    fn close_stalled_window(&mut self, woke: u64, shared: &Shared) {
+        self.ticks_at = None;
+        let end = self.window_end_ns.max(self.dwell_started_ns);
+        self.close_dwell(end, false);
+        self.close_window(shared);
+        let window = self.settings.window_secs * 1_000_000_000;
+        let start = self.window_end_ns.saturating_sub(window);
+        self.dwell_started_ns = self.dwell_started_ns.max(start).min(woke);
     }
 
     fn close_window(&mut self, shared: &Shared) {
