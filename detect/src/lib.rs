@@ -313,10 +313,15 @@ impl JitterWindow {
     }
 }
 
-/// The second a sample belongs to (collectors tick just after whole seconds,
-/// the host collector a few milliseconds before: see `Collector::lead`).
+/// The second a sample measures, by its start: collectors tick just after
+/// whole seconds (the host collector a few milliseconds before: see
+/// `Collector::lead`), and a tick at about `s` measures the second that
+/// ends there, `s - 1` to `s`. So a window `[w, w + length)` of these
+/// seconds is the wall time from `w` to `w + length`, which its rows are
+/// stamped with: labelled by the nearest second, a tick's second went to
+/// the window after, and every row covered the second before its window.
 fn second_of(time_us: i64) -> i64 {
-    (time_us + 500_000).div_euclid(1_000_000)
+    (time_us + 500_000).div_euclid(1_000_000) - 1
 }
 
 impl Detector {

@@ -60,7 +60,7 @@ impl Detector {
             return;
         }
         let window_secs = self.config.window_secs.max(1) as i64;
-        let second = view.time_us(0).div_euclid(1_000_000);
+        let second = second_of(view.time_us(0));
         self.observed_windows
             .insert(second.div_euclid(window_secs) * window_secs);
         match batch.table.name {

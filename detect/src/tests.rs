@@ -1289,6 +1289,13 @@ fn healthy_simulated_gpus_raise_nothing() {
 fn tax_after(detector: &mut Detector, seconds: i64) -> Batch {
     let mut out = Vec::new();
     for second in 0..seconds {
+        // The other collectors go on: each window is measured.
+        detector.observe(&row(
+            &PRESSURE,
+            START_US + (second + 1) * 1_000_000,
+            &["io"],
+            &[("some_stalled_seconds", 0.0)],
+        ));
         out.extend(detector.tick(START_US + (second + 1) * 1_000_000 + 300_000));
     }
     out.into_iter()
@@ -1456,6 +1463,53 @@ fn the_taxs_steal_is_the_windows_mean_not_its_latest_second() {
     for got in &steal[1..] {
         assert!((got - 0.01).abs() < 1e-9, "{steal:?}");
     }
+}
+
+/// A tax row stamped T holds what was measured from T - window to T. The
+/// host collector reads a few ms before each whole second (its lead): the
+/// reading at 24.996 is the second from 24 to 25, in the row stamped 25;
+/// labelled by its nearest second it went to the row stamped 30, and every
+/// row held the second before its window.
+#[test]
+fn a_tax_row_holds_the_seconds_of_its_own_window() {
+    let mut detector = Detector::new(config());
+    let window_secs = config().window_secs as i64;
+    assert_eq!(window_secs, 5);
+    let mut steal = 0.0;
+    let mut out = Vec::new();
+    for second in 1..=40 {
+        // One second of steal per CPU, from 24 to 25.
+        if second == 25 {
+            steal += 1.0;
+        }
+        let time_us = START_US + second * 1_000_000 - 4_000;
+        let mut cpus = BatchBuilder::new(&CPU);
+        let values: Vec<Value> = CPU
+            .fields
+            .iter()
+            .map(|f| match f.name {
+                "steal_seconds" => Value::F64(steal),
+                _ => Value::Null,
+            })
+            .collect();
+        cpus.push(time_us, &["0"], &values).unwrap();
+        detector.observe(&cpus.finish());
+        out.extend(detector.tick(START_US + second * 1_000_000 + 300_000));
+    }
+    let steal_by_end: BTreeMap<i64, f64> = out
+        .iter()
+        .filter(|b| std::ptr::eq(b.table, &tables::TAX))
+        .filter_map(|b| {
+            let v = View::new(b);
+            Some((
+                (v.time_us(0) - START_US) / 1_000_000,
+                v.value(0, "steal_ratio")?,
+            ))
+        })
+        .collect();
+    assert_eq!(steal_by_end.get(&25), Some(&0.2), "{steal_by_end:?}");
+    assert_eq!(steal_by_end.get(&30), Some(&0.0), "{steal_by_end:?}");
+    assert_eq!(steal_by_end.get(&20), Some(&0.0), "{steal_by_end:?}");
 }
 
 #[test]
@@ -2123,11 +2177,12 @@ fn windows_no_row_fell_in_get_no_tax_or_verdict_row() {
         .filter(|t| t % window_secs == 0)
         .collect();
     assert!(!window_ends.is_empty());
-    // Windows wholly inside the stop (ending after 30 + a window, up to 75).
+    // Windows wholly inside the stop: the row at 75 measures the second
+    // before it, so the window ending at 75 has one.
     let unmeasured: Vec<i64> = window_ends
         .iter()
         .copied()
-        .filter(|&end| end - window_secs >= 30 && end <= 75)
+        .filter(|&end| end - window_secs >= 30 && end < 75)
         .collect();
     assert!(
         unmeasured.is_empty(),

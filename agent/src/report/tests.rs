@@ -115,7 +115,8 @@ fn write_node(dir: &Path, node: &str, utilization: f64, events: bool) {
     }
     gpu_rows.sort_by_key(|r| r.0);
     detector.observe(&push(&mut store, "gpu", &gpu_rows));
-    detector.tick(T0);
+    // Running since before T0: the rows at T0 measure the second before it.
+    detector.tick(T0 - 10 * SECOND);
     for batch in detector.tick(T0 + 60 * SECOND) {
         if batch.table.name == "platform" {
             store.append(&batch).unwrap();
