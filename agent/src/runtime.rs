@@ -29,9 +29,6 @@ struct Running {
     thread: JoinHandle<Box<dyn Collector>>,
     watch: Arc<Watch>,
     interval: Duration,
-    /// A call this long is stuck: [`STUCK_AFTER`], and at least
-    /// [`STUCK_INTERVALS`] of its intervals.
-    stuck_after: Duration,
     /// When it was last reported stuck ([`CollectorSet::check_stuck`]), while it is.
     stuck_reported: Option<Instant>,
 }
@@ -42,11 +39,14 @@ impl Running {
     /// behind, and what that read returns is dropped).
     fn stop(self) -> Option<Box<dyn Collector>> {
         self.stopper.stop();
-        let deadline = Instant::now() + STOP_WAIT;
-        while !self.thread.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if !self.thread.is_finished() {
+        let finished = {
+            let deadline = Instant::now() + STOP_WAIT;
+            while !self.thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            self.thread.is_finished()
+        };
+        if !finished {
             self.watch.abandoned.store(true, Ordering::SeqCst);
             tracing::error!(
                 collector = self.name,
@@ -72,16 +72,26 @@ const STUCK_AFTER: Duration = Duration::from_secs(10);
 const STUCK_INTERVALS: u32 = 3;
 
 /// What the agent sees of a collector's thread from outside.
-#[derive(Default)]
 struct Watch {
     /// When the probe or tick it is in began; `None` between them.
     busy_since: Mutex<Option<Instant>>,
     /// Left behind by a stop that could not wait for it: what its call
     /// returns is dropped, since another collector may have taken its place.
     abandoned: AtomicBool,
+    /// A call this long is stuck: [`STUCK_AFTER`], and at least
+    /// [`STUCK_INTERVALS`] of its intervals.
+    stuck_after: Duration,
 }
 
 impl Watch {
+    fn new(interval: Duration) -> Watch {
+        Watch {
+            busy_since: Mutex::new(None),
+            abandoned: AtomicBool::new(false),
+            stuck_after: STUCK_AFTER.max(interval * STUCK_INTERVALS),
+        }
+    }
+
     /// Runs one probe or tick, marked busy meanwhile; `None` when the
     /// thread was left behind during it.
     fn call<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
@@ -152,6 +162,9 @@ impl CollectorSet {
         let (old_config, old_roots) = old;
         let (config, roots) = new;
         let mut replaced = Vec::new();
+        // Stopped, and left behind stuck in a read: no collector to take
+        // over from, but series on /metrics all the same.
+        let mut left_behind = Vec::new();
         let mut kept = Vec::new();
         for running in std::mem::take(&mut self.collectors) {
             let name = running.name;
@@ -164,13 +177,20 @@ impl CollectorSet {
                     "Collector unchanged by the reload: it keeps running."
                 );
                 kept.push(running);
-            } else if let Some(previous) = running.stop() {
-                replaced.push(previous);
+            } else {
+                match running.stop() {
+                    Some(previous) => replaced.push(previous),
+                    None => left_behind.push(name),
+                }
             }
         }
         self.running = kept.iter().map(|r| r.name).collect();
         self.collectors = kept;
-        let was_running: Vec<&'static str> = replaced.iter().map(|c| c.name()).collect();
+        let was_running: Vec<&'static str> = replaced
+            .iter()
+            .map(|c| c.name())
+            .chain(left_behind)
+            .collect();
         self.start_missing(config, roots, exposition, rows, replaced, stored);
         for name in was_running {
             if !self.running.contains(&name) {
@@ -221,7 +241,7 @@ impl CollectorSet {
             }
             let interval = Duration::from_secs_f64(common.interval_secs());
             let stopper = Arc::new(Stopper::default());
-            let watch = Arc::new(Watch::default());
+            let watch = Arc::new(Watch::new(interval));
             // Probed on its own thread: a probe that never returns (NVML's
             // init on a wedged GPU) holds up only its own collector.
             let thread = spawn_collector(
@@ -240,7 +260,6 @@ impl CollectorSet {
                 thread,
                 watch,
                 interval,
-                stuck_after: STUCK_AFTER.max(interval * STUCK_INTERVALS),
                 stuck_reported: None,
             });
             self.running.push(name);
@@ -272,7 +291,7 @@ impl CollectorSet {
             let name = running.name;
             let busy_since = running.watch.busy_since.lock().expect("not poisoned");
             match *busy_since {
-                Some(since) if since.elapsed() >= running.stuck_after => {
+                Some(since) if since.elapsed() >= running.watch.stuck_after => {
                     let due = running
                         .stuck_reported
                         .is_none_or(|at| at.elapsed() >= running.interval);
@@ -534,6 +553,23 @@ fn collector_loop(
             return collector;
         };
         let duration = started.elapsed();
+        if duration >= watch.stuck_after {
+            // Its rows hold values read at its end under its start's time
+            // (a rate twenty times the truth into them), and its status row
+            // would come before the failing ones sent meanwhile: the next
+            // tick reads afresh.
+            tracing::warn!(
+                collector = name,
+                seconds = duration.as_secs_f64(),
+                "A stuck tick returned; its rows are dropped, the next tick reads afresh."
+            );
+            let (next_grid_us, next) = next_grid(interval_us, grid_us);
+            grid_us = next_grid_us;
+            if stopper.sleep_until(ahead(next)) {
+                return collector;
+            }
+            continue;
+        }
         let mut failed_sources = 0;
         let success = match result {
             Ok(batches) => {
@@ -777,7 +813,7 @@ mod tests {
             next_grid(200_000, i64::MIN),
             Duration::from_millis(200),
             stopper.clone(),
-            Arc::default(),
+            Arc::new(Watch::new(Duration::from_millis(200))),
             Exposition::new(&[]),
             rows,
         );
@@ -867,7 +903,7 @@ mod tests {
             next_grid(1_000_000, i64::MIN),
             Duration::from_millis(100),
             stopper.clone(),
-            Arc::default(),
+            Arc::new(Watch::new(Duration::from_millis(200))),
             exposition.clone(),
             rows,
         );
@@ -950,7 +986,7 @@ mod tests {
                 let _ = self.release.recv();
             }
             Ok(vec![status_row(
-                "blocking",
+                "blocking-data",
                 time_us,
                 Duration::ZERO,
                 true,
@@ -972,7 +1008,10 @@ mod tests {
             std::thread::spawn(move || exposition.run_renderer(Duration::from_millis(1)))
         };
         let stopper = Arc::new(Stopper::default());
-        let watch = Arc::new(Watch::default());
+        let watch = Arc::new(Watch {
+            stuck_after: Duration::from_millis(500),
+            ..Watch::new(Duration::from_millis(100))
+        });
         let (rows, received) = vtax_store::hub::channel(64);
         let interval = Duration::from_millis(100);
         let thread = spawn_collector(
@@ -995,7 +1034,6 @@ mod tests {
                 thread,
                 watch: watch.clone(),
                 interval,
-                stuck_after: Duration::from_millis(500),
                 stuck_reported: None,
             }],
             running: vec!["blocking"],
@@ -1057,6 +1095,58 @@ mod tests {
         renderer.join().unwrap();
     }
 
+    /// A tick that was stuck and then returns: its rows, read at its end and
+    /// stamped with its start, are dropped, and the next tick reads afresh.
+    #[test]
+    fn a_stuck_tick_that_returns_is_dropped() {
+        let (release, blocked) = std::sync::mpsc::channel();
+        let stopper = Arc::new(Stopper::default());
+        let watch = Arc::new(Watch {
+            stuck_after: Duration::from_millis(400),
+            ..Watch::new(Duration::from_millis(100))
+        });
+        let (rows, received) = vtax_store::hub::channel(256);
+        let thread = spawn_collector(
+            Box::new(Blocking {
+                ticks: 0,
+                release: blocked,
+            }),
+            None,
+            next_grid(100_000, i64::MIN),
+            Duration::from_millis(100),
+            stopper.clone(),
+            watch.clone(),
+            Exposition::new(&[&runtime_tables::COLLECTOR]),
+            rows,
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while watch
+            .busy_since
+            .lock()
+            .unwrap()
+            .is_none_or(|s| s.elapsed() < Duration::from_millis(600))
+        {
+            assert!(Instant::now() < deadline, "never blocked");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        release.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        stopper.stop();
+        thread.join().unwrap();
+        let data_times: Vec<i64> = received
+            .try_iter()
+            .flat_map(|sent| sent.rows)
+            .filter(|b| b.tags[0].dict.iter().any(|c| c == "blocking-data"))
+            .map(|b| b.time_us[0])
+            .collect();
+        assert!(data_times.len() >= 3, "{data_times:?}");
+        // The first tick's, then none until the ticks after the stuck one.
+        assert!(
+            data_times[1] - data_times[0] >= 500_000,
+            "the stuck tick's rows were sent: {data_times:?}"
+        );
+    }
+
     #[test]
     fn a_collector_that_overran_its_interval_ticks_on_the_grid_again() {
         let ticks_us = Arc::new(Mutex::new(Vec::new()));
@@ -1072,7 +1162,7 @@ mod tests {
             first_tick,
             Duration::from_millis(200),
             stopper.clone(),
-            Arc::default(),
+            Arc::new(Watch::new(Duration::from_millis(200))),
             Exposition::new(&[]),
             rows,
         );
