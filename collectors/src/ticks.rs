@@ -42,6 +42,22 @@ impl Stopper {
     }
 }
 
+/// Waits for `thread` to finish, at most `limit`: its result, or `None`
+/// when it panicked or is still running (stuck in a read that never
+/// returns: a wedged driver's file, a FIFO, a FUSE-served procfs). A thread
+/// still running is left behind, so a stop or a reload never waits on it
+/// for ever; its process ending ends it.
+pub fn join_within<T>(thread: std::thread::JoinHandle<T>, limit: Duration) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    while !thread.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !thread.is_finished() {
+        return None;
+    }
+    thread.join().ok()
+}
+
 /// The next wall-clock multiple of `interval_us` that a loop ticking on that
 /// grid should wake for, given the grid point it last woke for (`last_us`;
 /// `i64::MIN` at first): (its time in µs, the instant it falls on).

@@ -547,7 +547,12 @@ impl Drop for NvmlBackend {
     fn drop(&mut self) {
         self.xid_stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.xid_thread.take() {
-            let _ = thread.join();
+            // A wedged driver can hold the wait for ever: the agent's stop
+            // and a reload do not wait on it (NVML itself is never shut
+            // down, so the thread left behind calls into a live library).
+            if crate::ticks::join_within(thread, Duration::from_secs(3)).is_none() {
+                tracing::error!("The NVML XID thread did not stop; left behind (a wedged driver?).");
+            }
         }
     }
 }

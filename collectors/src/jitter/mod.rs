@@ -406,10 +406,16 @@ pub struct Jitter {
     /// Per CPU: cumulative bucket counts (`+Inf` last) and latency sum.
     histograms: BTreeMap<usize, ([u64; BUCKETS.len() + 1], u64)>,
     dropped_windows: u64,
+    /// When a tick last harvested a window (or the first tick since the
+    /// probe started): a probe silent for two windows and more is stuck.
+    last_window_at: Option<std::time::Instant>,
     /// The probe thread's own schedstat ([`OWN_SCHEDSTAT`]; tests point it
     /// elsewhere).
     schedstat_path: PathBuf,
 }
+
+/// How long a stop waits for the probe thread.
+const PROBE_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Jitter {
     /// A collector that starts its probe at `probe`.
@@ -423,6 +429,7 @@ impl Jitter {
             cpus: Vec::new(),
             histograms: BTreeMap::new(),
             dropped_windows: 0,
+            last_window_at: None,
             schedstat_path: PathBuf::from(OWN_SCHEDSTAT),
         }
     }
@@ -468,7 +475,14 @@ impl Jitter {
             .stop
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // A probe stuck in a read (a /proc/stat served by FUSE or lxcfs
+            // that hangs) must not hold up the agent's stop or a reload.
+            if crate::ticks::join_within(thread, PROBE_STOP_WAIT).is_none() {
+                tracing::error!(
+                    wait_secs = PROBE_STOP_WAIT.as_secs(),
+                    "The jitter probe thread did not stop; left behind (stuck in a read?)."
+                );
+            }
         }
     }
 
@@ -633,7 +647,10 @@ impl Collector for Jitter {
                 .name(THREAD_NAME.into())
                 .spawn(move || probe::run(settings, &shared))
             {
-                Ok(thread) => self.thread = Some(thread),
+                Ok(thread) => {
+                    self.thread = Some(thread);
+                    self.last_window_at = None;
+                }
                 Err(e) => {
                     return Availability::Absent(format!("cannot start the probe thread: {e}"))
                 }
@@ -697,6 +714,25 @@ impl Collector for Jitter {
             self.dropped_windows = state.dropped_windows;
             state.windows.drain(..).collect()
         };
+        // A probe thread that closes no window (stuck in a read of
+        // /proc/stat, or never scheduled) is a failing collector, not a
+        // quiet one whose last window stays on /metrics as if current.
+        let now = std::time::Instant::now();
+        let last = *self.last_window_at.get_or_insert(now);
+        if !windows.is_empty() {
+            self.last_window_at = Some(now);
+        } else {
+            let silent = now.duration_since(last);
+            let limit = std::time::Duration::from_secs(2 * self.config.window_secs + 10);
+            if silent > limit {
+                anyhow::bail!(
+                    "the probe thread has closed no window for {} s (windows of {} s): stuck in a read of {}, or not scheduled",
+                    silent.as_secs(),
+                    self.config.window_secs,
+                    self.roots.proc("stat").display()
+                );
+            }
+        }
         if let Some(error) = windows.iter().find_map(|w| w.error.as_ref()) {
             anyhow::bail!("{error}");
         }
@@ -1275,6 +1311,24 @@ mod tests {
     fn cpu_lists_read_like_the_kernels() {
         assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_list(&[5]), "5");
+    }
+
+    /// A probe thread that closes no window for two windows and more (stuck
+    /// in a read of a /proc/stat served by FUSE, say) fails the collector:
+    /// its last window no longer stands on /metrics as if current.
+    #[test]
+    fn a_probe_that_closes_no_window_fails_the_collector() {
+        let config = JitterConfig {
+            window_secs: 1,
+            ..JitterConfig::default()
+        };
+        let mut jitter = Jitter::new(&config, &Roots::default());
+        assert!(jitter.collect(1).unwrap().iter().all(|b| b.is_empty()));
+        jitter.last_window_at = Some(Instant::now() - Duration::from_secs(11));
+        assert!(jitter.collect(2).is_ok(), "two windows and ten seconds of slack");
+        jitter.last_window_at = Some(Instant::now() - Duration::from_secs(13));
+        let error = jitter.collect(3).unwrap_err().to_string();
+        assert!(error.contains("closed no window for 13 s"), "{error}");
     }
 
     /// The largest wake-up is exact, past the histogram's old 10 s reach too,
