@@ -2065,6 +2065,43 @@ fn an_import_merge_keeps_the_first_written_and_only_in_its_table() {
     assert_eq!(gpu.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
 }
 
+/// A killed import's repeats merged by the agent's own merge (which keeps
+/// every row) beside the value the store held, then an import run again:
+/// the value written first is still the one kept. The agent's merge ordered
+/// its inputs by time and name, so the killed import's file, starting
+/// earlier, put its repeat first in the merged file.
+#[test]
+fn the_agents_merge_keeps_repeats_in_the_order_they_were_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let sample = |time_us: i64, value: f64| {
+        let mut b = BatchBuilder::new(&tables::SCRAPED);
+        b.push(time_us, &["", "s", ""], &[Value::F64(value)])
+            .unwrap();
+        b.finish()
+    };
+    let half_hour = T0 + 30 * 60_000_000;
+    store.append(&sample(half_hour, 1.0)).unwrap();
+    store.flush().unwrap();
+    let mut killed = BatchBuilder::new(&tables::SCRAPED);
+    killed.push(T0, &["", "s", ""], &[Value::F64(5.0)]).unwrap();
+    killed
+        .push(half_hour, &["", "s", ""], &[Value::F64(2.0)])
+        .unwrap();
+    store.append(&killed.finish()).unwrap();
+    store.flush().unwrap();
+    store.compact(T0 + 2 * DAY_US).unwrap();
+    assert_eq!(all_scraped(&store).len(), 3, "the agent's merge keeps both");
+    store.append(&sample(half_hour, 3.0)).unwrap();
+    store.flush().unwrap();
+    store.compact_all(T0 + 2 * DAY_US, "scraped").unwrap();
+    let values: Vec<(i64, f64)> = all_scraped(&store)
+        .into_iter()
+        .map(|(t, _, bits)| (t, f64::from_bits(bits)))
+        .collect();
+    assert_eq!(values, [(T0, 5.0), (half_hour, 1.0)]);
+}
+
 /// Rows of the running hour reach a Parquet file once they waited
 /// `max_publish_delay`, not at the hour's end: a plain reader of the files
 /// (DuckDB's glob) sees them, and a reader beside the store sees each once.

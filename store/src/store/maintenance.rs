@@ -371,11 +371,18 @@ impl Store {
     pub(super) fn plan_merge(
         &self,
         partition: (String, i64),
-        inputs: Vec<FileInfo>,
+        mut inputs: Vec<FileInfo>,
         running: bool,
         replaced: Arc<HashSet<String>>,
         dedupe: bool,
     ) -> Result<Merge> {
+        // In the order their rows were written: of equal keys the merge
+        // writes (or, deduplicating, keeps) the earlier input's first, so
+        // every merged file holds a series' repeats in the order they were
+        // written, and a later merge that keeps one keeps the first written
+        // (a killed import's repeats merged by the agent beside the values
+        // the store held before it).
+        inputs.sort_by_key(|f| (f.watermarks.values().max().copied(), f.path.clone()));
         let table = self
             .catalog
             .get(&partition.0)
