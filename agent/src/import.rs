@@ -304,6 +304,10 @@ pub fn import(args: ImportArgs) -> Result<()> {
         ),
         Err(e) => return Err(e).with_context(|| format!("open store {}", data_dir.display())),
     };
+    // Rows a killed agent or import left in the WAL are published first, so
+    // that the table's rows before and after say what the import added.
+    store.flush().context("publish the rows the WAL held")?;
+    let scraped_before = scraped_rows(&store);
     let bar = progress_bar(total_bytes, args.no_progress, "importing");
     let mut builder = BatchBuilder::new(&tables::SCRAPED);
     let mut last_sync = Instant::now();
@@ -350,6 +354,7 @@ pub fn import(args: ImportArgs) -> Result<()> {
         .get(tables::SCRAPED.name)
         .copied()
         .unwrap_or(0);
+    let scraped_after = scraped_rows(&store);
     store.close().context("close the store")?;
     bar.finish_and_clear();
     if imported != expected {
@@ -359,22 +364,53 @@ pub fn import(args: ImportArgs) -> Result<()> {
         );
     }
     let seconds = started.elapsed().as_secs_f64();
-    let stored = imported.saturating_sub(repeated);
-    eprintln!(
-        "Imported {stored} samples from {} file(s) into {} in {seconds:.2} s ({:.0} samples/s, peak resident {} MiB).",
-        args.files.len(),
-        data_dir.display(),
+    let files = args.files.len();
+    let rate = format!(
+        "in {seconds:.2} s ({:.0} samples/s, peak resident {} MiB)",
         imported as f64 / seconds.max(1e-9),
         peak_resident_bytes().map_or("?".into(), |b| (b >> 20).to_string()),
     );
-    if repeated > 0 {
+    // The merges that keep one row per series and instant may also leave
+    // out the store's own repeats (a killed import's rows, an agent's
+    // timestamped scrape read again after a restart): only a store that held
+    // no `scraped` row before says which of them were this import's.
+    if repeated == 0 || scraped_before == 0 {
         eprintln!(
-            "{repeated} of the {imported} samples read repeated a series and time the store \
-             already held (in these files or an earlier import) and were left out: a series \
-             holds one value per instant, the first kept."
+            "Imported {} samples from {files} file(s) into {} {rate}.",
+            imported - repeated.min(imported),
+            data_dir.display(),
+        );
+        if repeated > 0 {
+            eprintln!(
+                "{repeated} of the {imported} samples read repeated a series and time (in these \
+                 files) and were left out: a series holds one value per instant, the first \
+                 written kept."
+            );
+        }
+    } else {
+        eprintln!(
+            "Read {imported} samples from {files} file(s) into {} {rate}; its scraped table \
+             went from {scraped_before} to {scraped_after} rows.",
+            data_dir.display(),
+        );
+        eprintln!(
+            "{repeated} rows that repeated a series and time the store already held were left \
+             out (samples of these files, of an earlier import, or the store's own rows: a \
+             killed import's, an agent's scrape read again after a restart): a series holds \
+             one value per instant, the first written kept."
         );
     }
     Ok(())
+}
+
+/// Rows of the `scraped` table in the store's files (nothing is buffered
+/// when it is called).
+fn scraped_rows(store: &Store) -> u64 {
+    store
+        .files()
+        .filter(|f| f.table == tables::SCRAPED.name)
+        .map(|f| f.rows)
+        .sum()
 }
 
 /// Peak resident set size of this process (`VmHWM`).

@@ -199,7 +199,11 @@ fn an_import_says_what_it_left_out_and_refuses_a_pipe() {
     );
     let out = import(&data, &[&b]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("Imported 0 samples"), "{stderr}");
+    assert!(
+        stderr.contains("Read 1 samples") && stderr.contains("went from 2 to 2 rows"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("1 rows that repeated"), "{stderr}");
     assert_eq!(scraped_count(&data), 2);
 
     let out = Command::new(VTAX)
