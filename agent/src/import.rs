@@ -125,7 +125,18 @@ fn for_each_sample(
     head.truncate(n);
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let format: Format = Parser::detect(&String::from_utf8_lossy(&head), name);
-    let mut parser = Parser::new(format);
+    // A name that says the format declares it (`# EOF` in a `.prom` file is a
+    // comment, as Prometheus reads it); one guessed from the content is
+    // held to it.
+    let lower = name.to_ascii_lowercase();
+    let declared = [".prom", ".om", ".openmetrics"]
+        .iter()
+        .any(|ending| lower.ends_with(ending));
+    let mut parser = if declared {
+        Parser::declared(format)
+    } else {
+        Parser::new(format)
+    };
     let mut reader = BufReader::with_capacity(1 << 20, head.chain(file));
     let mut line = Vec::with_capacity(4096);
     let mut samples = 0u64;
@@ -207,11 +218,12 @@ fn for_each_sample(
 }
 
 /// Whether a line is a comment that says nothing to a parser: `#` but not
-/// `# HELP`, `# TYPE`, `# UNIT` or `# EOF`.
+/// `# HELP`, `# TYPE` or `# UNIT` (a line that is `# EOF` is UTF-8, and one
+/// that only starts so is a comment).
 fn is_plain_comment(line: &[u8]) -> bool {
     let line = line.trim_ascii_start();
     line.starts_with(b"#")
-        && !["# HELP ", "# TYPE ", "# UNIT ", "# EOF"]
+        && !["# HELP ", "# TYPE ", "# UNIT "]
             .iter()
             .any(|marker| line.starts_with(marker.as_bytes()))
 }

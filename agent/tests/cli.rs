@@ -251,10 +251,13 @@ fn an_import_reads_files_as_prometheus_reads_them() {
     let mut text = b"# made by \xff\xfe\n".to_vec();
     text.extend_from_slice(b"k 2 1796600000000\n");
     std::fs::write(&comment, text).unwrap();
-    let out = import(&data, &[&unit, &comment]);
+    // `# EOF` in a `.prom` file is a comment, timestamps or not.
+    let eof = dir.path().join("eof.prom");
+    std::fs::write(&eof, "e 3 1796600000000\n# EOF\ne2 4 1796600000000\n").unwrap();
+    let out = import(&data, &[&unit, &comment, &eof]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("Imported 2 samples"), "{stderr}");
+    assert!(stderr.contains("Imported 4 samples"), "{stderr}");
 
     let nix = dir.path().join("nix.om");
     std::fs::write(&nix, "a 1\n# EOF\n").unwrap();
@@ -271,7 +274,7 @@ fn an_import_reads_files_as_prometheus_reads_them() {
         stderr.contains("no timestamp, and the file's modification time"),
         "{stderr}"
     );
-    assert_eq!(scraped_count(&data), 2);
+    assert_eq!(scraped_count(&data), 4);
 }
 
 fn hex_le(bits: u64) -> String {

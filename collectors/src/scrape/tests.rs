@@ -250,6 +250,14 @@ fn bodies_are_parsed_and_histograms_picked_out() {
         &Timestamps::new(),
     );
     assert!(help.is_err(), "HELP text must be UTF-8");
+    // Served as text/plain, `# EOF` is a comment, timestamps or not, as
+    // Prometheus reads it.
+    let eof = parse(
+        "a 1 0\n# EOF\nb 2 0\n",
+        Format::PrometheusText,
+        &target(&[]),
+    );
+    assert_eq!(eof.unwrap().rows.len(), 2);
     // Without a final newline the last line counts all the same.
     assert_eq!(
         parse("a 1\nb 2", Format::PrometheusText, &target(&[]))

@@ -127,10 +127,16 @@ pub struct Parser {
     after_eof: Option<(u64, String)>,
     /// Bounds on each sample's labels.
     limits: Limits,
+    /// Whether the format was declared (a scrape's Content-Type, a `.prom`
+    /// or `.om` file name) rather than guessed from the first bytes: a
+    /// declared Prometheus text reads `# EOF` as the comment Prometheus
+    /// reads it as, timestamps or not.
+    declared: bool,
 }
 
 impl Parser {
-    /// A parser for input in `format`, before its first line.
+    /// A parser for input in `format`, guessed from its first bytes
+    /// ([`Parser::detect`]), before its first line.
     pub fn new(format: Format) -> Self {
         Parser {
             format,
@@ -139,15 +145,26 @@ impl Parser {
             saw_timestamp: false,
             after_eof: None,
             limits: Limits::NONE,
+            declared: false,
         }
     }
 
-    /// A parser that also refuses a sample whose labels go past `limits`. The check is made
-    /// while the label set is scanned, before anything is copied.
+    /// A parser for input whose format was declared (a Content-Type, a file
+    /// name), not guessed: see [`Parser::new`].
+    pub fn declared(format: Format) -> Self {
+        Parser {
+            declared: true,
+            ..Parser::new(format)
+        }
+    }
+
+    /// A parser for a declared format ([`Parser::declared`]) that also refuses a sample
+    /// whose labels go past `limits`. The check is made while the label set is scanned,
+    /// before anything is copied.
     pub fn with_limits(format: Format, limits: Limits) -> Self {
         Parser {
             limits,
-            ..Parser::new(format)
+            ..Parser::declared(format)
         }
     }
 
@@ -243,7 +260,7 @@ impl Parser {
                 if self.eof_line.is_none() {
                     self.eof_line = Some(self.line);
                 }
-                if self.format == Format::PrometheusText && self.saw_timestamp {
+                if self.format == Format::PrometheusText && self.saw_timestamp && !self.declared {
                     return Err(self.eof_in_prometheus_text_error(line));
                 }
             }
@@ -253,7 +270,10 @@ impl Parser {
             Ok(sample) => {
                 if sample.timestamp_us.is_some() && !self.saw_timestamp {
                     self.saw_timestamp = true;
-                    if self.format == Format::PrometheusText && self.eof_line.is_some() {
+                    if self.format == Format::PrometheusText
+                        && self.eof_line.is_some()
+                        && !self.declared
+                    {
                         return Err(self.eof_in_prometheus_text_error(line));
                     }
                 }
