@@ -128,11 +128,7 @@ fn for_each_sample(
     // A name that says the format declares it (`# EOF` in a `.prom` file is a
     // comment, as Prometheus reads it); one guessed from the content is
     // held to it.
-    let lower = name.to_ascii_lowercase();
-    let declared = [".prom", ".om", ".openmetrics"]
-        .iter()
-        .any(|ending| lower.ends_with(ending));
-    let mut parser = if declared {
+    let mut parser = if Parser::format_of_name(name).is_some() {
         Parser::declared(format)
     } else {
         Parser::new(format)

@@ -16,7 +16,7 @@ use crate::collectors::{
     runtime_tables, Availability, Collector, CollectorsConfig, LatestRow, ParseError, Roots,
     ABSENT_REPROBE_SECS, FAILED_REPROBE_FIRST_SECS, FAILED_REPROBE_MAX_SECS, NAMES,
 };
-use crate::ticks::{next_grid, Stopper};
+use crate::ticks::{finished_within, next_grid, Stopper};
 use crate::timespec::now_us;
 
 /// Rows on their way from a collector to the store.
@@ -39,14 +39,7 @@ impl Running {
     /// behind, and what that read returns is dropped).
     fn stop(self) -> Option<Box<dyn Collector>> {
         self.stopper.stop();
-        let finished = {
-            let deadline = Instant::now() + STOP_WAIT;
-            while !self.thread.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            self.thread.is_finished()
-        };
-        if !finished {
+        if !finished_within(&self.thread, STOP_WAIT) {
             self.watch.abandoned.store(true, Ordering::SeqCst);
             tracing::error!(
                 collector = self.name,
@@ -995,6 +988,21 @@ mod tests {
         }
     }
 
+    /// Waits (20 s at most) until the watched collector has been in one
+    /// call for `at_least`.
+    fn wait_blocked(watch: &Watch, at_least: Duration) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while watch
+            .busy_since
+            .lock()
+            .unwrap()
+            .is_none_or(|s| s.elapsed() < at_least)
+        {
+            assert!(Instant::now() < deadline, "never blocked");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A tick that never returns: the collector's values leave `/metrics`
     /// (they are of before the read), it reports failing, a stop does not
     /// wait for it for ever, and what the read returns once it does is
@@ -1054,18 +1062,9 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(20));
             }
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
         assert!(shows(true, false), "never showed its first tick");
         // Blocked in its second tick: still shown as it was, until stuck.
-        while watch
-            .busy_since
-            .lock()
-            .unwrap()
-            .is_none_or(|s| s.elapsed() < Duration::from_millis(600))
-        {
-            assert!(Instant::now() < deadline, "never blocked");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_blocked(&watch, Duration::from_millis(600));
         set.check_stuck(&exposition, &rows);
         assert!(shows(false, true), "stale values taken off, failing");
         let failing = received
@@ -1119,16 +1118,7 @@ mod tests {
             Exposition::new(&[&runtime_tables::COLLECTOR]),
             rows,
         );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while watch
-            .busy_since
-            .lock()
-            .unwrap()
-            .is_none_or(|s| s.elapsed() < Duration::from_millis(600))
-        {
-            assert!(Instant::now() < deadline, "never blocked");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_blocked(&watch, Duration::from_millis(600));
         release.send(()).unwrap();
         std::thread::sleep(Duration::from_millis(600));
         stopper.stop();

@@ -48,14 +48,19 @@ impl Stopper {
 /// still running is left behind, so a stop or a reload never waits on it
 /// for ever; its process ending ends it.
 pub fn join_within<T>(thread: std::thread::JoinHandle<T>, limit: Duration) -> Option<T> {
+    if !finished_within(&thread, limit) {
+        return None;
+    }
+    thread.join().ok()
+}
+
+/// Whether `thread` finishes within `limit` (polled every 10 ms).
+pub fn finished_within<T>(thread: &std::thread::JoinHandle<T>, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while !thread.is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    if !thread.is_finished() {
-        return None;
-    }
-    thread.join().ok()
+    thread.is_finished()
 }
 
 /// The next wall-clock multiple of `interval_us` that a loop ticking on that

@@ -2011,6 +2011,22 @@ fn an_import_merge_keeps_one_row_per_series_and_instant() {
     assert_eq!(all_scraped(&store).len(), rows.len() + 1);
 }
 
+/// One `scraped` row of the series `s` at `time_us`.
+fn row_of_s(time_us: i64, value: f64) -> vtax_store::Batch {
+    let mut b = BatchBuilder::new(&tables::SCRAPED);
+    b.push(time_us, &["", "s", ""], &[Value::F64(value)])
+        .unwrap();
+    b.finish()
+}
+
+/// Every `scraped` row's time and value.
+fn rows_of_s(store: &Store) -> Vec<(i64, f64)> {
+    all_scraped(store)
+        .into_iter()
+        .map(|(t, _, bits)| (t, f64::from_bits(bits)))
+        .collect()
+}
+
 /// An import's merge keeps the first written of equal keys, whatever the
 /// files' times or names: a later import that repeats a sample the store
 /// holds (and starts earlier, or lands in a file whose name sorts first)
@@ -2021,14 +2037,8 @@ fn an_import_merge_keeps_one_row_per_series_and_instant() {
 fn an_import_merge_keeps_the_first_written_and_only_in_its_table() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
-    let sample = |time_us: i64, value: f64| {
-        let mut b = BatchBuilder::new(&tables::SCRAPED);
-        b.push(time_us, &["", "s", ""], &[Value::F64(value)])
-            .unwrap();
-        b.finish()
-    };
     let half_hour = T0 + 30 * 60_000_000;
-    store.append(&sample(half_hour, 1.0)).unwrap();
+    store.append(&row_of_s(half_hour, 1.0)).unwrap();
     store.flush().unwrap();
     // Agent rows of another table with one key twice.
     for power in [100.0, 200.0] {
@@ -2047,14 +2057,11 @@ fn an_import_merge_keeps_the_first_written_and_only_in_its_table() {
     store.flush().unwrap();
     // Ten more imports of the stored sample, each its own part.
     for value in 3..13 {
-        store.append(&sample(half_hour, value as f64)).unwrap();
+        store.append(&row_of_s(half_hour, value as f64)).unwrap();
         store.flush().unwrap();
     }
     store.compact_all(T0 + 40 * 60_000_000, "scraped").unwrap();
-    let values: Vec<(i64, f64)> = all_scraped(&store)
-        .into_iter()
-        .map(|(t, _, bits)| (t, f64::from_bits(bits)))
-        .collect();
+    let values = rows_of_s(&store);
     assert_eq!(values, [(T0, 5.0), (half_hour, 1.0)]);
     let gpu = store
         .scan(&ScanRequest {
@@ -2074,14 +2081,8 @@ fn an_import_merge_keeps_the_first_written_and_only_in_its_table() {
 fn the_agents_merge_keeps_repeats_in_the_order_they_were_written() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
-    let sample = |time_us: i64, value: f64| {
-        let mut b = BatchBuilder::new(&tables::SCRAPED);
-        b.push(time_us, &["", "s", ""], &[Value::F64(value)])
-            .unwrap();
-        b.finish()
-    };
     let half_hour = T0 + 30 * 60_000_000;
-    store.append(&sample(half_hour, 1.0)).unwrap();
+    store.append(&row_of_s(half_hour, 1.0)).unwrap();
     store.flush().unwrap();
     let mut killed = BatchBuilder::new(&tables::SCRAPED);
     killed.push(T0, &["", "s", ""], &[Value::F64(5.0)]).unwrap();
@@ -2092,13 +2093,10 @@ fn the_agents_merge_keeps_repeats_in_the_order_they_were_written() {
     store.flush().unwrap();
     store.compact(T0 + 2 * DAY_US).unwrap();
     assert_eq!(all_scraped(&store).len(), 3, "the agent's merge keeps both");
-    store.append(&sample(half_hour, 3.0)).unwrap();
+    store.append(&row_of_s(half_hour, 3.0)).unwrap();
     store.flush().unwrap();
     store.compact_all(T0 + 2 * DAY_US, "scraped").unwrap();
-    let values: Vec<(i64, f64)> = all_scraped(&store)
-        .into_iter()
-        .map(|(t, _, bits)| (t, f64::from_bits(bits)))
-        .collect();
+    let values = rows_of_s(&store);
     assert_eq!(values, [(T0, 5.0), (half_hour, 1.0)]);
 }
 

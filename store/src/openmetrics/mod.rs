@@ -190,12 +190,8 @@ impl Parser {
     /// reports an error at its `# EOF` if timestamped samples were read (their unit would be
     /// wrong), so such a misdetection cannot pass silently.
     pub fn detect(first_chunk: &str, file_name: &str) -> Format {
-        let name = file_name.as_bytes();
-        if ends_with_ignore_case(name, b".prom") {
-            return Format::PrometheusText;
-        }
-        if ends_with_ignore_case(name, b".om") || ends_with_ignore_case(name, b".openmetrics") {
-            return Format::OpenMetrics;
+        if let Some(format) = Parser::format_of_name(file_name) {
+            return format;
         }
         for line in first_chunk.lines() {
             let t = line.trim_matches(|c: char| c == ' ' || c == '\t' || c == '\r');
@@ -213,6 +209,21 @@ impl Parser {
             }
         }
         Format::PrometheusText
+    }
+
+    /// The format a file's name declares: Prometheus text for `.prom`,
+    /// OpenMetrics for `.om` and `.openmetrics` (ASCII case-insensitive).
+    pub fn format_of_name(file_name: &str) -> Option<Format> {
+        let name = file_name.as_bytes();
+        if ends_with_ignore_case(name, b".prom") {
+            Some(Format::PrometheusText)
+        } else if ends_with_ignore_case(name, b".om")
+            || ends_with_ignore_case(name, b".openmetrics")
+        {
+            Some(Format::OpenMetrics)
+        } else {
+            None
+        }
     }
 
     /// Parses the next line (`line` has no trailing `\n`). Returns `Ok(None)` for blank lines,
