@@ -804,6 +804,14 @@ fn a_file_that_does_not_read_is_pending_with_its_reason() {
         .unwrap();
     let bytes = std::fs::read(&damaged.path).unwrap();
     std::fs::write(&damaged.path, &bytes[..bytes.len() - 9]).unwrap();
+    // Written an hour ago: the oldest pending file's age counts it.
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&damaged.path)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
 
     let mut u = uploader(data.path(), target.path());
     let now = T0 + 2 * HOUR_US + 10 * 60_000_000;
@@ -814,7 +822,7 @@ fn a_file_that_does_not_read_is_pending_with_its_reason() {
         (u.stats.pending_files, u.stats.pending_unreadable_files),
         (1, 1)
     );
-    assert!(u.stats.oldest_pending_age_seconds >= 0.0);
+    assert!(u.stats.oldest_pending_age_seconds >= 3600.0);
     assert!(
         pending_summary(&u.stats).contains("1 that do not read"),
         "{}",
