@@ -548,7 +548,7 @@ fn collector_loop(
         let duration = started.elapsed();
         if duration >= watch.stuck_after {
             // Its rows hold values read at its end under its start's time
-            // (a rate twenty times the truth into them), and its status row
+            // (a rate into them as wrong as the read was long), and its status row
             // would come before the failing ones sent meanwhile: the next
             // tick reads afresh.
             tracing::warn!(

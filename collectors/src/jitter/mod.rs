@@ -1333,8 +1333,7 @@ mod tests {
 
     /// The largest wake-up is exact, past the histogram's old 10 s reach too,
     /// and no quantile is above it: the histogram's bucket tops (two
-    /// significant digits) lay above it, a p99 of 17.96 ms over a max of
-    /// 17.88 ms.
+    /// significant digits) lie above the largest wake-up itself.
     #[test]
     fn quantiles_never_exceed_the_exact_largest_wake_up() {
         let mut window = probe::CpuWindow::new(0, false);
