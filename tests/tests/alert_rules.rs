@@ -27,9 +27,27 @@ fn promtool(args: &[&str]) -> (bool, String) {
 }
 
 /// The unit-test files, each run by promtool and searched for every alert's test.
-const TEST_FILES: [&str; 2] = [
+const TEST_FILES: [&str; 3] = [
     "dashboards/alerts/tests/vtax-rules.test.yml",
     "dashboards/alerts/tests/vtax-peers.test.yml",
+    RESTART_TESTS,
+];
+
+/// The tests of each alert's `for` clock through an agent restart.
+const RESTART_TESTS: &str = "dashboards/alerts/tests/vtax-restart.test.yml";
+
+/// Alerts with a `for` that need no restart test, and why.
+const NOT_RESTART_TESTED: [(&str, &str); 7] = [
+    ("VtaxAgentDown", "`up` is Prometheus's own series, there through a restart"),
+    ("VtaxStoreNearByteBudget", "reads the highest point of the last 10 minutes"),
+    ("VtaxStoreWriteFailing", "increase() over a range that spans the restart"),
+    ("VtaxGpuValuesLeftOut", "increase() over a range; its restart is in vtax-rules.test.yml"),
+    ("VtaxInfinibandCongestion", "rate() over a range that spans the restart"),
+    (
+        "VtaxNoisyNeighbourSuspected",
+        "its series lives as long as the detector's event: held over a gap, a closed event would page on",
+    ),
+    ("VtaxNodeSlowerThanPeers", "a `for` of 15 s, which a restart delays by as much"),
 ];
 
 fn rules() -> String {
@@ -81,6 +99,52 @@ fn every_alert_has_a_runbook_section_and_a_unit_test() {
             tests.contains(&format!("alertname: {name}\n")),
             "{name} has no promtool unit test"
         );
+    }
+}
+
+/// Each alert's name and its `for`, if it has one.
+fn alert_fors(rules: &str) -> Vec<(String, Option<String>)> {
+    let mut alerts: Vec<(String, Option<String>)> = Vec::new();
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert: ") {
+            alerts.push((name.trim().to_string(), None));
+        } else if line.starts_with("- record: ") {
+            alerts.push((String::new(), None));
+        } else if let (Some(duration), Some(last)) = (line.strip_prefix("for: "), alerts.last_mut())
+        {
+            last.1 = Some(duration.trim().to_string());
+        }
+    }
+    alerts.retain(|(name, _)| !name.is_empty());
+    alerts
+}
+
+/// A restart stale-marks every series of the node for the seconds it takes,
+/// and the windowed ones for their first window: an alert reading a gauge as
+/// an instant vector restarted its `for` there, so a node whose agent
+/// restarted more often than that never paged.
+#[test]
+fn every_alert_with_a_for_keeps_it_through_a_restart() {
+    let rules = rules();
+    let tests = std::fs::read_to_string(repo().join(RESTART_TESTS)).unwrap();
+    let fors = alert_fors(&rules);
+    assert!(
+        fors.iter().filter(|(_, f)| f.is_some()).count() >= 20,
+        "{fors:?}"
+    );
+    for (name, duration) in &fors {
+        let exempt = NOT_RESTART_TESTED.iter().any(|(n, _)| n == name);
+        match duration {
+            Some(_) if !exempt => assert!(
+                tests.contains(&format!("alertname: {name}\n")),
+                "{name} has a `for` and no test in {RESTART_TESTS}"
+            ),
+            None => assert!(!exempt, "{name} has no `for` to exempt"),
+            _ => {}
+        }
+    }
+    for (name, _) in NOT_RESTART_TESTED {
+        assert!(fors.iter().any(|(n, _)| n == name), "{name} is no alert");
     }
 }
 
