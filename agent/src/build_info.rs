@@ -2,6 +2,8 @@
 //! `vtax_build_info{version,revision,rustc_version} 1`. The version comes from
 //! Cargo.toml, the revision and rustc's version from `build.rs`.
 
+use std::time::{Duration, Instant};
+
 use vtax_store::{Batch, BatchBuilder};
 
 use crate::collectors::runtime_tables::{BuildRow, BUILD};
@@ -27,6 +29,37 @@ pub fn row(time_us: i64) -> Batch {
     rows.finish()
 }
 
+/// How often the row is kept again while the agent runs. Rows reach a
+/// remote-write receiver only as they are kept, and Prometheus's instant
+/// queries look back 5 minutes: a row kept once at the start left
+/// `vtax_build_info` out of the receiver's answers 5 minutes later, and a
+/// fleet's versions were no longer one query there.
+pub const ROW_INTERVAL: Duration = Duration::from_secs(60);
+
+/// When the row is due again.
+pub struct BuildRows {
+    next: Instant,
+}
+
+impl BuildRows {
+    /// The row was kept at `kept`.
+    pub fn new(kept: Instant) -> Self {
+        BuildRows {
+            next: kept + ROW_INTERVAL,
+        }
+    }
+
+    /// The row at `time_us` (wall clock) when one is due at `now`: one per
+    /// [`ROW_INTERVAL`], and one only after a stall of the main loop.
+    pub fn due(&mut self, now: Instant, time_us: i64) -> Option<Batch> {
+        if now < self.next {
+            return None;
+        }
+        self.next = (self.next + ROW_INTERVAL).max(now + ROW_INTERVAL / 2);
+        Some(row(time_us))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -34,6 +67,29 @@ mod tests {
     use vtax_exporters::{Exposition, Format};
 
     use super::*;
+
+    #[test]
+    fn the_row_is_kept_again_every_interval_and_once_after_a_stall() {
+        let start = Instant::now();
+        let mut rows = BuildRows::new(start);
+        let due = |rows: &mut BuildRows, after: Duration| rows.due(start + after, 7).is_some();
+        assert!(!due(&mut rows, Duration::ZERO));
+        assert!(!due(&mut rows, ROW_INTERVAL - Duration::from_millis(1)));
+        assert!(due(&mut rows, ROW_INTERVAL));
+        assert!(!due(&mut rows, ROW_INTERVAL + Duration::from_secs(1)));
+        assert!(due(&mut rows, 2 * ROW_INTERVAL));
+        // Under Prometheus's 5-minute look-back with room for a lost request.
+        assert!(ROW_INTERVAL <= Duration::from_secs(150));
+        // A main loop held up for ten intervals: one row, not ten.
+        let after_stall = 12 * ROW_INTERVAL;
+        assert!(due(&mut rows, after_stall));
+        assert!(!due(&mut rows, after_stall + Duration::from_secs(1)));
+        let row = rows
+            .due(start + after_stall + ROW_INTERVAL, 7)
+            .expect("due");
+        assert_eq!(row.len(), 1);
+        assert!(std::ptr::eq(row.table, &BUILD));
+    }
 
     #[test]
     fn metrics_give_the_build_as_labels_of_a_constant_1() {

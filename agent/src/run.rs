@@ -117,10 +117,12 @@ pub fn run(args: RunArgs) -> Result<()> {
             .context("spawn the renderer")?
     };
     let (sender, receiver) = vtax_store::hub::channel(HUB_CAPACITY);
-    // `vtax_build_info`: served for as long as the agent runs, kept once.
+    // `vtax_build_info`: served for as long as the agent runs, kept now and
+    // every `build_info::ROW_INTERVAL` for the remote-write receivers.
     let build = Arc::new(crate::build_info::row(now_us()));
     exposition.update(BUILD_SOURCE, vec![build.clone()]);
     let _ = sender.send(vec![build]);
+    let mut build_rows = crate::build_info::BuildRows::new(Instant::now());
     let web = crate::web::start(&config.web, exposition.clone(), sender.clone())?;
     let started_us = now_us();
     let mut collectors = CollectorSet::start(
@@ -240,6 +242,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             let row = Arc::new(row);
             // Off the collectors' grid: shown with their next render.
             exposition.stage(STORE_SOURCE, vec![row.clone()]);
+            keep(&mut store, &mut remote, &mut failures.refused, &row);
+        }
+        if let Some(row) = build_rows.due(Instant::now(), now_us()) {
             keep(&mut store, &mut remote, &mut failures.refused, &row);
         }
         if let Some(report) = compactor.poll(&mut store, now_us()) {

@@ -73,11 +73,12 @@ vtax_store::table! {
 }
 
 vtax_store::table! {
-    /// One row when the agent starts (the agent's `build_info`):
-    /// `vtax_build_info`, as Prometheus exporters give their build.
+    /// One row when the agent starts and every minute while it runs (the
+    /// agent's `build_info`): `vtax_build_info`, as Prometheus exporters give
+    /// their build.
     pub static BUILD: TableDef, pub struct BuildRow {
         name: "build",
-        help: "One row when the agent starts: the build it runs as tags, and 1. Served on /metrics for as long as it runs, so a fleet's versions are one query.",
+        help: "One row when the agent starts and one a minute while it runs: the build it runs as tags, and 1. Served on /metrics for as long as it runs and sent to remote-write receivers every minute (within Prometheus's 5-minute look-back), so a fleet's versions are one query.",
         tags: [
             version = TagDef {
                 name: "version",
