@@ -440,8 +440,13 @@ impl Detector {
             .retain(|_, (time_us, _)| second_of(*time_us) >= horizon);
     }
 
+    /// One row per resource, victim and suspect of the open events: where
+    /// two events of a victim's resource (the node's CPU pressure and its
+    /// jitter tail) rank the same suspect, its higher standing. A row per
+    /// event gave `/metrics` two samples of one series, and the table two
+    /// rows of one key.
     pub(super) fn neighbor_rows(&self, time_us: i64) -> Batch {
-        let mut rows = BatchBuilder::new(&tables::NEIGHBOR);
+        let mut best: BTreeMap<(Resource, &str, &str), &Suspect> = BTreeMap::new();
         for (key, event) in &self.open {
             for suspect in event
                 .suspects
@@ -449,16 +454,26 @@ impl Detector {
                 .filter(|s| s.score > 0.0)
                 .take(SUSPECTS_EXPORTED)
             {
-                let row = tables::NeighborRow {
-                    resource: key.resource.name(),
-                    victim: &key.victim,
-                    suspect: &suspect.name,
-                    suspected: suspect.score,
-                    correlation: suspect.correlation,
-                };
-                rows.push_row(time_us, &row)
-                    .expect("a suspect row is for the neighbor table");
+                best.entry((key.resource, key.victim.as_str(), suspect.name.as_str()))
+                    .and_modify(|kept| {
+                        if suspect.score > kept.score {
+                            *kept = suspect;
+                        }
+                    })
+                    .or_insert(suspect);
             }
+        }
+        let mut rows = BatchBuilder::new(&tables::NEIGHBOR);
+        for ((resource, victim, name), suspect) in best {
+            let row = tables::NeighborRow {
+                resource: resource.name(),
+                victim,
+                suspect: name,
+                suspected: suspect.score,
+                correlation: suspect.correlation,
+            };
+            rows.push_row(time_us, &row)
+                .expect("a suspect row is for the neighbor table");
         }
         rows.finish()
     }

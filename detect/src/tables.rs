@@ -134,8 +134,9 @@ vtax_store::table! {
     /// `vtax_neighbor_suspected{resource,victim,suspect}`.
     pub static NEIGHBOR: TableDef, pub struct NeighborRow {
         name: "neighbor",
-        help: "One row per detector window for each ranked suspect of each open noisy-neighbour \
-               event (the top three). No row: nothing suspected.",
+        help: "One row per detector window for each suspect an open noisy-neighbour event ranks \
+               (its top three), per resource and victim: where two events of a victim's resource \
+               rank one suspect, its higher standing. No row: nothing suspected.",
         tags: [
             resource = tag("resource", "`cpu`, `memory`, `io`, `gpu` or `network`."),
             victim = tag("victim", "`node`, a cgroup path, `gpu<N>`, or an RDMA port `mlx5_0/1`."),

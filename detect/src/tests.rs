@@ -2228,3 +2228,61 @@ fn a_clock_set_back_does_not_silence_the_detector() {
         "windows judged after the clock came back: {judged}"
     );
 }
+
+/// Two events of one victim's resource (the node's CPU pressure and its
+/// jitter tail) that rank the same suspect give one `neighbor` row, at its
+/// higher standing: a row per event gave `/metrics` two samples of one
+/// series and the table two rows of one key.
+#[test]
+fn a_suspect_of_two_events_of_one_victim_is_one_neighbor_row() {
+    let mut detector = Detector::new(config());
+    let suspect = |name: &str, score: f64| Suspect {
+        name: name.to_string(),
+        correlation: score + 0.1,
+        effect: 0.1,
+        usage_change: 1.0,
+        busy_usage: 1.0,
+        score,
+    };
+    for (signal, hog, other) in [
+        ("pressure_some_ratio", 0.8, "/batch"),
+        ("jitter_p99_seconds", 0.5, "/web"),
+    ] {
+        let suspects = vec![suspect("/hog", hog), suspect(other, 0.4)];
+        detector.open.insert(
+            SignalKey {
+                resource: Resource::Cpu,
+                victim: "node".into(),
+                signal,
+            },
+            OpenEvent {
+                start_second: 100,
+                peak_score: 9.0,
+                named: named_first(&suspects),
+                suspects,
+                evidence: String::new(),
+                last_judged_second: 200,
+            },
+        );
+    }
+    let rows = detector.neighbor_rows(START_US);
+    let v = View::new(&rows);
+    let mut seen: Vec<(String, f64)> = (0..v.rows())
+        .map(|r| {
+            assert_eq!((v.tag(r, "resource"), v.tag(r, "victim")), ("cpu", "node"));
+            (
+                v.tag(r, "suspect").to_string(),
+                v.value(r, "suspected").unwrap(),
+            )
+        })
+        .collect();
+    seen.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        seen,
+        [
+            ("/batch".to_string(), 0.4),
+            ("/hog".to_string(), 0.8),
+            ("/web".to_string(), 0.4)
+        ]
+    );
+}
