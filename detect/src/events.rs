@@ -168,9 +168,17 @@ impl Detector {
                 continue;
             }
             let before = top_suspect(&event.suspects).to_string();
+            for suspect in &suspects {
+                if let Some(best) = event.named.get_mut(&suspect.name) {
+                    if suspect.score > best.score {
+                        *best = suspect.clone();
+                    }
+                }
+            }
             event.suspects = suspects;
             let now = top_suspect(&event.suspects).to_string();
-            if now != "none" && may_name && event.named.insert(now.clone()) {
+            if now != "none" && may_name && !event.named.contains_key(&now) {
+                event.named.insert(now.clone(), event.suspects[0].clone());
                 // A suspect this event has not named before: an operator
                 // reading the log or the events table must not wait for the
                 // close to learn of it.
@@ -212,15 +220,17 @@ impl Detector {
             let Some(event) = self.open.remove(&key) else {
                 continue;
             };
+            let suspects = closing_suspects(&event);
             tracing::info!(
                 resource = key.resource.name(),
                 victim = %key.victim,
                 signal = key.signal,
                 duration_secs = end_second - event.start_second,
-                suspect = top_suspect(&event.suspects),
+                suspect = top_suspect(&suspects),
                 why,
                 "Noisy-neighbour event closed."
             );
+            let event = OpenEvent { suspects, ..event };
             push_event_row(
                 &mut event_rows,
                 time_us,
@@ -549,12 +559,33 @@ pub(super) fn upper_quartile_mean(values: &[f64]) -> Option<f64> {
     Some(top.iter().sum::<f64>() / top.len() as f64)
 }
 
-/// The suspect an event names first, as a set of the names it has named.
-pub(super) fn named_first(suspects: &[Suspect]) -> BTreeSet<String> {
-    match top_suspect(suspects) {
-        "none" => BTreeSet::new(),
-        name => [name.to_string()].into(),
-    }
+/// The suspect an event names first, as the map of the suspects it has
+/// named.
+pub(super) fn named_first(suspects: &[Suspect]) -> BTreeMap<String, Suspect> {
+    suspects
+        .first()
+        .filter(|s| s.score > 0.0)
+        .map(|s| (s.name.clone(), s.clone()))
+        .into_iter()
+        .collect()
+}
+
+/// The suspects of an event's closing row: each it named, at its best
+/// standing while open, then the rest of the last ranking. The look-back
+/// is the last 90 s: an antagonist that left more than that before the
+/// close (the victim held above its baseline by other load) had dropped
+/// out of it, and the row and the report named only the load that stayed.
+pub(super) fn closing_suspects(event: &OpenEvent) -> Vec<Suspect> {
+    let mut suspects: Vec<Suspect> = event.named.values().cloned().collect();
+    suspects.extend(
+        event
+            .suspects
+            .iter()
+            .filter(|s| s.score > 0.0 && !event.named.contains_key(&s.name))
+            .cloned(),
+    );
+    rank::sort(&mut suspects);
+    suspects
 }
 
 pub(super) fn top_suspect(suspects: &[Suspect]) -> &str {

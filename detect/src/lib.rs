@@ -159,8 +159,10 @@ struct OpenEvent {
     start_second: i64,
     peak_score: f64,
     suspects: Vec<Suspect>,
-    /// Every suspect the event has named first in a row of its own.
-    named: BTreeSet<String>,
+    /// Every suspect the event has named first in a row of its own, at its
+    /// best standing while the event was open: the closing row lists them
+    /// whatever the last look-back holds.
+    named: BTreeMap<String, Suspect>,
     evidence: String,
     /// The end of the last window that judged the victim signal (or when a
     /// restarted agent resumed the event): an event whose victim is gone,

@@ -2229,6 +2229,74 @@ fn a_clock_set_back_does_not_silence_the_detector() {
     );
 }
 
+/// A hog stalls the victim and is named; it stops, but other load keeps
+/// the victim above its baseline for two minutes more, so the close comes
+/// more than a look-back after the hog left. The closing row, which the
+/// report shows, still names the hog.
+#[test]
+fn the_closing_row_names_the_suspect_the_event_named_after_it_left() {
+    let mut node = Node::new(config());
+    let mut seed = 23;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..180 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.9, quiet(&mut seed)),
+                ("/steady", 0.5 + 0.02 * n, 0.0),
+                ("/hog", 0.0, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    for _ in 0..60 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.6, 0.35 + 0.03 * n),
+                ("/steady", 0.5 + 0.02 * n, 0.0),
+                ("/hog", 0.95, 0.3 + 0.03 * n),
+            ],
+            0.3,
+        );
+    }
+    let opened = node.events("open");
+    let victim = opened
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .expect("the victim's event opened");
+    assert!(victim.2.starts_with("/hog "), "{opened:?}");
+    // The hog is done; what holds the victim's stall up now moves with
+    // no cgroup's use.
+    for _ in 0..120 {
+        let n = noise(&mut seed);
+        node.step(
+            &[
+                ("/victim", 0.6, 0.3 + 0.03 * n),
+                ("/steady", 0.5 + 0.02 * noise(&mut seed), 0.0),
+                ("/hog", 0.0, 0.0),
+            ],
+            0.3,
+        );
+    }
+    for _ in 0..90 {
+        node.step(
+            &[
+                ("/victim", 0.9, quiet(&mut seed)),
+                ("/steady", 0.5, 0.0),
+                ("/hog", 0.0, 0.0),
+            ],
+            quiet(&mut seed),
+        );
+    }
+    let closed = node.events("closed");
+    let event = closed
+        .iter()
+        .find(|e| e.1 == "/victim")
+        .unwrap_or_else(|| panic!("the victim's event closed: {closed:?}"));
+    assert!(event.2.starts_with("/hog "), "{closed:?}");
+}
+
 /// Two events of one victim's resource (the node's CPU pressure and its
 /// jitter tail) that rank the same suspect give one `neighbor` row, at its
 /// higher standing: a row per event gave `/metrics` two samples of one
