@@ -452,6 +452,58 @@ fn compaction_merges_a_day_and_an_interrupted_one_finishes_on_open() {
     assert_eq!(all_scraped(&store), expected);
 }
 
+/// A kill left a merged file beside its inputs, and the merged file was
+/// damaged since (a zeroed block, a failing disk) with its footer intact:
+/// open used to delete the inputs on the strength of the footer, leaving
+/// only pages that do not decode. It reads the merged file whole first: the
+/// damaged one goes to quarantine, and the inputs stay with every row.
+#[test]
+fn a_damaged_merged_file_does_not_replace_its_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected = Vec::new();
+    let inputs: Vec<(std::path::PathBuf, Vec<u8>)>;
+    {
+        let mut store = open(dir.path());
+        for h in 0..5 {
+            expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 80));
+            store.flush().unwrap();
+        }
+        inputs = parquet_files(dir.path())
+            .into_iter()
+            .map(|p| (p.clone(), fs::read(&p).unwrap()))
+            .collect();
+        assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+        store.close().unwrap();
+    }
+    expected.sort();
+    let merged = parquet_files(dir.path());
+    assert_eq!(merged.len(), 1);
+    let merged = merged[0].clone();
+    let mut bytes = fs::read(&merged).unwrap();
+    // A data page of the first column, the footer left whole.
+    bytes[8..40].fill(0);
+    fs::write(&merged, bytes).unwrap();
+    for (path, bytes) in &inputs {
+        fs::write(path, bytes).unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(store.stats().files_quarantined, 1);
+    assert_eq!(all_scraped(&store), expected, "every input's row is kept");
+    let live = parquet_files(dir.path());
+    assert_eq!(live.len(), 5, "{live:?}");
+    assert!(inputs.iter().all(|(p, _)| live.contains(p)));
+    let quarantined = dir
+        .path()
+        .join("quarantine/scraped/date=2025-11-21")
+        .join(merged.file_name().unwrap());
+    assert!(quarantined.exists(), "kept for whoever looks into it");
+    drop(store);
+    // A second open finds nothing left to do, and the rows are all there.
+    let store = open(dir.path());
+    assert_eq!(store.stats().files_quarantined, 0);
+    assert_eq!(all_scraped(&store), expected);
+}
+
 #[test]
 fn retention_deletes_oldest_days_by_age_and_by_bytes() {
     let dir = tempfile::tempdir().unwrap();

@@ -158,6 +158,70 @@ pub(super) fn remove_if_there(path: &Path, op: &'static str) -> Result<()> {
     }
 }
 
+/// Reads whole, at open, each merged file whose inputs are still there (a
+/// merge a kill interrupted), before [`finish_interrupted_merges`] deletes
+/// them: its footer read, so it replaced them in the index, but a file
+/// damaged since it was written (a zeroed block, a failing disk) then stood
+/// alone, and every row of its inputs was lost with them. A damaged one
+/// leaves the index and is returned, to be quarantined; its inputs are live
+/// again. One that cannot be read (permissions) stays where it is, out of
+/// the index, and its inputs are kept too.
+pub(super) fn keep_inputs_of_damaged_merges(index: &mut files::FileIndex) -> Vec<FileInfo> {
+    let mut damaged = Vec::new();
+    let mut kept_inputs: Vec<(String, i64, String)> = Vec::new();
+    for files in index.live.values_mut() {
+        files.retain(|merged| {
+            let has_inputs = merged.compacted_from.iter().any(|name| {
+                index.replaced.iter().any(|input| {
+                    input.table == merged.table
+                        && input.day == merged.day
+                        && input.path.file_name().and_then(|n| n.to_str()) == Some(name)
+                })
+            });
+            if !has_inputs {
+                return true;
+            }
+            let Err(e) = files::verify_file(merged) else {
+                return true;
+            };
+            kept_inputs.extend(
+                merged
+                    .compacted_from
+                    .iter()
+                    .map(|name| (merged.table.clone(), merged.day, name.clone())),
+            );
+            if e.damaged_file().is_some() {
+                tracing::error!(path = %merged.path.display(), error = %e, "A merged file whose inputs are still there failed verification: it goes to quarantine and its inputs stay.");
+                damaged.push(merged.clone());
+            } else {
+                tracing::error!(path = %merged.path.display(), error = %e, "A merged file whose inputs are still there could not be read: it stays where it is, out of the index, and its inputs stay.");
+            }
+            false
+        });
+    }
+    let (kept, replaced): (Vec<FileInfo>, Vec<FileInfo>) = std::mem::take(&mut index.replaced)
+        .into_iter()
+        .partition(|input| {
+            let name = input
+                .path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            kept_inputs
+                .iter()
+                .any(|(t, d, n)| *t == input.table && *d == input.day && n == name)
+        });
+    index.replaced = replaced;
+    for input in kept {
+        index
+            .live
+            .entry((input.table.clone(), input.day))
+            .or_default()
+            .push(input);
+    }
+    damaged
+}
+
 /// Finishes, at open, the merges that a kill interrupted (see
 /// [`Store::finish_merge`]): deletes the files that a merged file replaces
 /// (`replaced`), fsyncs their directories, then publishes each merged file

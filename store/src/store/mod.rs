@@ -273,6 +273,11 @@ impl Store {
             tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
             Ok(())
         })?;
+        let mut index = index;
+        for merged in keep_inputs_of_damaged_merges(&mut index) {
+            stats.files_quarantined += 1;
+            quarantine(&dir, &merged.path)?;
+        }
         let mut by_partition = index.live;
         finish_interrupted_merges(&index.replaced, &mut by_partition)?;
 
