@@ -14,8 +14,10 @@
 //!   frame; the writer of the last segment cuts it off;
 //! - a frame whose checksum fails is **stepped over** when its length field
 //!   leads to an intact frame: the damage lay in that one frame. A length that
-//!   leads elsewhere cannot be told from garbage, and the rest of the segment
-//!   is given up, not the next segments;
+//!   leads elsewhere cannot be told from garbage: [`Format::scan`] gives up
+//!   the rest of the segment (not the next segments), and
+//!   [`Format::scan_resync`], which the WAL reads with, searches the bytes
+//!   after it for the next intact frame and reads on from there;
 //! - a **damaged magic** alone would hide every frame behind it: the frames
 //!   are read on;
 //! - a segment shorter than the magic and a prefix of it was **torn while
@@ -25,7 +27,7 @@
 //! whoever looks into them, while the log goes on reading their intact frames.
 
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// Bytes of a frame's length and checksum.
@@ -295,8 +297,20 @@ impl Format {
             scan.valid_bytes = got as u64;
             return Ok(scan);
         }
+        self.scan_frames(&mut reader, &mut scan, &mut on_frame)?;
+        Ok(scan)
+    }
+
+    /// Reads frames from the reader's position, `scan.valid_bytes` in its
+    /// segment, until no next intact frame is found.
+    fn scan_frames<E>(
+        &self,
+        reader: &mut impl Read,
+        scan: &mut SegmentScan,
+        on_frame: &mut impl FnMut(Frame) -> Result<(), E>,
+    ) -> Result<(), ScanError<E>> {
         while let Some((stepped_over, frame)) = self
-            .next_intact(&mut reader, scan.valid_bytes)
+            .next_intact(reader, scan.valid_bytes)
             .map_err(ScanError::Read)?
         {
             if stepped_over > 0 {
@@ -307,9 +321,84 @@ impl Format {
             scan.frames += 1;
             on_frame(frame).map_err(ScanError::Stopped)?;
         }
+        Ok(())
+    }
+
+    /// [`Self::scan`], and past the first damage that gives no next frame
+    /// (a zeroed block, a length field hit), the bytes after it are searched
+    /// for the next intact frame, and read on from there: the damage is
+    /// stepped over. Only what no intact frame follows is left as the tail.
+    /// Without the search, a damaged block in the middle of the last segment
+    /// read as a torn tail, and the writer cut off every intact frame after
+    /// it.
+    pub fn scan_resync<R: Read + Seek, E>(
+        &self,
+        mut reader: R,
+        file_len: u64,
+        mut on_frame: impl FnMut(Frame) -> Result<(), E>,
+    ) -> Result<SegmentScan, ScanError<E>> {
+        let mut scan = self.scan(&mut reader, file_len, &mut on_frame)?;
+        if scan.torn_magic {
+            return Ok(scan);
+        }
+        while scan.tail_bytes() > 0 {
+            let Some(at) = self
+                .find_intact_frame(&mut reader, scan.valid_bytes + 1, file_len)
+                .map_err(ScanError::Read)?
+            else {
+                break;
+            };
+            scan.stepped_over_bytes += at - scan.valid_bytes;
+            scan.stepped_over_end = at;
+            scan.valid_bytes = at;
+            reader.seek(SeekFrom::Start(at)).map_err(ScanError::Read)?;
+            let mut buffered = io::BufReader::new(&mut reader);
+            self.scan_frames(&mut buffered, &mut scan, &mut on_frame)?;
+        }
         Ok(scan)
     }
+
+    /// The first offset from `from` at which an intact frame lies whole
+    /// within the segment, searching at most [`MAX_RESYNC_BYTES`].
+    fn find_intact_frame(
+        &self,
+        reader: &mut (impl Read + Seek),
+        from: u64,
+        file_len: u64,
+    ) -> io::Result<Option<u64>> {
+        if from >= file_len {
+            return Ok(None);
+        }
+        let len = (file_len - from).min(MAX_RESYNC_BYTES);
+        reader.seek(SeekFrom::Start(from))?;
+        let mut bytes = Vec::with_capacity(len as usize);
+        reader.take(len).read_to_end(&mut bytes)?;
+        let header_and_meta = FRAME_HEADER_BYTES + self.meta_bytes;
+        for at in 0..bytes.len() {
+            let Some(header) = bytes.get(at..at + FRAME_HEADER_BYTES) else {
+                break;
+            };
+            let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            if payload_len == 0 || payload_len > self.max_payload_bytes {
+                continue;
+            }
+            let Some(body) = bytes.get(at + FRAME_HEADER_BYTES..at + header_and_meta + payload_len)
+            else {
+                continue;
+            };
+            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            if crc32fast::hash(body) == crc {
+                return Ok(Some(from + at as u64));
+            }
+        }
+        Ok(None)
+    }
 }
+
+/// Most bytes after a damage searched for the next intact frame: a WAL
+/// segment's size. A search holds them in memory, once, when a log is read
+/// at open and found damaged.
+pub const MAX_RESYNC_BYTES: u64 = 64 << 20;
 
 /// Why [`Format::scan`] ended before the segment did.
 #[derive(Debug)]

@@ -501,7 +501,7 @@ fn replay_segments(
             .map_err(Error::io("read WAL segment", path))?
             .len();
         let scan = FORMAT
-            .scan(file, file_len, |frame| {
+            .scan_resync(file, file_len, |frame| {
                 replay_frame(frame, path, catalog, &mut report, &mut on_frame)
             })
             .map_err(|e| match e {
@@ -923,6 +923,40 @@ mod tests {
             "a segment before the last is not torn"
         );
         assert_eq!(fs::read(path).unwrap(), bytes);
+    }
+
+    /// A zeroed block in the middle of the last segment: a length field
+    /// reads 0, which no frame has, and the scan stops there. Read as a torn
+    /// tail, every intact frame after it was cut off at open; it is damage,
+    /// stepped over, and the segment stays whole.
+    #[test]
+    fn a_zeroed_block_in_the_last_segment_costs_only_its_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut bytes) = one_segment_of_frames(dir.path(), 8);
+        let offsets = frame_offsets(&bytes);
+        assert_eq!(offsets.len(), 9);
+        // From inside frame 3 (the fourth) to inside frame 5.
+        let (from, to) = (offsets[3] + 5, offsets[5] + 5);
+        bytes[from..to].fill(0);
+        fs::write(&path, &bytes).unwrap();
+        let (frames, report) = read_all(dir.path(), true);
+        let seqs: Vec<u64> = frames.iter().map(|f| f.seq).collect();
+        assert_eq!(
+            seqs,
+            [1, 2, 3, 7, 8],
+            "the frames on either side of the damage"
+        );
+        assert_eq!(report.damaged_segments, std::slice::from_ref(&path));
+        assert_eq!(report.damaged_bytes, (offsets[6] - offsets[3]) as u64);
+        assert_eq!(report.torn_bytes, 0);
+        assert_eq!(fs::read(&path).unwrap(), bytes, "nothing is cut");
+        // A torn tail after the last intact frame is still cut.
+        let torn = [&bytes[..], &bytes[offsets[1]..offsets[1] + 30]].concat();
+        fs::write(&path, &torn).unwrap();
+        let (frames, report) = read_all(dir.path(), true);
+        assert_eq!(frames.len(), 5);
+        assert_eq!(report.torn_bytes, 30);
+        assert_eq!(fs::read(&path).unwrap(), bytes);
     }
 
     #[test]
