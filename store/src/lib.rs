@@ -64,6 +64,7 @@ pub mod hub;
 pub mod log_limit;
 mod merge;
 pub mod openmetrics;
+pub mod regular_file;
 pub mod row;
 pub mod scan;
 pub mod schema;

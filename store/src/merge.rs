@@ -17,7 +17,6 @@
 //! is kept, which such a merge's planner makes the order the rows were
 //! written in. The agent's own merges keep every row.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -141,7 +140,7 @@ impl MergeColumns {
         rows: usize,
         batch_rows: usize,
     ) -> Result<FileBatches> {
-        let file = File::open(&input.path).map_err(Error::io("open", &input.path))?;
+        let file = crate::files::open_regular(&input.path)?;
         FileBatches::new(file, &input.path, input.metadata.clone(), |builder| {
             let mask =
                 ProjectionMask::roots(builder.parquet_schema(), projection.roots.iter().copied());

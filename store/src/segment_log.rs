@@ -164,9 +164,17 @@ impl Format {
             else {
                 continue;
             };
-            if let Ok(seq) = stem.parse::<u64>() {
-                segments.push((seq, entry.path()));
+            let Ok(seq) = stem.parse::<u64>() else {
+                continue;
+            };
+            // A directory or a FIFO under a segment's name holds no frames,
+            // and its open would fail or wait: no segment, and no reason for
+            // the whole log to refuse to open.
+            if !entry.file_type()?.is_file() {
+                tracing::warn!(path = %entry.path().display(), "Not a regular file under a log segment's name: left where it is and out of the log.");
+                continue;
             }
+            segments.push((seq, entry.path()));
         }
         segments.sort();
         Ok(segments)

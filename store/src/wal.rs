@@ -465,7 +465,7 @@ impl OpenSegments {
 pub fn open_segments(dir: &Path) -> Result<OpenSegments> {
     let mut open = Vec::new();
     for (first_seq, path) in list_segments(dir)? {
-        match File::open(&path) {
+        match crate::regular_file::open_read(&path) {
             Ok(file) => open.push((first_seq, path, file)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("open WAL segment", &path)(e)),
@@ -520,9 +520,7 @@ fn replay_segments(
             // Frames after the last intact one were being written at a crash.
             report.torn_bytes += scan.tail_bytes();
             if repair {
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(path)
+                let file = crate::regular_file::open(path, OpenOptions::new().write(true))
                     .map_err(Error::io("open WAL segment", path))?;
                 file.set_len(scan.valid_bytes)
                     .and_then(|()| file.sync_all())

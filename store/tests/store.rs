@@ -504,6 +504,73 @@ fn a_damaged_merged_file_does_not_replace_its_inputs() {
     assert_eq!(all_scraped(&store), expected);
 }
 
+fn mkfifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo touches no memory of ours.
+    assert_eq!(
+        unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) },
+        0,
+        "{path:?}"
+    );
+}
+
+/// Runs `body` on a thread of its own and fails if it has not returned in
+/// 20 s: an open that waits on a FIFO never returns.
+fn within_20s<T: Send + 'static>(what: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || sender.send(body()));
+    receiver
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what} waited on a FIFO"))
+}
+
+/// A FIFO under the name of a WAL segment, a Parquet file or the lock: its
+/// open waited for a writer for ever, so the agent never started (deaf to
+/// SIGTERM) and query, verify and compact hung. None is waited on: a
+/// segment or a file that is no regular file is left out, a lock that is
+/// none is an error naming it.
+#[test]
+fn a_fifo_under_a_store_files_name_is_never_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = {
+        let mut store = open(dir.path());
+        let rows = append_scraped(&mut store, T0, 40);
+        store.flush().unwrap();
+        store.close().unwrap();
+        rows
+    };
+    let files = parquet_files(dir.path());
+    mkfifo(&dir.path().join("wal/00000000000000099999.wal"));
+    let partition = files[0].parent().unwrap().to_path_buf();
+    mkfifo(&partition.join(".vm-1763683200000000-1.parquet"));
+    let path = dir.path().to_path_buf();
+    let node = within_20s("node_of_store", move || {
+        vtax_store::files::node_of_store(&path)
+    });
+    assert!(node.unwrap().is_some());
+    let path = dir.path().to_path_buf();
+    let rows = within_20s("open", move || {
+        let store = open(&path);
+        let rows = all_scraped(&store);
+        (rows, store.stats().files_quarantined)
+    });
+    assert_eq!(rows, (expected, 1), "the FIFO file goes to quarantine");
+    let lock = dir.path().join("LOCK");
+    fs::remove_file(&lock).unwrap();
+    mkfifo(&lock);
+    let path = dir.path().to_path_buf();
+    let error = within_20s("open with a FIFO lock", move || {
+        vtax_store::Store::open(options(&path), Catalog::new(&[&tables::SCRAPED]).unwrap())
+            .err()
+            .map(|e| e.to_string())
+    });
+    let error = error.expect("a lock that is no file is an error");
+    assert!(
+        error.contains("LOCK") && error.contains("not a regular file"),
+        "{error}"
+    );
+}
+
 #[test]
 fn retention_deletes_oldest_days_by_age_and_by_bytes() {
     let dir = tempfile::tempdir().unwrap();

@@ -123,7 +123,7 @@ impl Manifest {
     /// for writing (retention's view).
     pub fn read(data_dir: &Path, target: &str) -> Result<Manifest> {
         let path = dir(data_dir).join(MANIFEST_FILE);
-        let text = match fs::read(&path) {
+        let text = match vtax_store::regular_file::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
@@ -152,13 +152,15 @@ impl Manifest {
         fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let lock = take_lock(&dir.join(LOCK_FILE))?;
         let mut manifest = Manifest::read(data_dir, target)?;
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&manifest.path)
-            .with_context(|| format!("open {}", manifest.path.display()))?;
+        let mut file = vtax_store::regular_file::open(
+            &manifest.path,
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true),
+        )
+        .with_context(|| format!("open {}", manifest.path.display()))?;
         let mut text = Vec::new();
         file.read_to_end(&mut text)
             .with_context(|| format!("read {}", manifest.path.display()))?;
@@ -311,9 +313,7 @@ impl Manifest {
         let data_dir = dir.parent().unwrap_or(dir);
         let mut reread = Manifest::read(data_dir, &self.target)?;
         reread.file = Some(
-            OpenOptions::new()
-                .append(true)
-                .open(&self.path)
+            vtax_store::regular_file::open(&self.path, OpenOptions::new().append(true))
                 .with_context(|| format!("open {}", self.path.display()))?,
         );
         reread._lock = self._lock.take();
@@ -338,13 +338,15 @@ impl Manifest {
 }
 
 fn take_lock(path: &Path) -> Result<File> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("open {}", path.display()))?;
+    let mut file = vtax_store::regular_file::open(
+        path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true),
+    )
+    .with_context(|| format!("open {}", path.display()))?;
     // SAFETY: flock on a descriptor this function owns; no memory is touched.
     let rc = unsafe {
         libc::flock(
@@ -353,7 +355,7 @@ fn take_lock(path: &Path) -> Result<File> {
         )
     };
     if rc != 0 {
-        let holder = fs::read_to_string(path).unwrap_or_default();
+        let holder = vtax_store::regular_file::read_to_string(path).unwrap_or_default();
         bail!(
             "another uploader (pid {}) holds {}",
             holder.trim(),

@@ -495,7 +495,7 @@ impl Uploader {
     /// against the one the put answered. Returns the ETag.
     async fn put(&self, file: &FileInfo, key: &str) -> Result<Option<String>> {
         let path = ObjectPath::parse(key)?;
-        let mut local = std::fs::File::open(&file.path)
+        let mut local = vtax_store::regular_file::open_read(&file.path)
             .with_context(|| format!("open {}", file.path.display()))?;
         let store = &self.remote.store;
         let put = if file.bytes <= self.single_put_max_bytes {

@@ -6,7 +6,7 @@ use super::*;
 /// Checks the file at `path` against its `vtax.pages_crc32`: reads the bytes
 /// it covers again and sums them.
 pub(crate) fn check_pages_crc32(path: &Path, sum: (u64, u32)) -> Result<()> {
-    let file = File::open(path).map_err(Error::io("open", path))?;
+    let file = open_regular(path)?;
     check_pages_crc32_of(&file, path, sum)
 }
 
@@ -58,7 +58,7 @@ pub(super) fn parse_watermarks(text: &str) -> Option<BTreeMap<i64, u64>> {
 
 /// Reads a file's footer and checks that it is a file of `table` in partition `day`.
 pub fn read_info(path: &Path, table: &str, day: i64) -> Result<FileInfo> {
-    let file = File::open(path).map_err(Error::io("open", path))?;
+    let file = open_regular(path)?;
     read_info_of(file, path, table, day)
 }
 
@@ -259,21 +259,17 @@ pub(crate) struct FileIndex {
 /// Opens a listed store file. Something else under a store file's name (a
 /// FIFO, whose open would wait for a writer; a directory; a device) is no
 /// file of the store: damage, which quarantine moves aside.
-fn open_regular(path: &Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(Error::io("open", path))?;
-    let is_file = file.metadata().map_err(Error::io("open", path))?.is_file();
-    if !is_file {
-        return Err(Error::Corrupt {
-            path: path.to_owned(),
-            reason: "not a regular file".into(),
-        });
-    }
-    Ok(file)
+pub(crate) fn open_regular(path: &Path) -> Result<File> {
+    crate::regular_file::open_read(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            Error::Corrupt {
+                path: path.to_owned(),
+                reason: "not a regular file".into(),
+            }
+        } else {
+            Error::io("open", path)(e)
+        }
+    })
 }
 
 /// Reads the footer of every listed file into a [`FileIndex`]. A file whose
@@ -427,7 +423,7 @@ pub fn check_layout(meta: &ParquetMetaData, file_bytes: u64) -> std::result::Res
 /// reader, which trusts them, is given them. Every scan, merge and
 /// verification opens a file through here.
 pub(crate) fn open_for_reading(path: &Path) -> Result<(File, ArrowReaderMetadata)> {
-    load_for_reading(File::open(path).map_err(Error::io("open", path))?, path)
+    load_for_reading(open_regular(path)?, path)
 }
 
 /// [`open_for_reading`] of a file already open.

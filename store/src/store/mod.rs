@@ -774,7 +774,7 @@ fn select_rows(batch: &Batch, rows: &[usize]) -> Batch {
 /// nothing will publish, merge or delete files until one starts.
 pub fn open_for_writing(dir: &Path) -> Result<bool> {
     let path = dir.join("LOCK");
-    let file = match File::open(&path) {
+    let file = match crate::regular_file::open_read(&path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(Error::io("open lock file", &path)(e)),
@@ -800,13 +800,15 @@ pub fn open_for_writing(dir: &Path) -> Result<bool> {
 
 fn lock(dir: &Path) -> Result<File> {
     let path = dir.join("LOCK");
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(Error::io("open lock file", &path))?;
+    let mut file = crate::regular_file::open(
+        &path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true),
+    )
+    .map_err(Error::io("open lock file", &path))?;
     // SAFETY: flock on an fd we own; no memory is touched.
     let rc = unsafe {
         libc::flock(
@@ -815,7 +817,7 @@ fn lock(dir: &Path) -> Result<File> {
         )
     };
     if rc != 0 {
-        let holder = fs::read_to_string(&path).unwrap_or_default();
+        let holder = crate::regular_file::read_to_string(&path).unwrap_or_default();
         return Err(Error::Locked {
             path: dir.to_owned(),
             holder: format!("pid {}", holder.trim()),

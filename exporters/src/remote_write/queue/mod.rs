@@ -159,7 +159,8 @@ impl Queue {
             let mut scan = scan_segment(&path)?;
             if scan.log.torn_magic {
                 // Torn while being created: start it over.
-                let mut file = OpenOptions::new().write(true).open(&path)?;
+                let mut file =
+                    vtax_store::regular_file::open(&path, OpenOptions::new().write(true))?;
                 file.set_len(0)?;
                 file.write_all(MAGIC)?;
                 scan.log.file_len = MAGIC.len() as u64;
@@ -179,7 +180,8 @@ impl Queue {
                 report.damaged_segments.push(path.clone());
             }
             if scan.log.bad_magic {
-                let mut file = OpenOptions::new().write(true).open(&path)?;
+                let mut file =
+                    vtax_store::regular_file::open(&path, OpenOptions::new().write(true))?;
                 file.write_all(MAGIC)?;
                 // Shorter than the magic, it holds the magic alone now.
                 scan.log.valid_bytes = scan.log.valid_bytes.max(MAGIC.len() as u64);
@@ -190,9 +192,7 @@ impl Queue {
                     tracing::warn!(path = %path.display(), valid_bytes = scan.log.valid_bytes, cut_bytes = tail, "Remote write queue: cut a torn tail.");
                     report.truncated_bytes += tail;
                 }
-                OpenOptions::new()
-                    .write(true)
-                    .open(&path)?
+                vtax_store::regular_file::open(&path, OpenOptions::new().write(true))?
                     .set_len(scan.log.valid_bytes)?;
             }
             segments.push_back(Segment {
@@ -256,9 +256,10 @@ impl Queue {
         }
         let file = match segments.back() {
             Some(last) => {
-                let file = OpenOptions::new()
-                    .append(true)
-                    .open(segment_path(dir, last.seq))?;
+                let file = vtax_store::regular_file::open(
+                    &segment_path(dir, last.seq),
+                    OpenOptions::new().append(true),
+                )?;
                 file
             }
             None => {
@@ -387,7 +388,7 @@ impl Queue {
         let front = &self.segments[0];
         let (seq, end) = (front.seq, front.bytes);
         let start = self.acked.offset;
-        let mut file = File::open(segment_path(&self.dir, seq))?;
+        let mut file = vtax_store::regular_file::open_read(&segment_path(&self.dir, seq))?;
         file.seek(SeekFrom::Start(start))?;
         let mut reader = io::BufReader::new(file.take(end - start));
         let (mut offset, mut stepped, mut lost) = (start, 0u64, 0u64);
@@ -511,7 +512,8 @@ impl Queue {
             if position.offset >= segment.bytes {
                 continue;
             }
-            let mut file = File::open(segment_path(&self.dir, segment.seq))?;
+            let mut file =
+                vtax_store::regular_file::open_read(&segment_path(&self.dir, segment.seq))?;
             file.seek(SeekFrom::Start(position.offset))?;
             let mut reader = io::BufReader::new(file.take(segment.bytes - position.offset));
             while position.offset < segment.bytes {

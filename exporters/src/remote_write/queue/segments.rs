@@ -6,11 +6,10 @@ use super::*;
 
 pub(super) fn create_segment(dir: &Path, seq: u64) -> io::Result<File> {
     let path = FORMAT.segment_path(dir, seq);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)?;
+    let mut file = vtax_store::regular_file::open(
+        &path,
+        OpenOptions::new().create(true).truncate(true).write(true),
+    )?;
     file.write_all(MAGIC)?;
     Ok(file)
 }
@@ -144,7 +143,7 @@ pub fn verify(dir: &Path) -> io::Result<Verified> {
 /// Reads a segment's records; the segment's intact part ends where no next
 /// record can be found.
 pub(super) fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
-    let file = File::open(path)?;
+    let file = vtax_store::regular_file::open_read(path)?;
     let file_len = file.metadata()?.len();
     let mut record_ends = Vec::new();
     let log = FORMAT
@@ -176,7 +175,7 @@ pub(super) fn read_ack(dir: &Path) -> Option<Position> {
 /// The position in a position file; the samples count written after it is
 /// not read back (open counts the samples from the records).
 pub(super) fn read_position(dir: &Path, name: &str) -> Option<Position> {
-    let bytes = fs::read(dir.join(name)).ok()?;
+    let bytes = vtax_store::regular_file::read(&dir.join(name)).ok()?;
     if bytes.len() != 28 || crc32fast::hash(&bytes[..24]).to_le_bytes() != bytes[24..28] {
         return None;
     }
