@@ -571,6 +571,33 @@ fn a_fifo_under_a_store_files_name_is_never_waited_on() {
     );
 }
 
+/// A README under `tables/`, or a file under a partition's name, holds
+/// nothing of the store: the listing failed on it (not a directory), and
+/// with it the agent's start and every command, query and verify included.
+#[test]
+fn a_stray_file_among_the_tables_is_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = {
+        let mut store = open(dir.path());
+        let rows = append_scraped(&mut store, T0, 40);
+        store.flush().unwrap();
+        store.close().unwrap();
+        rows
+    };
+    fs::write(dir.path().join("tables/README"), "notes").unwrap();
+    fs::write(dir.path().join("tables/scraped/date=2025-11-22"), "x").unwrap();
+    let catalog = Catalog::new(&[&tables::SCRAPED]).unwrap();
+    let request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let beside = scan::scan_dir(dir.path(), &catalog, &request).unwrap();
+    assert_eq!(scraped_rows(&beside), expected);
+    let store = open(dir.path());
+    assert_eq!(all_scraped(&store), expected);
+    assert_eq!(store.stats().files_quarantined, 0);
+}
+
 #[test]
 fn retention_deletes_oldest_days_by_age_and_by_bytes() {
     let dir = tempfile::tempdir().unwrap();

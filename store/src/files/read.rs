@@ -176,6 +176,24 @@ pub(crate) fn list_node_files(
             Err(e) => Err(Error::io("list", dir)(e)),
         }
     };
+    // Below `tables/`, an entry that is no directory (a README, a file
+    // under a partition's name) holds no files of the store, and one that
+    // cannot be listed (its permissions) holds none that can be read: each
+    // is passed over, the second named in the log. Either failed the whole
+    // listing, and with it the agent's start and every command that could
+    // have mended the store.
+    let read_below = |dir: &Path| -> Vec<fs::DirEntry> {
+        match read(dir) {
+            Ok(entries) => entries,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotADirectory => {
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "A directory of the store could not be listed: its files are left out until it can be.");
+                Vec::new()
+            }
+        }
+    };
     for table in read(&tables)? {
         let Some(table_name) = table.file_name().to_str().map(str::to_owned) else {
             continue;
@@ -184,7 +202,7 @@ pub(crate) fn list_node_files(
             Some(node) => table.path().join(format!("node={node}")),
             None => table.path(),
         };
-        for part in read(&table_dir)? {
+        for part in read_below(&table_dir) {
             let name = part.file_name();
             let Some(day) = name
                 .to_str()
@@ -194,7 +212,7 @@ pub(crate) fn list_node_files(
                 continue;
             };
             let mut names = Vec::new();
-            for file in read(&part.path())? {
+            for file in read_below(&part.path()) {
                 if let Ok(name) = file.file_name().into_string() {
                     names.push((name, file.path()));
                 }
