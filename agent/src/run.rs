@@ -523,9 +523,14 @@ pub fn compact(args: CompactArgs) -> Result<()> {
     if let Err(e) = store.flush() {
         tracing::warn!(error = %e, "The rows the WAL held could not be published first; merging and retention go on without them.");
     }
-    let merges = store.compact(now)?;
+    // A damaged input (moved to quarantine) fails its own merge only: the
+    // other merges and retention still run, and the command fails after.
+    let merged = store.compact(now);
     let removed = store.apply_retention(now)?;
     store.close()?;
+    let merges = merged.context(
+        "a merge met a damaged file, moved to quarantine/ (the other merges and retention ran)",
+    )?;
     eprintln!("Merged files {merges} time(s); retention removed {removed} file(s).");
     Ok(())
 }

@@ -330,18 +330,30 @@ impl Store {
         // A merge's output can complete a tier with others: repeat while merging.
         let mut total = 0;
         let keep_going = AtomicBool::new(true);
+        // A merge that met a damaged input (quarantined by finish_merge)
+        // stops no other: the rest are merged, and the first such error is
+        // returned at the end. Any other error (a full disk) ends the pass.
+        let mut damaged: Option<Error> = None;
         for _ in 0..MAX_MERGE_ROUNDS {
             let merges = self.plan_merges_with(now_us, import_table)?;
             if merges.is_empty() {
                 break;
             }
-            total += merges.len();
             for merge in merges {
                 let outcome = merge.run(&keep_going);
-                self.finish_merge(outcome)?;
+                match self.finish_merge(outcome) {
+                    Ok(()) => total += 1,
+                    Err(e) if e.damaged_file().is_some() => {
+                        damaged.get_or_insert(e);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
-        Ok(total)
+        match damaged {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
     }
 
     /// The merges due at `now_us` (one round of [`Self::compact`]), to run on
