@@ -179,6 +179,9 @@ pub struct ResumedEvent {
     pub start_second: i64,
     pub peak_score: f64,
     pub suspects: Vec<Suspect>,
+    /// The suspect each of its `open` and `updated` rows named first, at the
+    /// best score a row gave it: what the closing row must still name.
+    pub named: Vec<Suspect>,
     pub evidence: String,
 }
 
@@ -390,7 +393,19 @@ impl Detector {
             OpenEvent {
                 start_second: event.start_second,
                 peak_score: event.peak_score,
-                named: named_first(&event.suspects),
+                named: event
+                    .named
+                    .into_iter()
+                    .chain(named_first(&event.suspects).into_values())
+                    .fold(BTreeMap::new(), |mut named, suspect| {
+                        match named.get(&suspect.name) {
+                            Some(best) if best.score >= suspect.score => {}
+                            _ => {
+                                named.insert(suspect.name.clone(), suspect);
+                            }
+                        }
+                        named
+                    }),
                 suspects: event.suspects,
                 evidence: event.evidence,
                 last_judged_second: now_second,

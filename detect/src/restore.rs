@@ -2,6 +2,8 @@
 //! `detector_signal` rows, so a restarted agent judges at once instead of
 //! spending `min_baseline_windows` blind and relearning from nothing.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
@@ -86,6 +88,27 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
         (!victim[i].is_empty() && !signal[i].is_empty() && start[i].is_some())
             .then(|| (resource[i], victim[i], signal[i]))
     });
+    // Every suspect an event named first, in its `open` row or an `updated`
+    // one, at the best score a row gave it: resumed with only its last row's
+    // first, the event lost the others, and its closing row (what the
+    // report shows) no longer named an antagonist that left before it.
+    let mut named: HashMap<(&str, &str, &str, u64), Vec<Suspect>> = HashMap::new();
+    for i in 0..rows.len() {
+        let (Some(start), "open" | "updated") = (start[i], state[i]) else {
+            continue;
+        };
+        let Some(first) = parse_suspects(suspects[i])
+            .into_iter()
+            .next()
+            .filter(|s| s.score > 0.0)
+        else {
+            continue;
+        };
+        named
+            .entry((resource[i], victim[i], signal[i], start.to_bits()))
+            .or_default()
+            .push(first);
+    }
     let now_second = now_us.div_euclid(1_000_000);
     let mut resumed = 0;
     // `updated`: an open event that named a new suspect.
@@ -93,6 +116,9 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
         .into_values()
         .filter(|&i| matches!(state[i], "open" | "updated"))
     {
+        let named_before = start[i]
+            .and_then(|s| named.remove(&(resource[i], victim[i], signal[i], s.to_bits())))
+            .unwrap_or_default();
         let Some(resource) = Resource::parse(resource[i]) else {
             continue;
         };
@@ -103,6 +129,7 @@ pub fn resume_open_events(detector: &mut Detector, store: &Store, now_us: i64) -
             start_second: start[i].unwrap_or_default() as i64,
             peak_score: score[i].unwrap_or(0.0),
             suspects: parse_suspects(suspects[i]),
+            named: named_before,
             evidence: evidence[i].to_string(),
         };
         if detector.resume(event, now_second) {

@@ -2354,3 +2354,65 @@ fn a_suspect_of_two_events_of_one_victim_is_one_neighbor_row() {
         ]
     );
 }
+
+/// An event named `/a` when it opened and `/b` in an `updated` row; the
+/// agent restarts. Resumed from its last row alone, it knew only `/b`, so
+/// once `/a` left the look-back the closing row (what the report shows) no
+/// longer named it. Every suspect its rows named comes back, at the best
+/// score a row gave it.
+#[test]
+fn a_resumed_event_keeps_every_suspect_its_rows_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = (START_US / 1_000_000 + 100) as f64;
+    let event_row = |time_us: i64, state: &str, suspects: &str| {
+        row(
+            &tables::NEIGHBOR_EVENTS,
+            time_us,
+            &[
+                "cpu",
+                "/victim",
+                "pressure_some_ratio",
+                state,
+                suspects,
+                "evidence",
+            ],
+            &[("start_time_seconds", start), ("score", 9.0)],
+        )
+    };
+    let rows = [
+        event_row(
+            START_US + 115_000_000,
+            "open",
+            "/a score=0.90 r=0.91 effect=0.2000",
+        ),
+        event_row(
+            START_US + 160_000_000,
+            "updated",
+            "/b score=0.80 r=0.85 effect=0.1000; /a score=0.20 r=0.30 effect=0.0100",
+        ),
+    ];
+    let store = store_with(dir.path(), &rows);
+    let mut detector = Detector::new(config());
+    let now_us = START_US + 200_000_000;
+    assert_eq!(
+        restore::resume_open_events(&mut detector, &store, now_us).unwrap(),
+        1
+    );
+    let key = SignalKey {
+        resource: Resource::Cpu,
+        victim: "/victim".into(),
+        signal: "pressure_some_ratio",
+    };
+    let event = &detector.open[&key];
+    let named: Vec<(&str, f64)> = event
+        .named
+        .values()
+        .map(|s| (s.name.as_str(), s.score))
+        .collect();
+    assert_eq!(named, [("/a", 0.9), ("/b", 0.8)]);
+    let closing: Vec<String> = events::closing_suspects(event)
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(closing, ["/a", "/b"]);
+}
