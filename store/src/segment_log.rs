@@ -100,6 +100,8 @@ pub struct SegmentScan {
     /// The log's magic's length, so that the damage it counts needs no
     /// [`Format`] beside it.
     pub magic_bytes: u64,
+    /// Bytes checksummed searching past damage ([`Format::scan_resync`]).
+    pub search_checksum_bytes: u64,
 }
 
 impl SegmentScan {
@@ -333,73 +335,102 @@ impl Format {
     }
 
     /// [`Self::scan`], and past the first damage that gives no next frame
-    /// (a zeroed block, a length field hit), the bytes after it are searched
-    /// for the next intact frame, and read on from there: the damage is
-    /// stepped over. Only what no intact frame follows is left as the tail.
-    /// Without the search, a damaged block in the middle of the last segment
-    /// read as a torn tail, and the writer cut off every intact frame after
-    /// it.
+    /// (a zeroed block, a length field hit), the rest of the segment is read
+    /// once (at most [`MAX_RESYNC_BYTES`]) and searched for the next intact
+    /// frame, read on from there: the damage is stepped over. Only what no
+    /// intact frame follows is left as the tail. Without the search, a
+    /// damaged block in the middle of the last segment read as a torn tail,
+    /// and the writer cut off every intact frame after it.
+    ///
+    /// A candidate's checksum is computed only where `plausible` holds for
+    /// the start of its payload (the WAL's sequence number and hour): inside
+    /// real rows a timestamp's upper half reads as a length that fits, and
+    /// a checksum over it at every such byte made a damaged segment take
+    /// tens of seconds to open.
     pub fn scan_resync<R: Read + Seek, E>(
         &self,
         mut reader: R,
         file_len: u64,
+        plausible: impl Fn(&[u8]) -> bool,
         mut on_frame: impl FnMut(Frame) -> Result<(), E>,
     ) -> Result<SegmentScan, ScanError<E>> {
         let mut scan = self.scan(&mut reader, file_len, &mut on_frame)?;
-        if scan.torn_magic {
+        if scan.torn_magic || scan.tail_bytes() == 0 {
             return Ok(scan);
         }
-        while scan.tail_bytes() > 0 {
-            let Some(at) = self
-                .find_intact_frame(&mut reader, scan.valid_bytes + 1, file_len)
-                .map_err(ScanError::Read)?
-            else {
+        let from = scan.valid_bytes;
+        let len = (file_len - from).min(MAX_RESYNC_BYTES);
+        reader
+            .seek(SeekFrom::Start(from))
+            .map_err(ScanError::Read)?;
+        let mut rest = Vec::with_capacity(len as usize);
+        (&mut reader)
+            .take(len)
+            .read_to_end(&mut rest)
+            .map_err(ScanError::Read)?;
+        // Where the bytes read so far end, relative to `from`.
+        let mut at = 0;
+        loop {
+            let checksums = std::cell::Cell::new(0);
+            let counted = |payload: &[u8]| {
+                let yes = plausible(payload);
+                if yes {
+                    checksums.set(checksums.get() + payload.len() as u64);
+                }
+                yes
+            };
+            let next = match self.intact_frame_at(&rest, at, &|_| true) {
+                Some((end, _)) => Some((at, end)),
+                None => (at + 1..rest.len()).find_map(|candidate| {
+                    self.intact_frame_at(&rest, candidate, &counted)
+                        .map(|(end, _)| (candidate, end))
+                }),
+            };
+            scan.search_checksum_bytes += checksums.get();
+            let Some((start, end)) = next else {
                 break;
             };
-            scan.stepped_over_bytes += at - scan.valid_bytes;
-            scan.stepped_over_end = at;
-            scan.valid_bytes = at;
-            reader.seek(SeekFrom::Start(at)).map_err(ScanError::Read)?;
-            let mut buffered = io::BufReader::new(&mut reader);
-            self.scan_frames(&mut buffered, &mut scan, &mut on_frame)?;
+            if start > at {
+                scan.stepped_over_bytes += (start - at) as u64;
+                scan.stepped_over_end = from + start as u64;
+            }
+            let meta_end = start + FRAME_HEADER_BYTES + self.meta_bytes;
+            let frame = Frame {
+                offset: from + start as u64,
+                meta: rest[start + FRAME_HEADER_BYTES..meta_end].to_vec(),
+                payload: rest[meta_end..end].to_vec(),
+            };
+            scan.valid_bytes = from + end as u64;
+            scan.frames += 1;
+            on_frame(frame).map_err(ScanError::Stopped)?;
+            at = end;
         }
         Ok(scan)
     }
 
-    /// The first offset from `from` at which an intact frame lies whole
-    /// within the segment, searching at most [`MAX_RESYNC_BYTES`].
-    fn find_intact_frame(
+    /// The intact frame starting at `at` of `bytes`, if one lies whole
+    /// there and its payload is `plausible`: where it ends, and its payload.
+    /// The checksum, the costly part, comes last.
+    fn intact_frame_at<'a>(
         &self,
-        reader: &mut (impl Read + Seek),
-        from: u64,
-        file_len: u64,
-    ) -> io::Result<Option<u64>> {
-        if from >= file_len {
-            return Ok(None);
+        bytes: &'a [u8],
+        at: usize,
+        plausible: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<(usize, &'a [u8])> {
+        let header = bytes.get(at..at + FRAME_HEADER_BYTES)?;
+        let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        if payload_len == 0 || payload_len > self.max_payload_bytes {
+            return None;
         }
-        let len = (file_len - from).min(MAX_RESYNC_BYTES);
-        reader.seek(SeekFrom::Start(from))?;
-        let mut bytes = Vec::with_capacity(len as usize);
-        reader.take(len).read_to_end(&mut bytes)?;
-        let header_and_meta = FRAME_HEADER_BYTES + self.meta_bytes;
-        for at in 0..bytes.len() {
-            let Some(header) = bytes.get(at..at + FRAME_HEADER_BYTES) else {
-                break;
-            };
-            let payload_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-            if payload_len == 0 || payload_len > self.max_payload_bytes {
-                continue;
-            }
-            let Some(body) = bytes.get(at + FRAME_HEADER_BYTES..at + header_and_meta + payload_len)
-            else {
-                continue;
-            };
-            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-            if crc32fast::hash(body) == crc {
-                return Ok(Some(from + at as u64));
-            }
+        let body_start = at + FRAME_HEADER_BYTES;
+        let end = body_start + self.meta_bytes + payload_len;
+        let body = bytes.get(body_start..end)?;
+        let payload = &body[self.meta_bytes..];
+        if !plausible(payload) {
+            return None;
         }
-        Ok(None)
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        (crc32fast::hash(body) == crc).then_some((end, payload))
     }
 }
 
