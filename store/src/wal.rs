@@ -428,6 +428,11 @@ pub struct ReplayReport {
     pub frames_skipped: u64,
     /// The sequence number after the last intact frame.
     pub next_seq: u64,
+    /// Intact frames whose sequence number was not above the one before
+    /// (a frame written twice by a disk or a tool): damage, skipped.
+    pub frames_out_of_order: u64,
+    /// The sequence number of the last frame handed on.
+    last_seq: Option<u64>,
 }
 
 /// Reads every segment in order, calling `on_frame` for each intact frame. With
@@ -534,7 +539,9 @@ fn replay_segments(
         // A damaged magic counts its bytes here too.
         if damaged > 0 {
             report.damaged_bytes += damaged;
-            report.damaged_segments.push(path.clone());
+            if !report.damaged_segments.contains(path) {
+                report.damaged_segments.push(path.clone());
+            }
         }
     }
     Ok(report)
@@ -583,6 +590,18 @@ fn replay_frame(
     let mut dropped = Vec::new();
     match decode_frame(&frame.payload, catalog, &mut dropped) {
         Ok(decoded) => {
+            // Every frame takes the next number: one at or below the last
+            // is a copy (a block written twice), whose rows replayed again
+            // were held twice.
+            if report.last_seq.is_some_and(|last| decoded.seq <= last) {
+                report.frames_out_of_order += 1;
+                report.damaged_bytes += FORMAT.frame_bytes(frame.payload.len());
+                if !report.damaged_segments.contains(path) {
+                    report.damaged_segments.push(path.clone());
+                }
+                return Ok(());
+            }
+            report.last_seq = Some(decoded.seq);
             if !dropped.is_empty() {
                 let reason = format!(
                     "table {} does not declare field(s) {}: dropped from the rows replayed",
@@ -982,6 +1001,27 @@ mod tests {
         assert_eq!(frames.len(), 5);
         assert_eq!(report.torn_bytes, 30);
         assert_eq!(fs::read(&path).unwrap(), bytes);
+    }
+
+    /// A frame written twice in a row (a disk or a tool repeating a block):
+    /// both copies are intact, and the second was replayed too, its rows held
+    /// twice (a debug build stopped on an assertion). A frame whose number
+    /// is not above the one before is damage, skipped and reported.
+    #[test]
+    fn a_frame_written_twice_is_replayed_once_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, bytes) = one_segment_of_frames(dir.path(), 4);
+        let offsets = frame_offsets(&bytes);
+        let copy = &bytes[offsets[1]..offsets[2]];
+        let doubled = [&bytes[..offsets[2]], copy, &bytes[offsets[2]..]].concat();
+        fs::write(&path, &doubled).unwrap();
+        let (frames, report) = read_all(dir.path(), true);
+        let seqs: Vec<u64> = frames.iter().map(|f| f.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+        assert_eq!(report.frames_out_of_order, 1);
+        assert_eq!(report.damaged_segments, std::slice::from_ref(&path));
+        assert_eq!(report.damaged_bytes, copy.len() as u64);
+        assert_eq!(report.torn_bytes, 0);
     }
 
     /// Past a damage, the search computes a checksum only where a frame
