@@ -172,7 +172,9 @@ impl Format {
             // A directory or a FIFO under a segment's name holds no frames,
             // and its open would fail or wait: no segment, and no reason for
             // the whole log to refuse to open.
-            if !entry.file_type()?.is_file() {
+            // Through a symbolic link, as its open will: a segment linked
+            // from elsewhere holds frames like any other.
+            if !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
                 tracing::warn!(path = %entry.path().display(), "Not a regular file under a log segment's name: left where it is and out of the log.");
                 continue;
             }
@@ -484,8 +486,20 @@ pub fn copy_to_quarantine(segment: &Path, target: &Path) -> io::Result<bool> {
     let parent = target.parent().expect("a quarantine path has a parent");
     fs::create_dir_all(parent)?;
     let partial = target.with_extension("copying");
-    fs::copy(segment, &partial)?;
-    File::open(&partial)?.sync_all()?;
+    // Whatever an interrupted copy, or anyone, left under the partial name
+    // goes first: a FIFO there made the copy's open wait for a reader, and
+    // the agent's start with it.
+    match fs::remove_file(&partial) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut from = crate::regular_file::open_read(segment)?;
+    let mut to = crate::regular_file::open(
+        &partial,
+        fs::OpenOptions::new().write(true).create_new(true),
+    )?;
+    io::copy(&mut from, &mut to)?;
+    to.sync_all()?;
     fs::rename(&partial, target)?;
     File::open(parent)?.sync_all()?;
     Ok(true)

@@ -571,6 +571,76 @@ fn a_fifo_under_a_store_files_name_is_never_waited_on() {
     );
 }
 
+/// A link that leads nowhere under a Parquet file's name read as a file a
+/// merge had just removed: every scan of its table retried until it gave up
+/// ("changed under the read"), with or without `skip_damaged`. It is a
+/// damaged file: left out and named, and quarantined at open.
+#[test]
+fn a_dangling_link_under_a_file_name_is_damage_not_a_race() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = {
+        let mut store = open(dir.path());
+        let rows = append_scraped(&mut store, T0, 40);
+        store.flush().unwrap();
+        store.close().unwrap();
+        rows
+    };
+    let partition = parquet_files(dir.path())[0].parent().unwrap().to_path_buf();
+    let link = partition.join(".vm-1763683200000000-9.parquet");
+    std::os::unix::fs::symlink(dir.path().join("nowhere.parquet"), &link).unwrap();
+    let catalog = Catalog::new(&[&tables::SCRAPED]).unwrap();
+    let mut request = ScanRequest {
+        table: "scraped".into(),
+        ..Default::default()
+    };
+    let error = scan::scan_dir(dir.path(), &catalog, &request).unwrap_err();
+    assert_eq!(error.damaged_file(), Some(link.as_path()), "{error}");
+    request.skip_damaged = true;
+    let beside = scan::scan_dir(dir.path(), &catalog, &request).unwrap();
+    assert_eq!(scraped_rows(&beside), expected);
+    assert_eq!(beside.damaged_files.len(), 1);
+    let store = open(dir.path());
+    assert_eq!(store.stats().files_quarantined, 1);
+    assert_eq!(all_scraped(&store), expected);
+}
+
+/// A damaged WAL segment is copied to quarantine at open; a FIFO under the
+/// copy's partial name made that copy wait for a reader, and the start with
+/// it, and a directory where the copy goes failed the start. The copy is a
+/// courtesy: neither stops the open, which replays every intact frame.
+#[test]
+fn what_lies_in_quarantines_way_does_not_stop_an_open() {
+    for in_the_way in ["fifo", "directory"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut expected = Vec::new();
+        {
+            let mut store = open(dir.path());
+            for i in 0..3 {
+                expected.extend(append_scraped(&mut store, T0 + i * 1_000_000, 40));
+                store.sync().unwrap();
+            }
+        }
+        let segment = files_under(&dir.path().join("wal"), "wal")[0].clone();
+        let mut bytes = fs::read(&segment).unwrap();
+        // A byte of the first frame's rows: the frames after it are intact.
+        bytes[40] ^= 0x10;
+        fs::write(&segment, &bytes).unwrap();
+        let target = dir
+            .path()
+            .join("quarantine/wal")
+            .join(segment.file_name().unwrap());
+        fs::create_dir_all(target.parent().unwrap()).unwrap();
+        match in_the_way {
+            "fifo" => mkfifo(&target.with_extension("copying")),
+            _ => fs::create_dir(&target).unwrap(),
+        }
+        let path = dir.path().to_path_buf();
+        let rows = within_20s(in_the_way, move || all_scraped(&open(&path)));
+        assert_eq!(rows.len(), 80, "{in_the_way}: the intact frames' rows");
+        assert!(rows.iter().all(|row| expected.contains(row)));
+    }
+}
+
 /// A README under `tables/`, or a file under a partition's name, holds
 /// nothing of the store: the listing failed on it (not a directory), and
 /// with it the agent's start and every command, query and verify included.

@@ -279,13 +279,20 @@ pub(crate) struct FileIndex {
 /// file of the store: damage, which quarantine moves aside.
 pub(crate) fn open_regular(path: &Path) -> Result<File> {
     crate::regular_file::open_read(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::InvalidData {
-            Error::Corrupt {
-                path: path.to_owned(),
-                reason: "not a regular file".into(),
+        let corrupt = |reason: &str| Error::Corrupt {
+            path: path.to_owned(),
+            reason: reason.into(),
+        };
+        match e.kind() {
+            std::io::ErrorKind::InvalidData => corrupt("not a regular file"),
+            // Not a file a merge removed under a read (which a scan retries
+            // until the listing settles): a link that leads nowhere, for
+            // ever. Read as gone, it made every scan of its table fail as
+            // "changed under the read", and `vtax verify` pass it over.
+            std::io::ErrorKind::NotFound if fs::symlink_metadata(path).is_ok() => {
+                corrupt("a symbolic link to a file that is not there")
             }
-        } else {
-            Error::io("open", path)(e)
+            _ => Error::io("open", path)(e),
         }
     })
 }

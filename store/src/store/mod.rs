@@ -268,7 +268,13 @@ impl Store {
                 tracing::error!(path = %file.path.display(), error = %e, "A file could not be read; it stays where it is, its rows unread until it can be.");
                 return Ok(());
             }
-            quarantine(&dir, &file.path)?;
+            // A move that cannot be made (something in the way under
+            // quarantine/) leaves the file where it is and out of the index:
+            // it costs the move, not the start.
+            if let Err(moving) = quarantine(&dir, &file.path) {
+                tracing::error!(path = %file.path.display(), error = %e, moving = %moving, "A file failed verification and could not be moved to quarantine; it stays where it is, its rows unread.");
+                return Ok(());
+            }
             stats.files_quarantined += 1;
             tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
             Ok(())
@@ -304,11 +310,17 @@ impl Store {
         for path in segments {
             // The segment stays where it is until its intact frames are
             // published; the copy keeps the damage for whoever looks into it.
-            if copy_to_quarantine(&dir, path)? {
-                stats.files_quarantined += 1;
-                tracing::error!(path = %path.display(), "Copied a WAL segment to quarantine.");
-            } else {
-                met_before.push(path);
+            // A copy that cannot be made (something in the way under
+            // quarantine/, a full disk) costs the copy, not the start.
+            match copy_to_quarantine(&dir, path) {
+                Ok(true) => {
+                    stats.files_quarantined += 1;
+                    tracing::error!(path = %path.display(), "Copied a WAL segment to quarantine.");
+                }
+                Ok(false) => met_before.push(path),
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "A damaged WAL segment could not be copied to quarantine; it stays in place, its intact frames replayed.");
+                }
             }
         }
         // A segment copied at an earlier start was reported then: it stays
@@ -834,7 +846,7 @@ fn lock(dir: &Path) -> Result<File> {
 fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {
     let target = quarantine_path(data_dir, path);
     crate::segment_log::copy_to_quarantine(path, &target)
-        .map_err(Error::io("copy to quarantine", path))
+        .map_err(Error::io("copy to quarantine", &target))
 }
 
 /// Whether a copy of `path` (a WAL segment or a file of the store at
@@ -859,7 +871,7 @@ fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
     if let Some(parent) = target.parent() {
         fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
     }
-    fs::rename(path, &target).map_err(Error::io("move to quarantine", path))?;
+    fs::rename(path, &target).map_err(Error::io("move to quarantine", &target))?;
     if let Some(parent) = path.parent() {
         wal::sync_dir(parent)?;
     }
