@@ -171,9 +171,9 @@ impl Format {
             };
             // A directory or a FIFO under a segment's name holds no frames,
             // and its open would fail or wait: no segment, and no reason for
-            // the whole log to refuse to open.
-            // Through a symbolic link, as its open will: a segment linked
-            // from elsewhere holds frames like any other.
+            // the whole log to refuse to open. Judged through a symbolic
+            // link, as its open is: a segment linked from elsewhere holds
+            // frames like any other.
             if !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
                 tracing::warn!(path = %entry.path().display(), "Not a regular file under a log segment's name: left where it is and out of the log.");
                 continue;

@@ -259,7 +259,7 @@ impl Store {
         for stray in strays {
             fs::remove_file(&stray).map_err(Error::io("remove stray temp file", &stray))?;
         }
-        let index = files::index_files(listed, |file, e| {
+        let mut index = files::index_files(listed, |file, e| {
             if e.damaged_file().is_none() {
                 // An OS error (permissions, a failing disk) says nothing of
                 // the file's bytes: it stays where it is, out of the index
@@ -279,7 +279,6 @@ impl Store {
             tracing::error!(path = %file.path.display(), error = %e, "Moved a file that failed verification to quarantine.");
             Ok(())
         })?;
-        let mut index = index;
         for merged in keep_inputs_of_damaged_merges(&mut index) {
             stats.files_quarantined += 1;
             quarantine(&dir, &merged.path)?;
