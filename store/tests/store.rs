@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType};
@@ -405,38 +405,63 @@ fn a_corrupt_file_is_quarantined_and_the_rest_stays_readable() {
     assert_eq!(parquet_files(dir.path()), other);
 }
 
+/// Five hour files merged into one day file, the store closed.
+struct MergedDay {
+    /// Its rows, sorted.
+    rows: Vec<(i64, String, u64)>,
+    /// Each input as it was.
+    inputs: Vec<(PathBuf, Vec<u8>)>,
+    /// The merged file.
+    merged: PathBuf,
+}
+
+fn a_merged_day(dir: &Path) -> MergedDay {
+    let mut expected = Vec::new();
+    let mut store = open(dir);
+    for h in 0..5 {
+        expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 80));
+        store.flush().unwrap();
+    }
+    let inputs: Vec<(PathBuf, Vec<u8>)> = parquet_files(dir)
+        .into_iter()
+        .map(|p| (p.clone(), fs::read(&p).unwrap()))
+        .collect();
+    assert_eq!(inputs.len(), 5);
+    assert_eq!(
+        store.compact(T0 + DAY_US / 2).unwrap(),
+        0,
+        "a day still running is left alone"
+    );
+    assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
+    let merged = parquet_files(dir);
+    assert_eq!(merged.len(), 1);
+    expected.sort();
+    assert_eq!(all_scraped(&store), expected);
+    store.close().unwrap();
+    MergedDay {
+        rows: expected,
+        inputs,
+        merged: merged[0].clone(),
+    }
+}
+
+/// Writes the inputs of a merge back beside it, as a kill after the merged
+/// file was published and before its inputs were removed leaves them.
+fn put_back(inputs: &[(PathBuf, Vec<u8>)]) {
+    for (path, bytes) in inputs {
+        fs::write(path, bytes).unwrap();
+    }
+}
+
 #[test]
 fn compaction_merges_a_day_and_an_interrupted_one_finishes_on_open() {
     let dir = tempfile::tempdir().unwrap();
-    let mut expected = Vec::new();
-    let inputs: Vec<(std::path::PathBuf, Vec<u8>)>;
-    {
-        let mut store = open(dir.path());
-        for h in 0..5 {
-            expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 80));
-            store.flush().unwrap();
-        }
-        inputs = parquet_files(dir.path())
-            .into_iter()
-            .map(|p| (p.clone(), fs::read(&p).unwrap()))
-            .collect();
-        assert_eq!(inputs.len(), 5);
-        assert_eq!(
-            store.compact(T0 + DAY_US / 2).unwrap(),
-            0,
-            "a day still running is left alone"
-        );
-        assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
-        assert_eq!(parquet_files(dir.path()).len(), 1);
-        expected.sort();
-        assert_eq!(all_scraped(&store), expected);
-        store.close().unwrap();
-    }
-    // A kill after the compacted file was published but before its inputs were
-    // removed leaves both on disk.
-    for (path, bytes) in &inputs {
-        fs::write(path, bytes).unwrap();
-    }
+    let MergedDay {
+        rows: expected,
+        inputs,
+        ..
+    } = a_merged_day(dir.path());
+    put_back(&inputs);
     assert_eq!(parquet_files(dir.path()).len(), 6);
     assert_eq!(
         scraped_on_disk(dir.path()),
@@ -460,32 +485,16 @@ fn compaction_merges_a_day_and_an_interrupted_one_finishes_on_open() {
 #[test]
 fn a_damaged_merged_file_does_not_replace_its_inputs() {
     let dir = tempfile::tempdir().unwrap();
-    let mut expected = Vec::new();
-    let inputs: Vec<(std::path::PathBuf, Vec<u8>)>;
-    {
-        let mut store = open(dir.path());
-        for h in 0..5 {
-            expected.extend(append_scraped(&mut store, T0 + h * HOUR_US, 80));
-            store.flush().unwrap();
-        }
-        inputs = parquet_files(dir.path())
-            .into_iter()
-            .map(|p| (p.clone(), fs::read(&p).unwrap()))
-            .collect();
-        assert_eq!(store.compact(T0 + 2 * DAY_US).unwrap(), 1);
-        store.close().unwrap();
-    }
-    expected.sort();
-    let merged = parquet_files(dir.path());
-    assert_eq!(merged.len(), 1);
-    let merged = merged[0].clone();
+    let MergedDay {
+        rows: expected,
+        inputs,
+        merged,
+    } = a_merged_day(dir.path());
     let mut bytes = fs::read(&merged).unwrap();
     // A data page of the first column, the footer left whole.
     bytes[8..40].fill(0);
     fs::write(&merged, bytes).unwrap();
-    for (path, bytes) in &inputs {
-        fs::write(path, bytes).unwrap();
-    }
+    put_back(&inputs);
     let store = open(dir.path());
     assert_eq!(store.stats().files_quarantined, 1);
     assert_eq!(all_scraped(&store), expected, "every input's row is kept");
