@@ -309,20 +309,8 @@ impl Format {
             scan.valid_bytes = got as u64;
             return Ok(scan);
         }
-        self.scan_frames(&mut reader, &mut scan, &mut on_frame)?;
-        Ok(scan)
-    }
-
-    /// Reads frames from the reader's position, `scan.valid_bytes` in its
-    /// segment, until no next intact frame is found.
-    fn scan_frames<E>(
-        &self,
-        reader: &mut impl Read,
-        scan: &mut SegmentScan,
-        on_frame: &mut impl FnMut(Frame) -> Result<(), E>,
-    ) -> Result<(), ScanError<E>> {
         while let Some((stepped_over, frame)) = self
-            .next_intact(reader, scan.valid_bytes)
+            .next_intact(&mut reader, scan.valid_bytes)
             .map_err(ScanError::Read)?
         {
             if stepped_over > 0 {
@@ -333,7 +321,7 @@ impl Format {
             scan.frames += 1;
             on_frame(frame).map_err(ScanError::Stopped)?;
         }
-        Ok(())
+        Ok(scan)
     }
 
     /// [`Self::scan`], and past the first damage that gives no next frame

@@ -435,6 +435,16 @@ pub struct ReplayReport {
     last_seq: Option<u64>,
 }
 
+impl ReplayReport {
+    /// Counts `bytes` of `path` that held no intact frame it could use.
+    fn damaged(&mut self, path: &Path, bytes: u64) {
+        self.damaged_bytes += bytes;
+        if !self.damaged_segments.iter().any(|p| p == path) {
+            self.damaged_segments.push(path.to_path_buf());
+        }
+    }
+}
+
 /// Reads every segment in order, calling `on_frame` for each intact frame. With
 /// `repair`, a torn tail of the last segment is cut off the file and empty torn
 /// segments removed; without, the files are left alone (a reader beside a live
@@ -538,10 +548,7 @@ fn replay_segments(
         let damaged = scan.damaged_bytes(last);
         // A damaged magic counts its bytes here too.
         if damaged > 0 {
-            report.damaged_bytes += damaged;
-            if !report.damaged_segments.contains(path) {
-                report.damaged_segments.push(path.clone());
-            }
+            report.damaged(path, damaged);
         }
     }
     Ok(report)
@@ -595,10 +602,7 @@ fn replay_frame(
             // were held twice.
             if report.last_seq.is_some_and(|last| decoded.seq <= last) {
                 report.frames_out_of_order += 1;
-                report.damaged_bytes += FORMAT.frame_bytes(frame.payload.len());
-                if !report.damaged_segments.contains(path) {
-                    report.damaged_segments.push(path.clone());
-                }
+                report.damaged(path, FORMAT.frame_bytes(frame.payload.len()));
                 return Ok(());
             }
             report.last_seq = Some(decoded.seq);
