@@ -169,10 +169,8 @@ impl Detector {
             }
             let before = top_suspect(&event.suspects).to_string();
             for suspect in &suspects {
-                if let Some(best) = event.named.get_mut(&suspect.name) {
-                    if suspect.score > best.score {
-                        *best = suspect.clone();
-                    }
+                if event.named.contains_key(&suspect.name) {
+                    keep_best(&mut event.named, suspect.clone());
                 }
             }
             event.suspects = suspects;
@@ -568,6 +566,16 @@ pub(super) fn named_first(suspects: &[Suspect]) -> BTreeMap<String, Suspect> {
         .map(|s| (s.name.clone(), s.clone()))
         .into_iter()
         .collect()
+}
+
+/// Keeps `suspect` in `named` unless its name is there at a higher score.
+pub(super) fn keep_best(named: &mut BTreeMap<String, Suspect>, suspect: Suspect) {
+    match named.get(&suspect.name) {
+        Some(best) if best.score >= suspect.score => {}
+        _ => {
+            named.insert(suspect.name.clone(), suspect);
+        }
+    }
 }
 
 /// The suspects of an event's closing row: each it named, at its best

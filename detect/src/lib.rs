@@ -42,7 +42,7 @@ use view::View;
 use vtax_collectors::cgroups::leaves;
 
 pub use config::{DetectConfig, KEY_DOCS, KEY_RANGES};
-use events::named_first;
+use events::{keep_best, named_first};
 use signals::spec;
 pub use signals::{Resource, Rule, Spec, SPECS};
 
@@ -393,19 +393,13 @@ impl Detector {
             OpenEvent {
                 start_second: event.start_second,
                 peak_score: event.peak_score,
-                named: event
-                    .named
-                    .into_iter()
-                    .chain(named_first(&event.suspects).into_values())
-                    .fold(BTreeMap::new(), |mut named, suspect| {
-                        match named.get(&suspect.name) {
-                            Some(best) if best.score >= suspect.score => {}
-                            _ => {
-                                named.insert(suspect.name.clone(), suspect);
-                            }
-                        }
+                named: event.named.into_iter().fold(
+                    named_first(&event.suspects),
+                    |mut named, suspect| {
+                        keep_best(&mut named, suspect);
                         named
-                    }),
+                    },
+                ),
                 suspects: event.suspects,
                 evidence: event.evidence,
                 last_judged_second: now_second,
