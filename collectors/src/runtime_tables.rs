@@ -35,7 +35,7 @@ vtax_store::table! {
             covered_files: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Merged files recorded as uploaded without a put, since every file they merge is remote."),
             replaced_objects_deleted: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Remote objects deleted because an uploaded file that merges them replaced them."),
             failures: u64 = FieldDef::counter(FieldType::U64, Unit::None, "Failed puts, checks and deletes since the agent started; each is retried at the next pass."),
-            pending_files: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "Files of finished hours not yet uploaded after the last pass: after a failed upload, parts of an hour the running store has yet to merge, or files that do not read (damage; `vtax verify` names it). Files of hours not yet ended are not counted."),
+            pending_files: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "Files of finished hours not yet uploaded after the last pass: after a failed upload, parts of an hour the running store has yet to merge, or files that do not read or whose bytes changed since they were written (damage; `vtax verify` names it). Files of hours not yet ended are not counted."),
             oldest_pending_age_seconds: f64 = FieldDef::gauge(FieldType::F64, Unit::Seconds, "Seconds since the oldest file not yet uploaded was written; 0 when none waits."),
         ],
         exported: true,

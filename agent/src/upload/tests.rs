@@ -836,3 +836,43 @@ fn a_file_that_does_not_read_is_pending_with_its_reason() {
         (0, 0)
     );
 }
+
+/// A file whose footer reads but whose pages changed on this disk (a flipped
+/// bit) is not put, whole or in parts: the fleet's copy would hold wrong
+/// values where the node's `vtax verify` finds damage. It is pending with its
+/// reason, and the files after it still go.
+#[test]
+fn a_file_whose_pages_changed_is_not_uploaded() {
+    for single_put_max_bytes in [u64::MAX, 1024] {
+        let data = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let mut store = open_store(data.path());
+        part(&mut store, T0, 2000);
+        part(&mut store, T0 + HOUR_US, 100);
+        drop(store);
+        let damaged = local_files(data.path())
+            .into_iter()
+            .find(|f| f.watermarks.contains_key(&(T0 / HOUR_US)))
+            .unwrap();
+        let mut bytes = std::fs::read(&damaged.path).unwrap();
+        bytes[40] ^= 0x10;
+        std::fs::write(&damaged.path, &bytes).unwrap();
+        assert!(vtax_store::files::read_info(&damaged.path, "scraped", damaged.day).is_ok());
+
+        let mut u = uploader(data.path(), target.path());
+        u.single_put_max_bytes = single_put_max_bytes;
+        u.multipart_chunk_bytes = 500;
+        pass(&mut u, T0 + 2 * HOUR_US + 10 * 60_000_000);
+        let remote = objects(target.path());
+        assert_eq!(remote.len(), 1, "{:?}", remote.keys());
+        assert!(
+            !remote.values().any(|object| *object == bytes),
+            "the damaged file went"
+        );
+        assert_eq!((u.stats.files, u.stats.failures), (1, 0));
+        assert_eq!(
+            (u.stats.pending_files, u.stats.pending_unreadable_files),
+            (1, 1)
+        );
+    }
+}

@@ -68,9 +68,10 @@ pub struct UploadStats {
     /// Of `pending_files`: parts of a finished hour that the running writer
     /// has yet to merge into one file (its next compaction pass).
     pub pending_unmerged_files: u64,
-    /// Of `pending_files`: files whose footer does not read (damage, which
-    /// `vtax verify` names and quarantines): never put, as no reader could
-    /// read them.
+    /// Of `pending_files`: files whose footer does not read, or whose bytes
+    /// do not sum to the CRC-32 written with them (damage, which `vtax
+    /// verify` names and quarantines): never put, as no reader could read
+    /// them, or one would read wrong values.
     pub pending_unreadable_files: u64,
     /// Files of hours not yet ended [`SETTLE`] before the pass's time: they
     /// go once they have. Not in `pending_files`.
@@ -293,7 +294,16 @@ impl Uploader {
                 tracing::warn!(path = %path.display(), %error, "A store file does not read and is not uploaded; `vtax verify` names the damage and quarantines it.");
             }
         }
-        self.logged_unreadable = unreadable.iter().map(|(path, _)| path.clone()).collect();
+        let mut damaged: Vec<PathBuf> = Vec::new();
+        let still_logged: std::collections::HashSet<PathBuf> = self
+            .logged_unreadable
+            .iter()
+            .filter(|path| path.exists())
+            .cloned()
+            .collect();
+        self.logged_unreadable = still_logged;
+        self.logged_unreadable
+            .extend(unreadable.iter().map(|(path, _)| path.clone()));
         let mut partitions: BTreeMap<(i64, String), Vec<FileInfo>> = BTreeMap::new();
         for file in files {
             partitions
@@ -344,6 +354,14 @@ impl Uploader {
                 continue;
             }
             if let Err(e) = self.ship(file, now_us).await {
+                if is_damage(&e) {
+                    // The file, not the target, failed: the others still go.
+                    if self.logged_unreadable.insert(file.path.clone()) {
+                        tracing::warn!(path = %file.path.display(), error = %format!("{e:#}"), "A store file does not read and is not uploaded; `vtax verify` names the damage and quarantines it.");
+                    }
+                    damaged.push(file.path.clone());
+                    continue;
+                }
                 if !file.path.exists() {
                     // Merged away or retained away while being read: its
                     // replacement, if any, comes in a later pass.
@@ -402,14 +420,15 @@ impl Uploader {
         self.stats.pending_failed_files = pending.len() as u64;
         self.stats.pending_unmerged_files = unmerged_files.len() as u64;
         self.stats.pending_open_files = open_files.len() as u64;
-        self.stats.pending_unreadable_files = unreadable.len() as u64;
-        self.stats.pending_files = (pending.len() + unmerged_files.len() + unreadable.len()) as u64;
+        damaged.extend(unreadable.into_iter().map(|(path, _)| path));
+        self.stats.pending_unreadable_files = damaged.len() as u64;
+        self.stats.pending_files = (pending.len() + unmerged_files.len() + damaged.len()) as u64;
         let now = std::time::SystemTime::now();
         self.stats.oldest_pending_age_seconds = pending
             .iter()
             .chain(&unmerged_files)
             .map(|f| &f.path)
-            .chain(unreadable.iter().map(|(path, _)| path))
+            .chain(&damaged)
             .filter_map(|path| path.metadata().ok()?.modified().ok())
             .filter_map(|written| now.duration_since(written).ok())
             .map(|age| age.as_secs_f64())
@@ -498,11 +517,16 @@ impl Uploader {
         let mut local = vtax_store::regular_file::open_read(&file.path)
             .with_context(|| format!("open {}", file.path.display()))?;
         let store = &self.remote.store;
+        // The bytes sent are checked against the sum written with them: a
+        // file damaged on this disk is not made the fleet's copy.
+        let mut pages = vtax_store::files::PagesSum::new(&file.path, file.pages_crc32);
         let put = if file.bytes <= self.single_put_max_bytes {
             let mut bytes = Vec::with_capacity(file.bytes as usize);
             local
                 .read_to_end(&mut bytes)
                 .with_context(|| format!("read {}", file.path.display()))?;
+            pages.update(&bytes);
+            pages.finish()?;
             store.put(&path, bytes.into()).await.map_err(anyhow::Error::from)
         } else {
             // A multipart upload that fails is aborted: left, its parts stay
@@ -517,8 +541,10 @@ impl Uploader {
                     if n == 0 {
                         break;
                     }
+                    pages.update(&chunk[..n]);
                     upload.put_part(chunk[..n].to_vec().into()).await?;
                 }
+                pages.finish()?;
                 Ok(upload.complete().await?)
             }
             .await;
@@ -569,6 +595,17 @@ fn fill(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
 /// Test builds only: `VTAX_UPLOAD_CRASH_AFTER_PUTS=N` ends the process at
 /// once after the Nth confirmed put and before its manifest line, the
 /// instant a crash could double-upload a file.
+/// Whether an upload failed on the file itself (its bytes are not those
+/// written), not on the target.
+fn is_damage(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<vtax_store::Error>(),
+            Some(vtax_store::Error::Corrupt { .. })
+        )
+    })
+}
+
 fn crash_point() {
     #[cfg(debug_assertions)]
     {

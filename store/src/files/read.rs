@@ -14,37 +14,76 @@ pub(crate) fn check_pages_crc32(path: &Path, sum: (u64, u32)) -> Result<()> {
 /// open from its footer to its rows, so a merge that removes it meanwhile
 /// does not fail the check). Reads at offsets: the handle's position, which
 /// its clones share, is left alone.
-pub(crate) fn check_pages_crc32_of(
-    file: &File,
-    path: &Path,
-    (bytes, crc): (u64, u32),
-) -> Result<()> {
+pub(crate) fn check_pages_crc32_of(file: &File, path: &Path, sum: (u64, u32)) -> Result<()> {
     use std::os::unix::fs::FileExt;
-    let mut hasher = crc32fast::Hasher::new();
+    let mut pages = PagesSum::new(path, Some(sum));
     let mut buffer = vec![0u8; 256 << 10];
     let mut read = 0u64;
-    while read < bytes {
-        let want = buffer.len().min((bytes - read) as usize);
+    while read < sum.0 {
+        let want = buffer.len().min((sum.0 - read) as usize);
         let n = file
             .read_at(&mut buffer[..want], read)
             .map_err(Error::io("read", path))?;
         if n == 0 {
             break;
         }
-        hasher.update(&buffer[..n]);
+        pages.update(&buffer[..n]);
         read += n as u64;
     }
-    let found = hasher.finalize();
-    if read != bytes || found != crc {
-        return Err(Error::Corrupt {
+    pages.finish()
+}
+
+/// The check of a file's bytes against its `vtax.pages_crc32`, fed the
+/// bytes in order by whoever reads them anyway: an upload sums the bytes it
+/// sends, so that a file whose bytes changed since they were written is not
+/// sent on as sound.
+pub struct PagesSum {
+    path: PathBuf,
+    expected: Option<(u64, u32)>,
+    hasher: crc32fast::Hasher,
+    summed_bytes: u64,
+}
+
+impl PagesSum {
+    /// A check of the file at `path` against `expected` (its
+    /// [`FileInfo::pages_crc32`]); none passes every file.
+    pub fn new(path: &Path, expected: Option<(u64, u32)>) -> PagesSum {
+        PagesSum {
             path: path.to_owned(),
-            reason: format!(
-                "its first {bytes} bytes (magic and pages) sum to CRC-32 {found:08x} over \
-                 {read} bytes read, not the {crc:08x} written: a byte changed since"
-            ),
-        });
+            expected,
+            hasher: crc32fast::Hasher::new(),
+            summed_bytes: 0,
+        }
     }
-    Ok(())
+
+    /// Takes the next bytes of the file; those past the pages are not summed.
+    pub fn update(&mut self, chunk: &[u8]) {
+        let Some((bytes, _)) = self.expected else {
+            return;
+        };
+        let take = (bytes.saturating_sub(self.summed_bytes)).min(chunk.len() as u64) as usize;
+        self.hasher.update(&chunk[..take]);
+        self.summed_bytes += take as u64;
+    }
+
+    /// Whether the bytes taken are the pages that were written.
+    pub fn finish(self) -> Result<()> {
+        let Some((bytes, crc)) = self.expected else {
+            return Ok(());
+        };
+        let found = self.hasher.finalize();
+        if self.summed_bytes != bytes || found != crc {
+            return Err(Error::Corrupt {
+                path: self.path,
+                reason: format!(
+                    "its first {bytes} bytes (magic and pages) sum to CRC-32 {found:08x} over \
+                     {} bytes read, not the {crc:08x} written: a byte changed since",
+                    self.summed_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn parse_watermarks(text: &str) -> Option<BTreeMap<i64, u64>> {
