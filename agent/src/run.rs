@@ -558,7 +558,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
     let damaged = verify_tables(&data_dir)? + verify_wal(&data_dir)? + verify_queues(&data_dir)?;
     if damaged > 0 {
         anyhow::bail!(
-            "{damaged} damaged or unreadable file(s) in {}. `vtax verify --quarantine`, with \
+            "{damaged} damaged or unreadable file(s) or unread partition(s) in {}. `vtax verify --quarantine`, with \
              the agent stopped, moves damaged Parquet files to quarantine/ and copies damaged \
              WAL and queue segments there, keeping every intact frame and record (the agent \
              does the same for segments when it starts); an unreadable file stays where it is.",
@@ -597,6 +597,15 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
              it if its times are wrong."
         );
     }
+    let foreign = vtax_store::files::foreign_partitions(data_dir);
+    for (path, parquet_files) in &foreign {
+        eprintln!(
+            "not a partition: {} holds {parquet_files} Parquet file(s) under a name that is not \
+             date=YYYY-MM-DD: vtax reads none of their rows, a glob of the table reads them \
+             all. Rename it to its date or move it out of tables/.",
+            path.display()
+        );
+    }
     for path in &verified.unfinished_merges {
         eprintln!(
             "merge not finished: {} holds its rows under its pending name, which DuckDB, \
@@ -604,7 +613,7 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
             path.display()
         );
     }
-    Ok(damaged.len() + unreadable.len())
+    Ok(damaged.len() + unreadable.len() + foreign.len())
 }
 
 /// The store's partitions (table, date) dated after tomorrow at `now_us`:

@@ -628,6 +628,43 @@ fn verify_store(data: &Path, quarantine: bool) -> (bool, String) {
     )
 }
 
+/// A directory under a table whose name is no partition (a copy under
+/// `date=20251121`, a date that does not exist) holds rows that vtax never
+/// reads while a glob of the table reads them all: `vtax verify` names it and
+/// fails, where it once called the store sound.
+#[test]
+fn verify_names_a_directory_of_parquet_files_that_is_no_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.om");
+    write_input(&input, 50);
+    let data = dir.path().join("data");
+    assert!(import(&data, &[&input]).status.success());
+    let (ok, stderr) = verify_store(&data, false);
+    assert!(ok, "{stderr}");
+    let file = &vtax_store::files::live_files(&data).unwrap()[0];
+    let table = file.path.parent().unwrap().parent().unwrap();
+    for name in ["date=20251121", "date=2025-02-30"] {
+        let foreign = table.join(name);
+        std::fs::create_dir(&foreign).unwrap();
+        std::fs::copy(&file.path, foreign.join(file.name())).unwrap();
+        let (ok, stderr) = verify_store(&data, false);
+        assert!(!ok, "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "not a partition: {} holds 1 Parquet file(s)",
+                foreign.display()
+            )),
+            "{stderr}"
+        );
+        std::fs::remove_dir_all(&foreign).unwrap();
+    }
+    // Without Parquet files it is nobody's data: passed over.
+    std::fs::create_dir(table.join("notes")).unwrap();
+    std::fs::write(table.join("notes/README"), "x").unwrap();
+    let (ok, stderr) = verify_store(&data, false);
+    assert!(ok, "{stderr}");
+}
+
 #[test]
 fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     let dir = tempfile::tempdir().unwrap();

@@ -280,6 +280,51 @@ pub(crate) fn list_node_files(
     Ok((files, temps))
 }
 
+/// Directories under a table of the store at `data_dir` whose names are no
+/// partition (`date=YYYY-MM-DD` of a real date) and that hold Parquet files,
+/// with how many. The store reads none of their rows, while a glob over
+/// `tables/<table>/*/*.parquet` (DuckDB, Polars) reads them all: the two
+/// would disagree without a word, so the agent's start and `vtax verify`
+/// name them.
+pub fn foreign_partitions(data_dir: &Path) -> Vec<(PathBuf, usize)> {
+    let mut found = Vec::new();
+    let Ok(tables) = fs::read_dir(data_dir.join("tables")) else {
+        return found;
+    };
+    for table in tables.flatten() {
+        let Ok(partitions) = fs::read_dir(table.path()) else {
+            continue;
+        };
+        for partition in partitions.flatten() {
+            let is_partition = partition
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("date="))
+                .and_then(crate::parse_date)
+                .is_some();
+            if is_partition {
+                continue;
+            }
+            let Ok(files) = fs::read_dir(partition.path()) else {
+                continue;
+            };
+            let parquet = files
+                .flatten()
+                .filter(|f| {
+                    f.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.ends_with(".parquet"))
+                })
+                .count();
+            if parquet > 0 {
+                found.push((partition.path(), parquet));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 /// The node that wrote a store, as its newest file's footer (`vtax.node`)
 /// names it, for commands that write beside the agent (`vtax compact`) and
 /// readers that label a store. `None` for a store without readable files.

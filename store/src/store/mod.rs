@@ -256,6 +256,9 @@ impl Store {
         let lock = lock(&dir)?;
         let mut stats = StoreStats::default();
         let (listed, strays) = files::list_files(&dir)?;
+        for (path, parquet_files) in files::foreign_partitions(&dir) {
+            tracing::warn!(path = %path.display(), parquet_files, "A directory under a table is not named as a partition (date=YYYY-MM-DD): the store reads none of its files, while a glob of the table reads them all. Rename it to its date or move it out of tables/.");
+        }
         for stray in strays {
             fs::remove_file(&stray).map_err(Error::io("remove stray temp file", &stray))?;
         }
