@@ -665,6 +665,42 @@ fn verify_names_a_directory_of_parquet_files_that_is_no_partition() {
     assert!(ok, "{stderr}");
 }
 
+/// A FIFO under a WAL segment's name is named once a minute, not at every
+/// listing of the log: a report listed it a dozen times, and a running agent
+/// at every checkpoint.
+#[test]
+fn an_entry_under_a_segment_name_that_is_no_file_is_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.om");
+    write_input(&input, 5);
+    let data = dir.path().join("data");
+    assert!(import(&data, &[&input]).status.success());
+    std::fs::create_dir_all(data.join("wal")).unwrap();
+    let fifo = data.join("wal/00000000000000099999.wal");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for command in [&["compact"][..], &["report", "--output"]] {
+        let mut run = Command::new(VTAX);
+        run.args(command);
+        if command[0] == "report" {
+            run.arg(dir.path().join("report.html"));
+        }
+        let out = run.arg("--data-dir").arg(&data).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(
+            stderr
+                .matches("Not a regular file under a log segment")
+                .count(),
+            1,
+            "{command:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     let dir = tempfile::tempdir().unwrap();

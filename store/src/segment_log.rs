@@ -175,7 +175,16 @@ impl Format {
             // link, as its open is: a segment linked from elsewhere holds
             // frames like any other.
             if !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
-                tracing::warn!(path = %entry.path().display(), "Not a regular file under a log segment's name: left where it is and out of the log.");
+                // The log is listed at every open, replay and truncation: one
+                // line a minute for each such entry, not one a listing.
+                static NOT_REGULAR: std::sync::Mutex<Option<crate::log_limit::Repeats>> =
+                    std::sync::Mutex::new(None);
+                let path = entry.path();
+                let mut repeats = NOT_REGULAR.lock().unwrap_or_else(|e| e.into_inner());
+                let repeats = repeats.get_or_insert_with(Default::default);
+                if let Some(not_logged) = repeats.occurred(&path.to_string_lossy()) {
+                    tracing::warn!(path = %path.display(), not_logged, "Not a regular file under a log segment's name: left where it is and out of the log.");
+                }
                 continue;
             }
             segments.push((seq, entry.path()));
