@@ -16,8 +16,9 @@
 //!   leads to an intact frame: the damage lay in that one frame. A length that
 //!   leads elsewhere cannot be told from garbage: [`Format::scan`] gives up
 //!   the rest of the segment (not the next segments), and
-//!   [`Format::scan_resync`], which the WAL reads with, searches the bytes
-//!   after it for the next intact frame and reads on from there;
+//!   [`Format::scan_resync`], which the WAL and the queue read with,
+//!   searches the bytes after it for the next intact frame and reads on from
+//!   there ([`Format::search_intact`] for a reader that meets it later);
 //! - a **damaged magic** alone would hide every frame behind it: the frames
 //!   are read on;
 //! - a segment shorter than the magic and a prefix of it was **torn while
@@ -342,7 +343,8 @@ impl Format {
     /// and the writer cut off every intact frame after it.
     ///
     /// A candidate's checksum is computed only where `plausible` holds for
-    /// the start of its payload (the WAL's sequence number and hour): inside
+    /// its body, meta then payload (the WAL's sequence number and hour, the
+    /// queue's samples and oldest time): inside
     /// real rows a timestamp's upper half reads as a length that fits, and
     /// a checksum over it at every such byte made a damaged segment take
     /// tens of seconds to open.
@@ -371,20 +373,14 @@ impl Format {
         let mut at = 0;
         loop {
             let checksums = std::cell::Cell::new(0);
-            let counted = |payload: &[u8]| {
-                let yes = plausible(payload);
+            let counted = |body: &[u8]| {
+                let yes = plausible(body);
                 if yes {
-                    checksums.set(checksums.get() + payload.len() as u64);
+                    checksums.set(checksums.get() + body.len() as u64);
                 }
                 yes
             };
-            let next = match self.intact_frame_at(&rest, at, &|_| true) {
-                Some((end, _)) => Some((at, end)),
-                None => (at + 1..rest.len()).find_map(|candidate| {
-                    self.intact_frame_at(&rest, candidate, &counted)
-                        .map(|(end, _)| (candidate, end))
-                }),
-            };
+            let next = self.find_intact(&rest, at, &counted);
             scan.search_checksum_bytes += checksums.get();
             let Some((start, end)) = next else {
                 break;
@@ -407,9 +403,54 @@ impl Format {
         Ok(scan)
     }
 
+    /// Where the first intact frame at or after `at` of `bytes` starts and
+    /// ends: the frame at `at` whatever it holds, past it only one whose
+    /// body is `plausible`.
+    fn find_intact(
+        &self,
+        bytes: &[u8],
+        at: usize,
+        plausible: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<(usize, usize)> {
+        match self.intact_frame_at(bytes, at, &|_| true) {
+            Some((end, _)) => Some((at, end)),
+            None => (at + 1..bytes.len()).find_map(|candidate| {
+                self.intact_frame_at(bytes, candidate, plausible)
+                    .map(|(end, _)| (candidate, end))
+            }),
+        }
+    }
+
+    /// The first intact frame from `from` of a segment on, before `end`,
+    /// searched for past damage as [`Self::scan_resync`] does (at most
+    /// [`MAX_RESYNC_BYTES`] read): for a reader that met damage it cannot
+    /// step over ([`Self::next_intact`] gave none before `end`) where the
+    /// scan at open found intact frames beyond. Leaves `reader` anywhere.
+    pub fn search_intact<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        from: u64,
+        end: u64,
+        plausible: impl Fn(&[u8]) -> bool,
+    ) -> io::Result<Option<Frame>> {
+        reader.seek(SeekFrom::Start(from))?;
+        let mut rest = Vec::new();
+        reader
+            .take(end.saturating_sub(from).min(MAX_RESYNC_BYTES))
+            .read_to_end(&mut rest)?;
+        Ok(self.find_intact(&rest, 0, &plausible).map(|(start, stop)| {
+            let meta_end = start + FRAME_HEADER_BYTES + self.meta_bytes;
+            Frame {
+                offset: from + start as u64,
+                meta: rest[start + FRAME_HEADER_BYTES..meta_end].to_vec(),
+                payload: rest[meta_end..stop].to_vec(),
+            }
+        }))
+    }
+
     /// The intact frame starting at `at` of `bytes`, if one lies whole
-    /// there and its payload is `plausible`: where it ends, and its payload.
-    /// The checksum, the costly part, comes last.
+    /// there and its body (meta, then payload) is `plausible`: where it
+    /// ends, and its payload. The checksum, the costly part, comes last.
     fn intact_frame_at<'a>(
         &self,
         bytes: &'a [u8],
@@ -425,7 +466,7 @@ impl Format {
         let end = body_start + self.meta_bytes + payload_len;
         let body = bytes.get(body_start..end)?;
         let payload = &body[self.meta_bytes..];
-        if !plausible(payload) {
+        if !plausible(body) {
             return None;
         }
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));

@@ -388,12 +388,10 @@ impl Queue {
         let front = &self.segments[0];
         let (seq, end) = (front.seq, front.bytes);
         let start = self.acked.offset;
-        let mut file = vtax_store::regular_file::open_read(&segment_path(&self.dir, seq))?;
-        file.seek(SeekFrom::Start(start))?;
-        let mut reader = io::BufReader::new(file.take(end - start));
+        let mut reader = RecordReader::open(&self.dir, seq, start, end)?;
         let (mut offset, mut stepped, mut lost) = (start, 0u64, 0u64);
         while offset - start < bytes && offset < end {
-            let Some((stepped_over, record)) = next_intact_record(&mut reader, offset)? else {
+            let Some((stepped_over, record)) = reader.next()? else {
                 self.drop_oldest();
                 return Ok(());
             };
@@ -512,14 +510,10 @@ impl Queue {
             if position.offset >= segment.bytes {
                 continue;
             }
-            let mut file =
-                vtax_store::regular_file::open_read(&segment_path(&self.dir, segment.seq))?;
-            file.seek(SeekFrom::Start(position.offset))?;
-            let mut reader = io::BufReader::new(file.take(segment.bytes - position.offset));
+            let mut reader =
+                RecordReader::open(&self.dir, segment.seq, position.offset, segment.bytes)?;
             while position.offset < segment.bytes {
-                let Some((stepped_over, record)) =
-                    next_intact_record(&mut reader, position.offset)?
-                else {
+                let Some((stepped_over, record)) = reader.next()? else {
                     // Damaged since open, past finding the next record: the
                     // reader moves on to the next segment rather than stop.
                     met.push((

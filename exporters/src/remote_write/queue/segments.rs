@@ -14,16 +14,62 @@ pub(super) fn create_segment(dir: &Path, seq: u64) -> io::Result<File> {
     Ok(file)
 }
 
-/// The next intact record from the reader's position, `offset` in its
-/// segment, and the bytes of a damaged record stepped over to reach it.
-/// `None` at the end, or where damage leaves no next record to find.
-pub(super) fn next_intact_record(
-    reader: &mut impl Read,
+/// Reads a segment's records from an offset on, as open found them: past
+/// damage that no length field steps over, it searches for the next intact
+/// record ([`Format::search_intact`]), as open's scan did.
+pub(super) struct RecordReader {
+    file: File,
+    reader: io::BufReader<io::Take<File>>,
     offset: u64,
-) -> io::Result<Option<(u64, IntactRecord)>> {
-    Ok(FORMAT
-        .next_intact(reader, offset)?
-        .map(|(stepped_over, frame)| (stepped_over, IntactRecord::from_frame(frame))))
+    end: u64,
+}
+
+impl RecordReader {
+    /// Reads the segment `seq` of `dir` from `offset` to `end`.
+    pub(super) fn open(dir: &Path, seq: u64, offset: u64, end: u64) -> io::Result<RecordReader> {
+        let file = vtax_store::regular_file::open_read(&segment_path(dir, seq))?;
+        let reader = Self::reader_at(&file, offset, end)?;
+        Ok(RecordReader {
+            file,
+            reader,
+            offset,
+            end,
+        })
+    }
+
+    fn reader_at(file: &File, offset: u64, end: u64) -> io::Result<io::BufReader<io::Take<File>>> {
+        let mut file = file.try_clone()?;
+        file.seek(SeekFrom::Start(offset))?;
+        Ok(io::BufReader::new(file.take(end.saturating_sub(offset))))
+    }
+
+    /// The next intact record, and the bytes of damage stepped over to
+    /// reach it. `None` at the end, or where no intact record follows.
+    pub(super) fn next(&mut self) -> io::Result<Option<(u64, IntactRecord)>> {
+        if self.offset >= self.end {
+            return Ok(None);
+        }
+        let (stepped_over, frame) = match FORMAT.next_intact(&mut self.reader, self.offset)? {
+            Some(found) => found,
+            None => {
+                let Some(frame) = FORMAT.search_intact(
+                    &mut self.file,
+                    self.offset,
+                    self.end,
+                    plausible_record,
+                )?
+                else {
+                    self.offset = self.end;
+                    return Ok(None);
+                };
+                let stepped_over = frame.offset - self.offset;
+                self.reader = Self::reader_at(&self.file, frame.end(&FORMAT), self.end)?;
+                (stepped_over, frame)
+            }
+        };
+        self.offset += stepped_over + FORMAT.frame_bytes(frame.payload.len());
+        Ok(Some((stepped_over, IntactRecord::from_frame(frame))))
+    }
 }
 
 impl IntactRecord {
@@ -140,18 +186,36 @@ pub fn verify(dir: &Path) -> io::Result<Verified> {
     Ok(verified)
 }
 
-/// Reads a segment's records; the segment's intact part ends where no next
-/// record can be found.
+/// Whether a frame's body can be a record this queue wrote: at least one
+/// sample, and an oldest time (milliseconds) from 1970 to about 2248. The
+/// bytes past a damage rarely pass, so the search past it checksums little.
+pub(super) fn plausible_record(body: &[u8]) -> bool {
+    let (Some(samples), Some(min_time_ms)) = (body.get(0..4), body.get(4..12)) else {
+        return false;
+    };
+    let samples = u32::from_le_bytes(samples.try_into().expect("4 bytes"));
+    let min_time_ms = i64::from_le_bytes(min_time_ms.try_into().expect("8 bytes"));
+    samples > 0 && (0..1 << 43).contains(&min_time_ms)
+}
+
+/// Reads a segment's records, searching past damage for the next intact
+/// one: a zeroed block in the middle of a segment loses only the records it
+/// held. The segment's intact part ends at its last intact record.
 pub(super) fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
     let file = vtax_store::regular_file::open_read(path)?;
     let file_len = file.metadata()?.len();
     let mut record_ends = Vec::new();
     let log = FORMAT
-        .scan(file, file_len, |frame| -> Result<(), io::Error> {
-            let end = frame.end(&FORMAT);
-            record_ends.push((end, IntactRecord::from_frame(frame).samples));
-            Ok(())
-        })
+        .scan_resync(
+            file,
+            file_len,
+            plausible_record,
+            |frame| -> Result<(), io::Error> {
+                let end = frame.end(&FORMAT);
+                record_ends.push((end, IntactRecord::from_frame(frame).samples));
+                Ok(())
+            },
+        )
         .map_err(|e| match e {
             segment_log::ScanError::Read(e) | segment_log::ScanError::Stopped(e) => e,
         })?;

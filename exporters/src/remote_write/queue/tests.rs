@@ -433,8 +433,12 @@ fn a_damaged_magic_hides_no_records_and_is_mended() {
     assert!(report.damaged_segments.is_empty(), "mended");
 }
 
+/// Damage the reader meets while the agent runs, in a length field that
+/// leads nowhere, costs the record it hit: the reader searches past it for
+/// the next intact record, as open's scan does, rather than give up the rest
+/// of the segment.
 #[test]
-fn damage_after_open_moves_the_reader_to_the_next_segment() {
+fn damage_after_open_costs_only_the_record_it_hit() {
     let dir = tempfile::tempdir().unwrap();
     let (mut q, _) = Queue::open(dir.path(), 1 << 20).unwrap();
     let records: Vec<Vec<u8>> = (0..12).map(|i| noise(20_000, 2 * i + 1)).collect();
@@ -442,47 +446,63 @@ fn damage_after_open_moves_the_reader_to_the_next_segment() {
         q.append(r, 1, 0).unwrap();
     }
     assert!(q.segments.len() >= 3);
-    let first_segment_records =
-        record_offsets(&fs::read(segment_path(dir.path(), 0)).unwrap()).len() - 1;
     // The length of the first segment's second record is hit while the agent runs.
     let seg = segment_path(dir.path(), 0);
     let mut bytes = fs::read(&seg).unwrap();
-    let second = record_offsets(&bytes)[1];
-    bytes[second + 3] ^= 0x80;
+    let offsets = record_offsets(&bytes);
+    bytes[offsets[1] + 3] ^= 0x80;
     fs::write(&seg, &bytes).unwrap();
     let got = drain_records(&mut q);
-    assert_eq!(q.damaged_bytes(), (bytes.len() - second) as u64);
-    let expected: Vec<Vec<u8>> = std::iter::once(0)
-        .chain(first_segment_records..12)
-        .map(|i| raw(2 * i as u64 + 1, 20_000))
+    assert_eq!(q.damaged_bytes(), (offsets[2] - offsets[1]) as u64);
+    let expected: Vec<Vec<u8>> = (0..12u64)
+        .filter(|&i| i != 1)
+        .map(|i| raw(2 * i + 1, 20_000))
         .collect();
     assert_eq!(got.len(), expected.len());
-    assert!(
-        got == expected,
-        "the first record, then the next segments' records"
-    );
+    assert!(got == expected, "every record but the one hit, in order");
     assert_eq!(q.pending_samples(), 0);
 }
 
+/// A block zeroed in the middle of the segment being written loses the
+/// records it held, not those after it: neither the reader nor the next
+/// open cuts them as a torn tail, and records appended since survive a
+/// restart.
 #[test]
-fn records_appended_after_damage_to_the_open_segment_survive_a_restart() {
+fn records_after_a_zeroed_block_of_the_open_segment_are_sent() {
+    const TIME_MS: i64 = 1_763_683_200_000;
     let dir = tempfile::tempdir().unwrap();
     let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
-    for n in 0..3u8 {
-        q.append(&payload(n, 4), 1, 0).unwrap();
+    for i in 0..6u64 {
+        q.append(&noise(4_000, 2 * i + 1), 1, TIME_MS).unwrap();
     }
     let seg = segment_path(dir.path(), 0);
     let mut bytes = fs::read(&seg).unwrap();
-    let second = record_offsets(&bytes)[1];
-    bytes[second + 3] ^= 0x80;
+    let offsets = record_offsets(&bytes);
+    // From inside the second record's payload to inside the third's.
+    bytes[offsets[1] + 100..offsets[2] + 2_000].fill(0);
     fs::write(&seg, &bytes).unwrap();
-    assert_eq!(drain_records(&mut q), [vec![0; 4]]);
-    q.append(&payload(7, 4), 1, 0).unwrap();
+    let survivors: Vec<Vec<u8>> = [0u64, 3, 4, 5]
+        .iter()
+        .map(|i| raw(2 * i + 1, 4_000))
+        .collect();
+    assert_eq!(drain_records(&mut q), survivors);
+    assert_eq!(q.damaged_bytes(), (offsets[3] - offsets[1]) as u64);
+    q.append(&noise(4_000, 99), 1, TIME_MS).unwrap();
     q.sync().unwrap();
     drop(q);
     let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
+    assert_eq!(report.truncated_bytes, 0, "nothing cut as a tail");
     assert_eq!(report.pending_samples, 1);
-    assert_eq!(drain_records(&mut q), [vec![7; 4]]);
+    assert_eq!(drain_records(&mut q), [raw(99, 4_000)]);
+    drop(q);
+
+    // Met first by an open: the same records go.
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(segment_path(dir.path(), 0), &bytes).unwrap();
+    let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
+    assert_eq!(report.truncated_bytes, 0);
+    assert_eq!(report.damaged_bytes, (offsets[3] - offsets[1]) as u64);
+    assert_eq!(drain_records(&mut q), survivors);
 }
 
 /// Damages one segment of a queue at random (flipped bytes, a run of
