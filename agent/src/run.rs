@@ -416,16 +416,31 @@ fn latest_rows(
             return Vec::new();
         }
     };
-    let rows = crate::detect::stored_rows::Rows::from_batches(&result.batches);
-    let tags: Vec<Vec<&str>> = table.tags.iter().map(|t| rows.tag(t.name)).collect();
-    let fields: Vec<Vec<Option<f64>>> = table.fields.iter().map(|f| rows.field(f.name)).collect();
-    rows.latest_by(|i| Some(tags.iter().map(|t| t[i]).collect::<Vec<&str>>()))
-        .into_iter()
-        .map(|(key, i)| crate::collectors::LatestRow {
-            tags: key.into_iter().map(str::to_string).collect(),
-            fields: fields.iter().map(|f| f[i]).collect(),
-        })
-        .collect()
+    // Batch by batch: an hour of a table (`scraped` at its sample limit)
+    // flattened at once into strings would hold every row; this holds one
+    // batch and a row a series.
+    let mut latest: std::collections::BTreeMap<Vec<String>, crate::collectors::LatestRow> =
+        Default::default();
+    for batch in &result.batches {
+        let rows = crate::detect::stored_rows::Rows::from_batches(std::slice::from_ref(batch));
+        let tags: Vec<Vec<&str>> = table.tags.iter().map(|t| rows.tag(t.name)).collect();
+        let fields: Vec<Vec<Option<f64>>> =
+            table.fields.iter().map(|f| rows.field(f.name)).collect();
+        for (key, i) in rows.latest_by(|i| Some(tags.iter().map(|t| t[i]).collect::<Vec<&str>>())) {
+            let time_us = rows.time_us[i];
+            let key: Vec<String> = key.into_iter().map(str::to_string).collect();
+            if latest.get(&key).is_some_and(|kept| kept.time_us > time_us) {
+                continue;
+            }
+            let row = crate::collectors::LatestRow {
+                time_us,
+                tags: key.clone(),
+                fields: fields.iter().map(|f| f[i]).collect(),
+            };
+            latest.insert(key, row);
+        }
+    }
+    latest.into_values().collect()
 }
 
 /// The detector, with its baselines relearned from the store; none when disabled.

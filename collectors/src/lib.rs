@@ -205,10 +205,12 @@ pub trait Collector: Send + IntoAny {
 /// reset across the gap.
 pub const RESUME_HORIZON_SECS: i64 = 3600;
 
-/// A series' latest stored row, for [`Collector::resume`]: its tags in the
-/// table's declaration order and its fields' values (null as `None`).
+/// A series' latest stored row, for [`Collector::resume`]: its time, its
+/// tags in the table's declaration order and its fields' values (null as
+/// `None`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatestRow {
+    pub time_us: i64,
     pub tags: Vec<String>,
     pub fields: Vec<Option<f64>>,
 }

@@ -249,6 +249,7 @@ fn a_started_collector_takes_its_xid_counts_up_from_the_store() {
     let mut gpu = Gpu::new(&config, &roots);
     assert_eq!(gpu.resumes_from().map(|t| t.name), Some("gpu_xid"));
     let stored = |uuid: &str, code: &str, errors: f64| crate::LatestRow {
+        time_us: 0,
         tags: vec!["0".into(), uuid.into(), code.into()],
         fields: vec![Some(errors)],
     };

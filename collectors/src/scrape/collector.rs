@@ -39,6 +39,12 @@ pub(super) struct Shared {
     /// Counters a target's thread starts from, by target name: those of the
     /// collector this one replaced at a reload.
     pub(super) carried: Mutex<BTreeMap<String, Counts>>,
+    /// The newest time stored of each series, by target name, that a
+    /// target's thread starts from: taken from the store at the agent's
+    /// start ([`Collector::resume`]), or left by the threads of the
+    /// collector this one replaced at a reload. Without it a sample carrying
+    /// its own timestamp was stored again by the first scrape after either.
+    pub(super) resumed: Mutex<BTreeMap<String, Timestamps>>,
 }
 
 /// The scrape collector.
@@ -116,6 +122,52 @@ impl Collector for Scrape {
         let mut carried = self.shared.carried.lock().expect("not poisoned");
         for (name, target) in targets.iter() {
             carried.insert(name.clone(), target.counts);
+        }
+        // A thread still blocked on a hung target leaves its series later
+        // than this: that target's first scrape may store a timestamped
+        // sample again.
+        let left = std::mem::take(&mut *previous.shared.resumed.lock().expect("not poisoned"));
+        self.shared
+            .resumed
+            .lock()
+            .expect("not poisoned")
+            .extend(left);
+    }
+
+    fn resumes_from(&self) -> Option<&'static vtax_store::TableDef> {
+        (!self.config.targets.is_empty()).then_some(&tables::SCRAPED)
+    }
+
+    /// Each target's series with the newest time stored (tags: target,
+    /// metric, labels), so that a sample that carries its own timestamp and
+    /// was stored before the agent stopped is not stored again. At most
+    /// `sample_limit` series a target are kept, the newest.
+    fn resume(&mut self, latest: &[crate::LatestRow]) {
+        let mut resumed = self.shared.resumed.lock().expect("not poisoned");
+        type Newest = Vec<((String, String), i64)>;
+        let mut by_target: BTreeMap<&str, Newest> = BTreeMap::new();
+        for row in latest {
+            let [target, metric, labels] = &row.tags[..] else {
+                continue;
+            };
+            by_target
+                .entry(target)
+                .or_default()
+                .push(((metric.clone(), labels.clone()), row.time_us));
+        }
+        for target in &self.config.targets {
+            let Some(series) = by_target.remove(target.name.as_str()) else {
+                continue;
+            };
+            let newest = series.iter().map(|(_, t)| *t).max().unwrap_or(0);
+            let known = resumed.entry(target.name.clone()).or_default();
+            remember(
+                known,
+                series,
+                newest,
+                0,
+                usize::try_from(target.sample_limit).unwrap_or(usize::MAX),
+            );
         }
     }
 
@@ -203,11 +255,22 @@ pub(super) fn target_loop(target: &ScrapeTarget, shared: &Shared) {
     let scale = |family: &str| seconds_per_unit(family);
     let mut last_grid_us = i64::MIN;
     // The series that carried their own timestamps, with the newest stored.
-    let mut timestamped = Timestamps::new();
+    let mut timestamped = shared
+        .resumed
+        .lock()
+        .expect("not poisoned")
+        .remove(&target.name)
+        .unwrap_or_default();
     loop {
         let (grid_us, at) = next_grid(interval_us, last_grid_us);
         last_grid_us = grid_us;
         if shared.stopper.sleep_until(at) {
+            // For the collector that replaces this one at a reload.
+            shared
+                .resumed
+                .lock()
+                .expect("not poisoned")
+                .insert(target.name.clone(), timestamped);
             return;
         }
         let time_us = now_us();

@@ -639,3 +639,82 @@ fn scrapes_wait_for_the_harvest_and_those_dropped_are_counted() {
         .iter()
         .any(|p| p.contains("scrapes dropped, not harvested in time")));
 }
+
+/// A sample carrying its own timestamp, stored before the agent stopped or
+/// before a reload, is not stored again by the first scrape after either:
+/// the agent's start hands the collector each series' newest stored time
+/// ([`Collector::resume`]), a reload the threads' own. The series without
+/// one are stored at every scrape.
+#[test]
+fn a_timestamped_sample_is_stored_once_across_a_restart_and_a_reload() {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let stamped_us = (now_ms - 10_000) * 1000;
+    let port = serve_forever(format!("fresh 1\nstamped{{a=\"1\"}} 2 {}\n", now_ms - 10_000));
+    let config = ScrapeConfig {
+        interval_secs: 0.1,
+        targets: vec![ScrapeTarget {
+            interval_secs: 0.1,
+            ..ScrapeTarget::new("t", &format!("http://127.0.0.1:{port}/metrics"))
+        }],
+        ..ScrapeConfig::default()
+    };
+    // Every scraped row harvested within a second: (metric, time).
+    let harvest = |scrape: &mut Scrape| {
+        std::thread::sleep(Duration::from_millis(1000));
+        let mut rows = Vec::new();
+        for batch in scrape.collect(0).unwrap() {
+            if !std::ptr::eq(batch.table, &tables::SCRAPED) {
+                continue;
+            }
+            for i in 0..batch.len() {
+                rows.push((row(&batch, i).0, batch.time_us[i]));
+            }
+        }
+        rows
+    };
+    let stamped = |rows: &[(String, i64)]| rows.iter().filter(|(m, _)| m == "stamped").count();
+    let mut first = Scrape::new(&config, &Roots::default());
+    assert_eq!(first.resumes_from().map(|t| t.name), Some("scraped"));
+    assert!(matches!(first.probe(), Availability::Available(_)));
+    let rows = harvest(&mut first);
+    assert_eq!(stamped(&rows), 1, "{rows:?}");
+    assert!(rows.iter().filter(|(m, _)| m == "fresh").count() > 2);
+    assert!(rows.contains(&("stamped".to_string(), stamped_us)));
+
+    // A reload: the new collector takes over the stopped one.
+    first.shared.stopper.stop();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut reloaded = Scrape::new(&config, &Roots::default());
+    reloaded.take_over(Box::new(first));
+    assert!(matches!(reloaded.probe(), Availability::Available(_)));
+    let rows = harvest(&mut reloaded);
+    assert_eq!(stamped(&rows), 0, "{rows:?}");
+    assert!(rows.iter().any(|(m, _)| m == "fresh"));
+    reloaded.shared.stopper.stop();
+
+    // A restart: the store's newest row of each series, as the agent reads it.
+    let stored = |time_us: i64, metric: &str, labels: &str| crate::LatestRow {
+        time_us,
+        tags: vec!["t".into(), metric.into(), labels.into()],
+        fields: vec![Some(2.0)],
+    };
+    let mut restarted = Scrape::new(&config, &Roots::default());
+    restarted.resume(&[
+        stored(stamped_us, "stamped", "a=\"1\""),
+        stored(stamped_us, "other_target_series", ""),
+    ]);
+    assert!(matches!(restarted.probe(), Availability::Available(_)));
+    let rows = harvest(&mut restarted);
+    assert_eq!(stamped(&rows), 0, "{rows:?}");
+    assert!(rows.iter().any(|(m, _)| m == "fresh"));
+    restarted.shared.stopper.stop();
+
+    // Without the store's rows the first scrape stores it again, once.
+    let mut bare = Scrape::new(&config, &Roots::default());
+    assert!(matches!(bare.probe(), Availability::Available(_)));
+    assert_eq!(stamped(&harvest(&mut bare)), 1);
+    bare.shared.stopper.stop();
+}
