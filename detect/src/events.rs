@@ -116,7 +116,23 @@ impl Detector {
                 tracing::debug!(victim = %key.victim, signal = key.signal, "Not an event: the cgroup's own usage rose with its stall.");
                 continue;
             }
-            let suspects = self.rank(&key, since_second);
+            let mut suspects = self.rank(&key, since_second);
+            // Who is named at the open was busy as the stall began: in its
+            // first two windows (the first may turn abnormal by chance just
+            // before the antagonist starts). A workload that arrived later
+            // correlates with the stall's later seconds (it added to it, or
+            // a spike fell on its seconds) and was named as its cause, 23 s
+            // after the stall began; it is named by an update if it stands
+            // out, as any that arrives while the event is open.
+            let onset = start_second..start_second + 2 * config.window_secs as i64;
+            for suspect in &mut suspects {
+                if suspect.score > 0.0
+                    && !self.busy_during(&suspect.name, onset.clone(), key.resource)
+                {
+                    suspect.score = 0.0;
+                }
+            }
+            rank::sort(&mut suspects);
             tracing::warn!(
                 resource = key.resource.name(),
                 victim = %key.victim,

@@ -255,11 +255,22 @@ impl Detector {
     /// suspect the detector keeps no usage of (the unattributed load)
     /// counts as busy.
     pub(super) fn busy_now(&self, name: &str, window: i64, resource: Resource) -> bool {
+        self.busy_during(name, window..i64::MAX, resource)
+    }
+
+    /// [`Self::busy_now`] over the seconds of `seconds` it has: none (it did
+    /// not exist then) is not busy.
+    pub(super) fn busy_during(
+        &self,
+        name: &str,
+        seconds: std::ops::Range<i64>,
+        resource: Resource,
+    ) -> bool {
         let Some(series) = self.suspect_series(name, resource) else {
             return true;
         };
         let scale = resource.usage_scale();
-        mean_over(&series.seconds, window..i64::MAX).is_some_and(|mean| {
+        mean_over(&series.seconds, seconds).is_some_and(|mean| {
             mean - self.usual_usage(name, resource).unwrap_or(0.0)
                 >= MIN_RISE_OVER_USUAL_SCALES * scale
         })

@@ -2383,3 +2383,59 @@ fn a_resumed_event_keeps_every_suspect_its_rows_named() {
         .collect();
     assert_eq!(closing, ["/a", "/b"]);
 }
+
+/// A workload that arrived after the victim's stall began is not named as
+/// its cause at the open, however its busy seconds line up with the stall's
+/// later ones: the stall began with load the detector cannot attribute, and
+/// a job started 8 s into it, after the event's first two windows, had its
+/// few seconds fall on the stall's peak (it was named first, r 0.64). Once
+/// it stands out it is named by an update, as any that arrives while the
+/// event is open.
+#[test]
+fn a_workload_that_arrived_after_the_stall_began_is_not_named_at_the_open() {
+    let window_secs = config().window_secs as i64;
+    let mut node = Node::new(config());
+    let mut seed = 31;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..180 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
+            quiet(&mut seed),
+        );
+    }
+    let onset = START_US / 1_000_000 + node.second;
+    let arrival = onset + 8;
+    for s in 0..90 {
+        let n = noise(&mut seed);
+        let late = onset + s >= arrival;
+        let stall = if late { 0.45 } else { 0.3 } + 0.03 * n;
+        let mut cgroups = vec![("/victim", 0.35 + 0.02 * n, stall)];
+        if late {
+            cgroups.push(("/latecomer", 0.8 + 0.1 * n, 0.05));
+        }
+        node.step(&cgroups, stall);
+    }
+    let opened = event_rows(&node.out, "open");
+    let victim = opened
+        .iter()
+        .find(|e| e.victim == "/victim")
+        .expect("the victim's event opened");
+    let start = victim.start_second as i64;
+    assert!(
+        start <= onset && arrival >= start + 2 * window_secs,
+        "the scenario: the stall's first two windows ({start}) before the arrival ({arrival})"
+    );
+    assert!(
+        !victim.suspects.starts_with("/latecomer "),
+        "named at the open: {}",
+        victim.suspects
+    );
+    let updated = node.events("updated");
+    assert!(
+        updated
+            .iter()
+            .any(|e| e.1 == "/victim" && e.2.starts_with("/latecomer ")),
+        "named by an update once it stands out: {updated:?}"
+    );
+}
