@@ -372,6 +372,15 @@ impl Detector {
                 }
             }
         }
+        // Nor while it was gone before it came back under its path: left
+        // out, a job run again in the same cgroup had its quiet seconds
+        // between runs unranked, and its correlation taken over its busy
+        // seconds only.
+        for &(gone, back) in &suspect.absences {
+            for (&second, _) in victim.range(gone..back) {
+                usage.entry(second).or_insert(0.0);
+            }
+        }
         // A cgroup that is gone (its job ended) uses nothing from then on:
         // without those seconds, once the look-back has passed its onset, it
         // would look busy throughout, flat, and lose the event it caused.

@@ -212,6 +212,10 @@ struct SuspectSeries {
     /// usually uses. A suspect that appeared while its kind was watched
     /// starts with a zero for each window it did not exist.
     usual: RollingBaseline,
+    /// Spans of seconds `[gone, back)` a cgroup was missing from the rows
+    /// and then came back under the same path (a systemd timer's service,
+    /// a cron job's scope), within its look-back: it used nothing then.
+    absences: Vec<(i64, i64)>,
 }
 
 /// The detector's state.

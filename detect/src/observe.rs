@@ -194,9 +194,13 @@ impl Detector {
                 appeared,
                 seconds: VecDeque::new(),
                 usual,
+                absences: Vec::new(),
             }
         });
         push_second(&mut series.seconds, second, value, lookback);
+        if let Some(&(oldest, _)) = series.seconds.front() {
+            series.absences.retain(|&(_, back)| back > oldest);
+        }
     }
 
     /// Teaches each suspect its usual usage from `window`'s seconds, unless
@@ -388,6 +392,19 @@ impl Detector {
                 .iter()
                 .map(|p| (p.to_string(), before.get(*p).copied().unwrap_or(now)))
                 .collect();
+            // A path back after it was gone: the seconds between, it used
+            // nothing. Its series' last second says when it was last read.
+            for path in paths.iter().filter(|p| !before.contains_key(**p)) {
+                for suspects in [&mut self.suspects, &mut self.io_suspects] {
+                    if let Some(series) = suspects.get_mut(*path) {
+                        if let Some(&(last, _)) = series.seconds.back() {
+                            if last + 1 < now {
+                                series.absences.push((last + 1, now));
+                            }
+                        }
+                    }
+                }
+            }
         }
         self.cgroups_watched_since
             .get_or_insert(second_of(view.time_us(0)));

@@ -2439,3 +2439,53 @@ fn a_workload_that_arrived_after_the_stall_began_is_not_named_at_the_open() {
         "named by an update once it stands out: {updated:?}"
     );
 }
+
+/// A job run again and again in the same cgroup (a systemd timer's service,
+/// a cron job's scope), its cgroup removed between runs: the seconds it was
+/// gone it used nothing. Left unranked, its correlation was taken over its
+/// busy seconds only, flat, and from its second run on the event that each
+/// run opened named no one until an update.
+#[test]
+fn a_job_run_again_in_the_same_cgroup_is_named_for_its_runs() {
+    let mut node = Node::new(config());
+    let mut seed = 41;
+    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
+    for _ in 0..180 {
+        let n = noise(&mut seed);
+        node.step(
+            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
+            quiet(&mut seed),
+        );
+    }
+    for _ in 0..4 {
+        for _ in 0..15 {
+            let n = noise(&mut seed);
+            node.step(
+                &[
+                    ("/victim", 0.3 + 0.02 * n, 0.35 + 0.03 * n),
+                    ("/system.slice/backup.service", 0.9 + 0.05 * n, 0.05),
+                ],
+                0.35 + 0.03 * n,
+            );
+        }
+        for _ in 0..60 {
+            let n = noise(&mut seed);
+            node.step(
+                &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
+                quiet(&mut seed),
+            );
+        }
+    }
+    let opened: Vec<_> = node
+        .events("open")
+        .into_iter()
+        .filter(|e| e.1 == "/victim")
+        .collect();
+    assert_eq!(opened.len(), 4, "one event a run: {opened:?}");
+    assert!(
+        opened
+            .iter()
+            .all(|e| e.2.starts_with("/system.slice/backup.service ")),
+        "every run's event names the job when it opens: {opened:?}"
+    );
+}
