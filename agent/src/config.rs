@@ -167,7 +167,7 @@ const KEY_DOCS: &[(&str, &str)] = &[
     ("paths.procfs", "procfs mount point; tests point it at a fixture tree."),
     ("paths.sysfs", "sysfs mount point; cgroups are read under <sysfs>/fs/cgroup."),
     ("paths.rootfs", "Where the host's root filesystem is mounted (/host when the agent runs in a container with the host's / bind-mounted there and the host's PID namespace): the filesystem collector then reads the host's mounts from <procfs>/1/mountinfo and stats each under this path."),
-    ("store.data_dir", "Where the store lives. Unset: /var/lib/vtax when it exists, else ./vtax-data."),
+    ("store.data_dir", "Where the store lives. --data-dir or VTAX_DATA_DIR overrides it. Unset: /var/lib/vtax when it exists, else ./vtax-data."),
     ("store.node", "The node's name, one identity everywhere: the store's file names and metadata, the node= partition of a fleet copy, remote write's instance label (unless external_labels sets one), vtax report and vtax query --where node=. 1 to 190 letters, digits, '-', '.' and '_', starting and ending with a letter or digit, so host names and Kubernetes node names fit as they are. --store.node or VTAX_NODE overrides it. Unset: the host name."),
     ("store.sync_interval_secs", "Seconds between fsyncs of the write-ahead log: the most a power cut can lose while the disk takes writes (with the disk full, rows wait in memory, up to wal_max_backlog_bytes, and a stop or a crash then loses them)."),
     ("store.max_buffered_bytes", "Bytes of rows held in memory before they are published early as a part file."),

@@ -56,10 +56,16 @@ fn the_unit_runs_the_agent_as_systemd_expects() {
         "ExecReload=/bin/kill -HUP $MAINPID",
         "User=vtax",
         "StateDirectory=vtax",
-        "Environment=VTAX_DATA_DIR=/var/lib/vtax",
     ] {
         assert!(unit.lines().any(|l| l == line), "the unit lacks `{line}`");
     }
+    // The store is the config file's store.data_dir, else /var/lib/vtax (the
+    // StateDirectory, which exists): an environment variable here overrode the
+    // file unsaid, and a command run from a shell read another store.
+    assert!(
+        !unit.lines().any(|l| l.starts_with("Environment=VTAX_")),
+        "the unit sets a VTAX_ variable"
+    );
     // Reading other processes' cgroups (GPU process owners) needs /proc as it is.
     assert!(!unit.contains("ProtectProc=invisible"));
 }
