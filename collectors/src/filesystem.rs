@@ -341,7 +341,13 @@ fn parse_mountinfo_line(
     if sep < 6 || fields.len() < sep + 4 {
         return Err(fail("fewer fields than mountinfo has"));
     }
-    if !fields[2].contains(':') || !fields[3].starts_with('/') {
+    // The root is a path, or a namespace's (`net:[4026532174]`) where `ip
+    // netns`, a CNI plugin, Docker or snapd bind-mounts one: such lines were
+    // taken for damage, and the collector's source counted failing on every
+    // node with a named network namespace.
+    let root = fields[3];
+    let namespace_root = root.ends_with(']') && root.contains(":[");
+    if !fields[2].contains(':') || !(root.starts_with('/') || namespace_root) {
         return Err(fail("not a mountinfo line"));
     }
     let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
@@ -792,9 +798,11 @@ mod tests {
     fn mountinfo_lines() {
         let text = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n\
                     90 27 0:50 / /mnt/my\\040data ro,relatime shared:7 master:1 - nfs4 srv:/ex\\134port rw,vers=4.2\n\
-                    91 27 0:51 / /scratch rw - xfs /dev/md0 ro\n";
+                    91 27 0:51 / /scratch rw - xfs /dev/md0 ro\n\
+                    46 45 0:4 net:[4026532174] /run/netns/cni-1 rw shared:2 - nsfs nsfs rw\n";
         let (m, errors) = parse_mountinfo(text.as_bytes(), "mi");
         assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(m[3].fs_type, "nsfs", "a namespace bind mount is a mount");
         assert_eq!(m[0].mount_point, "/");
         assert_eq!((m[0].fs_type.as_str(), m[0].read_only), ("ext4", false));
         assert_eq!(m[1].mount_point, "/mnt/my data");
