@@ -322,7 +322,19 @@ impl Netdev {
     }
 
     fn refresh(&mut self) -> anyhow::Result<()> {
-        let listing = self.list()?;
+        let listing = match self.list() {
+            Ok(listing) => listing,
+            Err(e) => {
+                // Out of descriptors, the listing itself fails. The files of
+                // the interfaces held are let go (13 an interface): kept, a
+                // node out of descriptors stayed so after its interfaces
+                // went, the web server unable to accept a scrape that would
+                // have told of it.
+                self.interfaces.clear();
+                self.stale = true;
+                return Err(e);
+            }
+        };
         if listing == self.listed && !self.stale && !self.ticks.is_multiple_of(RESCAN_TICKS) {
             return Ok(());
         }
@@ -692,6 +704,28 @@ mod tests {
         assert_eq!(c.collect(1).unwrap()[0].len(), 1);
         let errors: Vec<String> = c.source_errors().iter().map(|e| e.to_string()).collect();
         assert_eq!(errors, [format!("{}: not UTF-8 text", path.display())]);
+    }
+
+    /// A listing that fails (the process out of descriptors, or here a
+    /// class directory that cannot be read) lets go of the files held open
+    /// for the interfaces: kept, they held the process out of descriptors
+    /// after the interfaces were gone.
+    #[test]
+    fn a_failed_listing_lets_go_of_the_files_held() {
+        let dir = copy_of("baremetal-node");
+        let mut c = Netdev::new(&NetdevConfig::default(), &roots(dir.path()));
+        assert_eq!(c.collect(1).unwrap()[0].len(), 3);
+        assert_eq!(c.interfaces.len(), 3);
+        let class = dir.path().join("sys/class/net");
+        let aside = dir.path().join("net-aside");
+        std::fs::rename(&class, &aside).unwrap();
+        std::fs::write(&class, b"not a directory").unwrap();
+        c.ticks = 1;
+        assert!(c.collect(2).is_err());
+        assert!(c.interfaces.is_empty(), "the kept files are let go");
+        std::fs::remove_file(&class).unwrap();
+        std::fs::rename(&aside, &class).unwrap();
+        assert_eq!(c.collect(3).unwrap()[0].len(), 3, "read again once it lists");
     }
 
     #[test]
