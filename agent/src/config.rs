@@ -285,7 +285,40 @@ pub fn range_of(key: &str) -> Option<KeyRange> {
 /// key can be missed.
 /// Every numeric value outside its key's range, as (key, message).
 fn range_problems(config: &Config) -> Vec<(String, String)> {
-    let value = serde_json::to_value(config).expect("a config serialises");
+    // A path that is not UTF-8 (a flag or variable of bytes) does not
+    // serialise: named, it is refused, where the serialising panicked.
+    let paths = [
+        ("store.data_dir", config.store.data_dir.as_deref()),
+        ("web.config_file", config.web.config_file.as_deref()),
+        ("paths.procfs", Some(config.paths.procfs.as_path())),
+        ("paths.sysfs", Some(config.paths.sysfs.as_path())),
+        ("paths.rootfs", Some(config.paths.rootfs.as_path())),
+    ];
+    let not_utf8: Vec<(String, String)> = paths
+        .into_iter()
+        .filter_map(|(key, path)| {
+            let path = path.filter(|p| p.to_str().is_none())?;
+            Some((
+                key.to_string(),
+                format!(
+                    "{key} = {:?}: not UTF-8 text; give the path in UTF-8",
+                    path.to_string_lossy()
+                ),
+            ))
+        })
+        .collect();
+    if !not_utf8.is_empty() {
+        return not_utf8;
+    }
+    let value = match serde_json::to_value(config) {
+        Ok(value) => value,
+        Err(e) => {
+            return vec![(
+                String::new(),
+                format!("the configuration does not serialise: {e}"),
+            )]
+        }
+    };
     let mut problems = Vec::new();
     check_value_ranges("", &value, &mut problems);
     problems

@@ -1172,3 +1172,26 @@ fn compact_takes_in_the_rows_a_killed_agent_left_in_the_wal() {
     assert!(common::query_rows(&data, "cpu").is_empty());
     assert!(parquet_files_under(&data.join("tables")).is_empty());
 }
+
+/// A path flag that is not UTF-8 is refused, naming its key, by every
+/// command that resolves the configuration: it panicked (exit 101).
+#[test]
+fn a_path_that_is_not_utf8_is_refused_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join(std::ffi::OsStr::from_bytes(b"store\xff"));
+    for command in ["check-config", "doctor"] {
+        let out = Command::new(VTAX)
+            .arg(command)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command}: {stderr}");
+        assert!(
+            stderr.contains("store.data_dir = ") && stderr.contains("not UTF-8 text"),
+            "{command}: {stderr}"
+        );
+    }
+}
