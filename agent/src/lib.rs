@@ -57,10 +57,40 @@ pub fn default_data_dir() -> PathBuf {
 /// is an error here, not an empty store that verifies or compacts clean.
 pub fn existing_store_dir(data_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let dir = data_dir.unwrap_or_else(default_data_dir);
-    if !dir.is_dir() {
-        anyhow::bail!("no store at {} (set --data-dir)", dir.display());
-    }
+    check_store_dir(&dir)?;
     Ok(dir)
+}
+
+/// Whether `dir` is a store (or a fleet copy): it holds `tables/` or, for
+/// a young agent's, `wal/`. Any other directory (`/var/lib` for
+/// `/var/lib/vtax`) verified as sound with 0 files and queried as empty;
+/// one this user may not read said "no store" or "no rows".
+pub fn check_store_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::ErrorKind;
+    let denied = |e: &std::io::Error| {
+        anyhow::anyhow!(
+            "cannot read the store at {}: {e} (run as its owner, the vtax user on a packaged \
+             node, or as root)",
+            dir.display()
+        )
+    };
+    let holds = |name: &str| match std::fs::metadata(dir.join(name)) {
+        Ok(meta) => Ok(meta.is_dir()),
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => Err(denied(&e)),
+        Err(_) => Ok(false),
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => return Err(denied(&e)),
+        _ => anyhow::bail!("no store at {} (set --data-dir)", dir.display()),
+    }
+    if !holds("tables")? && !holds("wal")? {
+        anyhow::bail!(
+            "no store at {} (a store holds tables/ or wal/; set --data-dir)",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// Set once a write to stdout found its reader gone (`vtax catalogue |

@@ -83,10 +83,7 @@ pub fn query(args: QueryArgs) -> Result<()> {
     let Some(table) = args.table.clone() else {
         return list_tables();
     };
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    if !data_dir.is_dir() {
-        bail!("no store at {} (set --data-dir)", data_dir.display());
-    }
+    let data_dir = crate::existing_store_dir(args.data_dir)?;
     let now = now_us();
     let mut tag_equals = Vec::new();
     for filter in &args.filters {

@@ -38,10 +38,7 @@ pub fn replay_detector(
     args: ReplayArgs,
     detect_config_of: impl FnOnce(&std::path::Path) -> Result<DetectConfig>,
 ) -> Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    if !data_dir.is_dir() {
-        bail!("no store at {} (set --data-dir)", data_dir.display());
-    }
+    let data_dir = crate::existing_store_dir(args.data_dir)?;
     let now = now_us();
     let from_us = parse_time(&args.since, now)?;
     let until_us = parse_time(&args.until, now)?;

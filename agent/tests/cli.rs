@@ -1059,9 +1059,26 @@ fn a_control_character_in_a_name_is_printed_escaped() {
 #[test]
 fn store_commands_fail_on_a_missing_data_dir() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("nonexistent");
+    store_commands_fail_on(&dir.path().join("nonexistent"), dir.path());
+    // A directory that is no store (`/var/lib` for `/var/lib/vtax`): verify
+    // called it sound, query printed an empty table, compact made a store
+    // of it.
+    let not_a_store = dir.path().join("lib");
+    std::fs::create_dir_all(not_a_store.join("apt")).unwrap();
+    store_commands_fail_on(&not_a_store, dir.path());
+    assert_eq!(
+        std::fs::read_dir(&not_a_store).unwrap().count(),
+        1,
+        "nothing made in it"
+    );
+}
+
+/// Every command that reads a store fails on `missing`, saying there is no
+/// store there, and makes nothing.
+fn store_commands_fail_on(missing: &Path, dir: &Path) {
+    let existed = missing.exists();
     let missing = missing.to_str().unwrap();
-    let target = format!("file://{}", dir.path().join("bucket").display());
+    let target = format!("file://{}", dir.join("bucket").display());
     let commands: &[&[&str]] = &[
         &["verify", "--data-dir", missing],
         &["verify", "--data-dir", missing, "--quarantine"],
@@ -1088,8 +1105,9 @@ fn store_commands_fail_on_a_missing_data_dir() {
             args.join(" "),
             out.status
         );
-        assert!(
-            !Path::new(missing).exists(),
+        assert_eq!(
+            Path::new(missing).exists(),
+            existed,
             "vtax {} made the directory",
             args.join(" ")
         );

@@ -70,13 +70,7 @@ enum Source {
 impl Source {
     fn open(dir: &Path) -> Result<Source> {
         // A young agent's rows are all in its WAL: a store is either.
-        if !dir.join("tables").is_dir() && !dir.join("wal").is_dir() {
-            bail!(
-                "no store at {} (expected {}/tables/ or wal/; set --data-dir)",
-                dir.display(),
-                dir.display()
-            );
-        }
+        crate::check_store_dir(dir)?;
         let nodes = fleet_nodes(dir).with_context(|| format!("list {}", dir.display()))?;
         Ok(if nodes.is_empty() {
             Source::Node {
