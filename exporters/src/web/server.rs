@@ -203,6 +203,30 @@ pub fn serve(
     serve_with(address, web_config_file, exposition, WebLimits::default())
 }
 
+/// A listener on `address`. Every interface of IPv6 (`[::]:port`, which
+/// `:port` means) takes IPv4 as well whatever `net.ipv6.bindv6only` says,
+/// and where the kernel has no IPv6 (`ipv6.disable=1`) is every interface
+/// of IPv4: bound as it was, the first answered no IPv4 scrape on such a
+/// host and the second failed the start, after check-config passed it.
+pub(super) fn bind_listener(address: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    if address.ip() != std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) {
+        return std::net::TcpListener::bind(address);
+    }
+    let socket = match Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)) {
+        Ok(socket) => socket,
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            return std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, address.port()));
+        }
+        Err(e) => return Err(e),
+    };
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
 /// Starts serving `exposition` on `address` under `limits`.
 pub fn serve_with(
     address: SocketAddr,
@@ -217,8 +241,12 @@ pub fn serve_with(
         .enable_io()
         .enable_time()
         .build()?;
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(address))
+    let listener = bind_listener(address)
+        .and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+        })
         .map_err(|e| anyhow::anyhow!("listen on {address}: {e}"))?;
     let local_addr = listener.local_addr()?;
     let shutdown = Arc::new(tokio::sync::Notify::new());

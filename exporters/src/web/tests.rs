@@ -281,3 +281,16 @@ fn room_is_made_only_from_connections_writing_no_answer() {
     );
     assert_eq!(shared.stats().connections_evicted, 2);
 }
+
+/// Every interface of IPv6, what `:port` means, takes IPv4 too, whatever
+/// the host's `net.ipv6.bindv6only`: set, the agent answered no IPv4 scrape.
+#[test]
+fn every_interface_takes_ipv4_and_ipv6() {
+    let listener = super::server::bind_listener("[::]:0".parse().unwrap()).unwrap();
+    assert!(!socket2::SockRef::from(&listener).only_v6().unwrap());
+    let port = listener.local_addr().unwrap().port();
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("IPv4 reaches it");
+    // An address of one family is bound as it is.
+    let v4 = super::server::bind_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+    assert!(v4.local_addr().unwrap().is_ipv4());
+}
