@@ -331,14 +331,7 @@ fn a_cpu_hog_opens_an_event_naming_it_and_it_closes_after_the_hog_stops() {
 fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     let mut node = Node::new(config());
     let mut seed = 11;
-    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
-    for _ in 0..120 {
-        let n = noise(&mut seed);
-        node.step(
-            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
-            quiet(&mut seed),
-        );
-    }
+    quiet_victim(&mut node, &mut seed, 120);
     assert!(node.events("open").is_empty(), "no event while quiet");
     for _ in 0..60 {
         // The newcomer's own noise: over the seconds it existed alone it
@@ -365,13 +358,7 @@ fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     assert!(node_event.2.starts_with("/newcomer "), "{opened:?}");
     // The job ends and its cgroup is removed: the events close, and their
     // closing rows still name who it was.
-    for _ in 0..90 {
-        let n = noise(&mut seed);
-        node.step(
-            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
-            quiet(&mut seed),
-        );
-    }
+    quiet_victim(&mut node, &mut seed, 90);
     let closed = node.events("closed");
     for victim in ["/victim", "node"] {
         let event = closed
@@ -976,6 +963,19 @@ fn a_damaged_file_costs_only_its_own_windows() {
 
 /// A node that runs quiet for three minutes, then with `/hog` taking the
 /// CPU `/victim` needs for a minute: the victim's event is open after.
+/// `seconds` of a quiet node: the victim's steady use, its stall and the
+/// node's at their noise floor.
+fn quiet_victim(node: &mut Node, seed: &mut u64, seconds: usize) {
+    for _ in 0..seconds {
+        let n = noise(seed);
+        let stall = 0.01 + 0.005 * noise(seed);
+        node.step(
+            &[("/victim", 0.4 + 0.02 * n, stall)],
+            0.01 + 0.005 * noise(seed),
+        );
+    }
+}
+
 fn node_with_open_event(seed: &mut u64) -> Node {
     let mut node = Node::new(config());
     for _ in 0..180 {
@@ -2396,14 +2396,7 @@ fn a_workload_that_arrived_after_the_stall_began_is_not_named_at_the_open() {
     let window_secs = config().window_secs as i64;
     let mut node = Node::new(config());
     let mut seed = 31;
-    let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
-    for _ in 0..180 {
-        let n = noise(&mut seed);
-        node.step(
-            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
-            quiet(&mut seed),
-        );
-    }
+    quiet_victim(&mut node, &mut seed, 180);
     let onset = START_US / 1_000_000 + node.second;
     let arrival = onset + 8;
     for s in 0..90 {
@@ -2450,13 +2443,7 @@ fn a_job_run_again_in_the_same_cgroup_is_named_for_its_runs() {
     let mut node = Node::new(config());
     let mut seed = 41;
     let quiet = |seed: &mut u64| 0.01 + 0.005 * noise(seed);
-    for _ in 0..180 {
-        let n = noise(&mut seed);
-        node.step(
-            &[("/victim", 0.4 + 0.02 * n, quiet(&mut seed))],
-            quiet(&mut seed),
-        );
-    }
+    quiet_victim(&mut node, &mut seed, 180);
     for _ in 0..4 {
         for _ in 0..15 {
             let n = noise(&mut seed);
