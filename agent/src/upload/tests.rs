@@ -788,20 +788,26 @@ fn a_failed_multipart_upload_is_aborted() {
     );
 }
 
+/// A stopped store of two hours' parts, the first of `first_rows` rows and
+/// the second of 100: the first's file, to damage.
+fn two_hours(data: &Path, first_rows: i64) -> FileInfo {
+    let mut store = open_store(data);
+    part(&mut store, T0, first_rows);
+    part(&mut store, T0 + HOUR_US, 100);
+    drop(store);
+    local_files(data)
+        .into_iter()
+        .find(|f| f.watermarks.contains_key(&(T0 / HOUR_US)))
+        .unwrap()
+}
+
 /// A file whose footer does not read is never put (no reader could read it),
 /// but it is counted pending with its reason, not left out unsaid.
 #[test]
 fn a_file_that_does_not_read_is_pending_with_its_reason() {
     let data = tempfile::tempdir().unwrap();
     let target = tempfile::tempdir().unwrap();
-    let mut store = open_store(data.path());
-    part(&mut store, T0, 100);
-    part(&mut store, T0 + HOUR_US, 100);
-    drop(store);
-    let damaged = local_files(data.path())
-        .into_iter()
-        .find(|f| f.watermarks.contains_key(&(T0 / HOUR_US)))
-        .unwrap();
+    let damaged = two_hours(data.path(), 100);
     let bytes = std::fs::read(&damaged.path).unwrap();
     std::fs::write(&damaged.path, &bytes[..bytes.len() - 9]).unwrap();
     // Written an hour ago: the oldest pending file's age counts it.
@@ -846,14 +852,7 @@ fn a_file_whose_pages_changed_is_not_uploaded() {
     for single_put_max_bytes in [u64::MAX, 1024] {
         let data = tempfile::tempdir().unwrap();
         let target = tempfile::tempdir().unwrap();
-        let mut store = open_store(data.path());
-        part(&mut store, T0, 2000);
-        part(&mut store, T0 + HOUR_US, 100);
-        drop(store);
-        let damaged = local_files(data.path())
-            .into_iter()
-            .find(|f| f.watermarks.contains_key(&(T0 / HOUR_US)))
-            .unwrap();
+        let damaged = two_hours(data.path(), 2000);
         let mut bytes = std::fs::read(&damaged.path).unwrap();
         bytes[40] ^= 0x10;
         std::fs::write(&damaged.path, &bytes).unwrap();

@@ -259,7 +259,8 @@ pub struct Uploader {
     pub(super) manifest_bytes_after_rewrite: u64,
     /// Totals since start.
     pub stats: UploadStats,
-    /// The unreadable files already logged: each is logged once.
+    /// The files found unreadable or damaged at the last pass, each logged
+    /// then: logged once while it stays so.
     pub(super) logged_unreadable: std::collections::HashSet<PathBuf>,
 }
 
@@ -295,15 +296,6 @@ impl Uploader {
             }
         }
         let mut damaged: Vec<PathBuf> = Vec::new();
-        let still_logged: std::collections::HashSet<PathBuf> = self
-            .logged_unreadable
-            .iter()
-            .filter(|path| path.exists())
-            .cloned()
-            .collect();
-        self.logged_unreadable = still_logged;
-        self.logged_unreadable
-            .extend(unreadable.iter().map(|(path, _)| path.clone()));
         let mut partitions: BTreeMap<(i64, String), Vec<FileInfo>> = BTreeMap::new();
         for file in files {
             partitions
@@ -356,7 +348,7 @@ impl Uploader {
             if let Err(e) = self.ship(file, now_us).await {
                 if is_damage(&e) {
                     // The file, not the target, failed: the others still go.
-                    if self.logged_unreadable.insert(file.path.clone()) {
+                    if !self.logged_unreadable.contains(&file.path) {
                         tracing::warn!(path = %file.path.display(), error = %format!("{e:#}"), "A store file does not read and is not uploaded; `vtax verify` names the damage and quarantines it.");
                     }
                     damaged.push(file.path.clone());
@@ -421,6 +413,7 @@ impl Uploader {
         self.stats.pending_unmerged_files = unmerged_files.len() as u64;
         self.stats.pending_open_files = open_files.len() as u64;
         damaged.extend(unreadable.into_iter().map(|(path, _)| path));
+        self.logged_unreadable = damaged.iter().cloned().collect();
         self.stats.pending_unreadable_files = damaged.len() as u64;
         self.stats.pending_files = (pending.len() + unmerged_files.len() + damaged.len()) as u64;
         let now = std::time::SystemTime::now();
