@@ -635,29 +635,15 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
 /// rows written while the clock ran ahead.
 fn future_partitions(data_dir: &Path, now_us: i64) -> Vec<(String, String)> {
     let today = now_us.div_euclid(vtax_store::DAY_US);
-    let mut found = Vec::new();
-    let Ok(tables) = std::fs::read_dir(data_dir.join("tables")) else {
-        return found;
-    };
-    for table in tables.flatten() {
-        let Ok(partitions) = std::fs::read_dir(table.path()) else {
-            continue;
-        };
-        for partition in partitions.flatten() {
-            let name = partition.file_name();
-            let Some(date) = name.to_str().and_then(|n| n.strip_prefix("date=")) else {
-                continue;
-            };
-            if vtax_store::parse_date(date).is_some_and(|day| day > today + 1) {
-                found.push((
-                    table.file_name().to_string_lossy().into_owned(),
-                    date.to_string(),
-                ));
-            }
-        }
-    }
-    found.sort();
-    found
+    vtax_store::files::partition_dirs(data_dir)
+        .into_iter()
+        .filter_map(|(table, name, _)| {
+            let date = name.strip_prefix("date=")?;
+            vtax_store::parse_date(date)
+                .is_some_and(|day| day > today + 1)
+                .then(|| (table, date.to_string()))
+        })
+        .collect()
 }
 
 /// Names a damaged segment. Damage the agent has met already (it copies the

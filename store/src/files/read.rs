@@ -280,13 +280,10 @@ pub(crate) fn list_node_files(
     Ok((files, temps))
 }
 
-/// Directories under a table of the store at `data_dir` whose names are no
-/// partition (`date=YYYY-MM-DD` of a real date) and that hold Parquet files,
-/// with how many. The store reads none of their rows, while a glob over
-/// `tables/<table>/*/*.parquet` (DuckDB, Polars) reads them all: the two
-/// would disagree without a word, so the agent's start and `vtax verify`
-/// name them.
-pub fn foreign_partitions(data_dir: &Path) -> Vec<(PathBuf, usize)> {
+/// Every directory under a table of the store at `data_dir`, as (table,
+/// directory name, path), in order: the partitions and whatever else lies
+/// there, for the checks of `vtax verify`.
+pub fn partition_dirs(data_dir: &Path) -> Vec<(String, String, PathBuf)> {
     let mut found = Vec::new();
     let Ok(tables) = fs::read_dir(data_dir.join("tables")) else {
         return found;
@@ -295,20 +292,33 @@ pub fn foreign_partitions(data_dir: &Path) -> Vec<(PathBuf, usize)> {
         let Ok(partitions) = fs::read_dir(table.path()) else {
             continue;
         };
+        let table_name = table.file_name().to_string_lossy().into_owned();
         for partition in partitions.flatten() {
-            let is_partition = partition
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix("date="))
+            let name = partition.file_name().to_string_lossy().into_owned();
+            found.push((table_name.clone(), name, partition.path()));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Directories under a table of the store at `data_dir` whose names are no
+/// partition (`date=YYYY-MM-DD` of a real date) and that hold Parquet files,
+/// with how many. The store reads none of their rows, while a glob over
+/// `tables/<table>/*/*.parquet` (DuckDB, Polars) reads them all: the two
+/// would disagree without a word, so the agent's start and `vtax verify`
+/// name them.
+pub fn foreign_partitions(data_dir: &Path) -> Vec<(PathBuf, usize)> {
+    partition_dirs(data_dir)
+        .into_iter()
+        .filter(|(_, name, _)| {
+            name.strip_prefix("date=")
                 .and_then(crate::parse_date)
-                .is_some();
-            if is_partition {
-                continue;
-            }
-            let Ok(files) = fs::read_dir(partition.path()) else {
-                continue;
-            };
-            let parquet = files
+                .is_none()
+        })
+        .filter_map(|(_, _, path)| {
+            let parquet = fs::read_dir(&path)
+                .ok()?
                 .flatten()
                 .filter(|f| {
                     f.file_name()
@@ -316,13 +326,9 @@ pub fn foreign_partitions(data_dir: &Path) -> Vec<(PathBuf, usize)> {
                         .is_some_and(|n| n.ends_with(".parquet"))
                 })
                 .count();
-            if parquet > 0 {
-                found.push((partition.path(), parquet));
-            }
-        }
-    }
-    found.sort();
-    found
+            (parquet > 0).then_some((path, parquet))
+        })
+        .collect()
 }
 
 /// The node that wrote a store, as its newest file's footer (`vtax.node`)
