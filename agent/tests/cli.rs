@@ -701,6 +701,76 @@ fn an_entry_under_a_segment_name_that_is_no_file_is_named_once() {
     }
 }
 
+/// `--output` naming something that is no regular file (`/dev/null`, a FIFO)
+/// is written into, as a shell's `>` writes; renaming the page over it, as
+/// root, left `/dev/null` a regular file that every later reader of
+/// `/dev/null` read others' output from. A link to a file keeps being a link.
+#[test]
+fn report_writes_into_a_fifo_and_through_a_link_without_replacing_either() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.om");
+    write_input(&input, 5);
+    let data = dir.path().join("data");
+    assert!(import(&data, &[&input]).status.success());
+    let report = |output: &Path| {
+        let out = Command::new(VTAX)
+            .args(["report", "--data-dir"])
+            .arg(&data)
+            .arg("--output")
+            .arg(output)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    let fifo = dir.path().join("page.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    report(&fifo);
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    let page = reader.join().unwrap();
+    assert!(
+        page.starts_with("<!DOCTYPE html>"),
+        "{}",
+        &page[..page.len().min(200)]
+    );
+    assert!(page.trim_end().ends_with("</html>"));
+
+    let pages = dir.path().join("www");
+    std::fs::create_dir(&pages).unwrap();
+    let file = pages.join("node.html");
+    std::fs::write(&file, "old").unwrap();
+    let link = dir.path().join("latest.html");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    report(&link);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let replaced = std::fs::read_to_string(&file).unwrap();
+    assert!(replaced.starts_with("<!DOCTYPE html>"), "{replaced}");
+    let left: Vec<_> = std::fs::read_dir(&pages)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["node.html"], "no temporary file stays");
+}
+
 #[test]
 fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     let dir = tempfile::tempdir().unwrap();

@@ -302,6 +302,67 @@ fn load(
     Ok(data)
 }
 
+/// Writes the page to `path`. A regular file, new or old (or the one a
+/// symbolic link names, so the link stays), is replaced whole through a
+/// temporary file beside it: a browser or web server never reads half a page.
+/// Anything else there (`/dev/null`, `/dev/stdout`, a FIFO) is opened and
+/// written as a shell's `>` would: renaming over it would put the page in its
+/// place, and as root would leave `/dev/null` a regular file that every
+/// program then reads back what others wrote to it.
+fn write_page(path: &Path, page: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let write_into = |path: &Path| -> Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("open {}", path.display()))?;
+        file.write_all(page)
+            .with_context(|| format!("write {}", path.display()))
+    };
+    let existing = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            bail!("{} is a directory; name the file to write", path.display())
+        }
+        Ok(meta) if !meta.is_file() => return write_into(path),
+        Ok(meta) => Some(meta),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if path.symlink_metadata().is_ok() {
+                // A link to nothing yet: create what it names.
+                return std::fs::write(path, page)
+                    .with_context(|| format!("write {}", path.display()));
+            }
+            None
+        }
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    let target = match existing {
+        Some(_) => {
+            std::fs::canonicalize(path).with_context(|| format!("resolve {}", path.display()))?
+        }
+        None => path.to_owned(),
+    };
+    let name = target
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = target.with_file_name(tmp_name);
+    let replaced = (|| -> Result<()> {
+        std::fs::write(&tmp, page).with_context(|| format!("write {}", tmp.display()))?;
+        if let Some(meta) = &existing {
+            std::fs::set_permissions(&tmp, meta.permissions())
+                .with_context(|| format!("set the mode of {}", tmp.display()))?;
+        }
+        std::fs::rename(&tmp, &target)
+            .with_context(|| format!("rename {} to {}", tmp.display(), target.display()))
+    })();
+    if replaced.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    replaced
+}
+
 /// Runs `vtax report`.
 pub fn report(args: ReportArgs) -> Result<()> {
     let dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
@@ -329,10 +390,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
     if args.output.as_os_str() == "-" {
         return crate::print_stdout(&html);
     }
-    let tmp = args.output.with_extension("html.tmp");
-    std::fs::write(&tmp, &html).with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &args.output)
-        .with_context(|| format!("rename {} to {}", tmp.display(), args.output.display()))?;
+    write_page(&args.output, html.as_bytes())?;
     let rows: usize = data
         .iter()
         .flat_map(|n| n.tables.values())
