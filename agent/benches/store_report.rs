@@ -29,6 +29,7 @@ fn main() {
                 duration_seconds: 0.001,
                 success: 1,
                 failed_sources: 0,
+                left_out: 0,
             };
             builder
                 .push_row(T0 + hour * HOUR_US + i * 1_000_000, &row)

@@ -300,7 +300,7 @@ impl CollectorSet {
                         exposition.remove(name);
                         end_series(rows, name);
                     }
-                    let status = status_row(name, now_us(), since.elapsed(), false, 0);
+                    let status = status_row(name, now_us(), since.elapsed(), false, 0, 0);
                     publish_status(exposition, rows, name, status);
                     running.stuck_reported = Some(Instant::now());
                 }
@@ -408,7 +408,7 @@ fn first_probe(
                 exposition,
                 rows,
                 name,
-                status_row(name, time_us, started.elapsed(), false, 0),
+                status_row(name, time_us, started.elapsed(), false, 0, 0),
             );
         }
     }
@@ -484,7 +484,7 @@ fn wait_for_source(
                 } else {
                     tracing::warn!(collector = name, %error, "Collector's source appeared but reads badly; it is probed again.");
                 }
-                let status = status_row(name, time_us, started.elapsed(), false, 0);
+                let status = status_row(name, time_us, started.elapsed(), false, 0, 0);
                 publish_status(exposition, rows, name, status);
             }
             (_, Availability::Absent(reason)) => {
@@ -563,7 +563,7 @@ fn collector_loop(
             }
             continue;
         }
-        let mut failed_sources = 0;
+        let (mut failed_sources, mut left_out) = (0, 0);
         let success = match result {
             Ok(batches) => {
                 if failing {
@@ -594,6 +594,7 @@ fn collector_loop(
                 }
                 let errors = collector.source_errors();
                 failed_sources = errors.len();
+                left_out = collector.left_out();
                 sources.note(name, &errors, Instant::now());
                 true
             }
@@ -613,7 +614,7 @@ fn collector_loop(
                 false
             }
         };
-        let status = status_row(name, time_us, duration, success, failed_sources);
+        let status = status_row(name, time_us, duration, success, failed_sources, left_out);
         publish_status(exposition, rows, name, status);
 
         // A tick that overran its interval (a slow source) skips the grid
@@ -632,6 +633,7 @@ fn status_row(
     duration: Duration,
     success: bool,
     failed_sources: usize,
+    left_out: u64,
 ) -> Batch {
     let mut builder = BatchBuilder::new(&runtime_tables::COLLECTOR);
     let row = runtime_tables::CollectorRow {
@@ -639,6 +641,7 @@ fn status_row(
         duration_seconds: duration.as_secs_f64(),
         success: i64::from(success),
         failed_sources: failed_sources as u64,
+        left_out,
     };
     builder
         .push_row(time_us, &row)
@@ -983,6 +986,7 @@ mod tests {
                 time_us,
                 Duration::ZERO,
                 true,
+                0,
                 0,
             )])
         }

@@ -396,18 +396,65 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-fn success(body: &str, collector: &str) -> Option<String> {
-    let prefix = format!("vtax_collector_success{{collector=\"{collector}\"}} ");
+/// The value of the runtime's `vtax_collector_<field>` gauge for `collector`.
+fn collector_gauge(body: &str, field: &str, collector: &str) -> Option<String> {
+    let prefix = format!("vtax_collector_{field}{{collector=\"{collector}\"}} ");
     body.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .map(str::to_string)
 }
 
+fn success(body: &str, collector: &str) -> Option<String> {
+    collector_gauge(body, "success", collector)
+}
+
 fn failed_sources(body: &str, collector: &str) -> Option<String> {
-    let prefix = format!("vtax_collector_failed_sources{{collector=\"{collector}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map(str::to_string)
+    collector_gauge(body, "failed_sources", collector)
+}
+
+/// Cgroups over `max_cgroups` are a series, `vtax_collector_left_out`, that
+/// a rule reads, and not only a log line at the moment the cap was reached.
+#[test]
+fn cgroups_over_max_cgroups_are_counted_on_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = common::fixtures().join("baremetal-node");
+    let config = dir.path().join("vtax.toml");
+    std::fs::write(
+        &config,
+        "[collectors.cgroups]\ninterval_secs = 0.2\nmax_cgroups = 2\n",
+    )
+    .unwrap();
+    let agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--path.procfs",
+        root.join("proc").to_str().unwrap(),
+        "--path.sysfs",
+        root.join("sys").to_str().unwrap(),
+    ]);
+    let left_out = || {
+        let body = agent.get("/metrics", &[]).text();
+        collector_gauge(&body, "left_out", "cgroups").map(|v| (v, body))
+    };
+    wait_until(
+        "the cgroups collector's row",
+        Duration::from_secs(20),
+        || left_out().is_some(),
+    );
+    let (value, body) = left_out().unwrap();
+    let paths: BTreeSet<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("vtax_cgroup_"))
+        .filter_map(|l| l.split("path=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    let value: u64 = value.parse().unwrap();
+    assert!(value > 0, "{body}");
+    let host = collector_gauge(&body, "left_out", "host");
+    assert_eq!(host.as_deref(), Some("0"), "a collector with no cap");
+    assert!(agent.stop());
 }
 
 /// Sources that read badly when the agent starts do not switch their

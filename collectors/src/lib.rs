@@ -158,6 +158,13 @@ pub trait Collector: Send + IntoAny {
     fn source_errors(&self) -> Vec<ParseError> {
         Vec::new()
     }
+    /// What the source has that the last `collect` left out to stay within a
+    /// configured cap (cgroups over `max_cgroups`). The runtime shows it as
+    /// `vtax_collector_left_out`, so that a cap reached is a series a rule
+    /// reads rather than one log line at the moment it was reached.
+    fn left_out(&self) -> u64 {
+        0
+    }
     /// How long before each grid point the collector reads. Every collector
     /// wakes on the same grid, so for a moment the agent's own threads are
     /// runnable together: a collector that reads how many tasks are runnable

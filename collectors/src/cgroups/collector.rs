@@ -397,6 +397,10 @@ impl Collector for Cgroups {
         self.errors.clone()
     }
 
+    fn left_out(&self) -> u64 {
+        (self.discovery.skipped + self.discovery.not_utf8) as u64
+    }
+
     fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         if let Some(broken) = self.selection.broken() {

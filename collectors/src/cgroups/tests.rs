@@ -430,6 +430,7 @@ fn max_cgroups_keeps_the_shallowest_and_reports_the_rest() {
         c.problems(),
         ["10 cgroups over collectors.cgroups.max_cgroups = 5 are not sampled: raise it, or narrow include/exclude or max_depth"]
     );
+    assert_eq!(c.left_out(), 10, "vtax_collector_left_out");
     let Availability::Available(summary) = c.probe() else {
         panic!()
     };
@@ -471,6 +472,7 @@ fn at_max_cgroups_a_new_cgroup_does_not_push_out_a_sampled_one() {
         c.problems(),
         ["11 cgroups over collectors.cgroups.max_cgroups = 5 are not sampled: raise it, or narrow include/exclude or max_depth"]
     );
+    assert_eq!(c.left_out(), 11);
     // The sampled user.slice goes: the new slice, shallowest, takes its place.
     std::fs::remove_dir_all(roots.sys("fs/cgroup/user.slice")).unwrap();
     assert_eq!(
@@ -1297,4 +1299,5 @@ fn a_cgroup_whose_name_is_not_utf8_is_named_among_the_problems() {
         "{:?}",
         c.problems()
     );
+    assert_eq!(c.left_out(), 1, "vtax_collector_left_out");
 }

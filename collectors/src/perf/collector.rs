@@ -414,6 +414,10 @@ impl Collector for Perf {
         })
     }
 
+    fn left_out(&self) -> u64 {
+        self.over_max_counters as u64
+    }
+
     fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         if let Some(broken) = self.selection.broken() {

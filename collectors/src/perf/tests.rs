@@ -414,6 +414,7 @@ fn max_counters_bounds_the_open_counters_and_says_so() {
         perf.problems(),
         ["1 leaf cgroups over collectors.perf.max_counters = 12 (6 counters each: 3 events x 2 CPUs) are not counted: raise it, or narrow [collectors.cgroups] include/exclude"]
     );
+    assert_eq!(perf.left_out(), 1, "vtax_collector_left_out");
 }
 
 #[test]
