@@ -7,6 +7,7 @@ mod build_info;
 #[cfg(test)]
 mod collector_config_tests;
 pub mod config;
+mod config_status;
 mod doctor;
 #[cfg(test)]
 mod golden;

@@ -14,6 +14,7 @@ use vtax_store::{Batch, Compactor, Store, StoreOptions};
 
 use crate::args::AgentArgs;
 use crate::config::Config;
+use crate::config_status::{take_reload, ConfigStatus};
 use crate::detect::Detector;
 use crate::runtime::CollectorSet;
 use crate::store_report::StoreReport;
@@ -123,6 +124,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     exposition.update(BUILD_SOURCE, vec![build.clone()]);
     let _ = sender.send(vec![build]);
     let mut build_rows = crate::build_info::BuildRows::new(Instant::now());
+    let mut config_status = ConfigStatus::started(now_us());
+    let config_row = Arc::new(config_status.row(now_us()));
+    exposition.update(CONFIG_SOURCE, vec![config_row.clone()]);
+    let _ = sender.send(vec![config_row]);
     let web = crate::web::start(&config.web, exposition.clone(), sender.clone())?;
     let started_us = now_us();
     let mut collectors = CollectorSet::start(
@@ -171,15 +176,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         if reload.swap(false, Ordering::Relaxed) {
             match args.agent.resolve_reload(started_with.as_deref()) {
                 Ok(new) => {
-                    if new.web != config.web
-                        || new.store != config.store
-                        || new.remote_write != config.remote_write
-                        || new.upload != config.upload
-                    {
+                    let (new, restart_pending) = take_reload(&config, new);
+                    if restart_pending {
                         tracing::warn!(
                             "Reloaded: [web], [store], [[remote_write]] and [upload] changes take effect at the next restart."
                         );
                     }
+                    config_status.taken(now_us(), restart_pending);
                     collectors = collectors.reload(
                         (&config.collectors, &config.roots()),
                         (&new.collectors, &new.roots()),
@@ -196,8 +199,12 @@ pub fn run(args: RunArgs) -> Result<()> {
                 }
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), "Reload refused: the running configuration stays.");
+                    config_status.refused();
                 }
             }
+            let row = Arc::new(config_status.row(now_us()));
+            exposition.update(CONFIG_SOURCE, vec![row.clone()]);
+            keep(&mut store, &mut remote, &mut failures.refused, &row);
         }
         std::thread::sleep(STORE_TICK);
         collectors.check_stuck(&exposition, &sender);
@@ -245,6 +252,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             keep(&mut store, &mut remote, &mut failures.refused, &row);
         }
         if let Some(row) = build_rows.due(Instant::now(), now_us()) {
+            keep(&mut store, &mut remote, &mut failures.refused, &row);
+            // Kept as often, for the same look-back.
+            let row = Arc::new(config_status.row(now_us()));
+            exposition.update(CONFIG_SOURCE, vec![row.clone()]);
             keep(&mut store, &mut remote, &mut failures.refused, &row);
         }
         if let Some(report) = compactor.poll(&mut store, now_us()) {
@@ -386,6 +397,9 @@ fn store_batch(store: &mut Store, refused: &mut Repeats, batch: &Batch) -> bool 
 
 /// The exposition source of the `build` table's row.
 const BUILD_SOURCE: &str = "build";
+
+/// The exposition source of the `config` table's row.
+const CONFIG_SOURCE: &str = "config";
 
 /// The exposition source of the `store` table's row.
 const STORE_SOURCE: &str = "store";

@@ -200,6 +200,18 @@ fn sighup_reloads_the_config_and_refuses_a_bad_one() {
         "{}",
         agent.log()
     );
+    let config_gauges = || {
+        let body = agent.get("/metrics", &[]).text();
+        ["last_reload_successful", "restart_pending"].map(|field| {
+            let prefix = format!("vtax_config_{field} ");
+            body.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .map(str::to_string)
+        })
+    };
+    let both =
+        |successful: &str, pending: &str| [Some(successful.to_string()), Some(pending.to_string())];
+    assert_eq!(config_gauges(), both("1", "0"));
 
     std::fs::write(&config, "[collectors.host]\nenabled = maybe\n").unwrap();
     agent.signal(libc::SIGHUP);
@@ -207,8 +219,33 @@ fn sighup_reloads_the_config_and_refuses_a_bad_one() {
         agent.log().contains("Reload refused")
     });
     assert!(agent.log().contains("line 2"), "{}", agent.log());
-    // Still serving, with the last good configuration.
+    // Still serving, with the last good configuration, and saying so.
     assert_eq!(agent.get("/metrics", &[]).status, 200);
+    wait_until(
+        "a refused reload on /metrics",
+        Duration::from_secs(20),
+        || config_gauges() == both("0", "0"),
+    );
+
+    // A section read only at the start: due at the next restart, and still
+    // due after another reload of the same file.
+    let restart = "take effect at the next restart";
+    std::fs::write(
+        &config,
+        "[collectors.host]\nenabled = false\n[store]\nsync_interval_secs = 2.0\n",
+    )
+    .unwrap();
+    for reloads in 1..=2 {
+        agent.signal(libc::SIGHUP);
+        wait_until(
+            "the restart due in the log",
+            Duration::from_secs(20),
+            || agent.log().matches(restart).count() == reloads,
+        );
+        wait_until("a restart due on /metrics", Duration::from_secs(20), || {
+            config_gauges() == both("1", "1")
+        });
+    }
     assert!(agent.stop());
 }
 

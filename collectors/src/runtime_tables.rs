@@ -99,6 +99,21 @@ vtax_store::table! {
     }
 }
 
+vtax_store::table! {
+    /// The configuration in effect (`agent/src/config_status.rs`).
+    pub static CONFIG: TableDef, pub struct ConfigRow {
+        name: "config",
+        help: "One row when the agent starts, at each reload (SIGHUP) and one a minute while it runs: whether the configuration file's last reload was taken, as Prometheus gives its own.",
+        tags: [],
+        fields: [
+            last_reload_successful: i64 = FieldDef::gauge(FieldType::I64, Unit::None, "1 if the last reload of the configuration file was taken (or none was asked since the start), 0 if it was refused: the file does not validate and the running configuration stays. The log says why; vtax check-config names the key."),
+            last_reload_success_timestamp_seconds: f64 = FieldDef::gauge(FieldType::F64, Unit::Seconds, "When the configuration in effect was taken: the agent's start, or the last reload taken (Unix seconds)."),
+            restart_pending: i64 = FieldDef::gauge(FieldType::I64, Unit::None, "1 if the file taken at the last reload changes [web], [store], [[remote_write]] or [upload], which are read only at the start: those changes take effect at the next restart."),
+        ],
+        exported: true,
+    }
+}
+
 /// Tables of this module; `remote_write` is declared beside the code that
 /// fills it.
 pub static TABLES: &[&TableDef] = &[
@@ -107,4 +122,5 @@ pub static TABLES: &[&TableDef] = &[
     &STORE,
     &vtax_exporters::remote_write::TABLE,
     &BUILD,
+    &CONFIG,
 ];

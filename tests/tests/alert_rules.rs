@@ -37,7 +37,11 @@ const TEST_FILES: [&str; 3] = [
 const RESTART_TESTS: &str = "dashboards/alerts/tests/vtax-restart.test.yml";
 
 /// Alerts with a `for` that need no restart test, and why.
-const NOT_RESTART_TESTED: [(&str, &str); 6] = [
+const NOT_RESTART_TESTED: [(&str, &str); 7] = [
+    (
+        "VtaxConfigReloadRefused",
+        "a restart reads the file anew: the agent runs it, or does not start",
+    ),
     (
         "VtaxAgentDown",
         "`up` is Prometheus's own series, there through a restart",
