@@ -192,6 +192,13 @@ impl Detector {
             event.suspects = suspects;
             let now = top_suspect(&event.suspects).to_string();
             if now != "none" && may_name && !event.named.contains_key(&now) {
+                // Those it named before, not the top-ranked one before: a
+                // suspect ranked first but not yet nameable is no one named.
+                let named_before = match event.named.keys().map(String::as_str).collect::<Vec<_>>()
+                {
+                    named if named.is_empty() => "none".to_string(),
+                    named => named.join(","),
+                };
                 event.named.insert(now.clone(), event.suspects[0].clone());
                 // A suspect this event has not named before: an operator
                 // reading the log or the events table must not wait for the
@@ -201,7 +208,7 @@ impl Detector {
                     victim = %key.victim,
                     signal = key.signal,
                     suspect = now.as_str(),
-                    was = before.as_str(),
+                    named_before = named_before.as_str(),
                     score = format!("{:.2}", event.suspects[0].score),
                     "Noisy-neighbour event names a new suspect."
                 );
