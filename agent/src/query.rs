@@ -151,6 +151,19 @@ pub fn query(args: QueryArgs) -> Result<()> {
     let mut out = crate::Stdout;
     match args.format {
         OutputFormat::Table => {
+            if batches.is_empty() {
+                // arrow's table of no batches is `++`: say what was read.
+                let columns = result.schema.as_ref().map(|schema| {
+                    let names: Vec<&str> =
+                        schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    names.join(", ")
+                });
+                match columns {
+                    Some(columns) => writeln!(out, "No rows. Columns: {columns}.")?,
+                    None => writeln!(out, "No rows: the table has no data in the store.")?,
+                }
+                return Ok(());
+            }
             let shown = batches
                 .iter()
                 .map(controls_escaped)

@@ -614,6 +614,32 @@ fn run_samples_cpus_and_publishes_on_sigterm() {
     assert!(partitions.count() >= 1);
 }
 
+/// A query that matches nothing says so and names the columns, where
+/// arrow's table of no batches printed `++` twice.
+#[test]
+fn a_table_query_with_no_rows_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.om");
+    write_input(&input, 5);
+    let data = dir.path().join("data");
+    assert!(import(&data, &[&input]).status.success());
+    for args in [&["scraped", "--where", "metric=none_such"][..], &["cpu"]] {
+        let out = Command::new(VTAX)
+            .args(["query", "--data-dir"])
+            .arg(&data)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            stdout.starts_with("No rows. Columns: time, "),
+            "{args:?}: {stdout}"
+        );
+        assert!(!stdout.contains("++"), "{stdout}");
+    }
+}
+
 /// Runs `vtax verify` on `data`: whether it succeeded, and what it printed.
 fn verify_store(data: &Path, quarantine: bool) -> (bool, String) {
     let mut command = Command::new(VTAX);
