@@ -406,6 +406,8 @@ pub struct Jitter {
     /// Per CPU: cumulative bucket counts (`+Inf` last) and latency sum.
     histograms: BTreeMap<usize, ([u64; BUCKETS.len() + 1], u64)>,
     dropped_windows: u64,
+    /// The kernel charges no time to hard IRQs (`procfs::hard_irq_unaccounted`).
+    hard_irq_unaccounted: bool,
     /// When a tick last harvested a window (or the first tick since the
     /// probe started): a probe silent for two windows and more is stuck.
     last_window_at: Option<std::time::Instant>,
@@ -429,6 +431,7 @@ impl Jitter {
             cpus: Vec::new(),
             histograms: BTreeMap::new(),
             dropped_windows: 0,
+            hard_irq_unaccounted: false,
             last_window_at: None,
             schedstat_path: PathBuf::from(OWN_SCHEDSTAT),
         }
@@ -637,6 +640,15 @@ impl Collector for Jitter {
             if let Err(e) = std::fs::metadata(&stat) {
                 return Availability::Absent(format!("{}: {e}", stat.display()));
             }
+            // Read once: the kernel's accounting does not change while it runs.
+            let mut text = Vec::new();
+            self.hard_irq_unaccounted = crate::kept::KeptFile::new(stat.clone())
+                .read(&mut text)
+                .ok()
+                .and_then(|len| {
+                    procfs::hard_irq_unaccounted(&text[..len], &stat.display().to_string()).ok()
+                })
+                .unwrap_or(false);
             self.cpus = cpus.clone();
             let settings = self.settings(cpus);
             // A probe again after a failed start: the stopped thread's stop
@@ -751,6 +763,12 @@ impl Collector for Jitter {
             problems.push(format!(
                 "{} windows dropped: the collector did not harvest them in time",
                 self.dropped_windows
+            ));
+        }
+        if self.hard_irq_unaccounted {
+            problems.push(format!(
+                "the kernel accounts no hard-IRQ time (the irq column of {} is 0 on every CPU: CONFIG_IRQ_TIME_ACCOUNTING is off): time in interrupt handlers is charged to what they interrupted, so irq_ratio misses it and unexplained_ratio, the tax's share no accounting shows, includes the guest's own interrupt handling",
+                self.roots.proc("stat").display()
             ));
         }
         problems
