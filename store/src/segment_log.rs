@@ -172,10 +172,10 @@ impl Format {
             };
             // A directory or a FIFO under a segment's name holds no frames,
             // and its open would fail or wait: no segment, and no reason for
-            // the whole log to refuse to open. Judged through a symbolic
-            // link, as its open is: a segment linked from elsewhere holds
-            // frames like any other.
-            if !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            // the whole log to refuse to open. A symbolic link is not
+            // followed either: cutting a torn tail or writing the magic
+            // through it truncated whatever file it named, as root.
+            if !fs::symlink_metadata(entry.path()).is_ok_and(|m| m.is_file()) {
                 // The log is listed at every open, replay and truncation: one
                 // line a minute for each such entry, not one a listing.
                 static NOT_REGULAR: std::sync::Mutex<Option<crate::log_limit::Repeats>> =
@@ -520,6 +520,25 @@ pub fn copy_to_quarantine(segment: &Path, target: &Path) -> io::Result<bool> {
     let len = fs::metadata(segment)?.len();
     if fs::metadata(target).is_ok_and(|m| m.len() == len) {
         return Ok(false);
+    }
+    // Through a link on the way (`quarantine/` itself), the copy and the
+    // rename over its name would land outside the store.
+    for dir in target.ancestors().skip(1) {
+        if dir
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: a symbolic link: nothing is copied where it points",
+                    dir.display()
+                ),
+            ));
+        }
+        if dir.file_name().is_some_and(|n| n == "quarantine") {
+            break;
+        }
     }
     let parent = target.parent().expect("a quarantine path has a parent");
     fs::create_dir_all(parent)?;

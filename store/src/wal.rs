@@ -367,16 +367,22 @@ impl WalWriter {
 
 fn new_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf)> {
     let path = FORMAT.segment_path(dir, first_seq);
-    // A segment with this name can exist only if no frame was ever written to it
-    // (opened, then closed cleanly): it holds nothing, so start it afresh.
-    if fs::metadata(&path).is_ok_and(|m| m.len() <= FORMAT.magic.len() as u64) {
-        fs::remove_file(&path).map_err(Error::io("remove empty WAL segment", &path))?;
-    }
-    let mut file = OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .open(&path)
-        .map_err(Error::io("create WAL segment", &path))?;
+    // A segment of ours with this name can exist only if no frame was ever
+    // written to it (opened, then closed cleanly): it holds nothing, so start
+    // it afresh. A link, FIFO or device under the name is none of ours and
+    // goes too (the link, not what it names); only a file with frames stays,
+    // and is named.
+    let holds_frames = fs::symlink_metadata(&path)
+        .is_ok_and(|m| m.is_file() && m.len() > FORMAT.magic.len() as u64);
+    let created = if holds_frames {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "a segment that holds frames is in the way",
+        ))
+    } else {
+        crate::regular_file::create_fresh(&path)
+    };
+    let mut file = created.map_err(Error::io("create WAL segment", &path))?;
     let started = file
         .write_all(FORMAT.magic)
         .and_then(|()| file.sync_data())

@@ -349,10 +349,20 @@ fn write_page(path: &Path, page: &[u8]) -> Result<()> {
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = target.with_file_name(tmp_name);
     let replaced = (|| -> Result<()> {
-        std::fs::write(&tmp, page).with_context(|| format!("write {}", tmp.display()))?;
+        // Made afresh: a link planted under the temporary name is replaced,
+        // not written through.
+        let mut file = vtax_store::regular_file::create_fresh(&tmp)
+            .with_context(|| format!("create {}", tmp.display()))?;
+        file.write_all(page)
+            .with_context(|| format!("write {}", tmp.display()))?;
         if let Some(meta) = &existing {
-            std::fs::set_permissions(&tmp, meta.permissions())
+            use std::os::unix::fs::MetadataExt;
+            file.set_permissions(meta.permissions())
                 .with_context(|| format!("set the mode of {}", tmp.display()))?;
+            // Run as root over a user's page, the page stays the user's.
+            if (meta.uid(), meta.gid()) != (file.metadata()?.uid(), file.metadata()?.gid()) {
+                let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
+            }
         }
         std::fs::rename(&tmp, &target)
             .with_context(|| format!("rename {} to {}", tmp.display(), target.display()))

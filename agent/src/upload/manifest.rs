@@ -300,7 +300,8 @@ impl Manifest {
             }
         }
         let tmp = self.path.with_extension("jsonl.tmp");
-        let mut file = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        let mut file = vtax_store::regular_file::create_fresh(&tmp)
+            .with_context(|| format!("create {}", tmp.display()))?;
         file.write_all(&text)
             .and_then(|()| file.sync_all())
             .with_context(|| format!("write {}", tmp.display()))?;

@@ -333,7 +333,7 @@ pub fn publish(
         let parquet_schema = ArrowSchemaConverter::new()
             .convert(&schema)
             .map_err(parquet_err)?;
-        let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
+        let file = crate::regular_file::create_fresh(&tmp).map_err(Error::io("create", &tmp))?;
         let file = Checksummed::new(file);
         let mut writer =
             SerializedFileWriter::new(file, parquet_schema.root_schema_ptr(), Arc::new(file_props))

@@ -264,7 +264,7 @@ pub(super) fn write_position(
     let crc = crc32fast::hash(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
     let tmp = dir.join(format!("{name}.tmp"));
-    let mut file = File::create(&tmp)?;
+    let mut file = vtax_store::regular_file::create_fresh(&tmp)?;
     file.write_all(&bytes)?;
     if durable {
         file.sync_all()?;
