@@ -627,13 +627,24 @@ fn verify_tables(data_dir: &Path) -> Result<usize> {
         );
     }
     let foreign = vtax_store::files::foreign_partitions(data_dir);
-    for (path, parquet_files) in &foreign {
-        eprintln!(
-            "not a partition: {} holds {parquet_files} Parquet file(s) under a name that is not \
-             date=YYYY-MM-DD: vtax reads none of their rows, a glob of the table reads them \
-             all. Rename it to its date or move it out of tables/.",
-            path.display()
-        );
+    for dir in &foreign {
+        if dir.linked {
+            eprintln!(
+                "symbolic link: {} stands for a table or partition: vtax neither reads nor \
+                 writes below it (retention and quarantine would act where it points, outside \
+                 the store), a glob of the table follows it. Move its files in, or make the \
+                 data directory itself the link.",
+                dir.path.display()
+            );
+        } else {
+            eprintln!(
+                "not a partition: {} holds {} Parquet file(s) under a name that is not \
+                 date=YYYY-MM-DD: vtax reads none of their rows, a glob of the table reads them \
+                 all. Rename it to its date or move it out of tables/.",
+                dir.path.display(),
+                dir.parquet_files
+            );
+        }
     }
     for path in &verified.unfinished_merges {
         eprintln!(
@@ -764,6 +775,7 @@ fn quarantine(data_dir: &Path) -> Result<()> {
         .with_context(|| format!("open store {}", data_dir.display()))?;
     let at_open = store.stats().files_quarantined;
     let store_unreadable = store.stats().files_unreadable;
+    let damaged_in_place = store.stats().files_damaged_in_place;
     let moved = store.quarantine_damaged()?;
     let sound = store.files().count();
     store.close()?;
@@ -782,6 +794,12 @@ fn quarantine(data_dir: &Path) -> Result<()> {
              named in the log above): left where they are, not moved."
         );
     }
+    if damaged_in_place > 0 {
+        eprintln!(
+            "{damaged_in_place} damaged file(s) could not be moved to quarantine (named in the log \
+             above with why): left where they are, their rows unread."
+        );
+    }
     for (name, dir) in remote_write_queues(data_dir)? {
         let (_, report) = vtax_exporters::remote_write::queue::Queue::open(&dir, u64::MAX)
             .with_context(|| format!("open the remote write queue at {}", dir.display()))?;
@@ -792,6 +810,12 @@ fn quarantine(data_dir: &Path) -> Result<()> {
             report.pending_samples,
             report.damaged_segments.len(),
             dir.join("quarantine").display()
+        );
+    }
+    if damaged_in_place > 0 {
+        anyhow::bail!(
+            "{damaged_in_place} damaged file(s) left in {}: see why above.",
+            data_dir.display()
         );
     }
     Ok(())

@@ -2460,3 +2460,140 @@ fn verify_names_a_merge_that_did_not_finish() {
     let verified = vtax_store::files::verify_store(dir.path()).unwrap();
     assert!(verified.unfinished_merges.is_empty());
 }
+
+/// A command run as root on a store that its agent's user can write must
+/// not act through links planted in it: the `LOCK`, a WAL segment, a
+/// partition, `quarantine/`. Each is refused or left out, and what it
+/// points to outside the store stays as it was.
+#[test]
+fn links_planted_in_the_store_are_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let outside = dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let decoy = outside.join("decoy.txt");
+    fs::write(&decoy, "operator's notes\n".repeat(100)).unwrap();
+    let decoy_bytes = fs::read(&decoy).unwrap();
+    let mut o = options(&store_dir);
+    let catalog = || Catalog::new(&[&tables::SCRAPED]).unwrap();
+    let expected = {
+        let mut store = Store::open(o.clone(), catalog()).unwrap();
+        let mut rows = Vec::new();
+        for d in 0..3 {
+            rows.extend(append_scraped(&mut store, T0 + d * DAY_US, 40));
+            store.flush().unwrap();
+        }
+        store.close().unwrap();
+        rows
+    };
+
+    // The LOCK: refused, naming the link; the decoy is not cut to a pid.
+    let lock = store_dir.join("LOCK");
+    let _ = fs::remove_file(&lock);
+    std::os::unix::fs::symlink(&decoy, &lock).unwrap();
+    let error = Store::open(o.clone(), catalog())
+        .err()
+        .expect("a linked LOCK");
+    assert!(error.to_string().contains("symbolic link"), "{error}");
+    assert_eq!(fs::read(&decoy).unwrap(), decoy_bytes);
+    fs::remove_file(&lock).unwrap();
+
+    // A WAL segment that is a link (newest, so a torn tail would be cut)
+    // is left out of the log; the decoy keeps every byte.
+    let segment = store_dir.join("wal/99999999999999999999.wal");
+    std::os::unix::fs::symlink(&decoy, &segment).unwrap();
+    // A partition that is a link to a directory of someone else's files,
+    // dated to expire; and a day's partition moved aside for a linked
+    // quarantine/ to be tested below.
+    let linked_day = store_dir.join("tables/scraped/date=2025-11-01");
+    let elsewhere = outside.join("dataset");
+    fs::create_dir_all(&elsewhere).unwrap();
+    fs::write(
+        elsewhere.join("test-1761955200000000-1.parquet"),
+        b"not ours",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &linked_day).unwrap();
+    // An operator's own `.tmp` file in a partition, and a directory under
+    // such a name: neither is a stray of a publish.
+    let first_day = parquet_files(&store_dir)[0].parent().unwrap().to_path_buf();
+    fs::write(first_day.join("export.tmp"), b"mine").unwrap();
+    fs::create_dir(first_day.join("scratch.tmp")).unwrap();
+
+    o.retention_max_age = Some(std::time::Duration::from_secs(400 * 86_400));
+    let mut store = Store::open(o.clone(), catalog()).unwrap();
+    assert_eq!(
+        all_scraped(&store),
+        expected,
+        "every row, none from the link"
+    );
+    assert_eq!(store.stats().files_quarantined, 0);
+    assert_eq!(store.apply_retention(T0 + 3 * DAY_US).unwrap(), 0);
+    store.close().unwrap();
+    assert_eq!(fs::read(&decoy).unwrap(), decoy_bytes);
+    assert!(segment.symlink_metadata().unwrap().file_type().is_symlink());
+    assert_eq!(
+        fs::read(elsewhere.join("test-1761955200000000-1.parquet")).unwrap(),
+        b"not ours"
+    );
+    assert_eq!(fs::read(first_day.join("export.tmp")).unwrap(), b"mine");
+    assert!(first_day.join("scratch.tmp").is_dir());
+    let foreign = vtax_store::files::foreign_partitions(&store_dir);
+    assert_eq!(
+        foreign,
+        [vtax_store::files::ForeignDir {
+            path: linked_day.clone(),
+            parquet_files: 1,
+            linked: true,
+        }]
+    );
+    fs::remove_file(&linked_day).unwrap();
+
+    // quarantine/ a link: a damaged file is not moved where it points, and
+    // stays where it is, counted.
+    let damaged = parquet_files(&store_dir)[0].clone();
+    fs::write(&damaged, b"garbage").unwrap();
+    std::os::unix::fs::symlink(&outside, store_dir.join("quarantine")).unwrap();
+    let store = Store::open(o.clone(), catalog()).unwrap();
+    assert_eq!(store.stats().files_quarantined, 0);
+    assert_eq!(store.stats().files_damaged_in_place, 1);
+    drop(store);
+    assert_eq!(fs::read(&damaged).unwrap(), b"garbage");
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        2,
+        "the decoy and the dataset only"
+    );
+}
+
+/// A file moved to quarantine never replaces an earlier copy of its name.
+#[test]
+fn quarantine_keeps_an_earlier_copy_of_the_same_name() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path());
+        append_scraped(&mut store, T0, 40);
+        store.close().unwrap();
+    }
+    let file = parquet_files(dir.path())[0].clone();
+    let good = fs::read(&file).unwrap();
+    for damage in [&b"first"[..], b"second"] {
+        fs::write(&file, damage).unwrap();
+        let store = open(dir.path());
+        assert_eq!(store.stats().files_quarantined, 1);
+        drop(store);
+        fs::write(&file, &good).unwrap();
+    }
+    let mut kept = std::collections::BTreeSet::new();
+    let mut stack = vec![dir.path().join("quarantine")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                kept.insert(fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    assert!(kept.contains(&b"first"[..]) && kept.contains(&b"second"[..]));
+}

@@ -233,15 +233,31 @@ pub(crate) fn list_node_files(
             }
         }
     };
+    // A link below `tables/` is not followed (`foreign_partitions` names
+    // it): retention, quarantine and the removal of strays would act on
+    // what it points to, outside the store, for a command run as root.
+    let linked = |entry: &fs::DirEntry| entry.file_type().is_ok_and(|t| t.is_symlink());
     for table in read(&tables)? {
         let Some(table_name) = table.file_name().to_str().map(str::to_owned) else {
             continue;
         };
+        if linked(&table) {
+            continue;
+        }
         let table_dir = match node {
             Some(node) => table.path().join(format!("node={node}")),
             None => table.path(),
         };
+        if table_dir
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            continue;
+        }
         for part in read_below(&table_dir) {
+            if linked(&part) {
+                continue;
+            }
             let name = part.file_name();
             let Some(day) = name
                 .to_str()
@@ -251,8 +267,12 @@ pub(crate) fn list_node_files(
                 continue;
             };
             let mut names = Vec::new();
+            let mut dirs = std::collections::HashSet::new();
             for file in read_below(&part.path()) {
                 if let Ok(name) = file.file_name().into_string() {
+                    if file.file_type().is_ok_and(|t| t.is_dir()) {
+                        dirs.insert(name.clone());
+                    }
                     names.push((name, file.path()));
                 }
             }
@@ -263,7 +283,12 @@ pub(crate) fn list_node_files(
                 .collect();
             for (name, path) in &names {
                 let pending = published_name(name);
-                if name.ends_with(".tmp") || pending.is_some_and(|p| published.contains(p)) {
+                // Only a publish's own temporary name (`.<file>.parquet.tmp`):
+                // another `.tmp` there is someone else's to keep.
+                let temp = name.starts_with('.')
+                    && name.ends_with(".parquet.tmp")
+                    && !dirs.contains(name.as_str());
+                if temp || pending.is_some_and(|p| published.contains(p)) {
                     temps.push(path.clone());
                 } else if pending.is_some() || name.ends_with(".parquet") {
                     files.push(Listed {
@@ -304,31 +329,83 @@ pub fn partition_dirs(data_dir: &Path) -> Vec<(String, String, PathBuf)> {
 
 /// Directories under a table of the store at `data_dir` whose names are no
 /// partition (`date=YYYY-MM-DD` of a real date) and that hold Parquet files,
-/// with how many. The store reads none of their rows, while a glob over
+/// with how many, and symbolic links in place of a table or a partition. The
+/// store reads none of their rows, while a glob over
 /// `tables/<table>/*/*.parquet` (DuckDB, Polars) reads them all: the two
 /// would disagree without a word, so the agent's start and `vtax verify`
 /// name them.
-pub fn foreign_partitions(data_dir: &Path) -> Vec<(PathBuf, usize)> {
-    partition_dirs(data_dir)
-        .into_iter()
-        .filter(|(_, name, _)| {
-            name.strip_prefix("date=")
-                .and_then(crate::parse_date)
-                .is_none()
-        })
-        .filter_map(|(_, _, path)| {
-            let parquet = fs::read_dir(&path)
-                .ok()?
-                .flatten()
-                .filter(|f| {
-                    f.file_name()
-                        .to_str()
-                        .is_some_and(|n| n.ends_with(".parquet"))
-                })
-                .count();
-            (parquet > 0).then_some((path, parquet))
-        })
-        .collect()
+pub fn foreign_partitions(data_dir: &Path) -> Vec<ForeignDir> {
+    let is_link = |path: &Path| {
+        path.symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+    };
+    let parquet_files = |path: &Path| {
+        fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|f| {
+                        f.file_name()
+                            .to_str()
+                            .is_some_and(|n| n.ends_with(".parquet"))
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let mut found = Vec::new();
+    let mut linked_tables = std::collections::BTreeSet::new();
+    if let Ok(tables) = fs::read_dir(data_dir.join("tables")) {
+        for table in tables.flatten() {
+            if table.file_type().is_ok_and(|t| t.is_symlink()) {
+                linked_tables.insert(table.file_name().to_string_lossy().into_owned());
+                found.push(ForeignDir {
+                    path: table.path(),
+                    parquet_files: 0,
+                    linked: true,
+                });
+            }
+        }
+    }
+    for (table, name, path) in partition_dirs(data_dir) {
+        if linked_tables.contains(&table) {
+            continue;
+        }
+        if is_link(&path) {
+            let parquet_files = parquet_files(&path);
+            found.push(ForeignDir {
+                path,
+                parquet_files,
+                linked: true,
+            });
+            continue;
+        }
+        let dated = name
+            .strip_prefix("date=")
+            .and_then(crate::parse_date)
+            .is_some();
+        let parquet_files = if dated { 0 } else { parquet_files(&path) };
+        if parquet_files > 0 {
+            found.push(ForeignDir {
+                path,
+                parquet_files,
+                linked: false,
+            });
+        }
+    }
+    found
+}
+
+/// A directory under `tables/` whose files the store does not read.
+#[derive(Debug, PartialEq)]
+pub struct ForeignDir {
+    /// Where it is.
+    pub path: PathBuf,
+    /// The Parquet files it holds, which a glob of the table reads.
+    pub parquet_files: usize,
+    /// A symbolic link (a table's or a partition's), which the store does
+    /// not follow; otherwise a directory not named as a partition.
+    pub linked: bool,
 }
 
 /// The node that wrote a store, as its newest file's footer (`vtax.node`)

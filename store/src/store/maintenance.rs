@@ -653,6 +653,18 @@ impl Store {
                 .is_none_or(|d| (d.0)(info))
         };
         let mut touched: std::collections::BTreeSet<(String, i64)> = Default::default();
+        // A file that will not go (its permissions, an immutable flag) stays
+        // listed and the rest go on: stopping at it kept every expired day
+        // after it, and dropped its partition's other files from the index.
+        let mut failed: Option<Error> = None;
+        let mut remove = |path: &Path| match fs::remove_file(path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => {
+                failed.get_or_insert(Error::io("remove expired file", path)(e));
+                false
+            }
+        };
         if let Some(age) = self.options.retention_max_age {
             let cutoff = now_us - age.as_micros() as i64;
             for ((table, day), partition) in &mut self.files {
@@ -661,9 +673,7 @@ impl Store {
                 }
                 let mut kept = Vec::with_capacity(partition.len());
                 for info in partition.drain(..) {
-                    if deletable(&self.options, &info) {
-                        fs::remove_file(&info.path)
-                            .map_err(Error::io("remove expired file", &info.path))?;
+                    if deletable(&self.options, &info) && remove(&info.path) {
                         total -= info.bytes;
                         removed += 1;
                         touched.insert((table.clone(), *day));
@@ -699,12 +709,10 @@ impl Store {
                     .iter()
                     .position(|f| f.path == path)
                     .expect("listed from the partition");
-                if !deletable(&self.options, &partition[at]) {
+                if !deletable(&self.options, &partition[at]) || !remove(&partition[at].path) {
                     continue;
                 }
                 let info = partition.remove(at);
-                fs::remove_file(&info.path)
-                    .map_err(Error::io("remove expired file", &info.path))?;
                 total -= info.bytes;
                 removed += 1;
                 touched.insert((table, day));
@@ -725,6 +733,9 @@ impl Store {
             }
         }
         self.stats.files_retained_away += removed as u64;
-        Ok(removed)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(removed),
+        }
     }
 }

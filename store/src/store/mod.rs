@@ -203,6 +203,9 @@ pub struct StoreStats {
     /// Files the store could not read at open for an OS error (permissions,
     /// a failing disk): left where they are, out of the index.
     pub files_unreadable: u64,
+    /// Damaged files the open could not move to quarantine (something in
+    /// the way there, a link): left where they are, out of the index.
+    pub files_damaged_in_place: u64,
     /// Failed writes (WAL or Parquet), e.g. disk full.
     pub write_errors: u64,
     /// Failed writes that were the disk being full.
@@ -256,11 +259,20 @@ impl Store {
         let lock = lock(&dir)?;
         let mut stats = StoreStats::default();
         let (listed, strays) = files::list_files(&dir)?;
-        for (path, parquet_files) in files::foreign_partitions(&dir) {
-            tracing::warn!(path = %path.display(), parquet_files, "A directory under a table is not named as a partition (date=YYYY-MM-DD): the store reads none of its files, while a glob of the table reads them all. Rename it to its date or move it out of tables/.");
+        for foreign in files::foreign_partitions(&dir) {
+            let (path, parquet_files) = (foreign.path.display(), foreign.parquet_files);
+            if foreign.linked {
+                tracing::warn!(path = %path, "A table or partition of the store is a symbolic link: the store neither reads nor writes below it (retention, quarantine and compaction would act where it points, outside the store), while a glob of the table follows it. Move its files in, or make the data directory itself the link.");
+            } else {
+                tracing::warn!(path = %path, parquet_files, "A directory under a table is not named as a partition (date=YYYY-MM-DD): the store reads none of its files, while a glob of the table reads them all. Rename it to its date or move it out of tables/.");
+            }
         }
         for stray in strays {
-            fs::remove_file(&stray).map_err(Error::io("remove stray temp file", &stray))?;
+            // A stray that cannot go (its permissions) is read by no one:
+            // it stays, named, rather than keep the store from opening.
+            if let Err(e) = fs::remove_file(&stray) {
+                tracing::warn!(path = %stray.display(), error = %e, "A stray temporary file of a publish could not be removed; readers pass over it.");
+            }
         }
         let mut index = files::index_files(listed, |file, e| {
             if e.damaged_file().is_none() {
@@ -275,6 +287,7 @@ impl Store {
             // quarantine/) leaves the file where it is and out of the index:
             // it costs the move, not the start.
             if let Err(moving) = quarantine(&dir, &file.path) {
+                stats.files_damaged_in_place += 1;
                 tracing::error!(path = %file.path.display(), error = %e, moving = %moving, "A file failed verification and could not be moved to quarantine; it stays where it is, its rows unread.");
                 return Ok(());
             }
@@ -869,9 +882,36 @@ fn quarantine_path(data_dir: &Path, path: &Path) -> PathBuf {
 }
 
 fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
-    let target = quarantine_path(data_dir, path);
+    let mut target = quarantine_path(data_dir, path);
     if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+        // Made a step at a time: a link on the way (`quarantine/` itself, a
+        // table's directory in it) would take the store's file, and the
+        // directories made for it, out of the store, over whatever bears
+        // its name there.
+        let mut dir = data_dir.to_path_buf();
+        for part in parent.strip_prefix(data_dir).unwrap_or(parent).components() {
+            dir.push(part);
+            match dir.symlink_metadata() {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    return Err(Error::io("move to quarantine", &dir)(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "a symbolic link: nothing is moved where it points",
+                    )));
+                }
+                Ok(_) => {}
+                Err(_) => fs::create_dir(&dir).map_err(Error::io("create", &dir))?,
+            }
+        }
+    }
+    // An earlier copy of the same name (quarantined, restored, damaged
+    // again) stays: the new one takes the next free suffix.
+    let name = target.file_name().unwrap_or_default().to_os_string();
+    let mut n = 1;
+    while target.symlink_metadata().is_ok() {
+        let mut numbered = name.clone();
+        numbered.push(format!(".{n}"));
+        target.set_file_name(numbered);
+        n += 1;
     }
     fs::rename(path, &target).map_err(Error::io("move to quarantine", &target))?;
     if let Some(parent) = path.parent() {
