@@ -542,7 +542,12 @@ impl SenderTask {
                 }
                 continue;
             }
-            let resending = {
+            // Whether the receiver may hold this body already: the request in
+            // flight when the agent stopped, or one whose answer was lost (a
+            // timeout, a connection cut after the body went out, a gateway's
+            // 502 or 504 after its backend took it). A receiver that took it refuses
+            // the same samples again as out of order or duplicate: no drop.
+            let mut resending = {
                 let mut queue = self.queue.lock().expect("not poisoned");
                 let resending = queue.resending();
                 if let Err(e) = queue.mark_in_flight(&pending) {
@@ -574,11 +579,8 @@ impl SenderTask {
                         break;
                     }
                     Outcome::Reject if resending => {
-                        // The request that was in flight when the agent
-                        // stopped: a receiver that took it then refuses its
-                        // samples now as out of order or duplicate.
                         let response = result.as_ref().expect("a rejection has a response");
-                        tracing::info!(remote = %self.config.name, status = response.status, message = %response.message, samples = pending.samples, "Remote write receiver refused the request resent after a restart: it had taken it before.");
+                        tracing::info!(remote = %self.config.name, status = response.status, message = %response.message, samples = pending.samples, "Remote write receiver refused a request sent again after its answer was lost (a restart, a timeout, a cut connection, a gateway's 502 or 504): it had taken it before.");
                         break;
                     }
                     Outcome::Reject => {
@@ -592,6 +594,12 @@ impl SenderTask {
                         break;
                     }
                     Outcome::Retry => {
+                        // A gateway's 502 or 504 may come after its backend
+                        // took the body; a 503 or 429 refused it unread.
+                        resending |= match &result {
+                            Err(_) => true,
+                            Ok(response) => matches!(response.status, 502 | 504),
+                        };
                         let reason = match &result {
                             Ok(r) => format!("HTTP {}: {}", r.status, r.message),
                             Err(e) => e.clone(),
@@ -893,6 +901,47 @@ mod tests {
         let queue = writers.remotes[0].queue.clone();
         drop(writers);
         assert_eq!(queue.lock().unwrap().pending_samples(), 0);
+    }
+
+    /// A gateway that answers 504 after its backend took the samples: the
+    /// same body sent again is refused as out of order. The samples are
+    /// there, so none is counted dropped; a 400 for a body never answered
+    /// otherwise still is.
+    #[test]
+    fn a_refusal_after_a_lost_answer_is_not_counted_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, requests) = fake_receiver(vec![504, 400, 400]);
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.max_samples_per_send = 3;
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        let mut writers = start(dir.path(), &config);
+        writers.append(&batch(0, 3));
+        writers.append(&batch(3, 3));
+        writers.append(&batch(6, 3));
+        let got: Vec<Vec<f64>> = (0..4)
+            .map(|_| values(&requests.recv_timeout(Duration::from_secs(10)).unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                vec![0.0, 1.0, 2.0],
+                vec![0.0, 1.0, 2.0],
+                vec![3.0, 4.0, 5.0],
+                vec![6.0, 7.0, 8.0],
+            ]
+        );
+        let stats = writers.remotes[0].stats.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.sent.load(Ordering::Relaxed) < 3 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            stats.dropped_rejected.load(Ordering::Relaxed),
+            3,
+            "the second body only"
+        );
     }
 
     /// A receiver that moved (a 307 or 308 to its new path, as a proxy or
