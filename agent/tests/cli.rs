@@ -164,6 +164,16 @@ fn import_is_lossless_and_duckdb_pyarrow_polars_read_the_store() {
 }
 
 /// Runs `vtax import --data-dir DATA FILES...`.
+/// A store in `dir/data` imported from `samples_per_series` samples of
+/// [`write_input`]'s series.
+fn imported_store(dir: &Path, samples_per_series: i64) -> std::path::PathBuf {
+    let input = dir.join("in.om");
+    write_input(&input, samples_per_series);
+    let data = dir.join("data");
+    assert!(import(&data, &[&input]).status.success());
+    data
+}
+
 fn import(data: &Path, files: &[&Path]) -> std::process::Output {
     Command::new(VTAX)
         .args(["import", "--data-dir"])
@@ -619,10 +629,7 @@ fn run_samples_cpus_and_publishes_on_sigterm() {
 #[test]
 fn a_table_query_with_no_rows_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.om");
-    write_input(&input, 5);
-    let data = dir.path().join("data");
-    assert!(import(&data, &[&input]).status.success());
+    let data = imported_store(dir.path(), 5);
     for args in [&["scraped", "--where", "metric=none_such"][..], &["cpu"]] {
         let out = Command::new(VTAX)
             .args(["query", "--data-dir"])
@@ -661,10 +668,7 @@ fn verify_store(data: &Path, quarantine: bool) -> (bool, String) {
 #[test]
 fn verify_names_a_directory_of_parquet_files_that_is_no_partition() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.om");
-    write_input(&input, 50);
-    let data = dir.path().join("data");
-    assert!(import(&data, &[&input]).status.success());
+    let data = imported_store(dir.path(), 50);
     let (ok, stderr) = verify_store(&data, false);
     assert!(ok, "{stderr}");
     let file = &vtax_store::files::live_files(&data).unwrap()[0];
@@ -697,10 +701,7 @@ fn verify_names_a_directory_of_parquet_files_that_is_no_partition() {
 #[test]
 fn an_entry_under_a_segment_name_that_is_no_file_is_named_once() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.om");
-    write_input(&input, 5);
-    let data = dir.path().join("data");
-    assert!(import(&data, &[&input]).status.success());
+    let data = imported_store(dir.path(), 5);
     std::fs::create_dir_all(data.join("wal")).unwrap();
     let fifo = data.join("wal/00000000000000099999.wal");
     assert!(Command::new("mkfifo")
@@ -735,10 +736,7 @@ fn an_entry_under_a_segment_name_that_is_no_file_is_named_once() {
 fn report_writes_into_a_fifo_and_through_a_link_without_replacing_either() {
     use std::os::unix::fs::FileTypeExt;
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.om");
-    write_input(&input, 5);
-    let data = dir.path().join("data");
-    assert!(import(&data, &[&input]).status.success());
+    let data = imported_store(dir.path(), 5);
     let report = |output: &Path| {
         let out = Command::new(VTAX)
             .args(["report", "--data-dir"])
@@ -800,10 +798,7 @@ fn report_writes_into_a_fifo_and_through_a_link_without_replacing_either() {
 #[test]
 fn verify_names_damaged_files_and_quarantine_moves_them_aside() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.om");
-    write_input(&input, 500);
-    let data = dir.path().join("data");
-    assert!(import(&data, &[&input]).status.success());
+    let data = imported_store(dir.path(), 500);
     let files = {
         let mut files: Vec<_> = vtax_store::files::live_files(&data)
             .unwrap()

@@ -455,22 +455,16 @@ fn failed_sources(body: &str, collector: &str) -> Option<String> {
 fn cgroups_over_max_cgroups_are_counted_on_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let root = common::fixtures().join("baremetal-node");
-    let config = dir.path().join("vtax.toml");
-    std::fs::write(
-        &config,
+    let (agent, _, _) = start_with_config(
+        dir.path(),
         "[collectors.cgroups]\ninterval_secs = 0.2\nmax_cgroups = 2\n",
-    )
-    .unwrap();
-    let agent = Agent::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--path.procfs",
-        root.join("proc").to_str().unwrap(),
-        "--path.sysfs",
-        root.join("sys").to_str().unwrap(),
-    ]);
+        &[
+            "--path.procfs",
+            root.join("proc").to_str().unwrap(),
+            "--path.sysfs",
+            root.join("sys").to_str().unwrap(),
+        ],
+    );
     let left_out = || {
         let body = agent.get("/metrics", &[]).text();
         collector_gauge(&body, "left_out", "cgroups").map(|v| (v, body))

@@ -843,6 +843,17 @@ mod tests {
         }
     }
 
+    /// The first remote's stats once it has sent `samples` (10 s at most).
+    fn sent_at_least(writers: &RemoteWriters, samples: u64) -> Arc<Stats> {
+        let stats = writers.remotes[0].stats.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.sent.load(Ordering::Relaxed) < samples {
+            assert!(Instant::now() < deadline, "{samples} samples sent");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stats
+    }
+
     #[test]
     fn retries_5xx_and_429_drops_other_4xx_and_sends_the_protocol_headers() {
         let dir = tempfile::tempdir().unwrap();
@@ -889,12 +900,7 @@ mod tests {
                 vec![6.0, 7.0, 8.0],
             ]
         );
-        let stats = writers.remotes[0].stats.clone();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stats.sent.load(Ordering::Relaxed) < 6 {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let stats = sent_at_least(&writers, 6);
         assert_eq!(stats.retried.load(Ordering::Relaxed), 6);
         assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 3);
         assert_eq!(stats.requests_failed.load(Ordering::Relaxed), 3);
@@ -931,12 +937,7 @@ mod tests {
                 vec![6.0, 7.0, 8.0],
             ]
         );
-        let stats = writers.remotes[0].stats.clone();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stats.sent.load(Ordering::Relaxed) < 3 {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let stats = sent_at_least(&writers, 3);
         assert_eq!(
             stats.dropped_rejected.load(Ordering::Relaxed),
             3,
@@ -965,12 +966,7 @@ mod tests {
             assert_eq!(values(r), [0.0, 1.0, 2.0]);
             assert_eq!(r.headers["content-encoding"], "snappy");
         }
-        let stats = writers.remotes[0].stats.clone();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stats.sent.load(Ordering::Relaxed) < 3 {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let stats = sent_at_least(&writers, 3);
         assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 0);
     }
 
