@@ -74,6 +74,28 @@ pub fn create_fresh(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Makes `dir` below `base` (which exists), with what is missing between
+/// them, a step at a time, and fails at a symbolic link on the way: through
+/// one (a `quarantine/` linked elsewhere), what is moved or copied into `dir`
+/// would land outside the store, over whatever bears its name there.
+pub fn create_dirs_below(base: &Path, dir: &Path) -> io::Result<()> {
+    let mut at = base.to_path_buf();
+    for part in dir.strip_prefix(base).unwrap_or(dir).components() {
+        at.push(part);
+        match at.symlink_metadata() {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: a symbolic link, not followed", at.display()),
+                ));
+            }
+            Ok(_) => {}
+            Err(_) => std::fs::create_dir(&at)?,
+        }
+    }
+    Ok(())
+}
+
 fn kind(meta: &std::fs::Metadata) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();

@@ -511,37 +511,19 @@ fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
-/// Copies a damaged segment to `target`, unless a copy as long as the
-/// segment is there already (its damage was kept at an earlier start);
-/// whether it copied. The copy is written beside `target` and renamed into
+/// Copies a damaged segment to `target` (below `base`, the store's or the
+/// queue's directory, through no link: `regular_file::create_dirs_below`),
+/// unless a copy as long as the segment is there already (its damage was
+/// kept at an earlier start); whether it copied. The copy is written beside `target` and renamed into
 /// place, then its directory fsynced, so a crash leaves either no copy or a
 /// whole one.
-pub fn copy_to_quarantine(segment: &Path, target: &Path) -> io::Result<bool> {
+pub fn copy_to_quarantine(segment: &Path, base: &Path, target: &Path) -> io::Result<bool> {
     let len = fs::metadata(segment)?.len();
     if fs::metadata(target).is_ok_and(|m| m.len() == len) {
         return Ok(false);
     }
-    // Through a link on the way (`quarantine/` itself), the copy and the
-    // rename over its name would land outside the store.
-    for dir in target.ancestors().skip(1) {
-        if dir
-            .symlink_metadata()
-            .is_ok_and(|m| m.file_type().is_symlink())
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{}: a symbolic link: nothing is copied where it points",
-                    dir.display()
-                ),
-            ));
-        }
-        if dir.file_name().is_some_and(|n| n == "quarantine") {
-            break;
-        }
-    }
     let parent = target.parent().expect("a quarantine path has a parent");
-    fs::create_dir_all(parent)?;
+    crate::regular_file::create_dirs_below(base, parent)?;
     let partial = target.with_extension("copying");
     // Whatever an interrupted copy, or anyone, left under the partial name
     // goes first: a FIFO there made the copy's open wait for a reader, and

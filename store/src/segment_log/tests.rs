@@ -197,12 +197,12 @@ fn a_segment_is_copied_to_quarantine_once_per_length() {
         .join("quarantine")
         .join("00000000000000000001.log");
     fs::write(&segment_path, segment(2).0).unwrap();
-    assert!(copy_to_quarantine(&segment_path, &target).unwrap());
-    assert!(!copy_to_quarantine(&segment_path, &target).unwrap());
+    assert!(copy_to_quarantine(&segment_path, dir.path(), &target).unwrap());
+    assert!(!copy_to_quarantine(&segment_path, dir.path(), &target).unwrap());
     assert_eq!(fs::read(&target).unwrap(), fs::read(&segment_path).unwrap());
     // Grown since (appended to after the damage): the copy follows.
     fs::write(&segment_path, segment(3).0).unwrap();
-    assert!(copy_to_quarantine(&segment_path, &target).unwrap());
+    assert!(copy_to_quarantine(&segment_path, dir.path(), &target).unwrap());
     assert_eq!(fs::read(&target).unwrap(), segment(3).0);
     assert!(!target.with_extension("copying").exists());
 }

@@ -860,7 +860,7 @@ fn lock(dir: &Path) -> Result<File> {
 /// same length is there already (an earlier open copied it). True when copied.
 fn copy_to_quarantine(data_dir: &Path, path: &Path) -> Result<bool> {
     let target = quarantine_path(data_dir, path);
-    crate::segment_log::copy_to_quarantine(path, &target)
+    crate::segment_log::copy_to_quarantine(path, data_dir, &target)
         .map_err(Error::io("copy to quarantine", &target))
 }
 
@@ -884,24 +884,8 @@ fn quarantine_path(data_dir: &Path, path: &Path) -> PathBuf {
 fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
     let mut target = quarantine_path(data_dir, path);
     if let Some(parent) = target.parent() {
-        // Made a step at a time: a link on the way (`quarantine/` itself, a
-        // table's directory in it) would take the store's file, and the
-        // directories made for it, out of the store, over whatever bears
-        // its name there.
-        let mut dir = data_dir.to_path_buf();
-        for part in parent.strip_prefix(data_dir).unwrap_or(parent).components() {
-            dir.push(part);
-            match dir.symlink_metadata() {
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    return Err(Error::io("move to quarantine", &dir)(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        "a symbolic link: nothing is moved where it points",
-                    )));
-                }
-                Ok(_) => {}
-                Err(_) => fs::create_dir(&dir).map_err(Error::io("create", &dir))?,
-            }
-        }
+        crate::regular_file::create_dirs_below(data_dir, parent)
+            .map_err(Error::io("move to quarantine", parent))?;
     }
     // An earlier copy of the same name (quarantined, restored, damaged
     // again) stays: the new one takes the next free suffix.

@@ -225,7 +225,7 @@ pub(super) fn scan_segment(path: &Path) -> io::Result<SegmentScan> {
 /// Copies a segment to `<dir>/quarantine/`, unless a copy of the same length
 /// is there already.
 pub(super) fn copy_to_quarantine(dir: &Path, path: &Path) -> io::Result<()> {
-    segment_log::copy_to_quarantine(path, &quarantine_path(dir, path)).map(|_| ())
+    segment_log::copy_to_quarantine(path, dir, &quarantine_path(dir, path)).map(|_| ())
 }
 
 pub(super) fn read_ack(dir: &Path) -> Option<Position> {
