@@ -253,9 +253,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         if let Some(row) = build_rows.due(Instant::now(), now_us()) {
             keep(&mut store, &mut remote, &mut failures.refused, &row);
-            // Kept as often, for the same look-back.
-            let row = Arc::new(config_status.row(now_us()));
-            exposition.update(CONFIG_SOURCE, vec![row.clone()]);
+            // Kept as often, for the same look-back; /metrics shows it
+            // unchanged since the last reload, with no render of its own.
+            let row = config_status.row(now_us());
             keep(&mut store, &mut remote, &mut failures.refused, &row);
         }
         if let Some(report) = compactor.poll(&mut store, now_us()) {

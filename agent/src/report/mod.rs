@@ -360,7 +360,8 @@ fn write_page(path: &Path, page: &[u8]) -> Result<()> {
             file.set_permissions(meta.permissions())
                 .with_context(|| format!("set the mode of {}", tmp.display()))?;
             // Run as root over a user's page, the page stays the user's.
-            if (meta.uid(), meta.gid()) != (file.metadata()?.uid(), file.metadata()?.gid()) {
+            let made = file.metadata()?;
+            if (meta.uid(), meta.gid()) != (made.uid(), made.gid()) {
                 let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
             }
         }
