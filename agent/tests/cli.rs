@@ -631,14 +631,12 @@ fn a_table_query_with_no_rows_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let data = imported_store(dir.path(), 5);
     for args in [&["scraped", "--where", "metric=none_such"][..], &["cpu"]] {
-        let out = Command::new(VTAX)
-            .args(["query", "--data-dir"])
-            .arg(&data)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{args:?}");
-        let stdout = String::from_utf8(out.stdout).unwrap();
+        let stdout = stdout_of(
+            Command::new(VTAX)
+                .args(["query", "--data-dir"])
+                .arg(&data)
+                .args(args),
+        );
         assert!(
             stdout.starts_with("No rows. Columns: time, "),
             "{args:?}: {stdout}"
@@ -738,17 +736,12 @@ fn report_writes_into_a_fifo_and_through_a_link_without_replacing_either() {
     let dir = tempfile::tempdir().unwrap();
     let data = imported_store(dir.path(), 5);
     let report = |output: &Path| {
-        let out = Command::new(VTAX)
-            .args(["report", "--data-dir"])
-            .arg(&data)
-            .arg("--output")
-            .arg(output)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        stdout_of(
+            Command::new(VTAX)
+                .args(["report", "--data-dir"])
+                .arg(&data)
+                .arg("--output")
+                .arg(output),
         );
     };
 
