@@ -369,6 +369,36 @@ fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     }
 }
 
+/// A job and its sidecar start in cgroups made at the onset: the job takes
+/// 1.9 CPUs, the sidecar 0.2, and the sidecar's usage happens to follow the
+/// victim's stall a little closer. The job is named, not the sidecar.
+#[test]
+fn a_sidecar_started_with_the_antagonist_is_not_named_in_its_place() {
+    let mut node = Node::new(config());
+    let mut seed = 11;
+    quiet_victim(&mut node, &mut seed, 120);
+    for _ in 0..60 {
+        let (n, m, k) = (noise(&mut seed), noise(&mut seed), noise(&mut seed));
+        node.step(
+            &[
+                ("/victim", 0.3 + 0.02 * n, 0.35 + 0.03 * n),
+                ("/job", 1.9 + 0.9 * m, 0.2 + 0.03 * m),
+                ("/sidecar", 0.2 + 0.04 * (n + k), 0.0),
+            ],
+            0.4 + 0.03 * n,
+        );
+    }
+    let opened = node.events("open");
+    for victim in ["/victim", "node"] {
+        let event = opened
+            .iter()
+            .find(|e| e.1 == victim)
+            .unwrap_or_else(|| panic!("{victim}'s event opened: {opened:?}"));
+        assert!(event.2.starts_with("/job "), "{opened:?}");
+        assert!(event.2.contains("/sidecar "), "{opened:?}");
+    }
+}
+
 /// An I/O stall's suspects are ranked by their block I/O, not their CPU
 /// time: a CPU-only job started three seconds after the I/O hog moved with
 /// the stall as well as the hog did, and ranked by CPU it was named first.
