@@ -206,6 +206,68 @@ fn a_fleet_on_a_mounted_path_reads_back_with_hive_partitions_and_no_row_twice() 
     assert_eq!(rows, 2 * 840);
 }
 
+/// Every path under `dir`, with its owner and group (links not followed).
+fn owners(dir: &Path) -> BTreeMap<String, (u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(at) = todo.pop() {
+        let meta = at.symlink_metadata().unwrap();
+        let name = at.strip_prefix(dir).unwrap().display().to_string();
+        out.insert(name, (meta.uid(), meta.gid()));
+        if meta.is_dir() {
+            todo.extend(std::fs::read_dir(&at).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    out
+}
+
+/// The packaged agent runs as its own user and owns the data directory; an
+/// operator runs `upload` and `compact` as root. What they make (the upload
+/// state, a merged day file, a WAL segment) takes the directory's owner: a
+/// root-owned `upload/` failed the agent's uploader with "Permission
+/// denied" at every pass. Run by another user, everything stays theirs.
+#[test]
+fn a_store_keeps_its_owner_through_upload_and_compact_run_by_root() {
+    use std::os::unix::fs::MetadataExt;
+    let fleet = tempfile::tempdir().unwrap();
+    let target = fleet.path().join("bucket");
+    std::fs::create_dir(&target).unwrap();
+    let dir = fleet.path().join("n1");
+    node_store(&dir, "n1");
+    // SAFETY: geteuid reads the effective uid; it cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let owner = if root {
+        for path in owners(&dir).keys() {
+            std::os::unix::fs::lchown(dir.join(path), Some(12345), Some(12346)).unwrap();
+        }
+        (12345, 12346)
+    } else {
+        let meta = dir.metadata().unwrap();
+        (meta.uid(), meta.gid())
+    };
+    let before = owners(&dir).len();
+    let url = format!("file://{}", target.display());
+    let now = T0 + 25 * HOUR_US + 600_000_000;
+    assert!(upload(&dir, &url, now).status.success());
+    let later = T0 + 2 * DAY_US + 600_000_000;
+    let compact = Command::new(VTAX)
+        .args(["compact", "--data-dir"])
+        .arg(&dir)
+        .args(["--now", &(later / 1_000_000).to_string()])
+        .output()
+        .unwrap();
+    assert!(compact.status.success(), "{compact:?}");
+    assert!(upload(&dir, &url, later).status.success());
+    let after = owners(&dir);
+    assert!(
+        after.keys().any(|p| p.starts_with("upload/")) && after.len() > before,
+        "upload and compact made files: {after:?}"
+    );
+    let others: Vec<_> = after.iter().filter(|(_, o)| **o != owner).collect();
+    assert!(others.is_empty(), "not owned by {owner:?}: {others:?}");
+}
+
 #[test]
 fn a_crash_between_put_and_manifest_converges_with_no_object_missing_or_twice() {
     let base = tempfile::tempdir().unwrap();

@@ -27,7 +27,8 @@ fn not_regular(what: &str) -> io::Error {
 /// symbolic link is refused, not followed (O_NOFOLLOW), and nothing else is
 /// opened at all, so a FIFO cannot block and a device's open has no effect.
 /// O_NONBLOCK, which a regular file ignores, covers what is put in its place
-/// between the look and the open.
+/// between the look and the open. A file it creates keeps the creator's
+/// owner: [`open_or_create`] makes a missing one the directory's.
 pub fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
     match path.symlink_metadata() {
         Ok(meta) if meta.file_type().is_symlink() => return Err(not_regular("a symbolic link")),
@@ -49,11 +50,51 @@ pub fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
     Ok(file)
 }
 
+/// Opens `path` as [`open`] does (`options` should ask to create it), making
+/// it first with [`create_new`] when there is nothing under its name, so that
+/// a file root makes takes the directory's owner.
+pub fn open_or_create(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
+    if matches!(path.symlink_metadata(), Err(e) if e.kind() == io::ErrorKind::NotFound) {
+        match create_new(path) {
+            Ok(file) => return Ok(file),
+            // Made by another process since the look: opened as it is.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    open(path, options)
+}
+
+/// A new, empty regular file at `path`, open for reading and writing, made
+/// with O_EXCL (which follows no link and fails on whatever is there), in
+/// the directory `path` names, opened once: the file is made there and
+/// takes that directory's owner and group when root makes it (see
+/// [`give_owner_of`]).
+pub fn create_new(path: &Path) -> io::Result<File> {
+    let (dir, name) = open_parent(path)?;
+    // SAFETY: openat on a descriptor we own and a NUL-terminated name; the
+    // descriptor it returns is owned by the File made from it.
+    let fd = unsafe {
+        libc::openat(
+            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            CREATE_MODE as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor nothing else owns.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    give_owner_of(&dir, &file);
+    Ok(file)
+}
+
 /// A new, empty regular file at `path` for writing (a temporary file, a new
 /// segment), whatever was there: a file, link, FIFO, socket or device under
 /// the name is removed first (the link itself, not what it names), and the
-/// file is made with O_EXCL, which follows no link. A directory there is an
-/// error.
+/// file is made as [`create_new`] makes it. A directory there is an error.
 pub fn create_fresh(path: &Path) -> io::Result<File> {
     match path.symlink_metadata() {
         Ok(meta) if meta.is_dir() => {
@@ -66,12 +107,120 @@ pub fn create_fresh(path: &Path) -> io::Result<File> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(CREATE_MODE)
-        .open(path)
+    create_new(path)
+}
+
+/// The directory `path` is named in, open (links above the name followed,
+/// as any path's are), and the name.
+fn open_parent(path: &Path) -> io::Result<(File, std::ffi::CString)> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: no file name", path.display()),
+        )
+    })?;
+    let parent = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => Path::new("/"),
+    };
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(parent)?;
+    let name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Ok((dir, name))
+}
+
+/// Gives what root just made in `dir` (through a descriptor of its own, so
+/// nothing put under the name since is touched) the owner and group of
+/// `dir`, read from the same descriptor the thing was made through. The
+/// agent runs as its own user and owns the data directory, while an
+/// operator runs `upload`, `compact`, `import` or `verify --quarantine` as
+/// root: a state file, segment or partition directory made then was root's,
+/// and the agent failed on it with "Permission denied" at every pass until
+/// someone changed its owner by hand. Not root, a process can give nothing
+/// away, and what it makes is its own as the directory's is. Best effort: a
+/// filesystem that keeps no owners (FAT, some FUSE mounts) still takes the
+/// write.
+fn give_owner_of(dir: &File, made: &File) {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid reads the process's effective uid; it cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let Ok(owner) = dir.metadata() else {
+        return;
+    };
+    let _ = std::os::unix::fs::fchown(made, Some(owner.uid()), Some(owner.gid()));
+}
+
+/// Makes `dir` and whatever is missing above it, as `create_dir_all` does,
+/// each new directory made as [`make_dir`] makes it.
+pub fn create_dirs(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.as_os_str().is_empty() && !at.is_dir() {
+        missing.push(at);
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    for made in missing.into_iter().rev() {
+        make_dir(made)?;
+    }
+    Ok(())
+}
+
+/// The most a directory made here may grant, as [`CREATE_MODE`] for a file.
+const CREATE_DIR_MODE: libc::mode_t = 0o755;
+
+/// One new directory at `path`, made (mkdirat) and opened again (openat,
+/// O_NOFOLLOW) through one descriptor of the directory above it, and given
+/// that directory's owner (see [`give_owner_of`]) only if what the name
+/// holds then is still an empty directory of root's: opened by its path,
+/// the directory could be swapped for a link between the two, and the
+/// link's target given away. One there already is no error (another
+/// process may have made it).
+fn make_dir(path: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let (dir, name) = open_parent(path)?;
+    // SAFETY: mkdirat on a descriptor we own and a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), CREATE_DIR_MODE) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    // SAFETY: as above; the descriptor returned is owned by the File.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        // Gone or swapped since: made, and given to no one.
+        return Ok(());
+    }
+    // SAFETY: fd is a new descriptor nothing else owns.
+    let made = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let fresh = made
+        .metadata()
+        .is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.nlink() == 2);
+    if fresh {
+        give_owner_of(&dir, &made);
+    }
+    Ok(())
 }
 
 /// Makes `dir` below `base` (which exists), with what is missing between
@@ -90,7 +239,7 @@ pub fn create_dirs_below(base: &Path, dir: &Path) -> io::Result<()> {
                 ));
             }
             Ok(_) => {}
-            Err(_) => std::fs::create_dir(&at)?,
+            Err(_) => make_dir(&at)?,
         }
     }
     Ok(())
@@ -134,6 +283,127 @@ pub fn read_to_string(path: &Path) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Run as root in a directory another user owns, what is made takes
+    /// that owner; a file that was there keeps its own. Run as anyone else,
+    /// all is the runner's.
+    #[test]
+    fn what_is_made_takes_the_owner_of_its_directory() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("store");
+        std::fs::create_dir(&base).unwrap();
+        std::fs::write(base.join("there"), "x").unwrap();
+        // SAFETY: geteuid reads the effective uid; it cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let owner = if root {
+            std::os::unix::fs::chown(&base, Some(12345), Some(12346)).unwrap();
+            (12345, 12346)
+        } else {
+            let meta = base.metadata().unwrap();
+            (meta.uid(), meta.gid())
+        };
+        let there = base.join("there").metadata().unwrap();
+        let there = (there.uid(), there.gid());
+
+        open_or_create(
+            &base.join("LOCK"),
+            OpenOptions::new().write(true).create(true),
+        )
+        .unwrap();
+        open_or_create(&base.join("there"), OpenOptions::new().append(true)).unwrap();
+        open(
+            &base.join("opened"),
+            OpenOptions::new().write(true).create(true),
+        )
+        .unwrap();
+        create_fresh(&base.join("segment.tmp")).unwrap();
+        create_dirs(&base.join("tables/cpu/date=2026-12-07")).unwrap();
+        create_fresh(&base.join("tables/cpu/date=2026-12-07/a.parquet")).unwrap();
+        create_dirs_below(&base, &base.join("quarantine/tables/cpu")).unwrap();
+
+        let owner_of = |path: &str| {
+            let meta = base.join(path).symlink_metadata().unwrap();
+            (meta.uid(), meta.gid())
+        };
+        for made in [
+            "LOCK",
+            "segment.tmp",
+            "tables",
+            "tables/cpu",
+            "tables/cpu/date=2026-12-07",
+            "tables/cpu/date=2026-12-07/a.parquet",
+            "quarantine",
+            "quarantine/tables/cpu",
+        ] {
+            assert_eq!(owner_of(made), owner, "{made}");
+        }
+        assert_eq!(
+            owner_of("there"),
+            there,
+            "a file that was there keeps its owner"
+        );
+        let runner = {
+            let meta = dir.path().metadata().unwrap();
+            (meta.uid(), meta.gid())
+        };
+        assert_eq!(owner_of("opened"), runner, "open gives nothing away");
+        // Made twice, or already there: no error.
+        create_dirs(&base.join("tables/cpu")).unwrap();
+        create_dirs(&base).unwrap();
+    }
+
+    /// The owner of a data directory swaps what root makes there, between
+    /// its making and its chown, for a link to a directory of root's, or for
+    /// a hard link to a file of root's, over and over: nothing of root's
+    /// outside is given away. (Root made the directory, then opened it by
+    /// its path, which followed the link; it opened the file with O_CREAT
+    /// and no O_EXCL, and took a hard link put there for its own new file.)
+    #[test]
+    fn a_swap_between_making_and_giving_away_gives_nothing_away() {
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("store");
+        std::fs::create_dir(&base).unwrap();
+        // SAFETY: geteuid reads the effective uid; it cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&base, Some(12345), Some(12346)).unwrap();
+        }
+        let root_dir = dir.path().join("roots-dir");
+        std::fs::create_dir(&root_dir).unwrap();
+        let root_file = dir.path().join("roots-file");
+        std::fs::write(&root_file, "").unwrap();
+        let owner = |p: &Path| {
+            let m = p.symlink_metadata().unwrap();
+            (m.uid(), m.gid())
+        };
+        let (dir_owner, file_owner) = (owner(&root_dir), owner(&root_file));
+        let made_dir = base.join("upload");
+        let made_file = base.join("LOCK");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    if std::fs::remove_dir(&made_dir).is_ok() {
+                        let _ = std::os::unix::fs::symlink(&root_dir, &made_dir);
+                    }
+                    if std::fs::remove_file(&made_file).is_ok() {
+                        let _ = std::fs::hard_link(&root_file, &made_file);
+                    }
+                }
+            });
+            for _ in 0..3000 {
+                let _ = std::fs::remove_file(&made_dir);
+                let _ = make_dir(&made_dir);
+                let _ = std::fs::remove_file(&made_file);
+                let _ = open_or_create(&made_file, OpenOptions::new().write(true).create(true));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(owner(&root_dir), dir_owner);
+        assert_eq!(owner(&root_file), file_owner);
+    }
 
     #[test]
     fn a_fifo_or_a_directory_is_refused_at_once_and_a_file_is_read() {

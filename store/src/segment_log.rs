@@ -533,10 +533,7 @@ pub fn copy_to_quarantine(segment: &Path, base: &Path, target: &Path) -> io::Res
         _ => {}
     }
     let mut from = crate::regular_file::open_read(segment)?;
-    let mut to = crate::regular_file::open(
-        &partial,
-        fs::OpenOptions::new().write(true).create_new(true),
-    )?;
+    let mut to = crate::regular_file::create_new(&partial)?;
     io::copy(&mut from, &mut to)?;
     to.sync_all()?;
     fs::rename(&partial, target)?;

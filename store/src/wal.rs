@@ -94,7 +94,7 @@ impl WalWriter {
         segment_bytes: u64,
         max_backlog_bytes: usize,
     ) -> Result<Self> {
-        fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
+        crate::regular_file::create_dirs(dir).map_err(Error::io("create", dir))?;
         let (file, path, last_write_error) = match new_segment(dir, next_seq) {
             Ok((file, path)) => (Some(file), path, None),
             Err(e) if e.is_disk_full() => {

@@ -149,10 +149,11 @@ impl Manifest {
     /// and opens it for appending.
     pub fn open(data_dir: &Path, target: &str) -> Result<Manifest> {
         let dir = dir(data_dir);
-        fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        vtax_store::regular_file::create_dirs(&dir)
+            .with_context(|| format!("create {}", dir.display()))?;
         let lock = take_lock(&dir.join(LOCK_FILE))?;
         let mut manifest = Manifest::read(data_dir, target)?;
-        let mut file = vtax_store::regular_file::open(
+        let mut file = vtax_store::regular_file::open_or_create(
             &manifest.path,
             OpenOptions::new()
                 .create(true)
@@ -339,7 +340,7 @@ impl Manifest {
 }
 
 fn take_lock(path: &Path) -> Result<File> {
-    let mut file = vtax_store::regular_file::open(
+    let mut file = vtax_store::regular_file::open_or_create(
         path,
         OpenOptions::new()
             .create(true)

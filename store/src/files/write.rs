@@ -278,7 +278,7 @@ pub fn publish(
 ) -> Result<FileInfo> {
     let day = first_time.div_euclid(crate::DAY_US);
     let dir = partition_dir(data_dir, table.name, day);
-    fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
+    crate::regular_file::create_dirs(&dir).map_err(Error::io("create", &dir))?;
     let max_seq = watermarks.values().copied().max().unwrap_or(0);
     // A merge can start and end where one of its inputs does: never reuse a name.
     let mut name = format!("{node}-{first_time}-{max_seq}.parquet");

@@ -255,7 +255,7 @@ impl Store {
             reason,
         })?;
         let dir = options.data_dir.clone();
-        fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
+        crate::regular_file::create_dirs(&dir).map_err(Error::io("create", &dir))?;
         let lock = lock(&dir)?;
         let mut stats = StoreStats::default();
         let (listed, strays) = files::list_files(&dir)?;
@@ -827,7 +827,7 @@ pub fn open_for_writing(dir: &Path) -> Result<bool> {
 
 fn lock(dir: &Path) -> Result<File> {
     let path = dir.join("LOCK");
-    let mut file = crate::regular_file::open(
+    let mut file = crate::regular_file::open_or_create(
         &path,
         OpenOptions::new()
             .create(true)

@@ -147,7 +147,7 @@ impl Queue {
     /// Opens (or creates) the queue in `dir`, cutting torn tails, resuming
     /// from the persisted acknowledged position.
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<(Queue, OpenReport)> {
-        fs::create_dir_all(dir)?;
+        vtax_store::regular_file::create_dirs(dir)?;
         let seqs = segment_seqs(dir)?;
         let mut report = OpenReport::default();
         let mut segments = VecDeque::new();

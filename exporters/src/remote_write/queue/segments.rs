@@ -6,7 +6,7 @@ use super::*;
 
 pub(super) fn create_segment(dir: &Path, seq: u64) -> io::Result<File> {
     let path = FORMAT.segment_path(dir, seq);
-    let mut file = vtax_store::regular_file::open(
+    let mut file = vtax_store::regular_file::open_or_create(
         &path,
         OpenOptions::new().create(true).truncate(true).write(true),
     )?;
