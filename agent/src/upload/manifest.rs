@@ -78,6 +78,20 @@ pub enum Record {
 }
 
 impl Record {
+    /// The object keys the record names.
+    fn keys(&self) -> Vec<&str> {
+        match self {
+            Record::Put { key, replaces, .. } => std::iter::once(key)
+                .chain(replaces)
+                .map(String::as_str)
+                .collect(),
+            Record::Cover { keys, .. } => keys.iter().map(String::as_str).collect(),
+            Record::Delete { key, .. }
+            | Record::Replaced { key, .. }
+            | Record::Attempt { key, .. } => vec![key.as_str()],
+        }
+    }
+
     fn target(&self) -> &str {
         match self {
             Record::Put { target, .. }
@@ -109,8 +123,23 @@ pub struct Manifest {
     pending_deletes: BTreeSet<String>,
     /// Local file id → keys a put of it began at and no `put` line confirmed.
     attempted: HashMap<String, BTreeSet<String>>,
+    /// Lines that are no record, or name a key no object can have: left out.
+    lines_not_understood: usize,
     file: Option<File>,
     _lock: Option<File>,
+}
+
+/// Whether `key` can name an object. Every key the uploader writes does; one
+/// that does not (a line edited by hand) failed every upload pass at the
+/// delete it asked for.
+#[cfg(feature = "object-storage")]
+fn is_object_key(key: &str) -> bool {
+    object_store::path::Path::parse(key).is_ok()
+}
+
+#[cfg(not(feature = "object-storage"))]
+fn is_object_key(key: &str) -> bool {
+    !key.is_empty()
 }
 
 /// The manifest's directory.
@@ -134,12 +163,17 @@ impl Manifest {
             covered: HashMap::new(),
             pending_deletes: BTreeSet::new(),
             attempted: HashMap::new(),
+            lines_not_understood: 0,
             file: None,
             _lock: None,
         };
         for line in text.split(|&b| b == b'\n') {
-            if let Ok(record) = serde_json::from_slice::<Record>(line) {
-                manifest.apply(&record);
+            match serde_json::from_slice::<Record>(line) {
+                Ok(record) if record.keys().into_iter().all(is_object_key) => {
+                    manifest.apply(&record)
+                }
+                _ if line.iter().all(u8::is_ascii_whitespace) => {}
+                _ => manifest.lines_not_understood += 1,
             }
         }
         Ok(manifest)
@@ -179,6 +213,9 @@ impl Manifest {
         File::open(&dir)
             .and_then(|d| d.sync_all())
             .with_context(|| format!("fsync {}", dir.display()))?;
+        if manifest.lines_not_understood > 0 {
+            tracing::warn!(path = %manifest.path.display(), lines = manifest.lines_not_understood, "Upload manifest lines not understood (damaged, or edited by hand) are left out: a file one names is uploaded again, an object one names is not deleted.");
+        }
         manifest.file = Some(file);
         manifest._lock = Some(lock);
         Ok(manifest)
@@ -419,6 +456,30 @@ mod tests {
         assert!(m.pending_deletes().is_empty());
         let other = Manifest::read(dir.path(), "s3://elsewhere").unwrap();
         assert!(other.covered("b").is_none(), "records are per target");
+    }
+
+    /// A line that is no record, or names a key no object can have (`a//b`,
+    /// `../x`), is left out and counted; the lines around it still count.
+    #[cfg(feature = "object-storage")]
+    #[test]
+    fn a_line_naming_no_possible_object_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let upload = dir.path().join("upload");
+        fs::create_dir(&upload).unwrap();
+        let lines = [
+            r#"{"op":"put","target":"t","file":"a","bytes":1,"key":"k/a","replaces":["k/old"],"time_us":1}"#,
+            r#"{"op":"replaced","target":"t","key":"k//twice"}"#,
+            r#"{"op":"put","target":"t","file":"b","bytes":1,"key":"../b","time_us":1}"#,
+            r#"not json"#,
+            "",
+            r#"{"op":"replaced","target":"t","key":"k/gone"}"#,
+        ];
+        fs::write(upload.join(MANIFEST_FILE), lines.join("\n") + "\n").unwrap();
+        let m = Manifest::open(dir.path(), "t").unwrap();
+        assert_eq!(m.lines_not_understood, 3);
+        assert_eq!(m.pending_deletes(), ["k/gone", "k/old"]);
+        assert_eq!(m.covered("a").unwrap().keys, ["k/a"]);
+        assert!(m.covered("b").is_none());
     }
 
     #[test]

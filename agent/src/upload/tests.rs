@@ -217,6 +217,24 @@ fn a_late_row_replaces_the_uploaded_hour_remotely() {
     assert!(manifest.pending_deletes().is_empty());
 }
 
+/// A manifest line edited by hand names a replaced object by a key no object
+/// can have: the pass goes on without it (it failed at that delete, every
+/// pass, and nothing more went up).
+#[test]
+fn a_manifest_key_no_object_can_have_does_not_stop_the_uploads() {
+    let data = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut store = open_store(data.path());
+    let url = uploader(data.path(), target.path()).remote.url.clone();
+    let line = format!("{{\"op\":\"replaced\",\"target\":\"{url}\",\"key\":\"a//b\"}}\n");
+    std::fs::write(data.path().join("upload/manifest.jsonl"), line).unwrap();
+    let mut u = uploader(data.path(), target.path());
+    part(&mut store, T0, 100);
+    pass(&mut u, T0 + HOUR_US + SETTLE_US);
+    assert_eq!(objects(target.path()).len(), 1);
+    assert_eq!(u.stats.failures, 0);
+}
+
 /// A put that landed but was never confirmed (its answer lost, its check
 /// failed, the agent stopped before the `put` line), then the file merged
 /// away: the merged file's upload deletes the object the put may have left,
