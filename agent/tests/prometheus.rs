@@ -76,6 +76,17 @@ fn metrics_endpoint_serves_both_formats_gzip_and_passes_promtool() {
         "# TYPE vtax_cpu_steal_seconds counter\n# UNIT vtax_cpu_steal_seconds seconds\n"
     ));
 
+    // A scraper that takes OpenMetrics 0.0.1 alone is answered in it.
+    let first = agent.get(
+        "/metrics",
+        &[("Accept", "application/openmetrics-text;version=0.0.1")],
+    );
+    assert_eq!(
+        first.header("content-type"),
+        Some("application/openmetrics-text; version=0.0.1; charset=utf-8")
+    );
+    assert!(first.text().ends_with("# EOF\n"));
+
     let zipped = agent.get("/metrics", &[("Accept-Encoding", "gzip")]);
     assert_eq!(zipped.header("content-encoding"), Some("gzip"));
     let mut unzipped = String::new();

@@ -18,6 +18,9 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Content type of OpenMetrics text.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of OpenMetrics text to a scraper that asked for 0.0.1.
+pub const OPENMETRICS_0_0_1_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=0.0.1; charset=utf-8";
 
 /// One rendered exposition: the formats and encodings scrapers asked for
 /// lately (the others are `None` until someone asks).
@@ -50,40 +53,71 @@ impl Format {
     /// it extends; none named is taken as either) at a quality at least that
     /// of the text format, the text format otherwise. `q=0` refuses a type.
     pub fn negotiate(accept: Option<&str>) -> Format {
+        Format::negotiate_media_type(accept).0
+    }
+
+    /// [`Format::negotiate`], with the `Content-Type` to answer: OpenMetrics
+    /// says the version the scraper asked for, 0.0.1 when it prefers that
+    /// one (the same text: 1.0.0 is 0.0.1 standardised). Answered as 1.0.0,
+    /// a scraper that asked for 0.0.1 alone was told of a version it had
+    /// refused.
+    pub fn negotiate_media_type(accept: Option<&str>) -> (Format, &'static str) {
         let Some(accept) = accept else {
-            return Format::Text;
+            return (Format::Text, TEXT_CONTENT_TYPE);
         };
-        let (mut openmetrics_q, mut text_q) = (0.0f32, 0.0f32);
+        // The quality of each OpenMetrics version named, and of the range
+        // that names none: a version named has its own quality, whatever the
+        // range without one says (`version=1.0.0;q=0, application/
+        // openmetrics-text` refuses 1.0.0 and takes 0.0.1), as the most
+        // specific range rules a media type in HTTP.
+        let (mut latest, mut first, mut any) = (None::<f32>, None::<f32>, None::<f32>);
+        let mut text_q = 0.0f32;
+        let higher = |kept: Option<f32>, q: f32| Some(kept.map_or(q, |k| k.max(q)));
         for range in accept.split(',') {
             let mut parts = range.split(';').map(str::trim);
             let media = parts.next().unwrap_or("").to_ascii_lowercase();
-            let (mut q, mut version) = (1.0f32, None);
+            let (mut q, mut version) = (Some(1.0f32), None);
             for parameter in parts {
                 let Some((name, value)) = parameter.split_once('=') else {
                     continue;
                 };
                 match name.trim().to_ascii_lowercase().as_str() {
-                    "q" => q = value.trim().parse().unwrap_or(0.0),
+                    // A quality outside 0 to 1 (or none a number) is no
+                    // quality: the range is left out.
+                    "q" => {
+                        q = value
+                            .trim()
+                            .parse()
+                            .ok()
+                            .filter(|q| (0.0..=1.0).contains(q))
+                    }
                     "version" => version = Some(value.trim().trim_matches('"').to_string()),
                     _ => {}
                 }
             }
-            match media.as_str() {
-                "application/openmetrics-text"
-                    if version
-                        .as_deref()
-                        .is_none_or(|v| v == "1.0.0" || v == "0.0.1") =>
-                {
-                    openmetrics_q = openmetrics_q.max(q);
-                }
-                "text/plain" | "text/*" | "*/*" => text_q = text_q.max(q),
+            let Some(q) = q else {
+                continue;
+            };
+            match (media.as_str(), version.as_deref()) {
+                ("application/openmetrics-text", None) => any = higher(any, q),
+                ("application/openmetrics-text", Some("1.0.0")) => latest = higher(latest, q),
+                ("application/openmetrics-text", Some("0.0.1")) => first = higher(first, q),
+                ("text/plain" | "text/*" | "*/*", _) => text_q = text_q.max(q),
                 _ => {}
             }
         }
+        let latest_q = latest.or(any).unwrap_or(0.0);
+        let first_q = first.or(any).unwrap_or(0.0);
+        let openmetrics_q = latest_q.max(first_q);
         if openmetrics_q > 0.0 && openmetrics_q >= text_q {
-            Format::OpenMetrics
+            let content_type = if latest_q >= first_q {
+                OPENMETRICS_CONTENT_TYPE
+            } else {
+                OPENMETRICS_0_0_1_CONTENT_TYPE
+            };
+            (Format::OpenMetrics, content_type)
         } else {
-            Format::Text
+            (Format::Text, TEXT_CONTENT_TYPE)
         }
     }
 
@@ -983,6 +1017,46 @@ mod tests {
             "application/openmetrics-text; version=9.9.9",
         ] {
             assert_eq!(Format::negotiate(Some(accept)), Format::Text, "{accept}");
+        }
+        // The answer names the version asked for: 0.0.1 where only it is
+        // taken or it is preferred, 1.0.0 where both are taken alike or no
+        // version is named.
+        let media_type = |accept: &str| Format::negotiate_media_type(Some(accept));
+        for (accept, version) in [
+            ("application/openmetrics-text;version=0.0.1", "0.0.1"),
+            (
+                "application/openmetrics-text;version=1.0.0;q=0.5,\
+                 application/openmetrics-text;version=0.0.1",
+                "0.0.1",
+            ),
+            (
+                "application/openmetrics-text;version=0.0.1,application/openmetrics-text",
+                "1.0.0",
+            ),
+            ("application/openmetrics-text", "1.0.0"),
+            // Refused by name, taken by the range without a version.
+            (
+                "application/openmetrics-text;version=1.0.0;q=0,application/openmetrics-text",
+                "0.0.1",
+            ),
+        ] {
+            let (format, content_type) = media_type(accept);
+            assert_eq!(format, Format::OpenMetrics, "{accept}");
+            assert!(
+                content_type.contains(&format!("version={version}")),
+                "{accept}: {content_type}"
+            );
+        }
+        assert_eq!(media_type("text/plain"), (Format::Text, TEXT_CONTENT_TYPE));
+        // Both refused by name: text. A quality that is no quality (above 1,
+        // not a number) leaves its range out.
+        for accept in [
+            "application/openmetrics-text;version=1.0.0;q=0,\
+             application/openmetrics-text;version=0.0.1;q=0,application/openmetrics-text,text/plain",
+            "application/openmetrics-text;q=2,text/plain;q=0.5",
+            "application/openmetrics-text;q=NaN,text/plain;q=0.5",
+        ] {
+            assert_eq!(media_type(accept).0, Format::Text, "{accept}");
         }
     }
 

@@ -574,8 +574,9 @@ pub(super) fn respond(
     match request.uri().path() {
         "/metrics" => {
             let headers = request.headers();
-            let format =
-                Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+            let (format, content_type) = Format::negotiate_media_type(
+                headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+            );
             let gzip = headers
                 .get(header::ACCEPT_ENCODING)
                 .and_then(|v| v.to_str().ok())
@@ -587,10 +588,7 @@ pub(super) fn respond(
             };
             let mut r = Response::new(Full::new(body));
             let h = r.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(format.content_type()),
-            );
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             if gzip {
                 h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
             }
