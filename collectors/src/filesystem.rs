@@ -63,6 +63,12 @@ pub const DEFAULT_FS_TYPES: &[&str] = &[
     "wekafs",
 ];
 
+/// The most mounts read: each takes a thread and a set of series. A
+/// Kubernetes node's volumes (a CSI volume mounted twice per pod) stay well
+/// under it; a mount table grown by a runaway mounter does not take the
+/// agent with it.
+pub const DEFAULT_MAX_MOUNTS: u32 = 256;
+
 /// How long a tick waits for a stat: a healthy NFS server answers in
 /// milliseconds, and a tick of the default 1 s interval must stay shorter.
 pub const DEFAULT_STAT_TIMEOUT_MS: u64 = 500;
@@ -81,6 +87,9 @@ pub struct FilesystemConfig {
     pub mount_points: Vec<String>,
     /// Milliseconds a tick waits for one `statvfs` before calling it hung.
     pub stat_timeout_ms: u64,
+    /// The most mounts read, in the mount table's order; the rest are left
+    /// out and counted.
+    pub max_mounts: u32,
 }
 
 impl Default for FilesystemConfig {
@@ -91,6 +100,7 @@ impl Default for FilesystemConfig {
             fs_types: DEFAULT_FS_TYPES.iter().map(|s| s.to_string()).collect(),
             mount_points: Vec::new(),
             stat_timeout_ms: DEFAULT_STAT_TIMEOUT_MS,
+            max_mounts: DEFAULT_MAX_MOUNTS,
         }
     }
 }
@@ -132,15 +142,25 @@ impl FilesystemConfig {
                 ),
             ));
         }
+        if !(1..=65_536).contains(&self.max_mounts) {
+            let key = "collectors.filesystem.max_mounts";
+            return Err((
+                key.into(),
+                format!("{key} = {}: must be between 1 and 65536", self.max_mounts),
+            ));
+        }
         Ok(())
     }
 }
 
 /// Ranges of this collector's own numeric keys.
-pub static KEY_RANGES: crate::keys::KeyRanges = &[(
-    "stat_timeout_ms",
-    crate::keys::KeyRange::between(1.0, 60_000.0),
-)];
+pub static KEY_RANGES: crate::keys::KeyRanges = &[
+    (
+        "stat_timeout_ms",
+        crate::keys::KeyRange::between(1.0, 60_000.0),
+    ),
+    ("max_mounts", crate::keys::KeyRange::between(1.0, 65_536.0)),
+];
 
 /// Comments for this collector's own keys in the example config.
 pub static KEY_DOCS: &[(&str, &str)] = &[
@@ -155,6 +175,10 @@ pub static KEY_DOCS: &[(&str, &str)] = &[
     (
         "stat_timeout_ms",
         "Milliseconds a tick waits for statvfs on one mount before reporting it hung (stat_hung = 1); a hung stat is not issued again until it returns.",
+    ),
+    (
+        "max_mounts",
+        "Read at most this many mounts, in the mount table's order; the rest are left out (vtax_collector_left_out) and vtax doctor says how many.",
     ),
 ];
 
@@ -413,6 +437,9 @@ pub struct Filesystem {
     fs_types: Vec<String>,
     mount_points: Vec<String>,
     timeout: Duration,
+    max_mounts: usize,
+    /// Mounts over `max_mounts` at the last tick.
+    over_max_mounts: usize,
     statfs: Arc<dyn StatFs>,
     /// Each mount's stat thread and its stat still running, by mount id and
     /// point: a healthy mount put on the point of a hung one is not the hung
@@ -446,6 +473,8 @@ impl Filesystem {
             fs_types: config.fs_types.clone(),
             mount_points: config.mount_points.clone(),
             timeout: Duration::from_millis(config.stat_timeout_ms),
+            max_mounts: config.max_mounts as usize,
+            over_max_mounts: 0,
             statfs,
             staters: HashMap::new(),
             buf: Vec::new(),
@@ -486,19 +515,31 @@ impl Filesystem {
             // Not one line read well: the table is bad, not a line of it.
             return Err(self.errors.remove(0).into());
         }
-        // A later mount on the same point hides the earlier one.
+        // A later mount on the same point hides the earlier one: the last
+        // on each point is the one seen, at the place it was mounted.
+        let mut last_on_point: HashMap<&str, usize> = HashMap::with_capacity(all.len());
+        for (i, mount) in all.iter().enumerate() {
+            last_on_point.insert(&mount.mount_point, i);
+        }
+        let visible: Vec<usize> = (0..all.len())
+            .filter(|i| last_on_point.get(all[*i].mount_point.as_str()) == Some(i))
+            .collect();
+        drop(last_on_point);
         let mut chosen: Vec<Mount> = Vec::new();
-        for mount in all {
+        let mut all: Vec<Option<Mount>> = all.into_iter().map(Some).collect();
+        for i in visible {
+            let Some(mount) = all[i].take() else { continue };
             let wanted = if self.mount_points.is_empty() {
                 self.fs_types.contains(&mount.fs_type)
             } else {
                 self.mount_points.contains(&mount.mount_point)
             };
-            chosen.retain(|m| m.mount_point != mount.mount_point);
             if wanted {
                 chosen.push(mount);
             }
         }
+        self.over_max_mounts = chosen.len().saturating_sub(self.max_mounts);
+        chosen.truncate(self.max_mounts);
         Ok(chosen)
     }
 
@@ -570,8 +611,9 @@ impl Filesystem {
         // whose stat hangs stays until the stat returns: gone from the table
         // for a tick and back, it would be asked again on a new thread, one
         // more parked on the same hung filesystem each time.
+        let current: std::collections::HashSet<&MountKey> = keys.iter().collect();
         self.staters.retain(|key, stater| {
-            keys.contains(key)
+            current.contains(key)
                 || stater
                     .pending
                     .as_ref()
@@ -646,11 +688,18 @@ impl Collector for Filesystem {
                 self.mountinfo.path().display()
             ));
         }
+        // A few dozen named; past that, a count: doctor's line for a node of
+        // hundreds of volumes was every one of them.
+        const NAMED: usize = 20;
+        let more = match self.seen.len().saturating_sub(NAMED) {
+            0 => String::new(),
+            more => format!(" and {more} more"),
+        };
         Availability::Available(format!(
-            "{} mount{}: {}",
+            "{} mount{}: {}{more}",
             self.seen.len(),
             if self.seen.len() == 1 { "" } else { "s" },
-            self.seen.join(", ")
+            self.seen[..self.seen.len().min(NAMED)].join(", ")
         ))
     }
 
@@ -669,11 +718,22 @@ impl Collector for Filesystem {
     }
 
     fn problems(&self) -> Vec<String> {
-        self.problems.clone()
+        let mut problems = self.problems.clone();
+        if self.over_max_mounts > 0 {
+            problems.push(format!(
+                "{} mounts over collectors.filesystem.max_mounts = {} are not read: raise it, or name the mounts that matter in mount_points or narrow fs_types",
+                self.over_max_mounts, self.max_mounts
+            ));
+        }
+        problems
     }
 
     fn source_errors(&self) -> Vec<ParseError> {
         self.errors.clone()
+    }
+
+    fn left_out(&self) -> u64 {
+        self.over_max_mounts as u64
     }
 }
 
@@ -1114,6 +1174,72 @@ mod tests {
         let mut own = Filesystem::with_statfs(&fast(), &roots(dir.path()), statfs);
         let batches = own.collect(1).unwrap();
         assert_eq!(tags(&batches[0], "mount_point"), ["/host", "/scratch"]);
+    }
+
+    /// A mount table of 300 volumes of a wanted type, one of them hidden by
+    /// a tmpfs mounted over it: the first `max_mounts` visible ones are read
+    /// and the rest left out, counted and named as a problem.
+    #[test]
+    fn mounts_over_max_mounts_are_left_out_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
+        let mut table = String::from("27 1 254:1 / / rw - ext4 /dev/vda1 rw\n");
+        let mut answers = String::from("/ 4096 10 5 5 100 50\n");
+        for i in 0..300 {
+            table.push_str(&format!(
+                "{} 27 254:{i} / /volumes/v{i} rw - ext4 /dev/v{i} rw\n",
+                100 + i
+            ));
+            answers.push_str(&format!("/volumes/v{i} 4096 10 5 5 100 50\n"));
+        }
+        table.push_str("999 27 0:9 / /volumes/v1 rw - tmpfs tmpfs rw\n");
+        std::fs::write(dir.path().join("proc/self/mountinfo"), table).unwrap();
+        let statvfs = dir.path().join("statvfs");
+        std::fs::write(&statvfs, answers).unwrap();
+        let statfs = Arc::new(FixedStatFs::from_file(&statvfs).unwrap());
+        let config = FilesystemConfig {
+            max_mounts: 256,
+            ..fast()
+        };
+        let mut c = Filesystem::with_statfs(&config, &roots(dir.path()), statfs);
+        let batches = c.collect(1).unwrap();
+        let points = tags(&batches[0], "mount_point");
+        assert_eq!(points.len(), 256);
+        assert_eq!(&points[..3], ["/", "/volumes/v0", "/volumes/v2"]);
+        assert_eq!(points[255], "/volumes/v255");
+        // 299 volumes seen (v1 is hidden) and the root: 44 over the cap.
+        assert_eq!(c.left_out(), 44);
+        let problems = c.problems();
+        assert!(
+            problems.len() == 1 && problems[0].starts_with("44 mounts over collectors.filesystem.max_mounts = 256"),
+            "{problems:?}"
+        );
+        let mut roomy = Filesystem::with_statfs(
+            &FilesystemConfig {
+                max_mounts: 1000,
+                ..fast()
+            },
+            &roots(dir.path()),
+            Arc::new(FixedStatFs::from_file(&statvfs).unwrap()),
+        );
+        let all = roomy.collect(1).unwrap();
+        assert_eq!(tags(&all[0], "mount_point").len(), 300);
+        assert!(!tags(&all[0], "mount_point").contains(&"/volumes/v1".to_string()));
+        assert_eq!(roomy.left_out(), 0);
+        match roomy.probe() {
+            Availability::Available(found) => assert!(
+                found.starts_with("300 mounts: / (ext4), /volumes/v0 (ext4)")
+                    && found.ends_with("/volumes/v19 (ext4) and 280 more"),
+                "{found}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(roomy.problems().is_empty());
+        let zero = FilesystemConfig {
+            max_mounts: 0,
+            ..FilesystemConfig::default()
+        };
+        assert_eq!(zero.validate().unwrap_err().0, "collectors.filesystem.max_mounts");
     }
 
     #[test]

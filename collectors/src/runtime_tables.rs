@@ -18,7 +18,7 @@ vtax_store::table! {
             duration_seconds: f64 = FieldDef::gauge(FieldType::F64, Unit::Seconds, "Wall-clock time the collector's last run took."),
             success: i64 = FieldDef::gauge(FieldType::I64, Unit::None, "1 if the collector's last run succeeded, 0 if it failed or its source reads badly since the start (probed again until it mends). A run that read some of its sources succeeded: see failed_sources."),
             failed_sources: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "Sources (files, devices) that read badly in the collector's last run while it read the others: their rows or fields are left out. The log and vtax doctor name them."),
-            left_out: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "What the source has that the collector's last run left out: cgroups over collectors.cgroups.max_cgroups or whose names are not UTF-8 (a label must be), cgroups perf cannot count within collectors.perf.max_counters. Their series are missing; vtax doctor says why. Raise the cap, or narrow include/exclude or max_depth."),
+            left_out: u64 = FieldDef::gauge(FieldType::U64, Unit::None, "What the source has that the collector's last run left out: cgroups over collectors.cgroups.max_cgroups or whose names are not UTF-8 (a label must be), cgroups perf cannot count within collectors.perf.max_counters, mounts over collectors.filesystem.max_mounts. Their series are missing; vtax doctor says why. Raise the cap, or narrow what the collector selects."),
         ],
         exported: true,
     }
