@@ -528,8 +528,10 @@ impl Config {
             }
         }
         // Every problem, not the first: an operator fixes a file once.
+        let key_lines = key_lines(text);
         let at = |key: &str| {
-            line_of_key(text, key)
+            key_lines
+                .get(key)
                 .map(|l| format!(":{l}"))
                 .unwrap_or_default()
         };
@@ -609,6 +611,7 @@ impl Config {
             check(Err(problem));
         }
         check(self.detect.validate());
+        let mut remote_names = std::collections::HashSet::new();
         for (i, remote) in self.remote_write.iter().enumerate() {
             check(
                 remote
@@ -619,7 +622,7 @@ impl Config {
                 remote_tables_exist(remote)
                     .map_err(|message| (format!("remote_write[{i}].tables"), message)),
             );
-            if self.remote_write[..i].iter().any(|r| r.name == remote.name) {
+            if !remote_names.insert(remote.name.as_str()) {
                 check(Err((
                     format!("remote_write[{i}].name"),
                     format!(
@@ -798,47 +801,63 @@ pub fn parse_listen_address(address: &str) -> Result<std::net::SocketAddr, Strin
 }
 
 /// The 1-based line where `key` (dotted: `collectors.host.interval_secs`) is set.
-/// The n-th table of an array of tables is `<array>.<n>` (`remote_write.0.url`).
+/// The n-th table of an array of tables is `<array>[<n>]` (`remote_write[0].url`).
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
-    let (table, leaf) = key.rsplit_once('.').unwrap_or(("", key));
-    let mut current = String::new();
-    let mut arrays: std::collections::HashMap<String, usize> = Default::default();
-    for (n, line) in text.lines().enumerate() {
-        let trimmed = line.trim();
-        // `[[scrape]]`: the i-th such table is `scrape[i]` in keys.
-        if let Some(name) = trimmed
-            .strip_prefix("[[")
-            .and_then(|h| h.split_once("]]"))
-            .map(|(name, _)| name.trim().to_string())
-        {
-            let index = arrays.entry(name.clone()).or_insert(0);
-            current = format!("{name}[{index}]");
-            *index += 1;
-            continue;
-        }
-        if let Some(header) = trimmed.strip_prefix('[') {
-            current = header
-                .trim_end_matches(']')
-                .split('.')
-                .map(|s| s.trim().trim_matches('"'))
-                .collect::<Vec<_>>()
-                .join(".");
-            continue;
-        }
-        let Some((k, _)) = trimmed.split_once('=') else {
-            continue;
-        };
-        let k = k.trim().trim_matches('"');
-        let full = if current.is_empty() {
-            k.to_string()
-        } else {
-            format!("{current}.{k}")
-        };
-        if full == key || (current == table && k == leaf) {
-            return Some(n + 1);
+    key_lines(text).get(key).copied()
+}
+
+/// The 1-based line where each key of `text` is first set, from the spans
+/// the TOML parser gives its keys, in one pass: looked up a problem at a
+/// time, a file of many `[[remote_write]]` tables with a problem each was
+/// read once per problem; and read line by line, a line inside a
+/// multi-line array that looked like a key (`"interval_secs = 5",`) was
+/// taken for the key, and a key in an inline table or under a header with a
+/// comment had no line. Nothing for a file that does not parse: its parse
+/// error has its own.
+fn key_lines(text: &str) -> std::collections::HashMap<String, usize> {
+    use toml::de::{DeTable, DeValue};
+    fn walk(
+        table: &DeTable<'_>,
+        prefix: &str,
+        line_of: &dyn Fn(usize) -> usize,
+        lines: &mut std::collections::HashMap<String, usize>,
+    ) {
+        for (key, value) in table.iter() {
+            let name: &str = key.get_ref();
+            let path = if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            lines
+                .entry(path.clone())
+                .or_insert_with(|| line_of(key.span().start));
+            match value.get_ref() {
+                DeValue::Table(inner) => walk(inner, &path, line_of, lines),
+                // `[[scrape]]`: the i-th such table is `scrape[i]` in keys.
+                DeValue::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        if let DeValue::Table(inner) = item.get_ref() {
+                            let indexed = format!("{path}[{i}]");
+                            lines
+                                .entry(indexed.clone())
+                                .or_insert_with(|| line_of(item.span().start));
+                            walk(inner, &indexed, line_of, lines);
+                        }
+                    }
+                }
+                _ => {}
+            }
         }
     }
-    None
+    let mut lines = std::collections::HashMap::new();
+    let Ok(document) = DeTable::parse(text) else {
+        return lines;
+    };
+    let newlines: Vec<usize> = text.match_indices('\n').map(|(at, _)| at).collect();
+    let line_of = |offset: usize| newlines.partition_point(|&at| at < offset) + 1;
+    walk(document.get_ref(), "", &line_of, &mut lines);
+    lines
 }
 
 /// Renders the example config file: every default, each key with its comment.
@@ -1164,6 +1183,26 @@ mod tests {
             err.starts_with("v.toml:2: listen address \"nonsense\""),
             "{err}"
         );
+    }
+
+    /// The line named is the key's own, however the file sets it: a line
+    /// inside a multi-line array that reads like a key is no key; a key in
+    /// an inline table, under a header with a comment, or dotted has its line.
+    #[test]
+    fn a_problem_names_the_line_of_its_key_however_it_is_written() {
+        let line = |text: &str| {
+            let err = Config::parse(text, "v.toml").unwrap_err().to_string();
+            err.split(':').nth(1).unwrap_or_default().to_string()
+        };
+        let in_array = "[collectors.cgroups]\nexclude = [\n  \"interval_secs = 5\",\n]\n\
+                        interval_secs = 0\n";
+        assert_eq!(line(in_array), "5");
+        let inline = "[collectors]\n\ncgroups = { enabled = true,\n  interval_secs = 0 }\n";
+        assert_eq!(line(inline), "4");
+        let commented = "[collectors.cgroups] # the jobs\n\ninterval_secs = 0\n";
+        assert_eq!(line(commented), "3");
+        let dotted = "[collectors]\nhost.enabled = true\ncgroups.interval_secs = 0\n";
+        assert_eq!(line(dotted), "3");
     }
 
     #[test]
