@@ -72,11 +72,17 @@ pub fn open_or_create(path: &Path, options: &mut OpenOptions) -> io::Result<File
 /// [`give_owner_of`]).
 pub fn create_new(path: &Path) -> io::Result<File> {
     let (dir, name) = open_parent(path)?;
+    create_new_at(&dir, &name)
+}
+
+/// A new, empty regular file `name` in the open directory `dir`, as
+/// [`create_new`] makes one.
+pub fn create_new_at(dir: &File, name: &std::ffi::CStr) -> io::Result<File> {
     // SAFETY: openat on a descriptor we own and a NUL-terminated name; the
     // descriptor it returns is owned by the File made from it.
     let fd = unsafe {
         libc::openat(
-            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            std::os::fd::AsRawFd::as_raw_fd(dir),
             name.as_ptr(),
             libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             CREATE_MODE as libc::c_uint,
@@ -87,8 +93,69 @@ pub fn create_new(path: &Path) -> io::Result<File> {
     }
     // SAFETY: fd is a new descriptor nothing else owns.
     let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    give_owner_of(&dir, &file);
+    give_owner_of(dir, &file);
     Ok(file)
+}
+
+/// `name` as the C string the `*at` calls take.
+pub fn c_name(name: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(name.as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// The lstat of `name` in the open directory `dir` (a link is not followed).
+pub fn stat_at(dir: &File, name: &std::ffi::CStr) -> io::Result<libc::stat> {
+    // SAFETY: a zeroed stat is a valid value for fstatat to fill.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatat on a descriptor we own, a NUL-terminated name and a
+    // stat it writes to.
+    let rc = unsafe {
+        libc::fstatat(
+            std::os::fd::AsRawFd::as_raw_fd(dir),
+            name.as_ptr(),
+            &mut stat,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat)
+}
+
+/// Removes the file (or link) `name` from the open directory `dir`.
+pub fn remove_at(dir: &File, name: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: unlinkat on a descriptor we own and a NUL-terminated name.
+    if unsafe { libc::unlinkat(std::os::fd::AsRawFd::as_raw_fd(dir), name.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Renames `from` in the open directory `from_dir` to `to` in `to_dir`:
+/// through descriptors, so a directory swapped for a link on either path
+/// meanwhile moves nothing into or out of what the link names.
+pub fn rename_at(
+    from_dir: &File,
+    from: &std::ffi::CStr,
+    to_dir: &File,
+    to: &std::ffi::CStr,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: renameat on descriptors we own and NUL-terminated names.
+    let rc = unsafe {
+        libc::renameat(
+            from_dir.as_raw_fd(),
+            from.as_ptr(),
+            to_dir.as_raw_fd(),
+            to.as_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A new, empty regular file at `path` for writing (a temporary file, a new
@@ -96,24 +163,30 @@ pub fn create_new(path: &Path) -> io::Result<File> {
 /// the name is removed first (the link itself, not what it names), and the
 /// file is made as [`create_new`] makes it. A directory there is an error.
 pub fn create_fresh(path: &Path) -> io::Result<File> {
-    match path.symlink_metadata() {
-        Ok(meta) if meta.is_dir() => {
+    let (dir, name) = open_parent(path)?;
+    create_fresh_at(&dir, &name)
+}
+
+/// A new, empty regular file `name` in the open directory `dir`, whatever
+/// was there, as [`create_fresh`] makes one.
+pub fn create_fresh_at(dir: &File, name: &std::ffi::CStr) -> io::Result<File> {
+    match stat_at(dir, name) {
+        Ok(stat) if stat.st_mode & libc::S_IFMT == libc::S_IFDIR => {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "a directory is in the way",
             ))
         }
-        Ok(_) => std::fs::remove_file(path)?,
+        Ok(_) => remove_at(dir, name)?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    create_new(path)
+    create_new_at(dir, name)
 }
 
 /// The directory `path` is named in, open (links above the name followed,
 /// as any path's are), and the name.
 fn open_parent(path: &Path) -> io::Result<(File, std::ffi::CString)> {
-    use std::os::unix::ffi::OsStrExt;
     let name = path.file_name().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -129,9 +202,7 @@ fn open_parent(path: &Path) -> io::Result<(File, std::ffi::CString)> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(parent)?;
-    let name = std::ffi::CString::new(name.as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    Ok((dir, name))
+    Ok((dir, c_name(name)?))
 }
 
 /// Gives what root just made in `dir` (through a descriptor of its own, so
@@ -181,46 +252,59 @@ pub fn create_dirs(dir: &Path) -> io::Result<()> {
 /// The most a directory made here may grant, as [`CREATE_MODE`] for a file.
 const CREATE_DIR_MODE: libc::mode_t = 0o755;
 
-/// One new directory at `path`, made (mkdirat) and opened again (openat,
-/// O_NOFOLLOW) through one descriptor of the directory above it, and given
-/// that directory's owner (see [`give_owner_of`]) only if what the name
-/// holds then is still an empty directory of root's: opened by its path,
-/// the directory could be swapped for a link between the two, and the
-/// link's target given away. One there already is no error (another
-/// process may have made it).
+/// One new directory at `path`, as [`make_dir_at`] makes it; one there
+/// already is no error (another process may have made it).
 fn make_dir(path: &Path) -> io::Result<()> {
+    let (dir, name) = open_parent(path)?;
+    match make_dir_at(&dir, &name) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        other => other,
+    }
+}
+
+/// One new directory `name` in the open directory `dir`, made (mkdirat)
+/// and opened again (openat, O_NOFOLLOW) through `dir`'s descriptor, and
+/// given `dir`'s owner (see [`give_owner_of`]) only if what the name holds
+/// then is still an empty directory of root's: opened by its path, the
+/// directory could be swapped for a link between the two, and the link's
+/// target given away.
+fn make_dir_at(dir: &File, name: &std::ffi::CStr) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
-    let (dir, name) = open_parent(path)?;
     // SAFETY: mkdirat on a descriptor we own and a NUL-terminated name.
     if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), CREATE_DIR_MODE) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() {
-            return Ok(());
-        }
-        return Err(e);
+        return Err(io::Error::last_os_error());
     }
-    // SAFETY: as above; the descriptor returned is owned by the File.
+    let Ok(made) = open_dir_at(dir, name) else {
+        // Gone or swapped since: made, and given to no one.
+        return Ok(());
+    };
+    let fresh = made
+        .metadata()
+        .is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.nlink() == 2);
+    if fresh {
+        give_owner_of(dir, &made);
+    }
+    Ok(())
+}
+
+/// The directory `name` in the open directory `dir`, opened through its
+/// descriptor without following a link (O_NOFOLLOW, O_DIRECTORY).
+fn open_dir_at(dir: &File, name: &std::ffi::CStr) -> io::Result<File> {
+    // SAFETY: openat on a descriptor we own and a NUL-terminated name; the
+    // descriptor it returns is owned by the File made from it.
     let fd = unsafe {
         libc::openat(
-            dir.as_raw_fd(),
+            std::os::fd::AsRawFd::as_raw_fd(dir),
             name.as_ptr(),
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
-        // Gone or swapped since: made, and given to no one.
-        return Ok(());
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: fd is a new descriptor nothing else owns.
-    let made = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let fresh = made
-        .metadata()
-        .is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.nlink() == 2);
-    if fresh {
-        give_owner_of(&dir, &made);
-    }
-    Ok(())
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// Makes `dir` below `base` (which exists), with what is missing between
@@ -228,21 +312,58 @@ fn make_dir(path: &Path) -> io::Result<()> {
 /// one (a `quarantine/` linked elsewhere), what is moved or copied into `dir`
 /// would land outside the store, over whatever bears its name there.
 pub fn create_dirs_below(base: &Path, dir: &Path) -> io::Result<()> {
-    let mut at = base.to_path_buf();
-    for part in dir.strip_prefix(base).unwrap_or(dir).components() {
-        at.push(part);
-        match at.symlink_metadata() {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: a symbolic link, not followed", at.display()),
-                ));
+    open_dirs_below(base, dir, true).map(drop)
+}
+
+/// The directory `dir` below `base`, opened a step at a time from `base`,
+/// each step through the descriptor of the one before it with O_NOFOLLOW
+/// (and, with `create`, made where missing, as [`make_dir_at`] makes it).
+/// A symbolic link on the way is an error. What is then made, removed or
+/// renamed through the descriptor returned happens in `dir`, whatever is
+/// swapped onto its path meanwhile: checked a step at a time by path, a
+/// directory swapped for a link after its check let root move a file of the
+/// store over one of root's outside it.
+pub fn open_dirs_below(base: &Path, dir: &Path, create: bool) -> io::Result<File> {
+    let below = dir.strip_prefix(base).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not below {}", dir.display(), base.display()),
+        )
+    })?;
+    let mut at = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(base)?;
+    let mut walked = base.to_path_buf();
+    for part in below.components() {
+        walked.push(part);
+        let name = c_name(part.as_os_str())?;
+        if create {
+            match make_dir_at(&at, &name) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
             }
-            Ok(_) => {}
-            Err(_) => make_dir(&at)?,
         }
+        // A link opened with O_DIRECTORY and O_NOFOLLOW fails as no
+        // directory (ENOTDIR), or as a link (ELOOP): which it is, its lstat
+        // says.
+        at = open_dir_at(&at, &name).map_err(|e| {
+            let is_link = matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+                && stat_at(&at, &name).is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK);
+            match e.raw_os_error() {
+                _ if is_link => io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: a symbolic link, not followed", walked.display()),
+                ),
+                Some(libc::ENOTDIR) => io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: not a directory", walked.display()),
+                ),
+                _ => e,
+            }
+        })?;
     }
-    Ok(())
+    Ok(at)
 }
 
 fn kind(meta: &std::fs::Metadata) -> &'static str {
@@ -403,6 +524,53 @@ mod tests {
         });
         assert_eq!(owner(&root_dir), dir_owner);
         assert_eq!(owner(&root_file), file_owner);
+    }
+
+    /// What is renamed through the descriptors `open_dirs_below` gives lands
+    /// in the directories opened, though both are swapped for links to a
+    /// directory elsewhere afterwards; and a link on the way is refused.
+    #[test]
+    fn a_rename_between_opened_directories_follows_no_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("store");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(base.join("tables/t/date=x")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("f.parquet"), "precious").unwrap();
+        std::fs::write(base.join("tables/t/date=x/f.parquet"), "damaged").unwrap();
+        let from = open_dirs_below(&base, &base.join("tables/t/date=x"), false).unwrap();
+        let to = open_dirs_below(&base, &base.join("quarantine/t/date=x"), true).unwrap();
+        for swapped in ["tables/t/date=x", "quarantine/t/date=x"] {
+            let swapped = base.join(swapped);
+            std::fs::rename(&swapped, swapped.with_extension("opened")).unwrap();
+            std::os::unix::fs::symlink(&outside, &swapped).unwrap();
+        }
+        let name = c_name(std::ffi::OsStr::new("f.parquet")).unwrap();
+        rename_at(&from, &name, &to, &name).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.join("f.parquet")).unwrap(),
+            "precious"
+        );
+        assert_eq!(
+            std::fs::read_to_string(base.join("quarantine/t/date=x.opened/f.parquet")).unwrap(),
+            "damaged"
+        );
+        let error = open_dirs_below(&base, &base.join("quarantine/t/date=x/deeper"), true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.ends_with("date=x: a symbolic link, not followed"),
+            "{error}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            1,
+            "nothing made there"
+        );
+        let error = open_dirs_below(&base, &outside, false)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("is not below"), "{error}");
     }
 
     #[test]

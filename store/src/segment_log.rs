@@ -27,7 +27,7 @@
 //! Damaged segments are copied to quarantine ([`copy_to_quarantine`]) for
 //! whoever looks into them, while the log goes on reading their intact frames.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -518,26 +518,36 @@ fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// place, then its directory fsynced, so a crash leaves either no copy or a
 /// whole one.
 pub fn copy_to_quarantine(segment: &Path, base: &Path, target: &Path) -> io::Result<bool> {
+    use crate::regular_file::{
+        c_name, create_new_at, open_dirs_below, remove_at, rename_at, stat_at,
+    };
     let len = fs::metadata(segment)?.len();
-    if fs::metadata(target).is_ok_and(|m| m.len() == len) {
+    let parent = target.parent().expect("a quarantine path has a parent");
+    let name = target.file_name().expect("a quarantine path has a name");
+    // Made and written through one descriptor of the quarantine directory,
+    // opened from `base` without following a link.
+    let dir = open_dirs_below(base, parent, true)?;
+    let target_name = c_name(name)?;
+    let is_whole_copy = |stat: libc::stat| {
+        stat.st_mode & libc::S_IFMT == libc::S_IFREG && stat.st_size as u64 == len
+    };
+    if stat_at(&dir, &target_name).is_ok_and(is_whole_copy) {
         return Ok(false);
     }
-    let parent = target.parent().expect("a quarantine path has a parent");
-    crate::regular_file::create_dirs_below(base, parent)?;
-    let partial = target.with_extension("copying");
+    let partial = c_name(Path::new(name).with_extension("copying").as_os_str())?;
     // Whatever an interrupted copy, or anyone, left under the partial name
     // goes first: a FIFO there made the copy's open wait for a reader, and
     // the agent's start with it.
-    match fs::remove_file(&partial) {
+    match remove_at(&dir, &partial) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
     let mut from = crate::regular_file::open_read(segment)?;
-    let mut to = crate::regular_file::create_new(&partial)?;
+    let mut to = create_new_at(&dir, &partial)?;
     io::copy(&mut from, &mut to)?;
     to.sync_all()?;
-    fs::rename(&partial, target)?;
-    File::open(parent)?.sync_all()?;
+    rename_at(&dir, &partial, &dir, &target_name)?;
+    dir.sync_all()?;
     Ok(true)
 }
 

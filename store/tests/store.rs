@@ -2566,6 +2566,33 @@ fn links_planted_in_the_store_are_not_followed() {
     );
 }
 
+/// A table directory that is a link (a store owner's, to a directory of
+/// root's) takes no file: the flush fails naming the link, nothing is made
+/// where it points, and once it is gone the next flush publishes the rows.
+/// (The partition was made with create_dir_all, which followed it, and
+/// `vtax import` as root wrote its files there.)
+#[test]
+fn a_table_directory_that_is_a_link_takes_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let outside = dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::create_dir_all(store_dir.join("tables")).unwrap();
+    std::os::unix::fs::symlink(&outside, store_dir.join("tables/scraped")).unwrap();
+    let mut store = open(&store_dir);
+    let rows = append_scraped(&mut store, T0, 40);
+    let error = store.flush().expect_err("a linked table takes no file");
+    assert!(error.to_string().contains("symbolic link"), "{error}");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+    // The link gone, the next flush publishes the rows it held back.
+    fs::remove_file(store_dir.join("tables/scraped")).unwrap();
+    store.flush().unwrap();
+    store.close().unwrap();
+    let store = open(&store_dir);
+    assert_eq!(all_scraped(&store), rows);
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+}
+
 /// A file moved to quarantine never replaces an earlier copy of its name.
 #[test]
 fn quarantine_keeps_an_earlier_copy_of_the_same_name() {

@@ -278,7 +278,11 @@ pub fn publish(
 ) -> Result<FileInfo> {
     let day = first_time.div_euclid(crate::DAY_US);
     let dir = partition_dir(data_dir, table.name, day);
-    crate::regular_file::create_dirs(&dir).map_err(Error::io("create", &dir))?;
+    // Through one descriptor of the partition, opened from the data
+    // directory without following a link: a table or partition that is a
+    // link (or becomes one while the file is written) takes nothing.
+    let dir_fd = crate::regular_file::open_dirs_below(data_dir, &dir, true)
+        .map_err(Error::io("create", &dir))?;
     let max_seq = watermarks.values().copied().max().unwrap_or(0);
     // A merge can start and end where one of its inputs does: never reuse a name.
     let mut name = format!("{node}-{first_time}-{max_seq}.parquet");
@@ -292,6 +296,11 @@ pub fn publish(
         PublishAs::Pending => dir.join(pending_name(&name)),
     };
     let tmp = dir.join(format!(".{name}.tmp"));
+    let c_name = |path: &Path| {
+        crate::regular_file::c_name(path.file_name().unwrap_or_default())
+            .map_err(Error::io("name", path))
+    };
+    let (tmp_name, final_name) = (c_name(&tmp)?, c_name(&path)?);
 
     let mut metadata = vec![
         KeyValue::new(keys::SCHEMA_VERSION.into(), SCHEMA_VERSION.to_string()),
@@ -333,7 +342,8 @@ pub fn publish(
         let parquet_schema = ArrowSchemaConverter::new()
             .convert(&schema)
             .map_err(parquet_err)?;
-        let file = crate::regular_file::create_fresh(&tmp).map_err(Error::io("create", &tmp))?;
+        let file = crate::regular_file::create_fresh_at(&dir_fd, &tmp_name)
+            .map_err(Error::io("create", &tmp))?;
         let file = Checksummed::new(file);
         let mut writer =
             SerializedFileWriter::new(file, parquet_schema.root_schema_ptr(), Arc::new(file_props))
@@ -403,15 +413,15 @@ pub fn publish(
     let (bytes, pages_crc32) = match write() {
         Ok(written) => written,
         Err(e) => {
-            let _ = fs::remove_file(&tmp);
+            let _ = crate::regular_file::remove_at(&dir_fd, &tmp_name);
             return Err(e);
         }
     };
-    if let Err(e) = fs::rename(&tmp, &path) {
-        let _ = fs::remove_file(&tmp);
+    if let Err(e) = crate::regular_file::rename_at(&dir_fd, &tmp_name, &dir_fd, &final_name) {
+        let _ = crate::regular_file::remove_at(&dir_fd, &tmp_name);
         return Err(Error::io("rename", &path)(e));
     }
-    sync_dir(&dir)?;
+    dir_fd.sync_all().map_err(Error::io("fsync", &dir))?;
     Ok(FileInfo {
         path,
         table: table.name.to_string(),

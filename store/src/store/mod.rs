@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -882,26 +882,35 @@ fn quarantine_path(data_dir: &Path, path: &Path) -> PathBuf {
 }
 
 fn quarantine(data_dir: &Path, path: &Path) -> Result<()> {
-    let mut target = quarantine_path(data_dir, path);
-    if let Some(parent) = target.parent() {
-        crate::regular_file::create_dirs_below(data_dir, parent)
-            .map_err(Error::io("move to quarantine", parent))?;
-    }
-    // An earlier copy of the same name (quarantined, restored, damaged
-    // again) stays: the new one takes the next free suffix.
-    let name = target.file_name().unwrap_or_default().to_os_string();
-    let mut n = 1;
-    while target.symlink_metadata().is_ok() {
-        let mut numbered = name.clone();
-        numbered.push(format!(".{n}"));
-        target.set_file_name(numbered);
-        n += 1;
-    }
-    fs::rename(path, &target).map_err(Error::io("move to quarantine", &target))?;
-    if let Some(parent) = path.parent() {
-        wal::sync_dir(parent)?;
-    }
-    Ok(())
+    use crate::regular_file::{c_name, open_dirs_below, rename_at, stat_at};
+    let target = quarantine_path(data_dir, path);
+    // Both directories opened from the data directory without following a
+    // link, and the file moved between their descriptors: by path, the
+    // owner of the store could swap `quarantine/<table>/date=…` for a link
+    // after its check, and root moved the damaged file (any bytes that
+    // owner chose) over a file of root's outside the store.
+    let moved = || -> io::Result<()> {
+        let (Some(from_parent), Some(name), Some(to_parent)) =
+            (path.parent(), path.file_name(), target.parent())
+        else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no file name"));
+        };
+        let from_dir = open_dirs_below(data_dir, from_parent, false)?;
+        let to_dir = open_dirs_below(data_dir, to_parent, true)?;
+        // An earlier copy of the same name (quarantined, restored, damaged
+        // again) stays: the new one takes the next free suffix.
+        let mut chosen = name.to_os_string();
+        let mut n = 1;
+        while stat_at(&to_dir, &c_name(&chosen)?).is_ok() {
+            chosen = name.to_os_string();
+            chosen.push(format!(".{n}"));
+            n += 1;
+        }
+        rename_at(&from_dir, &c_name(name)?, &to_dir, &c_name(&chosen)?)?;
+        to_dir.sync_all()?;
+        from_dir.sync_all()
+    };
+    moved().map_err(Error::io("move to quarantine", &target))
 }
 
 #[cfg(test)]
