@@ -482,7 +482,7 @@ impl Detector {
 
     /// One row per resource, victim and suspect of the open events: where
     /// two events of a victim's resource (the node's CPU pressure and its
-    /// jitter tail) rank the same suspect, its higher standing. A row per
+    /// jitter tail) rank the same suspect, its higher score. A row per
     /// event gave `/metrics` two samples of one series, and the table two
     /// rows of one key.
     pub(super) fn neighbor_rows(&self, time_us: i64) -> Batch {

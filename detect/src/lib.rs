@@ -160,7 +160,7 @@ struct OpenEvent {
     peak_score: f64,
     suspects: Vec<Suspect>,
     /// Every suspect the event has named first in a row of its own, at its
-    /// best standing while the event was open: the closing row lists them
+    /// best score while the event was open: the closing row lists them
     /// whatever the last look-back holds.
     named: BTreeMap<String, Suspect>,
     evidence: String,

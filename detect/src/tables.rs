@@ -136,7 +136,7 @@ vtax_store::table! {
         name: "neighbor",
         help: "One row per detector window for each suspect an open noisy-neighbour event ranks \
                (its top three), per resource and victim: where two events of a victim's resource \
-               rank one suspect, its higher standing. No row: nothing suspected.",
+               rank one suspect, its higher score. No row: nothing suspected.",
         tags: [
             resource = tag("resource", "`cpu`, `memory`, `io`, `gpu` or `network`."),
             victim = tag("victim", "`node`, a cgroup path, `gpu<N>`, or an RDMA port `mlx5_0/1`."),

@@ -2296,7 +2296,7 @@ fn the_closing_row_names_the_suspect_the_event_named_after_it_left() {
 
 /// Two events of one victim's resource (the node's CPU pressure and its
 /// jitter tail) that rank the same suspect give one `neighbor` row, at its
-/// higher standing: a row per event gave `/metrics` two samples of one
+/// higher score: a row per event gave `/metrics` two samples of one
 /// series and the table two rows of one key.
 #[test]
 fn a_suspect_of_two_events_of_one_victim_is_one_neighbor_row() {
