@@ -172,10 +172,9 @@ impl Detector {
             // workload that arrives, has no usual use to rise above, and in a
             // CPU stall it moves with the victim as the antagonist's load
             // takes room from it (it was named with r 0.97 where it fell).
-            let may_name = suspects.first().is_some_and(|s| {
-                s.name != OUTSIDE_SUSPECT
-                    && s.score >= MIN_NEW_SUSPECT_SCORE
-                    && self.busy_now(&s.name, window, key.resource)
+            let nameable = standing_out(&suspects).filter(|&i| {
+                let s = &suspects[i];
+                s.name != OUTSIDE_SUSPECT && self.busy_now(&s.name, window, key.resource)
             });
             let Some(event) = self.open.get_mut(&key) else {
                 continue;
@@ -190,8 +189,14 @@ impl Detector {
                 }
             }
             event.suspects = suspects;
+            let new_name = nameable.filter(|&i| !event.named.contains_key(&event.suspects[i].name));
+            if let Some(i) = new_name {
+                // The one named anew leads its row, as the log line names it.
+                let named = event.suspects.remove(i);
+                event.suspects.insert(0, named);
+            }
             let now = top_suspect(&event.suspects).to_string();
-            if now != "none" && may_name && !event.named.contains_key(&now) {
+            if new_name.is_some() {
                 // Those it named before, not the top-ranked one before: a
                 // suspect ranked first but not yet nameable is no one named.
                 let named_before = match event.named.keys().map(String::as_str).collect::<Vec<_>>()
@@ -626,6 +631,17 @@ pub(super) fn closing_suspects(event: &OpenEvent) -> Vec<Suspect> {
     );
     rank::sort(&mut suspects);
     suspects
+}
+
+/// Which suspect an open event may name anew: the first, in the ranking's
+/// order, whose score reaches [`MIN_NEW_SUSPECT_SCORE`]. Ranked by score,
+/// that was the first or none; ranked by standing, a heavier suspect under
+/// the bar can come before a lighter one over it, and looking at the first
+/// only named no one where the one over the bar stood out.
+pub(super) fn standing_out(suspects: &[Suspect]) -> Option<usize> {
+    suspects
+        .iter()
+        .position(|s| s.score >= MIN_NEW_SUSPECT_SCORE)
 }
 
 pub(super) fn top_suspect(suspects: &[Suspect]) -> &str {

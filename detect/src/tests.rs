@@ -2506,3 +2506,26 @@ fn a_job_run_again_in_the_same_cgroup_is_named_for_its_runs() {
         "every run's event names the job when it opens: {opened:?}"
     );
 }
+
+/// While an event is open, a suspect over the bar for naming anew is named
+/// though a heavier one under the bar ranks before it: looking at the first
+/// only, a job of 2 CPUs at 0.45 kept a sidecar-sized antagonist at 0.70
+/// from being named.
+#[test]
+fn a_suspect_over_the_naming_bar_is_found_behind_one_under_it() {
+    let suspect = |name: &str, score: f64, usage_change: f64| rank::Suspect {
+        name: name.to_string(),
+        correlation: score,
+        effect: 0.1,
+        usage_change,
+        busy_usage: usage_change,
+        score,
+    };
+    let mut ranked = vec![suspect("/light", 0.70, 0.2), suspect("/heavy", 0.45, 2.0)];
+    rank::sort(&mut ranked);
+    assert_eq!(ranked[0].name, "/heavy", "{ranked:?}");
+    assert_eq!(standing_out(&ranked), Some(1));
+    let mut under = vec![suspect("/a", 0.45, 2.0), suspect("/b", 0.3, 0.2)];
+    rank::sort(&mut under);
+    assert_eq!(standing_out(&under), None);
+}
