@@ -577,12 +577,18 @@ impl Store {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Publishes every buffered row (a partial hour becomes a file of its own),
-    /// so that the files are complete for other readers, then fsyncs the WAL.
+    /// Fsyncs the WAL, then publishes every buffered row (a partial hour
+    /// becomes a file of its own), so that the files are complete for other
+    /// readers. The WAL first: a table that cannot be published (a full
+    /// disk, a partition that is a link) keeps its rows in the WAL, synced,
+    /// for the next try or the next start. Published first, the failure
+    /// returned before the sync, and at a stop the rows since the last sync
+    /// went with the process. Where both fail (a full disk), the publish's
+    /// error is the one returned: it names the file the flush was writing.
     pub fn flush(&mut self) -> Result<()> {
-        self.publish_all()?;
-        self.sync()?;
-        Ok(())
+        let synced = self.sync().map(drop);
+        let published = self.publish_all();
+        published.and(synced)
     }
 
     fn publish_all(&mut self) -> Result<()> {
