@@ -27,7 +27,6 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::schema::{FieldType, TableDef, SCHEMA_VERSION, TIME_COLUMN};
-use crate::wal::sync_dir;
 use crate::{date_string, parse_date, HOUR_US};
 
 mod read;
@@ -184,22 +183,34 @@ pub fn published_name(name: &str) -> Option<&str> {
         .filter(|n| n.ends_with(".parquet") && !n.starts_with('.'))
 }
 
-/// Publishes a merged file written under its pending name ([`pending_name`]),
-/// once its inputs are deleted: renames it to its published name and fsyncs
-/// the directory. Returns its new path.
-pub(crate) fn publish_pending(path: &Path) -> Result<PathBuf> {
+/// Publishes a merged file written under its pending name ([`pending_name`])
+/// in the store at `data_dir`, once its inputs are deleted: renames it to
+/// its published name and fsyncs the directory. Returns its new path. The
+/// rename goes through the partition's descriptor, opened from `data_dir`
+/// without following a link: by path, the store's owner could swap the
+/// partition for a link between the merge's write and its publish, and root
+/// renamed a pending file of the owner's over a file of root's.
+pub(crate) fn publish_pending(data_dir: &Path, path: &Path) -> Result<PathBuf> {
+    use crate::regular_file::{c_name, open_dirs_below, rename_at};
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let Some(published) = published_name(name) else {
+    let (Some(published), Some(dir)) = (published_name(name), path.parent()) else {
         return Err(Error::Corrupt {
             path: path.to_owned(),
             reason: "not the name of a pending merged file".into(),
         });
     };
     let target = path.with_file_name(published);
-    fs::rename(path, &target).map_err(Error::io("rename", path))?;
-    if let Some(dir) = target.parent() {
-        sync_dir(dir)?;
-    }
+    let renamed = || -> std::io::Result<()> {
+        let partition = open_dirs_below(data_dir, dir, false)?;
+        rename_at(
+            &partition,
+            &c_name(name.as_ref())?,
+            &partition,
+            &c_name(published.as_ref())?,
+        )?;
+        partition.sync_all()
+    };
+    renamed().map_err(Error::io("rename", path))?;
     Ok(target)
 }
 

@@ -231,6 +231,7 @@ pub(super) fn keep_inputs_of_damaged_merges(index: &mut files::FileIndex) -> Vec
 /// and fsynced), so the merge goes forward whether or not any input was
 /// deleted.
 pub(super) fn finish_interrupted_merges(
+    data_dir: &Path,
     replaced: &[FileInfo],
     live: &mut BTreeMap<(String, i64), Vec<FileInfo>>,
 ) -> Result<()> {
@@ -244,7 +245,7 @@ pub(super) fn finish_interrupted_merges(
     }
     for info in live.values_mut().flatten() {
         if info.is_pending() {
-            let published = files::publish_pending(&info.path)?;
+            let published = files::publish_pending(data_dir, &info.path)?;
             tracing::info!(path = %published.display(), "Finished a merge that a kill interrupted: its inputs are deleted and its file published.");
             info.path = published;
         }
@@ -590,7 +591,7 @@ impl Store {
             wal::sync_dir(dir)?;
         }
         kill_point(self.merge_kill_step, 1 + merge.inputs.len());
-        files::publish_pending(pending)
+        files::publish_pending(&self.options.data_dir, pending)
     }
 
     /// Moves a published file of `partition` to `quarantine/` and out of the

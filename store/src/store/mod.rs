@@ -300,7 +300,7 @@ impl Store {
             quarantine(&dir, &merged.path)?;
         }
         let mut by_partition = index.live;
-        finish_interrupted_merges(&index.replaced, &mut by_partition)?;
+        finish_interrupted_merges(&dir, &index.replaced, &mut by_partition)?;
 
         let wal_dir = dir.join("wal");
         let watermarks = watermarks_by_bucket(&by_partition);
