@@ -173,9 +173,18 @@ impl Queue {
             cut_damage += cut_bytes;
             let damaged_bytes = scan.log.damaged_bytes(torn);
             if damaged_bytes > 0 {
-                // Kept as found before anything is cut or mended.
-                copy_to_quarantine(dir, &path)?;
-                tracing::error!(path = %path.display(), damaged_bytes, "Remote write queue: a segment is damaged; every intact record is still sent, the damaged ones are lost. Copied it to quarantine.");
+                // Kept as found before anything is cut or mended. A copy that
+                // cannot be made (something in the way under quarantine/, a
+                // full disk) costs the copy, not the queue: failing here
+                // stopped the agent's start, as the store's WAL does not.
+                match copy_to_quarantine(dir, &path) {
+                    Ok(()) => {
+                        tracing::error!(path = %path.display(), damaged_bytes, "Remote write queue: a segment is damaged; every intact record is still sent, the damaged ones are lost. Copied it to quarantine.")
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), damaged_bytes, error = %e, "Remote write queue: a segment is damaged; every intact record is still sent, the damaged ones are lost. It could not be copied to quarantine.")
+                    }
+                }
                 report.damaged_bytes += damaged_bytes;
                 report.damaged_segments.push(path.clone());
             }

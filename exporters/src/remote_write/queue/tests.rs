@@ -352,6 +352,37 @@ fn record_offsets(bytes: &[u8]) -> Vec<usize> {
     offsets
 }
 
+/// A damaged segment whose copy cannot be made (a file where `quarantine/`
+/// goes, a link there) costs the copy: the queue opens and sends every
+/// intact record. It stopped the agent's start.
+#[test]
+fn a_damaged_segment_that_cannot_be_copied_does_not_stop_the_queue() {
+    for in_the_way in ["file", "link"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
+        for n in 0..4u8 {
+            q.append(&payload(n, 3), 10, i64::from(n)).unwrap();
+        }
+        drop(q);
+        let seg = segment_path(dir.path(), 0);
+        let mut bytes = fs::read(&seg).unwrap();
+        let offsets = record_offsets(&bytes);
+        bytes[offsets[1] + RECORD_HEADER_BYTES] ^= 4;
+        fs::write(&seg, &bytes).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        match in_the_way {
+            "file" => fs::write(dir.path().join("quarantine"), "in the way").unwrap(),
+            _ => {
+                std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("quarantine")).unwrap()
+            }
+        }
+        let (_q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(report.pending_samples, 30, "{in_the_way}");
+        assert_eq!(report.damaged_segments, std::slice::from_ref(&seg));
+        assert_eq!(fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
+}
+
 #[test]
 fn a_flipped_bit_loses_its_record_only_and_the_segment_is_kept_in_quarantine() {
     let dir = tempfile::tempdir().unwrap();
