@@ -2596,7 +2596,25 @@ fn a_table_directory_that_is_a_link_takes_no_file() {
     store.close().unwrap();
     let store = open(&store_dir);
     assert_eq!(all_scraped(&store), [rows, more].concat());
+    drop(store);
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+    // `tables/` itself a link: the store does not open, and says why.
+    let moved = dir.path().join("tables-elsewhere");
+    fs::rename(store_dir.join("tables"), &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, store_dir.join("tables")).unwrap();
+    let error = Store::open(
+        options(&store_dir),
+        Catalog::new(&[&tables::SCRAPED]).unwrap(),
+    )
+    .err()
+    .expect("a linked tables/")
+    .to_string();
+    assert!(
+        error.contains("tables")
+            && error.contains("a symbolic link")
+            && error.contains("make the data directory itself the link"),
+        "{error}"
+    );
 }
 
 /// A file moved to quarantine never replaces an earlier copy of its name.

@@ -257,6 +257,22 @@ impl Store {
         let dir = options.data_dir.clone();
         crate::regular_file::create_dirs(&dir).map_err(Error::io("create", &dir))?;
         let lock = lock(&dir)?;
+        // `tables/` a link: every file would be read through it and none
+        // written (a publish opens its partition without following one), so
+        // rows piled up in the WAL and memory, said once a minute after the
+        // first publish. Said at once instead.
+        let tables = dir.join("tables");
+        if tables
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            return Err(Error::io("open", &tables)(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a symbolic link: the store neither reads nor writes below a link, which a \
+                 command run as root would follow wherever it points; move the tables in, or \
+                 make the data directory itself the link",
+            )));
+        }
         let mut stats = StoreStats::default();
         let (listed, strays) = files::list_files(&dir)?;
         for foreign in files::foreign_partitions(&dir) {
