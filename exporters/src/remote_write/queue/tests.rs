@@ -352,6 +352,23 @@ fn record_offsets(bytes: &[u8]) -> Vec<usize> {
     offsets
 }
 
+/// A queue in `dir` of four records of 10 samples, one segment, with a bit
+/// of the second record's payload flipped: the segment, its bytes, and its
+/// records' offsets.
+fn four_records_the_second_damaged(dir: &Path) -> (PathBuf, Vec<u8>, Vec<usize>) {
+    let (mut q, _) = Queue::open(dir, 1 << 30).unwrap();
+    for n in 0..4u8 {
+        q.append(&payload(n, 3), 10, i64::from(n)).unwrap();
+    }
+    drop(q);
+    let seg = segment_path(dir, 0);
+    let mut bytes = fs::read(&seg).unwrap();
+    let offsets = record_offsets(&bytes);
+    bytes[offsets[1] + RECORD_HEADER_BYTES] ^= 4;
+    fs::write(&seg, &bytes).unwrap();
+    (seg, bytes, offsets)
+}
+
 /// A damaged segment whose copy cannot be made (a file where `quarantine/`
 /// goes, a link there) costs the copy: the queue opens and sends every
 /// intact record. It stopped the agent's start.
@@ -359,16 +376,7 @@ fn record_offsets(bytes: &[u8]) -> Vec<usize> {
 fn a_damaged_segment_that_cannot_be_copied_does_not_stop_the_queue() {
     for in_the_way in ["file", "link"] {
         let dir = tempfile::tempdir().unwrap();
-        let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
-        for n in 0..4u8 {
-            q.append(&payload(n, 3), 10, i64::from(n)).unwrap();
-        }
-        drop(q);
-        let seg = segment_path(dir.path(), 0);
-        let mut bytes = fs::read(&seg).unwrap();
-        let offsets = record_offsets(&bytes);
-        bytes[offsets[1] + RECORD_HEADER_BYTES] ^= 4;
-        fs::write(&seg, &bytes).unwrap();
+        let (seg, _, _) = four_records_the_second_damaged(dir.path());
         let elsewhere = tempfile::tempdir().unwrap();
         match in_the_way {
             "file" => fs::write(dir.path().join("quarantine"), "in the way").unwrap(),
@@ -386,17 +394,7 @@ fn a_damaged_segment_that_cannot_be_copied_does_not_stop_the_queue() {
 #[test]
 fn a_flipped_bit_loses_its_record_only_and_the_segment_is_kept_in_quarantine() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut q, _) = Queue::open(dir.path(), 1 << 30).unwrap();
-    for n in 0..4u8 {
-        q.append(&payload(n, 3), 10, i64::from(n)).unwrap();
-    }
-    drop(q);
-    let seg = segment_path(dir.path(), 0);
-    let pristine = fs::read(&seg).unwrap();
-    let offsets = record_offsets(&pristine);
-    let mut bytes = pristine.clone();
-    bytes[offsets[1] + RECORD_HEADER_BYTES] ^= 4;
-    fs::write(&seg, &bytes).unwrap();
+    let (seg, bytes, offsets) = four_records_the_second_damaged(dir.path());
 
     let (mut q, report) = Queue::open(dir.path(), 1 << 30).unwrap();
     assert_eq!(report.pending_samples, 30);
