@@ -517,27 +517,28 @@ impl Filesystem {
         }
         // A later mount on the same point hides the earlier one: the last
         // on each point is the one seen, at the place it was mounted.
-        let mut last_on_point: HashMap<&str, usize> = HashMap::with_capacity(all.len());
-        for (i, mount) in all.iter().enumerate() {
-            last_on_point.insert(&mount.mount_point, i);
-        }
-        let visible: Vec<usize> = (0..all.len())
-            .filter(|i| last_on_point.get(all[*i].mount_point.as_str()) == Some(i))
-            .collect();
-        drop(last_on_point);
-        let mut chosen: Vec<Mount> = Vec::new();
-        let mut all: Vec<Option<Mount>> = all.into_iter().map(Some).collect();
-        for i in visible {
-            let Some(mount) = all[i].take() else { continue };
-            let wanted = if self.mount_points.is_empty() {
+        let visible: Vec<bool> = {
+            let mut last_on_point: HashMap<&str, usize> = HashMap::with_capacity(all.len());
+            for (i, mount) in all.iter().enumerate() {
+                last_on_point.insert(&mount.mount_point, i);
+            }
+            (0..all.len())
+                .map(|i| last_on_point.get(all[i].mount_point.as_str()) == Some(&i))
+                .collect()
+        };
+        let wanted = |mount: &Mount| {
+            if self.mount_points.is_empty() {
                 self.fs_types.contains(&mount.fs_type)
             } else {
                 self.mount_points.contains(&mount.mount_point)
-            };
-            if wanted {
-                chosen.push(mount);
             }
-        }
+        };
+        let mut chosen: Vec<Mount> = all
+            .into_iter()
+            .zip(visible)
+            .filter(|(mount, visible)| *visible && wanted(mount))
+            .map(|(mount, _)| mount)
+            .collect();
         self.over_max_mounts = chosen.len().saturating_sub(self.max_mounts);
         chosen.truncate(self.max_mounts);
         Ok(chosen)
