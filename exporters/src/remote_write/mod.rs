@@ -813,6 +813,23 @@ mod tests {
             .collect()
     }
 
+    /// A remote at the fake receiver on `port`: three samples a request,
+    /// retried after 10 to 20 ms.
+    fn three_a_request_quick_retries(port: u16) -> RemoteWriteConfig {
+        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        config.max_samples_per_send = 3;
+        config.min_backoff_secs = 0.01;
+        config.max_backoff_secs = 0.02;
+        config
+    }
+
+    /// Samples 0 to 8, three requests' worth.
+    fn append_three_requests(writers: &mut RemoteWriters) {
+        writers.append(&batch(0, 3));
+        writers.append(&batch(3, 3));
+        writers.append(&batch(6, 3));
+    }
+
     /// A receiver that asks for time with `Retry-After` gets it, though
     /// the backoff alone would have come back a hundred times sooner.
     #[test]
@@ -822,10 +839,7 @@ mod tests {
             vec![(429, "retry-after: 2\r\n"), (503, "retry-after: soon\r\n")],
             None,
         );
-        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
-        config.max_samples_per_send = 3;
-        config.min_backoff_secs = 0.01;
-        config.max_backoff_secs = 0.02;
+        let config = three_a_request_quick_retries(port);
         let mut writers = start(dir.path(), &config);
         writers.append(&batch(0, 3));
         let first = requests.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -860,15 +874,10 @@ mod tests {
         let (port, requests) = fake_receiver(vec![503, 429, 400]);
         let token = dir.path().join("token");
         std::fs::write(&token, "s3cret\n").unwrap();
-        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
+        let mut config = three_a_request_quick_retries(port);
         config.bearer_token_file = Some(token);
-        config.max_samples_per_send = 3;
-        config.min_backoff_secs = 0.01;
-        config.max_backoff_secs = 0.02;
         let mut writers = start(dir.path(), &config);
-        writers.append(&batch(0, 3));
-        writers.append(&batch(3, 3));
-        writers.append(&batch(6, 3));
+        append_three_requests(&mut writers);
         let got: Vec<Received> = (0..5)
             .map(|_| requests.recv_timeout(Duration::from_secs(10)).unwrap())
             .collect();
@@ -917,14 +926,9 @@ mod tests {
     fn a_refusal_after_a_lost_answer_is_not_counted_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let (port, requests) = fake_receiver(vec![504, 400, 400]);
-        let mut config = RemoteWriteConfig::new("fake", &format!("http://127.0.0.1:{port}/write"));
-        config.max_samples_per_send = 3;
-        config.min_backoff_secs = 0.01;
-        config.max_backoff_secs = 0.02;
+        let config = three_a_request_quick_retries(port);
         let mut writers = start(dir.path(), &config);
-        writers.append(&batch(0, 3));
-        writers.append(&batch(3, 3));
-        writers.append(&batch(6, 3));
+        append_three_requests(&mut writers);
         let got: Vec<Vec<f64>> = (0..4)
             .map(|_| values(&requests.recv_timeout(Duration::from_secs(10)).unwrap()))
             .collect();
