@@ -167,6 +167,16 @@ impl Node {
             .map(|e| (e.resource, e.victim, e.suspects, e.start_second))
             .collect()
     }
+
+    /// The suspects of the first `state` row of `victim`'s event, which
+    /// must have been written.
+    fn suspects_in(&self, state: &str, victim: &str) -> String {
+        let events = self.events(state);
+        match events.iter().find(|e| e.1 == victim) {
+            Some(event) => event.2.clone(),
+            None => panic!("{victim}'s event has no {state} row: {events:?}"),
+        }
+    }
 }
 
 /// One `neighbor_events` row.
@@ -361,11 +371,8 @@ fn an_antagonist_in_a_cgroup_made_at_the_onset_is_named() {
     quiet_victim(&mut node, &mut seed, 90);
     let closed = node.events("closed");
     for victim in ["/victim", "node"] {
-        let event = closed
-            .iter()
-            .find(|e| e.1 == victim)
-            .unwrap_or_else(|| panic!("{victim}'s event closed: {closed:?}"));
-        assert!(event.2.starts_with("/newcomer "), "{closed:?}");
+        let suspects = node.suspects_in("closed", victim);
+        assert!(suspects.starts_with("/newcomer "), "{closed:?}");
     }
 }
 
@@ -390,12 +397,9 @@ fn a_sidecar_started_with_the_antagonist_is_not_named_in_its_place() {
     }
     let opened = node.events("open");
     for victim in ["/victim", "node"] {
-        let event = opened
-            .iter()
-            .find(|e| e.1 == victim)
-            .unwrap_or_else(|| panic!("{victim}'s event opened: {opened:?}"));
-        assert!(event.2.starts_with("/job "), "{opened:?}");
-        assert!(event.2.contains("/sidecar "), "{opened:?}");
+        let suspects = node.suspects_in("open", victim);
+        assert!(suspects.starts_with("/job "), "{opened:?}");
+        assert!(suspects.contains("/sidecar "), "{opened:?}");
     }
 }
 
@@ -646,12 +650,9 @@ fn a_parent_that_becomes_a_leaf_is_no_newcomer() {
     }
     let opened = node.events("open");
     for victim in ["/victim", "node"] {
-        let event = opened
-            .iter()
-            .find(|e| e.1 == victim)
-            .unwrap_or_else(|| panic!("{victim}'s event opened: {opened:?}"));
-        assert!(event.2.starts_with("/newcomer "), "{opened:?}");
-        assert!(!event.2.contains("/pod "), "the pod is named: {opened:?}");
+        let suspects = node.suspects_in("open", victim);
+        assert!(suspects.starts_with("/newcomer "), "{opened:?}");
+        assert!(!suspects.contains("/pod "), "the pod is named: {opened:?}");
     }
 }
 
